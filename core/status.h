@@ -25,9 +25,9 @@
 // `lhs` is assigned the value of `rexpr` (an absl::StatusOr<T>), or the
 // enclosing function returns its status. `lhs` may declare a variable:
 //   ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(...));
-#define ASSIGN_OR_RETURN(lhs, rexpr)                                          \
-  FSDPP_ASSIGN_OR_RETURN_IMPL(FSDPP_STATUS_CONCAT(fsdpp_statusor_, __LINE__), \
-                              lhs, rexpr)
+#define ASSIGN_OR_RETURN(lhs, rexpr) \
+  FSDPP_ASSIGN_OR_RETURN_IMPL(       \
+      FSDPP_STATUS_CONCAT(fsdpp_statusor_, __COUNTER__), lhs, rexpr)
 
 #define FSDPP_ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr) \
   auto statusor = (rexpr);                                \

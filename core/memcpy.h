@@ -1,0 +1,28 @@
+// Byte copies and fills between host and device memory.
+//
+// The one place that knows how to move bytes between device types (memcpy on
+// the host, cudaMemcpy under --config=cuda), so Tensor and the collectives can
+// stage data without depending on the kernel libraries. Synchronous: returns
+// when the bytes are in place.
+#ifndef FSDPP_CORE_MEMCPY_H_
+#define FSDPP_CORE_MEMCPY_H_
+
+#include <cstddef>
+
+#include "absl/status/status.h"
+#include "core/device.h"
+
+namespace fsdpp {
+
+// Copies `bytes` from `src` on `src_device` to `dst` on `dst_device`.
+// Meta devices hold no bytes: a copy involving one is an InvalidArgument
+// error unless `bytes` is 0.
+absl::Status CopyBytes(void* dst, Device dst_device, const void* src,
+                       Device src_device, size_t bytes);
+
+// Sets `bytes` bytes at `dst` on `device` to zero.
+absl::Status ZeroBytes(void* dst, Device device, size_t bytes);
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_CORE_MEMCPY_H_

@@ -1,0 +1,101 @@
+// The per-device kernel interface behind tensor/ops.h.
+//
+// ops.cc validates every call once, then hands already-checked tensors plus
+// the derived sizes to the Backend of the tensors' device. tensor/cpu and
+// tensor/cuda each implement this interface; both take their non-GEMM math
+// from tensor/kernels/*.h. Backends never see meta tensors.
+#ifndef FSDPP_TENSOR_BACKEND_H_
+#define FSDPP_TENSOR_BACKEND_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+
+enum class UnaryKind { kScale, kGelu, kSilu };
+enum class BinaryKind { kAdd, kMul, kAxpy, kGeluBackward, kSiluBackward };
+enum class ReduceKind { kSum, kSumOfSquares };
+
+// Matmul in row-major terms: c[b] = alpha * op(a[b]) @ op(b[b or 0]) + beta *
+// c[b].
+struct MatmulArgs {
+  const Tensor* a;
+  const Tensor* b;
+  Tensor* c;
+  int64_t batch, m, n, k;
+  bool transpose_a, transpose_b;
+  bool broadcast_b;  // b is 2-D and shared by every batch entry.
+  float alpha, beta;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  // Same device; dst and src have equal numel; float<->float casts or equal
+  // dtypes.
+  virtual absl::Status Copy(const Tensor& src, Tensor* dst) = 0;
+  virtual absl::Status Fill(Tensor* t, float value) = 0;
+  // out = op(alpha, x).
+  virtual absl::Status Unary(UnaryKind kind, float alpha, const Tensor& x,
+                             Tensor* out) = 0;
+  // out = op(a, b) (kAxpy: out = a + alpha * b; backward kinds: a = x, b = dy).
+  virtual absl::Status Binary(BinaryKind kind, float alpha, const Tensor& a,
+                              const Tensor& b, Tensor* out) = 0;
+  // out: f32, one element.
+  virtual absl::Status Reduce(ReduceKind kind, const Tensor& x,
+                              Tensor* out) = 0;
+  virtual absl::Status SumRowsAccumulate(const Tensor& x, int64_t rows,
+                                         int64_t cols, Tensor* out) = 0;
+  virtual absl::Status Matmul(const MatmulArgs& args) = 0;
+  // causal_offset < 0: no mask; else row r keeps keys k <= (r % tq) + offset.
+  virtual absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n,
+                               int64_t tq, int64_t causal_offset,
+                               Tensor* y) = 0;
+  virtual absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy,
+                                       int64_t rows, int64_t n, Tensor* dx) = 0;
+  virtual absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
+                                 const Tensor* bias, float eps, int64_t rows,
+                                 int64_t c, Tensor* out, Tensor* mean,
+                                 Tensor* rstd) = 0;
+  virtual absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
+                                         const Tensor& weight,
+                                         const Tensor& mean, const Tensor& rstd,
+                                         int64_t rows, int64_t c, Tensor* dx,
+                                         Tensor* dweight, Tensor* dbias) = 0;
+  virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                               int64_t rows, int64_t c, Tensor* out,
+                               Tensor* rstd) = 0;
+  virtual absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x,
+                                       const Tensor& weight, const Tensor& rstd,
+                                       int64_t rows, int64_t c, Tensor* dx,
+                                       Tensor* dweight) = 0;
+  // Ids are range-checked by the backend (it can read them cheaply).
+  virtual absl::Status Embedding(const Tensor& ids, const Tensor& table,
+                                 int64_t n, int64_t v, int64_t c,
+                                 Tensor* out) = 0;
+  virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
+                                         int64_t n, int64_t v, int64_t c,
+                                         Tensor* dtable) = 0;
+  virtual absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
+                                    int64_t n, int64_t v, int64_t ignore_index,
+                                    Tensor* losses) = 0;
+  virtual absl::Status CrossEntropyBackward(const Tensor& logits,
+                                            const Tensor& targets,
+                                            const Tensor& dlosses, int64_t n,
+                                            int64_t v, int64_t ignore_index,
+                                            Tensor* dlogits) = 0;
+};
+
+// Reads element i of an i32 / i64 id tensor on the host.
+inline int64_t IdAt(const void* ids, DType dtype, int64_t i) {
+  return dtype == DType::kI32 ? static_cast<const int32_t*>(ids)[i]
+                              : static_cast<const int64_t*>(ids)[i];
+}
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_TENSOR_BACKEND_H_

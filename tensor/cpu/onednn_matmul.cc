@@ -1,0 +1,125 @@
+// oneDNN matmul with a primitive cache; see onednn_matmul.h.
+#include "tensor/cpu/onednn_matmul.h"
+
+#include <mutex>
+#include <tuple>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "oneapi/dnnl/dnnl.hpp"
+
+namespace fsdpp {
+namespace cpu {
+namespace {
+
+using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, bool, bool,
+                       bool, float, float>;
+
+dnnl::engine& Engine() {
+  static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
+  return *engine;
+}
+
+std::mutex& CacheMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+
+absl::flat_hash_map<Key, dnnl::matmul>& Cache() {
+  static auto* cache = new absl::flat_hash_map<Key, dnnl::matmul>;
+  return *cache;
+}
+
+dnnl::memory::data_type DnnlType(DType dtype) {
+  return dtype == DType::kBF16 ? dnnl::memory::data_type::bf16
+                               : dnnl::memory::data_type::f32;
+}
+
+struct Descs {
+  dnnl::memory::desc a, b, c;
+};
+
+Descs MakeDescs(DType ab_dtype, DType c_dtype, int64_t batch, int64_t m,
+                int64_t n, int64_t k, bool transpose_a, bool transpose_b,
+                bool broadcast_b) {
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::data_type ab = DnnlType(ab_dtype);
+  Descs d;
+  d.a = dnnl::memory::desc(dims{batch, m, k}, ab,
+                           transpose_a ? dims{m * k, 1, m} : dims{m * k, k, 1});
+  d.b = dnnl::memory::desc(dims{broadcast_b ? 1 : batch, k, n}, ab,
+                           transpose_b ? dims{k * n, 1, k} : dims{k * n, n, 1});
+  d.c = dnnl::memory::desc(dims{batch, m, n}, DnnlType(c_dtype),
+                           dims{m * n, n, 1});
+  return d;
+}
+
+}  // namespace
+
+absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
+                          DType c_dtype, int64_t batch, int64_t m, int64_t n,
+                          int64_t k, bool transpose_a, bool transpose_b,
+                          bool broadcast_b, float alpha, float beta) {
+  const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,
+                                transpose_b, broadcast_b);
+  const Key key{static_cast<int>(ab_dtype),
+                static_cast<int>(c_dtype),
+                batch,
+                m,
+                n,
+                k,
+                transpose_a,
+                transpose_b,
+                broadcast_b,
+                alpha,
+                beta};
+  dnnl::matmul primitive;
+  {
+    std::lock_guard<std::mutex> lock(CacheMutex());
+    auto it = Cache().find(key);
+    if (it != Cache().end()) {
+      primitive = it->second;
+    } else {
+      try {
+        dnnl::primitive_attr attr;
+        if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+        if (beta != 0.0f) {
+          dnnl::post_ops ops;
+          ops.append_sum(beta);
+          attr.set_post_ops(ops);
+        }
+        dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
+        dnnl::matmul::primitive_desc pd(desc, attr, Engine());
+        primitive = dnnl::matmul(pd);
+      } catch (const dnnl::error& e) {
+        return absl::InternalError(
+            absl::StrCat("oneDNN matmul [", batch, " x ", m, " x ", k, "] @ [",
+                         k, " x ", n, "] ", DTypeName(ab_dtype), " -> ",
+                         DTypeName(c_dtype), ": ", e.what()));
+      }
+      Cache().emplace(key, primitive);
+    }
+  }
+  try {
+    thread_local dnnl::stream stream(Engine());
+    dnnl::memory a_mem(descs.a, Engine(), const_cast<void*>(a));
+    dnnl::memory b_mem(descs.b, Engine(), const_cast<void*>(b));
+    dnnl::memory c_mem(descs.c, Engine(), c);
+    primitive.execute(stream, {{DNNL_ARG_SRC, a_mem},
+                               {DNNL_ARG_WEIGHTS, b_mem},
+                               {DNNL_ARG_DST, c_mem}});
+    stream.wait();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN matmul execute: ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+int64_t OneDnnMatmulCacheSize() {
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  return static_cast<int64_t>(Cache().size());
+}
+
+}  // namespace cpu
+}  // namespace fsdpp

@@ -1,0 +1,33 @@
+// Matrix multiply on the CPU through oneDNN.
+//
+// oneDNN picks AVX-512 / AMX (bf16) kernels from CPUID at run time, so the
+// binaries stay portable. Primitives are cached per (shapes, transposes,
+// dtypes, alpha, beta): training repeats the same few shapes every step and
+// building a primitive costs far more than running a small one.
+#ifndef FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_
+#define FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+
+namespace fsdpp {
+namespace cpu {
+
+// Row-major c[bt] = alpha * op(a[bt]) @ op(b[bt or 0]) + beta * c[bt] for bt in
+// [0, batch). a: [batch, M, K] (or [batch, K, M] transposed), b: [batch or 1,
+// K, N] (or [.., N, K] transposed), c: [batch, M, N]. a_dtype == b_dtype, each
+// f32 or bf16; c_dtype f32 or a_dtype.
+absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
+                          DType c_dtype, int64_t batch, int64_t m, int64_t n,
+                          int64_t k, bool transpose_a, bool transpose_b,
+                          bool broadcast_b, float alpha, float beta);
+
+// Number of distinct primitives built so far (for tests of the cache).
+int64_t OneDnnMatmulCacheSize();
+
+}  // namespace cpu
+}  // namespace fsdpp
+
+#endif  // FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_

@@ -1,0 +1,80 @@
+// Matmul throughput: our Matmul (validation + primitive cache + oneDNN) next
+// to a direct oneDNN call with a prebuilt primitive, in the same binary, at
+// 2048^3 and the GPT-2 124M shapes (M = 1024 tokens, K, N in {768, 3072,
+// 50304}), f32 and bf16. Reports GFLOP/s as the "FLOPS" counter.
+//
+//   bazel run -c opt //tensor:matmul_benchmark
+#include <vector>
+
+#include "benchmark/benchmark.h"
+#include "oneapi/dnnl/dnnl.hpp"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace {
+
+Tensor Filled(Shape shape, DType dtype) {
+  Tensor t = *Tensor::Empty(std::move(shape), dtype, Device::Cpu());
+  CHECK_OK(Fill(&t, 0.01f));
+  return t;
+}
+
+void SetFlops(benchmark::State& state, int64_t m, int64_t n, int64_t k) {
+  state.counters["FLOPS"] = benchmark::Counter(
+      2.0 * m * n * k * state.iterations(), benchmark::Counter::kIsRate,
+      benchmark::Counter::kIs1000);
+}
+
+// Args: M, K, N, dtype (0 = f32, 1 = bf16).
+void BM_Matmul(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const DType dtype = state.range(3) ? DType::kBF16 : DType::kF32;
+  Tensor a = Filled({m, k}, dtype), b = Filled({k, n}, dtype);
+  Tensor c = Filled({m, n}, DType::kF32);
+  for (auto _ : state) CHECK_OK(Matmul(a, b, &c));
+  SetFlops(state, m, n, k);
+}
+
+void BM_DirectOneDnn(benchmark::State& state) {
+  const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
+  const DType dtype = state.range(3) ? DType::kBF16 : DType::kF32;
+  Tensor a = Filled({m, k}, dtype), b = Filled({k, n}, dtype);
+  Tensor c = Filled({m, n}, DType::kF32);
+  using dt = dnnl::memory::data_type;
+  const dt ab = dtype == DType::kBF16 ? dt::bf16 : dt::f32;
+  dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  dnnl::stream stream(engine);
+  dnnl::memory::desc a_md({m, k}, ab, dnnl::memory::format_tag::ab);
+  dnnl::memory::desc b_md({k, n}, ab, dnnl::memory::format_tag::ab);
+  dnnl::memory::desc c_md({m, n}, dt::f32, dnnl::memory::format_tag::ab);
+  dnnl::matmul prim(dnnl::matmul::primitive_desc(
+      dnnl::matmul::desc(a_md, b_md, c_md), engine));
+  dnnl::memory a_mem(a_md, engine, a.raw_data());
+  dnnl::memory b_mem(b_md, engine, b.raw_data());
+  dnnl::memory c_mem(c_md, engine, c.raw_data());
+  for (auto _ : state) {
+    prim.execute(stream, {{DNNL_ARG_SRC, a_mem},
+                          {DNNL_ARG_WEIGHTS, b_mem},
+                          {DNNL_ARG_DST, c_mem}});
+    stream.wait();
+  }
+  SetFlops(state, m, n, k);
+}
+
+void Shapes(benchmark::internal::Benchmark* b) {
+  for (int dtype : {0, 1}) {
+    b->Args({2048, 2048, 2048, dtype});
+    b->Args({1024, 768, 768, dtype});
+    b->Args({1024, 768, 3072, dtype});
+    b->Args({1024, 3072, 768, dtype});
+    b->Args({1024, 768, 50304, dtype});
+  }
+  b->ArgNames({"M", "K", "N", "bf16"})->Unit(benchmark::kMillisecond);
+  b->MinTime(0.5);
+}
+
+BENCHMARK(BM_Matmul)->Apply(Shapes);
+BENCHMARK(BM_DirectOneDnn)->Apply(Shapes);
+
+}  // namespace
+}  // namespace fsdpp

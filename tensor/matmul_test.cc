@@ -1,0 +1,128 @@
+// Matmul against a double-precision reference: every transpose combination,
+// batched and broadcast weights, alpha/beta accumulation, odd sizes (1,
+// primes), f32 and bf16 (f32 or bf16 output).
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/cpu/onednn_matmul.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+
+namespace fsdpp {
+namespace {
+
+using testing_util::AllClose;
+using testing_util::RandomTensor;
+using testing_util::Values;
+using Vec = std::vector<double>;
+
+// Reference with the same layout conventions as Matmul.
+Vec MatmulRef(const Vec& a, const Vec& b, const Vec& c0, int64_t batch,
+              int64_t m, int64_t n, int64_t k, bool ta, bool tb, bool bcast,
+              double alpha, double beta) {
+  Vec c(batch * m * n);
+  for (int64_t bt = 0; bt < batch; ++bt) {
+    const double* pa = a.data() + bt * m * k;
+    const double* pb = b.data() + (bcast ? 0 : bt * k * n);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        double s = 0;
+        for (int64_t p = 0; p < k; ++p) {
+          const double av = ta ? pa[p * m + i] : pa[i * k + p];
+          const double bv = tb ? pb[j * k + p] : pb[p * n + j];
+          s += av * bv;
+        }
+        const int64_t o = bt * m * n + i * n + j;
+        c[o] = alpha * s + (beta != 0 ? beta * c0[o] : 0.0);
+      }
+    }
+  }
+  return c;
+}
+
+struct Case {
+  int64_t batch, m, n, k;
+  bool bcast;
+};
+
+TEST(MatmulTest, MatchesReference) {
+  const Case cases[] = {{1, 1, 1, 1, false},      {1, 2, 3, 5, false},
+                        {1, 7, 31, 13, false},    {1, 64, 64, 64, false},
+                        {1, 127, 33, 257, false}, {3, 5, 7, 11, false},
+                        {4, 17, 9, 23, true},     {2, 1, 129, 64, true}};
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType out_dtype : {DType::kF32, dtype}) {
+      for (const Case& cs : cases) {
+        for (int t = 0; t < 4; ++t) {
+          const bool ta = t & 1, tb = t & 2;
+          for (auto [alpha, beta] : {std::pair<float, float>{1.0f, 0.0f},
+                                     {0.5f, 1.0f},
+                                     {-2.0f, 0.25f}}) {
+            SCOPED_TRACE(testing::Message()
+                         << DTypeName(dtype) << "->" << DTypeName(out_dtype)
+                         << " batch=" << cs.batch << " m=" << cs.m
+                         << " n=" << cs.n << " k=" << cs.k << " ta=" << ta
+                         << " tb=" << tb << " bcast=" << cs.bcast
+                         << " alpha=" << alpha << " beta=" << beta);
+            Shape a_shape =
+                ta ? Shape{cs.batch, cs.k, cs.m} : Shape{cs.batch, cs.m, cs.k};
+            Shape b_inner = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
+            Shape b_shape = b_inner;
+            if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
+            Tensor a = RandomTensor(a_shape, dtype, 1);
+            Tensor b = RandomTensor(b_shape, dtype, 2);
+            Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 3);
+            Vec c0 = Values(c);
+            ASSERT_TRUE(Matmul(a, b, &c, {ta, tb, alpha, beta}).ok());
+            Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
+                                cs.k, ta, tb, cs.bcast, alpha, beta);
+            // f32 accumulation over k terms of magnitude <= 1; a bf16 output
+            // adds one rounding.
+            const double atol =
+                1e-5 * cs.k + (out_dtype == DType::kBF16 ? 1e-2 : 0);
+            const double rtol = out_dtype == DType::kBF16 ? 1.0 / 128 : 1e-5;
+            EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(MatmulTest, TwoDimensionalAndGpt2Shapes) {
+  // A Linear layer at GPT-2 width, [B*T, C] @ W^T with W [4C, C], odd B*T.
+  const int64_t rows = 67, c = 768, h = 3072;
+  Tensor x = RandomTensor({rows, c}, DType::kF32, 4);
+  Tensor w = RandomTensor({h, c}, DType::kF32, 5);
+  Tensor y = *Tensor::Empty({rows, h}, DType::kF32, Device::Cpu());
+  ASSERT_TRUE(Matmul(x, w, &y, {false, true}).ok());
+  Vec ref = MatmulRef(Values(x), Values(w), {}, 1, rows, h, c, false, true,
+                      false, 1, 0);
+  EXPECT_TRUE(AllClose(Values(y), ref, 1e-5, 1e-4));
+}
+
+TEST(MatmulTest, PrimitivesAreCached) {
+  Tensor a = RandomTensor({19, 23}, DType::kF32, 6);
+  Tensor b = RandomTensor({23, 29}, DType::kF32, 7);
+  Tensor c = *Tensor::Empty({19, 29}, DType::kF32, Device::Cpu());
+  ASSERT_TRUE(Matmul(a, b, &c).ok());
+  const int64_t size = cpu::OneDnnMatmulCacheSize();
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(Matmul(a, b, &c).ok());
+  EXPECT_EQ(cpu::OneDnnMatmulCacheSize(), size);
+  ASSERT_TRUE(Matmul(a, b, &c, {false, false, 1.0f, 1.0f}).ok());
+  EXPECT_EQ(cpu::OneDnnMatmulCacheSize(), size + 1);
+}
+
+TEST(MatmulTest, EmptyInnerDimensionScalesC) {
+  Tensor a = *Tensor::Empty({3, 0}, DType::kF32, Device::Cpu());
+  Tensor b = *Tensor::Empty({0, 2}, DType::kF32, Device::Cpu());
+  Tensor c = *Tensor::FromFloats({3, 2}, {1, 2, 3, 4, 5, 6});
+  ASSERT_TRUE(Matmul(a, b, &c, {false, false, 1.0f, 0.5f}).ok());
+  EXPECT_EQ(Values(c), (Vec{0.5, 1, 1.5, 2, 2.5, 3}));
+  ASSERT_TRUE(Matmul(a, b, &c).ok());
+  EXPECT_EQ(Values(c), Vec(6, 0.0));
+}
+
+}  // namespace
+}  // namespace fsdpp

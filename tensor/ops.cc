@@ -1,0 +1,592 @@
+// Argument validation and device dispatch for tensor ops; see ops.h.
+#include "tensor/ops.h"
+
+#include <initializer_list>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/memcpy.h"
+#include "core/status.h"
+#include "tensor/backend.h"
+#include "tensor/cpu/cpu_backend.h"
+
+#if defined(FSDPP_WITH_CUDA)
+#include "tensor/cuda/cuda_backend.h"
+#endif
+
+namespace fsdpp {
+namespace {
+
+struct Named {
+  const char* name;
+  const Tensor* tensor;
+};
+
+std::string Describe(std::initializer_list<Named> args) {
+  std::vector<std::string> parts;
+  for (const Named& a : args) {
+    parts.push_back(absl::StrCat(a.name, " ", a.tensor->ToString()));
+  }
+  return absl::StrJoin(parts, ", ");
+}
+
+absl::Status Invalid(const char* op, absl::string_view what,
+                     std::initializer_list<Named> args) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, ": ", what, " (", Describe(args), ")"));
+}
+
+// All defined, all on one device; returns that device.
+absl::StatusOr<Device> CommonDevice(const char* op,
+                                    std::initializer_list<Named> args) {
+  const Device device = args.begin()->tensor->device();
+  for (const Named& a : args) {
+    if (!a.tensor->defined()) {
+      return Invalid(op, absl::StrCat(a.name, " is undefined"), args);
+    }
+    if (a.tensor->device() != device) {
+      return Invalid(op, "tensors are on different devices", args);
+    }
+  }
+  return device;
+}
+
+absl::Status SameDType(const char* op, std::initializer_list<Named> args) {
+  const DType dtype = args.begin()->tensor->dtype();
+  for (const Named& a : args) {
+    if (a.tensor->dtype() != dtype) return Invalid(op, "dtype mismatch", args);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SameShape(const char* op, std::initializer_list<Named> args) {
+  const Shape& shape = args.begin()->tensor->shape();
+  for (const Named& a : args) {
+    if (a.tensor->shape() != shape) return Invalid(op, "shape mismatch", args);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FloatDType(const char* op, const Named& arg) {
+  if (!IsFloatingPoint(arg.tensor->dtype())) {
+    return Invalid(op, absl::StrCat(arg.name, " must be f32, bf16 or f16"),
+                   {arg});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status IdDType(const char* op, const Named& arg) {
+  const DType d = arg.tensor->dtype();
+  if (d != DType::kI32 && d != DType::kI64) {
+    return Invalid(op, absl::StrCat(arg.name, " must be i32 or i64"), {arg});
+  }
+  return absl::OkStatus();
+}
+
+absl::Status F32WithNumel(const char* op, const Named& arg, int64_t numel) {
+  if (arg.tensor->dtype() != DType::kF32 || arg.tensor->numel() != numel) {
+    return Invalid(
+        op, absl::StrCat(arg.name, " must be f32 with ", numel, " elements"),
+        {arg});
+  }
+  return absl::OkStatus();
+}
+
+// The backend for `device`, or nullptr for meta (validated no-op).
+absl::StatusOr<Backend*> BackendFor(const char* op, Device device) {
+  switch (device.type()) {
+    case DeviceType::kMeta:
+      return nullptr;
+    case DeviceType::kCpu:
+      return cpu::CpuBackend();
+    case DeviceType::kCuda:
+#if defined(FSDPP_WITH_CUDA)
+      return gpu::CudaBackend(device.index());
+#else
+      return absl::FailedPreconditionError(
+          absl::StrCat(op, ": ", device.ToString(),
+                       " tensors need a build with --config=cuda"));
+#endif
+  }
+  return absl::InternalError("unknown device type");
+}
+
+// Validates and resolves the backend of an op over `args`.
+#define FSDPP_BACKEND_OR_RETURN(var, op, ...)                           \
+  ASSIGN_OR_RETURN(Device var##_device, CommonDevice(op, __VA_ARGS__)); \
+  ASSIGN_OR_RETURN(Backend* var, BackendFor(op, var##_device))
+
+// Rows of `t` when viewed as [rows, last_dim].
+int64_t Rows(const Tensor& t) {
+  return t.ndim() == 0 ? 1 : t.numel() / std::max<int64_t>(1, t.dim(-1));
+}
+
+}  // namespace
+
+absl::Status Copy(const Tensor& src, Tensor* dst) {
+  constexpr const char* kOp = "Copy";
+  if (!src.defined() || !dst->defined()) {
+    return Invalid(kOp, "undefined tensor", {{"src", &src}, {"dst", dst}});
+  }
+  if (src.numel() != dst->numel()) {
+    return Invalid(kOp, "element counts differ", {{"src", &src}, {"dst", dst}});
+  }
+  const bool cast = src.dtype() != dst->dtype();
+  if (cast &&
+      !(IsFloatingPoint(src.dtype()) && IsFloatingPoint(dst->dtype()))) {
+    return Invalid(kOp, "only float dtypes convert",
+                   {{"src", &src}, {"dst", dst}});
+  }
+  if (src.is_meta() || dst->is_meta()) {
+    if (src.is_meta() && dst->is_meta()) return absl::OkStatus();
+    return Invalid(kOp, "cannot copy between meta and real tensors",
+                   {{"src", &src}, {"dst", dst}});
+  }
+  if (src.device() == dst->device()) {
+    ASSIGN_OR_RETURN(Backend * backend, BackendFor(kOp, src.device()));
+    return backend->Copy(src, dst);
+  }
+  if (!cast) {
+    return CopyBytes(dst->raw_data(), dst->device(), src.raw_data(),
+                     src.device(), src.nbytes());
+  }
+  // Across devices with a cast: move first, then convert on the destination.
+  ASSIGN_OR_RETURN(Tensor staged,
+                   Tensor::Empty(src.shape(), src.dtype(), dst->device(),
+                                 MemoryTag::kOther));
+  RETURN_IF_ERROR(CopyBytes(staged.raw_data(), staged.device(), src.raw_data(),
+                            src.device(), src.nbytes()));
+  ASSIGN_OR_RETURN(Backend * backend, BackendFor(kOp, dst->device()));
+  return backend->Copy(staged, dst);
+}
+
+absl::Status Fill(Tensor* t, float value) {
+  FSDPP_BACKEND_OR_RETURN(backend, "Fill", {{"t", t}});
+  RETURN_IF_ERROR(FloatDType("Fill", {"t", t}));
+  return backend == nullptr ? absl::OkStatus() : backend->Fill(t, value);
+}
+
+absl::Status Zero(Tensor* t) {
+  ASSIGN_OR_RETURN(Device device, CommonDevice("Zero", {{"t", t}}));
+  if (device.is_meta()) return absl::OkStatus();
+  return ZeroBytes(t->raw_data(), device, t->nbytes());
+}
+
+namespace {
+
+absl::Status UnaryOp(const char* op, UnaryKind kind, float alpha,
+                     const Tensor& x, Tensor* out) {
+  FSDPP_BACKEND_OR_RETURN(backend, op, {{"x", &x}, {"out", out}});
+  RETURN_IF_ERROR(SameDType(op, {{"x", &x}, {"out", out}}));
+  RETURN_IF_ERROR(SameShape(op, {{"x", &x}, {"out", out}}));
+  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->Unary(kind, alpha, x, out);
+}
+
+absl::Status BinaryOp(const char* op, BinaryKind kind, float alpha,
+                      const char* a_name, const Tensor& a, const char* b_name,
+                      const Tensor& b, const char* out_name, Tensor* out) {
+  std::initializer_list<Named> args = {
+      {a_name, &a}, {b_name, &b}, {out_name, out}};
+  FSDPP_BACKEND_OR_RETURN(backend, op, args);
+  RETURN_IF_ERROR(SameDType(op, args));
+  RETURN_IF_ERROR(SameShape(op, args));
+  RETURN_IF_ERROR(FloatDType(op, {a_name, &a}));
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->Binary(kind, alpha, a, b, out);
+}
+
+}  // namespace
+
+absl::Status Add(const Tensor& a, const Tensor& b, Tensor* out) {
+  return BinaryOp("Add", BinaryKind::kAdd, 0.0f, "a", a, "b", b, "out", out);
+}
+
+absl::Status Mul(const Tensor& a, const Tensor& b, Tensor* out) {
+  return BinaryOp("Mul", BinaryKind::kMul, 0.0f, "a", a, "b", b, "out", out);
+}
+
+absl::Status Scale(const Tensor& x, float alpha, Tensor* out) {
+  return UnaryOp("Scale", UnaryKind::kScale, alpha, x, out);
+}
+
+absl::Status Axpy(float alpha, const Tensor& x, Tensor* y) {
+  return BinaryOp("Axpy", BinaryKind::kAxpy, alpha, "y", *y, "x", x, "y", y);
+}
+
+absl::Status Gelu(const Tensor& x, Tensor* out) {
+  return UnaryOp("Gelu", UnaryKind::kGelu, 0.0f, x, out);
+}
+
+absl::Status GeluBackward(const Tensor& x, const Tensor& dy, Tensor* dx) {
+  return BinaryOp("GeluBackward", BinaryKind::kGeluBackward, 0.0f, "x", x, "dy",
+                  dy, "dx", dx);
+}
+
+absl::Status Silu(const Tensor& x, Tensor* out) {
+  return UnaryOp("Silu", UnaryKind::kSilu, 0.0f, x, out);
+}
+
+absl::Status SiluBackward(const Tensor& x, const Tensor& dy, Tensor* dx) {
+  return BinaryOp("SiluBackward", BinaryKind::kSiluBackward, 0.0f, "x", x, "dy",
+                  dy, "dx", dx);
+}
+
+namespace {
+
+absl::Status ReduceOp(const char* op, ReduceKind kind, const Tensor& x,
+                      Tensor* out) {
+  FSDPP_BACKEND_OR_RETURN(backend, op, {{"x", &x}, {"out", out}});
+  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  RETURN_IF_ERROR(F32WithNumel(op, {"out", out}, 1));
+  return backend == nullptr ? absl::OkStatus() : backend->Reduce(kind, x, out);
+}
+
+}  // namespace
+
+absl::Status Sum(const Tensor& x, Tensor* out) {
+  return ReduceOp("Sum", ReduceKind::kSum, x, out);
+}
+
+absl::Status SumOfSquares(const Tensor& x, Tensor* out) {
+  return ReduceOp("SumOfSquares", ReduceKind::kSumOfSquares, x, out);
+}
+
+absl::Status SumRowsAccumulate(const Tensor& x, Tensor* out) {
+  constexpr const char* kOp = "SumRowsAccumulate";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", &x}, {"out", out}});
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  RETURN_IF_ERROR(FloatDType(kOp, {"out", out}));
+  const int64_t cols = out->numel();
+  if (cols == 0 || x.numel() % cols != 0 || x.ndim() == 0 ||
+      x.dim(-1) != cols) {
+    return Invalid(kOp, "out must have as many elements as x's last dim",
+                   {{"x", &x}, {"out", out}});
+  }
+  if (out->dtype() != x.dtype() && out->dtype() != DType::kF32) {
+    return Invalid(kOp, "out must be f32 or x's dtype",
+                   {{"x", &x}, {"out", out}});
+  }
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->SumRowsAccumulate(x, x.numel() / cols, cols, out);
+}
+
+absl::StatusOr<float> Item(const Tensor& t) {
+  if (!t.defined() || t.numel() != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Item: needs exactly one element, got ", t.ToString()));
+  }
+  ASSIGN_OR_RETURN(std::vector<float> v, t.ToFloats());
+  return v[0];
+}
+
+absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
+                    const MatmulOptions& options) {
+  constexpr const char* kOp = "Matmul";
+  std::initializer_list<Named> args = {{"a", &a}, {"b", &b}, {"c", c}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  if (a.dtype() != b.dtype() ||
+      (a.dtype() != DType::kF32 && a.dtype() != DType::kBF16)) {
+    return Invalid(kOp, "a and b must both be f32 or both bf16", args);
+  }
+  if (c->dtype() != DType::kF32 && c->dtype() != a.dtype()) {
+    return Invalid(kOp, "c must be f32 or a's dtype", args);
+  }
+  if (a.ndim() < 2 || b.ndim() < 2 || c->ndim() < 2) {
+    return Invalid(kOp, "a, b and c need at least 2 dims", args);
+  }
+  const int64_t m = options.transpose_a ? a.dim(-1) : a.dim(-2);
+  const int64_t k = options.transpose_a ? a.dim(-2) : a.dim(-1);
+  const int64_t kb = options.transpose_b ? b.dim(-1) : b.dim(-2);
+  const int64_t n = options.transpose_b ? b.dim(-2) : b.dim(-1);
+  if (k != kb) {
+    return Invalid(kOp,
+                   absl::StrCat("inner dims differ: op(a) is ", m, " x ", k,
+                                ", op(b) is ", kb, " x ", n),
+                   args);
+  }
+  if (c->dim(-2) != m || c->dim(-1) != n) {
+    return Invalid(kOp, absl::StrCat("c must be ", m, " x ", n), args);
+  }
+  const Shape batch_a(a.shape().begin(), a.shape().end() - 2);
+  const Shape batch_c(c->shape().begin(), c->shape().end() - 2);
+  const Shape batch_b(b.shape().begin(), b.shape().end() - 2);
+  if (batch_a != batch_c)
+    return Invalid(kOp, "batch dims of a and c differ", args);
+  const bool broadcast_b = batch_b.empty() && !batch_a.empty();
+  if (!broadcast_b && batch_b != batch_a) {
+    return Invalid(kOp, "b must have a's batch dims or be 2-D", args);
+  }
+  if (backend == nullptr) return absl::OkStatus();
+  const int64_t batch = NumElements(batch_a);
+  if (batch == 0 || m == 0 || n == 0) return absl::OkStatus();
+  if (k == 0) {  // Empty sum: c = beta * c.
+    if (options.beta == 0.0f) return Zero(c);
+    return Scale(*c, options.beta, c);
+  }
+  return backend->Matmul(MatmulArgs{&a, &b, c, batch, m, n, k,
+                                    options.transpose_a, options.transpose_b,
+                                    broadcast_b, options.alpha, options.beta});
+}
+
+absl::Status Softmax(const Tensor& x, Tensor* y, bool causal) {
+  constexpr const char* kOp = "Softmax";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", &x}, {"y", y}});
+  RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"y", y}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"y", y}}));
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  if (x.ndim() < (causal ? 2 : 1) || x.dim(-1) == 0) {
+    return Invalid(kOp,
+                   causal ? "causal softmax needs [.., Tq, Tk] with Tk > 0"
+                          : "needs a non-empty last dim",
+                   {{"x", &x}});
+  }
+  const int64_t n = x.dim(-1);
+  int64_t tq = 1, offset = -1;
+  if (causal) {
+    tq = x.dim(-2);
+    if (tq > n)
+      return Invalid(kOp, "causal softmax needs Tq <= Tk", {{"x", &x}});
+    offset = n - tq;
+  }
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->Softmax(x, Rows(x), n, tq, offset, y);
+}
+
+absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
+  constexpr const char* kOp = "SoftmaxBackward";
+  std::initializer_list<Named> args = {{"y", &y}, {"dy", &dy}, {"dx", dx}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(SameDType(kOp, args));
+  RETURN_IF_ERROR(SameShape(kOp, args));
+  RETURN_IF_ERROR(FloatDType(kOp, {"y", &y}));
+  if (y.ndim() == 0) return Invalid(kOp, "needs at least one dim", args);
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->SoftmaxBackward(y, dy, Rows(y), y.dim(-1), dx);
+}
+
+namespace {
+
+// Checks x [.., C] against a [C] parameter; returns C.
+absl::StatusOr<int64_t> NormDims(const char* op, const Tensor& x,
+                                 const char* param_name, const Tensor& param) {
+  if (x.ndim() == 0 || x.dim(-1) == 0) {
+    return Invalid(op, "x needs a non-empty last dim", {{"x", &x}});
+  }
+  const int64_t c = x.dim(-1);
+  if (param.ndim() != 1 || param.dim(0) != c) {
+    return Invalid(op, absl::StrCat(param_name, " must be [", c, "]"),
+                   {{"x", &x}, {param_name, &param}});
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
+                       const Tensor* bias, float eps, Tensor* out, Tensor* mean,
+                       Tensor* rstd) {
+  constexpr const char* kOp = "LayerNorm";
+  std::initializer_list<Named> args = {{"x", &x},
+                                       {"weight", &weight},
+                                       {"out", out},
+                                       {"mean", mean},
+                                       {"rstd", rstd}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  RETURN_IF_ERROR(
+      SameDType(kOp, {{"x", &x}, {"weight", &weight}, {"out", out}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"out", out}}));
+  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  if (bias != nullptr) {
+    RETURN_IF_ERROR(CommonDevice(kOp, {{"x", &x}, {"bias", bias}}).status());
+    RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"bias", bias}}));
+    RETURN_IF_ERROR(NormDims(kOp, x, "bias", *bias).status());
+  }
+  const int64_t rows = Rows(x);
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"mean", mean}, rows));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
+  if (!(eps >= 0.0f)) return Invalid(kOp, "eps must be >= 0", {{"x", &x}});
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->LayerNorm(x, weight, bias, eps, rows, c,
+                                                 out, mean, rstd);
+}
+
+absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
+                               const Tensor& weight, const Tensor& mean,
+                               const Tensor& rstd, Tensor* dx, Tensor* dweight,
+                               Tensor* dbias) {
+  constexpr const char* kOp = "LayerNormBackward";
+  std::initializer_list<Named> args = {
+      {"dy", &dy},     {"x", &x},  {"weight", &weight}, {"mean", &mean},
+      {"rstd", &rstd}, {"dx", dx}, {"dweight", dweight}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  RETURN_IF_ERROR(SameDType(kOp, {{"dy", &dy},
+                                  {"x", &x},
+                                  {"weight", &weight},
+                                  {"dx", dx},
+                                  {"dweight", dweight}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"weight", &weight}, {"dweight", dweight}}));
+  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  if (dbias != nullptr) {
+    RETURN_IF_ERROR(CommonDevice(kOp, {{"x", &x}, {"dbias", dbias}}).status());
+    RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"dbias", dbias}}));
+    RETURN_IF_ERROR(NormDims(kOp, x, "dbias", *dbias).status());
+  }
+  const int64_t rows = Rows(x);
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"mean", &mean}, rows));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->LayerNormBackward(dy, x, weight, mean, rstd, rows, c,
+                                          dx, dweight, dbias);
+}
+
+absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                     Tensor* out, Tensor* rstd) {
+  constexpr const char* kOp = "RmsNorm";
+  std::initializer_list<Named> args = {
+      {"x", &x}, {"weight", &weight}, {"out", out}, {"rstd", rstd}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  RETURN_IF_ERROR(
+      SameDType(kOp, {{"x", &x}, {"weight", &weight}, {"out", out}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"out", out}}));
+  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  const int64_t rows = Rows(x);
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
+  if (!(eps >= 0.0f)) return Invalid(kOp, "eps must be >= 0", {{"x", &x}});
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->RmsNorm(x, weight, eps, rows, c, out, rstd);
+}
+
+absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x,
+                             const Tensor& weight, const Tensor& rstd,
+                             Tensor* dx, Tensor* dweight) {
+  constexpr const char* kOp = "RmsNormBackward";
+  std::initializer_list<Named> args = {
+      {"dy", &dy},     {"x", &x},  {"weight", &weight},
+      {"rstd", &rstd}, {"dx", dx}, {"dweight", dweight}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  RETURN_IF_ERROR(SameDType(kOp, {{"dy", &dy},
+                                  {"x", &x},
+                                  {"weight", &weight},
+                                  {"dx", dx},
+                                  {"dweight", dweight}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"weight", &weight}, {"dweight", dweight}}));
+  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  const int64_t rows = Rows(x);
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->RmsNormBackward(dy, x, weight, rstd,
+                                                       rows, c, dx, dweight);
+}
+
+namespace {
+
+// Checks ids (N elements) against a [V, C] table and rows of `rows_tensor`.
+absl::Status EmbeddingDims(const char* op, const Tensor& ids,
+                           const Tensor& table, const char* rows_name,
+                           const Tensor& rows_tensor) {
+  std::initializer_list<Named> args = {
+      {"ids", &ids}, {"table", &table}, {rows_name, &rows_tensor}};
+  RETURN_IF_ERROR(IdDType(op, {"ids", &ids}));
+  RETURN_IF_ERROR(FloatDType(op, {"table", &table}));
+  RETURN_IF_ERROR(
+      SameDType(op, {{"table", &table}, {rows_name, &rows_tensor}}));
+  if (table.ndim() != 2) return Invalid(op, "table must be [V, C]", args);
+  if (rows_tensor.ndim() < 1 || rows_tensor.dim(-1) != table.dim(1) ||
+      Rows(rows_tensor) != ids.numel()) {
+    return Invalid(op,
+                   absl::StrCat(rows_name, " must have ", ids.numel(),
+                                " rows of ", table.dim(1)),
+                   args);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out) {
+  constexpr const char* kOp = "Embedding";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp,
+                          {{"ids", &ids}, {"table", &table}, {"out", out}});
+  RETURN_IF_ERROR(EmbeddingDims(kOp, ids, table, "out", *out));
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->Embedding(ids, table, ids.numel(), table.dim(0),
+                                  table.dim(1), out);
+}
+
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
+                               Tensor* dtable) {
+  constexpr const char* kOp = "EmbeddingBackward";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp,
+                          {{"ids", &ids}, {"dout", &dout}, {"dtable", dtable}});
+  RETURN_IF_ERROR(EmbeddingDims(kOp, ids, *dtable, "dout", dout));
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->EmbeddingBackward(
+                                  ids, dout, ids.numel(), dtable->dim(0),
+                                  dtable->dim(1), dtable);
+}
+
+namespace {
+
+absl::Status CrossEntropyDims(const char* op, const Tensor& logits,
+                              const Tensor& targets) {
+  std::initializer_list<Named> args = {{"logits", &logits},
+                                       {"targets", &targets}};
+  RETURN_IF_ERROR(FloatDType(op, {"logits", &logits}));
+  RETURN_IF_ERROR(IdDType(op, {"targets", &targets}));
+  if (logits.ndim() < 1 || logits.dim(-1) == 0 ||
+      Rows(logits) != targets.numel()) {
+    return Invalid(op, "logits must be [.., V] with one row per target", args);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
+                          int64_t ignore_index, Tensor* losses) {
+  constexpr const char* kOp = "CrossEntropy";
+  FSDPP_BACKEND_OR_RETURN(
+      backend, kOp,
+      {{"logits", &logits}, {"targets", &targets}, {"losses", losses}});
+  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"losses", losses}, targets.numel()));
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->CrossEntropy(logits, targets, targets.numel(),
+                                     logits.dim(-1), ignore_index, losses);
+}
+
+absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                  int64_t ignore_index, const Tensor& dlosses,
+                                  Tensor* dlogits) {
+  constexpr const char* kOp = "CrossEntropyBackward";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp,
+                          {{"logits", &logits},
+                           {"targets", &targets},
+                           {"dlosses", &dlosses},
+                           {"dlogits", dlogits}});
+  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"dlosses", &dlosses}, targets.numel()));
+  RETURN_IF_ERROR(SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->CrossEntropyBackward(
+                                  logits, targets, dlosses, targets.numel(),
+                                  logits.dim(-1), ignore_index, dlogits);
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,131 @@
+// Tensor operations: the kernels the layers, FSDP and the optimizer use.
+//
+// Each op validates its arguments in one place (shapes, dtypes, devices;
+// errors are InvalidArgument naming the op and the shapes) and dispatches by
+// device: tensor/cpu (loops + oneDNN) or tensor/cuda (kernels + cuBLASLt,
+// under --config=cuda). On meta tensors an op validates and does nothing, so
+// a model can be "run" on meta to check shapes. Outputs are preallocated by
+// the caller (no hidden allocation on the hot path). Unless an op says it
+// accumulates, it overwrites its output. Float ops accept f32, bf16 and f16
+// storage and compute in f32.
+#ifndef FSDPP_TENSOR_OPS_H_
+#define FSDPP_TENSOR_OPS_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+
+// ------------------------------------------------------------ data movement
+
+// dst = src, converting dtype (any float <-> any float; ints to ints of the
+// same dtype) and moving between devices. Shapes must have equal numel.
+absl::Status Copy(const Tensor& src, Tensor* dst);
+
+// Every element of `t` (float dtype) = value.
+absl::Status Fill(Tensor* t, float value);
+
+// Every byte of `t` = 0.
+absl::Status Zero(Tensor* t);
+
+// ---------------------------------------------------------- elementwise
+
+// out = a + b (same shape and dtype; out may alias a or b).
+absl::Status Add(const Tensor& a, const Tensor& b, Tensor* out);
+// out = a * b.
+absl::Status Mul(const Tensor& a, const Tensor& b, Tensor* out);
+// out = alpha * x (out may alias x).
+absl::Status Scale(const Tensor& x, float alpha, Tensor* out);
+// y += alpha * x.
+absl::Status Axpy(float alpha, const Tensor& x, Tensor* y);
+
+// out = GELU(x), tanh approximation.
+absl::Status Gelu(const Tensor& x, Tensor* out);
+// dx = dy * GELU'(x).
+absl::Status GeluBackward(const Tensor& x, const Tensor& dy, Tensor* dx);
+// out = x * sigmoid(x).
+absl::Status Silu(const Tensor& x, Tensor* out);
+// dx = dy * SiLU'(x).
+absl::Status SiluBackward(const Tensor& x, const Tensor& dy, Tensor* dx);
+
+// ------------------------------------------------------------- reductions
+
+// out (f32, one element) = sum of x, accumulated in f64 on CPU.
+absl::Status Sum(const Tensor& x, Tensor* out);
+// out (f32, one element) = sum of x^2.
+absl::Status SumOfSquares(const Tensor& x, Tensor* out);
+// out[c] += sum over rows of x[r, c]: x viewed as [rows, C] with C =
+// out.numel() (bias gradients). out has x's dtype or f32.
+absl::Status SumRowsAccumulate(const Tensor& x, Tensor* out);
+// The single element of a one-element tensor, as float (copies to host).
+absl::StatusOr<float> Item(const Tensor& t);
+
+// ----------------------------------------------------------------- matmul
+
+struct MatmulOptions {
+  bool transpose_a = false;  // a is stored [.., K, M]
+  bool transpose_b = false;  // b is stored [.., N, K]
+  float alpha = 1.0f;        // c = alpha * op(a) @ op(b) + beta * c
+  float beta = 0.0f;         // 1 accumulates into c (gradients)
+};
+
+// c[.., M, N] = alpha * op(a)[.., M, K] @ op(b)[.., K, N] + beta * c.
+// a and b: f32 or bf16 (same dtype); c: f32 or a's dtype. Batch dims of a and
+// c must be equal; b has the same batch dims or is 2-D (shared weights).
+absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
+                    const MatmulOptions& options = {});
+
+// ---------------------------------------------------------------- row ops
+
+// Softmax over the last dim. With `causal`, x is [.., Tq, Tk] and key k of
+// query q is masked when k > q + (Tk - Tq) (its output is 0).
+absl::Status Softmax(const Tensor& x, Tensor* y, bool causal = false);
+// dx = y * (dy - sum(dy * y)) over the last dim.
+absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
+
+// x: [.., C]; weight, bias: [C] (bias optional: pass nullptr); out like x;
+// mean, rstd: f32 with one element per row (saved for backward).
+absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
+                       const Tensor* bias, float eps, Tensor* out, Tensor* mean,
+                       Tensor* rstd);
+// dx = dLoss/dx (overwritten); dweight (and dbias if given) accumulate.
+absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
+                               const Tensor& weight, const Tensor& mean,
+                               const Tensor& rstd, Tensor* dx, Tensor* dweight,
+                               Tensor* dbias);
+
+// out = x / sqrt(mean(x^2) + eps) * weight; rstd: f32, one per row.
+absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                     Tensor* out, Tensor* rstd);
+// dx overwritten; dweight accumulates.
+absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x,
+                             const Tensor& weight, const Tensor& rstd,
+                             Tensor* dx, Tensor* dweight);
+
+// ------------------------------------------------------------- embedding
+
+// out[i, :] = table[ids[i], :]. ids: i32 or i64, any shape with N elements;
+// table [V, C]; out [.., C] with N rows. Ids outside [0, V) are an error.
+absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out);
+// dtable[ids[i], :] += dout[i, :] (scatter-add; repeated ids add up).
+absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
+                               Tensor* dtable);
+
+// --------------------------------------------------------- cross-entropy
+
+// losses[i] (f32) = -log softmax(logits[i])[targets[i]], 0 where the target
+// is `ignore_index`. logits [.., V] with N rows; targets i32/i64, N elements.
+absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
+                          int64_t ignore_index, Tensor* losses);
+// dlogits[i] = dlosses[i] * (softmax(logits[i]) - onehot(targets[i])), zero
+// rows where ignored. dlosses: f32, N elements.
+absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
+                                  int64_t ignore_index, const Tensor& dlosses,
+                                  Tensor* dlogits);
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_TENSOR_OPS_H_

@@ -1,0 +1,152 @@
+// Dense tensors: shape + dtype + device over shared, accounted storage.
+//
+// A Tensor is a cheap handle (copying it shares the storage, like
+// torch.Tensor). Only contiguous row-major layouts exist: views are slices
+// along dim 0 (Narrow) and reshapes, which is all FSDP needs to carve
+// parameters out of flat buffers. Every allocation goes through the device's
+// Allocator with a MemoryTag, so memory per purpose is exact. Meta tensors
+// carry shape and dtype but no storage and allocate nothing.
+#ifndef FSDPP_TENSOR_TENSOR_H_
+#define FSDPP_TENSOR_TENSOR_H_
+
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/logging.h"
+
+namespace fsdpp {
+
+using Shape = std::vector<int64_t>;
+
+// "[2, 3, 4]".
+std::string ShapeToString(absl::Span<const int64_t> shape);
+// Product of the dims (1 for a scalar shape []).
+int64_t NumElements(absl::Span<const int64_t> shape);
+
+// Owned device memory; frees itself through its allocator.
+class Storage {
+ public:
+  // Allocates `bytes` on `device` under `tag`. Meta devices allocate nothing.
+  static absl::StatusOr<std::shared_ptr<Storage>> Allocate(size_t bytes,
+                                                           Device device,
+                                                           MemoryTag tag);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+  MemoryTag tag() const { return tag_; }
+
+ private:
+  Storage(void* data, size_t bytes, Device device, MemoryTag tag,
+          Allocator* allocator)
+      : data_(data),
+        bytes_(bytes),
+        device_(device),
+        tag_(tag),
+        allocator_(allocator) {}
+  void* data_;
+  size_t bytes_;
+  Device device_;
+  MemoryTag tag_;
+  Allocator* allocator_;
+};
+
+class Tensor {
+ public:
+  // An undefined tensor (no shape, no storage).
+  Tensor() = default;
+
+  // Uninitialised memory of `shape` on `device`.
+  static absl::StatusOr<Tensor> Empty(Shape shape, DType dtype, Device device,
+                                      MemoryTag tag = MemoryTag::kOther);
+  // Zero-filled.
+  static absl::StatusOr<Tensor> Zeros(Shape shape, DType dtype, Device device,
+                                      MemoryTag tag = MemoryTag::kOther);
+  // A host f32 tensor holding `values` (numel must match), converted to
+  // `dtype` and placed on `device`.
+  static absl::StatusOr<Tensor> FromFloats(Shape shape,
+                                           absl::Span<const float> values,
+                                           DType dtype = DType::kF32,
+                                           Device device = Device::Cpu(),
+                                           MemoryTag tag = MemoryTag::kOther);
+  // A host tensor of integer ids (dtype i32 or i64).
+  static absl::StatusOr<Tensor> FromInts(Shape shape,
+                                         absl::Span<const int64_t> values,
+                                         DType dtype = DType::kI32,
+                                         Device device = Device::Cpu());
+
+  bool defined() const { return defined_; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  // Size of dimension `d`; negative d counts from the end.
+  int64_t dim(int d) const;
+  int64_t numel() const { return NumElements(shape_); }
+  size_t nbytes() const { return numel() * DTypeSize(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  MemoryTag tag() const;
+  bool is_meta() const { return device_.is_meta(); }
+
+  // Raw pointer to the first element (nullptr for meta or empty tensors).
+  void* raw_data() const;
+  template <typename T>
+  T* data() const {
+    CHECK(dtype_ == DTypeOf<T>::value)
+        << "data<" << DTypeName(DTypeOf<T>::value) << ">() on a "
+        << DTypeName(dtype_) << " tensor";
+    return static_cast<T*>(raw_data());
+  }
+
+  // Rows [start, start + length) of dim 0, sharing storage.
+  absl::StatusOr<Tensor> Narrow(int64_t start, int64_t length) const;
+  // The same elements with another shape (one dim may be -1), sharing storage.
+  absl::StatusOr<Tensor> Reshape(Shape shape) const;
+  // A 1-D view of all elements.
+  Tensor Flatten() const;
+
+  // True when both views use the same storage.
+  bool SharesStorageWith(const Tensor& other) const {
+    return storage_ != nullptr && storage_ == other.storage_;
+  }
+  // Byte offset of this view in its storage.
+  size_t storage_offset() const { return offset_; }
+  const std::shared_ptr<Storage>& storage() const { return storage_; }
+
+  // Copies the elements to a host vector, converted to float (any dtype).
+  absl::StatusOr<std::vector<float>> ToFloats() const;
+
+  // "f32[2, 3] cpu" (or "undefined").
+  std::string ToString() const;
+
+ private:
+  Tensor(std::shared_ptr<Storage> storage, size_t offset, Shape shape,
+         DType dtype, Device device)
+      : defined_(true),
+        storage_(std::move(storage)),
+        offset_(offset),
+        shape_(std::move(shape)),
+        dtype_(dtype),
+        device_(device) {}
+
+  bool defined_ = false;
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;
+  Shape shape_;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::Cpu();
+};
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_TENSOR_TENSOR_H_
