@@ -1,0 +1,78 @@
+"""Counts test cases from a `bazel test` log and the test.xml files it made.
+
+Every test target named in Bazel's summary contributes its test cases (from
+bazel-testlogs/<package>/<name>/test.xml): passed, failed, or skipped
+(GTEST_SKIP, e.g. CUDA tests on a machine without a GPU). A target that failed
+to build, timed out or left no usable XML counts as one failed case. Prints
+"N passed, N failed, N skipped" as the last line.
+
+Usage: python3 count_tests.py TEST_LOG CUDA_BUILD_FAILED(0|1)
+"""
+
+import os
+import re
+import sys
+import xml.etree.ElementTree as ET
+
+SUMMARY = re.compile(
+    r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED TO BUILD|FAILED|TIMEOUT|"
+    r"NO STATUS|FLAKY|INCOMPLETE|SKIPPED)")
+
+
+def count_xml(path):
+    passed = failed = skipped = 0
+    root = ET.parse(path).getroot()
+    for case in root.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+        elif (case.get("result") == "skipped" or case.get("status") == "notrun"
+              or case.find("skipped") is not None):
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped
+
+
+def main():
+    log_path, cuda_failed = sys.argv[1], int(sys.argv[2])
+    passed = failed = skipped = 0
+    seen = set()
+    with open(log_path, errors="replace") as log:
+        for line in log:
+            m = SUMMARY.match(line.strip())
+            if not m or m.group(1) in seen:
+                continue
+            target, result = m.group(1), m.group(2)
+            seen.add(target)
+            if result == "SKIPPED":  # Incompatible target (e.g. CUDA-only).
+                continue
+            package, name = target[2:].split(":")
+            xml = os.path.join("bazel-testlogs", package, name, "test.xml")
+            counts = None
+            if result in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml):
+                try:
+                    counts = count_xml(xml)
+                except ET.ParseError:
+                    counts = None
+            if counts is None or sum(counts) == 0:
+                ok = result in ("PASSED", "FLAKY")
+                counts = (1, 0, 0) if ok else (0, 1, 0)
+            elif result not in ("PASSED", "FLAKY") and counts[1] == 0:
+                counts = (counts[0], 1, counts[2])  # Crashed after its cases.
+            passed += counts[0]
+            failed += counts[1]
+            skipped += counts[2]
+            if result not in ("PASSED", "FLAKY"):
+                print(f"failed: {target} ({result})")
+    if not seen:
+        print("no test results found in the log")
+        failed += 1
+    if cuda_failed:
+        print("failed: bazel build --config=cuda //...")
+        failed += 1
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
