@@ -94,7 +94,8 @@ absl::Status F32WithNumel(const char* op, const Named& arg, int64_t numel) {
 }
 
 // The backend for `device`, or nullptr for meta (validated no-op).
-absl::StatusOr<Backend*> BackendFor(const char* op, Device device) {
+absl::StatusOr<Backend*> BackendFor([[maybe_unused]] const char* op,
+                                    Device device) {
   switch (device.type()) {
     case DeviceType::kMeta:
       return nullptr;

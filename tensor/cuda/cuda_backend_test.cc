@@ -1,0 +1,569 @@
+// Runs every op on cuda:0 and on the CPU with the same inputs and compares.
+//
+// The GPU kernels call the CPU backend's math (tensor/kernels/*.h), so the
+// two agree up to device math-library and FMA rounding: f32 to 1e-4, bf16 to
+// 1e-2 (one storage rounding may differ), f16 to 2e-3, relative with an equal
+// absolute floor for values near zero. Without a GPU every test skips visibly
+// in SetUp; the target only builds under --config=cuda.
+#include "tensor/cuda/cuda_backend.h"
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/cuda_runtime.h"
+#include "core/logging.h"
+#include "gtest/gtest.h"
+#include "tensor/cuda/cublaslt_matmul.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+
+namespace fsdpp {
+namespace {
+
+using testing_util::AllClose;
+using testing_util::RandomTensor;
+using testing_util::Values;
+
+constexpr Device kGpu = Device::Cuda(0);
+
+// Comparison tolerance (relative, and absolute near zero) per storage type.
+double Tol(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return 1e-2;
+    case DType::kF16:
+      return 2e-3;
+    default:
+      return 1e-4;
+  }
+}
+
+// The same values on the CPU and on cuda:0.
+struct Pair {
+  Tensor cpu, gpu;
+  const Tensor& on(bool gpu_side) const { return gpu_side ? gpu : cpu; }
+  Tensor* ptr(bool gpu_side) { return gpu_side ? &gpu : &cpu; }
+};
+
+Tensor ToGpu(const Tensor& cpu) {
+  absl::StatusOr<Tensor> t = Tensor::Empty(cpu.shape(), cpu.dtype(), kGpu);
+  CHECK_OK(t.status());
+  CHECK_OK(Copy(cpu, &*t));
+  return *std::move(t);
+}
+
+Pair Random(const Shape& shape, DType dtype, uint64_t seed, float lo = -1.0f,
+            float hi = 1.0f) {
+  Tensor cpu = RandomTensor(shape, dtype, seed, lo, hi);
+  Tensor gpu = ToGpu(cpu);
+  return Pair{cpu, gpu};
+}
+
+Pair Zeros(const Shape& shape, DType dtype) {
+  absl::StatusOr<Tensor> cpu = Tensor::Zeros(shape, dtype, Device::Cpu());
+  absl::StatusOr<Tensor> gpu = Tensor::Zeros(shape, dtype, kGpu);
+  CHECK_OK(cpu.status());
+  CHECK_OK(gpu.status());
+  return Pair{*cpu, *gpu};
+}
+
+Pair Ids(const Shape& shape, const std::vector<int64_t>& values, DType dtype) {
+  absl::StatusOr<Tensor> cpu =
+      Tensor::FromInts(shape, values, dtype, Device::Cpu());
+  absl::StatusOr<Tensor> gpu = Tensor::FromInts(shape, values, dtype, kGpu);
+  CHECK_OK(cpu.status());
+  CHECK_OK(gpu.status());
+  return Pair{*cpu, *gpu};
+}
+
+// Runs op(false) on the CPU tensors and op(true) on the GPU tensors.
+::testing::AssertionResult Both(const std::function<absl::Status(bool)>& op) {
+  for (bool gpu_side : {false, true}) {
+    const absl::Status s = op(gpu_side);
+    if (!s.ok()) {
+      return ::testing::AssertionFailure()
+             << (gpu_side ? "cuda:0: " : "cpu: ") << s;
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
+// The GPU result matches the CPU result.
+::testing::AssertionResult Match(const Pair& p, double tol) {
+  return AllClose(Values(p.gpu), Values(p.cpu), tol, tol);
+}
+
+class GpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    RegisterCudaAllocators();
+    if (CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+template <typename P>
+class GpuTestWithParam : public GpuTest,
+                         public ::testing::WithParamInterface<P> {};
+
+// Float ops, parameterised by storage type.
+using CudaOpsTest = GpuTestWithParam<DType>;
+
+std::string DTypeParamName(const ::testing::TestParamInfo<DType>& info) {
+  return DTypeName(info.param);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllFloat, CudaOpsTest,
+                         ::testing::Values(DType::kF32, DType::kBF16,
+                                           DType::kF16),
+                         DTypeParamName);
+
+const int64_t kSizes[] = {1, 7, 1000, 100003};
+
+TEST_P(CudaOpsTest, UnaryOps) {
+  const DType dtype = GetParam();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    Pair x = Random({n}, dtype, 1, -3, 3);
+    Pair out = Zeros({n}, dtype);
+    ASSERT_TRUE(
+        Both([&](bool g) { return Scale(x.on(g), 0.37f, out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "Scale";
+    ASSERT_TRUE(Both([&](bool g) { return Gelu(x.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "Gelu";
+    ASSERT_TRUE(Both([&](bool g) { return Silu(x.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "Silu";
+  }
+}
+
+TEST_P(CudaOpsTest, BinaryOps) {
+  const DType dtype = GetParam();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    Pair a = Random({n}, dtype, 2, -3, 3);
+    Pair b = Random({n}, dtype, 3);
+    Pair out = Zeros({n}, dtype);
+    ASSERT_TRUE(
+        Both([&](bool g) { return Add(a.on(g), b.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "Add";
+    ASSERT_TRUE(
+        Both([&](bool g) { return Mul(a.on(g), b.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "Mul";
+    ASSERT_TRUE(Both(
+        [&](bool g) { return GeluBackward(a.on(g), b.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "GeluBackward";
+    ASSERT_TRUE(Both(
+        [&](bool g) { return SiluBackward(a.on(g), b.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "SiluBackward";
+    ASSERT_TRUE(Both([&](bool g) { return Axpy(-1.5f, b.on(g), a.ptr(g)); }));
+    EXPECT_TRUE(Match(a, Tol(dtype))) << "Axpy";
+  }
+}
+
+TEST_P(CudaOpsTest, FillAndCopy) {
+  const DType dtype = GetParam();
+  for (int64_t n : kSizes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    Pair t = Zeros({n}, dtype);
+    ASSERT_TRUE(Both([&](bool g) { return Fill(t.ptr(g), 0.3f); }));
+    EXPECT_TRUE(Match(t, 0.0)) << "Fill";
+    // Large values exercise rounding, tiny ones f16 subnormals; both stay
+    // finite in every type (AllClose rejects inf - inf).
+    for (float range : {60000.0f, 1e-4f}) {
+      Pair x = Random({n}, dtype, 4, -range, range);
+      for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+        SCOPED_TRACE(::testing::Message()
+                     << "to " << DTypeName(to) << " range " << range);
+        Pair y = Zeros({n}, to);
+        ASSERT_TRUE(Both([&](bool g) { return Copy(x.on(g), y.ptr(g)); }));
+        EXPECT_TRUE(Match(y, 0.0)) << "Copy";
+        // Across devices with a cast: staged, then converted on cuda:0.
+        Tensor z = *Tensor::Zeros({n}, to, kGpu);
+        ASSERT_TRUE(Copy(x.cpu, &z).ok());
+        EXPECT_TRUE(AllClose(Values(z), Values(y.cpu), 0.0, 0.0))
+            << "cpu -> cuda:0 Copy";
+      }
+    }
+  }
+}
+
+TEST_P(CudaOpsTest, OverlappingCopy) {
+  const DType dtype = GetParam();
+  const int64_t n = 1001;
+  Pair buf = Random({n + 3}, dtype, 5);
+  for (bool forward : {false, true}) {
+    ASSERT_TRUE(Both([&](bool g) -> absl::Status {
+      const Tensor& t = buf.on(g);
+      absl::StatusOr<Tensor> lo = t.Narrow(0, n);
+      absl::StatusOr<Tensor> hi = t.Narrow(3, n);
+      if (!lo.ok()) return lo.status();
+      if (!hi.ok()) return hi.status();
+      return forward ? Copy(*lo, &*hi) : Copy(*hi, &*lo);
+    }));
+    EXPECT_TRUE(Match(buf, 0.0)) << (forward ? "forward" : "backward");
+  }
+}
+
+TEST_P(CudaOpsTest, Reductions) {
+  const DType dtype = GetParam();
+  for (int64_t n : {int64_t{1}, int64_t{255}, int64_t{257}, int64_t{100003},
+                    int64_t{300007}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << n);
+    Pair x = Random({n}, dtype, 6, -1, 2);
+    Pair out = Zeros({1}, DType::kF32);
+    ASSERT_TRUE(Both([&](bool g) { return Sum(x.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, 1e-5)) << "Sum";
+    const std::vector<double> first = Values(out.gpu);
+    ASSERT_TRUE(Sum(x.gpu, &out.gpu).ok());
+    EXPECT_EQ(Values(out.gpu), first) << "Sum is not reproducible";
+    ASSERT_TRUE(
+        Both([&](bool g) { return SumOfSquares(x.on(g), out.ptr(g)); }));
+    EXPECT_TRUE(Match(out, 1e-5)) << "SumOfSquares";
+  }
+}
+
+TEST_P(CudaOpsTest, SumRowsAccumulate) {
+  const DType dtype = GetParam();
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{1, 1}, {37, 53}, {1000, 3}, {5, 4099}}) {
+    SCOPED_TRACE(::testing::Message() << rows << "x" << cols);
+    Pair x = Random({rows, cols}, dtype, 7);
+    for (DType out_dtype : {DType::kF32, dtype}) {
+      Pair out = Random({cols}, out_dtype, 8);
+      ASSERT_TRUE(
+          Both([&](bool g) { return SumRowsAccumulate(x.on(g), out.ptr(g)); }));
+      EXPECT_TRUE(Match(out, Tol(out_dtype))) << DTypeName(out_dtype);
+    }
+  }
+}
+
+TEST_P(CudaOpsTest, Softmax) {
+  const DType dtype = GetParam();
+  for (bool causal : {false, true}) {
+    for (const Shape& shape :
+         {Shape{1, 1}, Shape{3, 5, 17}, Shape{2, 7, 11}, Shape{4, 300}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << ShapeToString(shape) << " causal=" << causal);
+      Pair x = Random(shape, dtype, 9, -4, 4);
+      Pair y = Zeros(shape, dtype);
+      ASSERT_TRUE(
+          Both([&](bool g) { return Softmax(x.on(g), y.ptr(g), causal); }));
+      EXPECT_TRUE(Match(y, Tol(dtype))) << "Softmax";
+      Pair dy = Random(shape, dtype, 10);
+      Pair dx = Zeros(shape, dtype);
+      // Both sides differentiate the CPU's y, so only the backward differs.
+      y.gpu = ToGpu(y.cpu);
+      ASSERT_TRUE(Both([&](bool g) {
+        return SoftmaxBackward(y.on(g), dy.on(g), dx.ptr(g));
+      }));
+      EXPECT_TRUE(Match(dx, Tol(dtype))) << "SoftmaxBackward";
+    }
+  }
+}
+
+TEST_P(CudaOpsTest, LayerNorm) {
+  const DType dtype = GetParam();
+  for (bool with_bias : {false, true}) {
+    for (const Shape& shape : {Shape{1, 1}, Shape{2, 9, 33}, Shape{300, 7}}) {
+      SCOPED_TRACE(::testing::Message()
+                   << ShapeToString(shape) << " bias=" << with_bias);
+      const int64_t c = shape.back(), rows = NumElements(shape) / c;
+      Pair x = Random(shape, dtype, 11, -2, 3);
+      Pair w = Random({c}, dtype, 12, 0.5, 1.5);
+      Pair b = Random({c}, dtype, 13);
+      Pair out = Zeros(shape, dtype);
+      Pair mean = Zeros({rows}, DType::kF32);
+      Pair rstd = Zeros({rows}, DType::kF32);
+      ASSERT_TRUE(Both([&](bool g) {
+        return LayerNorm(x.on(g), w.on(g), with_bias ? &b.on(g) : nullptr,
+                         1e-5f, out.ptr(g), mean.ptr(g), rstd.ptr(g));
+      }));
+      EXPECT_TRUE(Match(out, Tol(dtype))) << "out";
+      EXPECT_TRUE(Match(mean, Tol(dtype))) << "mean";
+      EXPECT_TRUE(Match(rstd, Tol(dtype))) << "rstd";
+
+      mean.gpu = ToGpu(mean.cpu);
+      rstd.gpu = ToGpu(rstd.cpu);
+      Pair dy = Random(shape, dtype, 14);
+      Pair dx = Zeros(shape, dtype);
+      Pair dw = Random({c}, dtype, 15);  // Accumulated into.
+      Pair db = Random({c}, dtype, 16);
+      ASSERT_TRUE(Both([&](bool g) {
+        return LayerNormBackward(dy.on(g), x.on(g), w.on(g), mean.on(g),
+                                 rstd.on(g), dx.ptr(g), dw.ptr(g),
+                                 with_bias ? db.ptr(g) : nullptr);
+      }));
+      EXPECT_TRUE(Match(dx, Tol(dtype))) << "dx";
+      EXPECT_TRUE(Match(dw, Tol(dtype))) << "dweight";
+      EXPECT_TRUE(Match(db, Tol(dtype))) << "dbias";
+    }
+  }
+}
+
+TEST_P(CudaOpsTest, RmsNorm) {
+  const DType dtype = GetParam();
+  for (const Shape& shape : {Shape{1, 1}, Shape{2, 9, 33}, Shape{300, 7}}) {
+    SCOPED_TRACE(ShapeToString(shape));
+    const int64_t c = shape.back(), rows = NumElements(shape) / c;
+    Pair x = Random(shape, dtype, 17, -2, 3);
+    Pair w = Random({c}, dtype, 18, 0.5, 1.5);
+    Pair out = Zeros(shape, dtype);
+    Pair rstd = Zeros({rows}, DType::kF32);
+    ASSERT_TRUE(Both([&](bool g) {
+      return RmsNorm(x.on(g), w.on(g), 1e-6f, out.ptr(g), rstd.ptr(g));
+    }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "out";
+    EXPECT_TRUE(Match(rstd, Tol(dtype))) << "rstd";
+
+    rstd.gpu = ToGpu(rstd.cpu);
+    Pair dy = Random(shape, dtype, 19);
+    Pair dx = Zeros(shape, dtype);
+    Pair dw = Random({c}, dtype, 20);
+    ASSERT_TRUE(Both([&](bool g) {
+      return RmsNormBackward(dy.on(g), x.on(g), w.on(g), rstd.on(g), dx.ptr(g),
+                             dw.ptr(g));
+    }));
+    EXPECT_TRUE(Match(dx, Tol(dtype))) << "dx";
+    EXPECT_TRUE(Match(dw, Tol(dtype))) << "dweight";
+  }
+}
+
+TEST_P(CudaOpsTest, Embedding) {
+  const DType dtype = GetParam();
+  const int64_t v = 11, c = 19, n = 23;
+  std::vector<int64_t> ids(n);
+  for (int64_t i = 0; i < n; ++i) ids[i] = (i * 5 + 2) % v;  // Repeats.
+  for (DType id_dtype : {DType::kI32, DType::kI64}) {
+    SCOPED_TRACE(DTypeName(id_dtype));
+    Pair pids = Ids({1, n}, ids, id_dtype);
+    Pair table = Random({v, c}, dtype, 21);
+    Pair out = Zeros({1, n, c}, dtype);
+    ASSERT_TRUE(Both([&](bool g) {
+      return Embedding(pids.on(g), table.on(g), out.ptr(g));
+    }));
+    EXPECT_TRUE(Match(out, 0.0)) << "Embedding";
+    Pair dout = Random({1, n, c}, dtype, 22);
+    Pair dtable = Random({v, c}, dtype, 23);  // Accumulated into.
+    ASSERT_TRUE(Both([&](bool g) {
+      return EmbeddingBackward(pids.on(g), dout.on(g), dtable.ptr(g));
+    }));
+    EXPECT_TRUE(Match(dtable, Tol(dtype))) << "EmbeddingBackward";
+  }
+}
+
+TEST_P(CudaOpsTest, CrossEntropy) {
+  const DType dtype = GetParam();
+  const int64_t kIgnore = -100;
+  for (auto [n, v] :
+       {std::pair<int64_t, int64_t>{1, 1}, {3, 7}, {24, 29}, {4, 1031}}) {
+    SCOPED_TRACE(::testing::Message() << n << "x" << v);
+    std::vector<int64_t> targets(n);
+    for (int64_t i = 0; i < n; ++i) targets[i] = (i * 7 + 3) % v;
+    if (n > 2) targets[1] = kIgnore;
+    for (DType id_dtype : {DType::kI32, DType::kI64}) {
+      Pair t = Ids({n}, targets, id_dtype);
+      Pair logits = Random({n, v}, dtype, 24, -4, 4);
+      Pair losses = Zeros({n}, DType::kF32);
+      ASSERT_TRUE(Both([&](bool g) {
+        return CrossEntropy(logits.on(g), t.on(g), kIgnore, losses.ptr(g));
+      }));
+      EXPECT_TRUE(Match(losses, Tol(dtype))) << "CrossEntropy";
+      Pair dlosses = Random({n}, DType::kF32, 25, 0.1, 1.0);
+      Pair dlogits = Zeros({n, v}, dtype);
+      ASSERT_TRUE(Both([&](bool g) {
+        return CrossEntropyBackward(logits.on(g), t.on(g), kIgnore,
+                                    dlosses.on(g), dlogits.ptr(g));
+      }));
+      EXPECT_TRUE(Match(dlogits, Tol(dtype))) << "CrossEntropyBackward";
+    }
+  }
+}
+
+TEST_P(CudaOpsTest, EmptyTensors) {
+  const DType dtype = GetParam();
+  Pair x = Zeros({0, 5}, dtype);
+  Pair y = Zeros({0, 5}, dtype);
+  ASSERT_TRUE(Both([&](bool g) { return Gelu(x.on(g), y.ptr(g)); }));
+  ASSERT_TRUE(Both([&](bool g) { return Softmax(x.on(g), y.ptr(g)); }));
+  Pair out = Random({1}, DType::kF32, 26);
+  ASSERT_TRUE(Both([&](bool g) { return Sum(x.on(g), out.ptr(g)); }));
+  EXPECT_EQ(Values(out.gpu), std::vector<double>{0.0});
+}
+
+// ------------------------------------------------------------------ matmul
+
+struct MatmulCase {
+  DType ab_dtype;
+  DType c_dtype;
+};
+
+using CudaMatmulTest = GpuTestWithParam<MatmulCase>;
+
+INSTANTIATE_TEST_SUITE_P(
+    Dtypes, CudaMatmulTest,
+    ::testing::Values(MatmulCase{DType::kF32, DType::kF32},
+                      MatmulCase{DType::kBF16, DType::kBF16},
+                      MatmulCase{DType::kBF16, DType::kF32}),
+    [](const ::testing::TestParamInfo<MatmulCase>& info) {
+      return std::string(DTypeName(info.param.ab_dtype)) + "_to_" +
+             DTypeName(info.param.c_dtype);
+    });
+
+// Operand shapes of op(a) [batch.., m, k] @ op(b) [(batch..), k, n].
+Shape AShape(const Shape& batch, int64_t m, int64_t k, bool ta) {
+  Shape s = batch;
+  s.push_back(ta ? k : m);
+  s.push_back(ta ? m : k);
+  return s;
+}
+
+Shape BShape(const Shape& batch, int64_t k, int64_t n, bool tb) {
+  Shape s = batch;
+  s.push_back(tb ? n : k);
+  s.push_back(tb ? k : n);
+  return s;
+}
+
+TEST_P(CudaMatmulTest, MatchesCpu) {
+  const MatmulCase p = GetParam();
+  struct Dims {
+    Shape batch;
+    bool broadcast_b;
+    int64_t m, n, k;
+  };
+  const Dims dims[] = {{{}, false, 1, 1, 1},
+                       {{}, false, 17, 33, 65},
+                       {{3}, false, 5, 7, 9},
+                       {{2, 3}, true, 8, 16, 32},
+                       {{4}, true, 13, 3, 129}};
+  for (const Dims& d : dims) {
+    for (bool ta : {false, true}) {
+      for (bool tb : {false, true}) {
+        for (auto [alpha, beta] :
+             {std::pair<float, float>{1.0f, 0.0f}, {0.5f, 1.0f}}) {
+          SCOPED_TRACE(::testing::Message()
+                       << "batch " << ShapeToString(d.batch) << " bcast "
+                       << d.broadcast_b << " m" << d.m << " n" << d.n << " k"
+                       << d.k << " ta" << ta << " tb" << tb << " alpha "
+                       << alpha << " beta " << beta);
+          Pair a = Random(AShape(d.batch, d.m, d.k, ta), p.ab_dtype, 27);
+          Pair b =
+              Random(BShape(d.broadcast_b ? Shape{} : d.batch, d.k, d.n, tb),
+                     p.ab_dtype, 28);
+          Shape c_shape = d.batch;
+          c_shape.push_back(d.m);
+          c_shape.push_back(d.n);
+          Pair c = Random(c_shape, p.c_dtype, 29);
+          MatmulOptions options;
+          options.transpose_a = ta;
+          options.transpose_b = tb;
+          options.alpha = alpha;
+          options.beta = beta;
+          ASSERT_TRUE(Both([&](bool g) {
+            return Matmul(a.on(g), b.on(g), c.ptr(g), options);
+          }));
+          EXPECT_TRUE(Match(c, Tol(p.c_dtype)));
+        }
+      }
+    }
+  }
+}
+
+TEST_P(CudaMatmulTest, UnalignedViews) {
+  const MatmulCase p = GetParam();
+  const int64_t m = 9, n = 5, k = 3;
+  // Row 1 onwards of each buffer: 3- or 5-element offsets, so the pointers
+  // are only element-aligned.
+  Pair a_buf = Random({m + 1, k}, p.ab_dtype, 30);
+  Pair b_buf = Random({k + 1, n}, p.ab_dtype, 31);
+  Pair c_buf = Random({m + 1, n}, p.c_dtype, 32);
+  MatmulOptions options;
+  options.beta = 1.0f;
+  ASSERT_TRUE(Both([&](bool g) -> absl::Status {
+    absl::StatusOr<Tensor> a = a_buf.on(g).Narrow(1, m);
+    absl::StatusOr<Tensor> b = b_buf.on(g).Narrow(1, k);
+    absl::StatusOr<Tensor> c = c_buf.on(g).Narrow(1, m);
+    if (!a.ok() || !b.ok() || !c.ok()) {
+      return absl::InternalError("Narrow failed");
+    }
+    return Matmul(*a, *b, &*c, options);
+  }));
+  EXPECT_TRUE(Match(c_buf, Tol(p.c_dtype)));
+}
+
+TEST_P(CudaMatmulTest, AlgorithmIsCachedPerShape) {
+  const MatmulCase p = GetParam();
+  Pair a = Random({6, 10}, p.ab_dtype, 33);
+  Pair b = Random({10, 14}, p.ab_dtype, 34);
+  Pair c = Zeros({6, 14}, p.c_dtype);
+  ASSERT_TRUE(Matmul(a.gpu, b.gpu, &c.gpu).ok());
+  const int64_t cached = gpu::CublasLtMatmulCacheSize();
+  ASSERT_TRUE(Matmul(a.gpu, b.gpu, &c.gpu).ok());
+  EXPECT_EQ(gpu::CublasLtMatmulCacheSize(), cached);
+}
+
+// ------------------------------------------------------------------ errors
+
+using CudaBackendTest = GpuTest;
+
+TEST_F(CudaBackendTest, OutOfRangeIdsGiveTheCpuMessage) {
+  const int64_t v = 5, c = 3;
+  Pair table = Random({v, c}, DType::kF32, 35);
+  Pair out = Zeros({3, c}, DType::kF32);
+  Pair bad = Ids({3}, {0, v, 1}, DType::kI64);
+  std::vector<absl::Status> results;
+  for (bool g : {false, true}) {
+    results.push_back(Embedding(bad.on(g), table.on(g), out.ptr(g)));
+  }
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[1], results[0]);
+  EXPECT_EQ(results[1].message(),
+            "Embedding: id 5 at position 1 is outside [0, 5)");
+
+  Pair negative = Ids({3}, {0, 1, -2}, DType::kI32);
+  Pair dtable = Zeros({v, c}, DType::kF32);
+  results.clear();
+  for (bool g : {false, true}) {
+    results.push_back(
+        EmbeddingBackward(negative.on(g), out.on(g), dtable.ptr(g)));
+  }
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[1], results[0]);
+
+  Pair logits = Random({3, v}, DType::kF32, 36);
+  Pair losses = Zeros({3}, DType::kF32);
+  results.clear();
+  for (bool g : {false, true}) {
+    results.push_back(
+        CrossEntropy(logits.on(g), bad.on(g), -100, losses.ptr(g)));
+  }
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[1], results[0]);
+  Pair dlogits = Zeros({3, v}, DType::kF32);
+  results.clear();
+  for (bool g : {false, true}) {
+    results.push_back(CrossEntropyBackward(logits.on(g), bad.on(g), -100,
+                                           losses.on(g), dlogits.ptr(g)));
+  }
+  EXPECT_EQ(results[0].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(results[1], results[0]);
+}
+
+TEST_F(CudaBackendTest, OneBackendPerDeviceAcrossThreads) {
+  std::vector<Backend*> seen(8, nullptr);
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < seen.size(); ++i) {
+    threads.emplace_back([&seen, i] { seen[i] = gpu::CudaBackend(0); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (Backend* b : seen) {
+    EXPECT_NE(b, nullptr);
+    EXPECT_EQ(b, seen[0]);
+  }
+}
+
+}  // namespace
+}  // namespace fsdpp
