@@ -15,7 +15,7 @@ void BM_FillUniform(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * out.size());
 }
-BENCHMARK(BM_FillUniform)->Arg(1 << 20);
+BENCHMARK(BM_FillUniform)->Arg(1 << 20)->UseRealTime();
 
 void BM_FillNormal(benchmark::State& state) {
   std::vector<float> out(state.range(0));
@@ -25,7 +25,7 @@ void BM_FillNormal(benchmark::State& state) {
   }
   state.SetItemsProcessed(state.iterations() * out.size());
 }
-BENCHMARK(BM_FillNormal)->Arg(1 << 20);
+BENCHMARK(BM_FillNormal)->Arg(1 << 20)->UseRealTime();
 
 }  // namespace
 }  // namespace fsdpp

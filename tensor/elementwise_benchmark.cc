@@ -26,7 +26,7 @@ void BM_Memcpy(benchmark::State& state) {
   }
   state.SetBytesProcessed(state.iterations() * 2 * a.nbytes());
 }
-BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Add(benchmark::State& state) {
   const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
@@ -35,8 +35,12 @@ void BM_Add(benchmark::State& state) {
   for (auto _ : state) CHECK_OK(Add(a, b, &c));
   state.SetBytesProcessed(state.iterations() * 3 * a.nbytes());
 }
-BENCHMARK(BM_Add)->Arg(0)->Arg(1)->ArgName("bf16")->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(BM_Add)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("bf16")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_Axpy(benchmark::State& state) {
   const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
@@ -44,15 +48,19 @@ void BM_Axpy(benchmark::State& state) {
   for (auto _ : state) CHECK_OK(Axpy(1e-3f, x, &y));
   state.SetBytesProcessed(state.iterations() * 3 * x.nbytes());
 }
-BENCHMARK(BM_Axpy)->Arg(0)->Arg(1)->ArgName("bf16")->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(BM_Axpy)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("bf16")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 void BM_CastF32ToBf16(benchmark::State& state) {
   Tensor a = Filled(DType::kF32, 1.5f), b = Filled(DType::kBF16, 0.0f);
   for (auto _ : state) CHECK_OK(Copy(a, &b));
   state.SetBytesProcessed(state.iterations() * (a.nbytes() + b.nbytes()));
 }
-BENCHMARK(BM_CastF32ToBf16)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CastF32ToBf16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 void BM_Gelu(benchmark::State& state) {
   const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
@@ -60,8 +68,12 @@ void BM_Gelu(benchmark::State& state) {
   for (auto _ : state) CHECK_OK(Gelu(a, &b));
   state.SetBytesProcessed(state.iterations() * 2 * a.nbytes());
 }
-BENCHMARK(BM_Gelu)->Arg(0)->Arg(1)->ArgName("bf16")->Unit(
-    benchmark::kMillisecond);
+BENCHMARK(BM_Gelu)
+    ->Arg(0)
+    ->Arg(1)
+    ->ArgName("bf16")
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace fsdpp

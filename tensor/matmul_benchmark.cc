@@ -61,20 +61,36 @@ void BM_DirectOneDnn(benchmark::State& state) {
   SetFlops(state, m, n, k);
 }
 
-void Shapes(benchmark::internal::Benchmark* b) {
-  for (int dtype : {0, 1}) {
-    b->Args({2048, 2048, 2048, dtype});
-    b->Args({1024, 768, 768, dtype});
-    b->Args({1024, 768, 3072, dtype});
-    b->Args({1024, 3072, 768, dtype});
-    b->Args({1024, 768, 50304, dtype});
+// Each shape runs ours and the direct call back to back, so machine noise
+// hits both alike.
+void RegisterPairs() {
+  const std::vector<std::vector<int64_t>> shapes = {{2048, 2048, 2048},
+                                                    {1024, 768, 768},
+                                                    {1024, 768, 3072},
+                                                    {1024, 3072, 768},
+                                                    {1024, 768, 50304}};
+  for (int64_t dtype : {0, 1}) {
+    for (const auto& s : shapes) {
+      for (auto [name, fn] : {std::pair{"Matmul", &BM_Matmul},
+                              std::pair{"DirectOneDnn", &BM_DirectOneDnn}}) {
+        benchmark::RegisterBenchmark(name, fn)
+            ->Args({s[0], s[1], s[2], dtype})
+            ->ArgNames({"M", "K", "N", "bf16"})
+            ->Unit(benchmark::kMillisecond)
+            ->MinTime(0.5)
+            ->UseRealTime();
+      }
+    }
   }
-  b->ArgNames({"M", "K", "N", "bf16"})->Unit(benchmark::kMillisecond);
-  b->MinTime(0.5);
 }
-
-BENCHMARK(BM_Matmul)->Apply(Shapes);
-BENCHMARK(BM_DirectOneDnn)->Apply(Shapes);
 
 }  // namespace
 }  // namespace fsdpp
+
+int main(int argc, char** argv) {
+  fsdpp::RegisterPairs();
+  benchmark::Initialize(&argc, argv);
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
