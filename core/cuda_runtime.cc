@@ -49,7 +49,9 @@ absl::StatusOr<std::shared_ptr<CudaEvent>> CudaEvent::RecordOn(
 CudaEvent::~CudaEvent() { cudaEventDestroy(event_); }
 
 bool CudaEvent::IsCompleted() const {
-  return cudaEventQuery(event_) != cudaErrorNotReady;
+  const cudaError_t e = cudaEventQuery(event_);
+  if (e == cudaErrorNotReady) cudaGetLastError();  // Not an error: clear it.
+  return e != cudaErrorNotReady;
 }
 
 absl::Status CudaEvent::Wait(absl::Duration timeout) const {
@@ -58,6 +60,7 @@ absl::Status CudaEvent::Wait(absl::Duration timeout) const {
   for (;;) {
     cudaError_t e = cudaEventQuery(event_);
     if (e == cudaSuccess) return absl::OkStatus();
+    if (e == cudaErrorNotReady) cudaGetLastError();  // Not an error: clear it.
     if (e != cudaErrorNotReady) {
       return CudaStatus(e, absl::StrCat("cudaEventQuery(", name_, ")").c_str());
     }

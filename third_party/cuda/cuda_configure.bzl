@@ -24,7 +24,8 @@ def _cuda_configure_impl(ctx):
         build.append("""
 cc_library(
     name = "headers",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp", "include/**/*.cuh", "include/**/*.inl"]),
+    # Everything: libcu++ headers such as <nv/target> have no extension.
+    hdrs = glob(["include/**"]),
     includes = ["include"],
 )
 """)

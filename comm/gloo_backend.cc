@@ -1,0 +1,551 @@
+// Gloo process group; see gloo_backend.h.
+#include "comm/gloo_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "core/allocator.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "gloo/allgather.h"
+#include "gloo/allreduce.h"
+#include "gloo/alltoall.h"
+#include "gloo/barrier.h"
+#include "gloo/broadcast.h"
+#include "gloo/common/error.h"
+#include "gloo/math.h"
+#include "gloo/rendezvous/context.h"
+#include "gloo/rendezvous/store.h"
+#include "gloo/transport/tcp/device.h"
+#include "gloo/types.h"
+
+namespace fsdpp {
+namespace {
+
+// Slot prefix of our ring reduce-scatter (Gloo's own prefixes are 0x01-0x08).
+constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+
+// Carries a Status through Gloo's exception-based rendezvous code.
+struct StoreError : public std::exception {
+  explicit StoreError(absl::Status s) : status(std::move(s)) {}
+  const char* what() const noexcept override { return "store error"; }
+  absl::Status status;
+};
+
+// Gloo's Store interface over ours; the timeout bounds every wait.
+class GlooStoreAdapter final : public gloo::rendezvous::Store {
+ public:
+  GlooStoreAdapter(fsdpp::Store* store, absl::Duration timeout)
+      : store_(store), timeout_(timeout) {}
+  void set(const std::string& key, const std::vector<char>& data) override {
+    absl::Status s =
+        store_->Set(key, absl::string_view(data.data(), data.size()));
+    if (!s.ok()) throw StoreError(s);
+  }
+  std::vector<char> get(const std::string& key) override {
+    absl::StatusOr<std::string> v = store_->Get(key, timeout_);
+    if (!v.ok()) throw StoreError(v.status());
+    return std::vector<char>(v->begin(), v->end());
+  }
+  void wait(const std::vector<std::string>& keys) override {
+    absl::Status s = store_->Wait(keys, timeout_);
+    if (!s.ok()) throw StoreError(s);
+  }
+  void wait(const std::vector<std::string>& keys,
+            const std::chrono::milliseconds&) override {
+    wait(keys);
+  }
+
+ private:
+  fsdpp::Store* store_;
+  absl::Duration timeout_;
+};
+
+// One Gloo TCP device (listening socket + event loop) per address, shared by
+// every group of the process.
+absl::StatusOr<std::shared_ptr<gloo::transport::Device>> DeviceFor(
+    const std::string& hostname) {
+  static std::mutex* mu = new std::mutex;
+  static auto* devices =
+      new std::map<std::string, std::shared_ptr<gloo::transport::Device>>;
+  std::lock_guard<std::mutex> lock(*mu);
+  auto it = devices->find(hostname);
+  if (it != devices->end()) return it->second;
+  try {
+    gloo::transport::tcp::attr attr(hostname.c_str());
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    devices->emplace(hostname, device);
+    return device;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "gloo: cannot create a TCP device on '", hostname, "': ", e.what()));
+  }
+}
+
+std::chrono::milliseconds ToMillis(absl::Duration d) {
+  return std::chrono::milliseconds(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(d)));
+}
+
+// Host scratch memory accounted as comm buffers.
+class Scratch {
+ public:
+  static absl::StatusOr<Scratch> Allocate(size_t bytes) {
+    Scratch s;
+    s.bytes_ = bytes;
+    ASSIGN_OR_RETURN(
+        s.ptr_,
+        GetAllocator(Device::Cpu())->Allocate(bytes, MemoryTag::kCommBuffers));
+    return s;
+  }
+  Scratch() = default;
+  Scratch(Scratch&& o) noexcept : ptr_(o.ptr_), bytes_(o.bytes_) {
+    o.ptr_ = nullptr;
+  }
+  Scratch& operator=(Scratch&& o) noexcept {
+    std::swap(ptr_, o.ptr_);
+    std::swap(bytes_, o.bytes_);
+    return *this;
+  }
+  ~Scratch() {
+    if (ptr_ != nullptr) {
+      GetAllocator(Device::Cpu())
+          ->Deallocate(ptr_, bytes_, MemoryTag::kCommBuffers);
+    }
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+void ToF32(const Buffer& b, float* out, int64_t begin, int64_t end) {
+  if (b.dtype == DType::kBF16) {
+    const BFloat16* p = static_cast<const BFloat16*>(b.data);
+    for (int64_t i = begin; i < end; ++i)
+      out[i - begin] = BFloat16ToFloat(p[i]);
+  } else if (b.dtype == DType::kF16) {
+    const Float16* p = static_cast<const Float16*>(b.data);
+    for (int64_t i = begin; i < end; ++i) out[i - begin] = Float16ToFloat(p[i]);
+  } else {
+    std::memcpy(out, static_cast<const float*>(b.data) + begin,
+                (end - begin) * sizeof(float));
+  }
+}
+
+void FromF32(const float* in, int64_t n, const Buffer& b) {
+  if (b.dtype == DType::kBF16) {
+    BFloat16* p = static_cast<BFloat16*>(b.data);
+    for (int64_t i = 0; i < n; ++i) p[i] = FloatToBFloat16(in[i]);
+  } else if (b.dtype == DType::kF16) {
+    Float16* p = static_cast<Float16*>(b.data);
+    for (int64_t i = 0; i < n; ++i) p[i] = FloatToFloat16(in[i]);
+  } else {
+    std::memcpy(b.data, in, n * sizeof(float));
+  }
+}
+
+using GlooReduceFn = void (*)(void*, const void*, const void*, size_t);
+
+template <typename T>
+GlooReduceFn ReduceFunction(ReduceOp op) {
+  GlooReduceFn max = &gloo::max<T>;
+  GlooReduceFn sum = &gloo::sum<T>;
+  return op == ReduceOp::kMax ? max : sum;
+}
+
+// Elementwise combine for the ring reduce-scatter.
+template <typename T>
+void Combine(T* acc, const T* in, int64_t n, ReduceOp op) {
+  if (op == ReduceOp::kMax) {
+    for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], in[i]);
+  } else {
+    for (int64_t i = 0; i < n; ++i) acc[i] += in[i];
+  }
+}
+
+// Ring reduce-scatter of `work` (n elements of T, modified in place): after
+// size-1 steps, rank r's chunk of `work` holds the reduction over all ranks.
+// Returns false (with *failed_peer set) when a receive times out.
+template <typename T>
+absl::Status RingReduceScatter(gloo::Context& context, T* work, int64_t n,
+                               ReduceOp op, uint32_t tag,
+                               std::chrono::milliseconds timeout) {
+  const int size = context.size, rank = context.rank;
+  const int64_t chunk = (n + size - 1) / size;
+  auto seg_begin = [&](int i) { return std::min(n, i * chunk); };
+  auto seg_len = [&](int i) {
+    return std::min(n, (i + 1) * chunk) - seg_begin(i);
+  };
+  ASSIGN_OR_RETURN(Scratch scratch,
+                   Scratch::Allocate(std::max<int64_t>(1, chunk) * sizeof(T)));
+  auto work_buf = context.createUnboundBuffer(work, n * sizeof(T));
+  auto recv_buf =
+      context.createUnboundBuffer(scratch.as<T>(), chunk * sizeof(T));
+  const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+  const auto base = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
+  for (int step = 0; step < size - 1; ++step) {
+    const int send_idx = ((rank - step - 1) % size + size) % size;
+    const int recv_idx = ((rank - step - 2) % size + size) % size;
+    const uint64_t slot = base + static_cast<uint8_t>(step % 256);
+    const int64_t send_len = seg_len(send_idx), recv_len = seg_len(recv_idx);
+    if (send_len > 0) {
+      work_buf->send(next, slot, seg_begin(send_idx) * sizeof(T),
+                     send_len * sizeof(T));
+    }
+    if (recv_len > 0) {
+      recv_buf->recv(prev, slot, 0, recv_len * sizeof(T));
+      if (!recv_buf->waitRecv(nullptr, timeout)) {
+        return absl::DeadlineExceededError(absl::StrCat(
+            "receive from rank ", prev, " (ring step ", step, ") failed"));
+      }
+      Combine(work + seg_begin(recv_idx), scratch.as<T>(), recv_len, op);
+    }
+    if (send_len > 0 && !work_buf->waitSend(nullptr, timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "send to rank ", next, " (ring step ", step, ") failed"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
+    Store* store, int rank, int size, std::string name, GlooOptions options) {
+  if (size < 1 || rank < 0 || rank >= size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group '", name, "': rank ", rank, " is not in [0, ", size, ")"));
+  }
+  PrefixStore group_store(name, store);
+  // Join first, with our own keys, so a missing rank is named precisely.
+  RETURN_IF_ERROR(group_store.Set(absl::StrCat("joined/", rank), "1"));
+  std::vector<std::string> joined;
+  for (int r = 0; r < size; ++r) joined.push_back(absl::StrCat("joined/", r));
+  absl::Status s = group_store.Wait(joined, options.timeout);
+  if (!s.ok()) {
+    std::vector<int> missing;
+    for (int r = 0; r < size; ++r) {
+      absl::StatusOr<bool> present = group_store.Check({joined[r]});
+      if (present.ok() && !*present) missing.push_back(r);
+    }
+    return absl::DeadlineExceededError(absl::StrCat(
+        "group '", name, "' (rank ", rank, " of ", size, "): ranks [",
+        absl::StrJoin(missing, ", "), "] did not join within ",
+        absl::FormatDuration(options.timeout)));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<gloo::transport::Device> device,
+                   DeviceFor(options.hostname));
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+  context->setTimeout(ToMillis(options.timeout));
+  PrefixStore mesh_store("gloo", &group_store);
+  GlooStoreAdapter adapter(&mesh_store, options.timeout);
+  try {
+    context->connectFullMesh(adapter, device);
+  } catch (const StoreError& e) {
+    return Annotate(e.status,
+                    absl::StrCat("group '", name, "' connecting rank ", rank));
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "group '", name, "' connecting rank ", rank, ": ", e.what()));
+  }
+  return std::unique_ptr<GlooProcessGroup>(
+      new GlooProcessGroup(store, rank, size, std::move(name),
+                           std::move(options), std::move(context)));
+}
+
+GlooProcessGroup::GlooProcessGroup(Store* store, int rank, int size,
+                                   std::string name, GlooOptions options,
+                                   std::shared_ptr<gloo::Context> context)
+    : store_(store),
+      group_store_(name, store),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      options_(std::move(options)),
+      context_(std::move(context)),
+      stream_(std::make_unique<CpuStream>(absl::StrCat("comm:", name_),
+                                          options_.timeout)),
+      heartbeat_(&group_store_, rank_, size_, name_,
+                 options_.heartbeat_interval) {}
+
+GlooProcessGroup::~GlooProcessGroup() {
+  absl::Status s = stream_->Synchronize(options_.timeout + absl::Seconds(10));
+  LOG_IF(WARNING, !s.ok()) << "group '" << name_ << "' closing: " << s;
+  stream_.reset();
+}
+
+void GlooProcessGroup::SimulateCrash() {
+  crashed_ = true;
+  heartbeat_.Stop();
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
+    const char* op, std::string detail, const CollectiveOptions& options,
+    OpBody body) {
+  CpuStream* stream = stream_.get();
+  if (options.stream != nullptr) {
+    stream = dynamic_cast<CpuStream*>(options.stream);
+    if (stream == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, " on group '", name_, "': Gloo ops need a CpuStream, not ",
+          options.stream->name()));
+    }
+  }
+  const uint64_t seq = next_seq_++;
+  std::string description =
+      absl::StrCat(op, " #", seq, " on group '", name_, "' (rank ", rank_,
+                   " of ", size_, detail.empty() ? "" : ", ", detail, ")");
+  const absl::Duration timeout = options.timeout > absl::ZeroDuration()
+                                     ? options.timeout
+                                     : options_.timeout;
+  if (options.after != nullptr) stream->WaitEvent(options.after);
+  stream->Enqueue([this, seq, timeout, description, body = std::move(body)]() {
+    if (crashed_) {
+      return absl::AbortedError(
+          absl::StrCat(description, ": this rank crashed"));
+    }
+    heartbeat_.MarkStarted(seq);
+    absl::Status status;
+    try {
+      status = body(static_cast<uint32_t>(seq), ToMillis(timeout));
+    } catch (const std::exception& e) {
+      status = absl::UnavailableError(e.what());
+    }
+    if (status.ok()) return status;
+    return absl::Status(
+        absl::IsDeadlineExceeded(status) ? absl::StatusCode::kDeadlineExceeded
+                                         : absl::StatusCode::kUnavailable,
+        absl::StrCat(description, " failed (timeout ",
+                     absl::FormatDuration(timeout), "): ", status.message(),
+                     "; ", heartbeat_.DiagnosePeers(seq)));
+  });
+  return std::make_shared<Work>(std::move(description), stream->Record());
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
+    const Buffer& input, const Buffer& output,
+    const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateAllGather(*this, input, output));
+  const size_t bytes = input.nbytes();
+  const bool in_place =
+      input.data == static_cast<char*>(output.data) + rank_ * bytes;
+  return Issue("all_gather", input.ToString(), options,
+               [this, input, output, bytes, in_place](
+                   uint32_t tag, std::chrono::milliseconds timeout) {
+                 if (bytes == 0) return absl::OkStatus();
+                 if (size_ == 1) {
+                   if (!in_place) std::memcpy(output.data, input.data, bytes);
+                   return absl::OkStatus();
+                 }
+                 gloo::AllgatherOptions o(context_);
+                 if (!in_place)
+                   o.setInput(static_cast<uint8_t*>(input.data), bytes);
+                 o.setOutput(static_cast<uint8_t*>(output.data), bytes * size_);
+                 o.setTag(tag);
+                 o.setTimeout(timeout);
+                 gloo::allgather(o);
+                 return absl::OkStatus();
+               });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
+    const Buffer& input, const Buffer& output, ReduceOp op,
+    const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
+  return Issue(
+      "reduce_scatter", absl::StrCat(input.ToString(), ", ", ReduceOpName(op)),
+      options,
+      [this, input, output, op](
+          uint32_t tag, std::chrono::milliseconds timeout) -> absl::Status {
+        const int64_t n = input.count;
+        const int64_t offset = ReduceScatterOffset(n, size_, rank_);
+        const int64_t count = output.count;
+        auto run = [&](auto* work) -> absl::Status {
+          using T = std::remove_pointer_t<decltype(work)>;
+          if (size_ > 1) {
+            RETURN_IF_ERROR(
+                RingReduceScatter<T>(*context_, work, n, op, tag, timeout));
+          }
+          return absl::OkStatus();
+        };
+        switch (input.dtype) {
+          case DType::kI32:
+          case DType::kI64:
+          case DType::kU8: {
+            ASSIGN_OR_RETURN(Scratch work, Scratch::Allocate(std::max<size_t>(
+                                               1, input.nbytes())));
+            std::memcpy(work.as<void>(), input.data, input.nbytes());
+            if (input.dtype == DType::kI32) {
+              RETURN_IF_ERROR(run(work.as<int32_t>()));
+            } else if (input.dtype == DType::kI64) {
+              RETURN_IF_ERROR(run(work.as<int64_t>()));
+            } else {
+              RETURN_IF_ERROR(run(work.as<uint8_t>()));
+            }
+            const size_t esize = DTypeSize(input.dtype);
+            std::memcpy(output.data, work.as<char>() + offset * esize,
+                        count * esize);
+            return absl::OkStatus();
+          }
+          default: {
+            ASSIGN_OR_RETURN(
+                Scratch work,
+                Scratch::Allocate(std::max<int64_t>(1, n) * sizeof(float)));
+            ToF32(input, work.as<float>(), 0, n);
+            RETURN_IF_ERROR(run(work.as<float>()));
+            float* mine = work.as<float>() + offset;
+            if (op == ReduceOp::kAvg) {
+              const float inv = 1.0f / static_cast<float>(size_);
+              for (int64_t i = 0; i < count; ++i) mine[i] *= inv;
+            }
+            FromF32(mine, count, output);
+            return absl::OkStatus();
+          }
+        }
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
+    const Buffer& buffer, ReduceOp op, const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
+  return Issue(
+      "all_reduce", absl::StrCat(buffer.ToString(), ", ", ReduceOpName(op)),
+      options,
+      [this, buffer, op](uint32_t tag,
+                         std::chrono::milliseconds timeout) -> absl::Status {
+        const int64_t n = buffer.count;
+        if (n == 0) return absl::OkStatus();
+        auto reduce = [&](auto* data) {
+          using T = std::remove_pointer_t<decltype(data)>;
+          if (size_ == 1) return;
+          gloo::AllreduceOptions o(context_);
+          o.setOutput(data, n);
+          o.setReduceFunction(ReduceFunction<T>(op));
+          o.setTag(tag);
+          o.setTimeout(timeout);
+          gloo::allreduce(o);
+        };
+        switch (buffer.dtype) {
+          case DType::kI32:
+            reduce(static_cast<int32_t*>(buffer.data));
+            return absl::OkStatus();
+          case DType::kI64:
+            reduce(static_cast<int64_t*>(buffer.data));
+            return absl::OkStatus();
+          case DType::kU8:
+            reduce(static_cast<uint8_t*>(buffer.data));
+            return absl::OkStatus();
+          case DType::kF32: {
+            float* data = static_cast<float*>(buffer.data);
+            reduce(data);
+            if (op == ReduceOp::kAvg) {
+              const float inv = 1.0f / static_cast<float>(size_);
+              for (int64_t i = 0; i < n; ++i) data[i] *= inv;
+            }
+            return absl::OkStatus();
+          }
+          default: {  // bf16 / f16: accumulate in f32.
+            ASSIGN_OR_RETURN(Scratch work,
+                             Scratch::Allocate(n * sizeof(float)));
+            float* data = work.as<float>();
+            ToF32(buffer, data, 0, n);
+            reduce(data);
+            if (op == ReduceOp::kAvg) {
+              const float inv = 1.0f / static_cast<float>(size_);
+              for (int64_t i = 0; i < n; ++i) data[i] *= inv;
+            }
+            FromF32(data, n, buffer);
+            return absl::OkStatus();
+          }
+        }
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
+    const Buffer& buffer, int root, const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateBroadcast(*this, buffer, root));
+  return Issue(
+      "broadcast", absl::StrCat(buffer.ToString(), ", root ", root), options,
+      [this, buffer, root](uint32_t tag, std::chrono::milliseconds timeout) {
+        if (buffer.count == 0 || size_ == 1) return absl::OkStatus();
+        gloo::BroadcastOptions o(context_);
+        o.setOutput(static_cast<uint8_t*>(buffer.data), buffer.nbytes());
+        o.setRoot(root);
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        gloo::broadcast(o);
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
+    const Buffer& input, const Buffer& output,
+    const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateAllToAll(*this, input, output));
+  return Issue(
+      "all_to_all", input.ToString(), options,
+      [this, input, output](uint32_t tag,
+                            std::chrono::milliseconds timeout) -> absl::Status {
+        const size_t bytes = input.nbytes();
+        if (bytes == 0) return absl::OkStatus();
+        if (size_ == 1) {
+          if (input.data != output.data)
+            std::memcpy(output.data, input.data, bytes);
+          return absl::OkStatus();
+        }
+        Scratch staged;
+        uint8_t* in = static_cast<uint8_t*>(input.data);
+        if (input.data == output.data) {  // Gloo needs distinct buffers.
+          ASSIGN_OR_RETURN(staged, Scratch::Allocate(bytes));
+          std::memcpy(staged.as<void>(), input.data, bytes);
+          in = staged.as<uint8_t>();
+        }
+        gloo::AlltoallOptions o(context_);
+        o.setInput(in, bytes);
+        o.setOutput(static_cast<uint8_t*>(output.data), bytes);
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        gloo::alltoall(o);
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(
+    const CollectiveOptions& options) {
+  return Issue("barrier", "", options,
+               [this](uint32_t tag, std::chrono::milliseconds timeout) {
+                 if (size_ == 1) return absl::OkStatus();
+                 gloo::BarrierOptions o(context_);
+                 o.setTag(tag);
+                 o.setTimeout(timeout);
+                 gloo::barrier(o);
+                 return absl::OkStatus();
+               });
+}
+
+ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options) {
+  return [store, options](
+             const std::string& name, int rank,
+             int size) -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<GlooProcessGroup> group,
+        GlooProcessGroup::Create(store, rank, size, name, options));
+    return std::unique_ptr<ProcessGroup>(std::move(group));
+  };
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,120 @@
+// ProcessGroup over Gloo's TCP transport (the CPU backend).
+//
+// Each op runs as a task on a CpuStream (the group's comm worker thread, or a
+// stream the caller passes), using Gloo's ring all-gather / all-reduce,
+// broadcast, all-to-all and barrier. Gloo has no reduce-scatter with options,
+// so that one is our own ring over Gloo's point-to-point buffers (bandwidth
+// optimal, chunk semantics for any count). bf16 / f16 reductions travel and
+// accumulate in f32.
+//
+// Failure diagnosis: every rank publishes a heartbeat ("op it last started,
+// beat counter") under "<group>/heartbeat/<rank>" in the store from a
+// background thread. When an op fails or times out, the rank reads its peers'
+// heartbeats twice, one beat apart, and names the ranks that have stopped
+// (dead) or have not reached the op, so the error says who did not answer
+// (comm/heartbeat.h, shared with the NCCL backend).
+#ifndef FSDPP_COMM_GLOO_BACKEND_H_
+#define FSDPP_COMM_GLOO_BACKEND_H_
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "comm/heartbeat.h"
+#include "comm/process_group.h"
+#include "comm/store.h"
+
+namespace gloo {
+class Context;
+}  // namespace gloo
+
+namespace fsdpp {
+
+struct GlooOptions {
+  // Default op timeout (CollectiveOptions::timeout overrides per op) and the
+  // bound for joining the group.
+  absl::Duration timeout = absl::Minutes(5);
+  // Address this rank listens on ("127.0.0.1" for single-host runs).
+  std::string hostname = "127.0.0.1";
+  // How often the heartbeat is published.
+  absl::Duration heartbeat_interval = absl::Milliseconds(250);
+};
+
+class GlooProcessGroup final : public ProcessGroup {
+ public:
+  // Connects ranks [0, size) of group `name` through `store` (not owned;
+  // must outlive the group). Every member calls this with the same name and
+  // size. Fails with DeadlineExceeded naming the ranks that did not join
+  // within options.timeout.
+  static absl::StatusOr<std::unique_ptr<GlooProcessGroup>> Create(
+      Store* store, int rank, int size, std::string name,
+      GlooOptions options = {});
+  ~GlooProcessGroup() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  Device device() const override { return Device::Cpu(); }
+  Stream* comm_stream() override { return stream_.get(); }
+
+  absl::StatusOr<std::shared_ptr<Work>> AllGather(
+      const Buffer& input, const Buffer& output,
+      const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
+      const Buffer& input, const Buffer& output, ReduceOp op,
+      const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> AllReduce(
+      const Buffer& buffer, ReduceOp op,
+      const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> Broadcast(
+      const Buffer& buffer, int root,
+      const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> AllToAll(
+      const Buffer& input, const Buffer& output,
+      const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> Barrier(
+      const CollectiveOptions& options = {}) override;
+
+  // Stops this rank's heartbeat and fails its future ops, as if the process
+  // had died: the other ranks' pending ops time out and name this rank. Used
+  // by fault tests.
+  void SimulateCrash();
+
+  // The underlying Gloo context (for benchmarks comparing against raw Gloo).
+  const std::shared_ptr<gloo::Context>& gloo_context() const {
+    return context_;
+  }
+
+ private:
+  GlooProcessGroup(Store* store, int rank, int size, std::string name,
+                   GlooOptions options, std::shared_ptr<gloo::Context> context);
+
+  using OpBody = std::function<absl::Status(uint32_t tag,
+                                            std::chrono::milliseconds timeout)>;
+  // Queues `body` on the chosen stream with sequence number, heartbeat
+  // bookkeeping, exception translation and failure diagnosis.
+  absl::StatusOr<std::shared_ptr<Work>> Issue(const char* op,
+                                              std::string detail,
+                                              const CollectiveOptions& options,
+                                              OpBody body);
+
+  Store* const store_;
+  PrefixStore group_store_;
+  const int rank_;
+  const int size_;
+  const std::string name_;
+  const GlooOptions options_;
+  std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<CpuStream> stream_;
+
+  std::atomic<uint64_t> next_seq_{0};  // Issue order.
+  std::atomic<bool> crashed_{false};
+  Heartbeat heartbeat_;
+};
+
+// A factory making GlooProcessGroups over `store` (not owned).
+ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options = {});
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_COMM_GLOO_BACKEND_H_

@@ -1,0 +1,402 @@
+// ProcessGroup over real Gloo (loopback TCP), ranks as threads: every op x
+// dtypes x world sizes 1..5 x counts that do and do not divide evenly,
+// checked exactly against a local reference; concurrency, stream ordering and
+// fault handling (a rank that never joins, a rank that dies mid-collective).
+#include "comm/gloo_backend.h"
+
+#include <atomic>
+#include <cmath>
+#include <functional>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/store.h"
+#include "core/dtype.h"
+#include "gtest/gtest.h"
+
+namespace fsdpp {
+namespace {
+
+constexpr absl::Duration kWait = absl::Seconds(60);
+
+GlooOptions FastOptions() {
+  GlooOptions o;
+  o.timeout = absl::Seconds(30);
+  return o;
+}
+
+// Runs fn(rank, group) on `size` thread ranks sharing one in-memory store.
+void RunRanks(int size, const std::function<void(int, GlooProcessGroup&)>& fn,
+              const std::string& name = "g",
+              GlooOptions options = FastOptions()) {
+  InMemoryStore store;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto group = GlooProcessGroup::Create(&store, r, size, name, options);
+      ASSERT_TRUE(group.ok()) << group.status();
+      fn(r, **group);
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+// Exactly representable test values (small integers, so f32/bf16/f16 sums
+// and maxima are exact whatever the reduction order).
+double Value(int rank, int64_t i) {
+  return static_cast<double>((rank * 7 + i * 3) % 23 - 11);
+}
+
+// A host buffer of `count` elements of `dtype`.
+struct HostBuffer {
+  HostBuffer(int64_t count, DType dtype)
+      : bytes(std::max<int64_t>(1, count) * DTypeSize(dtype)),
+        buffer{bytes.data(), count, dtype, Device::Cpu()} {}
+  void Set(int64_t i, double v) {
+    switch (buffer.dtype) {
+      case DType::kF32:
+        reinterpret_cast<float*>(bytes.data())[i] = static_cast<float>(v);
+        break;
+      case DType::kBF16:
+        reinterpret_cast<BFloat16*>(bytes.data())[i] =
+            FloatToBFloat16(static_cast<float>(v));
+        break;
+      case DType::kF16:
+        reinterpret_cast<Float16*>(bytes.data())[i] =
+            FloatToFloat16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        reinterpret_cast<int32_t*>(bytes.data())[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kI64:
+        reinterpret_cast<int64_t*>(bytes.data())[i] = static_cast<int64_t>(v);
+        break;
+      case DType::kU8:
+        reinterpret_cast<uint8_t*>(bytes.data())[i] = static_cast<uint8_t>(v);
+        break;
+    }
+  }
+  double Get(int64_t i) const {
+    switch (buffer.dtype) {
+      case DType::kF32:
+        return reinterpret_cast<const float*>(bytes.data())[i];
+      case DType::kBF16:
+        return BFloat16ToFloat(
+            reinterpret_cast<const BFloat16*>(bytes.data())[i]);
+      case DType::kF16:
+        return Float16ToFloat(
+            reinterpret_cast<const Float16*>(bytes.data())[i]);
+      case DType::kI32:
+        return reinterpret_cast<const int32_t*>(bytes.data())[i];
+      case DType::kI64:
+        return static_cast<double>(
+            reinterpret_cast<const int64_t*>(bytes.data())[i]);
+      case DType::kU8:
+        return reinterpret_cast<const uint8_t*>(bytes.data())[i];
+    }
+    return 0;
+  }
+  std::vector<char> bytes;
+  Buffer buffer;
+};
+
+// The expected result of reducing Value(r, i) over ranks, as the backend
+// computes it (f32 accumulation; avg multiplies by 1/size in f32, then
+// rounds to the storage type).
+double Reduced(int size, int64_t i, ReduceOp op, DType dtype) {
+  double acc = op == ReduceOp::kMax ? -1e30 : 0.0;
+  for (int r = 0; r < size; ++r) {
+    acc = op == ReduceOp::kMax ? std::max(acc, Value(r, i)) : acc + Value(r, i);
+  }
+  if (op != ReduceOp::kAvg) return acc;
+  const float avg = static_cast<float>(acc) * (1.0f / static_cast<float>(size));
+  if (dtype == DType::kBF16) return BFloat16ToFloat(FloatToBFloat16(avg));
+  if (dtype == DType::kF16) return Float16ToFloat(FloatToFloat16(avg));
+  return avg;
+}
+
+const int64_t kCounts[] = {0, 1, 7, 64, 1001};
+
+TEST(GlooBackendTest, AllGatherEveryDTypeAndSize) {
+  for (int size = 1; size <= 5; ++size) {
+    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64, DType::kU8}) {
+        for (int64_t count : kCounts) {
+          HostBuffer in(count, dtype), out(count * size, dtype);
+          for (int64_t i = 0; i < count; ++i)
+            in.Set(i, std::fabs(Value(rank, i)));
+          auto work = group.AllGather(in.buffer, out.buffer);
+          ASSERT_TRUE(work.ok()) << work.status();
+          ASSERT_TRUE((*work)->Wait(kWait).ok());
+          for (int r = 0; r < size; ++r) {
+            for (int64_t i = 0; i < count; ++i) {
+              ASSERT_EQ(out.Get(r * count + i), std::fabs(Value(r, i)))
+                  << "size " << size << " " << DTypeName(dtype) << " count "
+                  << count;
+            }
+          }
+          // In place: the input already sits in the output at rank * count.
+          HostBuffer io(count * size, dtype);
+          for (int64_t i = 0; i < count; ++i)
+            io.Set(rank * count + i, std::fabs(Value(rank, i)));
+          Buffer slice = io.buffer;
+          slice.data = io.bytes.data() + rank * count * DTypeSize(dtype);
+          slice.count = count;
+          ASSERT_TRUE((*group.AllGather(slice, io.buffer))->Wait(kWait).ok());
+          for (int r = 0; r < size; ++r) {
+            for (int64_t i = 0; i < count; ++i) {
+              ASSERT_EQ(io.Get(r * count + i), std::fabs(Value(r, i)));
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(GlooBackendTest, ReduceScatterUnevenChunks) {
+  for (int size = 1; size <= 5; ++size) {
+    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+      for (DType dtype :
+           {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          if (op == ReduceOp::kAvg && dtype == DType::kI32) continue;
+          for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{3}, int64_t{7},
+                            int64_t{64}, int64_t{1001}}) {
+            const int64_t count = ReduceScatterCount(n, size, rank);
+            const int64_t offset = ReduceScatterOffset(n, size, rank);
+            HostBuffer in(n, dtype), out(count, dtype);
+            for (int64_t i = 0; i < n; ++i) in.Set(i, Value(rank, i));
+            auto work = group.ReduceScatter(in.buffer, out.buffer, op);
+            ASSERT_TRUE(work.ok()) << work.status();
+            ASSERT_TRUE((*work)->Wait(kWait).ok());
+            for (int64_t i = 0; i < count; ++i) {
+              ASSERT_EQ(out.Get(i), Reduced(size, offset + i, op, dtype))
+                  << "size " << size << " " << DTypeName(dtype) << " "
+                  << ReduceOpName(op) << " n " << n << " i " << i;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+TEST(GlooBackendTest, AllReduceBroadcastAllToAllBarrier) {
+  for (int size = 1; size <= 5; ++size) {
+    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          if (op == ReduceOp::kAvg && dtype == DType::kI64) continue;
+          for (int64_t count : kCounts) {
+            HostBuffer b(count, dtype);
+            for (int64_t i = 0; i < count; ++i) b.Set(i, Value(rank, i));
+            ASSERT_TRUE((*group.AllReduce(b.buffer, op))->Wait(kWait).ok());
+            for (int64_t i = 0; i < count; ++i) {
+              ASSERT_EQ(b.Get(i), Reduced(size, i, op, dtype))
+                  << "all_reduce size " << size << " " << DTypeName(dtype)
+                  << " " << ReduceOpName(op) << " count " << count;
+            }
+          }
+        }
+        for (int root = 0; root < size; ++root) {
+          HostBuffer b(33, dtype);
+          for (int64_t i = 0; i < 33; ++i)
+            b.Set(i, rank == root ? Value(root, i) : 99);
+          ASSERT_TRUE((*group.Broadcast(b.buffer, root))->Wait(kWait).ok());
+          for (int64_t i = 0; i < 33; ++i) ASSERT_EQ(b.Get(i), Value(root, i));
+        }
+        for (int64_t per : {1, 5}) {
+          const int64_t count = per * size;
+          HostBuffer in(count, dtype), out(count, dtype);
+          // Chunk j of rank r holds 100 * r + j.
+          for (int64_t i = 0; i < count; ++i) in.Set(i, 10 * rank + i / per);
+          ASSERT_TRUE(
+              (*group.AllToAll(in.buffer, out.buffer))->Wait(kWait).ok());
+          for (int64_t i = 0; i < count; ++i) {
+            ASSERT_EQ(out.Get(i), 10 * (i / per) + rank)
+                << "all_to_all size " << size;
+          }
+          // In place.
+          ASSERT_TRUE(
+              (*group.AllToAll(in.buffer, in.buffer))->Wait(kWait).ok());
+          for (int64_t i = 0; i < count; ++i) ASSERT_EQ(in.Get(i), out.Get(i));
+        }
+      }
+      ASSERT_TRUE((*group.Barrier())->Wait(kWait).ok());
+    });
+  }
+}
+
+TEST(GlooBackendTest, BadArgumentsAreRejectedAtIssue) {
+  RunRanks(2, [](int rank, GlooProcessGroup& group) {
+    HostBuffer in(4, DType::kF32), out(7, DType::kF32);
+    absl::StatusOr<std::shared_ptr<Work>> w =
+        group.AllGather(in.buffer, out.buffer);
+    ASSERT_FALSE(w.ok());
+    EXPECT_EQ(
+        w.status().message(),
+        absl::StrCat("all_gather on group 'g' (rank ", rank,
+                     " of 2): output has 7 elements, expected input count 4 "
+                     "x 2 ranks"));
+    HostBuffer rs_out(2, DType::kF32);
+    w = group.ReduceScatter(out.buffer, rs_out.buffer, ReduceOp::kSum);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find(rank == 0 ? "chunk of 7 has 4"
+                                                  : "chunk of 7 has 3"),
+              absl::string_view::npos)
+        << w.status();
+    HostBuffer ints(4, DType::kI32);
+    w = group.AllReduce(ints.buffer, ReduceOp::kAvg);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("avg needs a float dtype, not i32"),
+              absl::string_view::npos);
+    EXPECT_FALSE(group.Broadcast(in.buffer, 2).ok());
+    Buffer meta = in.buffer;
+    meta.device = Device::Meta();
+    w = group.AllReduce(meta, ReduceOp::kSum);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(
+        w.status().message().find("buffer is on meta, the group works on cpu"),
+        absl::string_view::npos);
+    // A valid op still matches up across ranks after the rejected ones.
+    ASSERT_TRUE((*group.Barrier())->Wait(kWait).ok());
+  });
+}
+
+TEST(GlooBackendTest, ConcurrentGroupsAndStreams) {
+  // Two groups over the same store and ranks, ops interleaved on two streams
+  // of each group: sequence tags keep them apart.
+  InMemoryStore store;
+  const int size = 3;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < size; ++r) {
+    threads.emplace_back([&, r] {
+      auto a = GlooProcessGroup::Create(&store, r, size, "a", FastOptions());
+      auto b = GlooProcessGroup::Create(&store, r, size, "b", FastOptions());
+      ASSERT_TRUE(a.ok() && b.ok());
+      CpuStream side("side");
+      std::vector<HostBuffer> bufs;
+      for (int i = 0; i < 8; ++i) bufs.emplace_back(1000, DType::kF32);
+      std::vector<std::shared_ptr<Work>> works;
+      for (int i = 0; i < 8; ++i) {
+        for (int64_t j = 0; j < 1000; ++j) bufs[i].Set(j, r + i);
+        CollectiveOptions o;
+        if (i % 2) o.stream = &side;
+        GlooProcessGroup& g = i % 3 ? **a : **b;
+        works.push_back(*g.AllReduce(bufs[i].buffer, ReduceOp::kSum, o));
+      }
+      for (auto& w : works)
+        ASSERT_TRUE(w->Wait(kWait).ok()) << w->description();
+      for (int i = 0; i < 8; ++i) {
+        ASSERT_EQ(bufs[i].Get(999), 0 + 1 + 2 + 3.0 * i);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+}
+
+TEST(GlooBackendTest, OpsWaitForTheirEventAndOverlapHostWork) {
+  RunRanks(2, [](int rank, GlooProcessGroup& group) {
+    const int64_t count = 8 << 20;  // 32 MiB per rank.
+    HostBuffer in(count, DType::kF32), out(2 * count, DType::kF32);
+    for (int64_t i = 0; i < count; i += 4096) in.Set(i, rank + 1);
+    CpuStream producer("producer");
+    std::atomic<bool> release{false};
+    producer.Enqueue([&] {
+      while (!release) absl::SleepFor(absl::Milliseconds(1));
+      return absl::OkStatus();
+    });
+    CollectiveOptions o;
+    o.after = producer.Record();
+    const absl::Time issued = absl::Now();
+    auto work = group.AllGather(in.buffer, out.buffer, o);
+    ASSERT_TRUE(work.ok());
+    EXPECT_LT(absl::Now() - issued,
+              absl::Seconds(1));  // Issue is asynchronous.
+    // The op cannot start before the producer's event.
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_FALSE((*work)->IsCompleted());
+    // Host computation runs while the gather is queued / in flight.
+    double acc = 0;
+    for (int i = 0; i < 1000000; ++i) acc += std::sqrt(static_cast<double>(i));
+    EXPECT_GT(acc, 0);
+    release = true;
+    ASSERT_TRUE((*work)->Wait(kWait).ok());
+    EXPECT_EQ(out.Get(0), 1.0);
+    EXPECT_EQ(out.Get(count), 2.0);
+    // The caller's stream can wait on the work's event.
+    CpuStream consumer("consumer");
+    consumer.WaitEvent((*work)->event());
+    EXPECT_TRUE(consumer.Synchronize(kWait).ok());
+  });
+}
+
+TEST(GlooBackendTest, RankThatNeverJoinsIsNamed) {
+  InMemoryStore store;
+  GlooOptions o;
+  o.timeout = absl::Milliseconds(500);
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(3);
+  const absl::Time start = absl::Now();
+  for (int r = 0; r < 3; ++r) {  // Rank 3 of 4 never comes.
+    threads.emplace_back([&, r] {
+      results[r] = GlooProcessGroup::Create(&store, r, 4, "lonely", o).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+  for (int r = 0; r < 3; ++r) {
+    EXPECT_EQ(results[r].code(), absl::StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(results[r].message(),
+              absl::StrCat("group 'lonely' (rank ", r,
+                           " of 4): ranks [3] did not join within 500ms"));
+  }
+}
+
+TEST(GlooBackendTest, RankThatDiesMidCollectiveIsNamed) {
+  GlooOptions o = FastOptions();
+  o.heartbeat_interval = absl::Milliseconds(100);
+  std::vector<absl::Status> results(3);
+  RunRanks(
+      3,
+      [&](int rank, GlooProcessGroup& group) {
+        HostBuffer b(1000, DType::kF32);
+        // One successful op so everyone is connected and beating.
+        ASSERT_TRUE(
+            (*group.AllReduce(b.buffer, ReduceOp::kSum))->Wait(kWait).ok());
+        if (rank == 2) {
+          group.SimulateCrash();
+          results[2] =
+              (*group.AllReduce(b.buffer, ReduceOp::kSum))->Wait(kWait);
+          return;
+        }
+        CollectiveOptions co;
+        co.timeout = absl::Seconds(1);
+        const absl::Time start = absl::Now();
+        results[rank] =
+            (*group.AllReduce(b.buffer, ReduceOp::kSum, co))->Wait(kWait);
+        EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+        // The group stays broken: later ops fail fast with the same error.
+        absl::Status again = (*group.Barrier())->Wait(kWait);
+        EXPECT_EQ(again.message(), results[rank].message());
+      },
+      "faulty", o);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(results[r].ok());
+    EXPECT_NE(results[r].message().find(absl::StrCat(
+                  "all_reduce #1 on group 'faulty' (rank ", r, " of 3")),
+              absl::string_view::npos)
+        << results[r];
+    EXPECT_NE(results[r].message().find(
+                  "ranks that did not answer: 2 (heartbeat stopped"),
+              absl::string_view::npos)
+        << results[r];
+  }
+  EXPECT_EQ(results[2].code(), absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace fsdpp

@@ -1,0 +1,101 @@
+// Heartbeat publication and peer diagnosis; see heartbeat.h.
+#include "comm/heartbeat.h"
+
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "core/logging.h"
+
+namespace fsdpp {
+
+Heartbeat::Heartbeat(Store* group_store, int rank, int size, std::string name,
+                     absl::Duration interval)
+    : store_(group_store),
+      rank_(rank),
+      size_(size),
+      name_(std::move(name)),
+      interval_(interval) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+Heartbeat::~Heartbeat() {
+  Stop();
+  thread_.join();
+}
+
+void Heartbeat::MarkStarted(uint64_t seq) {
+  uint64_t seen = started_.load();
+  while (seen < seq + 1 && !started_.compare_exchange_weak(seen, seq + 1)) {
+  }
+}
+
+void Heartbeat::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = true;
+  cv_.notify_all();
+}
+
+void Heartbeat::Loop() {
+  uint64_t beat = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    absl::Status s = store_->Set(absl::StrCat("heartbeat/", rank_),
+                                 absl::StrCat(started_.load(), ",", ++beat));
+    LOG_IF(WARNING, !s.ok() && beat % 20 == 1)
+        << "group '" << name_ << "' heartbeat: " << s;
+    lock.lock();
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(interval_),
+                 [this] { return stop_; });
+  }
+}
+
+std::string Heartbeat::DiagnosePeers(uint64_t seq) {
+  struct Beat {
+    bool present = false;
+    uint64_t started = 0, beat = 0;
+  };
+  auto read = [&]() {
+    std::vector<Beat> beats(size_);
+    for (int r = 0; r < size_; ++r) {
+      if (r == rank_) continue;
+      absl::StatusOr<std::string> v =
+          store_->Get(absl::StrCat("heartbeat/", r), absl::Milliseconds(200));
+      if (!v.ok()) continue;
+      std::vector<std::string> parts = absl::StrSplit(*v, ',');
+      if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &beats[r].started) &&
+          absl::SimpleAtoi(parts[1], &beats[r].beat)) {
+        beats[r].present = true;
+      }
+    }
+    return beats;
+  };
+  std::vector<Beat> first = read();
+  absl::SleepFor(interval_ * 3);
+  std::vector<Beat> second = read();
+  std::vector<std::string> culprits;
+  for (int r = 0; r < size_; ++r) {
+    if (r == rank_) continue;
+    if (!second[r].present) {
+      culprits.push_back(absl::StrCat(r, " (no heartbeat)"));
+    } else if (first[r].present && second[r].beat == first[r].beat) {
+      culprits.push_back(
+          absl::StrCat(r, " (heartbeat stopped: process dead or stuck)"));
+    } else if (second[r].started <= seq) {
+      culprits.push_back(
+          absl::StrCat(r, " (alive, has not reached this op; last started #",
+                       static_cast<int64_t>(second[r].started) - 1, ")"));
+    }
+  }
+  if (culprits.empty()) return "every peer is alive and has reached this op";
+  return absl::StrCat("ranks that did not answer: ",
+                      absl::StrJoin(culprits, ", "));
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,171 @@
+// Work, chunk arithmetic and argument validation; see process_group.h.
+#include "comm/process_group.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace fsdpp {
+
+std::string Buffer::ToString() const {
+  return absl::StrCat(count, " x ", DTypeName(dtype), " on ",
+                      device.ToString());
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+  }
+  return "?";
+}
+
+absl::Status Work::Wait(absl::Duration timeout) const {
+  absl::Status status = event_->Wait(timeout);
+  if (absl::IsDeadlineExceeded(status) && !event_->IsCompleted()) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        description_, " still running after ", absl::FormatDuration(timeout)));
+  }
+  return status;
+}
+
+int64_t ReduceScatterCount(int64_t n, int size, int rank) {
+  const int64_t chunk = (n + size - 1) / size;
+  const int64_t begin = std::min(n, rank * chunk);
+  const int64_t end = std::min(n, (rank + 1) * chunk);
+  return end - begin;
+}
+
+int64_t ReduceScatterOffset(int64_t n, int size, int rank) {
+  const int64_t chunk = (n + size - 1) / size;
+  return std::min(n, rank * chunk);
+}
+
+namespace {
+
+absl::Status Invalid(const ProcessGroup& group, const char* op,
+                     absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(op, " on group '", group.name(), "' (rank ", group.rank(),
+                   " of ", group.size(), "): ", what));
+}
+
+absl::Status CheckBuffer(const ProcessGroup& group, const char* op,
+                         const char* name, const Buffer& b) {
+  if (b.count < 0) {
+    return Invalid(group, op, absl::StrCat(name, " has a negative count"));
+  }
+  if (b.count > 0 && b.data == nullptr) {
+    return Invalid(group, op, absl::StrCat(name, " is null"));
+  }
+  if (b.device != group.device()) {
+    return Invalid(
+        group, op,
+        absl::StrCat(name, " is on ", b.device.ToString(),
+                     ", the group works on ", group.device().ToString()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckReduceOp(const ProcessGroup& group, const char* op,
+                           DType dtype, ReduceOp reduce) {
+  if (reduce == ReduceOp::kAvg && !IsFloatingPoint(dtype)) {
+    return Invalid(
+        group, op,
+        absl::StrCat("avg needs a float dtype, not ", DTypeName(dtype)));
+  }
+  if (dtype == DType::kU8 && reduce != ReduceOp::kMax) {
+    return Invalid(group, op, "u8 buffers only reduce with max");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateAllGather(const ProcessGroup& group, const Buffer& input,
+                               const Buffer& output) {
+  constexpr const char* kOp = "all_gather";
+  if (absl::Status s = CheckBuffer(group, kOp, "input", input); !s.ok())
+    return s;
+  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok())
+    return s;
+  if (input.dtype != output.dtype) {
+    return Invalid(group, kOp,
+                   absl::StrCat("input is ", DTypeName(input.dtype),
+                                ", output is ", DTypeName(output.dtype)));
+  }
+  if (output.count != input.count * group.size()) {
+    return Invalid(group, kOp,
+                   absl::StrCat("output has ", output.count,
+                                " elements, expected input count ", input.count,
+                                " x ", group.size(), " ranks"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReduceScatter(const ProcessGroup& group,
+                                   const Buffer& input, const Buffer& output,
+                                   ReduceOp op) {
+  constexpr const char* kOp = "reduce_scatter";
+  if (absl::Status s = CheckBuffer(group, kOp, "input", input); !s.ok())
+    return s;
+  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok())
+    return s;
+  if (input.dtype != output.dtype) {
+    return Invalid(group, kOp,
+                   absl::StrCat("input is ", DTypeName(input.dtype),
+                                ", output is ", DTypeName(output.dtype)));
+  }
+  const int64_t expected =
+      ReduceScatterCount(input.count, group.size(), group.rank());
+  if (output.count != expected) {
+    return Invalid(group, kOp,
+                   absl::StrCat("output has ", output.count, " elements, rank ",
+                                group.rank(), "'s chunk of ", input.count,
+                                " has ", expected));
+  }
+  return CheckReduceOp(group, kOp, input.dtype, op);
+}
+
+absl::Status ValidateAllReduce(const ProcessGroup& group, const Buffer& buffer,
+                               ReduceOp op) {
+  constexpr const char* kOp = "all_reduce";
+  if (absl::Status s = CheckBuffer(group, kOp, "buffer", buffer); !s.ok())
+    return s;
+  return CheckReduceOp(group, kOp, buffer.dtype, op);
+}
+
+absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,
+                               int root) {
+  constexpr const char* kOp = "broadcast";
+  if (absl::Status s = CheckBuffer(group, kOp, "buffer", buffer); !s.ok())
+    return s;
+  if (root < 0 || root >= group.size()) {
+    return Invalid(group, kOp, absl::StrCat("root ", root, " is not a rank"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,
+                              const Buffer& output) {
+  constexpr const char* kOp = "all_to_all";
+  if (absl::Status s = CheckBuffer(group, kOp, "input", input); !s.ok())
+    return s;
+  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok())
+    return s;
+  if (input.dtype != output.dtype || input.count != output.count) {
+    return Invalid(group, kOp,
+                   absl::StrCat("input (", input.ToString(), ") and output (",
+                                output.ToString(), ") differ"));
+  }
+  if (input.count % group.size() != 0) {
+    return Invalid(group, kOp,
+                   absl::StrCat(input.count, " elements do not split into ",
+                                group.size(), " equal chunks"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,158 @@
+// Collectives on raw device buffers: the backend-neutral ProcessGroup and its
+// asynchronous Work handles.
+//
+// Every op is described by plain buffers (pointer, element count, dtype,
+// device) and returns a Work at once; the data moves on a comm stream. The op
+// is ordered after `CollectiveOptions::after` (an event of the caller's
+// stream; by default the host, i.e. everything issued before the call), runs
+// on `CollectiveOptions::stream` (default: the group's own comm stream) and
+// completes Work::event(), which the caller's stream or the host waits on.
+// That is how FSDP overlaps all-gathers and reduce-scatters with compute.
+//
+// Ops must be issued in the same order on every rank of a group (they are
+// matched by sequence number). Every op has a timeout; a missing or dead peer
+// fails the op with a Status naming the op, the group and the ranks that did
+// not answer, and leaves the group broken (later ops fail fast with the same
+// error), as NCCL's abort semantics do. Argument errors are returned from the
+// issuing call itself.
+#ifndef FSDPP_COMM_PROCESS_GROUP_H_
+#define FSDPP_COMM_PROCESS_GROUP_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/stream.h"
+
+namespace fsdpp {
+
+// A contiguous buffer of `count` elements of `dtype` on `device`.
+struct Buffer {
+  void* data = nullptr;
+  int64_t count = 0;
+  DType dtype = DType::kF32;
+  Device device = Device::Cpu();
+
+  size_t nbytes() const {
+    return static_cast<size_t>(count) * DTypeSize(dtype);
+  }
+  std::string ToString() const;
+};
+
+// How reductions combine values. kAvg divides the sum by the group size and
+// needs a float dtype. bf16 / f16 reduce with f32 accumulation.
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* ReduceOpName(ReduceOp op);
+
+struct CollectiveOptions {
+  // Op timeout; zero means the group's default.
+  absl::Duration timeout = absl::ZeroDuration();
+  // The op starts after this event completes (null: after the issuing call).
+  std::shared_ptr<Event> after;
+  // The stream the op runs on (null: the group's comm stream). Gloo groups
+  // need a CpuStream.
+  Stream* stream = nullptr;
+};
+
+// The handle of an issued collective.
+class Work {
+ public:
+  Work(std::string description, std::shared_ptr<Event> event)
+      : description_(std::move(description)), event_(std::move(event)) {}
+
+  // Blocks the host until the op finished; returns its Status, or
+  // DeadlineExceeded naming the op if it is still running after `timeout`.
+  absl::Status Wait(absl::Duration timeout = absl::Minutes(30)) const;
+  bool IsCompleted() const { return event_->IsCompleted(); }
+  // Completes when the op's data is in place: a stream's WaitEvent target.
+  const std::shared_ptr<Event>& event() const { return event_; }
+  // "all_gather #12 on group 'dp' (1024 x f32)".
+  const std::string& description() const { return description_; }
+
+ private:
+  std::string description_;
+  std::shared_ptr<Event> event_;
+};
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const std::string& name() const = 0;
+  // The device its buffers live on (cpu for Gloo, cuda:N for NCCL).
+  virtual Device device() const = 0;
+  // The group's default comm stream.
+  virtual Stream* comm_stream() = 0;
+
+  // Every rank's `input` (count c) into `output` (count c * size), in rank
+  // order. In place when input.data == output.data + rank * c bytes.
+  virtual absl::StatusOr<std::shared_ptr<Work>> AllGather(
+      const Buffer& input, const Buffer& output,
+      const CollectiveOptions& options = {}) = 0;
+
+  // Reduces `input` (count n, any n) across ranks and leaves this rank's
+  // chunk in `output`: chunk = ceil(n / size), rank r gets elements
+  // [r * chunk, min(n, (r + 1) * chunk)) (possibly none), so output.count must
+  // be ReduceScatterCount(n, size, rank).
+  virtual absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
+      const Buffer& input, const Buffer& output, ReduceOp op,
+      const CollectiveOptions& options = {}) = 0;
+
+  // Reduces `buffer` across ranks, in place.
+  virtual absl::StatusOr<std::shared_ptr<Work>> AllReduce(
+      const Buffer& buffer, ReduceOp op,
+      const CollectiveOptions& options = {}) = 0;
+
+  // Copies `root`'s `buffer` into every rank's `buffer`.
+  virtual absl::StatusOr<std::shared_ptr<Work>> Broadcast(
+      const Buffer& buffer, int root,
+      const CollectiveOptions& options = {}) = 0;
+
+  // Splits `input` into size equal chunks; chunk j goes to rank j, and
+  // `output` chunk i comes from rank i. count % size must be 0.
+  virtual absl::StatusOr<std::shared_ptr<Work>> AllToAll(
+      const Buffer& input, const Buffer& output,
+      const CollectiveOptions& options = {}) = 0;
+
+  // Completes once every rank has reached it.
+  virtual absl::StatusOr<std::shared_ptr<Work>> Barrier(
+      const CollectiveOptions& options = {}) = 0;
+};
+
+// Makes (and connects) the process group `name` with this rank at position
+// `rank` of `size`; every member calls it with the same arguments but its own
+// rank. DeviceMesh builds its per-axis groups through one of these.
+using ProcessGroupFactory =
+    std::function<absl::StatusOr<std::unique_ptr<ProcessGroup>>(
+        const std::string& name, int rank, int size)>;
+
+// Elements of rank `rank`'s chunk of `n` split `size` ways (chunk semantics).
+int64_t ReduceScatterCount(int64_t n, int size, int rank);
+// Offset of that chunk.
+int64_t ReduceScatterOffset(int64_t n, int size, int rank);
+
+// Validation shared by the backends: InvalidArgument naming op and group.
+absl::Status ValidateAllGather(const ProcessGroup& group, const Buffer& input,
+                               const Buffer& output);
+absl::Status ValidateReduceScatter(const ProcessGroup& group,
+                                   const Buffer& input, const Buffer& output,
+                                   ReduceOp op);
+absl::Status ValidateAllReduce(const ProcessGroup& group, const Buffer& buffer,
+                               ReduceOp op);
+absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,
+                               int root);
+absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,
+                              const Buffer& output);
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_COMM_PROCESS_GROUP_H_

@@ -1,0 +1,265 @@
+// Rendezvous from launcher environment variables; see rendezvous.h.
+#include "comm/rendezvous.h"
+
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "comm/tcp_store.h"
+#include "core/status.h"
+
+namespace fsdpp {
+namespace {
+
+using GetEnv = std::function<const char*(const char*)>;
+
+constexpr const char* kTorchrunVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                         "LOCAL_WORLD_SIZE"};
+constexpr const char* kOpenMpiVars[] = {
+    "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"};
+constexpr const char* kSlurmVars[] = {"SLURM_PROCID", "SLURM_NTASKS"};
+
+template <size_t N>
+bool AnySet(const GetEnv& getenv, const char* const (&names)[N]) {
+  for (const char* name : names) {
+    if (getenv(name) != nullptr) return true;
+  }
+  return false;
+}
+
+// Reads variables of one launcher, collecting every problem.
+class EnvReader {
+ public:
+  EnvReader(const GetEnv& getenv, std::string source)
+      : getenv_(getenv), source_(std::move(source)) {}
+
+  bool IsSet(const char* name) const { return getenv_(name) != nullptr; }
+
+  // The value of `name`, or nullopt (recording it as missing).
+  std::optional<std::string> Str(const char* name) {
+    const char* value = getenv_(name);
+    if (value == nullptr) {
+      missing_.push_back(name);
+      return std::nullopt;
+    }
+    if (*value == '\0') {
+      problems_.push_back(absl::StrCat(name, " is empty"));
+      return std::nullopt;
+    }
+    return std::string(value);
+  }
+
+  // The integer value of `name`, or nullopt (recording why).
+  std::optional<int> Int(const char* name) {
+    const char* value = getenv_(name);
+    if (value == nullptr) {
+      missing_.push_back(name);
+      return std::nullopt;
+    }
+    int v = 0;
+    if (!absl::SimpleAtoi(value, &v)) {
+      problems_.push_back(
+          absl::StrCat(name, "='", value, "' is not an integer"));
+      return std::nullopt;
+    }
+    return v;
+  }
+
+  void AddMissing(std::string what) { missing_.push_back(std::move(what)); }
+  void AddProblem(std::string what) { problems_.push_back(std::move(what)); }
+
+  // Checks lo <= value <= hi (`hi_inclusive`) or lo <= value < hi, when both
+  // were read. `hi_name` names the variable `hi` came from ("" for a
+  // constant).
+  void CheckRange(const std::optional<int>& value, absl::string_view name,
+                  int lo, const std::optional<int>& hi,
+                  absl::string_view hi_name, bool hi_inclusive) {
+    if (!value.has_value() || !hi.has_value()) return;
+    const bool ok =
+        *value >= lo && (hi_inclusive ? *value <= *hi : *value < *hi);
+    if (!ok) {
+      const std::string hi_text =
+          hi_name.empty() ? absl::StrCat(*hi) : absl::StrCat(hi_name, "=", *hi);
+      problems_.push_back(absl::StrCat(name, "=", *value, " is not in [", lo,
+                                       ", ", hi_text,
+                                       hi_inclusive ? "]" : ")"));
+    }
+  }
+
+  // Checks value[name] >= lo (when the value was read).
+  void CheckAtLeast(const std::optional<int>& value, absl::string_view name,
+                    int lo) {
+    if (value.has_value() && *value < lo) {
+      problems_.push_back(
+          absl::StrCat(name, "=", *value, " must be at least ", lo));
+    }
+  }
+
+  // OK, or one InvalidArgument naming every problem.
+  absl::Status Finish() const {
+    if (missing_.empty() && problems_.empty()) return absl::OkStatus();
+    std::vector<std::string> parts;
+    if (!missing_.empty()) {
+      parts.push_back(absl::StrCat("missing ", absl::StrJoin(missing_, ", ")));
+    }
+    parts.insert(parts.end(), problems_.begin(), problems_.end());
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous (", source_, " env): ", absl::StrJoin(parts, "; ")));
+  }
+
+ private:
+  const GetEnv& getenv_;
+  std::string source_;
+  std::vector<std::string> missing_;
+  std::vector<std::string> problems_;
+};
+
+// Parses SLURM_TASKS_PER_NODE ("4(x2),3") and returns the task count of node
+// `node`; nullopt if malformed or there is no such node.
+std::optional<int> SlurmTasksOnNode(absl::string_view spec, int node) {
+  int first_node = 0;
+  for (absl::string_view entry : absl::StrSplit(spec, ',')) {
+    int repeat = 1;
+    absl::string_view count_text = entry;
+    const size_t paren = entry.find('(');
+    if (paren != absl::string_view::npos) {
+      count_text = entry.substr(0, paren);
+      absl::string_view rest = entry.substr(paren);
+      if (!absl::ConsumePrefix(&rest, "(x") ||
+          !absl::ConsumeSuffix(&rest, ")") ||
+          !absl::SimpleAtoi(rest, &repeat) || repeat < 1) {
+        return std::nullopt;
+      }
+    }
+    int count = 0;
+    if (!absl::SimpleAtoi(count_text, &count) || count < 1) return std::nullopt;
+    if (node >= first_node && node - first_node < repeat) return count;
+    first_node += repeat;
+  }
+  return std::nullopt;
+}
+
+// The part shared by every launcher: MASTER_PORT and the range checks.
+absl::StatusOr<RendezvousInfo> Finish(
+    EnvReader& env, const char* rank_name, const std::optional<int>& rank,
+    const char* size_name, const std::optional<int>& size,
+    const char* local_rank_name, const std::optional<int>& local_rank,
+    const std::string& local_size_name, const std::optional<int>& local_size,
+    const std::optional<std::string>& addr, const char* source) {
+  const std::optional<int> port = env.Int("MASTER_PORT");
+  env.CheckAtLeast(size, size_name, 1);
+  env.CheckRange(rank, rank_name, 0, size, size_name, false);
+  env.CheckRange(local_size, local_size_name, 1, size, size_name, true);
+  env.CheckRange(local_rank, local_rank_name, 0, local_size, local_size_name,
+                 false);
+  env.CheckRange(port, "MASTER_PORT", 1, 65535, "", true);
+  RETURN_IF_ERROR(env.Finish());
+  RendezvousInfo info;
+  info.rank = *rank;
+  info.world_size = *size;
+  info.local_rank = *local_rank;
+  info.local_world_size = *local_size;
+  info.master_addr = *addr;
+  info.master_port = *port;
+  info.source = source;
+  return info;
+}
+
+absl::StatusOr<RendezvousInfo> FromTorchrun(const GetEnv& getenv) {
+  EnvReader env(getenv, "torchrun");
+  const std::optional<int> rank = env.Int("RANK");
+  const std::optional<int> size = env.Int("WORLD_SIZE");
+  const std::optional<int> local_rank = env.Int("LOCAL_RANK");
+  const std::optional<int> local_size = env.Int("LOCAL_WORLD_SIZE");
+  const std::optional<std::string> addr = env.Str("MASTER_ADDR");
+  return Finish(env, "RANK", rank, "WORLD_SIZE", size, "LOCAL_RANK", local_rank,
+                "LOCAL_WORLD_SIZE", local_size, addr, "torchrun");
+}
+
+absl::StatusOr<RendezvousInfo> FromOpenMpi(const GetEnv& getenv) {
+  EnvReader env(getenv, "openmpi");
+  const std::optional<int> rank = env.Int("OMPI_COMM_WORLD_RANK");
+  const std::optional<int> size = env.Int("OMPI_COMM_WORLD_SIZE");
+  const std::optional<int> local_rank = env.Int("OMPI_COMM_WORLD_LOCAL_RANK");
+  const std::optional<int> local_size = env.Int("OMPI_COMM_WORLD_LOCAL_SIZE");
+  const std::optional<std::string> addr = env.Str("MASTER_ADDR");
+  return Finish(env, "OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", size,
+                "OMPI_COMM_WORLD_LOCAL_RANK", local_rank,
+                "OMPI_COMM_WORLD_LOCAL_SIZE", local_size, addr, "openmpi");
+}
+
+absl::StatusOr<RendezvousInfo> FromSlurm(const GetEnv& getenv) {
+  EnvReader env(getenv, "slurm");
+  const std::optional<int> rank = env.Int("SLURM_PROCID");
+  const std::optional<int> size = env.Int("SLURM_NTASKS");
+  const std::optional<int> local_rank = env.Int("SLURM_LOCALID");
+
+  std::optional<int> local_size;
+  std::string local_size_name = "SLURM_NTASKS_PER_NODE";
+  if (env.IsSet("SLURM_NTASKS_PER_NODE")) {
+    local_size = env.Int("SLURM_NTASKS_PER_NODE");
+  } else if (env.IsSet("SLURM_TASKS_PER_NODE")) {
+    local_size_name = "SLURM_TASKS_PER_NODE";
+    const std::optional<std::string> spec = env.Str("SLURM_TASKS_PER_NODE");
+    std::optional<int> node = 0;
+    if (env.IsSet("SLURM_NODEID")) node = env.Int("SLURM_NODEID");
+    if (spec.has_value() && node.has_value()) {
+      local_size = SlurmTasksOnNode(*spec, *node);
+    }
+    if (spec.has_value() && node.has_value() && !local_size.has_value()) {
+      env.AddProblem(absl::StrCat(
+          "SLURM_TASKS_PER_NODE='", *spec,
+          "' is not a list like '4(x2),3' covering SLURM_NODEID=", *node));
+    }
+  } else {
+    env.AddMissing("SLURM_NTASKS_PER_NODE (or SLURM_TASKS_PER_NODE)");
+  }
+
+  std::optional<std::string> addr;
+  if (env.IsSet("MASTER_ADDR")) {
+    addr = env.Str("MASTER_ADDR");
+  } else if (env.IsSet("SLURM_LAUNCH_NODE_IPADDR")) {
+    addr = env.Str("SLURM_LAUNCH_NODE_IPADDR");
+  } else {
+    env.AddMissing("MASTER_ADDR (or SLURM_LAUNCH_NODE_IPADDR)");
+  }
+  return Finish(env, "SLURM_PROCID", rank, "SLURM_NTASKS", size,
+                "SLURM_LOCALID", local_rank, local_size_name, local_size, addr,
+                "slurm");
+}
+
+}  // namespace
+
+absl::StatusOr<RendezvousInfo> RendezvousFromEnv(const GetEnv& getenv) {
+  if (AnySet(getenv, kTorchrunVars)) return FromTorchrun(getenv);
+  if (AnySet(getenv, kOpenMpiVars)) return FromOpenMpi(getenv);
+  if (AnySet(getenv, kSlurmVars)) return FromSlurm(getenv);
+  return absl::NotFoundError(
+      "rendezvous: no launcher environment found; looked for torchrun "
+      "(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, "
+      "MASTER_PORT), OpenMPI (OMPI_COMM_WORLD_RANK, OMPI_COMM_WORLD_SIZE, "
+      "OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE, MASTER_ADDR, "
+      "MASTER_PORT) and Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, "
+      "SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, MASTER_ADDR or "
+      "SLURM_LAUNCH_NODE_IPADDR, MASTER_PORT)");
+}
+
+absl::StatusOr<std::unique_ptr<Store>> StoreFromRendezvous(
+    const RendezvousInfo& info, absl::Duration timeout) {
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Create(
+      info.master_addr, info.master_port, info.rank == 0, timeout);
+  if (!store.ok()) {
+    return Annotate(store.status(),
+                    absl::StrCat("rendezvous (", info.source, ", rank ",
+                                 info.rank, " of ", info.world_size, ")"));
+  }
+  return std::unique_ptr<Store>(std::move(*store));
+}
+
+}  // namespace fsdpp
