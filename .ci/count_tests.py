@@ -9,6 +9,7 @@ to build, timed out or left no usable XML counts as one failed case. Prints
 Usage: python3 count_tests.py TEST_LOG CUDA_BUILD_FAILED(0|1)
 """
 
+import glob
 import os
 import re
 import sys
@@ -47,11 +48,17 @@ def main():
             if result == "SKIPPED":  # Incompatible target (e.g. CUDA-only).
                 continue
             package, name = target[2:].split(":")
-            xml = os.path.join("bazel-testlogs", package, name, "test.xml")
+            # One test.xml, or one per shard (shard_K_of_N/test.xml).
+            base = os.path.join("bazel-testlogs", package, name)
+            xmls = [os.path.join(base, "test.xml")]
+            if not os.path.exists(xmls[0]):
+                xmls = sorted(glob.glob(os.path.join(base, "shard_*", "test.xml")))
             counts = None
-            if result in ("PASSED", "FAILED", "FLAKY") and os.path.exists(xml):
+            if result in ("PASSED", "FAILED", "FLAKY") and xmls and all(
+                    os.path.exists(x) for x in xmls):
                 try:
-                    counts = count_xml(xml)
+                    per_file = [count_xml(x) for x in xmls]
+                    counts = tuple(sum(c[k] for c in per_file) for k in range(3))
                 except ET.ParseError:
                     counts = None
             if counts is None or sum(counts) == 0:
