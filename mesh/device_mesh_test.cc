@@ -10,28 +10,12 @@
 #include "comm/store.h"
 #include "core/logging.h"
 #include "gtest/gtest.h"
+#include "mesh/testing.h"
 
 namespace fsdpp {
 namespace {
 
 constexpr absl::Duration kWait = absl::Seconds(60);
-
-void RunMesh(std::vector<MeshAxis> axes, int world,
-             const std::function<void(int, DeviceMesh&)>& fn) {
-  InMemoryStore store;
-  GlooOptions options;
-  options.timeout = absl::Seconds(30);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto mesh =
-          DeviceMesh::Create(axes, r, world, GlooGroupFactory(&store, options));
-      ASSERT_TRUE(mesh.ok()) << mesh.status();
-      fn(r, **mesh);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
 
 float AllReduceSum(ProcessGroup& group, float value) {
   Buffer b{&value, 1, DType::kF32, Device::Cpu()};
@@ -41,41 +25,44 @@ float AllReduceSum(ProcessGroup& group, float value) {
 
 TEST(DeviceMeshTest, TwoDimensionalGroupsStayWithinTheirAxis) {
   // {replicate: 2, shard: 3}: rank = 3 * replicate + shard.
-  RunMesh({{"replicate", 2}, {"shard", 3}}, 6, [](int rank, DeviceMesh& mesh) {
-    EXPECT_EQ(mesh.coordinate(), (std::vector<int>{rank / 3, rank % 3}));
-    EXPECT_EQ(*mesh.AxisCoordinate("shard"), rank % 3);
-    EXPECT_EQ(*mesh.AxisSize("replicate"), 2);
-    ProcessGroup* shard = *mesh.Group("shard");
-    ProcessGroup* replicate = *mesh.Group("replicate");
-    EXPECT_EQ(shard->size(), 3);
-    EXPECT_EQ(shard->rank(), rank % 3);
-    EXPECT_EQ(replicate->size(), 2);
-    EXPECT_EQ(replicate->rank(), rank / 3);
-    // Sums of (rank + 1) along each axis: only the axis' ranks contribute.
-    const int base = rank / 3 * 3;
-    EXPECT_EQ(AllReduceSum(*shard, rank + 1.0f), 3.0f * base + 1 + 2 + 3);
-    EXPECT_EQ(AllReduceSum(*replicate, rank + 1.0f), 2.0f * (rank % 3 + 1) + 3);
-    ProcessGroup* flat = *mesh.FlatGroup();
-    EXPECT_EQ(flat->size(), 6);
-    EXPECT_EQ(AllReduceSum(*flat, rank + 1.0f), 21.0f);
-  });
+  testing_util::RunOnMesh(
+      {{"replicate", 2}, {"shard", 3}}, [](int rank, DeviceMesh& mesh) {
+        EXPECT_EQ(mesh.coordinate(), (std::vector<int>{rank / 3, rank % 3}));
+        EXPECT_EQ(*mesh.AxisCoordinate("shard"), rank % 3);
+        EXPECT_EQ(*mesh.AxisSize("replicate"), 2);
+        ProcessGroup* shard = *mesh.Group("shard");
+        ProcessGroup* replicate = *mesh.Group("replicate");
+        EXPECT_EQ(shard->size(), 3);
+        EXPECT_EQ(shard->rank(), rank % 3);
+        EXPECT_EQ(replicate->size(), 2);
+        EXPECT_EQ(replicate->rank(), rank / 3);
+        // Sums of (rank + 1) along each axis: only the axis' ranks contribute.
+        const int base = rank / 3 * 3;
+        EXPECT_EQ(AllReduceSum(*shard, rank + 1.0f), 3.0f * base + 1 + 2 + 3);
+        EXPECT_EQ(AllReduceSum(*replicate, rank + 1.0f),
+                  2.0f * (rank % 3 + 1) + 3);
+        ProcessGroup* flat = *mesh.FlatGroup();
+        EXPECT_EQ(flat->size(), 6);
+        EXPECT_EQ(AllReduceSum(*flat, rank + 1.0f), 21.0f);
+      });
 }
 
 TEST(DeviceMeshTest, SubMeshes) {
-  RunMesh({{"pp", 2}, {"dp", 2}, {"tp", 2}}, 8, [](int rank, DeviceMesh& mesh) {
-    DeviceMesh* dp_tp = *mesh.SubMesh({"dp", "tp"});
-    EXPECT_EQ(dp_tp->size(), 4);
-    EXPECT_EQ(dp_tp->rank(), rank % 4);
-    const int pp = rank / 4;
-    EXPECT_EQ(dp_tp->ranks(),
-              (std::vector<int>{4 * pp, 4 * pp + 1, 4 * pp + 2, 4 * pp + 3}));
-    EXPECT_EQ(*dp_tp->Group("tp"), *mesh.Group("tp"));  // Shared groups.
-    EXPECT_EQ(AllReduceSum(**dp_tp->FlatGroup(), 1.0f), 4.0f);
-    DeviceMesh* pp_only = *mesh.SubMesh({"pp"});
-    EXPECT_EQ(pp_only->ranks(), (std::vector<int>{rank % 4, rank % 4 + 4}));
-    EXPECT_EQ(*mesh.SubMesh({"dp", "tp"}), dp_tp);  // Cached.
-    EXPECT_FALSE(mesh.SubMesh({"dp", "dp"}).ok());
-  });
+  testing_util::RunOnMesh(
+      {{"pp", 2}, {"dp", 2}, {"tp", 2}}, [](int rank, DeviceMesh& mesh) {
+        DeviceMesh* dp_tp = *mesh.SubMesh({"dp", "tp"});
+        EXPECT_EQ(dp_tp->size(), 4);
+        EXPECT_EQ(dp_tp->rank(), rank % 4);
+        const int pp = rank / 4;
+        EXPECT_EQ(dp_tp->ranks(), (std::vector<int>{4 * pp, 4 * pp + 1,
+                                                    4 * pp + 2, 4 * pp + 3}));
+        EXPECT_EQ(*dp_tp->Group("tp"), *mesh.Group("tp"));  // Shared groups.
+        EXPECT_EQ(AllReduceSum(**dp_tp->FlatGroup(), 1.0f), 4.0f);
+        DeviceMesh* pp_only = *mesh.SubMesh({"pp"});
+        EXPECT_EQ(pp_only->ranks(), (std::vector<int>{rank % 4, rank % 4 + 4}));
+        EXPECT_EQ(*mesh.SubMesh({"dp", "tp"}), dp_tp);  // Cached.
+        EXPECT_FALSE(mesh.SubMesh({"dp", "dp"}).ok());
+      });
 }
 
 TEST(DeviceMeshTest, ValidationErrors) {
@@ -97,7 +84,7 @@ TEST(DeviceMeshTest, ValidationErrors) {
             absl::string_view::npos);
   bad = DeviceMesh::Create({}, 0, 1, never);
   EXPECT_FALSE(bad.ok());
-  RunMesh({{"shard", 2}}, 2, [](int, DeviceMesh& mesh) {
+  testing_util::RunOnMesh({{"shard", 2}}, [](int, DeviceMesh& mesh) {
     absl::StatusOr<ProcessGroup*> g = mesh.Group("replicate");
     ASSERT_FALSE(g.ok());
     EXPECT_EQ(g.status().message(),

@@ -8,8 +8,10 @@
 #define FSDPP_TENSOR_BACKEND_H_
 
 #include <cstdint>
+#include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "tensor/tensor.h"
 
@@ -89,6 +91,57 @@ class Backend {
                                             int64_t v, int64_t ignore_index,
                                             Tensor* dlogits) = 0;
 };
+
+// A type carried as a value, for generic lambdas: [](auto tag) { using T =
+// typename decltype(tag)::type; ... }.
+template <typename T>
+struct TypeTag {
+  using type = T;
+};
+
+namespace backend_internal {
+// fn(tag) as a Status (void results count as OK).
+template <typename Fn, typename Tag>
+absl::Status Call(Fn& fn, Tag tag) {
+  if constexpr (std::is_void_v<decltype(fn(tag))>) {
+    fn(tag);
+    return absl::OkStatus();
+  } else {
+    return fn(tag);
+  }
+}
+}  // namespace backend_internal
+
+// Runs fn(TypeTag<T>{}) with T the storage type (float, BFloat16, Float16)
+// of a float dtype; shared by the CPU and CUDA backends.
+template <typename Fn>
+absl::Status DispatchFloat(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kF32:
+      return backend_internal::Call(fn, TypeTag<float>{});
+    case DType::kBF16:
+      return backend_internal::Call(fn, TypeTag<BFloat16>{});
+    case DType::kF16:
+      return backend_internal::Call(fn, TypeTag<Float16>{});
+    default:
+      return absl::InternalError(
+          absl::StrCat("backend: unexpected float dtype ", DTypeName(dtype)));
+  }
+}
+
+// Runs fn(TypeTag<I>{}) with I = int32_t or int64_t for an id dtype.
+template <typename Fn>
+absl::Status DispatchId(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kI32:
+      return backend_internal::Call(fn, TypeTag<int32_t>{});
+    case DType::kI64:
+      return backend_internal::Call(fn, TypeTag<int64_t>{});
+    default:
+      return absl::InternalError(
+          absl::StrCat("backend: unexpected id dtype ", DTypeName(dtype)));
+  }
+}
 
 // Reads element i of an i32 / i64 id tensor on the host.
 inline int64_t IdAt(const void* ids, DType dtype, int64_t i) {

@@ -12,6 +12,7 @@
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "gtest/gtest.h"
+#include "mesh/testing.h"
 #include "tensor/ops.h"
 #include "tensor/testing.h"
 
@@ -19,25 +20,6 @@ namespace fsdpp {
 namespace {
 
 using P = Placement;
-
-void RunMesh(std::vector<MeshAxis> axes,
-             const std::function<void(DeviceMesh&)>& fn) {
-  int world = 1;
-  for (const MeshAxis& a : axes) world *= a.size;
-  InMemoryStore store;
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < world; ++r) {
-    threads.emplace_back([&, r] {
-      auto mesh =
-          DeviceMesh::Create(axes, r, world, GlooGroupFactory(&store, options));
-      ASSERT_TRUE(mesh.ok()) << mesh.status();
-      fn(**mesh);
-    });
-  }
-  for (auto& t : threads) t.join();
-}
 
 // A full tensor of small integers (exact sums in f32), the same on every rank.
 Tensor Reference(const Shape& shape, uint64_t seed) {
@@ -170,7 +152,7 @@ TEST(DTensorTest, EveryTransitionOnOneDimensionalMeshes) {
       {P::Partial(ReduceOp::kAvg)},
       {P::Partial(ReduceOp::kMax)}};
   for (int w = 1; w <= 5; ++w) {
-    RunMesh({{"dp", w}}, [&](DeviceMesh& mesh) {
+    testing_util::RunOnMesh({{"dp", w}}, [&](int, DeviceMesh& mesh) {
       CheckAllTransitions(mesh, layouts, kShapes);
     });
   }
@@ -194,14 +176,14 @@ TEST(DTensorTest, EveryTransitionOnTwoDimensionalMeshes) {
   for (auto axes : {std::vector<MeshAxis>{{"replicate", 2}, {"shard", 2}},
                     std::vector<MeshAxis>{{"replicate", 1}, {"shard", 3}},
                     std::vector<MeshAxis>{{"replicate", 2}, {"shard", 1}}}) {
-    RunMesh(axes, [&](DeviceMesh& mesh) {
+    testing_util::RunOnMesh(axes, [&](int, DeviceMesh& mesh) {
       CheckAllTransitions(mesh, layouts, kShapes);
     });
   }
 }
 
 TEST(DTensorTest, RoundTripsAreBitwise) {
-  RunMesh({{"a", 2}, {"b", 2}}, [](DeviceMesh& mesh) {
+  testing_util::RunOnMesh({{"a", 2}, {"b", 2}}, [](int, DeviceMesh& mesh) {
     Tensor full = testing_util::RandomTensor({9, 5}, DType::kF32, 3);
     DTensor dt = *DTensor::Distribute(full, &mesh, {P::Shard(0), P::Shard(1)});
     const std::vector<std::vector<Placement>> chain = {
@@ -219,7 +201,7 @@ TEST(DTensorTest, RoundTripsAreBitwise) {
 }
 
 TEST(DTensorTest, DistributeFromOneRankAndBf16) {
-  RunMesh({{"dp", 3}}, [](DeviceMesh& mesh) {
+  testing_util::RunOnMesh({{"dp", 3}}, [](int, DeviceMesh& mesh) {
     Tensor full = testing_util::RandomTensor({8, 4}, DType::kBF16, 4);
     Tensor mine = mesh.rank() == 1
                       ? full
@@ -233,28 +215,30 @@ TEST(DTensorTest, DistributeFromOneRankAndBf16) {
 }
 
 TEST(DTensorTest, NormMatchesFullTensorForEveryPlacementMix) {
-  RunMesh({{"replicate", 2}, {"shard", 3}}, [](DeviceMesh& mesh) {
-    Tensor full = testing_util::RandomTensor({7, 5}, DType::kF32, 5);
-    double expected = 0;
-    for (float v : testing_util::Values(full)) expected += double(v) * v;
-    expected = std::sqrt(expected);
-    for (const auto& p :
-         std::vector<std::vector<Placement>>{{P::Replicate(), P::Replicate()},
-                                             {P::Replicate(), P::Shard(0)},
-                                             {P::Shard(1), P::Shard(0)},
-                                             {P::Shard(0), P::Shard(0)},
-                                             {P::Partial(), P::Shard(1)},
-                                             {P::Replicate(), P::Partial()}}) {
-      DTensor dt = Make(full, mesh, p);
-      absl::StatusOr<double> norm = Norm(dt);
-      ASSERT_TRUE(norm.ok()) << norm.status();
-      EXPECT_NEAR(*norm, expected, 1e-5 * expected) << PlacementsToString(p);
-    }
-  });
+  testing_util::RunOnMesh(
+      {{"replicate", 2}, {"shard", 3}}, [](int, DeviceMesh& mesh) {
+        Tensor full = testing_util::RandomTensor({7, 5}, DType::kF32, 5);
+        double expected = 0;
+        for (float v : testing_util::Values(full)) expected += double(v) * v;
+        expected = std::sqrt(expected);
+        for (const auto& p : std::vector<std::vector<Placement>>{
+                 {P::Replicate(), P::Replicate()},
+                 {P::Replicate(), P::Shard(0)},
+                 {P::Shard(1), P::Shard(0)},
+                 {P::Shard(0), P::Shard(0)},
+                 {P::Partial(), P::Shard(1)},
+                 {P::Replicate(), P::Partial()}}) {
+          DTensor dt = Make(full, mesh, p);
+          absl::StatusOr<double> norm = Norm(dt);
+          ASSERT_TRUE(norm.ok()) << norm.status();
+          EXPECT_NEAR(*norm, expected, 1e-5 * expected)
+              << PlacementsToString(p);
+        }
+      });
 }
 
 TEST(DTensorTest, AsyncRedistributeAndElementwiseOps) {
-  RunMesh({{"dp", 2}}, [](DeviceMesh& mesh) {
+  testing_util::RunOnMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
     Tensor full = Reference({5, 3}, 1);
     DTensor a = *DTensor::Distribute(full, &mesh, {P::Shard(0)});
     auto pending = a.RedistributeAsync({P::Replicate()});
@@ -272,7 +256,7 @@ TEST(DTensorTest, AsyncRedistributeAndElementwiseOps) {
 }
 
 TEST(DTensorTest, ErrorsNameTheProblem) {
-  RunMesh({{"dp", 2}}, [](DeviceMesh& mesh) {
+  testing_util::RunOnMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
     Tensor local = *Tensor::Zeros({3, 4}, DType::kF32, Device::Cpu());
     absl::StatusOr<DTensor> bad =
         DTensor::FromLocal(local, &mesh, {P::Shard(0)}, {7, 4});

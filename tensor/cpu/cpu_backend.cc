@@ -25,30 +25,6 @@ namespace {
 // Below this many elements a loop runs on the calling thread.
 constexpr int64_t kParallelElements = 1 << 15;
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Calls fn(TypeTag<T>{}) with T the storage type of a float dtype.
-template <typename Fn>
-absl::Status DispatchFloat(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      fn(TypeTag<float>{});
-      return absl::OkStatus();
-    case DType::kBF16:
-      fn(TypeTag<BFloat16>{});
-      return absl::OkStatus();
-    case DType::kF16:
-      fn(TypeTag<Float16>{});
-      return absl::OkStatus();
-    default:
-      return absl::InternalError(
-          absl::StrCat("cpu backend: unexpected dtype ", DTypeName(dtype)));
-  }
-}
-
 template <typename T, typename Op>
 void UnaryLoop(const T* x, T* out, int64_t n, Op op) {
 #pragma omp parallel for schedule(static) if (n > kParallelElements)

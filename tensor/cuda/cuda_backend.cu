@@ -46,41 +46,6 @@ constexpr int kBlocksPerSm = 32;
 // Used when the SM count cannot be queried (the calls fail later anyway).
 constexpr int kFallbackSms = 128;
 
-template <typename T>
-struct TypeTag {
-  using type = T;
-};
-
-// Returns fn(TypeTag<T>{}) with T the storage type of a float dtype.
-template <typename Fn>
-absl::Status DispatchFloat(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kF32:
-      return fn(TypeTag<float>{});
-    case DType::kBF16:
-      return fn(TypeTag<BFloat16>{});
-    case DType::kF16:
-      return fn(TypeTag<Float16>{});
-    default:
-      return absl::InternalError(
-          absl::StrCat("cuda backend: unexpected dtype ", DTypeName(dtype)));
-  }
-}
-
-// Returns fn(TypeTag<I>{}) with I the storage type of an id dtype.
-template <typename Fn>
-absl::Status DispatchId(DType dtype, Fn&& fn) {
-  switch (dtype) {
-    case DType::kI32:
-      return fn(TypeTag<int32_t>{});
-    case DType::kI64:
-      return fn(TypeTag<int64_t>{});
-    default:
-      return absl::InternalError(
-          absl::StrCat("cuda backend: unexpected id dtype ", DTypeName(dtype)));
-  }
-}
-
 __device__ __forceinline__ int64_t FirstIndex() {
   return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
 }
