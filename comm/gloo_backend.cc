@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -167,57 +168,139 @@ GlooReduceFn ReduceFunction(ReduceOp op) {
   return op == ReduceOp::kMax ? max : sum;
 }
 
-// Elementwise combine for the ring reduce-scatter.
-template <typename T>
-void Combine(T* acc, const T* in, int64_t n, ReduceOp op) {
+// A per-thread scratch area that grows and is reused across ops (each comm
+// stream is one thread), accounted as comm buffers while it lives.
+class ThreadScratch {
+ public:
+  // At least `bytes` bytes, valid until the next call on this thread.
+  static absl::StatusOr<char*> Get(size_t bytes) {
+    thread_local ThreadScratch scratch;
+    if (bytes > scratch.capacity_) {
+      scratch.buffer_ = Scratch();
+      ASSIGN_OR_RETURN(scratch.buffer_, Scratch::Allocate(bytes));
+      scratch.capacity_ = bytes;
+    }
+    return scratch.buffer_.as<char>();
+  }
+
+ private:
+  Scratch buffer_;
+  size_t capacity_ = 0;
+};
+
+// Loads elements [begin, begin + n) of `in` (dtype `dtype`) as Acc.
+template <typename Acc>
+void LoadAs(const void* in, DType dtype, int64_t begin, int64_t n, Acc* out) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (dtype == DType::kBF16) {
+      const BFloat16* p = static_cast<const BFloat16*>(in) + begin;
+      for (int64_t i = 0; i < n; ++i) out[i] = BFloat16ToFloat(p[i]);
+      return;
+    }
+    if (dtype == DType::kF16) {
+      const Float16* p = static_cast<const Float16*>(in) + begin;
+      for (int64_t i = 0; i < n; ++i) out[i] = Float16ToFloat(p[i]);
+      return;
+    }
+  }
+  std::memcpy(out, static_cast<const Acc*>(in) + begin, n * sizeof(Acc));
+}
+
+// out = combine(acc, in[begin, begin + n)) with `in` of dtype `dtype`
+// (out may be acc).
+template <typename Acc>
+void CombineFrom(Acc* out, const Acc* acc, const void* in, DType dtype,
+                 int64_t begin, int64_t n, ReduceOp op) {
+  if constexpr (std::is_same_v<Acc, float>) {
+    if (dtype == DType::kBF16 || dtype == DType::kF16) {
+      const bool bf16 = dtype == DType::kBF16;
+      const uint16_t* p = static_cast<const uint16_t*>(in) + begin;
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = bf16 ? BFloat16ToFloat(BFloat16::FromBits(p[i]))
+                             : Float16ToFloat(Float16::FromBits(p[i]));
+        out[i] = op == ReduceOp::kMax ? std::max(acc[i], v) : acc[i] + v;
+      }
+      return;
+    }
+  }
+  const Acc* p = static_cast<const Acc*>(in) + begin;
   if (op == ReduceOp::kMax) {
-    for (int64_t i = 0; i < n; ++i) acc[i] = std::max(acc[i], in[i]);
+    for (int64_t i = 0; i < n; ++i) out[i] = std::max(acc[i], p[i]);
   } else {
-    for (int64_t i = 0; i < n; ++i) acc[i] += in[i];
+    for (int64_t i = 0; i < n; ++i) out[i] = acc[i] + p[i];
   }
 }
 
-// Ring reduce-scatter of `work` (n elements of T, modified in place): after
-// size-1 steps, rank r's chunk of `work` holds the reduction over all ranks.
-// Returns false (with *failed_peer set) when a receive times out.
-template <typename T>
-absl::Status RingReduceScatter(gloo::Context& context, T* work, int64_t n,
-                               ReduceOp op, uint32_t tag,
-                               std::chrono::milliseconds timeout) {
+// Ring reduce-scatter of `n` elements of `in` (dtype `dtype`, accumulated as
+// Acc: f32 for float dtypes) into `result` (this rank's chunk, as Acc). The
+// input is only read: step 0 sends this rank's own piece straight from it
+// (converted first when its dtype is not Acc), every later step forwards the
+// running sum it just completed (double-buffered), and the last step adds
+// straight into `result`. Data moved: (size - 1) / size of n each way.
+template <typename Acc>
+absl::Status RingReduceScatter(gloo::Context& context, const void* in,
+                               DType dtype, int64_t n, ReduceOp op,
+                               uint32_t tag, std::chrono::milliseconds timeout,
+                               Acc* result) {
   const int size = context.size, rank = context.rank;
   const int64_t chunk = (n + size - 1) / size;
   auto seg_begin = [&](int i) { return std::min(n, i * chunk); };
   auto seg_len = [&](int i) {
     return std::min(n, (i + 1) * chunk) - seg_begin(i);
   };
-  ASSIGN_OR_RETURN(Scratch scratch,
-                   Scratch::Allocate(std::max<int64_t>(1, chunk) * sizeof(T)));
-  auto work_buf = context.createUnboundBuffer(work, n * sizeof(T));
-  auto recv_buf =
-      context.createUnboundBuffer(scratch.as<T>(), chunk * sizeof(T));
+  if (size == 1) {
+    LoadAs<Acc>(in, dtype, 0, n, result);
+    return absl::OkStatus();
+  }
+  const size_t chunk_bytes = std::max<int64_t>(1, chunk) * sizeof(Acc);
+  ASSIGN_OR_RETURN(char* scratch, ThreadScratch::Get(3 * chunk_bytes));
+  Acc* bufs[3] = {reinterpret_cast<Acc*>(scratch),
+                  reinterpret_cast<Acc*>(scratch + chunk_bytes),
+                  reinterpret_cast<Acc*>(scratch + 2 * chunk_bytes)};
+  std::unique_ptr<gloo::transport::UnboundBuffer> ub[3];
+  for (int b = 0; b < 3; ++b) {
+    ub[b] = context.createUnboundBuffer(bufs[b], chunk * sizeof(Acc));
+  }
+  // Step 0 sends this rank's piece of the input itself when no conversion is
+  // needed (Gloo only reads it).
+  const int first = ((rank - 1) % size + size) % size;
+  const bool native = DTypeSize(dtype) == sizeof(Acc) &&
+                      (std::is_integral_v<Acc> || dtype == DType::kF32);
+  std::unique_ptr<gloo::transport::UnboundBuffer> input_ub;
+  if (native) {
+    input_ub = context.createUnboundBuffer(
+        const_cast<Acc*>(static_cast<const Acc*>(in)) + seg_begin(first),
+        seg_len(first) * sizeof(Acc));
+  } else {
+    LoadAs<Acc>(in, dtype, seg_begin(first), seg_len(first), bufs[2]);
+  }
+  gloo::transport::UnboundBuffer* send_ub =
+      native ? input_ub.get() : ub[2].get();
   const int next = (rank + 1) % size, prev = (rank + size - 1) % size;
   const auto base = gloo::Slot::build(kReduceScatterSlotPrefix, tag);
   for (int step = 0; step < size - 1; ++step) {
     const int send_idx = ((rank - step - 1) % size + size) % size;
     const int recv_idx = ((rank - step - 2) % size + size) % size;
+    const bool last = step == size - 2;
+    const int recv_buf = step % 2;
     const uint64_t slot = base + static_cast<uint8_t>(step % 256);
     const int64_t send_len = seg_len(send_idx), recv_len = seg_len(recv_idx);
-    if (send_len > 0) {
-      work_buf->send(next, slot, seg_begin(send_idx) * sizeof(T),
-                     send_len * sizeof(T));
-    }
+    if (send_len > 0) send_ub->send(next, slot, 0, send_len * sizeof(Acc));
     if (recv_len > 0) {
-      recv_buf->recv(prev, slot, 0, recv_len * sizeof(T));
-      if (!recv_buf->waitRecv(nullptr, timeout)) {
+      ub[recv_buf]->recv(prev, slot, 0, recv_len * sizeof(Acc));
+      if (!ub[recv_buf]->waitRecv(nullptr, timeout)) {
         return absl::DeadlineExceededError(absl::StrCat(
             "receive from rank ", prev, " (ring step ", step, ") failed"));
       }
-      Combine(work + seg_begin(recv_idx), scratch.as<T>(), recv_len, op);
+      // The last piece received is this rank's own chunk: add into result.
+      CombineFrom(last ? result : bufs[recv_buf], bufs[recv_buf], in, dtype,
+                  seg_begin(recv_idx), recv_len, op);
     }
-    if (send_len > 0 && !work_buf->waitSend(nullptr, timeout)) {
+    if (send_len > 0 && !send_ub->waitSend(nullptr, timeout)) {
       return absl::DeadlineExceededError(absl::StrCat(
           "send to rank ", next, " (ring step ", step, ") failed"));
     }
+    send_ub = ub[recv_buf].get();
   }
   return absl::OkStatus();
 }
@@ -372,47 +455,34 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
       [this, input, output, op](
           uint32_t tag, std::chrono::milliseconds timeout) -> absl::Status {
         const int64_t n = input.count;
-        const int64_t offset = ReduceScatterOffset(n, size_, rank_);
         const int64_t count = output.count;
-        auto run = [&](auto* work) -> absl::Status {
-          using T = std::remove_pointer_t<decltype(work)>;
-          if (size_ > 1) {
-            RETURN_IF_ERROR(
-                RingReduceScatter<T>(*context_, work, n, op, tag, timeout));
-          }
-          return absl::OkStatus();
+        auto run = [&](auto* result) -> absl::Status {
+          using Acc = std::remove_pointer_t<decltype(result)>;
+          return RingReduceScatter<Acc>(*context_, input.data, input.dtype, n,
+                                        op, tag, timeout, result);
         };
         switch (input.dtype) {
           case DType::kI32:
+            return run(static_cast<int32_t*>(output.data));
           case DType::kI64:
-          case DType::kU8: {
-            ASSIGN_OR_RETURN(Scratch work, Scratch::Allocate(std::max<size_t>(
-                                               1, input.nbytes())));
-            std::memcpy(work.as<void>(), input.data, input.nbytes());
-            if (input.dtype == DType::kI32) {
-              RETURN_IF_ERROR(run(work.as<int32_t>()));
-            } else if (input.dtype == DType::kI64) {
-              RETURN_IF_ERROR(run(work.as<int64_t>()));
-            } else {
-              RETURN_IF_ERROR(run(work.as<uint8_t>()));
-            }
-            const size_t esize = DTypeSize(input.dtype);
-            std::memcpy(output.data, work.as<char>() + offset * esize,
-                        count * esize);
-            return absl::OkStatus();
-          }
+            return run(static_cast<int64_t*>(output.data));
+          case DType::kU8:
+            return run(static_cast<uint8_t*>(output.data));
           default: {
-            ASSIGN_OR_RETURN(
-                Scratch work,
-                Scratch::Allocate(std::max<int64_t>(1, n) * sizeof(float)));
-            ToF32(input, work.as<float>(), 0, n);
-            RETURN_IF_ERROR(run(work.as<float>()));
-            float* mine = work.as<float>() + offset;
+            float* result = static_cast<float*>(output.data);
+            Scratch staged;  // f32 result for bf16 / f16 outputs.
+            if (output.dtype != DType::kF32) {
+              ASSIGN_OR_RETURN(staged,
+                               Scratch::Allocate(std::max<int64_t>(1, count) *
+                                                 sizeof(float)));
+              result = staged.as<float>();
+            }
+            RETURN_IF_ERROR(run(result));
             if (op == ReduceOp::kAvg) {
               const float inv = 1.0f / static_cast<float>(size_);
-              for (int64_t i = 0; i < count; ++i) mine[i] *= inv;
+              for (int64_t i = 0; i < count; ++i) result[i] *= inv;
             }
-            FromF32(mine, count, output);
+            if (output.dtype != DType::kF32) FromF32(result, count, output);
             return absl::OkStatus();
           }
         }
