@@ -1,0 +1,373 @@
+// Causal self-attention forward and backward; see attention.h.
+//
+// Heads are moved between the projections' [B, T, heads, hd] layout and the
+// attention core's [B, heads, T, hd] layout with one CopyBox per head: the
+// destination is viewed as [B, heads * T, 1, hd], so head h's [B, T, 1, hd]
+// box lands at rows [h T, (h + 1) T) of each batch entry. RoPE runs as a host
+// loop over the shared row kernels (tensor/kernels/rope.h); tensors on other
+// devices take a round trip through host memory.
+#include "nn/attention.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "nn/layer_util.h"
+#include "tensor/kernels/rope.h"
+#include "tensor/ops.h"
+#include "tensor/sharding.h"
+
+namespace fsdpp {
+namespace nn {
+namespace {
+
+// dst [B, n, T, hd] = heads [first, first + n) of src [B, T, N, hd].
+absl::Status SplitHeads(const Tensor& src, int64_t first, int64_t n,
+                        Tensor* dst) {
+  const int64_t b = src.dim(0), t = src.dim(1), hd = src.dim(3);
+  ASSIGN_OR_RETURN(Tensor view, dst->Reshape({b, n * t, 1, hd}));
+  for (int64_t h = 0; h < n; ++h) {
+    RETURN_IF_ERROR(CopyBox(src, {0, 0, first + h, 0}, &view, {0, h * t, 0, 0},
+                            {b, t, 1, hd}));
+  }
+  return absl::OkStatus();
+}
+
+// Heads [first, first + n) of dst [B, T, N, hd] = src [B, n, T, hd].
+absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
+  const int64_t b = src.dim(0), n = src.dim(1), t = src.dim(2), hd = src.dim(3);
+  ASSIGN_OR_RETURN(Tensor view, src.Reshape({b, n * t, 1, hd}));
+  for (int64_t h = 0; h < n; ++h) {
+    RETURN_IF_ERROR(CopyBox(view, {0, h * t, 0, 0}, dst, {0, 0, first + h, 0},
+                            {b, t, 1, hd}));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+void RopeRows(T* data, int64_t rows, int64_t seq_len, int64_t head_dim,
+              float theta, bool backward) {
+  for (int64_t r = 0; r < rows; ++r) {
+    T* row = data + r * head_dim;
+    const int64_t position = r % seq_len;
+    if (backward) {
+      kernels::RopeRowBackward(row, position, theta, head_dim, row);
+    } else {
+      kernels::RopeRowForward(row, position, theta, head_dim, row);
+    }
+  }
+}
+
+// Rotates every [hd] row of t [B, n, T, hd] in place (position = t), or
+// applies the inverse rotation with `backward`.
+absl::Status ApplyRope(Tensor* t, float theta, bool backward) {
+  if (t->is_meta() || t->numel() == 0) return absl::OkStatus();
+  const int64_t seq_len = t->dim(2), head_dim = t->dim(3);
+  Tensor host = *t;
+  if (!t->device().is_cpu()) {
+    ASSIGN_OR_RETURN(host,
+                     EmptyTemporary(t->shape(), t->dtype(), Device::Cpu()));
+    RETURN_IF_ERROR(Copy(*t, &host));
+  }
+  const int64_t rows = host.numel() / head_dim;
+  switch (host.dtype()) {
+    case DType::kF32:
+      RopeRows(host.data<float>(), rows, seq_len, head_dim, theta, backward);
+      break;
+    case DType::kBF16:
+      RopeRows(host.data<BFloat16>(), rows, seq_len, head_dim, theta, backward);
+      break;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("RoPE on ", t->ToString(), ": needs f32 or bf16"));
+  }
+  if (!host.SharesStorageWith(*t)) RETURN_IF_ERROR(Copy(host, t));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+AttentionConfig AttentionConfig::Gpt2(int64_t dim, int64_t n_heads,
+                                      int64_t max_seq_len) {
+  AttentionConfig c;
+  c.dim = dim;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_heads;
+  c.max_seq_len = max_seq_len;
+  c.fused_qkv = true;
+  c.qkv_bias = true;
+  c.out_bias = true;
+  c.rope = false;
+  return c;
+}
+
+AttentionConfig AttentionConfig::Llama(int64_t dim, int64_t n_heads,
+                                       int64_t n_kv_heads, int64_t max_seq_len,
+                                       float rope_theta) {
+  AttentionConfig c;
+  c.dim = dim;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.max_seq_len = max_seq_len;
+  c.fused_qkv = false;
+  c.qkv_bias = false;
+  c.out_bias = false;
+  c.rope = true;
+  c.rope_theta = rope_theta;
+  return c;
+}
+
+absl::StatusOr<std::unique_ptr<CausalSelfAttention>>
+CausalSelfAttention::Create(const AttentionConfig& config) {
+  const auto invalid = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CausalSelfAttention: ", why, " (dim ", config.dim, ", n_heads ",
+        config.n_heads, ", n_kv_heads ", config.n_kv_heads, ", max_seq_len ",
+        config.max_seq_len, ")"));
+  };
+  if (config.dim <= 0 || config.n_heads <= 0 || config.n_kv_heads < 0 ||
+      config.max_seq_len <= 0) {
+    return invalid("sizes must be positive");
+  }
+  if (config.dim % config.n_heads != 0) {
+    return invalid("n_heads must divide dim");
+  }
+  if (config.n_heads % config.kv_heads() != 0) {
+    return invalid("n_kv_heads must divide n_heads");
+  }
+  if (config.rope && config.head_dim() % 2 != 0) {
+    return invalid("RoPE needs an even head_dim");
+  }
+  if (config.rope && !(config.rope_theta > 0.0f)) {
+    return invalid("rope_theta must be positive");
+  }
+  if (!IsFloatingPoint(config.param_dtype)) {
+    return invalid(absl::StrCat("param_dtype ", DTypeName(config.param_dtype),
+                                " is not a float dtype"));
+  }
+  return absl::WrapUnique(new CausalSelfAttention(config));
+}
+
+CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config)
+    : Module("CausalSelfAttention"), config_(config) {
+  const int64_t c = config.dim, hd = config.head_dim();
+  const int64_t q_width = config.n_heads * hd,
+                kv_width = config.kv_heads() * hd;
+  const DType dtype = config.param_dtype;
+  if (config.fused_qkv) {
+    qkv_ = AddModule("c_attn", std::make_unique<Linear>(
+                                   c, q_width + 2 * kv_width, config.qkv_bias,
+                                   config.init_std, dtype));
+    out_ = AddModule("c_proj",
+                     std::make_unique<Linear>(q_width, c, config.out_bias,
+                                              config.out_init_std, dtype));
+  } else {
+    q_ = AddModule("wq", std::make_unique<Linear>(c, q_width, config.qkv_bias,
+                                                  config.init_std, dtype));
+    k_ = AddModule("wk", std::make_unique<Linear>(c, kv_width, config.qkv_bias,
+                                                  config.init_std, dtype));
+    v_ = AddModule("wv", std::make_unique<Linear>(c, kv_width, config.qkv_bias,
+                                                  config.init_std, dtype));
+    out_ =
+        AddModule("wo", std::make_unique<Linear>(q_width, c, config.out_bias,
+                                                 config.out_init_std, dtype));
+  }
+}
+
+absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
+  const int64_t c = config_.dim, h = config_.n_heads, kv = config_.kv_heads(),
+                hd = config_.head_dim(), rep = h / kv;
+  if (x.ndim() != 3 || x.dim(2) != c || x.dim(0) < 1 || x.dim(1) < 1 ||
+      x.dim(1) > config_.max_seq_len) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("x ", x.ToString(), " must be [B, T, ", c,
+                     "] with 1 <= T <= ", config_.max_seq_len));
+  }
+  if (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("x ", x.ToString(), " must be f32 or bf16"));
+  }
+  const int64_t b = x.dim(0), t = x.dim(1);
+  const DType dtype = x.dtype();
+  const Device device = x.device();
+  const auto empty = [&](Shape shape, DType d) {
+    return EmptyActivation(std::move(shape), d, device);
+  };
+
+  // Projections, then heads to [B, heads, T, hd].
+  ASSIGN_OR_RETURN(Tensor q, empty({b, h, t, hd}, dtype));
+  ASSIGN_OR_RETURN(Tensor k, empty({b, kv, t, hd}, dtype));
+  ASSIGN_OR_RETURN(Tensor v, empty({b, kv, t, hd}, dtype));
+  if (qkv_ != nullptr) {
+    ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(x));
+    ASSIGN_OR_RETURN(Tensor qkv4, qkv.Reshape({b, t, h + 2 * kv, hd}));
+    RETURN_IF_ERROR(SplitHeads(qkv4, 0, h, &q));
+    RETURN_IF_ERROR(SplitHeads(qkv4, h, kv, &k));
+    RETURN_IF_ERROR(SplitHeads(qkv4, h + kv, kv, &v));
+  } else {
+    ASSIGN_OR_RETURN(Tensor q_flat, q_->Forward(x));
+    ASSIGN_OR_RETURN(Tensor k_flat, k_->Forward(x));
+    ASSIGN_OR_RETURN(Tensor v_flat, v_->Forward(x));
+    ASSIGN_OR_RETURN(Tensor q4, q_flat.Reshape({b, t, h, hd}));
+    ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv, hd}));
+    ASSIGN_OR_RETURN(Tensor v4, v_flat.Reshape({b, t, kv, hd}));
+    RETURN_IF_ERROR(SplitHeads(q4, 0, h, &q));
+    RETURN_IF_ERROR(SplitHeads(k4, 0, kv, &k));
+    RETURN_IF_ERROR(SplitHeads(v4, 0, kv, &v));
+  }
+  if (config_.rope) {
+    RETURN_IF_ERROR(ApplyRope(&q, config_.rope_theta, /*backward=*/false));
+    RETURN_IF_ERROR(ApplyRope(&k, config_.rope_theta, /*backward=*/false));
+  }
+
+  // Scores and probabilities, grouped per kv head: [B, KV, rep T, T].
+  ASSIGN_OR_RETURN(Tensor q_grouped, q.Reshape({b, kv, rep * t, hd}));
+  ASSIGN_OR_RETURN(Tensor scores,
+                   EmptyTemporary({b, h, t, t}, DType::kF32, device));
+  ASSIGN_OR_RETURN(Tensor scores_grouped, scores.Reshape({b, kv, rep * t, t}));
+  MatmulOptions qkt;
+  qkt.transpose_b = true;
+  qkt.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
+  RETURN_IF_ERROR(Matmul(q_grouped, k, &scores_grouped, qkt));
+  // f32 probabilities are saved as they are; bf16 ones get a saved copy.
+  ASSIGN_OR_RETURN(Tensor probs32,
+                   dtype == DType::kF32
+                       ? EmptyActivation({b, h, t, t}, DType::kF32, device)
+                       : EmptyTemporary({b, h, t, t}, DType::kF32, device));
+  RETURN_IF_ERROR(Softmax(scores, &probs32, /*causal=*/true));
+  scores = Tensor();
+  Tensor probs = probs32;
+  if (dtype != DType::kF32) {
+    ASSIGN_OR_RETURN(probs, empty({b, h, t, t}, dtype));
+    RETURN_IF_ERROR(Copy(probs32, &probs));
+  }
+  probs32 = Tensor();
+
+  // out = P V, heads merged back to [B, T, H hd], output projection.
+  ASSIGN_OR_RETURN(Tensor probs_grouped, probs.Reshape({b, kv, rep * t, t}));
+  ASSIGN_OR_RETURN(Tensor heads_out,
+                   EmptyTemporary({b, h, t, hd}, dtype, device));
+  ASSIGN_OR_RETURN(Tensor heads_out_grouped,
+                   heads_out.Reshape({b, kv, rep * t, hd}));
+  RETURN_IF_ERROR(Matmul(probs_grouped, v, &heads_out_grouped));
+  ASSIGN_OR_RETURN(Tensor merged, empty({b, t, h * hd}, dtype));
+  ASSIGN_OR_RETURN(Tensor merged4, merged.Reshape({b, t, h, hd}));
+  RETURN_IF_ERROR(MergeHeads(heads_out, 0, &merged4));
+  ASSIGN_OR_RETURN(Tensor y, out_->Forward(merged));
+
+  batch_ = b;
+  seq_len_ = t;
+  q_heads_ = std::move(q);
+  k_heads_ = std::move(k);
+  v_heads_ = std::move(v);
+  probs_ = std::move(probs);
+  return y;
+}
+
+absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
+  if (!probs_.defined()) return NoSavedForward(kind());
+  const int64_t h = config_.n_heads, kv = config_.kv_heads(),
+                hd = config_.head_dim(), rep = h / kv, b = batch_, t = seq_len_;
+  if (dy.shape() != Shape{b, t, config_.dim}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dy ", dy.ToString(), " must be [", b, ", ", t, ", ",
+                     config_.dim, "] like the forward output"));
+  }
+  const DType dtype = q_heads_.dtype();
+  const Device device = q_heads_.device();
+  const auto empty = [&](Shape shape, DType d) {
+    return EmptyTemporary(std::move(shape), d, device);
+  };
+
+  // Through the output projection and the head merge.
+  ASSIGN_OR_RETURN(Tensor dmerged, out_->Backward(dy));
+  ASSIGN_OR_RETURN(Tensor dmerged4, dmerged.Reshape({b, t, h, hd}));
+  ASSIGN_OR_RETURN(Tensor dout, empty({b, h, t, hd}, dtype));
+  RETURN_IF_ERROR(SplitHeads(dmerged4, 0, h, &dout));
+  dmerged = Tensor();
+  dmerged4 = Tensor();
+  ASSIGN_OR_RETURN(Tensor dout_grouped, dout.Reshape({b, kv, rep * t, hd}));
+  ASSIGN_OR_RETURN(Tensor probs_grouped, probs_.Reshape({b, kv, rep * t, t}));
+
+  // out = P V: dP = dout V^T, dV = P^T dout (sums the heads sharing a kv head).
+  ASSIGN_OR_RETURN(Tensor dprobs, empty({b, h, t, t}, DType::kF32));
+  ASSIGN_OR_RETURN(Tensor dprobs_grouped, dprobs.Reshape({b, kv, rep * t, t}));
+  MatmulOptions abt;
+  abt.transpose_b = true;
+  RETURN_IF_ERROR(Matmul(dout_grouped, v_heads_, &dprobs_grouped, abt));
+  ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
+  MatmulOptions atb;
+  atb.transpose_a = true;
+  RETURN_IF_ERROR(Matmul(probs_grouped, dout_grouped, &dv, atb));
+  dout = dout_grouped = Tensor();
+
+  // Softmax backward in f32 (masked entries have P = 0, so dS = 0 there).
+  ASSIGN_OR_RETURN(Tensor probs32, CastTo(probs_, DType::kF32));
+  ASSIGN_OR_RETURN(Tensor dscores32, empty({b, h, t, t}, DType::kF32));
+  RETURN_IF_ERROR(SoftmaxBackward(probs32, dprobs, &dscores32));
+  probs32 = dprobs = dprobs_grouped = Tensor();
+  ASSIGN_OR_RETURN(Tensor dscores, CastTo(dscores32, dtype));
+  dscores32 = Tensor();
+  ASSIGN_OR_RETURN(Tensor dscores_grouped,
+                   dscores.Reshape({b, kv, rep * t, t}));
+
+  // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  ASSIGN_OR_RETURN(Tensor dq, empty({b, h, t, hd}, dtype));
+  ASSIGN_OR_RETURN(Tensor dq_grouped, dq.Reshape({b, kv, rep * t, hd}));
+  MatmulOptions ab_scaled;
+  ab_scaled.alpha = scale;
+  RETURN_IF_ERROR(Matmul(dscores_grouped, k_heads_, &dq_grouped, ab_scaled));
+  ASSIGN_OR_RETURN(Tensor q_grouped, q_heads_.Reshape({b, kv, rep * t, hd}));
+  ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
+  MatmulOptions atb_scaled;
+  atb_scaled.transpose_a = true;
+  atb_scaled.alpha = scale;
+  RETURN_IF_ERROR(Matmul(dscores_grouped, q_grouped, &dk, atb_scaled));
+  dscores = dscores_grouped = q_grouped = Tensor();
+  probs_grouped = Tensor();
+  ReleaseSavedTensorsImpl();
+
+  if (config_.rope) {
+    RETURN_IF_ERROR(ApplyRope(&dq, config_.rope_theta, /*backward=*/true));
+    RETURN_IF_ERROR(ApplyRope(&dk, config_.rope_theta, /*backward=*/true));
+  }
+
+  // Heads back to the projections' layout, then through the projections
+  // (children's backward in reverse registration order).
+  if (qkv_ != nullptr) {
+    ASSIGN_OR_RETURN(Tensor dqkv, empty({b, t, (h + 2 * kv) * hd}, dtype));
+    ASSIGN_OR_RETURN(Tensor dqkv4, dqkv.Reshape({b, t, h + 2 * kv, hd}));
+    RETURN_IF_ERROR(MergeHeads(dq, 0, &dqkv4));
+    RETURN_IF_ERROR(MergeHeads(dk, h, &dqkv4));
+    RETURN_IF_ERROR(MergeHeads(dv, h + kv, &dqkv4));
+    return qkv_->Backward(dqkv);
+  }
+  const auto merged = [&](const Tensor& heads) -> absl::StatusOr<Tensor> {
+    const int64_t n = heads.dim(1);
+    ASSIGN_OR_RETURN(Tensor flat, empty({b, t, n * hd}, dtype));
+    ASSIGN_OR_RETURN(Tensor flat4, flat.Reshape({b, t, n, hd}));
+    RETURN_IF_ERROR(MergeHeads(heads, 0, &flat4));
+    return flat;
+  };
+  ASSIGN_OR_RETURN(Tensor dv_flat, merged(dv));
+  ASSIGN_OR_RETURN(Tensor dx, v_->Backward(dv_flat));
+  ASSIGN_OR_RETURN(Tensor dk_flat, merged(dk));
+  ASSIGN_OR_RETURN(Tensor dx_k, k_->Backward(dk_flat));
+  RETURN_IF_ERROR(Add(dx, dx_k, &dx));
+  ASSIGN_OR_RETURN(Tensor dq_flat, merged(dq));
+  ASSIGN_OR_RETURN(Tensor dx_q, q_->Backward(dq_flat));
+  RETURN_IF_ERROR(Add(dx, dx_q, &dx));
+  return dx;
+}
+
+void CausalSelfAttention::ReleaseSavedTensorsImpl() {
+  q_heads_ = k_heads_ = v_heads_ = probs_ = Tensor();
+}
+
+}  // namespace nn
+}  // namespace fsdpp

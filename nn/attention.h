@@ -1,0 +1,109 @@
+// Causal multi-head / grouped-query self-attention for GPT-2 and Llama, with
+// an explicit backward.
+//
+// Two parameter layouts, named as in the reference checkpoints so FSDP plans
+// and checkpoint loaders can address them by fully qualified name:
+//   GPT-2 (fused):    c_attn.weight [(H + 2 KV) hd, C] (= [3C, C] for MHA),
+//                     c_attn.bias, c_proj.weight [C, H hd], c_proj.bias
+//   Llama (separate): wq.weight [H hd, C], wk.weight [KV hd, C],
+//                     wv.weight [KV hd, C], wo.weight [C, H hd]
+//                     (+ wq/wk/wv.bias, wo.bias when biases are enabled).
+// The projections are child nn::Linear modules (hooks fire per projection);
+// the attention core is Matmul + causal Softmax over heads laid out
+// [B, H, T, hd]. Grouped-query attention makes no copies of K and V: heads
+// h = g * (H / KV) + r are contiguous, so Q viewed as [B, KV, (H / KV) T, hd]
+// multiplies each kv head's [T, hd] block directly, and the backward matmuls
+// sum the repeated heads' gradients into their kv head for free. RoPE uses
+// the Hugging Face rotate_half convention (tensor/kernels/rope.h).
+//
+// Compute follows the input dtype (f32 or bf16; the projections cast weights
+// of another dtype): scores and softmax are f32 (bf16 matmuls write f32), the
+// probabilities are kept in the compute dtype for the P V matmul and its
+// backward. Saved activations (roped q and k, v, probabilities; the merged
+// heads are saved by the output projection) are tagged kActivations and
+// released by Backward or ReleaseSavedTensors.
+#ifndef FSDPP_NN_ATTENTION_H_
+#define FSDPP_NN_ATTENTION_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "nn/linear.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace nn {
+
+// Shape and options of a CausalSelfAttention.
+struct AttentionConfig {
+  int64_t dim = 0;          // C: model width (input and output features).
+  int64_t n_heads = 0;      // H: query heads; head_dim = dim / n_heads.
+  int64_t n_kv_heads = 0;   // KV: key/value heads; 0 means n_heads (MHA).
+  int64_t max_seq_len = 0;  // T_max: longest sequence Forward accepts.
+  // GPT-2 fused c_attn/c_proj layout; otherwise Llama's wq/wk/wv/wo.
+  bool fused_qkv = false;
+  bool qkv_bias = false;        // Bias on the q, k, v projections.
+  bool out_bias = false;        // Bias on the output projection.
+  bool rope = false;            // Rotary embeddings on q and k (position = t).
+  float rope_theta = 10000.0f;  // RoPE base (Llama 3: 500000).
+  DType param_dtype = DType::kF32;  // Any float dtype.
+  float init_std = 0.02f;           // Normal init std of the q, k, v weights.
+  float out_init_std = 0.02f;  // ... of the output projection (GPT-2 scales
+                               // it by 1 / sqrt(2 n_layers)).
+
+  // GPT-2: fused projections, biases, no RoPE, MHA.
+  static AttentionConfig Gpt2(int64_t dim, int64_t n_heads,
+                              int64_t max_seq_len);
+  // Llama: separate projections, no biases, RoPE with `rope_theta`.
+  static AttentionConfig Llama(int64_t dim, int64_t n_heads, int64_t n_kv_heads,
+                               int64_t max_seq_len,
+                               float rope_theta = 500000.0f);
+
+  // Effective KV (n_kv_heads, or n_heads when 0).
+  int64_t kv_heads() const { return n_kv_heads == 0 ? n_heads : n_kv_heads; }
+  int64_t head_dim() const { return n_heads == 0 ? 0 : dim / n_heads; }
+};
+
+// y = CausalSelfAttention(x): x, y [B, T, C] with T <= max_seq_len.
+class CausalSelfAttention : public Module {
+ public:
+  // Validates `config` (positive sizes, n_heads dividing dim, n_kv_heads
+  // dividing n_heads, even head_dim with RoPE, float params) and builds the
+  // module on the meta device.
+  static absl::StatusOr<std::unique_ptr<CausalSelfAttention>> Create(
+      const AttentionConfig& config);
+
+  const AttentionConfig& config() const { return config_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
+  void ReleaseSavedTensorsImpl() override;
+
+ private:
+  explicit CausalSelfAttention(const AttentionConfig& config);
+
+  AttentionConfig config_;
+  // Fused layout: qkv_ = c_attn. Separate layout: q_, k_, v_ = wq, wk, wv.
+  Linear* qkv_ = nullptr;
+  Linear* q_ = nullptr;
+  Linear* k_ = nullptr;
+  Linear* v_ = nullptr;
+  Linear* out_ = nullptr;  // c_proj or wo.
+
+  // Saved by Forward for Backward (undefined otherwise).
+  int64_t batch_ = 0;
+  int64_t seq_len_ = 0;
+  Tensor q_heads_;  // [B, H, T, hd], after RoPE.
+  Tensor k_heads_;  // [B, KV, T, hd], after RoPE.
+  Tensor v_heads_;  // [B, KV, T, hd].
+  Tensor probs_;    // [B, H, T, T] softmax probabilities, compute dtype.
+};
+
+}  // namespace nn
+}  // namespace fsdpp
+
+#endif  // FSDPP_NN_ATTENTION_H_

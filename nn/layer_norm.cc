@@ -1,0 +1,72 @@
+// LayerNorm layer; see layer_norm.h.
+#include "nn/layer_norm.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "nn/layer_util.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace nn {
+
+LayerNorm::LayerNorm(int64_t dim, float eps, bool bias, DType dtype)
+    : Module("LayerNorm"), dim_(dim), eps_(eps) {
+  weight_ = AddParameter("weight", {dim}, InitSpec::Ones(), dtype);
+  if (bias) bias_ = AddParameter("bias", {dim}, InitSpec::Zeros(), dtype);
+}
+
+absl::StatusOr<Tensor> LayerNorm::ForwardImpl(const Tensor& x) {
+  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, dim_, "input"));
+  const int64_t rows = x_rows.dim(0);
+  ASSIGN_OR_RETURN(Tensor y, EmptyActivation(x.shape(), x.dtype(), x.device()));
+  ASSIGN_OR_RETURN(Tensor mean,
+                   EmptyActivation({rows}, DType::kF32, x.device()));
+  ASSIGN_OR_RETURN(Tensor rstd,
+                   EmptyActivation({rows}, DType::kF32, x.device()));
+  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
+  Tensor b;
+  if (bias_ != nullptr) {
+    ASSIGN_OR_RETURN(b, CastTo(bias_->data, x.dtype()));
+  }
+  RETURN_IF_ERROR(fsdpp::LayerNorm(x, w, bias_ != nullptr ? &b : nullptr, eps_,
+                                   &y, &mean, &rstd));
+  saved_x_ = x;
+  saved_mean_ = mean;
+  saved_rstd_ = rstd;
+  return y;
+}
+
+absl::StatusOr<Tensor> LayerNorm::BackwardImpl(const Tensor& dy_in) {
+  if (!saved_x_.defined()) return NoSavedForward(kind());
+  const Tensor x = saved_x_;
+  if (!dy_in.defined() || dy_in.shape() != x.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dy must be ", ShapeToString(x.shape()), ", got ", dy_in.ToString()));
+  }
+  ASSIGN_OR_RETURN(Tensor dy, CastTo(dy_in, x.dtype()));
+  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
+  ASSIGN_OR_RETURN(Tensor dx, EmptyTemporary(x.shape(), x.dtype(), x.device()));
+  // LayerNormBackward accumulates into dweight and dbias of x's dtype.
+  ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
+  if (bias_ != nullptr) {
+    ASSIGN_OR_RETURN(GradSink db, GradSink::For(bias_, x.dtype(), false));
+    RETURN_IF_ERROR(LayerNormBackward(dy, x, w, saved_mean_, saved_rstd_, &dx,
+                                      dw.target(), db.target()));
+    RETURN_IF_ERROR(db.Commit());
+  } else {
+    RETURN_IF_ERROR(LayerNormBackward(dy, x, w, saved_mean_, saved_rstd_, &dx,
+                                      dw.target(), nullptr));
+  }
+  RETURN_IF_ERROR(dw.Commit());
+  ReleaseSavedTensorsImpl();
+  return dx;
+}
+
+void LayerNorm::ReleaseSavedTensorsImpl() {
+  saved_x_ = Tensor();
+  saved_mean_ = Tensor();
+  saved_rstd_ = Tensor();
+}
+
+}  // namespace nn
+}  // namespace fsdpp

@@ -1,0 +1,75 @@
+// Shared layer helpers; see layer_util.h.
+#include "nn/layer_util.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace nn {
+
+absl::StatusOr<Tensor> EmptyActivation(Shape shape, DType dtype,
+                                       Device device) {
+  return Tensor::Empty(std::move(shape), dtype, device,
+                       MemoryTag::kActivations);
+}
+
+absl::StatusOr<Tensor> EmptyTemporary(Shape shape, DType dtype, Device device) {
+  return Tensor::Empty(std::move(shape), dtype, device, MemoryTag::kOther);
+}
+
+absl::StatusOr<Tensor> CastTo(const Tensor& t, DType dtype) {
+  if (t.dtype() == dtype) return t;
+  ASSIGN_OR_RETURN(Tensor out, EmptyTemporary(t.shape(), dtype, t.device()));
+  RETURN_IF_ERROR(Copy(t, &out));
+  return out;
+}
+
+absl::StatusOr<Tensor> AsRows(const Tensor& t, int64_t cols,
+                              const std::string& what) {
+  if (!t.defined() || t.ndim() == 0 || t.dim(-1) != cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " must be [.., ", cols, "], got ", t.ToString()));
+  }
+  return t.Reshape({t.numel() / (cols == 0 ? 1 : cols), cols});
+}
+
+absl::Status NoSavedForward(const std::string& kind) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      kind,
+      ": Backward without a Forward (saved tensors are released by Backward "
+      "and by ReleaseSavedTensors)"));
+}
+
+absl::StatusOr<GradSink> GradSink::For(Parameter* p, DType compute_dtype,
+                                       bool accepts_f32) {
+  GradSink sink;
+  sink.parameter_ = p;
+  if (p->requires_grad) {
+    RETURN_IF_ERROR(p->EnsureGrad());
+    const DType g = p->grad.dtype();
+    if (g == compute_dtype || (accepts_f32 && g == DType::kF32)) {
+      sink.direct_ = true;
+      return sink;
+    }
+  }
+  ASSIGN_OR_RETURN(sink.temporary_,
+                   Tensor::Zeros(p->shape, compute_dtype, p->data.device(),
+                                 MemoryTag::kOther));
+  return sink;
+}
+
+absl::Status GradSink::Commit() {
+  if (direct_ || !parameter_->requires_grad) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Tensor converted,
+                   CastTo(temporary_, parameter_->grad.dtype()));
+  ASSIGN_OR_RETURN(Tensor shaped, converted.Reshape(parameter_->grad.shape()));
+  RETURN_IF_ERROR(Axpy(1.0f, shaped, &parameter_->grad));
+  temporary_ = Tensor();
+  return absl::OkStatus();
+}
+
+}  // namespace nn
+}  // namespace fsdpp

@@ -1,0 +1,73 @@
+// Helpers shared by the layers: tagged activation buffers, dtype casts, and
+// gradient accumulation into a Parameter whose grad dtype may differ from the
+// dtype the layer computes in.
+//
+// Layers compute in the dtype of their input (activations follow the input)
+// while a parameter keeps the dtype it was created with, and the ops want
+// matching dtypes (a Matmul accumulator may also be f32). GradSink hides the
+// difference: it hands the op p->grad itself when the op can accumulate into
+// it directly, or a zeroed temporary in the compute dtype that Commit adds
+// into p->grad. Memory tags: forward outputs and tensors saved for backward
+// are kActivations (what activation checkpointing frees); transient buffers
+// (casts, gradients w.r.t. activations) are kOther.
+#ifndef FSDPP_NN_LAYER_UTIL_H_
+#define FSDPP_NN_LAYER_UTIL_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace nn {
+
+// Uninitialised forward output or saved tensor on `device`, tagged
+// kActivations.
+absl::StatusOr<Tensor> EmptyActivation(Shape shape, DType dtype, Device device);
+
+// Uninitialised transient buffer on `device`, tagged kOther.
+absl::StatusOr<Tensor> EmptyTemporary(Shape shape, DType dtype, Device device);
+
+// `t` itself when it already has `dtype`, else a converted copy (kOther).
+absl::StatusOr<Tensor> CastTo(const Tensor& t, DType dtype);
+
+// A [rows, last dim] view of `t`, which must have at least one dim and a
+// last dim of `cols` (InvalidArgument naming `what` and the shape otherwise).
+absl::StatusOr<Tensor> AsRows(const Tensor& t, int64_t cols,
+                              const std::string& what);
+
+// FailedPrecondition for a Backward with nothing saved by a Forward.
+absl::Status NoSavedForward(const std::string& kind);
+
+// Where a layer's op accumulates a parameter's gradient contribution.
+class GradSink {
+ public:
+  // A sink for `p` (not null) fed by an op computing in `compute_dtype`; with
+  // `accepts_f32` the op can also accumulate into an f32 tensor. Creates
+  // p->grad (zeros) if needed. When p does not require a gradient the target
+  // is a scratch tensor and Commit does nothing.
+  static absl::StatusOr<GradSink> For(Parameter* p, DType compute_dtype,
+                                      bool accepts_f32);
+
+  // The tensor the op accumulates into (p->grad or a zeroed temporary).
+  Tensor* target() { return direct_ ? &parameter_->grad : &temporary_; }
+  // Adds the temporary into p->grad (converting its dtype); no-op otherwise.
+  absl::Status Commit();
+
+ private:
+  GradSink() = default;
+
+  Parameter* parameter_ = nullptr;
+  bool direct_ = false;
+  Tensor temporary_;
+};
+
+}  // namespace nn
+}  // namespace fsdpp
+
+#endif  // FSDPP_NN_LAYER_UTIL_H_

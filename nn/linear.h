@@ -1,0 +1,65 @@
+// Linear: y = x W^T + b over the last dim of x (leading dims are flattened
+// into rows), with an explicit backward.
+//
+// The weight is [out, in] (PyTorch layout), so a tied LM head can reuse an
+// embedding table [V, C] as-is: the shared-weight constructor registers the
+// table with ShareParameter, so it is listed (and initialised, sharded,
+// checkpointed) once, under the embedding's name, and both layers accumulate
+// into the same Parameter::grad. The bias is added by a rank-1 Matmul
+// (ones[N, 1] @ b[1, out]) before the main Matmul accumulates on top
+// (beta = 1), so a bf16 output is rounded once. Compute follows the input
+// dtype; parameters of another dtype are cast for the call.
+#ifndef FSDPP_NN_LINEAR_H_
+#define FSDPP_NN_LINEAR_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace nn {
+
+// y[.., out] = x[.., in] W^T + b.
+class Linear : public Module {
+ public:
+  // Owns weight [out_features, in_features] ~ Normal(0, init_std) and, with
+  // `bias`, bias [out_features] = 0, both of `dtype`. Change weight()->init
+  // before InitWeights for another distribution.
+  Linear(int64_t in_features, int64_t out_features, bool bias = true,
+         float init_std = 0.02f, DType dtype = DType::kF32);
+  // Uses `shared_weight` ([out, in], owned by another module that must
+  // outlive this one) as the weight: tied weights. With `bias`, owns a zero
+  // bias [out] of the weight's dtype.
+  explicit Linear(Parameter* shared_weight, bool bias = false);
+
+  // Input and output widths.
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  // The weight (owned or shared).
+  Parameter* weight() const { return weight_; }
+  // The bias, or nullptr without one.
+  Parameter* bias() const { return bias_; }
+  // False when the weight is shared from another module.
+  bool owns_weight() const { return owns_weight_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
+  void ReleaseSavedTensorsImpl() override { saved_x_ = Tensor(); }
+
+ private:
+  int64_t in_features_;
+  int64_t out_features_;
+  Parameter* weight_ = nullptr;
+  Parameter* bias_ = nullptr;
+  bool owns_weight_ = true;
+  Tensor saved_x_;  // Forward's input (undefined outside forward..backward).
+};
+
+}  // namespace nn
+}  // namespace fsdpp
+
+#endif  // FSDPP_NN_LINEAR_H_

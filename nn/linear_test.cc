@@ -1,0 +1,184 @@
+// Linear: finite-difference gradients (with and without bias, 2-D to 4-D
+// inputs, tied to an embedding table), accumulation, bf16 and mixed-dtype
+// forward/backward, and errors.
+#include "nn/linear.h"
+
+#include <memory>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nn/embedding.h"
+#include "nn/gradcheck.h"
+#include "nn/sequential.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+
+namespace fsdpp {
+namespace nn {
+namespace {
+
+using ::fsdpp::testing_util::AllClose;
+using ::fsdpp::testing_util::RandomTensor;
+using ::fsdpp::testing_util::Values;
+using testing_util::CheckBf16Forward;
+using testing_util::CheckGradients;
+using testing_util::Materialize;
+
+TEST(LinearTest, GradientsWithBias) {
+  Linear linear(5, 7);
+  ASSERT_OK(Materialize(linear, 1));
+  EXPECT_TRUE(CheckGradients(linear, RandomTensor({2, 3, 5}, DType::kF32, 2)));
+}
+
+TEST(LinearTest, GradientsWithoutBias) {
+  Linear linear(5, 3, /*bias=*/false);
+  ASSERT_OK(Materialize(linear, 3));
+  EXPECT_EQ(linear.bias(), nullptr);
+  EXPECT_EQ(linear.NamedParameters().size(), 1u);
+  EXPECT_TRUE(CheckGradients(linear, RandomTensor({2, 3, 5}, DType::kF32, 4)));
+}
+
+TEST(LinearTest, GradientsFor2DAnd4DInputs) {
+  Linear linear(3, 5);
+  ASSERT_OK(Materialize(linear, 5));
+  EXPECT_TRUE(CheckGradients(linear, RandomTensor({7, 3}, DType::kF32, 6)));
+  EXPECT_TRUE(
+      CheckGradients(linear, RandomTensor({2, 1, 3, 3}, DType::kF32, 7)));
+}
+
+TEST(LinearTest, ForwardMatchesReference) {
+  Linear linear(5, 7);
+  ASSERT_OK(Materialize(linear, 8));
+  const Tensor x = RandomTensor({2, 3, 5}, DType::kF32, 9);
+  ASSERT_OK_AND_ASSIGN(Tensor y, linear.Forward(x));
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 7}));
+  EXPECT_EQ(y.tag(), MemoryTag::kActivations);
+  const std::vector<double> xv = Values(x), w = Values(linear.weight()->data),
+                            b = Values(linear.bias()->data);
+  std::vector<double> expected(6 * 7);
+  for (int r = 0; r < 6; ++r) {
+    for (int o = 0; o < 7; ++o) {
+      double acc = b[o];
+      for (int i = 0; i < 5; ++i) acc += xv[r * 5 + i] * w[o * 5 + i];
+      expected[r * 7 + o] = acc;
+    }
+  }
+  EXPECT_TRUE(AllClose(Values(y), expected, 1e-5, 1e-6));
+}
+
+TEST(LinearTest, Bf16ForwardCloseToF32) {
+  EXPECT_TRUE(CheckBf16Forward(
+      [](DType dtype) {
+        auto m = std::make_unique<Linear>(5, 7, true, 0.02f, dtype);
+        m->weight()->init = InitSpec::Uniform(-1, 1);
+        m->bias()->init = InitSpec::Uniform(-1, 1);
+        return m;
+      },
+      RandomTensor({2, 3, 5}, DType::kF32, 10)));
+}
+
+// Gradients of `linear` for x and dy (both f32 values), computed with
+// activations of `activation_dtype`.
+struct Grads {
+  std::vector<double> dx, dw, db;
+};
+Grads RunInDType(Linear& linear, DType activation_dtype) {
+  Tensor x = RandomTensor({2, 3, 5}, activation_dtype, 11);
+  Tensor dy = RandomTensor({2, 3, 7}, activation_dtype, 12);
+  CHECK_OK(linear.ZeroGrad(true));
+  absl::StatusOr<Tensor> y = linear.Forward(x);
+  CHECK_OK(y.status());
+  CHECK(y->dtype() == activation_dtype);
+  absl::StatusOr<Tensor> dx = linear.Backward(dy);
+  CHECK_OK(dx.status());
+  CHECK(dx->dtype() == activation_dtype);
+  return {Values(*dx), Values(linear.weight()->grad),
+          Values(linear.bias()->grad)};
+}
+
+TEST(LinearTest, MixedDTypesCastParametersAndGradients) {
+  // f32 reference on bf16-representable inputs.
+  Linear f32(5, 7, true, 0.5f, DType::kF32);
+  ASSERT_OK(Materialize(f32, 13, /*randomize=*/false));
+  const Grads ref = RunInDType(f32, DType::kF32);
+  // f32 parameters, bf16 activations: f32 grads.
+  const Grads mixed = RunInDType(f32, DType::kBF16);
+  EXPECT_EQ(f32.weight()->grad.dtype(), DType::kF32);
+  // bf16 parameters, f32 activations: bf16 grads.
+  Linear bf16(5, 7, true, 0.5f, DType::kBF16);
+  ASSERT_OK(Materialize(bf16, 13, /*randomize=*/false));
+  const Grads widened = RunInDType(bf16, DType::kF32);
+  EXPECT_EQ(bf16.weight()->grad.dtype(), DType::kBF16);
+  for (const Grads* g : {&mixed, &widened}) {
+    EXPECT_TRUE(AllClose(g->dx, ref.dx, 3e-2, 3e-2));
+    EXPECT_TRUE(AllClose(g->dw, ref.dw, 3e-2, 3e-2));
+    EXPECT_TRUE(AllClose(g->db, ref.db, 3e-2, 3e-2));
+  }
+}
+
+TEST(LinearTest, TiedToEmbeddingTable) {
+  // ids -> table rows -> logits with the same table: the table's gradient
+  // collects both uses.
+  Sequential model;
+  Embedding* embedding = model.Append(std::make_unique<Embedding>(11, 5));
+  Linear* head =
+      model.Append(std::make_unique<Linear>(embedding->weight(), true));
+  EXPECT_FALSE(head->owns_weight());
+  EXPECT_EQ(head->in_features(), 5);
+  EXPECT_EQ(head->out_features(), 11);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : model.NamedParameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"0.weight", "1.bias"}));
+  EXPECT_TRUE(head->LocalParameters().size() == 1);
+  ASSERT_OK(Materialize(model, 14));
+  ASSERT_OK_AND_ASSIGN(
+      Tensor ids, Tensor::FromInts({2, 3}, {0, 3, 10, 3, 7, 1}, DType::kI64));
+  testing_util::GradCheckOptions options;
+  options.check_input = false;
+  EXPECT_TRUE(CheckGradients(model, ids, options));
+}
+
+TEST(LinearTest, FrozenParametersGetNoGradient) {
+  Linear linear(5, 7);
+  ASSERT_OK(Materialize(linear, 15));
+  linear.weight()->requires_grad = false;
+  ASSERT_OK(linear.Forward(RandomTensor({3, 5}, DType::kF32, 16)));
+  ASSERT_OK(linear.Backward(RandomTensor({3, 7}, DType::kF32, 17)));
+  EXPECT_FALSE(linear.weight()->grad.defined());
+  EXPECT_TRUE(linear.bias()->grad.defined());
+}
+
+TEST(LinearTest, Errors) {
+  Linear linear(5, 7);
+  ASSERT_OK(Materialize(linear, 18));
+  absl::StatusOr<Tensor> y =
+      linear.Forward(RandomTensor({3, 4}, DType::kF32, 1));
+  EXPECT_EQ(y.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(y.status().message().find("Linear forward"), std::string::npos)
+      << y.status();
+  absl::StatusOr<Tensor> dx =
+      linear.Backward(RandomTensor({3, 7}, DType::kF32, 1));
+  EXPECT_EQ(dx.status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK(linear.Forward(RandomTensor({3, 5}, DType::kF32, 1)));
+  dx = linear.Backward(RandomTensor({3, 6}, DType::kF32, 1));
+  EXPECT_EQ(dx.status().code(), absl::StatusCode::kInvalidArgument);
+  // Backward releases what Forward saved.
+  ASSERT_OK(linear.Backward(RandomTensor({3, 7}, DType::kF32, 1)));
+  dx = linear.Backward(RandomTensor({3, 7}, DType::kF32, 1));
+  EXPECT_EQ(dx.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(LinearTest, RunsOnMeta) {
+  Linear linear(5, 7);
+  ASSERT_OK_AND_ASSIGN(Tensor x,
+                       Tensor::Empty({2, 3, 5}, DType::kF32, Device::Meta()));
+  ASSERT_OK_AND_ASSIGN(Tensor y, linear.Forward(x));
+  EXPECT_TRUE(y.is_meta());
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 7}));
+  ASSERT_OK_AND_ASSIGN(Tensor dx, linear.Backward(y));
+  EXPECT_EQ(dx.shape(), x.shape());
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace fsdpp

@@ -1,0 +1,88 @@
+// Cross-entropy loss; see loss.h.
+#include "nn/loss.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/memcpy.h"
+#include "core/status.h"
+#include "nn/layer_util.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace nn {
+namespace {
+
+// Targets that are not `ignore_index` (targets is i32 or i64, not meta).
+absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
+                                     int64_t ignore_index) {
+  const int64_t n = targets.numel();
+  std::vector<char> host(targets.nbytes());
+  RETURN_IF_ERROR(CopyBytes(host.data(), Device::Cpu(), targets.raw_data(),
+                            targets.device(), targets.nbytes()));
+  int64_t count = 0;
+  if (targets.dtype() == DType::kI32) {
+    const int32_t* t = reinterpret_cast<const int32_t*>(host.data());
+    for (int64_t i = 0; i < n; ++i) count += t[i] != ignore_index;
+  } else {
+    const int64_t* t = reinterpret_cast<const int64_t*>(host.data());
+    for (int64_t i = 0; i < n; ++i) count += t[i] != ignore_index;
+  }
+  return count;
+}
+
+}  // namespace
+
+absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
+                                                const Tensor& targets) {
+  saved_logits_ = Tensor();
+  saved_targets_ = Tensor();
+  count_ = 0;
+  if (!targets.defined()) {
+    return absl::InvalidArgumentError("CrossEntropyLoss: undefined targets");
+  }
+  ASSIGN_OR_RETURN(Tensor losses, EmptyTemporary({targets.numel()}, DType::kF32,
+                                                 logits.device()));
+  RETURN_IF_ERROR(
+      Annotate(CrossEntropy(logits, targets, ignore_index_, &losses),
+               "CrossEntropyLoss"));
+  float loss = 0.0f;
+  if (!logits.is_meta()) {
+    ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
+    if (count_ > 0) {
+      ASSIGN_OR_RETURN(Tensor sum,
+                       EmptyTemporary({1}, DType::kF32, logits.device()));
+      RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
+      ASSIGN_OR_RETURN(float total, Item(sum));
+      loss = static_cast<float>(static_cast<double>(total) / count_);
+    }
+  }
+  saved_logits_ = logits;
+  saved_targets_ = targets;
+  return loss;
+}
+
+absl::StatusOr<Tensor> CrossEntropyLoss::Backward() {
+  if (!saved_logits_.defined()) {
+    return absl::FailedPreconditionError(
+        "CrossEntropyLoss: Backward without a Forward");
+  }
+  const Tensor& logits = saved_logits_;
+  ASSIGN_OR_RETURN(
+      Tensor dlosses,
+      EmptyTemporary({saved_targets_.numel()}, DType::kF32, logits.device()));
+  RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? 1.0f / count_ : 0.0f));
+  ASSIGN_OR_RETURN(
+      Tensor dlogits,
+      EmptyTemporary(logits.shape(), logits.dtype(), logits.device()));
+  RETURN_IF_ERROR(
+      Annotate(CrossEntropyBackward(logits, saved_targets_, ignore_index_,
+                                    dlosses, &dlogits),
+               "CrossEntropyLoss backward"));
+  saved_logits_ = Tensor();
+  saved_targets_ = Tensor();
+  return dlogits;
+}
+
+}  // namespace nn
+}  // namespace fsdpp

@@ -1,0 +1,134 @@
+// CrossEntropyLoss: mean over non-ignored targets against a double
+// reference, finite-difference dlogits of the mean, ignore_index, the
+// all-ignored case (0 and zero gradient), bf16 logits, errors.
+#include "nn/loss.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "nn/gradcheck.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+
+namespace fsdpp {
+namespace nn {
+namespace {
+
+using ::fsdpp::testing_util::AllClose;
+using ::fsdpp::testing_util::RandomTensor;
+using ::fsdpp::testing_util::Values;
+
+constexpr int64_t kIgnore = -100;
+
+// Mean of -log softmax(row)[target] over non-ignored rows (double).
+double ReferenceLoss(const std::vector<double>& logits,
+                     const std::vector<int64_t>& targets, int64_t v) {
+  double total = 0;
+  int count = 0;
+  for (size_t r = 0; r < targets.size(); ++r) {
+    if (targets[r] == kIgnore) continue;
+    double mx = -INFINITY;
+    for (int64_t c = 0; c < v; ++c) mx = std::max(mx, logits[r * v + c]);
+    double s = 0;
+    for (int64_t c = 0; c < v; ++c) s += std::exp(logits[r * v + c] - mx);
+    total += std::log(s) + mx - logits[r * v + targets[r]];
+    ++count;
+  }
+  return count == 0 ? 0.0 : total / count;
+}
+
+TEST(CrossEntropyLossTest, MeanAndFiniteDifferenceGradient) {
+  const std::vector<int64_t> targets = {3, kIgnore, 0, 10, 10, kIgnore};
+  ASSERT_OK_AND_ASSIGN(Tensor t,
+                       Tensor::FromInts({2, 3}, targets, DType::kI64));
+  Tensor logits = RandomTensor({2, 3, 11}, DType::kF32, 1, -3, 3);
+  CrossEntropyLoss loss(kIgnore);
+  ASSERT_OK_AND_ASSIGN(float value, loss.Forward(logits, t));
+  EXPECT_EQ(loss.count(), 4);
+  const std::vector<double> lv = Values(logits);
+  EXPECT_NEAR(value, ReferenceLoss(lv, targets, 11), 1e-6);
+  ASSERT_OK_AND_ASSIGN(Tensor dlogits, loss.Backward());
+  EXPECT_EQ(dlogits.shape(), logits.shape());
+  // Central differences of the f32 loss.
+  std::vector<double> numeric(lv.size());
+  float* p = logits.data<float>();
+  const double h = 1e-3;
+  for (size_t i = 0; i < lv.size(); ++i) {
+    const float keep = p[i];
+    p[i] = keep + h;
+    ASSERT_OK_AND_ASSIGN(float up, loss.Forward(logits, t));
+    p[i] = keep - h;
+    ASSERT_OK_AND_ASSIGN(float down, loss.Forward(logits, t));
+    p[i] = keep;
+    numeric[i] = (static_cast<double>(up) - down) / (2 * h);
+  }
+  EXPECT_TRUE(AllClose(Values(dlogits), numeric, 1e-3, 1e-3));
+  // Ignored rows get exactly zero.
+  const std::vector<double> g = Values(dlogits);
+  for (int c = 0; c < 11; ++c) {
+    EXPECT_EQ(g[1 * 11 + c], 0.0);
+    EXPECT_EQ(g[5 * 11 + c], 0.0);
+  }
+}
+
+TEST(CrossEntropyLossTest, AllIgnoredGivesZeroAndZeroGradient) {
+  ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::FromInts({3}, {-1, -1, -1}));
+  const Tensor logits = RandomTensor({3, 5}, DType::kF32, 2);
+  CrossEntropyLoss loss(/*ignore_index=*/-1);
+  ASSERT_OK_AND_ASSIGN(float value, loss.Forward(logits, t));
+  EXPECT_EQ(value, 0.0f);
+  EXPECT_EQ(loss.count(), 0);
+  ASSERT_OK_AND_ASSIGN(Tensor dlogits, loss.Backward());
+  for (double v : Values(dlogits)) EXPECT_EQ(v, 0.0);
+}
+
+TEST(CrossEntropyLossTest, Bf16LogitsCloseToF32) {
+  ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::FromInts({4}, {1, 2, 0, 6}));
+  const Tensor logits32 = RandomTensor({4, 7}, DType::kF32, 3, -2, 2);
+  ASSERT_OK_AND_ASSIGN(Tensor logits16,
+                       Tensor::Empty({4, 7}, DType::kBF16, Device::Cpu()));
+  ASSERT_OK(Copy(logits32, &logits16));
+  CrossEntropyLoss loss;
+  ASSERT_OK_AND_ASSIGN(float l32, loss.Forward(logits32, t));
+  ASSERT_OK_AND_ASSIGN(Tensor g32, loss.Backward());
+  ASSERT_OK_AND_ASSIGN(float l16, loss.Forward(logits16, t));
+  ASSERT_OK_AND_ASSIGN(Tensor g16, loss.Backward());
+  EXPECT_EQ(g16.dtype(), DType::kBF16);
+  EXPECT_NEAR(l16, l32, 2e-2 * std::fabs(l32));
+  EXPECT_TRUE(AllClose(Values(g16), Values(g32), 2e-2, 2e-3));
+}
+
+TEST(CrossEntropyLossTest, Errors) {
+  CrossEntropyLoss loss;
+  EXPECT_EQ(loss.Backward().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::FromInts({3}, {1, 2, 0}));
+  EXPECT_EQ(
+      loss.Forward(RandomTensor({4, 5}, DType::kF32, 1), t).status().code(),
+      absl::StatusCode::kInvalidArgument);
+  ASSERT_OK_AND_ASSIGN(Tensor out_of_range, Tensor::FromInts({3}, {1, 5, 0}));
+  EXPECT_FALSE(
+      loss.Forward(RandomTensor({3, 5}, DType::kF32, 1), out_of_range).ok());
+  // Backward releases the saved logits.
+  ASSERT_OK(loss.Forward(RandomTensor({3, 5}, DType::kF32, 1), t));
+  ASSERT_OK(loss.Backward());
+  EXPECT_EQ(loss.Backward().status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(CrossEntropyLossTest, MetaValidatesShapes) {
+  ASSERT_OK_AND_ASSIGN(Tensor logits,
+                       Tensor::Empty({2, 3, 11}, DType::kF32, Device::Meta()));
+  ASSERT_OK_AND_ASSIGN(Tensor t,
+                       Tensor::Empty({2, 3}, DType::kI32, Device::Meta()));
+  CrossEntropyLoss loss;
+  ASSERT_OK_AND_ASSIGN(float value, loss.Forward(logits, t));
+  EXPECT_EQ(value, 0.0f);
+  ASSERT_OK_AND_ASSIGN(Tensor dlogits, loss.Backward());
+  EXPECT_TRUE(dlogits.is_meta());
+}
+
+}  // namespace
+}  // namespace nn
+}  // namespace fsdpp

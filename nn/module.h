@@ -1,0 +1,201 @@
+// Modules: a tree of named parameters with an explicit forward/backward
+// contract and hook points — the seam FSDP attaches to.
+//
+// A Module owns parameters (value + accumulated gradient + how to initialise
+// it) and child modules, named so that every parameter has a fully qualified
+// name ("layers.3.attn.wq.weight"). Forward(x) runs the pre-forward hooks,
+// ForwardImpl (which saves what backward needs inside the module), then the
+// post-forward hooks; Backward(dy) runs the pre-backward hooks, BackwardImpl
+// (which adds parameter gradients into Parameter::grad and returns dx), then
+// the post-backward hooks. Containers call their children's Forward/Backward
+// (children's backward in reverse order), so hooks fire in a stable order:
+// FSDP unshards in pre-forward / pre-backward and reshards / reduce-scatters
+// in post-forward / post-backward. A module drops what it saved at the end of
+// its Backward; ReleaseSavedTensors drops it without one (activation
+// checkpointing).
+//
+// Models are built on the meta device (shapes only, zero bytes), then either
+// materialised whole (ToEmpty + InitWeights) or shard by shard by FSDP with
+// InitSlice: every parameter's values come from the counter-based RNG keyed
+// by (seed, a stream id derived from its fully qualified name, global element
+// index), so both give the same weights bitwise at any world size.
+#ifndef FSDPP_NN_MODULE_H_
+#define FSDPP_NN_MODULE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+
+// How a parameter's initial values are drawn.
+struct InitSpec {
+  enum class Kind {
+    kZeros,
+    kOnes,
+    kConstant,
+    kNormal,
+    kTruncatedNormal,
+    kUniform
+  };
+  Kind kind = Kind::kZeros;
+  float a = 0.0f;      // constant value / mean / lower bound
+  float b = 0.0f;      // - / std / upper bound
+  float bound = 2.0f;  // truncation in stds (kTruncatedNormal)
+
+  static InitSpec Zeros() { return {Kind::kZeros}; }
+  static InitSpec Ones() { return {Kind::kOnes}; }
+  static InitSpec Constant(float v) { return {Kind::kConstant, v}; }
+  static InitSpec Normal(float std, float mean = 0.0f) {
+    return {Kind::kNormal, mean, std};
+  }
+  static InitSpec TruncatedNormal(float std, float bound = 2.0f) {
+    return {Kind::kTruncatedNormal, 0.0f, std, bound};
+  }
+  static InitSpec Uniform(float lo, float hi) {
+    return {Kind::kUniform, lo, hi};
+  }
+};
+
+// RNG stream id of a parameter: a stable 64-bit hash of its fully qualified
+// name (FNV-1a), the same in every process.
+uint64_t InitStreamId(const std::string& fully_qualified_name);
+
+// Fills `out` (f32, bf16 or f16, any device) with elements
+// [element_offset, element_offset + out->numel()) of the flattened parameter
+// initialised by `spec` under (seed, stream). A shard initialised alone equals
+// the same slice of the whole parameter, bitwise.
+absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
+                       int64_t element_offset, Tensor* out);
+
+struct Parameter {
+  Shape shape;
+  DType dtype = DType::kF32;
+  InitSpec init;
+  bool requires_grad = true;
+  // The value forward/backward read (meta until materialised; FSDP points it
+  // at the unsharded view of its all-gather buffer).
+  Tensor data;
+  // Accumulated gradient (same shape and dtype as data); undefined until the
+  // first backward or ZeroGrad.
+  Tensor grad;
+
+  // Makes `grad` (zeros, tagged kGrads, on data's device) if undefined.
+  absl::Status EnsureGrad();
+};
+
+class Module {
+ public:
+  // `kind` names the module type in messages ("Linear", "Block").
+  explicit Module(std::string kind) : kind_(std::move(kind)) {}
+  virtual ~Module() = default;
+  Module(const Module&) = delete;
+  Module& operator=(const Module&) = delete;
+
+  const std::string& kind() const { return kind_; }
+
+  // ------------------------------------------------------------- the tree
+
+  // A new parameter named `name` (no dots), created on the meta device.
+  Parameter* AddParameter(const std::string& name, Shape shape, InitSpec init,
+                          DType dtype = DType::kF32);
+  // Uses another module's parameter here too (tied weights). It is listed
+  // once, under the name where it was created.
+  void ShareParameter(const std::string& name, Parameter* parameter);
+  // Adds a child; returns it. A child added under the empty name is
+  // transparent: its parameters and modules take this module's qualified name
+  // as their prefix (wrappers such as ActivationCheckpoint use this so that
+  // wrapping changes neither parameter names nor their RNG init streams).
+  template <typename M>
+  M* AddModule(const std::string& name, std::unique_ptr<M> child) {
+    M* raw = child.get();
+    children_.emplace_back(name, std::move(child));
+    return raw;
+  }
+
+  // (name, child) in registration order.
+  const std::vector<std::pair<std::string, std::unique_ptr<Module>>>& children()
+      const {
+    return children_;
+  }
+  // Own parameters (not children's), in registration order.
+  std::vector<std::pair<std::string, Parameter*>> LocalParameters() const;
+  // All parameters of the subtree with fully qualified names, depth-first in
+  // registration order; shared (tied) parameters appear once.
+  std::vector<std::pair<std::string, Parameter*>> NamedParameters(
+      const std::string& prefix = "") const;
+  // This module and its descendants with their qualified names ("" = this).
+  std::vector<std::pair<std::string, Module*>> NamedModules(
+      const std::string& prefix = "");
+  // Total elements over NamedParameters().
+  int64_t NumParameters() const;
+
+  // -------------------------------------------------------- materialising
+
+  // Gives every meta parameter uninitialised storage on `device` (tagged
+  // kParams). Parameters already materialised are left alone.
+  absl::Status ToEmpty(Device device);
+  // Fills every parameter from its InitSpec with the counter-based RNG.
+  absl::Status InitWeights(uint64_t seed);
+  // Zeros (or drops, with `set_to_none`) every gradient.
+  absl::Status ZeroGrad(bool set_to_none = false);
+
+  // ---------------------------------------------------------------- hooks
+
+  using Hook = std::function<absl::Status(Module&)>;
+  void AddPreForwardHook(Hook hook) { pre_forward_.push_back(std::move(hook)); }
+  void AddPostForwardHook(Hook hook) {
+    post_forward_.push_back(std::move(hook));
+  }
+  void AddPreBackwardHook(Hook hook) {
+    pre_backward_.push_back(std::move(hook));
+  }
+  void AddPostBackwardHook(Hook hook) {
+    post_backward_.push_back(std::move(hook));
+  }
+
+  // -------------------------------------------------- forward / backward
+
+  // Runs the hooks around ForwardImpl. Errors name the module kind.
+  absl::StatusOr<Tensor> Forward(const Tensor& x);
+  // Runs the hooks around BackwardImpl: adds this call's parameter gradients
+  // to Parameter::grad and returns dLoss/dx. Must follow a Forward.
+  absl::StatusOr<Tensor> Backward(const Tensor& dy);
+
+  // Drops every tensor this module and its descendants saved for backward
+  // (a following Backward fails until the next Forward). Layers release their
+  // saved tensors at the end of their own Backward; this is for the others:
+  // activation checkpointing frees a subtree's activations right after its
+  // forward, and an evaluation-only forward can free them too. Runs no hooks.
+  void ReleaseSavedTensors();
+
+ protected:
+  virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) = 0;
+  virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) = 0;
+  // Drops this module's own saved tensors (not its children's, which
+  // ReleaseSavedTensors visits itself). Modules that save tensors override it.
+  virtual void ReleaseSavedTensorsImpl() {}
+
+ private:
+  static absl::Status RunHooks(std::vector<Hook>& hooks, Module& m);
+
+  std::string kind_;
+  std::vector<std::pair<std::string, std::unique_ptr<Parameter>>> parameters_;
+  std::vector<std::pair<std::string, Parameter*>> shared_;
+  std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
+  std::vector<Hook> pre_forward_, post_forward_, pre_backward_, post_backward_;
+};
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_NN_MODULE_H_

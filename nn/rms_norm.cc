@@ -1,0 +1,53 @@
+// RmsNorm layer; see rms_norm.h.
+#include "nn/rms_norm.h"
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "nn/layer_util.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace nn {
+
+RmsNorm::RmsNorm(int64_t dim, float eps, DType dtype)
+    : Module("RmsNorm"), dim_(dim), eps_(eps) {
+  weight_ = AddParameter("weight", {dim}, InitSpec::Ones(), dtype);
+}
+
+absl::StatusOr<Tensor> RmsNorm::ForwardImpl(const Tensor& x) {
+  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, dim_, "input"));
+  ASSIGN_OR_RETURN(Tensor y, EmptyActivation(x.shape(), x.dtype(), x.device()));
+  ASSIGN_OR_RETURN(Tensor rstd,
+                   EmptyActivation({x_rows.dim(0)}, DType::kF32, x.device()));
+  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
+  RETURN_IF_ERROR(fsdpp::RmsNorm(x, w, eps_, &y, &rstd));
+  saved_x_ = x;
+  saved_rstd_ = rstd;
+  return y;
+}
+
+absl::StatusOr<Tensor> RmsNorm::BackwardImpl(const Tensor& dy_in) {
+  if (!saved_x_.defined()) return NoSavedForward(kind());
+  const Tensor x = saved_x_;
+  if (!dy_in.defined() || dy_in.shape() != x.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dy must be ", ShapeToString(x.shape()), ", got ", dy_in.ToString()));
+  }
+  ASSIGN_OR_RETURN(Tensor dy, CastTo(dy_in, x.dtype()));
+  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
+  ASSIGN_OR_RETURN(Tensor dx, EmptyTemporary(x.shape(), x.dtype(), x.device()));
+  // RmsNormBackward accumulates into a dweight of x's dtype.
+  ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
+  RETURN_IF_ERROR(RmsNormBackward(dy, x, w, saved_rstd_, &dx, dw.target()));
+  RETURN_IF_ERROR(dw.Commit());
+  ReleaseSavedTensorsImpl();
+  return dx;
+}
+
+void RmsNorm::ReleaseSavedTensorsImpl() {
+  saved_x_ = Tensor();
+  saved_rstd_ = Tensor();
+}
+
+}  // namespace nn
+}  // namespace fsdpp
