@@ -2,6 +2,7 @@
 // batched and broadcast weights, alpha/beta accumulation, odd sizes (1,
 // primes), f32 and bf16 (f32 or bf16 output).
 #include <cmath>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -112,6 +113,44 @@ TEST(MatmulTest, PrimitivesAreCached) {
   EXPECT_EQ(cpu::OneDnnMatmulCacheSize(), size);
   ASSERT_TRUE(Matmul(a, b, &c, {false, false, 1.0f, 1.0f}).ok());
   EXPECT_EQ(cpu::OneDnnMatmulCacheSize(), size + 1);
+}
+
+TEST(MatmulTest, ConcurrentThreadsGetCorrectResults) {
+  // Ranks run as threads: primitives (and their scratchpads) must be safe to
+  // execute concurrently. The shapes are a transformer's (weight gradients
+  // with transpose_a, batched attention) so several distinct primitives with
+  // scratchpads run at once.
+  struct Shape5 {
+    int64_t batch, m, k, n;
+    bool ta, tb;
+  };
+  const Shape5 shapes[] = {{1, 64, 48, 192, true, false},
+                           {8, 8, 16, 8, false, true},
+                           {1, 96, 512, 64, false, false},
+                           {4, 8, 8, 16, false, false}};
+  std::vector<std::thread> threads;
+  std::vector<int> failures(8, 0);
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([t, &failures, &shapes] {
+      const Shape5& s = shapes[t % 4];
+      Tensor a = RandomTensor(
+          s.ta ? Shape{s.batch, s.k, s.m} : Shape{s.batch, s.m, s.k},
+          DType::kF32, 10 + t);
+      Tensor b = RandomTensor(
+          s.tb ? Shape{s.batch, s.n, s.k} : Shape{s.batch, s.k, s.n},
+          DType::kF32, 20 + t);
+      Tensor c =
+          *Tensor::Empty({s.batch, s.m, s.n}, DType::kF32, Device::Cpu());
+      Vec ref = MatmulRef(Values(a), Values(b), {}, s.batch, s.m, s.n, s.k,
+                          s.ta, s.tb, false, 1, 0);
+      for (int i = 0; i < 200; ++i) {
+        CHECK_OK(Matmul(a, b, &c, {s.ta, s.tb}));
+        if (!AllClose(Values(c), ref, 1e-5, 1e-4)) ++failures[t];
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(failures, std::vector<int>(8, 0));
 }
 
 TEST(MatmulTest, EmptyInnerDimensionScalesC) {

@@ -3,6 +3,7 @@
 
 #include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -25,9 +26,25 @@ std::mutex& CacheMutex() {
   return *mu;
 }
 
-absl::flat_hash_map<Key, dnnl::matmul>& Cache() {
-  static auto* cache = new absl::flat_hash_map<Key, dnnl::matmul>;
+// A built primitive and the scratchpad size it needs per execution.
+struct Cached {
+  dnnl::matmul primitive;
+  size_t scratchpad_bytes = 0;
+};
+
+absl::flat_hash_map<Key, Cached>& Cache() {
+  static auto* cache = new absl::flat_hash_map<Key, Cached>;
   return *cache;
+}
+
+// Per-thread scratchpad: primitives use a user-managed scratchpad so that
+// several threads (e.g. ranks as threads) can run them concurrently; oneDNN's
+// library-managed scratchpad is shared between primitives and is not safe
+// for that.
+char* ThreadScratchpad(size_t bytes) {
+  thread_local std::vector<char> buffer;
+  if (buffer.size() < bytes) buffer.resize(bytes);
+  return buffer.data();
 }
 
 dnnl::memory::data_type DnnlType(DType dtype) {
@@ -73,15 +90,16 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                 broadcast_b,
                 alpha,
                 beta};
-  dnnl::matmul primitive;
+  Cached cached;
   {
     std::lock_guard<std::mutex> lock(CacheMutex());
     auto it = Cache().find(key);
     if (it != Cache().end()) {
-      primitive = it->second;
+      cached = it->second;
     } else {
       try {
         dnnl::primitive_attr attr;
+        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
         if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
         if (beta != 0.0f) {
           dnnl::post_ops ops;
@@ -90,14 +108,15 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
         }
         dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
         dnnl::matmul::primitive_desc pd(desc, attr, Engine());
-        primitive = dnnl::matmul(pd);
+        cached.primitive = dnnl::matmul(pd);
+        cached.scratchpad_bytes = pd.scratchpad_desc().get_size();
       } catch (const dnnl::error& e) {
         return absl::InternalError(
             absl::StrCat("oneDNN matmul [", batch, " x ", m, " x ", k, "] @ [",
                          k, " x ", n, "] ", DTypeName(ab_dtype), " -> ",
                          DTypeName(c_dtype), ": ", e.what()));
       }
-      Cache().emplace(key, primitive);
+      Cache().emplace(key, cached);
     }
   }
   try {
@@ -105,9 +124,15 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
     dnnl::memory a_mem(descs.a, Engine(), const_cast<void*>(a));
     dnnl::memory b_mem(descs.b, Engine(), const_cast<void*>(b));
     dnnl::memory c_mem(descs.c, Engine(), c);
-    primitive.execute(stream, {{DNNL_ARG_SRC, a_mem},
-                               {DNNL_ARG_WEIGHTS, b_mem},
-                               {DNNL_ARG_DST, c_mem}});
+    const dnnl::memory::desc scratch_md(
+        {static_cast<dnnl::memory::dim>(cached.scratchpad_bytes)},
+        dnnl::memory::data_type::u8, dnnl::memory::format_tag::a);
+    dnnl::memory scratch_mem(scratch_md, Engine(),
+                             ThreadScratchpad(cached.scratchpad_bytes));
+    cached.primitive.execute(stream, {{DNNL_ARG_SRC, a_mem},
+                                      {DNNL_ARG_WEIGHTS, b_mem},
+                                      {DNNL_ARG_DST, c_mem},
+                                      {DNNL_ARG_SCRATCHPAD, scratch_mem}});
     stream.wait();
   } catch (const dnnl::error& e) {
     return absl::InternalError(
