@@ -109,6 +109,24 @@ std::vector<std::pair<std::string, Parameter*>> Module::NamedParameters(
   return out;
 }
 
+std::vector<std::pair<std::string, Parameter*>> Module::UsedParameters(
+    const std::string& prefix) const {
+  std::vector<std::pair<std::string, Parameter*>> out = NamedParameters(prefix);
+  std::set<const Parameter*> seen;
+  for (auto& [name, p] : out) seen.insert(p);
+  std::function<void(const Module&, const std::string&)> walk =
+      [&](const Module& m, const std::string& pre) {
+        for (const auto& [name, p] : m.shared_) {
+          if (seen.insert(p).second) out.emplace_back(pre + name, p);
+        }
+        for (const auto& [name, child] : m.children_) {
+          walk(*child, name.empty() ? pre : pre + name + ".");
+        }
+      };
+  walk(*this, prefix.empty() ? "" : prefix + ".");
+  return out;
+}
+
 std::vector<std::pair<std::string, Module*>> Module::NamedModules(
     const std::string& prefix) {
   std::vector<std::pair<std::string, Module*>> out = {{prefix, this}};

@@ -134,6 +134,10 @@ class Module {
   // registration order; shared (tied) parameters appear once.
   std::vector<std::pair<std::string, Parameter*>> NamedParameters(
       const std::string& prefix = "") const;
+  // Every parameter the subtree reads: its own and the ones it shares from
+  // elsewhere (tied weights), each once, as (name here, parameter).
+  std::vector<std::pair<std::string, Parameter*>> UsedParameters(
+      const std::string& prefix = "") const;
   // This module and its descendants with their qualified names ("" = this).
   std::vector<std::pair<std::string, Module*>> NamedModules(
       const std::string& prefix = "");
