@@ -1,0 +1,495 @@
+// fully_shard; see fully_shard.h.
+#include "fsdp/fully_shard.h"
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/memcpy.h"
+#include "core/status.h"
+#include "tensor/ops.h"
+#include "tensor/sharding.h"
+
+namespace fsdpp {
+namespace fsdp {
+namespace {
+
+constexpr absl::Duration kWaitTimeout = absl::Minutes(10);
+
+std::mutex& RegistryMutex() {
+  static std::mutex* mu = new std::mutex;
+  return *mu;
+}
+// Module -> the unit that hooks it; parameter -> the unit that owns it.
+std::map<Module*, FsdpUnit*>& ModuleUnits() {
+  static auto* m = new std::map<Module*, FsdpUnit*>;
+  return *m;
+}
+std::map<Parameter*, FsdpUnit*>& ParamOwners() {
+  static auto* m = new std::map<Parameter*, FsdpUnit*>;
+  return *m;
+}
+
+Buffer AsBuffer(const Tensor& t) {
+  return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
+}
+
+int64_t Rows(const Shape& shape) { return shape.empty() ? 1 : shape[0]; }
+int64_t RowElements(const Shape& shape) {
+  return shape.empty() ? 1
+                       : NumElements(shape) / std::max<int64_t>(1, shape[0]);
+}
+
+// True if `inner` is `outer` or one of its descendants.
+bool IsWithin(Module* inner, Module* outer) {
+  for (auto& [name, m] : outer->NamedModules()) {
+    if (m == inner) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+// State shared by all units of one root: comm streams, the recorded order,
+// reductions in flight.
+struct FsdpUnit::Shared {
+  std::unique_ptr<CpuStream> gather_stream =
+      std::make_unique<CpuStream>("fsdp:all_gather");
+  std::unique_ptr<CpuStream> reduce_stream =
+      std::make_unique<CpuStream>("fsdp:reduce_scatter");
+  std::vector<FsdpUnit*> order;      // forward order of the last iteration
+  std::vector<FsdpUnit*> recording;  // being recorded
+  bool in_backward = false;
+  FsdpUnit* root = nullptr;
+  struct PendingReduce {
+    FsdpUnit* unit;
+    std::shared_ptr<Work> work;
+    Tensor input, output;  // held until the work completes
+  };
+  std::vector<PendingReduce> pending;
+};
+
+FsdpUnit::~FsdpUnit() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (Module* m : modules_) {
+    auto it = ModuleUnits().find(m);
+    if (it != ModuleUnits().end() && it->second == this)
+      ModuleUnits().erase(it);
+  }
+  for (ShardedParameter& p : params_) {
+    auto it = ParamOwners().find(p.parameter);
+    if (it != ParamOwners().end() && it->second == this)
+      ParamOwners().erase(it);
+  }
+}
+
+FsdpUnit* UnitOf(Module* module) {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  auto it = ModuleUnits().find(module);
+  return it == ModuleUnits().end() ? nullptr : it->second;
+}
+
+absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
+                                     const FullyShardOptions& options) {
+  if (modules.empty())
+    return absl::InvalidArgumentError("FullyShard: no modules");
+  DeviceMesh* mesh = options.mesh;
+  if (mesh == nullptr || mesh->ndim() < 1 || mesh->ndim() > 2) {
+    return absl::InvalidArgumentError(
+        "FullyShard: needs a 1-D (shard) or 2-D (replicate, shard) mesh");
+  }
+  const std::string name =
+      absl::StrCat(modules[0]->kind(), modules.size() > 1 ? "+..." : "");
+  // (An empty unit is allowed: e.g. a root whose parameters all sit in
+  // inner units still coordinates their reductions.)
+  auto unit = std::shared_ptr<FsdpUnit>(new FsdpUnit);
+  unit->name_ = name;
+  unit->modules_ = modules;
+  unit->options_ = options;
+  const MeshAxis& shard_axis = mesh->axes().back();
+  ASSIGN_OR_RETURN(unit->shard_group_, mesh->Group(shard_axis.name));
+  if (mesh->ndim() == 2) {
+    ASSIGN_OR_RETURN(unit->replicate_group_, mesh->Group(mesh->axes()[0].name));
+  }
+  unit->world_ = unit->shard_group_->size();
+  unit->rank_ = unit->shard_group_->rank();
+
+  std::vector<FsdpUnit*> inner;
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    for (Module* m : modules) {
+      auto it = ModuleUnits().find(m);
+      if (it != ModuleUnits().end()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "FullyShard: module ", m->kind(), " is already sharded (unit '",
+            it->second->name(), "')"));
+      }
+    }
+    for (auto& [m, u] : ModuleUnits()) {
+      for (Module* outer : modules) {
+        if (IsWithin(m, outer) &&
+            std::find(inner.begin(), inner.end(), u) == inner.end()) {
+          inner.push_back(u);
+        }
+      }
+    }
+    std::set<Parameter*> seen;
+    for (Module* m : modules) {
+      for (auto& [fqn, p] : m->UsedParameters()) {
+        if (!seen.insert(p).second) continue;
+        auto owner = ParamOwners().find(p);
+        if (owner != ParamOwners().end()) {
+          if (std::find(inner.begin(), inner.end(), owner->second) ==
+              inner.end()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "FullyShard: parameter '", fqn, "' of ", m->kind(),
+                " is already in unit '", owner->second->name(),
+                "', which is not inside this one: a parameter shared by two "
+                "units (tied weights) must go into one unit — pass both "
+                "modules to one FullyShard call"));
+          }
+          continue;  // Taken by an inner unit.
+        }
+        ShardedParameter sp;
+        sp.name = fqn;
+        sp.parameter = p;
+        sp.shape = p->shape;
+        unit->params_.push_back(std::move(sp));
+      }
+    }
+  }
+
+  // Shard each parameter: fp32 master and grad, Shard(0) on the shard axis.
+  std::vector<Placement> placements;
+  if (mesh->ndim() == 2) placements.push_back(Placement::Replicate());
+  placements.push_back(Placement::Shard(0));
+  bool all_materialised = true;
+  int64_t offset = 0;
+  for (ShardedParameter& sp : unit->params_) {
+    Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
+    const int64_t rows = Rows(global), row = RowElements(global);
+    const Range mine = ChunkRange(rows, unit->world_, unit->rank_);
+    Shape local_shape = global;
+    local_shape[0] = mine.length;
+    ASSIGN_OR_RETURN(Tensor master,
+                     Tensor::Zeros(local_shape, DType::kF32, Device::Cpu(),
+                                   MemoryTag::kParams));
+    ASSIGN_OR_RETURN(Tensor grad,
+                     Tensor::Zeros(local_shape, DType::kF32, Device::Cpu(),
+                                   MemoryTag::kGrads));
+    Parameter* p = sp.parameter;
+    if (p->data.is_meta()) {
+      all_materialised = false;
+    } else {
+      // Materialised already: keep our rows (as f32), then drop the full copy.
+      ASSIGN_OR_RETURN(Tensor flat_full, p->data.Reshape({rows * row}));
+      ASSIGN_OR_RETURN(Tensor rows_view,
+                       flat_full.Narrow(mine.begin * row, mine.length * row));
+      Tensor master_flat = master.Flatten();
+      RETURN_IF_ERROR(Copy(rows_view, &master_flat));
+    }
+    ASSIGN_OR_RETURN(sp.master,
+                     DTensor::FromLocal(master, mesh, placements, global));
+    ASSIGN_OR_RETURN(sp.grad,
+                     DTensor::FromLocal(grad, mesh, placements, global));
+    unit->offsets_.push_back(offset);
+    offset += ChunkSize(rows, unit->world_) * row;
+    // The module now computes in param dtype from unsharded views we install.
+    p->dtype = options.mp_policy.param_dtype;
+    ASSIGN_OR_RETURN(p->data,
+                     Tensor::Empty(p->shape, p->dtype, Device::Meta()));
+    p->grad = Tensor();
+  }
+  unit->segment_ = offset;
+  unit->initialized_ = all_materialised;
+
+  // Family: this unit becomes the root of every unit inside it.
+  unit->shared_ = std::make_shared<FsdpUnit::Shared>();
+  unit->is_root_ = true;
+  unit->shared_->root = unit.get();
+  for (FsdpUnit* u : inner) {
+    u->is_root_ = false;
+    u->shared_ = unit->shared_;
+  }
+  {
+    std::lock_guard<std::mutex> lock(RegistryMutex());
+    for (Module* m : modules) ModuleUnits()[m] = unit.get();
+    for (ShardedParameter& sp : unit->params_)
+      ParamOwners()[sp.parameter] = unit.get();
+  }
+
+  FsdpUnit* raw = unit.get();
+  for (size_t i = 0; i < modules.size(); ++i) {
+    Module* m = modules[i];
+    // The first module's hook owns the unit: it lives as long as the module.
+    std::shared_ptr<FsdpUnit> keep = i == 0 ? unit : nullptr;
+    m->AddPreForwardHook([raw, keep](Module&) { return raw->PreForward(); });
+    m->AddPostForwardHook([raw](Module&) { return raw->PostForward(); });
+    m->AddPreBackwardHook([raw](Module&) { return raw->PreBackward(); });
+    m->AddPostBackwardHook([raw](Module&) { return raw->PostBackward(); });
+  }
+  return raw;
+}
+
+absl::Status InitShardedWeights(Module* root, uint64_t seed) {
+  std::map<FsdpUnit*, bool> touched;
+  for (auto& [fqn, p] : root->NamedParameters()) {
+    FsdpUnit* unit = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(RegistryMutex());
+      auto it = ParamOwners().find(p);
+      if (it != ParamOwners().end()) unit = it->second;
+    }
+    if (unit == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "InitShardedWeights: parameter '", fqn, "' is not in any FSDP unit"));
+    }
+    for (ShardedParameter& sp : unit->params_) {
+      if (sp.parameter != p) continue;
+      sp.name = fqn;
+      const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
+      const int64_t row = RowElements(global);
+      const Range mine = ChunkRange(Rows(global), unit->world_, unit->rank_);
+      Tensor local = *sp.master.mutable_local();
+      RETURN_IF_ERROR(Annotate(
+          InitSlice(p->init, seed, InitStreamId(fqn), mine.begin * row, &local),
+          absl::StrCat("initialising the shard of '", fqn, "'")));
+    }
+    touched[unit] = true;
+  }
+  for (auto& [unit, ignored] : touched) unit->initialized_ = true;
+  return absl::OkStatus();
+}
+
+std::vector<ShardedParameter*> ShardedParameters(Module* root) {
+  std::vector<ShardedParameter*> out;
+  for (auto& [fqn, p] : root->NamedParameters()) {
+    FsdpUnit* unit = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(RegistryMutex());
+      auto it = ParamOwners().find(p);
+      if (it != ParamOwners().end()) unit = it->second;
+    }
+    if (unit == nullptr) continue;
+    for (ShardedParameter& sp : unit->parameters()) {
+      if (sp.parameter == p) {
+        sp.name = fqn;
+        out.push_back(&sp);
+      }
+    }
+  }
+  return out;
+}
+
+absl::Status FsdpUnit::CheckInitialized() const {
+  if (initialized_) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("FSDP unit '", name_,
+                   "': parameters are still on the meta device "
+                   "(call fsdp::InitShardedWeights first)"));
+}
+
+absl::Status FsdpUnit::BeginUnshard() {
+  if (unsharded_ || gather_work_ != nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(CheckInitialized());
+  const DType dtype = options_.mp_policy.param_dtype;
+  ASSIGN_OR_RETURN(gather_in_, Tensor::Zeros({segment_}, dtype, Device::Cpu(),
+                                             MemoryTag::kCommBuffers));
+  ASSIGN_OR_RETURN(gather_out_,
+                   Tensor::Empty({segment_ * world_}, dtype, Device::Cpu(),
+                                 MemoryTag::kCommBuffers));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& local = params_[i].master.local();
+    if (local.numel() == 0) continue;
+    ASSIGN_OR_RETURN(Tensor dst, gather_in_.Narrow(offsets_[i], local.numel()));
+    RETURN_IF_ERROR(Copy(local.Flatten(), &dst));  // Cast fused into copy-in.
+  }
+  CollectiveOptions o;
+  o.stream = shared_->gather_stream.get();
+  ASSIGN_OR_RETURN(
+      gather_work_,
+      shard_group_->AllGather(AsBuffer(gather_in_), AsBuffer(gather_out_), o));
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::FinishUnshard() {
+  if (unsharded_) return absl::OkStatus();
+  if (gather_work_ == nullptr) RETURN_IF_ERROR(BeginUnshard());
+  RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
+  const DType dtype = options_.mp_policy.param_dtype;
+  const size_t esize = DTypeSize(dtype);
+  const char* gathered = static_cast<const char*>(gather_out_.raw_data());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ShardedParameter& sp = params_[i];
+    const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
+    const int64_t rows = Rows(global), row = RowElements(global);
+    ASSIGN_OR_RETURN(Tensor full,
+                     Tensor::Empty(sp.parameter->shape, dtype, Device::Cpu(),
+                                   MemoryTag::kCommBuffers));
+    char* dst = static_cast<char*>(full.raw_data());
+    for (int r = 0; r < world_; ++r) {
+      const Range range = ChunkRange(rows, world_, r);
+      RETURN_IF_ERROR(CopyBytes(dst + range.begin * row * esize, Device::Cpu(),
+                                gathered + (r * segment_ + offsets_[i]) * esize,
+                                Device::Cpu(), range.length * row * esize));
+    }
+    sp.parameter->data = full;
+  }
+  gather_work_.reset();
+  gather_in_ = Tensor();
+  gather_out_ = Tensor();
+  unsharded_ = true;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::Unshard() {
+  RETURN_IF_ERROR(BeginUnshard());
+  return FinishUnshard();
+}
+
+absl::Status FsdpUnit::Reshard() {
+  if (gather_work_ != nullptr) RETURN_IF_ERROR(FinishUnshard());
+  for (ShardedParameter& sp : params_) {
+    ASSIGN_OR_RETURN(sp.parameter->data,
+                     Tensor::Empty(sp.parameter->shape, sp.parameter->dtype,
+                                   Device::Meta()));
+  }
+  unsharded_ = false;
+  return absl::OkStatus();
+}
+
+std::vector<FsdpUnit*> FsdpUnit::NextUnits(bool backward) {
+  if (backward ? explicit_backward_prefetch_ : explicit_forward_prefetch_) {
+    return backward ? backward_prefetch_ : forward_prefetch_;
+  }
+  const std::vector<FsdpUnit*>& order = shared_->order;
+  auto it = std::find(order.begin(), order.end(), this);
+  if (it == order.end()) return {};
+  if (backward) {
+    if (it == order.begin()) return {};
+    return {*(it - 1)};
+  }
+  if (it + 1 == order.end()) return {};
+  return {*(it + 1)};
+}
+
+absl::Status FsdpUnit::PreForward() {
+  RETURN_IF_ERROR(CheckInitialized());
+  if (shared_->in_backward) return FinishUnshard();  // Recomputation.
+  if (is_root_) shared_->recording.clear();
+  if (std::find(shared_->recording.begin(), shared_->recording.end(), this) ==
+      shared_->recording.end()) {
+    shared_->recording.push_back(this);
+  }
+  RETURN_IF_ERROR(FinishUnshard());
+  for (FsdpUnit* next : NextUnits(/*backward=*/false)) {
+    RETURN_IF_ERROR(next->BeginUnshard());
+  }
+  ++forward_modules_;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::PostForward() {
+  if (shared_->in_backward) return absl::OkStatus();
+  if (is_root_) shared_->order = shared_->recording;
+  if (options_.reshard_after_forward && !is_root_) return Reshard();
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::PreBackward() {
+  if (is_root_) shared_->in_backward = true;
+  RETURN_IF_ERROR(FinishUnshard());
+  for (FsdpUnit* next : NextUnits(/*backward=*/true)) {
+    RETURN_IF_ERROR(next->BeginUnshard());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::PostBackward() {
+  if (++backward_modules_ < forward_modules_) return absl::OkStatus();
+  forward_modules_ = backward_modules_ = 0;
+  if (requires_gradient_sync_) RETURN_IF_ERROR(ReduceGradients());
+  RETURN_IF_ERROR(Reshard());
+  if (is_root_ || shared_->root == nullptr) {
+    RETURN_IF_ERROR(FinishReductions());
+    shared_->in_backward = false;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::ReduceGradients() {
+  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  ASSIGN_OR_RETURN(Tensor input,
+                   Tensor::Zeros({segment_ * world_}, reduce_dtype,
+                                 Device::Cpu(), MemoryTag::kCommBuffers));
+  ASSIGN_OR_RETURN(Tensor output,
+                   Tensor::Empty({segment_}, reduce_dtype, Device::Cpu(),
+                                 MemoryTag::kCommBuffers));
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ShardedParameter& sp = params_[i];
+    Parameter* p = sp.parameter;
+    if (!p->grad.defined()) continue;  // Unused this step: contributes zeros.
+    const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
+    const int64_t rows = Rows(global), row = RowElements(global);
+    const Tensor flat = p->grad.Flatten();
+    for (int r = 0; r < world_; ++r) {
+      const Range range = ChunkRange(rows, world_, r);
+      if (range.length == 0) continue;
+      ASSIGN_OR_RETURN(Tensor src,
+                       flat.Narrow(range.begin * row, range.length * row));
+      ASSIGN_OR_RETURN(Tensor dst, input.Narrow(r * segment_ + offsets_[i],
+                                                range.length * row));
+      RETURN_IF_ERROR(Copy(src, &dst));
+    }
+    p->grad = Tensor();  // Free the unsharded gradient.
+  }
+  const bool average = options_.gradient_divide_factor <= 0.0f;
+  CollectiveOptions o;
+  o.stream = shared_->reduce_stream.get();
+  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                   shard_group_->ReduceScatter(
+                       AsBuffer(input), AsBuffer(output),
+                       average ? ReduceOp::kAvg : ReduceOp::kSum, o));
+  shared_->pending.push_back({this, std::move(work), input, output});
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::FinishReductions() {
+  std::vector<Shared::PendingReduce> pending = std::move(shared_->pending);
+  shared_->pending.clear();
+  for (Shared::PendingReduce& r : pending) {
+    RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
+    FsdpUnit* unit = r.unit;
+    const bool average = unit->options_.gradient_divide_factor <= 0.0f;
+    if (unit->replicate_group_ != nullptr) {
+      ASSIGN_OR_RETURN(
+          std::shared_ptr<Work> ar,
+          unit->replicate_group_->AllReduce(
+              AsBuffer(r.output), average ? ReduceOp::kAvg : ReduceOp::kSum));
+      RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
+    }
+    const float scale =
+        average ? 1.0f : 1.0f / unit->options_.gradient_divide_factor;
+    for (size_t i = 0; i < unit->params_.size(); ++i) {
+      Tensor grad = unit->params_[i].grad.local().Flatten();
+      if (grad.numel() == 0) continue;
+      ASSIGN_OR_RETURN(Tensor piece,
+                       r.output.Narrow(unit->offsets_[i], grad.numel()));
+      if (piece.dtype() != DType::kF32) {
+        ASSIGN_OR_RETURN(
+            Tensor f32, Tensor::Empty(piece.shape(), DType::kF32, Device::Cpu(),
+                                      MemoryTag::kCommBuffers));
+        RETURN_IF_ERROR(Copy(piece, &f32));
+        piece = f32;
+      }
+      RETURN_IF_ERROR(Axpy(scale, piece, &grad));  // Accumulate into fp32.
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fsdp
+}  // namespace fsdpp

@@ -1,0 +1,232 @@
+// Named transformer configs, parameter counts and FLOPs; see config.h.
+#include "models/config.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace fsdpp {
+namespace models {
+namespace {
+
+TransformerConfig Gpt2(std::string name, int64_t n_layers, int64_t dim,
+                       int64_t n_heads, int64_t vocab_size,
+                       int64_t context_length) {
+  TransformerConfig c;
+  c.name = std::move(name);
+  c.family = ModelFamily::kGpt2;
+  c.vocab_size = vocab_size;
+  c.context_length = context_length;
+  c.dim = dim;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_heads;
+  c.ffn_hidden = 4 * dim;
+  c.norm_eps = 1e-5f;
+  c.tied_embeddings = true;
+  c.bias = true;
+  c.activation = Activation::kGelu;
+  return c;
+}
+
+TransformerConfig Llama(std::string name, int64_t n_layers, int64_t dim,
+                        int64_t n_heads, int64_t n_kv_heads, int64_t ffn_hidden,
+                        int64_t vocab_size, int64_t context_length,
+                        float rope_theta, bool tied) {
+  TransformerConfig c;
+  c.name = std::move(name);
+  c.family = ModelFamily::kLlama;
+  c.vocab_size = vocab_size;
+  c.context_length = context_length;
+  c.dim = dim;
+  c.n_layers = n_layers;
+  c.n_heads = n_heads;
+  c.n_kv_heads = n_kv_heads;
+  c.ffn_hidden = ffn_hidden;
+  c.norm_eps = 1e-5f;
+  c.rope_theta = rope_theta;
+  c.tied_embeddings = tied;
+  c.bias = false;
+  c.activation = Activation::kSwiGlu;
+  return c;
+}
+
+// The named configs, in ConfigNames() order.
+std::vector<TransformerConfig> AllConfigs() {
+  std::vector<TransformerConfig> configs = {
+      Gpt2("gpt2_debug", 2, 64, 4, 512, 128),
+      Gpt2("gpt2_124m", 12, 768, 12, 50257, 1024),
+      Gpt2("gpt2_350m", 24, 1024, 16, 50257, 1024),
+      Gpt2("gpt2_774m", 36, 1280, 20, 50257, 1024),
+      Gpt2("gpt2_1558m", 48, 1600, 25, 50257, 1024),
+      Llama("llama_debug", 2, 64, 4, 2, 192, 512, 128, 10000.0f,
+            /*tied=*/true),
+      Llama("llama_1b", 16, 2048, 32, 8, 8192, 128256, 131072, 500000.0f,
+            /*tied=*/true),
+      Llama("smollm3_3b", 36, 2048, 16, 4, 11008, 128256, 65536, 5e6f,
+            /*tied=*/true),
+      Llama("llama3_8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f,
+            /*tied=*/false),
+  };
+  for (TransformerConfig& c : configs) {
+    if (c.name == "smollm3_3b") {
+      c.norm_eps = 1e-6f;
+      c.no_rope_every = 4;
+    }
+  }
+  return configs;
+}
+
+// Elements of one norm layer's parameters.
+int64_t NormParameters(const TransformerConfig& c) {
+  const bool layer_norm_bias = c.family == ModelFamily::kGpt2 && c.bias;
+  return layer_norm_bias ? 2 * c.dim : c.dim;
+}
+
+// Weight elements of one layer's attention projections (no biases).
+int64_t AttentionMatmulParameters(const TransformerConfig& c) {
+  const int64_t q_width = c.n_heads * c.head_dim();
+  const int64_t kv_width = c.kv_heads() * c.head_dim();
+  return c.dim * (q_width + 2 * kv_width) + q_width * c.dim;
+}
+
+// Weight elements of one layer's MLP (no biases).
+int64_t MlpMatmulParameters(const TransformerConfig& c) {
+  const int64_t matrices = c.activation == Activation::kGelu ? 2 : 3;
+  return matrices * c.dim * c.ffn_hidden;
+}
+
+}  // namespace
+
+const char* ModelFamilyName(ModelFamily family) {
+  switch (family) {
+    case ModelFamily::kGpt2:
+      return "gpt2";
+    case ModelFamily::kLlama:
+      return "llama";
+  }
+  return "unknown";
+}
+
+const char* ActivationName(Activation activation) {
+  switch (activation) {
+    case Activation::kGelu:
+      return "gelu";
+    case Activation::kSwiGlu:
+      return "swiglu";
+  }
+  return "unknown";
+}
+
+int64_t TransformerConfig::padded_vocab_size() const {
+  if (vocab_pad_multiple <= 1) return vocab_size;
+  return (vocab_size + vocab_pad_multiple - 1) / vocab_pad_multiple *
+         vocab_pad_multiple;
+}
+
+bool TransformerConfig::UsesRope(int64_t layer) const {
+  if (family != ModelFamily::kLlama) return false;
+  return no_rope_every <= 0 || (layer + 1) % no_rope_every != 0;
+}
+
+absl::Status ValidateConfig(const TransformerConfig& c) {
+  const auto invalid = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TransformerConfig '", c.name, "' (",
+                     ModelFamilyName(c.family), "): ", why));
+  };
+  if (c.vocab_size <= 0 || c.context_length <= 0 || c.dim <= 0 ||
+      c.n_layers <= 0 || c.n_heads <= 0 || c.n_kv_heads < 0 ||
+      c.ffn_hidden <= 0) {
+    return invalid(absl::StrCat(
+        "sizes must be positive (vocab_size ", c.vocab_size,
+        ", context_length ", c.context_length, ", dim ", c.dim, ", n_layers ",
+        c.n_layers, ", n_heads ", c.n_heads, ", n_kv_heads ", c.n_kv_heads,
+        ", ffn_hidden ", c.ffn_hidden, ")"));
+  }
+  if (c.vocab_pad_multiple < 1) {
+    return invalid(absl::StrCat("vocab_pad_multiple must be >= 1, got ",
+                                c.vocab_pad_multiple));
+  }
+  if (c.dim % c.n_heads != 0) {
+    return invalid(
+        absl::StrCat("n_heads ", c.n_heads, " must divide dim ", c.dim));
+  }
+  if (c.n_heads % c.kv_heads() != 0) {
+    return invalid(absl::StrCat("n_kv_heads ", c.kv_heads(),
+                                " must divide n_heads ", c.n_heads));
+  }
+  if (c.family == ModelFamily::kLlama && c.head_dim() % 2 != 0) {
+    return invalid(
+        absl::StrCat("RoPE needs an even head_dim, got ", c.head_dim()));
+  }
+  if (!(c.norm_eps > 0.0f) || !(c.rope_theta > 0.0f) || !(c.init_std > 0.0f)) {
+    return invalid("norm_eps, rope_theta and init_std must be positive");
+  }
+  if (c.activation == Activation::kGelu && !c.bias) {
+    return invalid("the GELU MLP (nn::Mlp) always has biases: set bias = true");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ConfigNames() {
+  std::vector<std::string> names;
+  for (const TransformerConfig& c : AllConfigs()) names.push_back(c.name);
+  return names;
+}
+
+absl::StatusOr<TransformerConfig> ConfigByName(const std::string& name) {
+  for (TransformerConfig& c : AllConfigs()) {
+    if (c.name == name) return std::move(c);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("unknown model config '", name,
+                   "'; known configs: ", absl::StrJoin(ConfigNames(), ", ")));
+}
+
+int64_t NumParameters(const TransformerConfig& c) {
+  const int64_t vocab = c.padded_vocab_size();
+  int64_t n = vocab * c.dim;  // Token embedding.
+  if (c.family == ModelFamily::kGpt2) n += c.context_length * c.dim;
+  int64_t per_layer = 2 * NormParameters(c) + AttentionMatmulParameters(c) +
+                      MlpMatmulParameters(c);
+  if (c.bias) {
+    per_layer += (c.n_heads + 2 * c.kv_heads()) * c.head_dim() + c.dim;
+  }
+  if (c.activation == Activation::kGelu) per_layer += c.ffn_hidden + c.dim;
+  n += c.n_layers * per_layer;
+  n += NormParameters(c);  // Final norm.
+  if (!c.tied_embeddings) n += vocab * c.dim;
+  return n;
+}
+
+double FlopsPerToken(const TransformerConfig& c, int64_t seq_len) {
+  const double matmul_parameters =
+      static_cast<double>(c.n_layers) *
+          static_cast<double>(AttentionMatmulParameters(c) +
+                              MlpMatmulParameters(c)) +
+      static_cast<double>(c.padded_vocab_size()) * static_cast<double>(c.dim);
+  const double attention = 12.0 * static_cast<double>(c.n_layers) *
+                           static_cast<double>(seq_len) *
+                           static_cast<double>(c.n_heads * c.head_dim());
+  return 6.0 * matmul_parameters + attention;
+}
+
+double FlopsPerTokenSeedFormula(const TransformerConfig& c, int64_t seq_len) {
+  const double factor = 6.0;
+  const double hidden = static_cast<double>(c.dim);
+  const double heads = static_cast<double>(c.n_heads);
+  const double head_dim = static_cast<double>(c.head_dim());
+  const double t = static_cast<double>(seq_len);
+  const double qkv = factor * hidden * (heads * head_dim * 3.0);
+  const double scores = factor * heads * t * head_dim;
+  const double output = factor * heads * t * head_dim;
+  const double out_proj = factor * heads * head_dim * hidden;
+  const double mlp = factor * hidden * static_cast<double>(c.ffn_hidden) * 3.0;
+  return (qkv + scores + output + out_proj + mlp) *
+         static_cast<double>(c.n_layers);
+}
+
+}  // namespace models
+}  // namespace fsdpp

@@ -1,0 +1,194 @@
+// Named configs, analytic parameter counts (against published model sizes
+// and against the built models, including 124M / 1B ones built on the meta
+// device with zero bytes) and FLOPs per token (ours vs the seed formula).
+#include "models/config.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/strings/match.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "gtest/gtest.h"
+#include "models/transformer.h"
+
+namespace fsdpp {
+namespace models {
+namespace {
+
+TransformerConfig Named(const std::string& name) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName(name);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+TEST(ConfigTest, EveryNamedConfigIsValidAndKnowsItsName) {
+  ASSERT_EQ(ConfigNames().size(), 9u);
+  for (const std::string& name : ConfigNames()) {
+    const TransformerConfig c = Named(name);
+    EXPECT_EQ(c.name, name);
+    EXPECT_TRUE(ValidateConfig(c).ok()) << name << ": " << ValidateConfig(c);
+  }
+}
+
+TEST(ConfigTest, UnknownNameListsTheKnownOnes) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName("gpt3");
+  ASSERT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  const std::string message(c.status().message());
+  EXPECT_TRUE(absl::StrContains(message, "unknown model config 'gpt3'"));
+  for (const std::string& name : ConfigNames()) {
+    EXPECT_TRUE(absl::StrContains(message, name)) << message;
+  }
+}
+
+TEST(ConfigTest, ShapesOfTheNamedConfigs) {
+  const TransformerConfig gpt2 = Named("gpt2_124m");
+  EXPECT_EQ(gpt2.family, ModelFamily::kGpt2);
+  EXPECT_EQ(gpt2.n_layers, 12);
+  EXPECT_EQ(gpt2.dim, 768);
+  EXPECT_EQ(gpt2.ffn_hidden, 3072);
+  EXPECT_EQ(gpt2.padded_vocab_size(), 50257);
+  EXPECT_EQ(Named("gpt2_1558m").head_dim(), 64);
+
+  const TransformerConfig llama = Named("llama_1b");
+  EXPECT_EQ(llama.family, ModelFamily::kLlama);
+  EXPECT_EQ(llama.kv_heads(), 8);
+  EXPECT_EQ(llama.head_dim(), 64);
+  EXPECT_TRUE(llama.tied_embeddings);
+  EXPECT_EQ(llama.rope_theta, 500000.0f);
+  EXPECT_FALSE(Named("llama3_8b").tied_embeddings);
+
+  const TransformerConfig debug = Named("llama_debug");
+  EXPECT_EQ(debug.kv_heads(), 2);
+  EXPECT_EQ(debug.ffn_hidden, 192);
+}
+
+TEST(ConfigTest, SmolLm3DropsRopeInEveryFourthLayer) {
+  const TransformerConfig c = Named("smollm3_3b");
+  EXPECT_EQ(c.rope_theta, 5e6f);
+  int without_rope = 0;
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    EXPECT_EQ(c.UsesRope(i), (i + 1) % 4 != 0) << "layer " << i;
+    if (!c.UsesRope(i)) ++without_rope;
+  }
+  EXPECT_EQ(without_rope, 9);
+  EXPECT_TRUE(Named("llama_1b").UsesRope(3));
+  EXPECT_FALSE(Named("gpt2_124m").UsesRope(0));
+}
+
+TEST(ConfigTest, ValidateRejectsBadShapes) {
+  TransformerConfig c = Named("llama_debug");
+  c.n_kv_heads = 3;
+  EXPECT_EQ(ValidateConfig(c).code(), absl::StatusCode::kInvalidArgument);
+  c = Named("gpt2_debug");
+  c.n_heads = 5;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(), "divide dim"));
+  c = Named("gpt2_debug");
+  c.bias = false;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(), "biases"));
+  c = Named("gpt2_debug");
+  c.vocab_pad_multiple = 0;
+  EXPECT_FALSE(ValidateConfig(c).ok());
+  c = Named("gpt2_debug");
+  c.dim = 0;
+  EXPECT_FALSE(ValidateConfig(c).ok());
+}
+
+TEST(ConfigTest, PublishedParameterCounts) {
+  TransformerConfig gpt2 = Named("gpt2_124m");
+  EXPECT_EQ(NumParameters(gpt2), 124439808);
+  gpt2.vocab_pad_multiple = 64;
+  EXPECT_EQ(gpt2.padded_vocab_size(), 50304);
+  EXPECT_EQ(NumParameters(gpt2), 124475904);
+  EXPECT_EQ(NumParameters(Named("llama_1b")), 1235814400);
+  EXPECT_EQ(NumParameters(Named("llama3_8b")), 8030261248);
+  // SmolLM3-3B (published as 3.08 B) and the debug models.
+  EXPECT_EQ(NumParameters(Named("smollm3_3b")), 3075098624);
+  EXPECT_EQ(NumParameters(Named("gpt2_debug")), 141056);
+  EXPECT_EQ(NumParameters(Named("llama_debug")), 131392);
+  // GPT-2 medium / large / XL as published by OpenAI (HF counts, tied).
+  EXPECT_EQ(NumParameters(Named("gpt2_350m")), 354823168);
+  EXPECT_EQ(NumParameters(Named("gpt2_774m")), 774030080);
+  EXPECT_EQ(NumParameters(Named("gpt2_1558m")), 1557611200);
+}
+
+// The analytic count equals the built model's, built on the meta device.
+void ExpectBuiltCount(const TransformerConfig& c) {
+  SCOPED_TRACE(c.name);
+  const int64_t before = GetAllocator(Device::Cpu())->Stats().total_current;
+  absl::StatusOr<std::unique_ptr<Transformer>> model = Transformer::Create(c);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->NumParameters(), NumParameters(c));
+  EXPECT_EQ(GetAllocator(Device::Cpu())->Stats().total_current, before);
+  for (const auto& [name, p] : (*model)->NamedParameters()) {
+    ASSERT_TRUE(p->data.is_meta()) << name;
+  }
+}
+
+TEST(ConfigTest, AnalyticCountEqualsBuiltModel) {
+  for (const char* name :
+       {"gpt2_debug", "llama_debug", "gpt2_124m", "llama_1b"}) {
+    ExpectBuiltCount(Named(name));
+  }
+  TransformerConfig padded = Named("gpt2_124m");
+  padded.vocab_pad_multiple = 64;
+  ExpectBuiltCount(padded);
+  // Non-canonical combinations count the same way.
+  TransformerConfig gpt2_swiglu = Named("gpt2_debug");
+  gpt2_swiglu.activation = Activation::kSwiGlu;
+  gpt2_swiglu.n_kv_heads = 2;
+  gpt2_swiglu.tied_embeddings = false;
+  ExpectBuiltCount(gpt2_swiglu);
+  TransformerConfig llama_biased = Named("llama_debug");
+  llama_biased.bias = true;
+  llama_biased.activation = Activation::kGelu;
+  ExpectBuiltCount(llama_biased);
+}
+
+TEST(ConfigTest, FlopsPerTokenGpt2MatchesNanoGptFormula) {
+  // nanoGPT's estimate_mfu: 6 N + 12 L H Q T with N = parameters minus
+  // position embeddings (the tied head counted through wte).
+  const TransformerConfig c = Named("gpt2_124m");
+  const int64_t t = 1024;
+  const double n_nanogpt = NumParameters(c) - c.context_length * c.dim;
+  const double nanogpt = 6.0 * n_nanogpt + 12.0 * 12 * 12 * 64 * t;
+  // Ours also leaves out norms and biases.
+  const double norms_and_biases =
+      12 * (4 * 768 + 3 * 768 + 768 + 3072 + 768) + 2 * 768;
+  EXPECT_DOUBLE_EQ(FlopsPerToken(c, t), nanogpt - 6.0 * norms_and_biases);
+}
+
+TEST(ConfigTest, FlopsPerTokenLlama8B) {
+  const TransformerConfig c = Named("llama3_8b");
+  // 6 x (8.03e9 parameters - 525M embedding lookup - norms) + attention.
+  const double matmul = 8030261248.0 - 128256.0 * 4096 - (2 * 32 + 1) * 4096;
+  EXPECT_DOUBLE_EQ(FlopsPerToken(c, 8192),
+                   6.0 * matmul + 12.0 * 32 * 8192 * 4096);
+}
+
+TEST(ConfigTest, FlopsPerTokenSmolLm3BothFormulas) {
+  const TransformerConfig c = Named("smollm3_3b");
+  const int64_t t = 8192;
+  const double ours = FlopsPerToken(c, t);
+  const double seed = FlopsPerTokenSeedFormula(c, t);
+  std::printf(
+      "smollm3_3b at seq_len %lld: FlopsPerToken %.4f GFLOP/token "
+      "(6 N_matmul %.4f + attention %.4f), seed formula %.4f GFLOP/token\n",
+      static_cast<long long>(t), ours / 1e9, 6.0 * 3074949120.0 / 1e9,
+      12.0 * 36 * t * 2048 / 1e9, seed / 1e9);
+  // N_matmul = 36 x (q 2048^2 + k, v 2 x 2048 x 512 + o 2048^2
+  //            + 3 x 2048 x 11008) + head 128256 x 2048.
+  EXPECT_DOUBLE_EQ(ours, 6.0 * 3074949120.0 + 12.0 * 36 * t * 2048);
+  EXPECT_DOUBLE_EQ(ours, 25697452032.0);
+  // Seed: 6 x (2048 x 6144 + 2 x 16 x 8192 x 128 + 2048^2 + 3 x 2048 x 11008)
+  // x 36: it counts full-width k and v (no GQA) and no LM head.
+  EXPECT_DOUBLE_EQ(seed, 25480396800.0);
+  // The two differ by the LM head minus the GQA overcount of k and v.
+  EXPECT_DOUBLE_EQ(ours - seed,
+                   6.0 * (128256.0 * 2048 - 36.0 * 2 * 2048 * (2048 - 512)));
+}
+
+}  // namespace
+}  // namespace models
+}  // namespace fsdpp

@@ -1,0 +1,275 @@
+// Hugging Face name mapping and safetensors export / import; see
+// hf_adapter.h.
+#include "models/hf_adapter.h"
+
+#include <cstring>
+#include <map>
+#include <memory>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/safetensors.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace models {
+namespace {
+
+constexpr char kGpt2Prefix[] = "transformer.";
+
+std::vector<HfNameEntry> Gpt2Mapping(const TransformerConfig& c) {
+  const std::string p = kGpt2Prefix;
+  std::vector<HfNameEntry> m;
+  m.push_back({"wte.weight", p + "wte.weight", false, true});
+  m.push_back({"wpe.weight", p + "wpe.weight", false, false});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string ours = absl::StrCat("h.", i, ".");
+    const std::string hf = absl::StrCat(p, "h.", i, ".");
+    // (our suffix, HF suffix, Conv1D weight).
+    const std::vector<std::tuple<std::string, std::string, bool>> parts = {
+        {"ln_1", "ln_1", false},
+        {"attn.c_attn", "attn.c_attn", true},
+        {"attn.c_proj", "attn.c_proj", true},
+        {"ln_2", "ln_2", false},
+        {"mlp.fc", "mlp.c_fc", true},
+        {"mlp.proj", "mlp.c_proj", true},
+    };
+    for (const auto& [our_part, hf_part, conv1d] : parts) {
+      m.push_back({ours + our_part + ".weight", hf + hf_part + ".weight",
+                   conv1d, false});
+      m.push_back(
+          {ours + our_part + ".bias", hf + hf_part + ".bias", false, false});
+    }
+  }
+  m.push_back({"ln_f.weight", p + "ln_f.weight", false, false});
+  m.push_back({"ln_f.bias", p + "ln_f.bias", false, false});
+  if (!c.tied_embeddings) {
+    m.push_back({"lm_head.weight", "lm_head.weight", false, true});
+  }
+  return m;
+}
+
+std::vector<HfNameEntry> LlamaMapping(const TransformerConfig& c) {
+  std::vector<HfNameEntry> m;
+  m.push_back(
+      {"tok_embeddings.weight", "model.embed_tokens.weight", false, true});
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string ours = absl::StrCat("layers.", i, ".");
+    const std::string hf = absl::StrCat("model.layers.", i, ".");
+    m.push_back({ours + "attention_norm.weight", hf + "input_layernorm.weight",
+                 false, false});
+    for (const auto& [our_part, hf_part] :
+         std::vector<std::pair<std::string, std::string>>{{"wq", "q_proj"},
+                                                          {"wk", "k_proj"},
+                                                          {"wv", "v_proj"},
+                                                          {"wo", "o_proj"}}) {
+      m.push_back({ours + "attention." + our_part + ".weight",
+                   hf + "self_attn." + hf_part + ".weight", false, false});
+      if (c.bias) {
+        m.push_back({ours + "attention." + our_part + ".bias",
+                     hf + "self_attn." + hf_part + ".bias", false, false});
+      }
+    }
+    m.push_back({ours + "ffn_norm.weight",
+                 hf + "post_attention_layernorm.weight", false, false});
+    for (const auto& [our_part, hf_part] :
+         std::vector<std::pair<std::string, std::string>>{
+             {"gate", "gate_proj"}, {"up", "up_proj"}, {"down", "down_proj"}}) {
+      m.push_back({ours + "feed_forward." + our_part + ".weight",
+                   hf + "mlp." + hf_part + ".weight", false, false});
+    }
+  }
+  m.push_back({"norm.weight", "model.norm.weight", false, false});
+  if (!c.tied_embeddings) {
+    m.push_back({"output.weight", "lm_head.weight", false, true});
+  }
+  return m;
+}
+
+// A host copy of `t` ([R, C], any dtype) transposed to [C, R].
+absl::StatusOr<Tensor> Transpose2D(const Tensor& t) {
+  if (t.ndim() != 2 || !t.device().is_cpu()) {
+    return absl::InternalError(absl::StrCat(
+        "Transpose2D needs a 2-D host tensor, got ", t.ToString()));
+  }
+  const int64_t rows = t.dim(0), cols = t.dim(1);
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::Empty({cols, rows}, t.dtype(), Device::Cpu()));
+  const size_t e = DTypeSize(t.dtype());
+  const char* src = static_cast<const char*>(t.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      std::memcpy(dst + (c * rows + r) * e, src + (r * cols + c) * e, e);
+    }
+  }
+  return out;
+}
+
+// A host copy of `t` (same dtype).
+absl::StatusOr<Tensor> ToHost(const Tensor& t) {
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::Empty(t.shape(), t.dtype(), Device::Cpu()));
+  RETURN_IF_ERROR(Copy(t, &out));
+  return out;
+}
+
+// The HF shape of the parameter `entry` describes.
+Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab) {
+  Shape shape = ours;
+  if (entry.vocab_rows) shape[0] = vocab;
+  if (entry.transpose) std::swap(shape[0], shape[1]);
+  return shape;
+}
+
+std::map<std::string, Parameter*> ParameterMap(const Transformer& model) {
+  std::map<std::string, Parameter*> out;
+  for (const auto& [name, p] : model.NamedParameters()) out[name] = p;
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
+    const TransformerConfig& c) {
+  RETURN_IF_ERROR(ValidateConfig(c));
+  if (c.family == ModelFamily::kGpt2) {
+    if (c.activation != Activation::kGelu || !c.bias ||
+        c.kv_heads() != c.n_heads) {
+      return absl::UnimplementedError(absl::StrCat(
+          "HF GPT-2 has a GELU MLP, biases and no GQA; config '", c.name,
+          "' has ", ActivationName(c.activation), ", bias ", c.bias,
+          ", n_kv_heads ", c.kv_heads(), " of ", c.n_heads));
+    }
+    return Gpt2Mapping(c);
+  }
+  if (c.activation != Activation::kSwiGlu) {
+    return absl::UnimplementedError(
+        absl::StrCat("HF Llama has a SwiGLU MLP; config '", c.name, "' has ",
+                     ActivationName(c.activation)));
+  }
+  return LlamaMapping(c);
+}
+
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
+    const Transformer& model, HfExportSource source) {
+  const TransformerConfig& c = model.config();
+  ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
+  const std::map<std::string, Parameter*> params = ParameterMap(model);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (const HfNameEntry& entry : mapping) {
+    const auto it = params.find(entry.ours);
+    if (it == params.end()) {
+      return absl::InternalError(absl::StrCat(
+          "ExportHfTensors: model has no parameter '", entry.ours, "'"));
+    }
+    const Parameter* p = it->second;
+    Tensor t = source == HfExportSource::kValues ? p->data : p->grad;
+    if (!t.defined() || t.is_meta()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ExportHfTensors: ", entry.ours,
+          source == HfExportSource::kValues
+              ? " is not materialised (call ToEmpty and InitWeights)"
+              : " has no gradient (run a backward first)"));
+    }
+    if (entry.vocab_rows) {
+      ASSIGN_OR_RETURN(t, t.Narrow(0, c.vocab_size));
+    }
+    ASSIGN_OR_RETURN(Tensor host, ToHost(t));
+    if (entry.transpose) {
+      ASSIGN_OR_RETURN(host, Transpose2D(host));
+    }
+    out.emplace_back(entry.hf, std::move(host));
+  }
+  return out;
+}
+
+absl::Status ExportSafetensors(const Transformer& model,
+                               const std::string& path) {
+  ASSIGN_OR_RETURN(auto tensors, ExportHfTensors(model));
+  return WriteSafetensors(path, tensors, {{"format", "pt"}});
+}
+
+absl::Status ImportSafetensors(const std::string& path, Transformer* model) {
+  const TransformerConfig& c = model->config();
+  ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                   SafetensorsFile::Open(path));
+  const std::map<std::string, Parameter*> params = ParameterMap(*model);
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const auto error = [&](absl::Status status) {
+    return Annotate(status, absl::StrCat("ImportSafetensors(", path, ")"));
+  };
+
+  std::set<std::string> used;
+  std::vector<std::string> missing;
+  for (const HfNameEntry& entry : mapping) {
+    std::string name = entry.hf;
+    if (gpt2 && !file->Contains(name) && absl::StartsWith(name, kGpt2Prefix)) {
+      name = name.substr(std::strlen(kGpt2Prefix));
+    }
+    if (!file->Contains(name)) {
+      missing.push_back(entry.hf);
+      continue;
+    }
+    used.insert(name);
+    Parameter* p = params.at(entry.ours);
+    if (!p->data.defined() || p->data.is_meta()) {
+      return error(absl::FailedPreconditionError(absl::StrCat(
+          entry.ours, " is not materialised (call ToEmpty first)")));
+    }
+    ASSIGN_OR_RETURN(SafetensorsTensorInfo info, file->Info(name));
+    const Shape expected = HfShape(entry, p->shape, c.vocab_size);
+    if (info.shape != expected) {
+      return error(absl::InvalidArgumentError(absl::StrCat(
+          name, " has shape ", ShapeToString(info.shape), ", expected ",
+          ShapeToString(expected), " for ", entry.ours)));
+    }
+    if (!info.dtype.has_value() || !IsFloatingPoint(*info.dtype)) {
+      return error(absl::InvalidArgumentError(absl::StrCat(
+          name, " has dtype ", info.dtype_name, ", expected a float dtype")));
+    }
+    ASSIGN_OR_RETURN(Tensor host, file->Load(name));
+    if (entry.transpose) {
+      ASSIGN_OR_RETURN(host, Transpose2D(host));
+    }
+    Tensor dst = p->data;
+    if (entry.vocab_rows && c.padded_vocab_size() != c.vocab_size) {
+      ASSIGN_OR_RETURN(
+          Tensor padding,
+          p->data.Narrow(c.vocab_size, c.padded_vocab_size() - c.vocab_size));
+      RETURN_IF_ERROR(error(Zero(&padding)));
+      ASSIGN_OR_RETURN(dst, p->data.Narrow(0, c.vocab_size));
+    }
+    RETURN_IF_ERROR(error(Copy(host, &dst)));
+  }
+  if (!missing.empty()) {
+    return error(absl::NotFoundError(
+        absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", "))));
+  }
+  std::vector<std::string> unknown;
+  for (const std::string& name : file->names()) {
+    if (used.count(name) != 0) continue;
+    if (c.tied_embeddings && name == "lm_head.weight") continue;
+    if (gpt2 && (absl::EndsWith(name, ".attn.bias") ||
+                 absl::EndsWith(name, ".attn.masked_bias"))) {
+      continue;
+    }
+    unknown.push_back(name);
+  }
+  if (!unknown.empty()) {
+    return error(absl::InvalidArgumentError(
+        absl::StrCat("unknown tensors: ", absl::StrJoin(unknown, ", "))));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace models
+}  // namespace fsdpp

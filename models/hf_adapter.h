@@ -1,0 +1,95 @@
+// Hugging Face interop for the model zoo: the mapping between our parameter
+// names (models/transformer.h) and the names of the HF GPT-2 and Llama
+// checkpoints, and safetensors export / import through it.
+//
+//   ours                           Hugging Face
+//   wte.weight                     transformer.wte.weight
+//   wpe.weight                     transformer.wpe.weight
+//   h.{i}.ln_1.weight / .bias      transformer.h.{i}.ln_1.weight / .bias
+//   h.{i}.attn.c_attn.weight  (T)  transformer.h.{i}.attn.c_attn.weight
+//   h.{i}.attn.c_proj.weight  (T)  transformer.h.{i}.attn.c_proj.weight
+//   h.{i}.ln_2.*                   transformer.h.{i}.ln_2.*
+//   h.{i}.mlp.fc.weight       (T)  transformer.h.{i}.mlp.c_fc.weight
+//   h.{i}.mlp.proj.weight     (T)  transformer.h.{i}.mlp.c_proj.weight
+//   ln_f.*                         transformer.ln_f.*
+//   tok_embeddings.weight          model.embed_tokens.weight
+//   layers.{i}.attention_norm.weight  model.layers.{i}.input_layernorm.weight
+//   layers.{i}.attention.wq/wk/wv/wo  model.layers.{i}.self_attn.q/k/v/o_proj
+//   layers.{i}.ffn_norm.weight     model.layers.{i}.post_attention_layernorm
+//   layers.{i}.feed_forward.gate/up/down  model.layers.{i}.mlp.gate/up/
+//                                  down_proj
+//   norm.weight                    model.norm.weight
+//   output.weight / lm_head        lm_head.weight (untied models only)
+// (biases follow their weights).
+//
+// Design choices:
+//  * HF GPT-2 uses Conv1D layers whose weights are stored [in, out], the
+//    transpose of our (and torch.nn.Linear's) [out, in]; the entries marked
+//    (T) are transposed on export and import. Llama's q_proj / k_proj are
+//    used as stored: HF permuted Meta's weights for its rotate_half RoPE,
+//    which is the convention nn::CausalSelfAttention uses.
+//  * Files hold the unpadded vocabulary (vocab_size rows, as HF expects);
+//    import zeroes the padding rows of padded models.
+//  * Tied models write no lm_head.weight (HF ties it on load). Import accepts
+//    GPT-2 files whose names lack the "transformer." prefix (the hub's
+//    model.safetensors), ignores lm_head.weight for tied models and GPT-2's
+//    attention-mask buffers (".attn.bias", ".attn.masked_bias"), and rejects
+//    every other unknown or missing tensor.
+//  * Values are copied without rounding when dtypes agree and converted
+//    (Copy) when the file's float dtype differs from the parameter's.
+#ifndef FSDPP_MODELS_HF_ADAPTER_H_
+#define FSDPP_MODELS_HF_ADAPTER_H_
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "models/config.h"
+#include "models/transformer.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace models {
+
+// One parameter's names on both sides.
+struct HfNameEntry {
+  std::string ours;         // Our fully qualified parameter name.
+  std::string hf;           // The Hugging Face tensor name.
+  bool transpose = false;   // HF stores the 2-D weight transposed ([in, out]).
+  bool vocab_rows = false;  // Dim 0 is the (padded) vocabulary.
+};
+
+// The mapping for every parameter of the model built from `config`, in our
+// parameter order. Unimplemented for layouts HF's GPT-2 / Llama cannot hold
+// (GPT-2 family without GELU, biases or with GQA; Llama family without
+// SwiGLU).
+absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
+    const TransformerConfig& config);
+
+// What ExportHfTensors reads from each parameter.
+enum class HfExportSource { kValues, kGradients };
+
+// Every parameter's value (or gradient) as a host tensor under its HF name,
+// in HF layout: Conv1D weights transposed, vocabulary rows unpadded. The
+// parameters (or gradients) must be materialised: FailedPrecondition naming
+// the parameter otherwise.
+absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
+    const Transformer& model, HfExportSource source = HfExportSource::kValues);
+
+// Writes ExportHfTensors(model) to `path` (safetensors, metadata
+// {"format": "pt"}).
+absl::Status ExportSafetensors(const Transformer& model,
+                               const std::string& path);
+
+// Loads the HF-named tensors of `path` into `model`'s parameters, which must
+// be materialised (ToEmpty). Shapes must match HF's exactly; float dtypes are
+// converted. NotFound lists missing tensors, InvalidArgument unknown ones or
+// a shape / dtype mismatch; `model` may be partly overwritten on error.
+absl::Status ImportSafetensors(const std::string& path, Transformer* model);
+
+}  // namespace models
+}  // namespace fsdpp
+
+#endif  // FSDPP_MODELS_HF_ADAPTER_H_

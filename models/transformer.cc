@@ -1,0 +1,323 @@
+// GPT-2 / Llama transformer; see transformer.h.
+#include "models/transformer.h"
+
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/memory/memory.h"
+#include "absl/strings/str_cat.h"
+#include "core/allocator.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "nn/attention.h"
+#include "nn/checkpoint_wrapper.h"
+#include "nn/layer_norm.h"
+#include "nn/mlp.h"
+#include "nn/rms_norm.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace models {
+namespace {
+
+// out = a + b in a new activation buffer.
+absl::StatusOr<Tensor> AddNew(const Tensor& a, const Tensor& b) {
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(a.shape(), a.dtype(), a.device(),
+                                             MemoryTag::kActivations));
+  RETURN_IF_ERROR(Add(a, b, &out));
+  return out;
+}
+
+// branch_dx + residual_dy, written into branch_dx unless it shares storage
+// with residual_dy (which the caller may still need).
+absl::StatusOr<Tensor> AddResidualGrad(Tensor branch_dx,
+                                       const Tensor& residual_dy) {
+  if (!branch_dx.defined()) {
+    return absl::InvalidArgumentError("a branch returned no input gradient");
+  }
+  if (branch_dx.SharesStorageWith(residual_dy)) {
+    ASSIGN_OR_RETURN(Tensor out,
+                     Tensor::Empty(residual_dy.shape(), residual_dy.dtype(),
+                                   residual_dy.device()));
+    RETURN_IF_ERROR(Add(branch_dx, residual_dy, &out));
+    return out;
+  }
+  RETURN_IF_ERROR(Add(branch_dx, residual_dy, &branch_dx));
+  return branch_dx;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------ TransformerBlock
+
+TransformerBlock::TransformerBlock(const std::vector<std::string>& names,
+                                   std::unique_ptr<Module> norm1,
+                                   std::unique_ptr<Module> attn,
+                                   std::unique_ptr<Module> norm2,
+                                   std::unique_ptr<Module> mlp)
+    : Module("TransformerBlock") {
+  CHECK(names.size() == 4) << "TransformerBlock: needs 4 child names";
+  CHECK(norm1 != nullptr && attn != nullptr && norm2 != nullptr &&
+        mlp != nullptr)
+      << "TransformerBlock: null child";
+  norm1_ = AddModule(names[0], std::move(norm1));
+  attn_ = AddModule(names[1], std::move(attn));
+  norm2_ = AddModule(names[2], std::move(norm2));
+  mlp_ = AddModule(names[3], std::move(mlp));
+}
+
+absl::StatusOr<Tensor> TransformerBlock::ForwardImpl(const Tensor& x) {
+  ASSIGN_OR_RETURN(Tensor h, norm1_->Forward(x));
+  ASSIGN_OR_RETURN(Tensor a, attn_->Forward(h));
+  ASSIGN_OR_RETURN(Tensor y, AddNew(x, a));
+  ASSIGN_OR_RETURN(Tensor h2, norm2_->Forward(y));
+  ASSIGN_OR_RETURN(Tensor m, mlp_->Forward(h2));
+  return AddNew(y, m);
+}
+
+absl::StatusOr<Tensor> TransformerBlock::BackwardImpl(const Tensor& dz) {
+  // z = y + mlp(norm2(y)): dy = dz + norm2'(mlp'(dz)).
+  ASSIGN_OR_RETURN(Tensor dh2, mlp_->Backward(dz));
+  ASSIGN_OR_RETURN(Tensor dy_branch, norm2_->Backward(dh2));
+  ASSIGN_OR_RETURN(Tensor dy, AddResidualGrad(std::move(dy_branch), dz));
+  // y = x + attn(norm1(x)): dx = dy + norm1'(attn'(dy)).
+  ASSIGN_OR_RETURN(Tensor dh, attn_->Backward(dy));
+  ASSIGN_OR_RETURN(Tensor dx_branch, norm1_->Backward(dh));
+  return AddResidualGrad(std::move(dx_branch), dy);
+}
+
+// ------------------------------------------------------------------ BlockStack
+
+// The blocks as children "0", "1", ..., each an ActivationCheckpoint wrapper
+// around its TransformerBlock; runs them in order, through the wrappers when
+// checkpointing is on.
+class BlockStack : public Module {
+ public:
+  BlockStack() : Module("BlockStack") {}
+
+  // Appends `block`, wrapped; returns it.
+  TransformerBlock* Append(std::unique_ptr<TransformerBlock> block) {
+    TransformerBlock* raw = block.get();
+    wrappers_.push_back(AddModule(
+        std::to_string(blocks_.size()),
+        std::make_unique<nn::ActivationCheckpoint>(std::move(block))));
+    blocks_.push_back(raw);
+    return raw;
+  }
+
+  // Whether the next Forward goes through the checkpoint wrappers.
+  void set_checkpointing(bool enabled) { checkpointing_ = enabled; }
+  bool checkpointing() const { return checkpointing_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override {
+    forward_checkpointed_ = checkpointing_;
+    Tensor h = x;
+    for (size_t i = 0; i < blocks_.size(); ++i) {
+      ASSIGN_OR_RETURN(h, Unit(i)->Forward(h));
+    }
+    return h;
+  }
+
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override {
+    Tensor d = dy;
+    for (size_t i = blocks_.size(); i-- > 0;) {
+      ASSIGN_OR_RETURN(d, Unit(i)->Backward(d));
+    }
+    return d;
+  }
+
+ private:
+  Module* Unit(size_t i) const {
+    return forward_checkpointed_ ? static_cast<Module*>(wrappers_[i])
+                                 : static_cast<Module*>(blocks_[i]);
+  }
+
+  std::vector<nn::ActivationCheckpoint*> wrappers_;
+  std::vector<TransformerBlock*> blocks_;
+  bool checkpointing_ = false;
+  bool forward_checkpointed_ = false;  // The path the last Forward took.
+};
+
+// ----------------------------------------------------------------- Transformer
+
+Transformer::Transformer(const TransformerConfig& config,
+                         const TransformerOptions& options)
+    : Module("Transformer"), config_(config), options_(options) {}
+
+absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
+    const TransformerConfig& config, const TransformerOptions& options) {
+  RETURN_IF_ERROR(ValidateConfig(config));
+  if (options.param_dtype != DType::kF32 &&
+      options.param_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transformer: param_dtype must be f32 or bf16, got ",
+                     DTypeName(options.param_dtype)));
+  }
+  auto model = absl::WrapUnique(new Transformer(config, options));
+  RETURN_IF_ERROR(model->Build());
+  return model;
+}
+
+absl::Status Transformer::Build() {
+  const TransformerConfig& c = config_;
+  const DType dtype = options_.param_dtype;
+  const bool gpt2 = c.family == ModelFamily::kGpt2;
+  const int64_t vocab = c.padded_vocab_size();
+  const float init_std = c.init_std;
+  const float residual_std =
+      gpt2 ? init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers))
+           : init_std;
+
+  token_embedding_ =
+      AddModule(gpt2 ? "wte" : "tok_embeddings",
+                std::make_unique<nn::Embedding>(vocab, c.dim, init_std, dtype));
+  if (gpt2) {
+    position_embedding_ =
+        AddModule("wpe", std::make_unique<nn::Embedding>(
+                             c.context_length, c.dim, init_std, dtype));
+  }
+
+  const auto make_norm = [&]() -> std::unique_ptr<Module> {
+    if (gpt2) {
+      return std::make_unique<nn::LayerNorm>(c.dim, c.norm_eps, c.bias, dtype);
+    }
+    return std::make_unique<nn::RmsNorm>(c.dim, c.norm_eps, dtype);
+  };
+  const std::vector<std::string> names =
+      gpt2 ? std::vector<std::string>{"ln_1", "attn", "ln_2", "mlp"}
+           : std::vector<std::string>{"attention_norm", "attention", "ffn_norm",
+                                      "feed_forward"};
+
+  stack_ = AddModule(gpt2 ? "h" : "layers", std::make_unique<BlockStack>());
+  stack_->set_checkpointing(options_.activation_checkpointing);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    nn::AttentionConfig ac;
+    ac.dim = c.dim;
+    ac.n_heads = c.n_heads;
+    ac.n_kv_heads = c.kv_heads();
+    ac.max_seq_len = c.context_length;
+    ac.fused_qkv = gpt2;
+    ac.qkv_bias = c.bias;
+    ac.out_bias = c.bias;
+    ac.rope = c.UsesRope(i);
+    ac.rope_theta = c.rope_theta;
+    ac.param_dtype = dtype;
+    ac.init_std = init_std;
+    ac.out_init_std = residual_std;
+    ASSIGN_OR_RETURN(std::unique_ptr<nn::CausalSelfAttention> attention,
+                     nn::CausalSelfAttention::Create(ac));
+    std::unique_ptr<Module> mlp;
+    if (c.activation == Activation::kGelu) {
+      mlp = std::make_unique<nn::Mlp>(c.dim, c.ffn_hidden, init_std,
+                                      residual_std, dtype);
+    } else {
+      mlp = std::make_unique<nn::SwiGlu>(c.dim, c.ffn_hidden, init_std,
+                                         residual_std, dtype);
+    }
+    blocks_.push_back(stack_->Append(std::make_unique<TransformerBlock>(
+        names, make_norm(), std::move(attention), make_norm(),
+        std::move(mlp))));
+  }
+
+  final_norm_ = AddModule(gpt2 ? "ln_f" : "norm", make_norm());
+  const std::string head_name = gpt2 ? "lm_head" : "output";
+  if (c.tied_embeddings) {
+    lm_head_ = AddModule(head_name, std::make_unique<nn::Linear>(
+                                        token_embedding_->weight(), false));
+  } else {
+    lm_head_ = AddModule(head_name, std::make_unique<nn::Linear>(
+                                        c.dim, vocab, false, init_std, dtype));
+  }
+
+  if (!gpt2) {
+    for (auto& [name, p] : NamedParameters()) {
+      if (p->shape.size() == 2)
+        p->init = InitSpec::TruncatedNormal(init_std, 2.0f);
+    }
+  }
+  return absl::OkStatus();
+}
+
+void Transformer::set_activation_checkpointing(bool enabled) {
+  stack_->set_checkpointing(enabled);
+}
+
+bool Transformer::activation_checkpointing() const {
+  return stack_->checkpointing();
+}
+
+absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& ids) {
+  if (!ids.defined() || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1 ||
+      ids.dim(1) > config_.context_length ||
+      (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ids ", ids.ToString(),
+        " must be i32/i64 [B, T] with 1 <= T <= ", config_.context_length));
+  }
+  ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(ids));
+  if (position_embedding_ != nullptr) {
+    const int64_t b = ids.dim(0), t = ids.dim(1);
+    Tensor positions;
+    if (ids.is_meta()) {
+      ASSIGN_OR_RETURN(positions,
+                       Tensor::Empty({b, t}, ids.dtype(), ids.device()));
+    } else {
+      std::vector<int64_t> values(b * t);
+      for (int64_t i = 0; i < b * t; ++i) values[i] = i % t;
+      ASSIGN_OR_RETURN(positions,
+                       Tensor::FromInts({b, t}, values, ids.dtype()));
+      if (!ids.device().is_cpu()) {
+        ASSIGN_OR_RETURN(Tensor on_device,
+                         Tensor::Empty({b, t}, ids.dtype(), ids.device()));
+        RETURN_IF_ERROR(Copy(positions, &on_device));
+        positions = on_device;
+      }
+    }
+    ASSIGN_OR_RETURN(Tensor pos, position_embedding_->Forward(positions));
+    // The token embedding's output is saved by no one: add in place.
+    RETURN_IF_ERROR(Add(x, pos, &x));
+  }
+  ASSIGN_OR_RETURN(x, stack_->Forward(x));
+  ASSIGN_OR_RETURN(x, final_norm_->Forward(x));
+  return lm_head_->Forward(x);
+}
+
+absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& dlogits) {
+  ASSIGN_OR_RETURN(Tensor dx, lm_head_->Backward(dlogits));
+  ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
+  ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
+  // x = wte(ids) + wpe(positions): both tables get dx.
+  RETURN_IF_ERROR(token_embedding_->Backward(dx).status());
+  if (position_embedding_ != nullptr) {
+    RETURN_IF_ERROR(position_embedding_->Backward(dx).status());
+  }
+  return Tensor();
+}
+
+absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& ids,
+                                               const Tensor& targets) {
+  if (!targets.defined() || targets.shape() != ids.shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transformer::ForwardLoss: targets ", targets.ToString(),
+                     " must have the shape of ids ", ids.ToString()));
+  }
+  ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
+  return loss_.Forward(logits, targets);
+}
+
+absl::Status Transformer::Backward() {
+  ASSIGN_OR_RETURN(Tensor dlogits, loss_.Backward());
+  return Module::Backward(dlogits).status();
+}
+
+absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {
+  ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
+  ReleaseSavedTensors();
+  return logits;
+}
+
+}  // namespace models
+}  // namespace fsdpp

@@ -1,0 +1,170 @@
+// The model zoo's decoder-only transformer (GPT-2 and Llama families) as one
+// Module built from a TransformerConfig with the nn layers.
+//
+// Parameter names are an interface: checkpoints, the HF adapter
+// (models/hf_adapter.h) and FSDP plans key on them, and every parameter's
+// initial values come from an RNG stream derived from its name. They are:
+//
+//   GPT-2                               Llama
+//   wte.weight          [Vp, C]         tok_embeddings.weight       [Vp, C]
+//   wpe.weight          [ctx, C]        layers.{i}.attention_norm.weight
+//   h.{i}.ln_1.weight, .bias            layers.{i}.attention.wq.weight
+//   h.{i}.attn.c_attn.weight, .bias     layers.{i}.attention.wk.weight
+//   h.{i}.attn.c_proj.weight, .bias     layers.{i}.attention.wv.weight
+//   h.{i}.ln_2.weight, .bias            layers.{i}.attention.wo.weight
+//   h.{i}.mlp.fc.weight, .bias          layers.{i}.ffn_norm.weight
+//   h.{i}.mlp.proj.weight, .bias        layers.{i}.feed_forward.gate.weight
+//   ln_f.weight, .bias                  layers.{i}.feed_forward.up.weight
+//   (lm_head: tied to wte.weight)       layers.{i}.feed_forward.down.weight
+//                                       norm.weight
+//                                       output.weight (untied configs only)
+//
+// Linear weights are [out, in] (PyTorch layout); c_attn packs q, k, v rows.
+// Non-canonical combinations follow the same scheme (a SwiGLU feed-forward
+// has gate/up/down, a GELU one fc/proj; biased attention adds .bias entries).
+//
+// Design choices:
+//  * The blocks are not nn::Block (whose children are always named norm1,
+//    attn, norm2, mlp) but TransformerBlock, the same pre-norm residual block
+//    with per-family child names, so that our names read like the reference
+//    implementations' (nanoGPT / Meta Llama).
+//  * Every block is wrapped in an nn::ActivationCheckpoint at construction
+//    (a transparent child, so names do not change); whether a forward goes
+//    through the wrapper or straight to the block is a run-time flag, so
+//    activation checkpointing can be toggled without rebuilding. "h.{i}"
+//    therefore names both the wrapper and the TransformerBlock in
+//    NamedModules(); FSDP plans take the blocks from blocks().
+//  * The module's own Forward maps ids [B, T] to logits [B, T, Vp] and its
+//    Backward maps dlogits back (returning an undefined tensor: ids have no
+//    gradient), so hooks on the root fire like on any module; ForwardLoss /
+//    Backward() add the mean cross-entropy on top.
+//  * GPT-2 adds position embeddings by looking up a [B, T] positions tensor,
+//    so wpe's backward is the ordinary embedding scatter-add.
+#ifndef FSDPP_MODELS_TRANSFORMER_H_
+#define FSDPP_MODELS_TRANSFORMER_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "models/config.h"
+#include "nn/embedding.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace models {
+
+// Pre-norm residual block: y = x + attn(norm1(x)); z = y + mlp(norm2(y)),
+// with children named per family (GPT-2: ln_1, attn, ln_2, mlp; Llama:
+// attention_norm, attention, ffn_norm, feed_forward).
+class TransformerBlock : public Module {
+ public:
+  // All four must be non-null; `names` are the children's names in order.
+  TransformerBlock(const std::vector<std::string>& names,
+                   std::unique_ptr<Module> norm1, std::unique_ptr<Module> attn,
+                   std::unique_ptr<Module> norm2, std::unique_ptr<Module> mlp);
+
+  Module* norm1() const { return norm1_; }
+  Module* attn() const { return attn_; }
+  Module* norm2() const { return norm2_; }
+  Module* mlp() const { return mlp_; }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dz) override;
+
+ private:
+  Module* norm1_;
+  Module* attn_;
+  Module* norm2_;
+  Module* mlp_;
+};
+
+// How a Transformer is built.
+struct TransformerOptions {
+  // dtype of every parameter (f32 or bf16); activations follow it.
+  DType param_dtype = DType::kF32;
+  // Initial value of the activation-checkpointing flag.
+  bool activation_checkpointing = false;
+};
+
+class BlockStack;
+
+// A GPT-2 or Llama model; see the file comment for its parameter names.
+class Transformer : public Module {
+ public:
+  // Validates `config` (ValidateConfig) and builds the model on the meta
+  // device (no memory): call ToEmpty(device) and InitWeights(seed), or let
+  // FSDP materialise it shard by shard. Init: GPT-2 weights ~ Normal(0,
+  // init_std) with the residual projections (attn.c_proj, mlp.proj) scaled by
+  // 1 / sqrt(2 n_layers); Llama weights (embedding and head included) ~
+  // Normal(0, init_std) truncated at 2 stds; norm weights 1; biases 0.
+  static absl::StatusOr<std::unique_ptr<Transformer>> Create(
+      const TransformerConfig& config, const TransformerOptions& options = {});
+
+  const TransformerConfig& config() const { return config_; }
+
+  // Mean cross-entropy of Forward(ids) against `targets` (same shape as ids,
+  // i32/i64, -100 = ignored) over the non-ignored targets. Keeps the
+  // activations and logits for Backward().
+  absl::StatusOr<float> ForwardLoss(const Tensor& ids, const Tensor& targets);
+  // Accumulates d(last ForwardLoss)/d(parameter) into every Parameter::grad.
+  absl::Status Backward();
+  using Module::Backward;
+  // Targets counted by the last ForwardLoss (the mean's denominator).
+  int64_t last_target_count() const { return loss_.count(); }
+
+  // Logits [B, T, Vp] (parameter dtype) for ids [B, T], keeping nothing for a
+  // backward (an evaluation-only forward).
+  absl::StatusOr<Tensor> Logits(const Tensor& ids);
+
+  // The n_layers blocks, in order (units for FSDP plans).
+  const std::vector<TransformerBlock*>& blocks() const { return blocks_; }
+  // Token embedding (wte / tok_embeddings).
+  nn::Embedding* token_embedding() const { return token_embedding_; }
+  // Position embedding (wpe); nullptr for Llama.
+  nn::Embedding* position_embedding() const { return position_embedding_; }
+  // Final norm (ln_f / norm).
+  Module* final_norm() const { return final_norm_; }
+  // LM head (lm_head / output); shares the token embedding when tied.
+  nn::Linear* lm_head() const { return lm_head_; }
+
+  // Whether forwards recompute each block's activations in backward
+  // (nn::ActivationCheckpoint) instead of keeping them. Takes effect at the
+  // next Forward; a Backward follows the path its Forward took.
+  void set_activation_checkpointing(bool enabled);
+  bool activation_checkpointing() const;
+
+ protected:
+  // ids [B, T] (i32/i64, 1 <= T <= context_length) -> logits [B, T, Vp].
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& ids) override;
+  // dlogits [B, T, Vp] -> undefined (ids have no gradient).
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dlogits) override;
+
+ private:
+  Transformer(const TransformerConfig& config,
+              const TransformerOptions& options);
+  absl::Status Build();
+
+  TransformerConfig config_;
+  TransformerOptions options_;
+  nn::Embedding* token_embedding_ = nullptr;
+  nn::Embedding* position_embedding_ = nullptr;
+  BlockStack* stack_ = nullptr;
+  std::vector<TransformerBlock*> blocks_;
+  Module* final_norm_ = nullptr;
+  nn::Linear* lm_head_ = nullptr;
+  nn::CrossEntropyLoss loss_;
+};
+
+}  // namespace models
+}  // namespace fsdpp
+
+#endif  // FSDPP_MODELS_TRANSFORMER_H_

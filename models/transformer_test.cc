@@ -1,0 +1,408 @@
+// Transformer: parameter names (the checkpoint / HF interface), init,
+// loss and gradients (finite differences on the whole model), activation
+// checkpointing (bitwise equal), hook order over the blocks, ignore_index,
+// gradient accumulation, bf16, meta-device shape runs and argument errors.
+// Numerical parity with an independent PyTorch model is in parity_test.
+#include "models/transformer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/dtype.h"
+#include "gtest/gtest.h"
+#include "models/config.h"
+#include "nn/module.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace models {
+namespace {
+
+TransformerConfig Named(const std::string& name) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName(name);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return *c;
+}
+
+std::unique_ptr<Transformer> Build(const TransformerConfig& c,
+                                   TransformerOptions options = {},
+                                   uint64_t seed = 7) {
+  absl::StatusOr<std::unique_ptr<Transformer>> model =
+      Transformer::Create(c, options);
+  EXPECT_TRUE(model.ok()) << model.status();
+  EXPECT_TRUE((*model)->ToEmpty(Device::Cpu()).ok());
+  EXPECT_TRUE((*model)->InitWeights(seed).ok());
+  return std::move(*model);
+}
+
+// Deterministic ids in [0, vocab) of shape [b, t] (i64).
+Tensor Ids(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
+  std::vector<int64_t> v(b * t);
+  uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+  for (int64_t& x : v) {
+    s = s * 6364136223846793005ull + 1442695040888963407ull;
+    x = static_cast<int64_t>((s >> 33) % static_cast<uint64_t>(vocab));
+  }
+  return *Tensor::FromInts({b, t}, v, DType::kI64);
+}
+
+std::vector<float> Floats(const Tensor& t) { return *t.ToFloats(); }
+
+std::vector<std::string> Names(const Module& m) {
+  std::vector<std::string> names;
+  for (const auto& [name, p] : m.NamedParameters()) names.push_back(name);
+  return names;
+}
+
+TEST(TransformerTest, Gpt2ParameterNames) {
+  auto model = *Transformer::Create(Named("gpt2_debug"));
+  std::vector<std::string> expected = {"wte.weight", "wpe.weight"};
+  for (int i = 0; i < 2; ++i) {
+    for (const char* part :
+         {"ln_1", "attn.c_attn", "attn.c_proj", "ln_2", "mlp.fc", "mlp.proj"}) {
+      expected.push_back(absl::StrCat("h.", i, ".", part, ".weight"));
+      expected.push_back(absl::StrCat("h.", i, ".", part, ".bias"));
+    }
+  }
+  expected.push_back("ln_f.weight");
+  expected.push_back("ln_f.bias");
+  EXPECT_EQ(Names(*model), expected);
+  EXPECT_EQ(model->lm_head()->weight(), model->token_embedding()->weight());
+  EXPECT_EQ(model->blocks().size(), 2u);
+  const std::map<std::string, Shape> shapes = {
+      {"wte.weight", {512, 64}},
+      {"wpe.weight", {128, 64}},
+      {"h.0.attn.c_attn.weight", {192, 64}},
+      {"h.1.mlp.fc.weight", {256, 64}},
+      {"h.1.mlp.proj.weight", {64, 256}}};
+  for (const auto& [name, p] : model->NamedParameters()) {
+    if (shapes.count(name)) {
+      EXPECT_EQ(p->shape, shapes.at(name)) << name;
+    }
+  }
+}
+
+TEST(TransformerTest, LlamaParameterNames) {
+  TransformerConfig c = Named("llama_debug");
+  c.tied_embeddings = false;
+  auto model = *Transformer::Create(c);
+  std::vector<std::string> expected = {"tok_embeddings.weight"};
+  for (int i = 0; i < 2; ++i) {
+    for (const char* part :
+         {"attention_norm", "attention.wq", "attention.wk", "attention.wv",
+          "attention.wo", "ffn_norm", "feed_forward.gate", "feed_forward.up",
+          "feed_forward.down"}) {
+      expected.push_back(absl::StrCat("layers.", i, ".", part, ".weight"));
+    }
+  }
+  expected.push_back("norm.weight");
+  expected.push_back("output.weight");
+  EXPECT_EQ(Names(*model), expected);
+  EXPECT_NE(model->lm_head()->weight(), model->token_embedding()->weight());
+  EXPECT_EQ(model->position_embedding(), nullptr);
+  const std::map<std::string, Shape> shapes = {
+      {"layers.0.attention.wq.weight", {64, 64}},
+      {"layers.0.attention.wk.weight", {32, 64}},
+      {"layers.0.feed_forward.gate.weight", {192, 64}},
+      {"layers.0.feed_forward.down.weight", {64, 192}},
+      {"output.weight", {512, 64}}};
+  for (const auto& [name, p] : model->NamedParameters()) {
+    if (shapes.count(name)) {
+      EXPECT_EQ(p->shape, shapes.at(name)) << name;
+    }
+  }
+}
+
+TEST(TransformerTest, InitFollowsTheFamilies) {
+  // 12 layers, so the residual std is 0.02 / sqrt(24) as in GPT-2 124M.
+  TransformerConfig deep = Named("gpt2_debug");
+  deep.n_layers = 12;
+  auto gpt2 = Build(deep);
+  for (const auto& [name, p] : gpt2->NamedParameters()) {
+    const std::vector<float> v = Floats(p->data);
+    double sum = 0, sum_sq = 0;
+    for (float x : v) {
+      sum += x;
+      sum_sq += static_cast<double>(x) * x;
+    }
+    const double mean = sum / v.size();
+    const double std = std::sqrt(sum_sq / v.size() - mean * mean);
+    const bool norm = name.find("ln_") != std::string::npos;
+    const bool bias =
+        name.size() > 5 && name.substr(name.size() - 5) == ".bias";
+    if (norm && !bias) {
+      EXPECT_EQ(mean, 1.0) << name;
+      EXPECT_EQ(std, 0.0) << name;
+    } else if (bias) {
+      EXPECT_EQ(sum_sq, 0.0) << name;
+    } else {
+      const bool residual = name.find("c_proj") != std::string::npos ||
+                            name.find("mlp.proj") != std::string::npos;
+      const double expected = residual ? 0.02 / std::sqrt(24.0) : 0.02;
+      EXPECT_NEAR(std, expected, 0.04 * expected) << name;
+      EXPECT_NEAR(mean, 0.0, 0.05 * expected) << name;
+    }
+  }
+
+  auto llama = Build(Named("llama_debug"));
+  for (const auto& [name, p] : llama->NamedParameters()) {
+    const std::vector<float> v = Floats(p->data);
+    if (p->shape.size() == 1) {
+      for (float x : v) ASSERT_EQ(x, 1.0f) << name;
+      continue;
+    }
+    EXPECT_EQ(p->init.kind, InitSpec::Kind::kTruncatedNormal) << name;
+    float max_abs = 0;
+    for (float x : v) max_abs = std::max(max_abs, std::fabs(x));
+    EXPECT_LE(max_abs, 0.04f) << name;
+    EXPECT_GT(max_abs, 0.03f) << name;
+  }
+}
+
+TEST(TransformerTest, InitialLossIsNearLogVocab) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    auto model = Build(Named(name));
+    const Tensor ids = Ids(2, 16, 512, 1);
+    const Tensor targets = Ids(2, 16, 512, 2);
+    absl::StatusOr<float> loss = model->ForwardLoss(ids, targets);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(*loss, std::log(512.0f), 0.05f) << name;
+    EXPECT_EQ(model->last_target_count(), 32);
+    ASSERT_TRUE(model->Backward().ok());
+  }
+}
+
+// Central differences of the loss for the largest-gradient element of every
+// parameter, with weights scaled up so the loss is far from flat.
+void CheckGradientsByFiniteDifferences(const TransformerConfig& c) {
+  SCOPED_TRACE(c.name);
+  absl::StatusOr<std::unique_ptr<Transformer>> created = Transformer::Create(c);
+  ASSERT_TRUE(created.ok());
+  Transformer& model = **created;
+  for (auto& [name, p] : model.NamedParameters()) {
+    p->init = p->shape.size() == 1 ? InitSpec::Uniform(0.5f, 1.5f)
+                                   : InitSpec::Normal(0.2f);
+  }
+  ASSERT_TRUE(model.ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE(model.InitWeights(3).ok());
+  const Tensor ids = Ids(2, 8, c.vocab_size, 11);
+  std::vector<int64_t> t(16);
+  for (int i = 0; i < 16; ++i) t[i] = i % 5 == 0 ? -100 : (i * 37) % 512;
+  const Tensor targets = *Tensor::FromInts({2, 8}, t, DType::kI64);
+  ASSERT_TRUE(model.ForwardLoss(ids, targets).ok());
+  ASSERT_TRUE(model.Backward().ok());
+  for (auto& [name, p] : model.NamedParameters()) {
+    const std::vector<float> g = Floats(p->grad);
+    int64_t worst = 0;
+    for (int64_t i = 0; i < static_cast<int64_t>(g.size()); ++i) {
+      if (std::fabs(g[i]) > std::fabs(g[worst])) worst = i;
+    }
+    float* w = p->data.data<float>() + worst;
+    const float original = *w;
+    const float h = 1e-2f;
+    const float up = original + h, down = original - h;
+    *w = up;
+    const double plus = *model.ForwardLoss(ids, targets);
+    *w = down;
+    const double minus = *model.ForwardLoss(ids, targets);
+    *w = original;
+    const double numeric =
+        (plus - minus) / (static_cast<double>(up) - static_cast<double>(down));
+    EXPECT_NEAR(g[worst], numeric, 2e-3 + 0.03 * std::fabs(numeric))
+        << name << "[" << worst << "]";
+  }
+}
+
+TEST(TransformerTest, GradientsMatchFiniteDifferences) {
+  CheckGradientsByFiniteDifferences(Named("gpt2_debug"));
+  CheckGradientsByFiniteDifferences(Named("llama_debug"));
+  TransformerConfig smol_like = Named("llama_debug");
+  smol_like.no_rope_every = 2;
+  smol_like.name = "llama_debug_nope";
+  CheckGradientsByFiniteDifferences(smol_like);
+}
+
+std::map<std::string, std::vector<float>> Grads(const Module& m) {
+  std::map<std::string, std::vector<float>> out;
+  for (const auto& [name, p] : m.NamedParameters()) out[name] = Floats(p->grad);
+  return out;
+}
+
+TEST(TransformerTest, ActivationCheckpointingIsBitwiseEqual) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(name);
+    auto plain = Build(Named(name));
+    TransformerOptions options;
+    options.activation_checkpointing = true;
+    auto checkpointed = Build(Named(name), options);
+    EXPECT_TRUE(checkpointed->activation_checkpointing());
+    const Tensor ids = Ids(2, 16, 512, 5);
+    const Tensor targets = Ids(2, 16, 512, 6);
+    const float a = *plain->ForwardLoss(ids, targets);
+    const float b = *checkpointed->ForwardLoss(ids, targets);
+    EXPECT_EQ(a, b);
+    ASSERT_TRUE(plain->Backward().ok());
+    ASSERT_TRUE(checkpointed->Backward().ok());
+    EXPECT_EQ(Grads(*plain), Grads(*checkpointed));
+
+    // Toggling off again gives the same gradients once more.
+    checkpointed->set_activation_checkpointing(false);
+    ASSERT_TRUE(checkpointed->ZeroGrad().ok());
+    EXPECT_EQ(*checkpointed->ForwardLoss(ids, targets), a);
+    ASSERT_TRUE(checkpointed->Backward().ok());
+    EXPECT_EQ(Grads(*plain), Grads(*checkpointed));
+  }
+}
+
+TEST(TransformerTest, BlockHooksFireInOrderAndAgainWhenRecomputing) {
+  auto model = Build(Named("gpt2_debug"));
+  std::vector<std::string> events;
+  for (size_t i = 0; i < model->blocks().size(); ++i) {
+    Module* block = model->blocks()[i];
+    block->AddPreForwardHook([&events, i](Module&) {
+      events.push_back(absl::StrCat("F", i));
+      return absl::OkStatus();
+    });
+    block->AddPreBackwardHook([&events, i](Module&) {
+      events.push_back(absl::StrCat("B", i));
+      return absl::OkStatus();
+    });
+  }
+  const Tensor ids = Ids(1, 8, 512, 1);
+  ASSERT_TRUE(model->ForwardLoss(ids, ids).ok());
+  ASSERT_TRUE(model->Backward().ok());
+  EXPECT_EQ(events, (std::vector<std::string>{"F0", "F1", "B1", "B0"}));
+  events.clear();
+  model->set_activation_checkpointing(true);
+  ASSERT_TRUE(model->ForwardLoss(ids, ids).ok());
+  ASSERT_TRUE(model->Backward().ok());
+  EXPECT_EQ(events,
+            (std::vector<std::string>{"F0", "F1", "F1", "B1", "F0", "B0"}));
+}
+
+TEST(TransformerTest, IgnoredTargetsAndGradientAccumulation) {
+  auto model = Build(Named("llama_debug"));
+  const Tensor ids = Ids(2, 8, 512, 3);
+  std::vector<int64_t> none(16, -100);
+  const Tensor ignored = *Tensor::FromInts({2, 8}, none, DType::kI64);
+  EXPECT_EQ(*model->ForwardLoss(ids, ignored), 0.0f);
+  EXPECT_EQ(model->last_target_count(), 0);
+  ASSERT_TRUE(model->Backward().ok());
+  for (const auto& [name, g] : Grads(*model)) {
+    for (float x : g) ASSERT_EQ(x, 0.0f) << name;
+  }
+
+  const Tensor targets = Ids(2, 8, 512, 4);
+  ASSERT_TRUE(model->ZeroGrad().ok());
+  ASSERT_TRUE(model->ForwardLoss(ids, targets).ok());
+  ASSERT_TRUE(model->Backward().ok());
+  const auto once = Grads(*model);
+  ASSERT_TRUE(model->ForwardLoss(ids, targets).ok());
+  ASSERT_TRUE(model->Backward().ok());
+  for (const auto& [name, g] : Grads(*model)) {
+    for (size_t i = 0; i < g.size(); ++i) {
+      ASSERT_NEAR(g[i], 2.0f * once.at(name)[i],
+                  1e-6f + 1e-5f * std::fabs(g[i]))
+          << name;
+    }
+  }
+}
+
+TEST(TransformerTest, LogitsMatchTheTrainingForward) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    auto model = Build(Named(name));
+    const Tensor ids = Ids(2, 16, 512, 9);
+    absl::StatusOr<Tensor> logits = model->Logits(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_EQ(logits->shape(), (Shape{2, 16, 512}));
+    absl::StatusOr<Tensor> again = model->Forward(ids);
+    ASSERT_TRUE(again.ok());
+    EXPECT_EQ(Floats(*logits), Floats(*again));
+    // Logits keeps nothing: a backward after it has nothing to use.
+    ASSERT_TRUE(model->Logits(ids).ok());
+    EXPECT_FALSE(model->Backward(*logits).ok());
+  }
+}
+
+TEST(TransformerTest, PaddedVocabularyRunsAndIsNeverPredictedAsTarget) {
+  TransformerConfig c = Named("gpt2_debug");
+  c.vocab_size = 500;
+  c.vocab_pad_multiple = 64;
+  auto model = Build(c);
+  EXPECT_EQ(model->token_embedding()->weight()->shape, (Shape{512, 64}));
+  const Tensor ids = Ids(2, 8, 500, 1);
+  ASSERT_TRUE(model->ForwardLoss(ids, Ids(2, 8, 500, 2)).ok());
+  ASSERT_TRUE(model->Backward().ok());
+}
+
+TEST(TransformerTest, Bf16ParametersTrackF32) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(name);
+    auto f32 = Build(Named(name));
+    TransformerOptions options;
+    options.param_dtype = DType::kBF16;
+    auto bf16 = Build(Named(name), options);
+    for (const auto& [n, p] : bf16->NamedParameters()) {
+      ASSERT_EQ(p->data.dtype(), DType::kBF16) << n;
+    }
+    const Tensor ids = Ids(2, 16, 512, 5);
+    const Tensor targets = Ids(2, 16, 512, 6);
+    const float a = *f32->ForwardLoss(ids, targets);
+    absl::StatusOr<float> b = bf16->ForwardLoss(ids, targets);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_NEAR(*b, a, 0.02f * a);
+    ASSERT_TRUE(bf16->Backward().ok());
+  }
+}
+
+TEST(TransformerTest, MetaForwardChecksShapesWithoutMemory) {
+  for (const char* name : {"gpt2_124m", "llama_1b"}) {
+    SCOPED_TRACE(name);
+    const int64_t before = GetAllocator(Device::Cpu())->Stats().total_current;
+    auto model = *Transformer::Create(Named(name));
+    const Tensor ids = *Tensor::Empty({2, 16}, DType::kI64, Device::Meta());
+    absl::StatusOr<Tensor> logits = model->Forward(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_TRUE(logits->is_meta());
+    EXPECT_EQ(logits->shape(), (Shape{2, 16, Named(name).padded_vocab_size()}));
+    model->ReleaseSavedTensors();
+    EXPECT_EQ(GetAllocator(Device::Cpu())->Stats().total_current, before);
+  }
+}
+
+TEST(TransformerTest, RejectsBadArguments) {
+  auto model = Build(Named("gpt2_debug"));
+  const Tensor too_long = Ids(1, 129, 512, 1);
+  EXPECT_EQ(model->ForwardLoss(too_long, too_long).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const Tensor flat = *Tensor::FromInts({4}, {1, 2, 3, 4}, DType::kI64);
+  EXPECT_EQ(model->Forward(flat).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const Tensor ids = Ids(2, 4, 512, 1);
+  EXPECT_EQ(model->ForwardLoss(ids, Ids(1, 8, 512, 1)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  const Tensor out_of_range = *Tensor::FromInts({1, 2}, {1, 512}, DType::kI64);
+  EXPECT_FALSE(model->Forward(out_of_range).ok());
+
+  TransformerOptions f16;
+  f16.param_dtype = DType::kF16;
+  EXPECT_EQ(Transformer::Create(Named("gpt2_debug"), f16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TransformerConfig bad = Named("llama_debug");
+  bad.n_kv_heads = 3;
+  EXPECT_EQ(Transformer::Create(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace models
+}  // namespace fsdpp
