@@ -18,8 +18,9 @@ packages=(
   libbenchmark-dev    # Google Benchmark
   libgloo-dev         # Gloo collectives (CPU, TCP)
   libdnnl-dev         # oneDNN (CPU matmul, AVX-512 / AMX at run time)
+  python3-torch       # independent numerical reference in the parity tests
 )
-# Extra packages for optional parts: FSDPP_SETUP_EXTRA="python3-torch ...".
+# Extra packages: FSDPP_SETUP_EXTRA="clang ...".
 if [[ -n "${FSDPP_SETUP_EXTRA:-}" ]]; then
   read -r -a extra <<< "${FSDPP_SETUP_EXTRA}"
   packages+=("${extra[@]}")
