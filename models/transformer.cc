@@ -20,73 +20,30 @@
 
 namespace fsdpp {
 namespace models {
+
+// ------------------------------------------------------------ TransformerBlock
+
 namespace {
 
-// out = a + b in a new activation buffer.
-absl::StatusOr<Tensor> AddNew(const Tensor& a, const Tensor& b) {
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(a.shape(), a.dtype(), a.device(),
-                                             MemoryTag::kActivations));
-  RETURN_IF_ERROR(Add(a, b, &out));
+nn::Block::ChildNames BlockNames(const std::vector<std::string>& names) {
+  CHECK(names.size() == 4) << "TransformerBlock: needs 4 child names";
+  nn::Block::ChildNames out;
+  out.norm1 = names[0];
+  out.attn = names[1];
+  out.norm2 = names[2];
+  out.mlp = names[3];
   return out;
 }
 
-// branch_dx + residual_dy, written into branch_dx unless it shares storage
-// with residual_dy (which the caller may still need).
-absl::StatusOr<Tensor> AddResidualGrad(Tensor branch_dx,
-                                       const Tensor& residual_dy) {
-  if (!branch_dx.defined()) {
-    return absl::InvalidArgumentError("a branch returned no input gradient");
-  }
-  if (branch_dx.SharesStorageWith(residual_dy)) {
-    ASSIGN_OR_RETURN(Tensor out,
-                     Tensor::Empty(residual_dy.shape(), residual_dy.dtype(),
-                                   residual_dy.device()));
-    RETURN_IF_ERROR(Add(branch_dx, residual_dy, &out));
-    return out;
-  }
-  RETURN_IF_ERROR(Add(branch_dx, residual_dy, &branch_dx));
-  return branch_dx;
-}
-
 }  // namespace
-
-// ------------------------------------------------------------ TransformerBlock
 
 TransformerBlock::TransformerBlock(const std::vector<std::string>& names,
                                    std::unique_ptr<Module> norm1,
                                    std::unique_ptr<Module> attn,
                                    std::unique_ptr<Module> norm2,
                                    std::unique_ptr<Module> mlp)
-    : Module("TransformerBlock") {
-  CHECK(names.size() == 4) << "TransformerBlock: needs 4 child names";
-  CHECK(norm1 != nullptr && attn != nullptr && norm2 != nullptr &&
-        mlp != nullptr)
-      << "TransformerBlock: null child";
-  norm1_ = AddModule(names[0], std::move(norm1));
-  attn_ = AddModule(names[1], std::move(attn));
-  norm2_ = AddModule(names[2], std::move(norm2));
-  mlp_ = AddModule(names[3], std::move(mlp));
-}
-
-absl::StatusOr<Tensor> TransformerBlock::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor h, norm1_->Forward(x));
-  ASSIGN_OR_RETURN(Tensor a, attn_->Forward(h));
-  ASSIGN_OR_RETURN(Tensor y, AddNew(x, a));
-  ASSIGN_OR_RETURN(Tensor h2, norm2_->Forward(y));
-  ASSIGN_OR_RETURN(Tensor m, mlp_->Forward(h2));
-  return AddNew(y, m);
-}
-
-absl::StatusOr<Tensor> TransformerBlock::BackwardImpl(const Tensor& dz) {
-  // z = y + mlp(norm2(y)): dy = dz + norm2'(mlp'(dz)).
-  ASSIGN_OR_RETURN(Tensor dh2, mlp_->Backward(dz));
-  ASSIGN_OR_RETURN(Tensor dy_branch, norm2_->Backward(dh2));
-  ASSIGN_OR_RETURN(Tensor dy, AddResidualGrad(std::move(dy_branch), dz));
-  // y = x + attn(norm1(x)): dx = dy + norm1'(attn'(dy)).
-  ASSIGN_OR_RETURN(Tensor dh, attn_->Backward(dy));
-  ASSIGN_OR_RETURN(Tensor dx_branch, norm1_->Backward(dh));
-  return AddResidualGrad(std::move(dx_branch), dy);
-}
+    : nn::Block(std::move(norm1), std::move(attn), std::move(norm2),
+                std::move(mlp), BlockNames(names), "TransformerBlock") {}
 
 // ------------------------------------------------------------------ BlockStack
 

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "models/config.h"
+#include "nn/block.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
 #include "nn/loss.h"
@@ -64,27 +65,12 @@ namespace models {
 // Pre-norm residual block: y = x + attn(norm1(x)); z = y + mlp(norm2(y)),
 // with children named per family (GPT-2: ln_1, attn, ln_2, mlp; Llama:
 // attention_norm, attention, ffn_norm, feed_forward).
-class TransformerBlock : public Module {
+class TransformerBlock : public nn::Block {
  public:
   // All four must be non-null; `names` are the children's names in order.
   TransformerBlock(const std::vector<std::string>& names,
                    std::unique_ptr<Module> norm1, std::unique_ptr<Module> attn,
                    std::unique_ptr<Module> norm2, std::unique_ptr<Module> mlp);
-
-  Module* norm1() const { return norm1_; }
-  Module* attn() const { return attn_; }
-  Module* norm2() const { return norm2_; }
-  Module* mlp() const { return mlp_; }
-
- protected:
-  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dz) override;
-
- private:
-  Module* norm1_;
-  Module* attn_;
-  Module* norm2_;
-  Module* mlp_;
 };
 
 // How a Transformer is built.

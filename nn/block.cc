@@ -41,15 +41,16 @@ absl::StatusOr<Tensor> AddResidualGrad(Tensor branch_dx,
 }  // namespace
 
 Block::Block(std::unique_ptr<Module> norm1, std::unique_ptr<Module> attn,
-             std::unique_ptr<Module> norm2, std::unique_ptr<Module> mlp)
-    : Module("Block") {
+             std::unique_ptr<Module> norm2, std::unique_ptr<Module> mlp,
+             const ChildNames& names, const std::string& kind)
+    : Module(kind) {
   CHECK(norm1 != nullptr && attn != nullptr && norm2 != nullptr &&
         mlp != nullptr)
-      << "Block: null child";
-  norm1_ = AddModule("norm1", std::move(norm1));
-  attn_ = AddModule("attn", std::move(attn));
-  norm2_ = AddModule("norm2", std::move(norm2));
-  mlp_ = AddModule("mlp", std::move(mlp));
+      << kind << ": null child";
+  norm1_ = AddModule(names.norm1, std::move(norm1));
+  attn_ = AddModule(names.attn, std::move(attn));
+  norm2_ = AddModule(names.norm2, std::move(norm2));
+  mlp_ = AddModule(names.mlp, std::move(mlp));
 }
 
 absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor& x) {

@@ -10,6 +10,7 @@
 #define FSDPP_NN_BLOCK_H_
 
 #include <memory>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "nn/module.h"
@@ -19,11 +20,21 @@ namespace fsdpp {
 namespace nn {
 
 // Children "norm1", "attn", "norm2", "mlp", in that order.
+// The children's names of a Block (they appear in the parameters' qualified
+// names).
+struct BlockChildNames {
+  std::string norm1 = "norm1", attn = "attn", norm2 = "norm2", mlp = "mlp";
+};
+
 class Block : public Module {
  public:
-  // All four must be non-null.
+  using ChildNames = BlockChildNames;
+
+  // All four must be non-null. `kind` names the module in messages.
   Block(std::unique_ptr<Module> norm1, std::unique_ptr<Module> attn,
-        std::unique_ptr<Module> norm2, std::unique_ptr<Module> mlp);
+        std::unique_ptr<Module> norm2, std::unique_ptr<Module> mlp,
+        const ChildNames& names = BlockChildNames(),
+        const std::string& kind = "Block");
 
   // The children, as given to the constructor.
   Module* norm1() const { return norm1_; }
