@@ -184,6 +184,28 @@ TEST(GlooBackendTest, ReduceScatterUnevenChunks) {
   }
 }
 
+TEST(GlooBackendTest, LargeReduceScatterInPieces) {
+  // Chunks of more than one ring message (1 MiB pieces), uneven split.
+  const int64_t n = (3 << 20) + 7;
+  RunRanks(3, [&](int rank, GlooProcessGroup& group) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int64_t count = ReduceScatterCount(n, 3, rank);
+      const int64_t offset = ReduceScatterOffset(n, 3, rank);
+      HostBuffer in(n, dtype), out(count, dtype);
+      for (int64_t i = 0; i < n; ++i) in.Set(i, Value(rank, i));
+      ASSERT_TRUE((*group.ReduceScatter(in.buffer, out.buffer, ReduceOp::kSum))
+                      ->Wait(kWait)
+                      .ok());
+      for (int64_t i = 0; i < count; i += 997) {
+        ASSERT_EQ(out.Get(i), Reduced(3, offset + i, ReduceOp::kSum, dtype))
+            << i;
+      }
+      ASSERT_EQ(out.Get(count - 1),
+                Reduced(3, offset + count - 1, ReduceOp::kSum, dtype));
+    }
+  });
+}
+
 TEST(GlooBackendTest, AllReduceBroadcastAllToAllBarrier) {
   for (int size = 1; size <= 5; ++size) {
     RunRanks(size, [&](int rank, GlooProcessGroup& group) {
