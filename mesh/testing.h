@@ -4,7 +4,9 @@
 #ifndef FSDPP_MESH_TESTING_H_
 #define FSDPP_MESH_TESTING_H_
 
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 

@@ -1,0 +1,121 @@
+// CUDA kernels of optim; see adamw_cuda.h.
+//
+// Grid-stride loops over the shared element functions of
+// tensor/kernels/adamw.h, one thread per element and no reductions, so each
+// output is the same f32 expression the CPU loop computes. This file is built
+// with --fmad=false (see BUILD): nvcc would otherwise fuse a * b + c into an
+// FMA and the GPU update would differ from the CPU one in the last bit.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/cuda_runtime.h"
+#include "optim/adamw_cuda.h"
+
+namespace fsdpp {
+namespace gpu {
+namespace {
+
+constexpr int kThreads = 256;
+// Grid cap: grid-stride loops cover larger tensors.
+constexpr int64_t kMaxBlocks = 4096;
+
+__device__ __forceinline__ int64_t FirstIndex() {
+  return static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ int64_t GridStride() {
+  return static_cast<int64_t>(blockDim.x) * gridDim.x;
+}
+
+// `copy` may be null (no compute copy); C is its storage type.
+template <typename C>
+__global__ void AdamWKernel(kernels::AdamWScalars s,
+                            const float* __restrict__ grad,
+                            float* __restrict__ param,
+                            float* __restrict__ exp_avg,
+                            float* __restrict__ exp_avg_sq,
+                            C* __restrict__ copy, int64_t n) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+    kernels::AdamWElement(s, grad[i], &p, &m, &v);
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if (copy != nullptr) copy[i] = FromFloat<C>(p);
+  }
+}
+
+__global__ void UnscaleKernel(float* __restrict__ grad, int64_t n,
+                              float inv_scale, int32_t* found_flag) {
+  bool found = false;
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    grad[i] = kernels::UnscaleElement(grad[i], inv_scale, &found);
+  }
+  if (found) atomicOr(found_flag, 1);
+}
+
+int Blocks(int64_t n) {
+  return static_cast<int>(
+      std::min<int64_t>(kMaxBlocks, (n + kThreads - 1) / kThreads));
+}
+
+// The launch status of the kernel just enqueued, naming `what`.
+absl::Status LaunchStatus(const char* what) {
+  cudaError_t error = cudaGetLastError();
+  // A launch never fails with "not ready": that is a stale result of an
+  // earlier cudaEventQuery on this thread, not an error.
+  if (error == cudaErrorNotReady) error = cudaSuccess;
+  return CudaStatus(error, what);
+}
+
+template <typename C>
+absl::Status LaunchAdamW(const kernels::AdamWScalars& s, const float* grad,
+                         float* param, float* exp_avg, float* exp_avg_sq,
+                         void* copy, int64_t n) {
+  AdamWKernel<C><<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
+      s, grad, param, exp_avg, exp_avg_sq, static_cast<C*>(copy), n);
+  return LaunchStatus("AdamW kernel launch");
+}
+
+}  // namespace
+
+absl::Status AdamWStepCuda(int device, const kernels::AdamWScalars& scalars,
+                           const float* grad, float* param, float* exp_avg,
+                           float* exp_avg_sq, void* copy, DType copy_dtype,
+                           int64_t n) {
+  if (n <= 0) return absl::OkStatus();
+  FSDPP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  if (copy == nullptr) {
+    return LaunchAdamW<float>(scalars, grad, param, exp_avg, exp_avg_sq,
+                              nullptr, n);
+  }
+  switch (copy_dtype) {
+    case DType::kF32:
+      return LaunchAdamW<float>(scalars, grad, param, exp_avg, exp_avg_sq, copy,
+                                n);
+    case DType::kBF16:
+      return LaunchAdamW<BFloat16>(scalars, grad, param, exp_avg, exp_avg_sq,
+                                   copy, n);
+    case DType::kF16:
+      return LaunchAdamW<Float16>(scalars, grad, param, exp_avg, exp_avg_sq,
+                                  copy, n);
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("AdamWStepCuda: compute copy dtype ",
+                       DTypeName(copy_dtype), " is not a float"));
+  }
+}
+
+absl::Status UnscaleCuda(int device, float* grad, int64_t n, float inv_scale,
+                         int32_t* found_flag) {
+  if (n <= 0) return absl::OkStatus();
+  FSDPP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  UnscaleKernel<<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
+      grad, n, inv_scale, found_flag);
+  return LaunchStatus("Unscale kernel launch");
+}
+
+}  // namespace gpu
+}  // namespace fsdpp

@@ -1,0 +1,580 @@
+// AdamW over thread ranks on real Gloo: params sharded Shard(0) over 1, 2 and
+// 3 ranks (uneven shapes, an empty shard) and HSDP 2x2 give, bit for bit, the
+// single-rank result (and issue no collective in Step); the single-rank
+// result matches torch.optim.AdamW (run by optim/testdata/adamw_reference.py)
+// to 1e-6 relative (with a floor of 1e-6 of the tensor's largest magnitude
+// for elements that are cancelling sums); optimizer state takes exactly 2 x 4
+// bytes per local element under kOptimizerState; compute copies, state dicts
+// (round trip, resharded load, errors), weight-decay selection and argument
+// errors.
+#include "optim/adamw.h"
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/allocator.h"
+#include "gtest/gtest.h"
+#include "mesh/testing.h"
+#include "optim/testing.h"
+#include "tensor/dtensor.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+
+namespace fsdpp {
+namespace {
+
+using P = Placement;
+using testing_util::RandomTensor;
+
+// The parameters every test trains: uneven dim 0 over 2 and 3 ranks, a 1-D
+// bias without weight decay, a shard that is empty on the third rank, and one
+// large enough for the parallel CPU loop.
+struct ParamCase {
+  const char* name;
+  Shape shape;
+  bool decay;
+};
+const std::vector<ParamCase>& Cases() {
+  static const auto* cases = new std::vector<ParamCase>{
+      {"w", {7, 5}, true},
+      {"b", {5}, false},
+      {"tiny", {2, 3}, true},
+      {"big", {257, 130}, true},
+  };
+  return *cases;
+}
+
+// Learning rate per step (as a schedule would set it).
+const std::vector<double> kLrs = {0.01, 0.02, 0.015, 0.005, 0.001};
+constexpr int kSteps = 5;
+
+AdamWOptions Options() {
+  AdamWOptions o;
+  o.lr = kLrs[0];
+  o.beta1 = 0.9;
+  o.beta2 = 0.95;
+  o.eps = 1e-8;
+  o.weight_decay = 0.1;
+  return o;
+}
+
+Tensor InitialParam(size_t i) {
+  return RandomTensor(Cases()[i].shape, DType::kF32, 1000 + i);
+}
+
+// Gradient of param i at step t (0-based); steps differ in scale so v sees
+// more than one magnitude.
+Tensor GradAt(size_t i, int t) {
+  const float scale = 0.5f + 0.5f * t;
+  return RandomTensor(Cases()[i].shape, DType::kF32, 2000 + 10 * i + t, -scale,
+                      scale);
+}
+
+std::vector<uint32_t> Bits(const Tensor& t) {
+  std::vector<float> f = *t.ToFloats();
+  std::vector<uint32_t> bits(f.size());
+  std::memcpy(bits.data(), f.data(), f.size() * sizeof(float));
+  return bits;
+}
+
+// Full tensors after training.
+struct FullState {
+  std::vector<Tensor> param, exp_avg, exp_avg_sq;
+};
+
+// This rank's params, grads and optimizer over `mesh` with `placements`.
+struct Training {
+  std::vector<DTensor> params, grads;
+  std::vector<Tensor> copies;  // bf16 compute copies of the local shards.
+  AdamW opt;
+};
+
+Training MakeTraining(DeviceMesh& mesh, const std::vector<Placement>& place) {
+  std::vector<DTensor> params, grads;
+  for (size_t i = 0; i < Cases().size(); ++i) {
+    params.push_back(*DTensor::Distribute(InitialParam(i), &mesh, place));
+    grads.push_back(*DTensor::Distribute(GradAt(i, 0), &mesh, place));
+  }
+  // Vectors are final: the optimizer keeps pointers into them.
+  Training tr{std::move(params), std::move(grads), {}, *AdamW::Create({})};
+  std::vector<AdamWParam> list;
+  for (size_t i = 0; i < Cases().size(); ++i) {
+    list.push_back(
+        {Cases()[i].name, &tr.params[i], &tr.grads[i], Cases()[i].decay});
+  }
+  absl::StatusOr<AdamW> opt = AdamW::Create(std::move(list), Options());
+  CHECK_OK(opt.status());
+  tr.opt = *std::move(opt);
+  return tr;
+}
+
+// Runs kSteps steps; grads of step t are distributed before it.
+void Train(Training& tr, DeviceMesh& mesh, const std::vector<Placement>& place,
+           bool counting_mesh) {
+  for (int t = 0; t < kSteps; ++t) {
+    if (t > 0) {
+      for (size_t i = 0; i < Cases().size(); ++i) {
+        tr.grads[i] = *DTensor::Distribute(GradAt(i, t), &mesh, place);
+      }
+    }
+    ASSERT_TRUE(tr.opt.SetLr(kLrs[t]).ok());
+    const int ops_before = counting_mesh ? testing_util::TotalOps(mesh) : 0;
+    ASSERT_TRUE(tr.opt.Step().ok());
+    if (counting_mesh) {
+      EXPECT_EQ(testing_util::TotalOps(mesh), ops_before)
+          << "Step() issued a collective";
+    }
+  }
+  EXPECT_EQ(tr.opt.step(), kSteps);
+}
+
+FullState Gather(Training& tr) {
+  FullState full;
+  absl::StatusOr<OptimizerStateDict> sd = tr.opt.StateDict();
+  CHECK_OK(sd.status());
+  for (size_t i = 0; i < Cases().size(); ++i) {
+    const std::string name = Cases()[i].name;
+    full.param.push_back(*tr.params[i].FullTensor());
+    full.exp_avg.push_back(*sd->tensors.at(name + ".exp_avg").FullTensor());
+    full.exp_avg_sq.push_back(
+        *sd->tensors.at(name + ".exp_avg_sq").FullTensor());
+  }
+  return full;
+}
+
+// The single-rank result, computed once.
+const FullState& SingleRank() {
+  static const FullState* state = [] {
+    auto* s = new FullState;
+    testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
+      Training tr = MakeTraining(mesh, {P::Shard(0)});
+      Train(tr, mesh, {P::Shard(0)}, /*counting_mesh=*/false);
+      *s = Gather(tr);
+    });
+    return s;
+  }();
+  return *state;
+}
+
+struct MeshCase {
+  std::string label;
+  std::vector<MeshAxis> axes;
+  std::vector<Placement> placements;
+};
+
+class ShardedAdamWTest : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(ShardedAdamWTest, MatchesSingleRankBitwiseWithoutCommunication) {
+  const MeshCase& mc = GetParam();
+  const FullState& expected = SingleRank();
+  testing_util::RunOnCountingMesh(mc.axes, [&](int rank, DeviceMesh& mesh) {
+    Training tr = MakeTraining(mesh, mc.placements);
+    // A bf16 compute copy of "w", refreshed by every step.
+    tr.copies.push_back(*Tensor::Zeros(tr.params[0].local().shape(),
+                                       DType::kBF16, Device::Cpu()));
+    ASSERT_TRUE(tr.opt.SetComputeCopy("w", &tr.copies[0]).ok());
+    Train(tr, mesh, mc.placements, /*counting_mesh=*/true);
+
+    // State has the params' layout exactly.
+    OptimizerStateDict sd = *tr.opt.StateDict();
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      for (const char* kind : {".exp_avg", ".exp_avg_sq"}) {
+        const DTensor& s = sd.tensors.at(Cases()[i].name + std::string(kind));
+        EXPECT_EQ(s.mesh(), tr.params[i].mesh());
+        EXPECT_EQ(s.placements(), tr.params[i].placements());
+        EXPECT_EQ(s.shape(), tr.params[i].shape());
+        EXPECT_EQ(s.local().shape(), tr.params[i].local().shape());
+        EXPECT_EQ(s.local().tag(), MemoryTag::kOptimizerState);
+      }
+    }
+    // The compute copy is the master rounded to bf16.
+    std::vector<float> master = *tr.params[0].local().ToFloats();
+    std::vector<float> copy = *tr.copies[0].ToFloats();
+    for (size_t j = 0; j < master.size(); ++j) {
+      ASSERT_EQ(copy[j], BFloat16ToFloat(FloatToBFloat16(master[j])))
+          << "rank " << rank << " element " << j;
+    }
+
+    FullState got = Gather(tr);
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      SCOPED_TRACE(::testing::Message()
+                   << mc.label << " rank " << rank << " " << Cases()[i].name);
+      EXPECT_EQ(Bits(got.param[i]), Bits(expected.param[i]));
+      EXPECT_EQ(Bits(got.exp_avg[i]), Bits(expected.exp_avg[i]));
+      EXPECT_EQ(Bits(got.exp_avg_sq[i]), Bits(expected.exp_avg_sq[i]));
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, ShardedAdamWTest,
+    ::testing::Values(MeshCase{"dp1", {{"dp", 1}}, {P::Shard(0)}},
+                      MeshCase{"dp2", {{"dp", 2}}, {P::Shard(0)}},
+                      MeshCase{"dp3", {{"dp", 3}}, {P::Shard(0)}},
+                      MeshCase{"hsdp2x2",
+                               {{"replicate", 2}, {"shard", 2}},
+                               {P::Replicate(), P::Shard(0)}}),
+    [](const ::testing::TestParamInfo<MeshCase>& info) {
+      return info.param.label;
+    });
+
+// ------------------------------------------------------------ torch
+
+// Runs the torch reference on the same params, grads and learning rates;
+// returns "<name> <kind>" -> values, or an empty map with *skip set.
+std::map<std::string, std::vector<double>> RunTorch(std::string* skip) {
+  const char* python = "/usr/bin/python3";
+  const char* script = "optim/testdata/adamw_reference.py";
+  if (access(python, X_OK) != 0) {
+    *skip = "no /usr/bin/python3";
+    return {};
+  }
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = tmp != nullptr ? tmp : "/tmp";
+  const std::string in = dir + "/adamw_in.txt", out = dir + "/adamw_out.txt",
+                    err = dir + "/adamw_err.txt";
+  {
+    std::ofstream f(in);
+    const AdamWOptions o = Options();
+    f << kSteps;
+    char buf[32];
+    for (double lr : kLrs) {
+      std::snprintf(buf, sizeof(buf), " %.17g", lr);
+      f << buf;
+    }
+    f << "\n";
+    for (double x : {o.beta1, o.beta2, o.eps, o.weight_decay}) {
+      std::snprintf(buf, sizeof(buf), "%.17g ", x);
+      f << buf;
+    }
+    f << "\n" << Cases().size() << "\n";
+    auto write = [&](const Tensor& t) {
+      const std::vector<float> values = *t.ToFloats();
+      for (float v : values) {
+        std::snprintf(buf, sizeof(buf), "%.9g ", v);
+        f << buf;
+      }
+      f << "\n";
+    };
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      f << Cases()[i].name << " " << (Cases()[i].decay ? 1 : 0) << " "
+        << Cases()[i].shape.size();
+      for (int64_t d : Cases()[i].shape) f << " " << d;
+      f << "\n";
+      write(InitialParam(i));
+      for (int t = 0; t < kSteps; ++t) write(GradAt(i, t));
+    }
+  }
+  const std::string cmd =
+      std::string(python) + " " + script + " " + in + " " + out + " 2> " + err;
+  const int status = std::system(cmd.c_str());
+  std::ifstream ferr(err);
+  std::stringstream err_text;
+  err_text << ferr.rdbuf();
+  if (WIFEXITED(status) && WEXITSTATUS(status) == 77) {
+    *skip = err_text.str();
+    while (!skip->empty() && std::isspace(skip->back())) skip->pop_back();
+    return {};
+  }
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << cmd << " failed: " << err_text.str();
+  std::map<std::string, std::vector<double>> result;
+  std::ifstream fout(out);
+  std::string line;
+  while (std::getline(fout, line)) {
+    std::istringstream ls(line);
+    std::string name, kind;
+    ls >> name >> kind;
+    std::vector<double>& values = result[name + " " + kind];
+    double v;
+    while (ls >> v) values.push_back(v);
+  }
+  return result;
+}
+
+TEST(AdamWTest, MatchesTorchAdamW) {
+  std::string skip;
+  const std::map<std::string, std::vector<double>> torch = RunTorch(&skip);
+  if (!skip.empty()) {
+    // As in models/parity_test: a missing torch fails where the setup
+    // promises it (FSDPP_REQUIRE_TORCH, set in .bazelrc), else skips.
+    if (std::getenv("FSDPP_REQUIRE_TORCH") != nullptr) {
+      FAIL() << skip << " [FSDPP_REQUIRE_TORCH is set; install python3-torch "
+             << "with tools/setup.sh]";
+    }
+    GTEST_SKIP() << "torch reference skipped: " << skip;
+  }
+  const FullState& ours = SingleRank();
+  for (size_t i = 0; i < Cases().size(); ++i) {
+    const std::string name = Cases()[i].name;
+    const std::pair<const char*, const Tensor*> kinds[] = {
+        {"param", &ours.param[i]},
+        {"exp_avg", &ours.exp_avg[i]},
+        {"exp_avg_sq", &ours.exp_avg_sq[i]}};
+    for (const auto& [kind, tensor] : kinds) {
+      SCOPED_TRACE(name + " " + kind);
+      const auto it = torch.find(name + " " + kind);
+      ASSERT_NE(it, torch.end());
+      // Relative 1e-6; the absolute floor (1e-6 of the tensor's largest
+      // value) covers elements that are sums of cancelling terms, where one
+      // FMA in torch's kernels moves the last bit of a tiny result.
+      double largest = 0.0;
+      for (double v : it->second) largest = std::max(largest, std::fabs(v));
+      const std::vector<double> got = testing_util::Values(*tensor);
+      EXPECT_TRUE(
+          testing_util::AllClose(got, it->second, 1e-6, 1e-6 * largest));
+      // Report how close: elements equal bit for bit and the worst relative
+      // difference.
+      size_t equal = 0;
+      double worst = 0.0;
+      for (size_t j = 0; j < got.size() && j < it->second.size(); ++j) {
+        if (got[j] == it->second[j]) ++equal;
+        if (it->second[j] != 0.0) {
+          worst = std::max(worst, std::fabs(got[j] - it->second[j]) /
+                                      std::fabs(it->second[j]));
+        }
+      }
+      std::printf(
+          "vs torch: %-4s %-10s %zu/%zu elements equal, worst "
+          "relative difference %.3g\n",
+          name.c_str(), kind, equal, got.size(), worst);
+    }
+  }
+}
+
+// ------------------------------------------------------------ memory
+
+TEST(AdamWTest, StateBytesAreTwoF32PerLocalElement) {
+  Allocator* cpu = GetAllocator(Device::Cpu());
+  std::mutex mu;  // Ranks share the process' allocator: measure one at a time.
+  // Sends nothing: RunOnCountingMesh keeps every mesh until all ranks are
+  // done (see optim/testing.h).
+  testing_util::RunOnCountingMesh({{"dp", 3}}, [&](int rank, DeviceMesh& mesh) {
+    for (bool eager : {true, false}) {
+      Training tr = MakeTraining(mesh, {P::Shard(0)});
+      int64_t local_elements = 0;
+      for (const DTensor& p : tr.params) local_elements += p.local().numel();
+      const int64_t expected = 2 * 4 * local_elements;
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        const int64_t before =
+            cpu->Stats().current_of(MemoryTag::kOptimizerState);
+        ASSERT_TRUE((eager ? tr.opt.Init() : tr.opt.Step()).ok());
+        EXPECT_EQ(cpu->Stats().current_of(MemoryTag::kOptimizerState) - before,
+                  expected)
+            << "rank " << rank << (eager ? " Init()" : " first Step()");
+        ASSERT_TRUE(tr.opt.Step().ok());  // Later steps allocate no state.
+        EXPECT_EQ(cpu->Stats().current_of(MemoryTag::kOptimizerState) - before,
+                  expected);
+      }
+      std::lock_guard<std::mutex> lock(mu);
+      const int64_t before =
+          cpu->Stats().current_of(MemoryTag::kOptimizerState);
+      tr = Training{{}, {}, {}, *AdamW::Create({})};  // Frees the state.
+      EXPECT_EQ(cpu->Stats().current_of(MemoryTag::kOptimizerState),
+                before - expected);
+    }
+  });
+}
+
+// --------------------------------------------------------- state dict
+
+TEST(AdamWTest, StateDictRoundTripAndReshardedLoad) {
+  testing_util::RunOnMesh({{"dp", 2}}, [](int rank, DeviceMesh& mesh) {
+    const std::vector<Placement> place = {P::Shard(0)};
+    Training a = MakeTraining(mesh, place);
+    ASSERT_TRUE(a.opt.Step().ok());
+    ASSERT_TRUE(a.opt.Step().ok());
+    OptimizerStateDict sd = *a.opt.StateDict();
+    ASSERT_EQ(sd.tensors.size(), 2 * Cases().size());
+    EXPECT_EQ(sd.scalars.size(), 1u);
+    EXPECT_EQ(sd.scalars.at("step"), 2);
+    for (const ParamCase& c : Cases()) {
+      EXPECT_EQ(sd.tensors.count(std::string(c.name) + ".exp_avg"), 1u);
+      EXPECT_EQ(sd.tensors.count(std::string(c.name) + ".exp_avg_sq"), 1u);
+    }
+
+    // b: same params as a, state loaded as is; c: state loaded from an
+    // all-Replicate copy (redistributed back to Shard(0) by the load).
+    Training b = MakeTraining(mesh, place);
+    Training c = MakeTraining(mesh, place);
+    OptimizerStateDict replicated;
+    for (const auto& [name, t] : sd.tensors) {
+      replicated.tensors.emplace(name, *t.Redistribute({P::Replicate()}));
+    }
+    replicated.scalars = sd.scalars;
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      ASSERT_TRUE(Copy(a.params[i].local(), b.params[i].mutable_local()).ok());
+      ASSERT_TRUE(Copy(a.params[i].local(), c.params[i].mutable_local()).ok());
+    }
+    ASSERT_TRUE(b.opt.LoadStateDict(sd).ok());
+    absl::Status loaded = c.opt.LoadStateDict(replicated);
+    ASSERT_TRUE(loaded.ok()) << loaded;
+    EXPECT_EQ(b.opt.step(), 2);
+    EXPECT_EQ(c.opt.step(), 2);
+    for (Training* tr : {&a, &b, &c}) {
+      ASSERT_TRUE(tr->opt.Step().ok());
+    }
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      SCOPED_TRACE(::testing::Message()
+                   << "rank " << rank << " " << Cases()[i].name);
+      EXPECT_EQ(Bits(b.params[i].local()), Bits(a.params[i].local()));
+      EXPECT_EQ(Bits(c.params[i].local()), Bits(a.params[i].local()));
+    }
+  });
+}
+
+TEST(AdamWTest, LoadStateDictRejectsBadDictsAndChangesNothing) {
+  // Sends nothing: see optim/testing.h.
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    Training tr = MakeTraining(mesh, {P::Shard(0)});
+    ASSERT_TRUE(tr.opt.Step().ok());
+    const std::vector<uint32_t> m_before =
+        Bits((*tr.opt.StateDict()).tensors.at("w.exp_avg").local());
+
+    OptimizerStateDict missing = *tr.opt.StateDict();
+    missing.tensors.erase("b.exp_avg_sq");
+    absl::Status s = tr.opt.LoadStateDict(missing);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("b.exp_avg_sq"), std::string::npos) << s;
+
+    OptimizerStateDict extra = *tr.opt.StateDict();
+    extra.scalars["lr"] = 1;
+    s = tr.opt.LoadStateDict(extra);
+    EXPECT_NE(s.message().find("unexpected [lr]"), std::string::npos) << s;
+
+    // A wrong shape placed before a good tensor: nothing is written.
+    OptimizerStateDict shape = *tr.opt.StateDict();
+    Tensor zeros = *Tensor::Zeros({5, 5}, DType::kF32, Device::Cpu());
+    shape.tensors.at("w.exp_avg") =
+        *DTensor::Distribute(zeros, &mesh, {P::Shard(0)});
+    shape.scalars["step"] = 7;
+    s = tr.opt.LoadStateDict(shape);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("w.exp_avg"), std::string::npos) << s;
+    EXPECT_EQ(tr.opt.step(), 1);
+    EXPECT_EQ(Bits((*tr.opt.StateDict()).tensors.at("w.exp_avg").local()),
+              m_before);
+
+    OptimizerStateDict negative = *tr.opt.StateDict();
+    negative.scalars["step"] = -1;
+    EXPECT_EQ(tr.opt.LoadStateDict(negative).code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
+// ------------------------------------------------------- weight decay
+
+TEST(AdamWTest, WeightDecaySelection) {
+  testing_util::RunOnMesh({{"dp", 1}}, [](int, DeviceMesh& mesh) {
+    Training tr = MakeTraining(mesh, {P::Shard(0)});
+    AdamWOptions o = Options();
+    o.decay_filter = DecayMatricesOnly;
+    std::vector<AdamWParam> list;
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      list.push_back({Cases()[i].name, &tr.params[i], &tr.grads[i]});
+    }
+    list[2].weight_decay = false;  // Explicit group beats the filter.
+    AdamW opt = *AdamW::Create(std::move(list), o);
+    EXPECT_TRUE(*opt.DecaysWeight("w"));
+    EXPECT_FALSE(*opt.DecaysWeight("b"));
+    EXPECT_FALSE(*opt.DecaysWeight("tiny"));
+    EXPECT_TRUE(*opt.DecaysWeight("big"));
+    EXPECT_EQ(opt.DecaysWeight("nope").status().code(),
+              absl::StatusCode::kNotFound);
+
+    // With a zero gradient the Adam term vanishes (m = v = 0 gives
+    // 0 / (0 + eps)), so only decayed params move, by exactly
+    // p * (1 - lr * wd).
+    for (DTensor& g : tr.grads) ASSERT_TRUE(Zero(g.mutable_local()).ok());
+    std::vector<std::vector<float>> before;
+    for (const DTensor& p : tr.params) before.push_back(*p.local().ToFloats());
+    ASSERT_TRUE(opt.Step().ok());
+    const float decay = static_cast<float>(1.0 - o.lr * o.weight_decay);
+    for (size_t i = 0; i < Cases().size(); ++i) {
+      const bool decays = *opt.DecaysWeight(Cases()[i].name);
+      std::vector<float> after = *tr.params[i].local().ToFloats();
+      for (size_t j = 0; j < after.size(); ++j) {
+        ASSERT_EQ(after[j], decays ? before[i][j] * decay : before[i][j])
+            << Cases()[i].name << "[" << j << "]";
+      }
+    }
+  });
+}
+
+// -------------------------------------------------------------- errors
+
+TEST(AdamWTest, CreateRejectsBadOptionsAndParams) {
+  testing_util::RunOnMesh({{"dp", 1}}, [](int, DeviceMesh& mesh) {
+    DTensor p = *DTensor::Distribute(InitialParam(0), &mesh, {P::Shard(0)});
+    DTensor g = p;
+    for (auto bad : std::vector<std::function<void(AdamWOptions&)>>{
+             [](AdamWOptions& o) { o.lr = -1; },
+             [](AdamWOptions& o) { o.lr = std::nan(""); },
+             [](AdamWOptions& o) { o.beta1 = 1.0; },
+             [](AdamWOptions& o) { o.beta2 = -0.1; },
+             [](AdamWOptions& o) { o.eps = -1e-8; },
+             [](AdamWOptions& o) { o.weight_decay = -0.1; }}) {
+      AdamWOptions o;
+      bad(o);
+      EXPECT_EQ(AdamW::Create({{"w", &p, &g}}, o).status().code(),
+                absl::StatusCode::kInvalidArgument);
+    }
+    EXPECT_EQ(AdamW::Create({{"w", &p, &g}, {"w", &p, &g}}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(AdamW::Create({{"", &p, &g}}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(AdamW::Create({{"w", nullptr, &g}}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    DTensor bf16 = *DTensor::Distribute(RandomTensor({4}, DType::kBF16, 1),
+                                        &mesh, {P::Shard(0)});
+    EXPECT_EQ(AdamW::Create({{"h", &bf16, &bf16}}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    AdamW opt = *AdamW::Create({{"w", &p, &g}});
+    EXPECT_EQ(opt.SetLr(-1).code(), absl::StatusCode::kInvalidArgument);
+    Tensor wrong = *Tensor::Zeros({3}, DType::kBF16, Device::Cpu());
+    EXPECT_EQ(opt.SetComputeCopy("w", &wrong).code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(opt.SetComputeCopy("x", &wrong).code(),
+              absl::StatusCode::kNotFound);
+  });
+}
+
+TEST(AdamWTest, StepRejectsMismatchedGradsAndChangesNothing) {
+  // Sends nothing: see optim/testing.h.
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    Training tr = MakeTraining(mesh, {P::Shard(0)});
+    const std::vector<uint32_t> w_before = Bits(tr.params[0].local());
+    // "b"'s grad replicated instead of sharded: rejected before "w" (listed
+    // first) is touched.
+    tr.grads[1] = *DTensor::Distribute(GradAt(1, 0), &mesh, {P::Replicate()});
+    absl::Status s = tr.opt.Step();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("grad of 'b'"), std::string::npos) << s;
+    EXPECT_EQ(tr.opt.step(), 0);
+    EXPECT_EQ(Bits(tr.params[0].local()), w_before);
+    // A bf16 grad.
+    tr.grads[1] = *DTensor::Distribute(RandomTensor({5}, DType::kBF16, 3),
+                                       &mesh, {P::Shard(0)});
+    EXPECT_EQ(tr.opt.Step().code(), absl::StatusCode::kInvalidArgument);
+    tr.grads[1] = *DTensor::Distribute(GradAt(1, 0), &mesh, {P::Shard(0)});
+    EXPECT_TRUE(tr.opt.Step().ok());
+    EXPECT_EQ(tr.opt.step(), 1);
+  });
+}
+
+}  // namespace
+}  // namespace fsdpp

@@ -1,0 +1,142 @@
+// Gradient clipping; see clip.h.
+//
+// Each gradient's local sum of squares lands in one slot of a small f32
+// tensor on the gradients' device, read back once; the per-rank total is
+// added up in double and rounded to f32 once for the all-reduces.
+#include "optim/clip.h"
+
+#include <cmath>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace {
+
+// InvalidArgument unless every grad is a defined float DTensor on `mesh`
+// without Partial placements, all on one non-meta device.
+absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
+  const DeviceMesh* mesh = grads[0] != nullptr ? grads[0]->mesh() : nullptr;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const DTensor* g = grads[i];
+    if (g == nullptr || g->mesh() == nullptr || !g->local().defined()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": grad ", i, " is null or undefined"));
+    }
+    const std::string what =
+        absl::StrCat(op, ": grad ", i, " (", g->ToString(), ") ");
+    if (g->mesh() != mesh) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "is on another mesh than grad 0"));
+    }
+    if (!IsFloatingPoint(g->dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(what, "is not float"));
+    }
+    if (g->local().is_meta() ||
+        g->local().device() != grads[0]->local().device()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "must be on grad 0's device, not meta"));
+    }
+    for (const Placement& p : g->placements()) {
+      if (p.is_partial()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, "has a Partial placement: reduce it first"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
+                                    double max_norm, absl::Duration timeout) {
+  if (!(max_norm > 0.0) || !std::isfinite(max_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClipGradNorm: max_norm must be finite and > 0, got ", max_norm));
+  }
+  if (grads.empty()) return 0.0;
+  RETURN_IF_ERROR(CheckGrads("ClipGradNorm", grads));
+  DeviceMesh* mesh = grads[0]->mesh();
+  const int64_t n = static_cast<int64_t>(grads.size());
+
+  // The axes some grad is sharded on: the ones the total is reduced over.
+  std::vector<bool> reduced(mesh->ndim(), false);
+  for (const DTensor* g : grads) {
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (g->placements()[a].is_shard()) reduced[a] = true;
+    }
+  }
+
+  // Local sums of squares, one slot per grad, read back together.
+  ASSIGN_OR_RETURN(Tensor sums,
+                   Tensor::Zeros({n}, DType::kF32, grads[0]->local().device()));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
+    RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
+  }
+  ASSIGN_OR_RETURN(std::vector<float> local_sums, sums.ToFloats());
+
+  // This rank's share: a grad that is Replicate on a reduced axis counts only
+  // on that axis' coordinate 0 (its other coordinates hold copies).
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    bool counts = true;
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (reduced[a] && !grads[i]->placements()[a].is_shard() &&
+          mesh->coordinate()[a] != 0) {
+        counts = false;
+      }
+    }
+    if (counts) total += local_sums[i];
+  }
+
+  // One all-reduce of one scalar per reduced axis.
+  Tensor scalar;
+  for (int a = 0; a < mesh->ndim(); ++a) {
+    if (!reduced[a]) continue;
+    ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[a].name));
+    if (!scalar.defined()) {
+      ASSIGN_OR_RETURN(scalar,
+                       Tensor::FromFloats({1}, {static_cast<float>(total)},
+                                          DType::kF32, group->device()));
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                     group->AllReduce(Buffer{scalar.raw_data(), 1, DType::kF32,
+                                             scalar.device()},
+                                      ReduceOp::kSum));
+    RETURN_IF_ERROR(work->Wait(timeout));
+  }
+  if (scalar.defined()) {
+    ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());
+    total = reduced_total[0];
+  }
+
+  const double norm = std::sqrt(total);
+  if (!std::isfinite(norm)) return norm;
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    for (DTensor* g : grads) {
+      RETURN_IF_ERROR(
+          Scale(g->local(), static_cast<float>(coef), g->mutable_local()));
+    }
+  }
+  return norm;
+}
+
+absl::Status ZeroGrad(const std::vector<DTensor*>& grads) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i] == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("ZeroGrad: grad ", i, " is null"));
+    }
+    RETURN_IF_ERROR(Zero(grads[i]->mutable_local()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace fsdpp

@@ -1,0 +1,42 @@
+// Gradient-norm clipping and zeroing over sharded gradients.
+//
+// The global norm needs every rank's share of every gradient, but only one
+// scalar per sharding mesh axis travels: each rank adds up the local sums of
+// squares of all its gradients first (one host read for all of them), then
+// all-reduces that scalar once over each mesh axis some gradient is sharded
+// on. Axes no gradient is sharded on (HSDP's replicate axis) are not reduced
+// over at all: every rank along them already holds the same total. A
+// gradient that is Replicate on a reduced axis (a small unsharded tensor next
+// to sharded ones) counts only on that axis' coordinate-0 rank. So no copy is
+// counted twice, whatever the mix of placements.
+#ifndef FSDPP_OPTIM_CLIP_H_
+#define FSDPP_OPTIM_CLIP_H_
+
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "tensor/dtensor.h"
+
+namespace fsdpp {
+
+// Computes the L2 norm of all `grads` together (sqrt of the sum over tensors
+// of their SumOfSquares, the same value on every rank) and, when it exceeds
+// `max_norm`, scales every grad in place (locally, no further communication)
+// by max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_ does.
+// Returns the norm before clipping. Every rank of the mesh must call it with
+// the same list. Grads must be float DTensors on one mesh without Partial
+// placements; max_norm must be > 0. A non-finite norm is returned and the
+// grads are left unscaled (the caller skips the step). An empty list has
+// norm 0.
+absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
+                                    double max_norm,
+                                    absl::Duration timeout = absl::Minutes(30));
+
+// Sets every element of every grad's local shard to 0.
+absl::Status ZeroGrad(const std::vector<DTensor*>& grads);
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_OPTIM_CLIP_H_

@@ -1,0 +1,202 @@
+// ClipGradNorm over thread ranks on real Gloo, on 1-D and 2-D meshes with
+// mixed placements (HSDP's replicate axis, tensors replicated on a sharding
+// axis, two sharding axes): the norm equals the full gradient's norm computed
+// on one rank, clipping scales every element by exactly the returned
+// coefficient, and the groups (wrapped to count their ops) see exactly one
+// all-reduce per sharding axis and nothing else. Also non-finite norms,
+// argument errors and ZeroGrad.
+#include "optim/clip.h"
+
+#include <cmath>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "mesh/testing.h"
+#include "optim/testing.h"
+#include "tensor/dtensor.h"
+#include "tensor/ops.h"
+#include "tensor/testing.h"
+
+namespace fsdpp {
+namespace {
+
+using P = Placement;
+using testing_util::RandomTensor;
+
+struct GradCase {
+  Shape shape;
+  std::vector<Placement> placements;
+};
+
+struct MeshCase {
+  std::string label;
+  std::vector<MeshAxis> axes;
+  std::vector<GradCase> grads;
+  std::vector<bool> sharding_axes;  // Axes some grad is sharded on.
+};
+
+Tensor FullGrad(size_t i, const Shape& shape) {
+  return RandomTensor(shape, DType::kF32, 300 + i, -2.0f, 2.0f);
+}
+
+// sqrt(sum of squares) of the full tensors, in double on one rank.
+double ReferenceNorm(const std::vector<Tensor>& full) {
+  double total = 0.0;
+  for (const Tensor& t : full) {
+    const std::vector<float> values = *t.ToFloats();
+    for (float v : values) total += static_cast<double>(v) * v;
+  }
+  return std::sqrt(total);
+}
+
+class ClipGradNormTest : public ::testing::TestWithParam<MeshCase> {};
+
+TEST_P(ClipGradNormTest, NormScalingAndOneAllReducePerShardingAxis) {
+  const MeshCase& mc = GetParam();
+  std::vector<Tensor> full;
+  for (size_t i = 0; i < mc.grads.size(); ++i) {
+    full.push_back(FullGrad(i, mc.grads[i].shape));
+  }
+  const double expected_norm = ReferenceNorm(full);
+  testing_util::RunOnCountingMesh(mc.axes, [&](int rank, DeviceMesh& mesh) {
+    std::vector<DTensor> grads;
+    for (size_t i = 0; i < mc.grads.size(); ++i) {
+      grads.push_back(
+          *DTensor::Distribute(full[i], &mesh, mc.grads[i].placements));
+    }
+    std::vector<DTensor*> ptrs;
+    for (DTensor& g : grads) ptrs.push_back(&g);
+
+    for (double ratio : {2.0, 0.5}) {  // No clipping, then clipping.
+      SCOPED_TRACE(::testing::Message() << mc.label << " rank " << rank
+                                        << " max_norm ratio " << ratio);
+      std::vector<testing_util::OpCounts> before;
+      for (const MeshAxis& a : mesh.axes()) {
+        before.push_back(testing_util::AxisCounts(mesh, a.name));
+      }
+      const double max_norm = expected_norm * ratio;
+      absl::StatusOr<double> norm = ClipGradNorm(ptrs, max_norm);
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      EXPECT_NEAR(*norm, expected_norm, 1e-6 * expected_norm);
+
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        const testing_util::OpCounts after =
+            testing_util::AxisCounts(mesh, mesh.axes()[a].name);
+        const int want = mc.sharding_axes[a] ? 1 : 0;
+        EXPECT_EQ(after.all_reduce - before[a].all_reduce, want)
+            << "axis " << mesh.axes()[a].name;
+        EXPECT_EQ(after.total() - before[a].total(), want)
+            << "axis " << mesh.axes()[a].name;
+      }
+
+      const double coef = max_norm / (*norm + 1e-6);
+      for (size_t i = 0; i < grads.size(); ++i) {
+        std::vector<float> got = *grads[i].FullTensor()->ToFloats();
+        std::vector<float> orig = *full[i].ToFloats();
+        for (size_t j = 0; j < got.size(); ++j) {
+          const float want =
+              coef < 1.0 ? static_cast<float>(coef) * orig[j] : orig[j];
+          ASSERT_EQ(got[j], want) << "grad " << i << " element " << j;
+        }
+      }
+      // Restore the unclipped grads for the next round.
+      for (size_t i = 0; i < grads.size(); ++i) {
+        grads[i] = *DTensor::Distribute(full[i], &mesh, mc.grads[i].placements);
+      }
+    }
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Meshes, ClipGradNormTest,
+    ::testing::Values(MeshCase{"dp1",
+                               {{"dp", 1}},
+                               {{{7, 5}, {P::Shard(0)}}, {{5}, {P::Shard(0)}}},
+                               {true}},
+                      // Uneven and empty shards, plus a replicated tensor next
+                      // to sharded ones (counted on one rank only).
+                      MeshCase{"dp3",
+                               {{"dp", 3}},
+                               {{{7, 5}, {P::Shard(0)}},
+                                {{5}, {P::Shard(0)}},
+                                {{2, 3}, {P::Shard(0)}},
+                                {{4}, {P::Replicate()}}},
+                               {true}},
+                      // HSDP: the replicate axis is never reduced over.
+                      MeshCase{"hsdp2x2",
+                               {{"replicate", 2}, {"shard", 2}},
+                               {{{7, 5}, {P::Replicate(), P::Shard(0)}},
+                                {{5}, {P::Replicate(), P::Shard(0)}},
+                                {{3}, {P::Replicate(), P::Replicate()}}},
+                               {false, true}},
+                      MeshCase{"hsdp2x3",
+                               {{"replicate", 2}, {"shard", 3}},
+                               {{{7, 5}, {P::Replicate(), P::Shard(0)}},
+                                {{2, 3}, {P::Replicate(), P::Shard(1)}}},
+                               {false, true}},
+                      // Both axes shard, with every mix of Shard and Replicate.
+                      MeshCase{"2d_mixed",
+                               {{"a", 2}, {"b", 2}},
+                               {{{7, 5}, {P::Shard(0), P::Shard(1)}},
+                                {{5}, {P::Shard(0), P::Replicate()}},
+                                {{6, 2}, {P::Replicate(), P::Shard(0)}},
+                                {{3}, {P::Replicate(), P::Replicate()}}},
+                               {true, true}}),
+    [](const ::testing::TestParamInfo<MeshCase>& info) {
+      return info.param.label;
+    });
+
+TEST(ClipTest, NonFiniteNormLeavesGradsAlone) {
+  testing_util::RunOnMesh({{"dp", 2}}, [](int rank, DeviceMesh& mesh) {
+    Tensor full = FullGrad(0, {6, 2});
+    std::vector<float> v = *full.ToFloats();
+    v[11] = std::numeric_limits<float>::infinity();  // On rank 1's shard.
+    full = *Tensor::FromFloats({6, 2}, v);
+    DTensor g = *DTensor::Distribute(full, &mesh, {P::Shard(0)});
+    const std::vector<float> before = *g.local().ToFloats();
+    absl::StatusOr<double> norm = ClipGradNorm({&g}, 1.0);
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    EXPECT_TRUE(std::isinf(*norm)) << "rank " << rank << ": " << *norm;
+    EXPECT_EQ(*g.local().ToFloats(), before);
+  });
+}
+
+TEST(ClipTest, EmptyListAndErrors) {
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    EXPECT_EQ(*ClipGradNorm({}, 1.0), 0.0);
+    EXPECT_EQ(testing_util::TotalOps(mesh), 0);
+    DTensor g = *DTensor::Distribute(FullGrad(0, {4}), &mesh, {P::Shard(0)});
+    EXPECT_EQ(ClipGradNorm({&g}, 0.0).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ClipGradNorm({&g}, std::nan("")).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(ClipGradNorm({&g, nullptr}, 1.0).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    DTensor partial =
+        *DTensor::FromLocal(FullGrad(1, {4}), &mesh, {P::Partial()}, {4});
+    absl::Status s = ClipGradNorm({&g, &partial}, 1.0).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("Partial"), std::string::npos) << s;
+    EXPECT_EQ(testing_util::TotalOps(mesh), 0);  // Rejected before any op.
+  });
+}
+
+TEST(ClipTest, ZeroGrad) {
+  // Sends nothing: see optim/testing.h.
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    DTensor a = *DTensor::Distribute(FullGrad(0, {7, 5}), &mesh, {P::Shard(0)});
+    DTensor b = *DTensor::Distribute(FullGrad(1, {3}), &mesh, {P::Shard(0)});
+    ASSERT_TRUE(ZeroGrad({&a, &b}).ok());
+    for (const DTensor* g : {&a, &b}) {
+      const std::vector<float> values = *g->local().ToFloats();
+      for (float v : values) EXPECT_EQ(v, 0.0f);
+    }
+    EXPECT_EQ(ZeroGrad({&a, nullptr}).code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
+}  // namespace
+}  // namespace fsdpp
