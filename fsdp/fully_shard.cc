@@ -116,6 +116,27 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
   }
   unit->world_ = unit->shard_group_->size();
   unit->rank_ = unit->shard_group_->rank();
+  unit->compute_device_ = unit->shard_group_->device();
+  unit->state_device_ = options.offload_policy.offload_params
+                            ? Device::Cpu()
+                            : unit->compute_device_;
+  if (options.hpz_degree < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FullyShard: hpz_degree must be >= 0, got ", options.hpz_degree));
+  }
+  if (options.hpz_degree > 1) {
+    if (unit->world_ % options.hpz_degree != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("FullyShard: hpz_degree ", options.hpz_degree,
+                       " does not divide the size ", unit->world_,
+                       " of shard axis '", shard_axis.name, "'"));
+    }
+    // Without resharding after forward there is nothing to keep a piece of.
+    if (options.reshard_after_forward) {
+      ASSIGN_OR_RETURN(unit->hpz_group_,
+                       mesh->Subgroup(shard_axis.name, options.hpz_degree));
+    }
+  }
 
   std::vector<FsdpUnit*> inner;
   {
@@ -175,11 +196,11 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
     Shape local_shape = global;
     local_shape[0] = mine.length;
     ASSIGN_OR_RETURN(Tensor master,
-                     Tensor::Zeros(local_shape, DType::kF32, Device::Cpu(),
-                                   MemoryTag::kParams));
+                     Tensor::Zeros(local_shape, DType::kF32,
+                                   unit->state_device_, MemoryTag::kParams));
     ASSIGN_OR_RETURN(Tensor grad,
-                     Tensor::Zeros(local_shape, DType::kF32, Device::Cpu(),
-                                   MemoryTag::kGrads));
+                     Tensor::Zeros(local_shape, DType::kF32,
+                                   unit->state_device_, MemoryTag::kGrads));
     Parameter* p = sp.parameter;
     if (p->data.is_meta()) {
       all_materialised = false;
@@ -292,65 +313,120 @@ absl::Status FsdpUnit::CheckInitialized() const {
                    "(call fsdp::InitShardedWeights first)"));
 }
 
-absl::Status FsdpUnit::BeginUnshard() {
+absl::Status FsdpUnit::CopyIn(Tensor* slot) {
+  const DType dtype = options_.mp_policy.param_dtype;
+  const size_t esize = DTypeSize(dtype);
+  // Offload: cast on the host into a host staging segment, then one
+  // host-to-device copy (a host-to-host copy on a CPU-only run).
+  Tensor stage = *slot;
+  if (offload_params()) {
+    ASSIGN_OR_RETURN(stage, Tensor::Empty({segment_}, dtype, Device::Cpu(),
+                                          MemoryTag::kCommBuffers));
+  }
+  char* base = static_cast<char*>(stage.raw_data());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor& local = params_[i].master.local();
+    const Shape global = params_[i].shape.empty() ? Shape{1} : params_[i].shape;
+    const int64_t padded =
+        ChunkSize(Rows(global), world_) * RowElements(global);
+    const int64_t n = local.numel();
+    if (n > 0) {
+      ASSIGN_OR_RETURN(Tensor dst, stage.Narrow(offsets_[i], n));
+      RETURN_IF_ERROR(Copy(local.Flatten(), &dst));  // Cast fused into copy-in.
+    }
+    if (padded > n) {
+      RETURN_IF_ERROR(ZeroBytes(base + (offsets_[i] + n) * esize,
+                                stage.device(), (padded - n) * esize));
+    }
+  }
+  if (offload_params()) {
+    RETURN_IF_ERROR(CopyBytes(slot->raw_data(), slot->device(),
+                              stage.raw_data(), Device::Cpu(),
+                              segment_ * esize));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
   if (unsharded_ || gather_work_ != nullptr) return absl::OkStatus();
   RETURN_IF_ERROR(CheckInitialized());
   const DType dtype = options_.mp_policy.param_dtype;
-  ASSIGN_OR_RETURN(gather_in_, Tensor::Zeros({segment_}, dtype, Device::Cpu(),
-                                             MemoryTag::kCommBuffers));
+  const bool backward = shared_->in_backward;
   ASSIGN_OR_RETURN(gather_out_,
-                   Tensor::Empty({segment_ * world_}, dtype, Device::Cpu(),
+                   Tensor::Empty({segment_ * world_}, dtype, compute_device_,
                                  MemoryTag::kCommBuffers));
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const Tensor& local = params_[i].master.local();
-    if (local.numel() == 0) continue;
-    ASSIGN_OR_RETURN(Tensor dst, gather_in_.Narrow(offsets_[i], local.numel()));
-    RETURN_IF_ERROR(Copy(local.Flatten(), &dst));  // Cast fused into copy-in.
-  }
   CollectiveOptions o;
   o.stream = shared_->gather_stream.get();
-  ASSIGN_OR_RETURN(
-      gather_work_,
-      shard_group_->AllGather(AsBuffer(gather_in_), AsBuffer(gather_out_), o));
+  ProcessGroup* group = shard_group_;
+  if (backward && hpz_piece_.defined()) {
+    // hpZ: each of the N ranks holds 1/N of the gathered buffer.
+    group = hpz_group_;
+    gather_in_ = std::move(hpz_piece_);
+    hpz_piece_ = Tensor();
+    ASSIGN_OR_RETURN(gather_work_, group->AllGather(AsBuffer(gather_in_),
+                                                    AsBuffer(gather_out_), o));
+  } else {
+    // In place: this rank's segment goes straight into its slot.
+    ASSIGN_OR_RETURN(Tensor slot,
+                     gather_out_.Narrow(rank_ * segment_, segment_));
+    RETURN_IF_ERROR(CopyIn(&slot));
+    ASSIGN_OR_RETURN(gather_work_, group->AllGather(AsBuffer(slot),
+                                                    AsBuffer(gather_out_), o));
+  }
+  ++(backward ? stats_.backward_all_gathers
+              : stats_.forward_all_gathers)[group->size()];
+  if (prefetch) ++stats_.prefetched_all_gathers;
   return absl::OkStatus();
 }
 
 absl::Status FsdpUnit::FinishUnshard() {
   if (unsharded_) return absl::OkStatus();
-  if (gather_work_ == nullptr) RETURN_IF_ERROR(BeginUnshard());
+  if (gather_work_ == nullptr) RETURN_IF_ERROR(BeginUnshard(false));
   RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
+  const bool from_piece = gather_in_.defined();
+  gather_work_.reset();
+  gather_in_ = Tensor();  // The consumed hpZ piece.
   const DType dtype = options_.mp_policy.param_dtype;
   const size_t esize = DTypeSize(dtype);
+  if (hpz_group_ != nullptr && !from_piece && !is_root_ &&
+      !shared_->in_backward) {
+    // hpZ: keep the piece this rank contributes to the N-rank all-gather.
+    const int64_t piece = segment_ * (world_ / hpz_group_->size());
+    ASSIGN_OR_RETURN(Tensor mine,
+                     gather_out_.Narrow(hpz_group_->rank() * piece, piece));
+    ASSIGN_OR_RETURN(hpz_piece_, Tensor::Empty({piece}, dtype, compute_device_,
+                                               MemoryTag::kCommBuffers));
+    RETURN_IF_ERROR(Copy(mine, &hpz_piece_));
+  }
   const char* gathered = static_cast<const char*>(gather_out_.raw_data());
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
     const int64_t rows = Rows(global), row = RowElements(global);
     ASSIGN_OR_RETURN(Tensor full,
-                     Tensor::Empty(sp.parameter->shape, dtype, Device::Cpu(),
+                     Tensor::Empty(sp.parameter->shape, dtype, compute_device_,
                                    MemoryTag::kCommBuffers));
     char* dst = static_cast<char*>(full.raw_data());
     for (int r = 0; r < world_; ++r) {
       const Range range = ChunkRange(rows, world_, r);
-      RETURN_IF_ERROR(CopyBytes(dst + range.begin * row * esize, Device::Cpu(),
+      RETURN_IF_ERROR(CopyBytes(dst + range.begin * row * esize,
+                                compute_device_,
                                 gathered + (r * segment_ + offsets_[i]) * esize,
-                                Device::Cpu(), range.length * row * esize));
+                                compute_device_, range.length * row * esize));
     }
     sp.parameter->data = full;
   }
-  gather_work_.reset();
-  gather_in_ = Tensor();
   gather_out_ = Tensor();
   unsharded_ = true;
   return absl::OkStatus();
 }
 
 absl::Status FsdpUnit::Unshard() {
-  RETURN_IF_ERROR(BeginUnshard());
+  RETURN_IF_ERROR(BeginUnshard(false));
   return FinishUnshard();
 }
 
-absl::Status FsdpUnit::Reshard() {
+absl::Status FsdpUnit::FreeUnsharded() {
   if (gather_work_ != nullptr) RETURN_IF_ERROR(FinishUnshard());
   for (ShardedParameter& sp : params_) {
     ASSIGN_OR_RETURN(sp.parameter->data,
@@ -358,6 +434,12 @@ absl::Status FsdpUnit::Reshard() {
                                    Device::Meta()));
   }
   unsharded_ = false;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::Reshard() {
+  RETURN_IF_ERROR(FreeUnsharded());
+  hpz_piece_ = Tensor();
   return absl::OkStatus();
 }
 
@@ -386,7 +468,7 @@ absl::Status FsdpUnit::PreForward() {
   }
   RETURN_IF_ERROR(FinishUnshard());
   for (FsdpUnit* next : NextUnits(/*backward=*/false)) {
-    RETURN_IF_ERROR(next->BeginUnshard());
+    RETURN_IF_ERROR(next->BeginUnshard(/*prefetch=*/true));
   }
   ++forward_modules_;
   return absl::OkStatus();
@@ -395,7 +477,8 @@ absl::Status FsdpUnit::PreForward() {
 absl::Status FsdpUnit::PostForward() {
   if (shared_->in_backward) return absl::OkStatus();
   if (is_root_) shared_->order = shared_->recording;
-  if (options_.reshard_after_forward && !is_root_) return Reshard();
+  // Keeps an hpZ piece for the backward all-gather.
+  if (options_.reshard_after_forward && !is_root_) return FreeUnsharded();
   return absl::OkStatus();
 }
 
@@ -403,7 +486,7 @@ absl::Status FsdpUnit::PreBackward() {
   if (is_root_) shared_->in_backward = true;
   RETURN_IF_ERROR(FinishUnshard());
   for (FsdpUnit* next : NextUnits(/*backward=*/true)) {
-    RETURN_IF_ERROR(next->BeginUnshard());
+    RETURN_IF_ERROR(next->BeginUnshard(/*prefetch=*/true));
   }
   return absl::OkStatus();
 }
@@ -411,8 +494,9 @@ absl::Status FsdpUnit::PreBackward() {
 absl::Status FsdpUnit::PostBackward() {
   if (++backward_modules_ < forward_modules_) return absl::OkStatus();
   forward_modules_ = backward_modules_ = 0;
-  if (requires_gradient_sync_) RETURN_IF_ERROR(ReduceGradients());
+  // Free the unsharded parameters before the reduce-scatter allocates.
   RETURN_IF_ERROR(Reshard());
+  if (requires_gradient_sync_) RETURN_IF_ERROR(ReduceGradients());
   if (is_root_ || shared_->root == nullptr) {
     RETURN_IF_ERROR(FinishReductions());
     shared_->in_backward = false;
@@ -421,12 +505,16 @@ absl::Status FsdpUnit::PostBackward() {
 }
 
 absl::Status FsdpUnit::ReduceGradients() {
+  // Finish the previous unit's reduce-scatter (issued during this unit's
+  // backward, so normally done) and free its buffers before allocating: at
+  // most one reduce-scatter's buffers are alive.
+  RETURN_IF_ERROR(FinishReductions());
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
   ASSIGN_OR_RETURN(Tensor input,
                    Tensor::Zeros({segment_ * world_}, reduce_dtype,
-                                 Device::Cpu(), MemoryTag::kCommBuffers));
+                                 compute_device_, MemoryTag::kCommBuffers));
   ASSIGN_OR_RETURN(Tensor output,
-                   Tensor::Empty({segment_}, reduce_dtype, Device::Cpu(),
+                   Tensor::Empty({segment_}, reduce_dtype, compute_device_,
                                  MemoryTag::kCommBuffers));
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
@@ -454,6 +542,7 @@ absl::Status FsdpUnit::ReduceGradients() {
                        AsBuffer(input), AsBuffer(output),
                        average ? ReduceOp::kAvg : ReduceOp::kSum, o));
   shared_->pending.push_back({this, std::move(work), input, output});
+  ++stats_.reduce_scatters;
   return absl::OkStatus();
 }
 
@@ -462,6 +551,7 @@ absl::Status FsdpUnit::FinishReductions() {
   shared_->pending.clear();
   for (Shared::PendingReduce& r : pending) {
     RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
+    r.input = Tensor();
     FsdpUnit* unit = r.unit;
     const bool average = unit->options_.gradient_divide_factor <= 0.0f;
     if (unit->replicate_group_ != nullptr) {
@@ -471,17 +561,29 @@ absl::Status FsdpUnit::FinishReductions() {
               AsBuffer(r.output), average ? ReduceOp::kAvg : ReduceOp::kSum));
       RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
     }
+    Tensor reduced = std::move(r.output);
+    r.output = Tensor();
+    if (unit->offload_params()) {
+      // One device-to-host copy of the reduced shard; accumulate on the host.
+      ASSIGN_OR_RETURN(Tensor host,
+                       Tensor::Empty(reduced.shape(), reduced.dtype(),
+                                     Device::Cpu(), MemoryTag::kCommBuffers));
+      RETURN_IF_ERROR(CopyBytes(host.raw_data(), Device::Cpu(),
+                                reduced.raw_data(), reduced.device(),
+                                reduced.nbytes()));
+      reduced = host;
+    }
     const float scale =
         average ? 1.0f : 1.0f / unit->options_.gradient_divide_factor;
     for (size_t i = 0; i < unit->params_.size(); ++i) {
       Tensor grad = unit->params_[i].grad.local().Flatten();
       if (grad.numel() == 0) continue;
       ASSIGN_OR_RETURN(Tensor piece,
-                       r.output.Narrow(unit->offsets_[i], grad.numel()));
+                       reduced.Narrow(unit->offsets_[i], grad.numel()));
       if (piece.dtype() != DType::kF32) {
         ASSIGN_OR_RETURN(
-            Tensor f32, Tensor::Empty(piece.shape(), DType::kF32, Device::Cpu(),
-                                      MemoryTag::kCommBuffers));
+            Tensor f32, Tensor::Empty(piece.shape(), DType::kF32,
+                                      piece.device(), MemoryTag::kCommBuffers));
         RETURN_IF_ERROR(Copy(piece, &f32));
         piece = f32;
       }

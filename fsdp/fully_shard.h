@@ -6,29 +6,67 @@
 // on the replicate axis of a 2-D mesh: HSDP), with an fp32 sharded gradient
 // of the same layout. The unit hooks its first module:
 //   pre-forward   all-gather the unit (one flat buffer in param dtype, cast
-//                 fused into the copy-in, dim-0 padding at the tail), copy out
-//                 the unsharded parameters, and prefetch the next unit;
+//                 fused into the copy-in, dim-0 padding at the tail; the
+//                 all-gather is in place: this rank's segment is written
+//                 straight into its slot of the output), copy out the
+//                 unsharded parameters, and prefetch the next unit;
 //   post-forward  free the unsharded parameters (reshard_after_forward: true
-//                 = ZeRO-3; false = keep them until backward: ZeRO-2);
-//   pre-backward  all-gather again if needed, prefetch the unit that runs
-//                 backward next;
-//   post-backward one reduce-scatter of the unit's gradients in reduce dtype
-//                 (average over the data-parallel ranks unless a divide
-//                 factor is set), then free the unsharded params and grads.
-// The root unit (the last FullyShard, containing all others) waits for every
-// reduce-scatter at the end of backward, all-reduces across the replicate
-// axis (HSDP) and accumulates into the fp32 sharded gradients.
+//                 = ZeRO-3; false = keep them until backward: ZeRO-2; with
+//                 hpz_degree N, keep only the 1/N piece of the gathered
+//                 buffer that an all-gather within N ranks needs: ZeRO++ hpZ);
+//   pre-backward  all-gather again if needed (hpZ: within the N-rank group,
+//                 from the kept piece), prefetch the unit that runs backward
+//                 next;
+//   post-backward free the unsharded parameters, then one reduce-scatter of
+//                 the unit's gradients in reduce dtype (average over the
+//                 data-parallel ranks unless a divide factor is set).
+// A reduce-scatter is finished (waited for, all-reduced across the replicate
+// axis for HSDP, accumulated into the fp32 sharded gradients, its buffers
+// freed) at the next unit's post-backward, just before that unit allocates
+// its own, and the root unit (the last FullyShard, containing all others)
+// finishes the last one at the end of backward.
+//
+// Memory (MemoryTag::kCommBuffers holds all-gather buffers, unsharded
+// parameters, hpZ pieces and reduce-scatter buffers; every free point is
+// deterministic, none waits for a destructor elsewhere):
+//   * all-gather output: freed right after the copy-out to the parameters;
+//   * unsharded parameters: freed at post-forward (ZeRO-3, not the root) and
+//     always at post-backward;
+//   * hpZ piece: made at the forward copy-out, consumed (freed) by the
+//     backward all-gather, or replaced by the next forward's;
+//   * reduce-scatter input and output: freed when the reduce-scatter is
+//     finished (above).
+// So with the recorded-order prefetching, ZeRO-3 holds at most: the root
+// unit's unsharded parameters, the unsharded parameters and all-gather output
+// of the unit running, the all-gather output of the one prefetched unit, and
+// one reduce-scatter's buffers (plus the backend's own scratch).
+//
+// Offload (OffloadPolicy::offload_params): the fp32 masters and gradients
+// live on the host whatever the compute device (the mesh's shard group's
+// device: cpu for Gloo, cuda:N for NCCL), so an optimizer that runs where
+// its parameters are (optim::AdamW) keeps its state and runs its update on
+// the host too. The copy-in casts on the host into one host staging segment
+// and moves it with one host-to-device copy into the all-gather slot; the
+// reduced gradient shard comes back with one device-to-host copy and is
+// accumulated on the host. Honest limits: the host memory comes from the
+// process's host allocator (core has no page-locked allocator, so with CUDA
+// these copies are synchronous copies from pageable memory), and on a
+// CPU-only machine the host *is* the compute device: offloading then saves
+// nothing and only adds the staging copies; it exists there so the branch
+// is exercised and checked.
 //
 // With SetRequiresGradientSync(false) a unit keeps its unsharded gradients
 // across backwards with no communication; the first backward with sync on
 // reduces the accumulated sum.
 //
-// Collectives run on two comm streams per mesh (all-gather, reduce-scatter)
+// Collectives run on two comm streams per root (all-gather, reduce-scatter)
 // and their buffers are held by the unit until the Work completes; the order
 // units run in is recorded on the first forward and drives prefetching.
 #ifndef FSDPP_FSDP_FULLY_SHARD_H_
 #define FSDPP_FSDP_FULLY_SHARD_H_
 
+#include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,11 +80,22 @@
 namespace fsdpp {
 namespace fsdp {
 
+// Dtypes of the communication and compute (the masters stay fp32).
 struct MixedPrecisionPolicy {
   DType param_dtype = DType::kF32;   // all-gather and compute dtype
   DType reduce_dtype = DType::kF32;  // reduce-scatter dtype
 };
 
+// Where the sharded state lives (FSDP2's CPUOffloadPolicy); see the file
+// comment for what it means on a CPU-only machine.
+struct OffloadPolicy {
+  // Keep the fp32 sharded masters and gradients (and hence the optimizer
+  // state, allocated beside them) in host memory; they move to the compute
+  // device only as the all-gather's input and back as the reduced shard.
+  bool offload_params = false;
+};
+
+// How FullyShard shards one unit.
 struct FullyShardOptions {
   // 1-D mesh: the shard axis. 2-D mesh: {replicate, shard} (HSDP); the last
   // axis shards.
@@ -54,7 +103,18 @@ struct FullyShardOptions {
   // Free the unsharded parameters after forward (ZeRO-3) or keep them for
   // backward (ZeRO-2).
   bool reshard_after_forward = true;
+  // ZeRO++ hpZ: 0 or 1 = off; N > 1 (dividing the shard axis size) makes a
+  // unit that reshards after forward keep this rank's 1/N piece of the
+  // gathered unit — the piece for its position in its group of N consecutive
+  // shard ranks (DeviceMesh::Subgroup) — so the backward all-gather runs
+  // within those N ranks only. Costs (shard axis size / N) segments of param
+  // dtype per unit between forward and backward. Units that keep their
+  // parameters unsharded after forward (reshard_after_forward = false, and
+  // the root unit) have nothing to regather and ignore it, so one set of
+  // options serves a whole plan.
+  int hpz_degree = 0;
   MixedPrecisionPolicy mp_policy;
+  OffloadPolicy offload_policy;
   // Gradients are divided by this instead of averaged (0 = average over all
   // data-parallel ranks).
   float gradient_divide_factor = 0.0f;
@@ -69,14 +129,26 @@ struct ShardedParameter {
   Shape shape;           // global shape
 };
 
+// Collectives a unit issued since FullyShard (for tests and debugging).
+struct FsdpUnitStats {
+  // All-gathers issued in forward / in backward, keyed by the number of ranks
+  // of the group they ran on (hpZ's backward ones run on the N-rank group).
+  std::map<int, int64_t> forward_all_gathers;
+  std::map<int, int64_t> backward_all_gathers;
+  // Of those, the ones issued ahead of time by a unit's prefetch.
+  int64_t prefetched_all_gathers = 0;
+  int64_t reduce_scatters = 0;
+};
+
 class FsdpUnit;
 
 // Shards `modules` (their parameters not owned by inner units) as one unit.
 // Errors: a module already sharded, a parameter shared with a unit that is
-// neither inner nor this one (put tied modules in one call), an empty unit,
-// a mesh that is not 1-D or 2-D. Parameters may be on the meta device
-// (materialise with InitShardedWeights) or materialised (their values are
-// sharded and the full copies freed).
+// neither inner nor this one (put tied modules in one call), a mesh that is
+// not 1-D or 2-D, an hpz_degree that is negative or does not divide the
+// shard axis size. Parameters may be on the meta
+// device (materialise with InitShardedWeights) or materialised (their values
+// are sharded and the full copies freed).
 absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
                                      const FullyShardOptions& options);
 
@@ -91,32 +163,50 @@ FsdpUnit* UnitOf(Module* module);
 // All sharded parameters of the units under `root` (root's unit last).
 std::vector<ShardedParameter*> ShardedParameters(Module* root);
 
+// One param group: its sharded parameters, hooks, collectives and buffers.
+// Owned by the first module it hooks (lives as long as that module).
 class FsdpUnit {
  public:
+  // Unregisters the unit's modules and parameters.
   ~FsdpUnit();
 
   // All-gathers the parameters and installs the unsharded values (waits).
   absl::Status Unshard();
-  // Frees the unsharded parameters.
+  // Frees the unsharded parameters (and an hpZ piece).
   absl::Status Reshard();
   // With false, backward keeps unsharded gradients locally (no comm).
   void SetRequiresGradientSync(bool sync) { requires_gradient_sync_ = sync; }
-  // Units whose all-gather to issue when this unit starts forward / backward
-  // (explicit prefetching; empty = the recorded order decides).
+  // Units whose all-gather to issue when this unit starts forward (explicit
+  // prefetching, in this order; once called, the recorded order no longer
+  // decides for this unit, and an empty list prefetches nothing).
   void SetModulesToForwardPrefetch(std::vector<FsdpUnit*> units) {
     forward_prefetch_ = std::move(units);
     explicit_forward_prefetch_ = true;
   }
+  // The same for the start of this unit's backward.
   void SetModulesToBackwardPrefetch(std::vector<FsdpUnit*> units) {
     backward_prefetch_ = std::move(units);
     explicit_backward_prefetch_ = true;
   }
 
+  // The unit's sharded parameters.
   std::vector<ShardedParameter>& parameters() { return params_; }
+  // The first module's kind ("TransformerBlock", "+..." for several).
   const std::string& name() const { return name_; }
+  // True for the outermost unit of its family.
   bool is_root() const { return is_root_; }
   // Elements of one rank's all-gather segment (padded), per rank.
   int64_t segment_elements() const { return segment_; }
+  // The device the unit all-gathers to and computes on (its shard group's).
+  Device compute_device() const { return compute_device_; }
+  // True when the masters and gradients live on the host (OffloadPolicy).
+  bool offload_params() const { return options_.offload_policy.offload_params; }
+  // The N-rank group of hpZ's backward all-gathers (nullptr when off).
+  ProcessGroup* hpz_group() const { return hpz_group_; }
+  // True from issuing this unit's all-gather until its copy-out.
+  bool all_gather_in_flight() const { return gather_work_ != nullptr; }
+  // Collectives issued so far.
+  const FsdpUnitStats& stats() const { return stats_; }
 
  private:
   friend absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*>,
@@ -125,8 +215,14 @@ class FsdpUnit {
   struct Shared;
   FsdpUnit() = default;
 
-  absl::Status BeginUnshard();   // copy-in + issue the all-gather
-  absl::Status FinishUnshard();  // wait + copy-out
+  // Copy-in + issue the all-gather (`prefetch`: on another unit's behalf).
+  absl::Status BeginUnshard(bool prefetch);
+  absl::Status FinishUnshard();  // wait + copy-out (+ keep an hpZ piece)
+  // Writes this rank's segment (local rows in param dtype, zero padding) into
+  // `slot` on the compute device.
+  absl::Status CopyIn(Tensor* slot);
+  // Frees the unsharded parameters, keeping an hpZ piece.
+  absl::Status FreeUnsharded();
   absl::Status ReduceGradients();
   absl::Status FinishReductions();
   absl::Status PreForward();
@@ -142,8 +238,11 @@ class FsdpUnit {
   std::vector<ShardedParameter> params_;
   ProcessGroup* shard_group_ = nullptr;
   ProcessGroup* replicate_group_ = nullptr;  // HSDP only
-  int world_ = 1, rank_ = 0;                 // on the shard axis
-  std::vector<int64_t> offsets_;             // param start in a segment
+  ProcessGroup* hpz_group_ = nullptr;        // hpZ only
+  Device compute_device_ = Device::Cpu();
+  Device state_device_ = Device::Cpu();  // masters and grads
+  int world_ = 1, rank_ = 0;             // on the shard axis
+  std::vector<int64_t> offsets_;         // param start in a segment
   int64_t segment_ = 0;
   bool initialized_ = false;
   bool is_root_ = false;
@@ -151,9 +250,12 @@ class FsdpUnit {
   bool unsharded_ = false;
   int forward_modules_ = 0, backward_modules_ = 0;  // of this iteration
   std::shared_ptr<Shared> shared_;  // per-root state (order, streams, pending)
-  // In-flight all-gather.
+  // In-flight all-gather (gather_in_ is only set for hpZ's: the piece).
   std::shared_ptr<Work> gather_work_;
   Tensor gather_in_, gather_out_;
+  // hpZ: this rank's piece of the gathered buffer, from forward to backward.
+  Tensor hpz_piece_;
+  FsdpUnitStats stats_;
   std::vector<FsdpUnit*> forward_prefetch_, backward_prefetch_;
   bool explicit_forward_prefetch_ = false, explicit_backward_prefetch_ = false;
 };

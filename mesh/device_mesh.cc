@@ -192,6 +192,40 @@ absl::StatusOr<ProcessGroup*> DeviceMesh::FlatGroup() {
   return flat_group_.get();
 }
 
+absl::StatusOr<ProcessGroup*> DeviceMesh::Subgroup(const std::string& axis_name,
+                                                   int group_size) {
+  ASSIGN_OR_RETURN(int axis, AxisIndex(axis_name));
+  const int axis_size = axes_[axis].size;
+  if (group_size < 1 || axis_size % group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mesh '", name_, "' ", AxesString(axes_), ": a subgroup of ",
+        group_size, " ranks does not divide axis '", axis_name, "' of size ",
+        axis_size));
+  }
+  if (group_size == axis_size) return groups_[axis].get();
+  std::lock_guard<std::mutex> lock(mu_);
+  auto key = std::make_pair(axis, group_size);
+  auto it = subgroups_.find(key);
+  if (it != subgroups_.end()) return it->second.get();
+  // "mesh/shard[2..3]@replicate=1": the axis coordinates it spans, then the
+  // other axes' fixed coordinates, so distinct groups have distinct names.
+  const int first = coordinate_[axis] / group_size * group_size;
+  std::vector<std::string> fixed;
+  for (int j = 0; j < ndim(); ++j) {
+    if (j != axis)
+      fixed.push_back(absl::StrCat(axes_[j].name, "=", coordinate_[j]));
+  }
+  const std::string group_name = absl::StrCat(
+      name_, "/", axis_name, "[", first, "..", first + group_size - 1, "]",
+      fixed.empty() ? "" : "@", absl::StrJoin(fixed, ","));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<ProcessGroup> group,
+      factory_(group_name, coordinate_[axis] % group_size, group_size));
+  ProcessGroup* out = group.get();
+  subgroups_.emplace(key, std::move(group));
+  return out;
+}
+
 std::string DeviceMesh::ToString() const {
   return absl::StrCat(name_, AxesString(axes_));
 }

@@ -5,8 +5,10 @@
 // torch.distributed's DeviceMesh: {replicate: 2, shard: 4} puts ranks 0-3 in
 // replica 0 and 4-7 in replica 1, and the shard group of rank 5 is {4..7}.
 // Each rank creates (once, at Create) the group of every axis it belongs to;
-// groups over several axes (a sub-mesh's flattened group) are created on
-// first use and cached, so every rank must ask for them in the same order.
+// groups over several axes (a sub-mesh's flattened group) and subgroups of an
+// axis (blocks of consecutive ranks, e.g. ZeRO++ hpZ's intra-node group) are
+// created on first use and cached, so every rank must ask for them in the
+// same order.
 #ifndef FSDPP_MESH_DEVICE_MESH_H_
 #define FSDPP_MESH_DEVICE_MESH_H_
 
@@ -14,6 +16,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -65,6 +68,17 @@ class DeviceMesh {
   // created on first use and cached.
   absl::StatusOr<ProcessGroup*> FlatGroup();
 
+  // The group of `group_size` consecutive ranks along `axis_name` that holds
+  // this rank: the ranks with this rank's coordinates on the other axes whose
+  // coordinate c on the axis has the same c / group_size; this rank is
+  // c % group_size in it. `group_size` must divide the axis size; the whole
+  // axis gives Group(axis_name). Created on first use through the mesh's
+  // factory (every member must ask for it) and cached. Example: on
+  // {shard: 4}, Subgroup("shard", 2) is {0, 1} on ranks 0-1 and {2, 3} on
+  // ranks 2-3.
+  absl::StatusOr<ProcessGroup*> Subgroup(const std::string& axis_name,
+                                         int group_size);
+
   // "mesh{replicate: 2, shard: 4}".
   std::string ToString() const;
 
@@ -81,6 +95,8 @@ class DeviceMesh {
   std::vector<std::shared_ptr<ProcessGroup>> groups_;
   std::mutex mu_;
   std::shared_ptr<ProcessGroup> flat_group_;
+  // Subgroups by (axis index, group size).
+  std::map<std::pair<int, int>, std::unique_ptr<ProcessGroup>> subgroups_;
   std::map<std::vector<std::string>, std::unique_ptr<DeviceMesh>> sub_meshes_;
 };
 

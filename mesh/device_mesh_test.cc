@@ -1,11 +1,13 @@
 // DeviceMesh over real Gloo with thread ranks: coordinates, per-axis groups
-// that talk only within their axis, sub-meshes, flat groups, validation.
+// that talk only within their axis, sub-meshes, flat groups, subgroups of
+// consecutive ranks on an axis, validation.
 #include "mesh/device_mesh.h"
 
 #include <functional>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "core/logging.h"
@@ -62,6 +64,40 @@ TEST(DeviceMeshTest, SubMeshes) {
         EXPECT_EQ(pp_only->ranks(), (std::vector<int>{rank % 4, rank % 4 + 4}));
         EXPECT_EQ(*mesh.SubMesh({"dp", "tp"}), dp_tp);  // Cached.
         EXPECT_FALSE(mesh.SubMesh({"dp", "dp"}).ok());
+      });
+}
+
+TEST(DeviceMeshTest, SubgroupsOfConsecutiveRanksOnAnAxis) {
+  // {replicate: 2, shard: 4}: shard blocks of 2 are {0,1} {2,3} in replica 0
+  // and {4,5} {6,7} in replica 1.
+  testing_util::RunOnMesh(
+      {{"replicate", 2}, {"shard", 4}}, [](int rank, DeviceMesh& mesh) {
+        absl::StatusOr<ProcessGroup*> pair = mesh.Subgroup("shard", 2);
+        ASSERT_TRUE(pair.ok()) << pair.status();
+        EXPECT_EQ((*pair)->size(), 2);
+        EXPECT_EQ((*pair)->rank(), rank % 2);
+        const int first = rank / 2 * 2;
+        EXPECT_EQ((*pair)->name(),
+                  absl::StrCat("mesh/shard[", first % 4, "..", first % 4 + 1,
+                               "]@replicate=", rank / 4));
+        // Only the block's two ranks contribute.
+        EXPECT_EQ(AllReduceSum(**pair, rank + 1.0f), 2.0f * first + 3);
+        EXPECT_EQ(*mesh.Subgroup("shard", 2), *pair);  // Cached.
+        // Groups of 1 are this rank alone; the whole axis is the axis group.
+        ProcessGroup* single = *mesh.Subgroup("shard", 1);
+        EXPECT_EQ(single->size(), 1);
+        EXPECT_EQ(AllReduceSum(*single, rank + 1.0f), rank + 1.0f);
+        EXPECT_EQ(*mesh.Subgroup("shard", 4), *mesh.Group("shard"));
+        EXPECT_EQ(*mesh.Subgroup("replicate", 2), *mesh.Group("replicate"));
+        // The pair still works after other groups were used.
+        EXPECT_EQ(AllReduceSum(**pair, 1.0f), 2.0f);
+        absl::StatusOr<ProcessGroup*> bad = mesh.Subgroup("shard", 3);
+        ASSERT_FALSE(bad.ok());
+        EXPECT_EQ(bad.status().message(),
+                  "mesh 'mesh' {replicate: 2, shard: 4}: a subgroup of 3 "
+                  "ranks does not divide axis 'shard' of size 4");
+        EXPECT_FALSE(mesh.Subgroup("shard", 0).ok());
+        EXPECT_FALSE(mesh.Subgroup("tp", 2).ok());
       });
 }
 

@@ -1,0 +1,37 @@
+// The FSDP plan of the Llama family (TorchTitan's parallelize_llama shape):
+// each transformer block layers.{i} is one unit; the root unit holds what is
+// left — tok_embeddings, norm and output (tied to tok_embeddings in tied
+// configs, so the tied weight lives in exactly one unit and its two
+// gradients add up before the one reduce-scatter) — and is sharded last.
+// The last block keeps its parameters after forward (backward needs them
+// first), unless the options ask otherwise.
+#ifndef FSDPP_MODELS_LLAMA_PARALLELIZE_H_
+#define FSDPP_MODELS_LLAMA_PARALLELIZE_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
+#include "models/transformer.h"
+
+namespace fsdpp {
+namespace models {
+namespace llama {
+
+// Mesh, mixed precision and resharding of the plan (fsdp/auto_wrap.h).
+using FsdpPlanOptions = fsdp::FsdpPlanOptions;
+
+// Shards `model` (a Llama family Transformer, on the meta device or
+// materialised; materialise meta ones with fsdp::InitShardedWeights) as
+// described above. Returns the units: blocks in order, then the root.
+// InvalidArgument for a null or non-Llama model; FullyShard's errors (e.g.
+// already sharded) otherwise.
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFsdp(
+    Transformer* model, const FsdpPlanOptions& options);
+
+}  // namespace llama
+}  // namespace models
+}  // namespace fsdpp
+
+#endif  // FSDPP_MODELS_LLAMA_PARALLELIZE_H_
