@@ -3,7 +3,8 @@
 #
 # Idempotent: packages already installed are skipped, and apt is not touched
 # at all when nothing is missing. Everything comes from Debian's archive
-# (the build is fully offline after this). Run as root or with sudo.
+# (the build is fully offline after this), except the optional npm step at
+# the end (tiktoken, for the GPT-2 tokenizer). Run as root or with sudo.
 set -euo pipefail
 
 packages=(
@@ -33,20 +34,50 @@ for p in "${packages[@]}"; do
   fi
 done
 
+sudo=()
+if (( EUID != 0 )) && command -v sudo >/dev/null; then sudo=(sudo); fi
+
 if (( ${#missing[@]} == 0 )); then
   echo "setup: all ${#packages[@]} packages present"
-  exit 0
-fi
-
-sudo=()
-if (( EUID != 0 )); then
-  if command -v sudo >/dev/null; then sudo=(sudo); else
+else
+  if (( EUID != 0 && ${#sudo[@]} == 0 )); then
     echo "setup: need root to install: ${missing[*]}" >&2
     exit 1
   fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  "${sudo[@]}" apt-get update -qq
+  "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  echo "setup: done"
 fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-"${sudo[@]}" apt-get update -qq
-"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
-echo "setup: done"
+
+# npm step (optional): the npm tiktoken package, the reference of the GPT-2
+# tokenizer parity test, and GPT-2's encoder.json + vocab.bpe derived from
+# its bundled gpt2 ranks (checked against OpenAI's published SHA-256s) for
+# the trainer's "gpt2" tokenizer. Both live outside the source tree, in
+# /usr/local/share/fsdpp. Without npm (or the npm registry) the step is
+# skipped: the parity test then skips visibly and the gpt2 tokenizer reports
+# the missing files. See trainer/data/README.md.
+fsdpp_share=/usr/local/share/fsdpp
+tiktoken_version=1.0.22
+repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [[ -f "$fsdpp_share/node_modules/tiktoken/package.json" &&
+      "$(node -p "require('$fsdpp_share/node_modules/tiktoken/package.json').version" 2>/dev/null)" == "$tiktoken_version" &&
+      -f "$fsdpp_share/gpt2/encoder.json" && -f "$fsdpp_share/gpt2/vocab.bpe" ]]; then
+  echo "setup: tiktoken $tiktoken_version and GPT-2 BPE files present in $fsdpp_share"
+elif ! command -v npm >/dev/null || ! command -v node >/dev/null; then
+  echo "setup: npm/node not found; skipping tiktoken and the GPT-2 BPE files (their tests will skip)"
+elif (( EUID != 0 && ${#sudo[@]} == 0 )); then
+  echo "setup: need root to write $fsdpp_share; skipping tiktoken (its tests will skip)" >&2
+else
+  echo "setup: installing tiktoken@$tiktoken_version into $fsdpp_share"
+  if "${sudo[@]}" mkdir -p "$fsdpp_share" &&
+     "${sudo[@]}" npm install --prefix "$fsdpp_share" --save-exact --no-audit --no-fund \
+       --loglevel=error "tiktoken@$tiktoken_version" &&
+     "${sudo[@]}" node "$repo_root/trainer/data/gpt2_bpe_from_tiktoken.js" \
+       "$fsdpp_share/node_modules/tiktoken" "$fsdpp_share/gpt2"; then
+    echo "setup: GPT-2 encoder.json and vocab.bpe written to $fsdpp_share/gpt2"
+  else
+    echo "setup: warning: tiktoken / GPT-2 BPE step failed; its tests will skip" >&2
+  fi
+fi

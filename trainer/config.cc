@@ -1,0 +1,721 @@
+// TrainConfig parsing (text format with positioned errors), --set overrides
+// through protobuf reflection, and validation; see config.h.
+#include "trainer/config.h"
+
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <map>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "core/status.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/text_format.h"
+#include "trainer/data/file_util.h"
+#include "trainer/data/tokenizers.h"
+
+namespace fsdpp {
+namespace trainer {
+namespace {
+
+namespace pb = ::google::protobuf;
+
+// "a, b, c": the field names of `message`, in declaration order.
+std::string FieldNames(const pb::Descriptor* message) {
+  std::vector<std::string> names;
+  for (int i = 0; i < message->field_count(); ++i) {
+    names.push_back(message->field(i)->name());
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+// Full message name -> dotted section path ("" for TrainConfig itself).
+const std::map<std::string, std::string>& SectionPaths() {
+  static const auto* paths = [] {
+    auto* result = new std::map<std::string, std::string>();
+    std::vector<std::pair<const pb::Descriptor*, std::string>> pending = {
+        {TrainConfig::descriptor(), ""}};
+    while (!pending.empty()) {
+      auto [message, path] = pending.back();
+      pending.pop_back();
+      result->emplace(message->full_name(), path);
+      for (int i = 0; i < message->field_count(); ++i) {
+        const pb::FieldDescriptor* field = message->field(i);
+        if (field->message_type() != nullptr) {
+          pending.emplace_back(field->message_type(),
+                               path.empty()
+                                   ? field->name()
+                                   : absl::StrCat(path, ".", field->name()));
+        }
+      }
+    }
+    return result;
+  }();
+  return *paths;
+}
+
+// The field name a protobuf text-format error is about ("" if none):
+//   Message type "T" has no field named "F".
+//   Non-repeated field "F" is specified multiple times.
+std::string FieldInError(const std::string& message, std::string* type) {
+  constexpr absl::string_view kUnknownPrefix = "Message type \"";
+  constexpr absl::string_view kUnknownMiddle = "\" has no field named \"";
+  constexpr absl::string_view kRepeatedPrefix = "Non-repeated field \"";
+  size_t name_begin;
+  if (absl::StartsWith(message, kUnknownPrefix)) {
+    const size_t middle = message.find(std::string(kUnknownMiddle));
+    if (middle == std::string::npos) return "";
+    *type =
+        message.substr(kUnknownPrefix.size(), middle - kUnknownPrefix.size());
+    name_begin = middle + kUnknownMiddle.size();
+  } else if (absl::StartsWith(message, kRepeatedPrefix)) {
+    name_begin = kRepeatedPrefix.size();
+  } else {
+    return "";
+  }
+  const size_t name_end = message.find('"', name_begin);
+  if (name_end == std::string::npos) return "";
+  return message.substr(name_begin, name_end - name_begin);
+}
+
+// Rewrites protobuf's unknown-field message into one naming the section and
+// its fields; other messages pass through (an error at the end of the text
+// says so).
+std::string DescribeTextFormatError(const std::string& message,
+                                    const std::string& type,
+                                    const std::string& name) {
+  const auto section = SectionPaths().find(type);
+  const pb::Descriptor* descriptor =
+      pb::DescriptorPool::generated_pool()->FindMessageTypeByName(type);
+  if (name.empty() || section == SectionPaths().end() ||
+      descriptor == nullptr) {
+    if (absl::EndsWith(message, "got: ")) {
+      return absl::StrCat(message, "end of input");
+    }
+    return message;
+  }
+  if (section->second.empty()) {
+    return absl::StrCat("unknown section \"", name,
+                        "\" (sections: ", FieldNames(descriptor), ")");
+  }
+  return absl::StrCat("unknown field \"", name, "\" in ", section->second,
+                      " (fields: ", FieldNames(descriptor), ")");
+}
+
+// Collects the text-format parser's errors as "SOURCE:LINE:COLUMN: message"
+// (1-based; the column counts bytes). protobuf reports errors about a field
+// name at the token after it; those are moved back to the name itself.
+class ErrorCollector : public pb::io::ErrorCollector {
+ public:
+  ErrorCollector(absl::string_view source, absl::string_view text)
+      : source_(source), lines_(absl::StrSplit(text, '\n')) {}
+
+  void AddError(int line, pb::io::ColumnNumber column,
+                const std::string& message) override {
+    std::string type;
+    const std::string name = FieldInError(message, &type);
+    size_t byte = 0;
+    if (line >= 0 && static_cast<size_t>(line) < lines_.size()) {
+      const absl::string_view text = lines_[line];
+      // protobuf's column advances a tab to the next multiple of 8.
+      for (int at = 0; byte < text.size() && at < column; ++byte) {
+        at = text[byte] == '\t' ? (at / 8 + 1) * 8 : at + 1;
+      }
+      size_t end = byte;
+      while (end > 0 && (text[end - 1] == ' ' || text[end - 1] == '\t')) {
+        --end;
+      }
+      if (!name.empty() && end >= name.size() &&
+          text.substr(end - name.size(), name.size()) == name) {
+        byte = end - name.size();
+      }
+    } else {
+      byte = static_cast<size_t>(column);
+    }
+    errors_.push_back(
+        absl::StrCat(source_, ":", line + 1, ":", byte + 1, ": ",
+                     DescribeTextFormatError(message, type, name)));
+  }
+
+  const std::vector<std::string>& errors() const { return errors_; }
+
+ private:
+  std::string source_;
+  std::vector<absl::string_view> lines_;
+  std::vector<std::string> errors_;
+};
+
+// --- Overrides -------------------------------------------------------------
+
+absl::Status OverrideError(absl::string_view assignment,
+                           absl::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("--set ", assignment, ": ", problem));
+}
+
+bool ParseBool(absl::string_view text, bool* value) {
+  if (text == "true" || text == "1") {
+    *value = true;
+    return true;
+  }
+  if (text == "false" || text == "0") {
+    *value = false;
+    return true;
+  }
+  return false;
+}
+
+absl::Status SetScalar(absl::string_view assignment,
+                       const pb::FieldDescriptor* field,
+                       absl::string_view value, pb::Message* message) {
+  const pb::Reflection* reflection = message->GetReflection();
+  const auto bad_value = [&](absl::string_view expected) {
+    return OverrideError(assignment,
+                         absl::StrCat("\"", value, "\" is not ", expected));
+  };
+  switch (field->cpp_type()) {
+    case pb::FieldDescriptor::CPPTYPE_INT32: {
+      int32_t parsed;
+      if (!absl::SimpleAtoi(value, &parsed)) return bad_value("an int32");
+      reflection->SetInt32(message, field, parsed);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_INT64: {
+      int64_t parsed;
+      if (!absl::SimpleAtoi(value, &parsed)) return bad_value("an int64");
+      reflection->SetInt64(message, field, parsed);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT32: {
+      uint32_t parsed;
+      if (!absl::SimpleAtoi(value, &parsed)) return bad_value("a uint32");
+      reflection->SetUInt32(message, field, parsed);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_UINT64: {
+      uint64_t parsed;
+      if (!absl::SimpleAtoi(value, &parsed)) return bad_value("a uint64");
+      reflection->SetUInt64(message, field, parsed);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+    case pb::FieldDescriptor::CPPTYPE_FLOAT: {
+      double parsed;
+      if (!absl::SimpleAtod(value, &parsed) || !std::isfinite(parsed)) {
+        return bad_value("a finite number");
+      }
+      if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_DOUBLE) {
+        reflection->SetDouble(message, field, parsed);
+      } else {
+        reflection->SetFloat(message, field, static_cast<float>(parsed));
+      }
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_BOOL: {
+      bool parsed;
+      if (!ParseBool(value, &parsed))
+        return bad_value("a bool (true or false)");
+      reflection->SetBool(message, field, parsed);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_STRING:
+      reflection->SetString(message, field, std::string(value));
+      return absl::OkStatus();
+    case pb::FieldDescriptor::CPPTYPE_ENUM: {
+      const pb::EnumValueDescriptor* parsed =
+          field->enum_type()->FindValueByName(std::string(value));
+      if (parsed == nullptr) {
+        return bad_value(absl::StrCat("a ", field->enum_type()->name()));
+      }
+      reflection->SetEnum(message, field, parsed);
+      return absl::OkStatus();
+    }
+    case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+      break;
+  }
+  return OverrideError(assignment, "unsupported field type");
+}
+
+// --- Validation helpers ----------------------------------------------------
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::Status CheckPositive(absl::string_view path, int64_t value) {
+  if (value > 0) return absl::OkStatus();
+  return Invalid(absl::StrCat(path, " must be positive, got ", value));
+}
+
+absl::Status CheckNonNegative(absl::string_view path, int64_t value,
+                              absl::string_view note = "") {
+  if (value >= 0) return absl::OkStatus();
+  return Invalid(absl::StrCat(path, " must be >= 0", note, ", got ", value));
+}
+
+absl::StatusOr<DType> FloatDType(absl::string_view path,
+                                 const std::string& name) {
+  absl::StatusOr<DType> dtype = ParseDType(name);
+  if (!dtype.ok() || !IsFloatingPoint(*dtype)) {
+    return Invalid(
+        absl::StrCat(path, " \"", name, "\" is not one of: f32, bf16, f16"));
+  }
+  return *dtype;
+}
+
+absl::Status ResolveModel(const ModelConfig& config,
+                          models::TransformerConfig* model) {
+  const std::string known = absl::StrJoin(models::ConfigNames(), ", ");
+  if (config.name().empty()) {
+    return Invalid(
+        absl::StrCat("model.name is required (one of: ", known, ")"));
+  }
+  absl::StatusOr<models::TransformerConfig> named =
+      models::ConfigByName(config.name());
+  if (!named.ok()) {
+    return Invalid(absl::StrCat("model.name \"", config.name(),
+                                "\" is not a known model (one of: ", known,
+                                ")"));
+  }
+  *model = *std::move(named);
+  struct Override {
+    bool present;
+    int64_t value;
+    const char* path;
+    int64_t* target;
+  };
+  const Override overrides[] = {
+      {config.has_vocab_size(), config.vocab_size(), "model.vocab_size",
+       &model->vocab_size},
+      {config.has_vocab_pad_multiple(), config.vocab_pad_multiple(),
+       "model.vocab_pad_multiple", &model->vocab_pad_multiple},
+      {config.has_context_length(), config.context_length(),
+       "model.context_length", &model->context_length},
+      {config.has_n_layers(), config.n_layers(), "model.n_layers",
+       &model->n_layers},
+      {config.has_dim(), config.dim(), "model.dim", &model->dim},
+      {config.has_n_heads(), config.n_heads(), "model.n_heads",
+       &model->n_heads},
+      {config.has_n_kv_heads(), config.n_kv_heads(), "model.n_kv_heads",
+       &model->n_kv_heads},
+      {config.has_ffn_hidden(), config.ffn_hidden(), "model.ffn_hidden",
+       &model->ffn_hidden},
+  };
+  for (const Override& override_value : overrides) {
+    if (!override_value.present) continue;
+    RETURN_IF_ERROR(CheckPositive(override_value.path, override_value.value));
+    *override_value.target = override_value.value;
+  }
+  const absl::Status valid = models::ValidateConfig(*model);
+  if (!valid.ok()) return Invalid(absl::StrCat("model: ", valid.message()));
+  return absl::OkStatus();
+}
+
+absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
+                                ResolvedTrainConfig* out) {
+  RETURN_IF_ERROR(
+      CheckPositive("parallelism.dp_replicate", config.dp_replicate()));
+  const int replicate = config.dp_replicate();
+  int shard = config.dp_shard();
+  if (shard == 0 || shard < -1) {
+    return Invalid(absl::StrCat(
+        "parallelism.dp_shard must be positive or -1 (inferred), got ", shard));
+  }
+  if (shard == -1) {
+    if (world_size % replicate != 0) {
+      return Invalid(absl::StrCat(
+          "parallelism: cannot infer dp_shard: the world size ", world_size,
+          " is not divisible by dp_replicate ", replicate));
+    }
+    shard = world_size / replicate;
+  } else if (static_cast<int64_t>(replicate) * shard != world_size) {
+    return Invalid(absl::StrCat("parallelism: dp_replicate ", replicate,
+                                " x dp_shard ", shard, " = ",
+                                static_cast<int64_t>(replicate) * shard,
+                                " ranks, but the world size is ", world_size));
+  }
+  const int hpz = config.hpz_degree();
+  RETURN_IF_ERROR(
+      CheckNonNegative("parallelism.hpz_degree", hpz, " (0 or 1 = off)"));
+  if (hpz > 1) {
+    if (!config.reshard_after_forward()) {
+      return Invalid(absl::StrCat("parallelism.hpz_degree ", hpz,
+                                  " needs parallelism.reshard_after_forward: "
+                                  "true"));
+    }
+    if (shard % hpz != 0) {
+      return Invalid(absl::StrCat("parallelism.hpz_degree ", hpz,
+                                  " does not divide dp_shard ", shard));
+    }
+  }
+  out->world_size = world_size;
+  out->dp_replicate = replicate;
+  out->dp_shard = shard;
+  out->hpz_degree = hpz > 1 ? hpz : 1;
+  return absl::OkStatus();
+}
+
+absl::Status CheckUnitInterval(absl::string_view path, double value,
+                               bool include_one) {
+  const bool ok = value >= 0.0 && (include_one ? value <= 1.0 : value < 1.0);
+  if (ok) return absl::OkStatus();
+  return Invalid(absl::StrCat(path, " must be in [0, 1",
+                              include_one ? "]" : ")", ", got ", value));
+}
+
+absl::Status ResolveTraining(const TrainingConfig& config,
+                             ResolvedTrainConfig* out) {
+  RETURN_IF_ERROR(CheckPositive("training.steps", config.steps()));
+  RETURN_IF_ERROR(
+      CheckPositive("training.global_batch", config.global_batch()));
+  RETURN_IF_ERROR(CheckPositive("training.micro_batch", config.micro_batch()));
+  const int64_t dp_degree =
+      static_cast<int64_t>(out->dp_replicate) * out->dp_shard;
+  const int64_t per_pass = dp_degree * config.micro_batch();
+  if (config.global_batch() % per_pass != 0) {
+    return Invalid(absl::StrCat(
+        "training.global_batch ", config.global_batch(),
+        " is not divisible by the data-parallel degree ", dp_degree,
+        " x micro_batch ", config.micro_batch(), " = ", per_pass));
+  }
+  if (config.seq_len() < 0) {
+    return Invalid(absl::StrCat(
+        "training.seq_len must be positive (or 0 for the model's context "
+        "length), got ",
+        config.seq_len()));
+  }
+  const int64_t seq_len =
+      config.seq_len() == 0 ? out->model.context_length : config.seq_len();
+  if (seq_len > out->model.context_length) {
+    return Invalid(absl::StrCat(
+        "training.seq_len ", seq_len, " is longer than the context length ",
+        out->model.context_length, " of model ", out->model.name));
+  }
+  if (!(config.lr() > 0.0 && std::isfinite(config.lr()))) {
+    return Invalid(absl::StrCat(
+        "training.lr must be a positive finite number, got ", config.lr()));
+  }
+  RETURN_IF_ERROR(
+      CheckNonNegative("training.warmup_steps", config.warmup_steps()));
+  if (config.warmup_steps() > config.steps()) {
+    return Invalid(absl::StrCat("training.warmup_steps ", config.warmup_steps(),
+                                " is more than training.steps ",
+                                config.steps()));
+  }
+  if (config.schedule() != "cosine" && config.schedule() != "linear" &&
+      config.schedule() != "constant") {
+    return Invalid(absl::StrCat("training.schedule \"", config.schedule(),
+                                "\" is not one of: cosine, linear, constant"));
+  }
+  RETURN_IF_ERROR(
+      CheckUnitInterval("training.min_lr_ratio", config.min_lr_ratio(), true));
+  if (!(config.weight_decay() >= 0.0 && std::isfinite(config.weight_decay()))) {
+    return Invalid(absl::StrCat("training.weight_decay must be >= 0, got ",
+                                config.weight_decay()));
+  }
+  if (!(config.grad_clip() >= 0.0 && std::isfinite(config.grad_clip()))) {
+    return Invalid(absl::StrCat(
+        "training.grad_clip must be >= 0 (0 = off), got ", config.grad_clip()));
+  }
+  RETURN_IF_ERROR(
+      CheckUnitInterval("training.adam_beta1", config.adam_beta1(), false));
+  RETURN_IF_ERROR(
+      CheckUnitInterval("training.adam_beta2", config.adam_beta2(), false));
+  if (!(config.adam_eps() > 0.0 && std::isfinite(config.adam_eps()))) {
+    return Invalid(absl::StrCat("training.adam_eps must be positive, got ",
+                                config.adam_eps()));
+  }
+  ASSIGN_OR_RETURN(out->param_dtype,
+                   FloatDType("training.mixed_precision.param_dtype",
+                              config.mixed_precision().param_dtype()));
+  ASSIGN_OR_RETURN(out->reduce_dtype,
+                   FloatDType("training.mixed_precision.reduce_dtype",
+                              config.mixed_precision().reduce_dtype()));
+  out->seq_len = seq_len;
+  out->micro_batch = config.micro_batch();
+  out->grad_accumulation_steps = config.global_batch() / per_pass;
+  out->tokens_per_step = config.global_batch() * seq_len;
+  return absl::OkStatus();
+}
+
+absl::Status ResolveData(const DataConfig& config, ResolvedTrainConfig* out) {
+  if (config.dataset().empty()) {
+    return Invalid("data.dataset is required (\"embedded\" or a file path)");
+  }
+  const absl::StatusOr<int32_t> vocab = TokenizerVocabSize(config.tokenizer());
+  if (!vocab.ok()) {
+    return Invalid(absl::StrCat(
+        "data.tokenizer \"", config.tokenizer(),
+        "\" is not one of: ", absl::StrJoin(TokenizerNames(), ", ")));
+  }
+  if (*vocab > out->model.vocab_size) {
+    return Invalid(absl::StrCat("data.tokenizer ", config.tokenizer(),
+                                " produces ", *vocab, " token ids but model ",
+                                out->model.name, " has vocab_size ",
+                                out->model.vocab_size));
+  }
+  if (config.dataset() != "embedded" && !IsRegularFile(config.dataset())) {
+    if (IsDirectory(config.dataset())) {
+      return Invalid(absl::StrCat("data.dataset \"", config.dataset(),
+                                  "\" is a directory, not a file"));
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "data.dataset file \"", config.dataset(), "\" does not exist"));
+  }
+  RETURN_IF_ERROR(CheckUnitInterval("data.validation_fraction",
+                                    config.validation_fraction(), false));
+  out->tokenizer_vocab_size = *vocab;
+  return absl::OkStatus();
+}
+
+absl::Status CheckCheckpoint(const CheckpointConfig& config) {
+  RETURN_IF_ERROR(CheckNonNegative("checkpoint.interval", config.interval(),
+                                   " (0 = never)"));
+  RETURN_IF_ERROR(CheckNonNegative("checkpoint.keep_latest_k",
+                                   config.keep_latest_k(), " (0 = keep all)"));
+  if (config.folder().empty() && (config.interval() > 0 || config.resume())) {
+    return Invalid(
+        "checkpoint.folder is required when checkpoint.interval > 0 or "
+        "checkpoint.resume is true");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMetrics(const MetricsConfig& config) {
+  RETURN_IF_ERROR(CheckPositive("metrics.log_interval", config.log_interval()));
+  RETURN_IF_ERROR(
+      CheckNonNegative("metrics.trace_start_step", config.trace_start_step()));
+  RETURN_IF_ERROR(CheckNonNegative("metrics.trace_steps", config.trace_steps(),
+                                   " (0 = no trace)"));
+  if (config.trace_steps() > 0 && config.trace_path().empty()) {
+    return Invalid(
+        "metrics.trace_path is required when metrics.trace_steps > 0");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckValidation(const ValidationConfig& config,
+                             const DataConfig& data) {
+  RETURN_IF_ERROR(CheckNonNegative("validation.interval", config.interval(),
+                                   " (0 = never)"));
+  if (config.interval() > 0) {
+    RETURN_IF_ERROR(CheckPositive("validation.batches", config.batches()));
+    if (data.validation_fraction() == 0.0) {
+      return Invalid(absl::StrCat("validation.interval ", config.interval(),
+                                  " needs data.validation_fraction > 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Sets every unset field to its default, recursively, so printing shows the
+// effective values.
+void FillDefaults(pb::Message* message) {
+  const pb::Descriptor* descriptor = message->GetDescriptor();
+  const pb::Reflection* reflection = message->GetReflection();
+  for (int i = 0; i < descriptor->field_count(); ++i) {
+    const pb::FieldDescriptor* field = descriptor->field(i);
+    if (field->is_repeated()) continue;
+    switch (field->cpp_type()) {
+      case pb::FieldDescriptor::CPPTYPE_MESSAGE:
+        FillDefaults(reflection->MutableMessage(message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_INT32:
+        reflection->SetInt32(message, field,
+                             reflection->GetInt32(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_INT64:
+        reflection->SetInt64(message, field,
+                             reflection->GetInt64(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_UINT32:
+        reflection->SetUInt32(message, field,
+                              reflection->GetUInt32(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_UINT64:
+        reflection->SetUInt64(message, field,
+                              reflection->GetUInt64(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_DOUBLE:
+        reflection->SetDouble(message, field,
+                              reflection->GetDouble(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_FLOAT:
+        reflection->SetFloat(message, field,
+                             reflection->GetFloat(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_BOOL:
+        reflection->SetBool(message, field,
+                            reflection->GetBool(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_STRING:
+        reflection->SetString(message, field,
+                              reflection->GetString(*message, field));
+        break;
+      case pb::FieldDescriptor::CPPTYPE_ENUM:
+        reflection->SetEnum(message, field,
+                            reflection->GetEnum(*message, field));
+        break;
+    }
+  }
+}
+
+void Anchor(const std::string& base, std::string* path) {
+  if (path->empty() || absl::StartsWith(*path, "/")) return;
+  *path = absl::StrCat(base, "/", *path);
+}
+
+}  // namespace
+
+absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view text,
+                                             absl::string_view source) {
+  const std::string contents(text);
+  ErrorCollector errors(source, contents);
+  pb::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  TrainConfig config;
+  if (!parser.ParseFromString(contents, &config)) {
+    if (errors.errors().empty()) {
+      return Invalid(absl::StrCat(source, ": cannot parse the config"));
+    }
+    return Invalid(absl::StrJoin(errors.errors(), "\n"));
+  }
+  return config;
+}
+
+absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "config file"));
+  return ParseTrainConfig(text, path);
+}
+
+absl::Status ApplyOverride(absl::string_view assignment, TrainConfig* config) {
+  const size_t equals = assignment.find('=');
+  if (equals == absl::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--set \"", assignment, "\": expected SECTION.FIELD=VALUE"));
+  }
+  const absl::string_view path = assignment.substr(0, equals);
+  const absl::string_view value = assignment.substr(equals + 1);
+  const std::vector<absl::string_view> names = absl::StrSplit(path, '.');
+  pb::Message* message = config;
+  std::string prefix;  // The dotted path walked so far.
+  for (size_t i = 0; i < names.size(); ++i) {
+    const pb::Descriptor* descriptor = message->GetDescriptor();
+    const pb::FieldDescriptor* field =
+        descriptor->FindFieldByName(std::string(names[i]));
+    if (field == nullptr) {
+      if (prefix.empty()) {
+        return OverrideError(
+            assignment,
+            absl::StrCat("unknown section \"", names[i],
+                         "\" (sections: ", FieldNames(descriptor), ")"));
+      }
+      return OverrideError(
+          assignment,
+          absl::StrCat("unknown field \"", names[i], "\" in ", prefix,
+                       " (fields: ", FieldNames(descriptor), ")"));
+    }
+    prefix = prefix.empty() ? std::string(names[i])
+                            : absl::StrCat(prefix, ".", names[i]);
+    const bool last = i + 1 == names.size();
+    if (field->is_repeated()) {
+      return OverrideError(assignment, absl::StrCat(prefix,
+                                                    " is a list; --set cannot "
+                                                    "set it"));
+    }
+    if (field->cpp_type() == pb::FieldDescriptor::CPPTYPE_MESSAGE) {
+      if (last) {
+        return OverrideError(
+            assignment,
+            absl::StrCat(prefix, " is a section; set one of its fields: ",
+                         FieldNames(field->message_type())));
+      }
+      message = message->GetReflection()->MutableMessage(message, field);
+      continue;
+    }
+    if (!last) {
+      return OverrideError(assignment,
+                           absl::StrCat(prefix, " is a field, not a section"));
+    }
+    return SetScalar(assignment, field, value, message);
+  }
+  return OverrideError(assignment, "empty path");
+}
+
+absl::Status ApplyOverrides(absl::Span<const std::string> assignments,
+                            TrainConfig* config) {
+  for (const std::string& assignment : assignments) {
+    RETURN_IF_ERROR(ApplyOverride(assignment, config));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
+    const TrainConfig& config, int world_size) {
+  if (world_size < 1) {
+    return Invalid(
+        absl::StrCat("world size must be positive, got ", world_size));
+  }
+  ResolvedTrainConfig resolved;
+  RETURN_IF_ERROR(ResolveModel(config.model(), &resolved.model));
+  RETURN_IF_ERROR(
+      ResolveParallelism(config.parallelism(), world_size, &resolved));
+  RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
+  RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
+  RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
+  RETURN_IF_ERROR(CheckMetrics(config.metrics()));
+  RETURN_IF_ERROR(CheckValidation(config.validation(), config.data()));
+  return resolved;
+}
+
+absl::Status Validate(const TrainConfig& config, int world_size) {
+  return ResolveTrainConfig(config, world_size).status();
+}
+
+void MakePathsAbsolute(const std::string& base_directory, TrainConfig* config) {
+  DataConfig* data = config->mutable_data();
+  if (data->dataset() != "embedded")
+    Anchor(base_directory, data->mutable_dataset());
+  if (data->has_tokenizer_dir()) {
+    Anchor(base_directory, data->mutable_tokenizer_dir());
+  }
+  CheckpointConfig* checkpoint = config->mutable_checkpoint();
+  std::string folder = checkpoint->folder();  // May be the default.
+  Anchor(base_directory, &folder);
+  checkpoint->set_folder(folder);
+  MetricsConfig* metrics = config->mutable_metrics();
+  if (metrics->has_jsonl_path()) {
+    Anchor(base_directory, metrics->mutable_jsonl_path());
+  }
+  std::string trace = metrics->trace_path();
+  Anchor(base_directory, &trace);
+  metrics->set_trace_path(trace);
+}
+
+std::string InvocationDirectory() {
+  const char* bazel = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (bazel != nullptr && bazel[0] != '\0') return bazel;
+  char buffer[4096];
+  if (::getcwd(buffer, sizeof(buffer)) != nullptr) return buffer;
+  return ".";
+}
+
+std::string FormatTrainConfig(const TrainConfig& config) {
+  TrainConfig effective = config;
+  FillDefaults(&effective);
+  std::string text;
+  pb::TextFormat::PrintToString(effective, &text);
+  return text;
+}
+
+}  // namespace trainer
+}  // namespace fsdpp

@@ -1,0 +1,546 @@
+// Tests of TrainConfig loading, --set overrides and validation: every shipped
+// config loads and validates at its intended world size, and every error
+// message is checked word for word.
+#include "trainer/config.h"
+
+#include <dirent.h>
+
+#include <cstdlib>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "trainer/data/file_util.h"
+
+namespace fsdpp {
+namespace trainer {
+namespace {
+
+template <typename T>
+std::string Message(const absl::StatusOr<T>& value) {
+  return std::string(value.status().message());
+}
+
+constexpr char kModels[] =
+    "gpt2_debug, gpt2_124m, gpt2_350m, gpt2_774m, gpt2_1558m, llama_debug, "
+    "llama_1b, smollm3_3b, llama3_8b";
+
+// --- Shipped configs -------------------------------------------------------
+
+struct Shipped {
+  std::string name;
+  int world_size;
+  int dp_replicate;
+  int dp_shard;
+  int hpz_degree;
+  int64_t seq_len;
+  int64_t grad_accumulation_steps;
+};
+
+const std::vector<Shipped>& ShippedConfigs() {
+  static const auto* configs = new std::vector<Shipped>{
+      {"gpt2_debug", 2, 1, 2, 1, 128, 2},
+      {"gpt2_124m", 8, 1, 8, 1, 1024, 4},
+      {"llama_debug", 4, 2, 2, 1, 128, 2},
+      {"llama_1b", 8, 1, 8, 1, 2048, 8},
+      {"smollm3_3b", 16, 2, 8, 1, 4096, 4},
+      {"llama3_8b", 64, 1, 64, 8, 8192, 2},
+  };
+  return *configs;
+}
+
+TEST(ShippedConfigsTest, EachLoadsAndValidatesAtItsWorldSize) {
+  for (const Shipped& shipped : ShippedConfigs()) {
+    SCOPED_TRACE(shipped.name);
+    auto config = LoadTrainConfig(
+        absl::StrCat("trainer/configs/", shipped.name, ".textproto"));
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->model().name(), shipped.name);
+    auto resolved = ResolveTrainConfig(*config, shipped.world_size);
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->dp_replicate, shipped.dp_replicate);
+    EXPECT_EQ(resolved->dp_shard, shipped.dp_shard);
+    EXPECT_EQ(resolved->hpz_degree, shipped.hpz_degree);
+    EXPECT_EQ(resolved->seq_len, shipped.seq_len);
+    EXPECT_EQ(resolved->grad_accumulation_steps,
+              shipped.grad_accumulation_steps);
+    EXPECT_EQ(resolved->tokens_per_step,
+              config->training().global_batch() * shipped.seq_len);
+    // Each file states the world size it is meant for.
+    auto text = ReadFileToString(
+        absl::StrCat("trainer/configs/", shipped.name, ".textproto"));
+    ASSERT_TRUE(text.ok());
+    EXPECT_TRUE(absl::StrContains(
+        *text, absl::StrCat("Intended world size: ", shipped.world_size)));
+  }
+}
+
+TEST(ShippedConfigsTest, EveryFileInConfigsIsCovered) {
+  std::set<std::string> files;
+  DIR* directory = opendir("trainer/configs");
+  ASSERT_NE(directory, nullptr);
+  while (dirent* entry = readdir(directory)) {
+    const std::string name = entry->d_name;
+    if (absl::EndsWith(name, ".textproto")) files.insert(name);
+  }
+  closedir(directory);
+  std::set<std::string> tested;
+  for (const Shipped& shipped : ShippedConfigs()) {
+    tested.insert(absl::StrCat(shipped.name, ".textproto"));
+  }
+  EXPECT_EQ(files, tested);
+}
+
+TEST(ShippedConfigsTest, Gpt2SmallPadsItsVocabulary) {
+  auto config = LoadTrainConfig("trainer/configs/gpt2_124m.textproto");
+  ASSERT_TRUE(config.ok());
+  auto resolved = ResolveTrainConfig(*config, 8);
+  ASSERT_TRUE(resolved.ok());
+  EXPECT_EQ(resolved->model.padded_vocab_size(), 50304);
+  EXPECT_EQ(resolved->param_dtype, DType::kBF16);
+  EXPECT_EQ(resolved->reduce_dtype, DType::kF32);
+  EXPECT_EQ(resolved->tokenizer_vocab_size, 50257);
+}
+
+// --- Text format -------------------------------------------------------------
+
+TEST(ParseTrainConfigTest, ParsesTextFormat) {
+  auto config = ParseTrainConfig(
+      "# comment\n"
+      "model { name: \"llama_debug\" context_length: 64 }\n"
+      "training { steps: 5 lr: 0.01 mixed_precision { param_dtype: \"bf16\" "
+      "} }\n",
+      "inline");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model().context_length(), 64);
+  EXPECT_EQ(config->training().steps(), 5);
+  EXPECT_DOUBLE_EQ(config->training().lr(), 0.01);
+  EXPECT_EQ(config->training().mixed_precision().param_dtype(), "bf16");
+  EXPECT_EQ(config->training().global_batch(), 8);  // Default.
+  EXPECT_EQ(config->parallelism().dp_shard(), -1);
+}
+
+TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
+  auto unknown_field = ParseTrainConfig(
+      "model { name: \"gpt2_debug\" }\n"
+      "training {\n"
+      "  stepz: 100\n"
+      "}\n",
+      "run.textproto");
+  EXPECT_EQ(unknown_field.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Message(unknown_field),
+            "run.textproto:3:3: unknown field \"stepz\" in training (fields: "
+            "steps, global_batch, micro_batch, seq_len, lr, warmup_steps, "
+            "schedule, min_lr_ratio, weight_decay, grad_clip, "
+            "mixed_precision, seed, activation_checkpointing, adam_beta1, "
+            "adam_beta2, adam_eps)");
+  auto nested = ParseTrainConfig(
+      "training { mixed_precision { param: \"bf16\" } }", "run.textproto");
+  EXPECT_EQ(Message(nested),
+            "run.textproto:1:30: unknown field \"param\" in "
+            "training.mixed_precision (fields: param_dtype, reduce_dtype)");
+  auto unknown_section =
+      ParseTrainConfig("\n  optimizer { lr: 1 }", "run.textproto");
+  EXPECT_EQ(Message(unknown_section),
+            "run.textproto:2:3: unknown section \"optimizer\" (sections: "
+            "model, parallelism, training, data, checkpoint, metrics, "
+            "validation)");
+}
+
+TEST(ParseTrainConfigTest, SyntaxAndTypeErrors) {
+  EXPECT_EQ(Message(ParseTrainConfig("training { steps: \"ten\" }", "a")),
+            "a:1:19: Expected integer, got: \"ten\"");
+  EXPECT_EQ(Message(ParseTrainConfig("training {\n  steps: 10", "a")),
+            "a:2:12: Expected identifier, got: end of input");
+  EXPECT_EQ(
+      Message(ParseTrainConfig("training { steps: 1 steps: 2 }", "a")),
+      "a:1:21: Non-repeated field \"steps\" is specified multiple times.");
+  // A tab counts as one column.
+  EXPECT_EQ(Message(ParseTrainConfig("data {\n\t\tpath: \"x\" }", "a")),
+            "a:2:3: unknown field \"path\" in data (fields: dataset, "
+            "tokenizer, tokenizer_dir, validation_fraction, shuffle)");
+}
+
+TEST(LoadTrainConfigTest, MissingFile) {
+  auto config = LoadTrainConfig("trainer/configs/nope.textproto");
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(config.status().message(),
+            "cannot read config file \"trainer/configs/nope.textproto\": No "
+            "such file or directory");
+}
+
+// --- Overrides ---------------------------------------------------------------
+
+TEST(ApplyOverrideTest, SetsEveryScalarType) {
+  TrainConfig config;
+  ASSERT_TRUE(ApplyOverrides({"training.steps=100",                  // int64
+                              "parallelism.dp_shard=-1",             // int32
+                              "training.seed=18446744073709551615",  // uint64
+                              "training.lr=2.5e-4",                  // double
+                              "training.activation_checkpointing=true",
+                              "checkpoint.async=0",         // bool
+                              "model.name=llama_1b",        // string
+                              "data.dataset=/tmp/a=b.bin",  // '=' in value
+                              "training.mixed_precision.param_dtype=bf16"},
+                             &config)
+                  .ok());
+  EXPECT_EQ(config.training().steps(), 100);
+  EXPECT_EQ(config.parallelism().dp_shard(), -1);
+  EXPECT_EQ(config.training().seed(), 18446744073709551615ull);
+  EXPECT_DOUBLE_EQ(config.training().lr(), 2.5e-4);
+  EXPECT_TRUE(config.training().activation_checkpointing());
+  EXPECT_TRUE(config.checkpoint().has_async());
+  EXPECT_FALSE(config.checkpoint().async());
+  EXPECT_EQ(config.model().name(), "llama_1b");
+  EXPECT_EQ(config.data().dataset(), "/tmp/a=b.bin");
+  EXPECT_EQ(config.training().mixed_precision().param_dtype(), "bf16");
+}
+
+TEST(ApplyOverrideTest, Errors) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"training.steps",
+       "--set \"training.steps\": expected SECTION.FIELD=VALUE"},
+      {"optim.lr=1",
+       "--set optim.lr=1: unknown section \"optim\" (sections: model, "
+       "parallelism, training, data, checkpoint, metrics, validation)"},
+      {"=1",
+       "--set =1: unknown section \"\" (sections: model, parallelism, "
+       "training, data, checkpoint, metrics, validation)"},
+      {"data.path=x",
+       "--set data.path=x: unknown field \"path\" in data (fields: dataset, "
+       "tokenizer, tokenizer_dir, validation_fraction, shuffle)"},
+      {"training.mixed_precision.param=bf16",
+       "--set training.mixed_precision.param=bf16: unknown field \"param\" in "
+       "training.mixed_precision (fields: param_dtype, reduce_dtype)"},
+      {"validation=3",
+       "--set validation=3: validation is a section; set one of its fields: "
+       "interval, batches"},
+      {"training.steps.max=3",
+       "--set training.steps.max=3: training.steps is a field, not a section"},
+      {"training.steps=ten",
+       "--set training.steps=ten: \"ten\" is not an int64"},
+      {"training.steps=1.5",
+       "--set training.steps=1.5: \"1.5\" is not an int64"},
+      {"parallelism.dp_shard=99999999999",
+       "--set parallelism.dp_shard=99999999999: \"99999999999\" is not an "
+       "int32"},
+      {"training.seed=-1", "--set training.seed=-1: \"-1\" is not a uint64"},
+      {"training.lr=fast",
+       "--set training.lr=fast: \"fast\" is not a finite number"},
+      {"training.lr=nan",
+       "--set training.lr=nan: \"nan\" is not a finite number"},
+      {"data.shuffle=yes",
+       "--set data.shuffle=yes: \"yes\" is not a bool (true or false)"},
+  };
+  for (const auto& [assignment, message] : cases) {
+    TrainConfig config;
+    const absl::Status status = ApplyOverride(assignment, &config);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << assignment;
+    EXPECT_EQ(status.message(), message);
+  }
+}
+
+// --- Validation --------------------------------------------------------------
+
+// A valid base: gpt2_debug (vocab 512, context 128), sequences of 64, world 2
+// by default, then `overrides`.
+absl::Status ValidateWith(const std::vector<std::string>& overrides,
+                          int world_size = 2) {
+  TrainConfig config;
+  config.mutable_model()->set_name("gpt2_debug");
+  config.mutable_training()->set_seq_len(64);
+  const absl::Status applied = ApplyOverrides(overrides, &config);
+  if (!applied.ok()) return applied;
+  return Validate(config, world_size);
+}
+
+TEST(ValidateTest, TheBaseIsValid) {
+  EXPECT_TRUE(ValidateWith({}).ok()) << ValidateWith({});
+}
+
+TEST(ValidateTest, ResolvesDerivedValues) {
+  TrainConfig config;
+  ASSERT_TRUE(
+      ApplyOverrides(
+          {"model.name=llama_debug", "model.context_length=96",
+           "model.n_layers=3", "model.dim=128", "model.n_heads=8",
+           "model.n_kv_heads=4", "model.ffn_hidden=320", "model.vocab_size=300",
+           "parallelism.dp_replicate=2", "parallelism.hpz_degree=0",
+           "training.global_batch=24", "training.micro_batch=3"},
+          &config)
+          .ok());
+  auto resolved = ResolveTrainConfig(config, 4);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->model.context_length, 96);
+  EXPECT_EQ(resolved->model.n_layers, 3);
+  EXPECT_EQ(resolved->model.vocab_size, 300);
+  EXPECT_EQ(resolved->model.dim, 128);
+  EXPECT_EQ(resolved->model.n_heads, 8);
+  EXPECT_EQ(resolved->model.kv_heads(), 4);
+  EXPECT_EQ(resolved->model.ffn_hidden, 320);
+  EXPECT_EQ(resolved->dp_replicate, 2);
+  EXPECT_EQ(resolved->dp_shard, 2);
+  EXPECT_EQ(resolved->hpz_degree, 1);
+  EXPECT_EQ(resolved->seq_len, 96);  // 0 = the context length.
+  EXPECT_EQ(resolved->micro_batch, 3);
+  EXPECT_EQ(resolved->grad_accumulation_steps, 2);
+  EXPECT_EQ(resolved->tokens_per_step, 24 * 96);
+  EXPECT_EQ(resolved->param_dtype, DType::kF32);
+  EXPECT_EQ(resolved->tokenizer_vocab_size, 257);
+}
+
+struct ValidateCase {
+  std::vector<std::string> overrides;
+  int world_size;
+  std::string message;
+};
+
+TEST(ValidateTest, EveryErrorMessage) {
+  const std::string missing =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/missing.bin");
+  const std::vector<ValidateCase> cases = {
+      {{}, 0, "world size must be positive, got 0"},
+      // model
+      {{"model.name="},
+       2,
+       absl::StrCat("model.name is required (one of: ", kModels, ")")},
+      {{"model.name=gpt3"},
+       2,
+       absl::StrCat(
+           "model.name \"gpt3\" is not a known model (one of: ", kModels, ")")},
+      {{"model.vocab_size=0"}, 2, "model.vocab_size must be positive, got 0"},
+      {{"model.vocab_pad_multiple=-64"},
+       2,
+       "model.vocab_pad_multiple must be positive, got -64"},
+      {{"model.context_length=0"},
+       2,
+       "model.context_length must be positive, got 0"},
+      {{"model.n_layers=-1"}, 2, "model.n_layers must be positive, got -1"},
+      {{"model.dim=0"}, 2, "model.dim must be positive, got 0"},
+      {{"model.n_heads=0"}, 2, "model.n_heads must be positive, got 0"},
+      {{"model.n_kv_heads=-2"}, 2, "model.n_kv_heads must be positive, got -2"},
+      {{"model.ffn_hidden=0"}, 2, "model.ffn_hidden must be positive, got 0"},
+      {{"model.n_heads=5"},
+       2,
+       "model: TransformerConfig 'gpt2_debug' (gpt2): n_heads 5 must divide "
+       "dim 64"},
+      // parallelism
+      {{"parallelism.dp_replicate=0"},
+       2,
+       "parallelism.dp_replicate must be positive, got 0"},
+      {{"parallelism.dp_shard=0"},
+       2,
+       "parallelism.dp_shard must be positive or -1 (inferred), got 0"},
+      {{"parallelism.dp_shard=-2"},
+       2,
+       "parallelism.dp_shard must be positive or -1 (inferred), got -2"},
+      {{"parallelism.dp_replicate=4"},
+       6,
+       "parallelism: cannot infer dp_shard: the world size 6 is not divisible "
+       "by dp_replicate 4"},
+      {{"parallelism.dp_replicate=2", "parallelism.dp_shard=3"},
+       4,
+       "parallelism: dp_replicate 2 x dp_shard 3 = 6 ranks, but the world "
+       "size is 4"},
+      {{"parallelism.hpz_degree=-1"},
+       2,
+       "parallelism.hpz_degree must be >= 0 (0 or 1 = off), got -1"},
+      {{"parallelism.hpz_degree=2", "parallelism.reshard_after_forward=false"},
+       2,
+       "parallelism.hpz_degree 2 needs parallelism.reshard_after_forward: "
+       "true"},
+      {{"parallelism.hpz_degree=3", "training.global_batch=24"},
+       8,
+       "parallelism.hpz_degree 3 does not divide dp_shard 8"},
+      // training
+      {{"training.steps=0"}, 2, "training.steps must be positive, got 0"},
+      {{"training.global_batch=-8"},
+       2,
+       "training.global_batch must be positive, got -8"},
+      {{"training.micro_batch=0"},
+       2,
+       "training.micro_batch must be positive, got 0"},
+      {{"training.global_batch=30", "training.micro_batch=2"},
+       4,
+       "training.global_batch 30 is not divisible by the data-parallel degree "
+       "4 x micro_batch 2 = 8"},
+      {{"training.seq_len=-5"},
+       2,
+       "training.seq_len must be positive (or 0 for the model's context "
+       "length), got -5"},
+      {{"training.seq_len=256"},
+       2,
+       "training.seq_len 256 is longer than the context length 128 of model "
+       "gpt2_debug"},
+      {{"training.seq_len=256", "model.context_length=200"},
+       2,
+       "training.seq_len 256 is longer than the context length 200 of model "
+       "gpt2_debug"},
+      {{"training.lr=0"},
+       2,
+       "training.lr must be a positive finite number, got 0"},
+      {{"training.warmup_steps=-1"},
+       2,
+       "training.warmup_steps must be >= 0, got -1"},
+      {{"training.warmup_steps=200", "training.steps=100"},
+       2,
+       "training.warmup_steps 200 is more than training.steps 100"},
+      {{"training.schedule=exponential"},
+       2,
+       "training.schedule \"exponential\" is not one of: cosine, linear, "
+       "constant"},
+      {{"training.min_lr_ratio=1.5"},
+       2,
+       "training.min_lr_ratio must be in [0, 1], got 1.5"},
+      {{"training.weight_decay=-0.1"},
+       2,
+       "training.weight_decay must be >= 0, got -0.1"},
+      {{"training.grad_clip=-1"},
+       2,
+       "training.grad_clip must be >= 0 (0 = off), got -1"},
+      {{"training.adam_beta1=1"},
+       2,
+       "training.adam_beta1 must be in [0, 1), got 1"},
+      {{"training.adam_beta2=-0.5"},
+       2,
+       "training.adam_beta2 must be in [0, 1), got -0.5"},
+      {{"training.adam_eps=0"}, 2, "training.adam_eps must be positive, got 0"},
+      {{"training.mixed_precision.param_dtype=int8"},
+       2,
+       "training.mixed_precision.param_dtype \"int8\" is not one of: f32, "
+       "bf16, f16"},
+      {{"training.mixed_precision.reduce_dtype=i32"},
+       2,
+       "training.mixed_precision.reduce_dtype \"i32\" is not one of: f32, "
+       "bf16, f16"},
+      // data
+      {{"data.dataset="},
+       2,
+       "data.dataset is required (\"embedded\" or a file path)"},
+      {{"data.tokenizer=sentencepiece"},
+       2,
+       "data.tokenizer \"sentencepiece\" is not one of: byte, gpt2"},
+      {{"data.tokenizer=gpt2"},
+       2,
+       "data.tokenizer gpt2 produces 50257 token ids but model gpt2_debug has "
+       "vocab_size 512"},
+      {{"data.tokenizer=byte", "model.vocab_size=256"},
+       2,
+       "data.tokenizer byte produces 257 token ids but model gpt2_debug has "
+       "vocab_size 256"},
+      {{absl::StrCat("data.dataset=", missing)},
+       2,
+       absl::StrCat("data.dataset file \"", missing, "\" does not exist")},
+      {{absl::StrCat("data.dataset=", std::getenv("TEST_TMPDIR"))},
+       2,
+       absl::StrCat("data.dataset \"", std::getenv("TEST_TMPDIR"),
+                    "\" is a directory, not a file")},
+      {{"data.validation_fraction=1"},
+       2,
+       "data.validation_fraction must be in [0, 1), got 1"},
+      // checkpoint
+      {{"checkpoint.interval=-1"},
+       2,
+       "checkpoint.interval must be >= 0 (0 = never), got -1"},
+      {{"checkpoint.keep_latest_k=-2"},
+       2,
+       "checkpoint.keep_latest_k must be >= 0 (0 = keep all), got -2"},
+      {{"checkpoint.folder="},
+       2,
+       "checkpoint.folder is required when checkpoint.interval > 0 or "
+       "checkpoint.resume is true"},
+      // metrics
+      {{"metrics.log_interval=0"},
+       2,
+       "metrics.log_interval must be positive, got 0"},
+      {{"metrics.trace_start_step=-3"},
+       2,
+       "metrics.trace_start_step must be >= 0, got -3"},
+      {{"metrics.trace_steps=-1"},
+       2,
+       "metrics.trace_steps must be >= 0 (0 = no trace), got -1"},
+      {{"metrics.trace_steps=2", "metrics.trace_path="},
+       2,
+       "metrics.trace_path is required when metrics.trace_steps > 0"},
+      // validation
+      {{"validation.interval=-10"},
+       2,
+       "validation.interval must be >= 0 (0 = never), got -10"},
+      {{"validation.interval=10", "validation.batches=0"},
+       2,
+       "validation.batches must be positive, got 0"},
+      {{"validation.interval=100", "data.validation_fraction=0"},
+       2,
+       "validation.interval 100 needs data.validation_fraction > 0"},
+  };
+  for (const ValidateCase& c : cases) {
+    const absl::Status status = ValidateWith(c.overrides, c.world_size);
+    EXPECT_FALSE(status.ok()) << c.message;
+    EXPECT_EQ(std::string(status.message()), c.message);
+    const absl::StatusCode expected_code =
+        absl::StrContains(c.message, "does not exist")
+            ? absl::StatusCode::kNotFound
+            : absl::StatusCode::kInvalidArgument;
+    EXPECT_EQ(status.code(), expected_code) << c.message;
+  }
+}
+
+TEST(ValidateTest, ExistingDataFilesPass) {
+  const std::string path =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/tokens.bin");
+  ASSERT_TRUE(WriteFileAtomically(path, "x").ok());
+  EXPECT_TRUE(ValidateWith({absl::StrCat("data.dataset=", path)}).ok());
+  // Checkpointing off and no resume: no folder needed.
+  EXPECT_TRUE(
+      ValidateWith({"checkpoint.folder=", "checkpoint.resume=false"}).ok());
+}
+
+// --- Paths and printing ------------------------------------------------------
+
+TEST(MakePathsAbsoluteTest, AnchorsRelativePaths) {
+  TrainConfig config;
+  ASSERT_TRUE(ApplyOverrides({"data.dataset=data/train.bin",
+                              "data.tokenizer_dir=/opt/gpt2",
+                              "metrics.jsonl_path=m.jsonl"},
+                             &config)
+                  .ok());
+  MakePathsAbsolute("/home/me/run", &config);
+  EXPECT_EQ(config.data().dataset(), "/home/me/run/data/train.bin");
+  EXPECT_EQ(config.data().tokenizer_dir(), "/opt/gpt2");
+  EXPECT_EQ(config.checkpoint().folder(), "/home/me/run/checkpoints");
+  EXPECT_EQ(config.metrics().jsonl_path(), "/home/me/run/m.jsonl");
+  EXPECT_EQ(config.metrics().trace_path(), "/home/me/run/trace.json");
+  TrainConfig embedded;
+  MakePathsAbsolute("/x", &embedded);
+  EXPECT_EQ(embedded.data().dataset(), "embedded");
+  EXPECT_FALSE(embedded.metrics().has_jsonl_path());
+}
+
+TEST(InvocationDirectoryTest, PrefersBazelsWorkingDirectory) {
+  setenv("BUILD_WORKING_DIRECTORY", "/where/bazel/ran", 1);
+  EXPECT_EQ(InvocationDirectory(), "/where/bazel/ran");
+  unsetenv("BUILD_WORKING_DIRECTORY");
+  EXPECT_FALSE(InvocationDirectory().empty());
+  EXPECT_NE(InvocationDirectory(), "/where/bazel/ran");
+}
+
+TEST(FormatTrainConfigTest, ShowsEffectiveValues) {
+  TrainConfig config;
+  config.mutable_model()->set_name("gpt2_debug");
+  const std::string text = FormatTrainConfig(config);
+  EXPECT_TRUE(absl::StrContains(text, "name: \"gpt2_debug\"")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "steps: 1000")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "dp_shard: -1")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "schedule: \"cosine\"")) << text;
+  // It parses back to the same values.
+  auto parsed = ParseTrainConfig(text, "printed");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(FormatTrainConfig(*parsed), text);
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace fsdpp
