@@ -1,12 +1,14 @@
 // oneDNN matmul with a primitive cache; see onednn_matmul.h.
 #include "tensor/cpu/onednn_matmul.h"
 
+#include <cstdlib>
 #include <mutex>
 #include <tuple>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace fsdpp {
@@ -42,9 +44,23 @@ absl::flat_hash_map<Key, Cached>& Cache() {
 // library-managed scratchpad is shared between primitives and is not safe
 // for that.
 char* ThreadScratchpad(size_t bytes) {
-  thread_local std::vector<char> buffer;
-  if (buffer.size() < bytes) buffer.resize(bytes);
-  return buffer.data();
+  // Page-aligned, like oneDNN's own scratchpad (AMX / AVX-512 kernels want
+  // aligned workspaces).
+  struct Buffer {
+    ~Buffer() { std::free(data); }
+    char* data = nullptr;
+    size_t size = 0;
+  };
+  thread_local Buffer buffer;
+  if (buffer.size < bytes) {
+    std::free(buffer.data);
+    const size_t rounded = (bytes + 4095) / 4096 * 4096;
+    buffer.data = static_cast<char*>(std::aligned_alloc(4096, rounded));
+    CHECK(buffer.data != nullptr)
+        << "oneDNN scratchpad: out of memory for " << rounded << " bytes";
+    buffer.size = rounded;
+  }
+  return buffer.data;
 }
 
 dnnl::memory::data_type DnnlType(DType dtype) {
