@@ -32,9 +32,6 @@
 namespace fsdpp {
 namespace {
 
-// Elements per message of the ring reduce-scatter (1 MiB of f32).
-constexpr int64_t kPiece = 256 * 1024;
-
 // Slot prefix of our ring reduce-scatter (Gloo's own prefixes are 0x01-0x08).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 
@@ -288,33 +285,20 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
     const int recv_buf = step % 2;
     const uint64_t slot = base + static_cast<uint8_t>(step % 256);
     const int64_t send_len = seg_len(send_idx), recv_len = seg_len(recv_idx);
-    // Pieces of at most kPiece elements, sent and received in order on one
-    // slot, so adding a received piece overlaps the arrival of the next.
-    const int64_t pieces_out = (send_len + kPiece - 1) / kPiece;
-    const int64_t pieces_in = (recv_len + kPiece - 1) / kPiece;
-    for (int64_t i = 0; i < pieces_out; ++i) {
-      const int64_t at = i * kPiece, len = std::min(kPiece, send_len - at);
-      send_ub->send(next, slot, at * sizeof(Acc), len * sizeof(Acc));
-    }
-    for (int64_t i = 0; i < pieces_in; ++i) {
-      const int64_t at = i * kPiece, len = std::min(kPiece, recv_len - at);
-      ub[recv_buf]->recv(prev, slot, at * sizeof(Acc), len * sizeof(Acc));
-    }
-    for (int64_t i = 0; i < pieces_in; ++i) {
+    if (send_len > 0) send_ub->send(next, slot, 0, send_len * sizeof(Acc));
+    if (recv_len > 0) {
+      ub[recv_buf]->recv(prev, slot, 0, recv_len * sizeof(Acc));
       if (!ub[recv_buf]->waitRecv(nullptr, timeout)) {
         return absl::DeadlineExceededError(absl::StrCat(
             "receive from rank ", prev, " (ring step ", step, ") failed"));
       }
-      // The last chunk received is this rank's own: add into result.
-      const int64_t at = i * kPiece, len = std::min(kPiece, recv_len - at);
-      CombineFrom((last ? result : bufs[recv_buf]) + at, bufs[recv_buf] + at,
-                  in, dtype, seg_begin(recv_idx) + at, len, op);
+      // The last piece received is this rank's own chunk: add into result.
+      CombineFrom(last ? result : bufs[recv_buf], bufs[recv_buf], in, dtype,
+                  seg_begin(recv_idx), recv_len, op);
     }
-    for (int64_t i = 0; i < pieces_out; ++i) {
-      if (!send_ub->waitSend(nullptr, timeout)) {
-        return absl::DeadlineExceededError(absl::StrCat(
-            "send to rank ", next, " (ring step ", step, ") failed"));
-      }
+    if (send_len > 0 && !send_ub->waitSend(nullptr, timeout)) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "send to rank ", next, " (ring step ", step, ") failed"));
     }
     send_ub = ub[recv_buf].get();
   }
