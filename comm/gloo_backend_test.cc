@@ -6,7 +6,9 @@
 
 #include <atomic>
 #include <cmath>
+#include <condition_variable>
 #include <functional>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -32,12 +34,24 @@ void RunRanks(int size, const std::function<void(int, GlooProcessGroup&)>& fn,
               const std::string& name = "g",
               GlooOptions options = FastOptions()) {
   InMemoryStore store;
+  // No rank destroys its group before every rank is done with fn (a rank
+  // that sends nothing could close connections a peer is still opening).
+  std::mutex mu;
+  std::condition_variable cv;
+  int done = 0;
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {
     threads.emplace_back([&, r] {
       auto group = GlooProcessGroup::Create(&store, r, size, name, options);
-      ASSERT_TRUE(group.ok()) << group.status();
-      fn(r, **group);
+      if (group.ok()) {
+        fn(r, **group);
+      } else {
+        ADD_FAILURE() << group.status();
+      }
+      std::unique_lock<std::mutex> lock(mu);
+      ++done;
+      cv.notify_all();
+      cv.wait(lock, [&] { return done == size; });
     });
   }
   for (auto& t : threads) t.join();
