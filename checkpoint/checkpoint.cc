@@ -1,0 +1,997 @@
+// Distributed checkpoint save (plan, write, commit), AsyncSaver and Load;
+// see checkpoint.h.
+#include "checkpoint/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "checkpoint/boxes.h"
+#include "checkpoint/coordinator.h"
+#include "checkpoint/crc32c.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/metadata.pb.h"
+#include "checkpoint/reader.h"
+#include "core/logging.h"
+#include "core/memcpy.h"
+#include "core/status.h"
+#include "tensor/sharding.h"
+
+namespace fsdpp {
+namespace {
+
+namespace pb = checkpoint_proto;
+
+// Coordinator tags of the three exchanges of a save.
+constexpr char kPlanTag[] = "plan";
+constexpr char kWrittenTag[] = "written";
+constexpr char kCommitTag[] = "commit";
+
+// Pieces of at most this many bytes (or one CRC block, if larger) are
+// checksummed and then written, so write() copies them from the L2 cache the
+// CRC pass left them in.
+constexpr uint64_t kWritePieceBytes = uint64_t{1} << 20;
+// Writes at least this large go straight to write(); smaller ones are
+// gathered into a buffer of kWriteBufferBytes.
+constexpr size_t kDirectWriteBytes = size_t{256} << 10;
+constexpr size_t kWriteBufferBytes = size_t{1} << 20;
+// Chunks start at multiples of this many bytes of their file (zero padding in
+// between), so every chunk is cache-line and element aligned.
+constexpr uint64_t kChunkAlignment = 64;
+
+std::string Quote(const std::string& key) {
+  return absl::StrCat("'", absl::CHexEscape(key), "'");
+}
+
+std::string TempDirName(int64_t step) {
+  return absl::StrCat(".step-", step, ".tmp");
+}
+std::string TrashDirName(int64_t step) {
+  return absl::StrCat(".step-", step, ".trash");
+}
+std::string DataFileName(int rank) {
+  return absl::StrCat("rank-", rank, ".data");
+}
+
+std::vector<int> MeshShape(const DeviceMesh& mesh) {
+  std::vector<int> shape;
+  for (const MeshAxis& axis : mesh.axes()) shape.push_back(axis.size);
+  return shape;
+}
+
+// "f32[7, 5]".
+std::string Describe(DType dtype, const Shape& shape) {
+  return absl::StrCat(DTypeName(dtype), ShapeToString(shape));
+}
+
+absl::Status DecodeStatus(const pb::CommitResult& result) {
+  if (result.code() == 0) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(result.code()),
+                      result.message());
+}
+
+pb::CommitResult EncodeStatus(const absl::Status& status) {
+  pb::CommitResult result;
+  result.set_code(static_cast<int32_t>(status.code()));
+  result.set_message(std::string(status.message()));
+  return result;
+}
+
+// ------------------------------------------------------------------ plan
+
+// One value this rank holds.
+struct LocalItem {
+  std::string key;
+  EntryKind kind = EntryKind::kTensor;
+  DType dtype = DType::kU8;
+  Shape shape;
+  Box box;
+  Tensor tensor;                       // Tensors: the local piece.
+  const std::string* bytes = nullptr;  // Byte values (valid during Save).
+};
+
+absl::StatusOr<std::vector<LocalItem>> LocalItems(const StateDict& state) {
+  std::vector<LocalItem> items;
+  for (const auto& [key, value] : state.items()) {
+    LocalItem item;
+    item.key = key;
+    switch (value.kind) {
+      case StateDict::Kind::kDTensor: {
+        const DTensor& t = value.dtensor;
+        for (const Placement& p : t.placements()) {
+          if (p.is_partial()) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "key ", Quote(key), ": cannot save a DTensor with placements ",
+                PlacementsToString(t.placements()),
+                " (reduce the Partial axes first)"));
+          }
+        }
+        item.dtype = t.dtype();
+        item.shape = t.shape();
+        item.box = LocalBox(t.shape(), MeshShape(*t.mesh()),
+                            t.mesh()->coordinate(), t.placements());
+        item.tensor = t.local();
+        if (item.tensor.shape() != item.box.shape) {
+          return absl::InternalError(absl::StrCat(
+              "key ", Quote(key), ": local ", item.tensor.ToString(),
+              " does not match its box ", BoxToString(item.box)));
+        }
+        break;
+      }
+      case StateDict::Kind::kTensor:
+        item.dtype = value.tensor.dtype();
+        item.shape = value.tensor.shape();
+        item.box = Box{Shape(item.shape.size(), 0), item.shape};
+        item.tensor = value.tensor;
+        break;
+      case StateDict::Kind::kBytes:
+        item.kind = EntryKind::kBytes;
+        item.dtype = DType::kU8;
+        item.shape = {static_cast<int64_t>(value.bytes.size())};
+        item.box = Box{{0}, item.shape};
+        item.bytes = &value.bytes;
+        break;
+    }
+    absl::Status shape_ok = CheckShape(item.shape, DTypeSize(item.dtype));
+    if (!shape_ok.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("key ", Quote(key), ": ", shape_ok.message()));
+    }
+    items.push_back(std::move(item));
+  }
+  return items;
+}
+
+pb::RankPlan MakeRankPlan(const absl::StatusOr<std::vector<LocalItem>>& items) {
+  pb::RankPlan plan;
+  if (!items.ok()) {
+    plan.set_error(std::string(items.status().message()));
+    plan.set_error_code(static_cast<int32_t>(items.status().code()));
+    return plan;
+  }
+  for (const LocalItem& item : *items) {
+    pb::PlanItem* p = plan.add_items();
+    p->set_key(item.key);
+    p->set_kind(item.kind == EntryKind::kBytes ? pb::Entry::BYTES
+                                               : pb::Entry::TENSOR);
+    p->set_dtype(DTypeName(item.dtype));
+    for (int64_t d : item.shape) p->add_shape(d);
+    for (int64_t o : item.box.offset) p->add_offsets(o);
+    for (int64_t s : item.box.shape) p->add_sizes(s);
+    if (item.bytes != nullptr) p->set_value_crc32c(Crc32c(*item.bytes));
+  }
+  return plan;
+}
+
+// One box to write and the rank that writes it.
+struct PlannedChunk {
+  std::string key;
+  Box box;
+  int writer = 0;
+};
+
+struct PlannedEntry {
+  EntryKind kind = EntryKind::kTensor;
+  DType dtype = DType::kU8;
+  Shape shape;
+};
+
+// The plan every rank derives from all ranks' RankPlans.
+struct GlobalPlan {
+  std::map<std::string, PlannedEntry> entries;
+  std::vector<PlannedChunk> chunks;  // By key, then box.
+};
+
+// Picks the writer of `box` of `key` among its holders (ascending ranks).
+int PickWriter(const std::string& key, const Box& box,
+               const std::vector<int>& holders) {
+  std::string id = key;
+  for (int64_t o : box.offset) id.append(reinterpret_cast<const char*>(&o), 8);
+  return holders[Crc32c(id) % holders.size()];
+}
+
+absl::StatusOr<GlobalPlan> MakeGlobalPlan(
+    const std::vector<pb::RankPlan>& plans) {
+  for (size_t r = 0; r < plans.size(); ++r) {
+    if (!plans[r].error().empty() || plans[r].error_code() != 0) {
+      return absl::Status(
+          plans[r].error_code() != 0
+              ? static_cast<absl::StatusCode>(plans[r].error_code())
+              : absl::StatusCode::kUnknown,
+          absl::StrCat("rank ", r, ": ", plans[r].error()));
+    }
+  }
+  struct Holders {
+    std::vector<int> ranks;
+    uint32_t value_crc = 0;
+  };
+  struct Accumulated {
+    PlannedEntry entry;
+    int first_rank = 0;
+    std::map<std::pair<Shape, Shape>, Holders> boxes;
+  };
+  std::map<std::string, Accumulated> all;
+  for (size_t r = 0; r < plans.size(); ++r) {
+    for (const pb::PlanItem& item : plans[r].items()) {
+      PlannedEntry entry;
+      entry.kind = item.kind() == pb::Entry::BYTES ? EntryKind::kBytes
+                                                   : EntryKind::kTensor;
+      ASSIGN_OR_RETURN(entry.dtype, ParseDType(item.dtype()));
+      entry.shape.assign(item.shape().begin(), item.shape().end());
+      auto [it, inserted] = all.try_emplace(item.key());
+      Accumulated& acc = it->second;
+      if (inserted) {
+        acc.entry = entry;
+        acc.first_rank = static_cast<int>(r);
+      } else if (acc.entry.kind != entry.kind ||
+                 acc.entry.dtype != entry.dtype ||
+                 acc.entry.shape != entry.shape) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("key ", Quote(item.key()), ": rank ", acc.first_rank,
+                         " has ", EntryKindName(acc.entry.kind), " ",
+                         Describe(acc.entry.dtype, acc.entry.shape), ", rank ",
+                         r, " has ", EntryKindName(entry.kind), " ",
+                         Describe(entry.dtype, entry.shape)));
+      }
+      Box box{Shape(item.offsets().begin(), item.offsets().end()),
+              Shape(item.sizes().begin(), item.sizes().end())};
+      if (IsEmptyBox(box)) continue;
+      Holders& holders = acc.boxes[{box.offset, box.shape}];
+      if (!holders.ranks.empty() && entry.kind == EntryKind::kBytes &&
+          holders.value_crc != item.value_crc32c()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key ", Quote(item.key()), ": ranks ", holders.ranks[0], " and ", r,
+            " hold different byte values; a key is saved once, so per-rank "
+            "values need per-rank keys"));
+      }
+      holders.value_crc = item.value_crc32c();
+      holders.ranks.push_back(static_cast<int>(r));
+    }
+  }
+  GlobalPlan plan;
+  for (auto& [key, acc] : all) {
+    std::vector<Box> boxes;
+    for (const auto& [box, holders] : acc.boxes) {
+      boxes.push_back(Box{box.first, box.second});
+    }
+    absl::Status tiling = CheckTiling(acc.entry.shape, boxes);
+    if (!tiling.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "key ", Quote(key), " (", Describe(acc.entry.dtype, acc.entry.shape),
+          "): the ranks' boxes do not tile it: ", tiling.message()));
+    }
+    for (const auto& [box_key, holders] : acc.boxes) {
+      Box box{box_key.first, box_key.second};
+      const int writer = PickWriter(key, box, holders.ranks);
+      plan.chunks.push_back(PlannedChunk{key, std::move(box), writer});
+    }
+    plan.entries.emplace(key, acc.entry);
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<pb::RankPlan>> ParsePlans(
+    const std::vector<std::string>& serialized) {
+  std::vector<pb::RankPlan> plans(serialized.size());
+  for (size_t r = 0; r < serialized.size(); ++r) {
+    if (!plans[r].ParseFromString(serialized[r])) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: rank ", r, "'s save plan does not decode"));
+    }
+  }
+  return plans;
+}
+
+// ------------------------------------------------------------ directories
+
+// Removes `.step-*.tmp` and `.step-*.trash` directories (left by crashes).
+absl::Status CleanStaleDirs(const std::string& root) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  for (const std::string& name : names) {
+    if (absl::StartsWith(name, ".step-") &&
+        (absl::EndsWith(name, ".tmp") || absl::EndsWith(name, ".trash"))) {
+      RETURN_IF_ERROR(RemoveTree(absl::StrCat(root, "/", name)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Deletes committed checkpoints beyond the newest `keep_last` (keeping
+// `committed_step`).
+absl::Status ApplyRetention(const std::string& root, int keep_last,
+                            int64_t committed_step) {
+  if (keep_last <= 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto checkpoints, ListCheckpoints(root));
+  int kept = 1;  // committed_step.
+  bool removed = false;
+  for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
+    if (it->first == committed_step) continue;
+    if (kept < keep_last) {
+      ++kept;
+      continue;
+    }
+    // Rename first so a crash never leaves a half-deleted step-N.
+    const std::string trash = absl::StrCat(root, "/", TrashDirName(it->first));
+    RETURN_IF_ERROR(RemoveTree(trash));
+    if (::rename(it->second.c_str(), trash.c_str()) != 0) {
+      return absl::ErrnoToStatus(
+          errno, absl::StrCat(it->second, ": cannot rename to ", trash));
+    }
+    RETURN_IF_ERROR(RemoveTree(trash));
+    removed = true;
+  }
+  return removed ? SyncDir(root) : absl::OkStatus();
+}
+
+// Accumulates small writes into one buffer; large ones go straight through.
+class BufferedWriter {
+ public:
+  BufferedWriter(int fd, std::string path) : fd_(fd), path_(std::move(path)) {
+    buffer_.reserve(kWriteBufferBytes);
+  }
+  absl::Status Write(const char* data, size_t size) {
+    position_ += size;
+    if (size >= kDirectWriteBytes) {
+      RETURN_IF_ERROR(Flush());
+      return WriteAll(fd_, data, size, path_);
+    }
+    if (buffer_.size() + size > kWriteBufferBytes) RETURN_IF_ERROR(Flush());
+    buffer_.append(data, size);
+    return absl::OkStatus();
+  }
+  absl::Status Flush() {
+    absl::Status status = WriteAll(fd_, buffer_.data(), buffer_.size(), path_);
+    buffer_.clear();
+    return status;
+  }
+  // Appends zero bytes up to the next multiple of kChunkAlignment.
+  absl::Status Align() {
+    static const char kZeros[kChunkAlignment] = {};
+    const uint64_t pad =
+        (kChunkAlignment - position_ % kChunkAlignment) % kChunkAlignment;
+    return Write(kZeros, static_cast<size_t>(pad));
+  }
+  uint64_t position() const { return position_; }
+
+ private:
+  int fd_;
+  std::string path_;
+  std::string buffer_;
+  uint64_t position_ = 0;
+};
+
+// ------------------------------------------------------------------- job
+
+// One save on one rank: Plan (phase 1, caller's thread), optionally Stage,
+// then WriteAndCommit (phases 2-3, any thread when coordinating by store).
+class SaveJob {
+ public:
+  static absl::StatusOr<std::unique_ptr<SaveJob>> Plan(
+      const StateDict& state, const std::string& root, int64_t step,
+      const SaveOptions& options, std::unique_ptr<Coordinator> coordinator);
+
+  // Copies this rank's chunks into `arena` (host memory, grown as needed),
+  // so the state may change once this returns.
+  absl::Status Stage(Tensor* arena);
+
+  // Makes WriteAndCommit report `status` to the other ranks instead of
+  // writing (after a failed Stage).
+  void Fail(absl::Status status) { failure_ = std::move(status); }
+
+  // Writes this rank's chunks and commits (rank 0) or learns the outcome.
+  absl::StatusOr<SaveResult> WriteAndCommit();
+
+ private:
+  // A chunk this rank writes.
+  struct MyChunk {
+    std::string key;
+    Box box;
+    uint64_t length = 0;
+    const char* host = nullptr;  // Host bytes, or
+    Tensor source;               // a tensor on another device.
+  };
+
+  SaveJob(std::string root, int64_t step, SaveOptions options,
+          std::unique_ptr<Coordinator> coordinator)
+      : root_(std::move(root)),
+        step_(step),
+        options_(std::move(options)),
+        coordinator_(std::move(coordinator)) {}
+
+  std::string TempDir() const {
+    return absl::StrCat(root_, "/", TempDirName(step_));
+  }
+  std::string FinalDir() const {
+    return absl::StrCat(root_, "/", CheckpointDirName(step_));
+  }
+  // Rank 0, phase 1: the directories for this save.
+  absl::Status PrepareDirs();
+  // Phase 2: this rank's data file.
+  absl::Status WriteChunks(pb::RankWritten* written);
+  // Rank 0, phase 3: metadata and rename. Returns the total bytes.
+  absl::StatusOr<uint64_t> Commit(const std::vector<std::string>& written);
+  // Rank 0, after the outcome is out: removes a replaced checkpoint and old
+  // ones beyond keep_last (failures are logged: the save is committed).
+  void Tidy();
+
+  std::string root_;
+  int64_t step_;
+  SaveOptions options_;
+  std::unique_ptr<Coordinator> coordinator_;
+  GlobalPlan plan_;
+  std::vector<MyChunk> chunks_;
+  Tensor arena_;  // Staged bytes (keeps the staging storage alive).
+  uint64_t bytes_written_ = 0;
+  absl::Status failure_;
+  bool replaced_ = false;  // The commit swapped out an older step-N.
+};
+
+absl::StatusOr<std::unique_ptr<SaveJob>> SaveJob::Plan(
+    const StateDict& state, const std::string& root, int64_t step,
+    const SaveOptions& options, std::unique_ptr<Coordinator> coordinator) {
+  std::unique_ptr<SaveJob> job(
+      new SaveJob(root, step, options, std::move(coordinator)));
+  Coordinator& coord = *job->coordinator_;
+  absl::StatusOr<std::vector<LocalItem>> items = LocalItems(state);
+  absl::StatusOr<std::vector<std::string>> gathered =
+      coord.Gather(kPlanTag, MakeRankPlan(items).SerializeAsString());
+  std::string payload;
+  if (coord.rank() == 0) {
+    absl::Status status = gathered.status();
+    std::vector<std::string> message;
+    if (status.ok()) {
+      absl::StatusOr<std::vector<pb::RankPlan>> plans = ParsePlans(*gathered);
+      absl::StatusOr<GlobalPlan> plan =
+          plans.ok() ? MakeGlobalPlan(*plans) : plans.status();
+      status = plan.status();
+      if (status.ok()) {
+        job->plan_ = *std::move(plan);
+        status = job->PrepareDirs();
+      }
+    }
+    message.push_back(EncodeStatus(status).SerializeAsString());
+    if (status.ok()) {
+      message.insert(message.end(), gathered->begin(), gathered->end());
+    }
+    payload = PackStrings(message);
+  } else if (!gathered.ok()) {
+    return gathered.status();
+  }
+  ASSIGN_OR_RETURN(payload, coord.Broadcast(kPlanTag, std::move(payload)));
+  ASSIGN_OR_RETURN(std::vector<std::string> message, UnpackStrings(payload));
+  pb::CommitResult verdict;
+  if (message.empty() || !verdict.ParseFromString(message[0])) {
+    return absl::DataLossError("checkpoint: rank 0's plan does not decode");
+  }
+  RETURN_IF_ERROR(DecodeStatus(verdict));
+  if (!items.ok()) return items.status();  // Unreachable: rank 0 failed it.
+  if (coord.rank() != 0) {
+    message.erase(message.begin());
+    ASSIGN_OR_RETURN(std::vector<pb::RankPlan> plans, ParsePlans(message));
+    ASSIGN_OR_RETURN(job->plan_, MakeGlobalPlan(plans));
+  }
+  // This rank's share: the chunks it was picked to write (it holds them).
+  std::map<std::string, const LocalItem*> by_key;
+  for (const LocalItem& item : *items) by_key[item.key] = &item;
+  for (const PlannedChunk& chunk : job->plan_.chunks) {
+    if (chunk.writer != coord.rank()) continue;
+    const LocalItem& item = *by_key.at(chunk.key);
+    MyChunk mine;
+    mine.key = chunk.key;
+    mine.box = chunk.box;
+    mine.length = static_cast<uint64_t>(NumElements(chunk.box.shape)) *
+                  DTypeSize(item.dtype);
+    if (item.bytes != nullptr) {
+      mine.host = item.bytes->data();
+    } else if (item.tensor.device().is_cpu()) {
+      mine.host = static_cast<const char*>(item.tensor.raw_data());
+      mine.source = item.tensor;  // Keeps the storage alive.
+    } else {
+      mine.source = item.tensor;
+    }
+    job->chunks_.push_back(std::move(mine));
+  }
+  return job;
+}
+
+absl::Status SaveJob::PrepareDirs() {
+  RETURN_IF_ERROR(MakeDirs(root_));
+  RETURN_IF_ERROR(CleanStaleDirs(root_));
+  return MakeDirs(TempDir());
+}
+
+absl::Status SaveJob::Stage(Tensor* arena) {
+  uint64_t total = 0;
+  for (const MyChunk& c : chunks_) total += c.length;
+  if (!arena->defined() || arena->nbytes() < total) {
+    *arena = Tensor();  // Free the old buffer first.
+    ASSIGN_OR_RETURN(*arena,
+                     Tensor::Empty({static_cast<int64_t>(total)}, DType::kU8,
+                                   Device::Cpu(), MemoryTag::kOther));
+  }
+  arena_ = *arena;
+  char* out = static_cast<char*>(arena_.raw_data());
+  for (MyChunk& c : chunks_) {
+    if (c.host != nullptr) {
+      std::memcpy(out, c.host, c.length);
+    } else {
+      RETURN_IF_ERROR(CopyBytes(out, Device::Cpu(), c.source.raw_data(),
+                                c.source.device(), c.length));
+    }
+    c.host = out;
+    c.source = Tensor();
+    out += c.length;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
+  RETURN_IF_ERROR(failure_);
+  if (chunks_.empty()) return absl::OkStatus();
+  const std::string name = DataFileName(coordinator_->rank());
+  const std::string path = absl::StrCat(TempDir(), "/", name);
+  ASSIGN_OR_RETURN(ScopedFd fd, CreateExclusive(path));
+  BufferedWriter writer(fd.get(), path);
+  const uint64_t block = options_.block_bytes;
+  const uint64_t piece_bytes =
+      std::max(block, kWritePieceBytes / block * block);
+  std::vector<char> bounce;
+  written->add_files(name);
+  for (const MyChunk& c : chunks_) {
+    pb::WrittenChunk* record = written->add_chunks();
+    record->set_key(c.key);
+    pb::Chunk* chunk = record->mutable_chunk();
+    for (int64_t o : c.box.offset) chunk->add_offsets(o);
+    for (int64_t s : c.box.shape) chunk->add_sizes(s);
+    chunk->set_file(0);
+    RETURN_IF_ERROR(writer.Align());
+    chunk->set_byte_offset(writer.position());
+    chunk->set_length(c.length);
+    std::vector<uint32_t> block_crcs;
+    for (uint64_t at = 0; at < c.length; at += piece_bytes) {
+      const uint64_t n = std::min(piece_bytes, c.length - at);
+      const char* data = c.host + at;
+      if (c.host == nullptr) {
+        bounce.resize(n);
+        RETURN_IF_ERROR(
+            CopyBytes(bounce.data(), Device::Cpu(),
+                      static_cast<const char*>(c.source.raw_data()) + at,
+                      c.source.device(), n));
+        data = bounce.data();
+      }
+      for (uint64_t b = 0; b < n; b += block) {
+        block_crcs.push_back(Crc32c(data + b, std::min(block, n - b)));
+      }
+      RETURN_IF_ERROR(writer.Write(data, n));
+    }
+    chunk->set_crc32c(CombineBlockCrcs(block_crcs, block, c.length));
+    for (uint32_t crc : block_crcs) chunk->add_block_crc32c(crc);
+    bytes_written_ += c.length;
+  }
+  RETURN_IF_ERROR(writer.Flush());
+  if (::fdatasync(fd.get()) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync"));
+  }
+  return fd.Close(path);
+}
+
+absl::StatusOr<uint64_t> SaveJob::Commit(
+    const std::vector<std::string>& written) {
+  CheckpointMetadata metadata;
+  metadata.step = step_;
+  metadata.world_size = coordinator_->size();
+  metadata.block_bytes = options_.block_bytes;
+  for (const auto& [key, planned] : plan_.entries) {
+    EntryMetadata& entry = metadata.entries[key];
+    entry.kind = planned.kind;
+    entry.dtype = planned.dtype;
+    entry.shape = planned.shape;
+  }
+  for (size_t r = 0; r < written.size(); ++r) {
+    pb::RankWritten w;
+    if (!w.ParseFromString(written[r])) {
+      return absl::DataLossError(
+          absl::StrCat("checkpoint: rank ", r, "'s report does not decode"));
+    }
+    if (!w.error().empty() || w.error_code() != 0) {
+      return absl::Status(w.error_code() != 0
+                              ? static_cast<absl::StatusCode>(w.error_code())
+                              : absl::StatusCode::kUnknown,
+                          absl::StrCat("rank ", r, ": ", w.error()));
+    }
+    const int64_t first_file = static_cast<int64_t>(metadata.files.size());
+    for (const std::string& file : w.files()) metadata.files.push_back(file);
+    for (const pb::WrittenChunk& c : w.chunks()) {
+      auto it = metadata.entries.find(c.key());
+      if (it == metadata.entries.end()) {
+        return absl::InternalError(absl::StrCat(
+            "checkpoint: rank ", r, " wrote unplanned key ", Quote(c.key())));
+      }
+      ChunkMetadata chunk;
+      chunk.box.offset.assign(c.chunk().offsets().begin(),
+                              c.chunk().offsets().end());
+      chunk.box.shape.assign(c.chunk().sizes().begin(),
+                             c.chunk().sizes().end());
+      chunk.file = first_file + c.chunk().file();
+      chunk.byte_offset = c.chunk().byte_offset();
+      chunk.length = c.chunk().length();
+      chunk.crc32c = c.chunk().crc32c();
+      chunk.block_crc32c.assign(c.chunk().block_crc32c().begin(),
+                                c.chunk().block_crc32c().end());
+      it->second.chunks.push_back(std::move(chunk));
+    }
+  }
+  for (auto& [key, entry] : metadata.entries) {
+    std::sort(entry.chunks.begin(), entry.chunks.end(),
+              [](const ChunkMetadata& a, const ChunkMetadata& b) {
+                return std::tie(a.box.offset, a.box.shape) <
+                       std::tie(b.box.offset, b.box.shape);
+              });
+  }
+  absl::Status valid = ValidateMetadata(metadata);
+  if (!valid.ok()) {
+    return absl::InternalError(
+        absl::StrCat("checkpoint: the assembled metadata is inconsistent: ",
+                     valid.message()));
+  }
+  const std::string temp = TempDir();
+  RETURN_IF_ERROR(WriteFileDurably(absl::StrCat(temp, "/", kMetadataFileName),
+                                   SerializeMetadata(metadata)));
+  RETURN_IF_ERROR(SyncDir(temp));
+  RETURN_IF_ERROR(RenameDir(temp, FinalDir(), &replaced_));
+  // Committed once the rename is durable.
+  RETURN_IF_ERROR(SyncDir(root_));
+  return metadata.TotalBytes();
+}
+
+void SaveJob::Tidy() {
+  absl::Status tidy;
+  if (replaced_) tidy = RemoveTree(TempDir());  // The replaced checkpoint.
+  if (tidy.ok()) tidy = ApplyRetention(root_, options_.keep_last, step_);
+  if (!tidy.ok()) {
+    LOG(WARNING) << "checkpoint " << FinalDir()
+                 << " is committed, but tidying up failed: " << tidy;
+  }
+}
+
+absl::StatusOr<SaveResult> SaveJob::WriteAndCommit() {
+  Coordinator& coord = *coordinator_;
+  pb::RankWritten written;
+  absl::Status wrote = WriteChunks(&written);
+  if (!wrote.ok()) {
+    written.Clear();
+    written.set_error(std::string(wrote.message()));
+    written.set_error_code(static_cast<int32_t>(wrote.code()));
+  }
+  absl::StatusOr<std::vector<std::string>> gathered =
+      coord.Gather(kWrittenTag, written.SerializeAsString());
+  std::string verdict;
+  if (coord.rank() == 0) {
+    absl::StatusOr<uint64_t> total =
+        gathered.ok() ? Commit(*gathered) : gathered.status();
+    pb::CommitResult result = EncodeStatus(total.status());
+    if (total.ok()) {
+      result.set_total_bytes(*total);
+    } else {
+      absl::Status removed = RemoveTree(TempDir());
+      if (!removed.ok()) LOG(WARNING) << removed;
+    }
+    verdict = result.SerializeAsString();
+  } else if (!gathered.ok()) {
+    return gathered.status();
+  }
+  ASSIGN_OR_RETURN(verdict, coord.Broadcast(kCommitTag, std::move(verdict)));
+  pb::CommitResult result;
+  if (!result.ParseFromString(verdict)) {
+    return absl::DataLossError("checkpoint: rank 0's verdict does not decode");
+  }
+  RETURN_IF_ERROR(DecodeStatus(result));
+  // The other ranks go on while rank 0 deletes what retention drops.
+  if (coord.rank() == 0) Tidy();
+  SaveResult out;
+  out.path = FinalDir();
+  out.step = step_;
+  out.bytes_written = bytes_written_;
+  out.total_bytes = result.total_bytes();
+  return out;
+}
+
+absl::Status ValidateSaveOptions(int64_t step, const SaveOptions& options) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: negative step ", step));
+  }
+  const uint64_t b = options.block_bytes;
+  if (b < 8 || b > (uint64_t{1} << 30) || (b & (b - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint: block_bytes ", b, " is not a power of two in [8, 2^30]"));
+  }
+  if (options.keep_last < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint: negative keep_last ", options.keep_last));
+  }
+  return absl::OkStatus();
+}
+
+int WorldSize(const SaveOptions& options) {
+  return options.mesh == nullptr ? 1 : options.mesh->size();
+}
+
+absl::StatusOr<std::unique_ptr<Coordinator>> MakeCoordinator(
+    const SaveOptions& options, bool background) {
+  if (options.store != nullptr) {
+    return MakeStoreCoordinator(
+        options.store, options.store_prefix,
+        options.mesh == nullptr ? 0 : options.mesh->rank(), WorldSize(options),
+        options.timeout, {kPlanTag, kCommitTag});
+  }
+  if (WorldSize(options) == 1) return MakeLocalCoordinator();
+  if (background) {
+    return absl::InvalidArgumentError(
+        "checkpoint: asynchronous saves over several ranks coordinate through "
+        "a store; set SaveOptions::store");
+  }
+  return MakeCollectiveCoordinator(options.mesh, options.timeout);
+}
+
+}  // namespace
+
+absl::StatusOr<SaveResult> Save(const StateDict& state, const std::string& root,
+                                int64_t step, const SaveOptions& options) {
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(ValidateSaveOptions(step, options));
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                   MakeCoordinator(options, /*background=*/false));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SaveJob> job,
+      SaveJob::Plan(state, root, step, options, std::move(coordinator)));
+  ASSIGN_OR_RETURN(SaveResult result, job->WriteAndCommit());
+  result.total_time = absl::Now() - start;
+  result.blocking_time = result.total_time;
+  return result;
+}
+
+// ------------------------------------------------------------- async save
+
+bool PendingSave::IsDone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return result_.has_value();
+}
+
+absl::StatusOr<SaveResult> PendingSave::Wait() const {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [this] { return result_.has_value(); });
+  return *result_;
+}
+
+void PendingSave::Finish(absl::StatusOr<SaveResult> result) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    result_ = std::move(result);
+  }
+  cv_.notify_all();
+}
+
+absl::StatusOr<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(
+    std::string root, SaveOptions options) {
+  RETURN_IF_ERROR(ValidateSaveOptions(0, options));
+  if (options.store == nullptr && WorldSize(options) > 1) {
+    return absl::InvalidArgumentError(
+        "AsyncSaver: saves over several ranks coordinate through a store "
+        "(collectives from the background thread could interleave with the "
+        "training thread's); set SaveOptions::store");
+  }
+  return std::unique_ptr<AsyncSaver>(
+      new AsyncSaver(std::move(root), std::move(options)));
+}
+
+AsyncSaver::~AsyncSaver() {
+  absl::Status status = Wait();
+  if (!status.ok()) LOG(ERROR) << "asynchronous checkpoint failed: " << status;
+}
+
+absl::Status AsyncSaver::Wait() {
+  if (worker_.joinable()) worker_.join();
+  if (pending_ == nullptr) return absl::OkStatus();
+  std::shared_ptr<PendingSave> pending = std::move(pending_);
+  return pending->Wait().status();
+}
+
+absl::StatusOr<std::shared_ptr<PendingSave>> AsyncSaver::Save(
+    const StateDict& state, int64_t step) {
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(ValidateSaveOptions(step, options_));
+  absl::Status previous = Wait();
+  if (!previous.ok()) {
+    LOG(ERROR) << "the previous asynchronous checkpoint failed: " << previous;
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                   MakeCoordinator(options_, /*background=*/true));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<SaveJob> job,
+      SaveJob::Plan(state, root_, step, options_, std::move(coordinator)));
+  // A failed stage still takes part in the commit, so that every rank
+  // learns about it instead of waiting for this rank's report.
+  absl::Status staged = job->Stage(&staging_);
+  if (!staged.ok()) job->Fail(staged);
+  const absl::Duration blocking = absl::Now() - start;
+  pending_ = std::make_shared<PendingSave>(step, blocking);
+  worker_ = std::thread([job = std::shared_ptr<SaveJob>(std::move(job)),
+                         pending = pending_, start, blocking] {
+    absl::StatusOr<SaveResult> result = job->WriteAndCommit();
+    if (result.ok()) {
+      result->blocking_time = blocking;
+      result->total_time = absl::Now() - start;
+    }
+    pending->Finish(std::move(result));
+  });
+  if (!staged.ok()) return staged;
+  return pending_;
+}
+
+// ------------------------------------------------------------------- load
+
+std::string CheckpointDirName(int64_t step) {
+  return absl::StrCat("step-", step);
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(
+    const std::string& root) {
+  ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const std::string& name : names) {
+    int64_t step;
+    if (!absl::StartsWith(name, "step-") ||
+        !absl::SimpleAtoi(name.substr(5), &step) ||
+        CheckpointDirName(step) != name) {
+      continue;
+    }
+    const std::string path = absl::StrCat(root, "/", name);
+    if (PathExists(absl::StrCat(path, "/", kMetadataFileName))) {
+      out.emplace_back(step, path);
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
+  ASSIGN_OR_RETURN(auto checkpoints, ListCheckpoints(root));
+  if (checkpoints.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(root, ": no committed checkpoint (step-N)"));
+  }
+  return checkpoints.back().second;
+}
+
+namespace {
+
+std::string KeyList(const std::vector<std::string>& keys) {
+  std::vector<std::string> quoted;
+  for (size_t i = 0; i < keys.size() && i < 20; ++i) {
+    quoted.push_back(Quote(keys[i]));
+  }
+  if (keys.size() > 20)
+    quoted.push_back(absl::StrCat("... (", keys.size(), " in all)"));
+  return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
+}
+
+// The state's view of one item: kind, dtype and global shape.
+absl::Status CheckCompatible(const std::string& key,
+                             const StateDict::Item& item,
+                             const EntryMetadata& entry) {
+  const bool is_bytes = item.kind == StateDict::Kind::kBytes;
+  if (is_bytes != (entry.kind == EntryKind::kBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key ", Quote(key), ": the checkpoint holds a ",
+        EntryKindName(entry.kind), ", the state a ", StateKindName(item.kind)));
+  }
+  if (is_bytes) return absl::OkStatus();
+  const DType dtype = item.kind == StateDict::Kind::kDTensor
+                          ? item.dtensor.dtype()
+                          : item.tensor.dtype();
+  const Shape& shape = item.kind == StateDict::Kind::kDTensor
+                           ? item.dtensor.shape()
+                           : item.tensor.shape();
+  if (shape != entry.shape || dtype != entry.dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key ", Quote(key), ": ", shape != entry.shape ? "shape" : "dtype",
+        " mismatch: the checkpoint has ", Describe(entry.dtype, entry.shape),
+        ", the state has ", Describe(dtype, shape)));
+  }
+  if (item.kind == StateDict::Kind::kDTensor) {
+    for (const Placement& p : item.dtensor.placements()) {
+      if (p.is_partial()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "key ", Quote(key), ": cannot load into a DTensor with placements ",
+            PlacementsToString(item.dtensor.placements())));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LoadResult> Load(StateDict* state,
+                                const std::string& checkpoint_dir,
+                                const LoadOptions& options) {
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                   CheckpointReader::Open(checkpoint_dir));
+  const CheckpointMetadata& metadata = reader->metadata();
+  LoadResult result;
+  result.path = reader->dir();
+  result.step = metadata.step;
+  auto optional = [&](const std::string& key) {
+    for (const std::string& prefix : options.optional_prefixes) {
+      if (absl::StartsWith(key, prefix)) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> missing, unexpected;  // Strict violations.
+  for (const auto& [key, item] : state->items()) {
+    if (metadata.entries.count(key) != 0) continue;
+    result.missing_keys.push_back(key);
+    if (!optional(key)) missing.push_back(key);
+  }
+  for (const auto& [key, entry] : metadata.entries) {
+    if (state->Find(key) != nullptr) continue;
+    result.unexpected_keys.push_back(key);
+    if (!optional(key)) unexpected.push_back(key);
+  }
+  if (options.strict && !missing.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        checkpoint_dir,
+        ": the checkpoint lacks keys of the state: ", KeyList(missing)));
+  }
+  if (options.strict && !unexpected.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        checkpoint_dir,
+        ": the checkpoint has keys the state lacks: ", KeyList(unexpected)));
+  }
+  for (const auto& [key, item] : state->items()) {
+    auto it = metadata.entries.find(key);
+    if (it == metadata.entries.end()) continue;
+    absl::Status ok = CheckCompatible(key, item, it->second);
+    if (!ok.ok()) return Annotate(ok, checkpoint_dir);
+  }
+  for (const auto& [key, entry] : metadata.entries) {
+    StateDict::Item* item = state->FindMutable(key);
+    if (item == nullptr) continue;
+    switch (item->kind) {
+      case StateDict::Kind::kDTensor: {
+        const DTensor& t = item->dtensor;
+        const Box box = LocalBox(t.shape(), MeshShape(*t.mesh()),
+                                 t.mesh()->coordinate(), t.placements());
+        RETURN_IF_ERROR(
+            reader->ReadBox(key, box, item->dtensor.mutable_local()));
+        break;
+      }
+      case StateDict::Kind::kTensor:
+        RETURN_IF_ERROR(
+            reader->ReadBox(key, Box{Shape(entry.shape.size(), 0), entry.shape},
+                            &item->tensor));
+        break;
+      case StateDict::Kind::kBytes: {
+        ASSIGN_OR_RETURN(item->bytes, reader->ReadBytes(key));
+        break;
+      }
+    }
+  }
+  result.bytes_read = reader->bytes_read();
+  result.time = absl::Now() - start;
+  return result;
+}
+
+}  // namespace fsdpp

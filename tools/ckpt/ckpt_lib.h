@@ -1,0 +1,50 @@
+// The `ckpt` tool's commands as a library: inspect a DCP-style checkpoint
+// (keys, kinds, dtypes, shapes, chunk layout, files, total bytes; optionally
+// verify every checksum) and convert between checkpoints and safetensors.
+//
+// Conversion runs in one process and reads whole tensors (every chunk), so
+// it needs memory for the largest conversion input. Byte values travel
+// through safetensors as 1-D U8 tensors whose names are listed (as a JSON
+// array) under the "fsdpp.bytes" metadata key; the step is kept under
+// "fsdpp.step". Tensor names are the checkpoint keys unchanged; Hugging Face
+// renaming is models/hf_adapter.h's business.
+#ifndef FSDPP_TOOLS_CKPT_CKPT_LIB_H_
+#define FSDPP_TOOLS_CKPT_CKPT_LIB_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace fsdpp {
+namespace ckpt {
+
+// Writes a description of the checkpoint `dir` (a step-N directory) to
+// `out`. With `verify`, reads every chunk, checks every checksum and reports
+// the first failure as the returned error.
+absl::Status Inspect(const std::string& dir, bool verify, std::ostream& out);
+
+// Writes every value of checkpoint `dir` to the safetensors file `path`.
+absl::Status ConvertToSafetensors(const std::string& dir,
+                                  const std::string& path);
+
+// Saves the tensors of safetensors file `path` as checkpoint
+// `<root>/step-<step>` (step < 0: the file's "fsdpp.step", else 0) and
+// returns its directory. Unimplemented for dtypes fsdpp lacks.
+absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
+                                                   const std::string& root,
+                                                   int64_t step = -1);
+
+// The command line: "inspect [--verify] DIR" or "convert SRC DST [--step=N]"
+// (SRC a checkpoint directory and DST a .safetensors file, or the reverse
+// with DST the checkpoint root). Returns the exit code: 0 success, 1 error
+// (printed to `err`), 2 usage.
+int Main(int argc, const char* const* argv, std::ostream& out,
+         std::ostream& err);
+
+}  // namespace ckpt
+}  // namespace fsdpp
+
+#endif  // FSDPP_TOOLS_CKPT_CKPT_LIB_H_

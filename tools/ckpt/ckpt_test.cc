@@ -1,0 +1,155 @@
+// Tests of the ckpt tool: inspect's listing (keys, kinds, dtypes, shapes,
+// chunk layout, files, totals) and --verify on intact and corrupted
+// checkpoints, the checkpoint -> safetensors -> checkpoint round trip (bit
+// for bit, byte values included), and the real `ckpt` binary's command line
+// (found at tools/ckpt/ckpt relative to the runfiles working directory).
+#include <cstdio>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
+#include "checkpoint/metadata.h"
+#include "checkpoint/safetensors.h"
+#include "checkpoint/testing.h"
+#include "comm/store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "mesh/testing.h"
+#include "tools/ckpt/ckpt_lib.h"
+
+namespace fsdpp {
+namespace ckpt {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_util::BitPattern;
+using testing_util::BitwiseEqual;
+using testing_util::FreshDir;
+using testing_util::MakeDTensor;
+using testing_util::ZerosLike;
+
+const Tensor& W() {
+  static const Tensor t = BitPattern({7, 5}, DType::kF32, 1);
+  return t;
+}
+const Tensor& B() {
+  static const Tensor t = BitPattern({6}, DType::kBF16, 2);
+  return t;
+}
+
+// A checkpoint saved by two ranks: w sharded, b replicated, a byte value.
+std::string SaveSharded(const std::string& name) {
+  const std::string root = FreshDir(name);
+  InMemoryStore store;
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
+    StateDict state;
+    CHECK_OK(
+        state.AddDTensor("w", MakeDTensor(W(), &mesh, {Placement::Shard(0)})));
+    CHECK_OK(state.AddTensor("b", B()));
+    CHECK_OK(state.AddBytes("step", std::string("\x07\x00", 2)));
+    SaveOptions options;
+    options.mesh = &mesh;
+    options.store = &store;
+    CHECK_OK(Save(state, root, 12, options).status());
+  });
+  return root + "/step-12";
+}
+
+TEST(CkptTest, InspectListsLayoutAndVerifies) {
+  const std::string dir = SaveSharded("inspect");
+  std::ostringstream out;
+  ASSERT_TRUE(Inspect(dir, /*verify=*/true, out).ok());
+  const std::string text = out.str();
+  EXPECT_THAT(text, HasSubstr("step 12, saved by 2 rank(s)"));
+  EXPECT_THAT(text, HasSubstr("3 keys, 4 chunks, 154 bytes in 2 file(s)"));
+  EXPECT_THAT(text, HasSubstr("w  tensor f32[7, 5]  140 bytes, 2 chunk(s)"));
+  EXPECT_THAT(text, HasSubstr("[0, 0]+[4, 5] -> rank-0.data @0 +80"));
+  EXPECT_THAT(text, HasSubstr("[4, 0]+[3, 5] -> rank-1.data"));
+  EXPECT_THAT(text, HasSubstr("b  tensor bf16[6]"));
+  EXPECT_THAT(text, HasSubstr("step  bytes u8[2]"));
+  EXPECT_THAT(text, HasSubstr("verify: OK (4 chunks, 154 bytes checked)"));
+
+  // A flipped byte is found by --verify, naming the key.
+  const CheckpointMetadata m = *ReadMetadata(dir);
+  const ChunkMetadata& chunk = m.entries.at("w").chunks[1];
+  const std::string file = absl::StrCat(dir, "/", m.files[chunk.file]);
+  std::string bytes = *ReadFileToString(file);
+  bytes[chunk.byte_offset + 3] ^= 1;
+  ASSERT_TRUE(RemoveTree(file).ok());
+  ASSERT_TRUE(WriteFileDurably(file, bytes).ok());
+  std::ostringstream damaged;
+  EXPECT_TRUE(Inspect(dir, /*verify=*/false, damaged).ok());
+  const absl::Status status = Inspect(dir, /*verify=*/true, damaged);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(status.message(), HasSubstr("key 'w'"));
+  EXPECT_THAT(damaged.str(), HasSubstr("verify: FAILED"));
+}
+
+TEST(CkptTest, ConvertsToSafetensorsAndBack) {
+  const std::string dir = SaveSharded("convert");
+  const std::string st = FreshDir("convert_out") + "/model.safetensors";
+  ASSERT_TRUE(ConvertToSafetensors(dir, st).ok());
+  auto file = SafetensorsFile::Open(st);
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(BitwiseEqual(*(*file)->Load("w"), W()));
+  EXPECT_TRUE(BitwiseEqual(*(*file)->Load("b"), B()));
+  EXPECT_EQ((*file)->metadata().at("fsdpp.step"), "12");
+  EXPECT_EQ((*file)->metadata().at("fsdpp.bytes"), R"(["step"])");
+
+  const std::string root = FreshDir("convert_back");
+  absl::StatusOr<std::string> back = ConvertFromSafetensors(st, root);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, root + "/step-12");
+  StateDict state;
+  ASSERT_TRUE(state.AddTensor("w", ZerosLike({7, 5}, DType::kF32)).ok());
+  ASSERT_TRUE(state.AddTensor("b", ZerosLike({6}, DType::kBF16)).ok());
+  ASSERT_TRUE(state.AddBytes("step", "").ok());
+  ASSERT_TRUE(Load(&state, *back).ok());
+  EXPECT_TRUE(BitwiseEqual(state.Find("w")->tensor, W()));
+  EXPECT_TRUE(BitwiseEqual(state.Find("b")->tensor, B()));
+  EXPECT_EQ(*state.bytes("step"), std::string("\x07\x00", 2));
+}
+
+// Runs the real binary; returns (exit code, stdout + stderr).
+std::pair<int, std::string> RunCkpt(const std::string& args) {
+  FILE* p =
+      ::popen(absl::StrCat("tools/ckpt/ckpt ", args, " 2>&1").c_str(), "r");
+  CHECK(p != nullptr);
+  std::string output;
+  char buffer[4096];
+  size_t n;
+  while ((n = std::fread(buffer, 1, sizeof(buffer), p)) > 0)
+    output.append(buffer, n);
+  const int status = ::pclose(p);
+  return {WEXITSTATUS(status), output};
+}
+
+TEST(CkptTest, CommandLine) {
+  const std::string dir = SaveSharded("cli");
+  auto [code, out] = RunCkpt(absl::StrCat("inspect --verify ", dir));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("verify: OK"));
+
+  const std::string st = FreshDir("cli_out") + "/m.safetensors";
+  std::tie(code, out) = RunCkpt(absl::StrCat("convert ", dir, " ", st));
+  EXPECT_EQ(code, 0) << out;
+  const std::string root = FreshDir("cli_back");
+  std::tie(code, out) =
+      RunCkpt(absl::StrCat("convert ", st, " ", root, " --step=3"));
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr(root + "/step-3"));
+
+  std::tie(code, out) = RunCkpt(absl::StrCat("inspect ", root, "/step-99"));
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(out, HasSubstr("metadata.pb"));
+  std::tie(code, out) = RunCkpt("frobnicate");
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(out, HasSubstr("usage: ckpt inspect"));
+}
+
+}  // namespace
+}  // namespace ckpt
+}  // namespace fsdpp
