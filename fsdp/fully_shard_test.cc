@@ -9,6 +9,7 @@
 #include <map>
 #include <vector>
 
+#include "fsdp/fully_shard_testing.h"
 #include "gtest/gtest.h"
 #include "mesh/testing.h"
 #include "models/config.h"
@@ -25,69 +26,20 @@ using models::Transformer;
 using models::TransformerConfig;
 using models::TransformerOptions;
 
-constexpr uint64_t kSeed = 1234;
-constexpr int64_t kBatch = 12, kSeq = 8;
-
-struct Batch {
-  std::vector<int64_t> ids, targets;
-};
-
-Batch MakeBatch(int64_t vocab, int step) {
-  Batch b;
-  for (int64_t i = 0; i < kBatch * kSeq; ++i) {
-    b.ids.push_back((i * 7 + step * 13 + i / kSeq) % vocab);
-    b.targets.push_back((i * 5 + step * 3 + 1) % vocab);
-  }
-  return b;
-}
-
-// Rows [row_begin, row_begin + rows) of the batch as [rows, kSeq] tensors.
-std::pair<Tensor, Tensor> Slice(const Batch& b, int64_t row_begin,
-                                int64_t rows) {
-  std::vector<int64_t> ids(b.ids.begin() + row_begin * kSeq,
-                           b.ids.begin() + (row_begin + rows) * kSeq);
-  std::vector<int64_t> t(b.targets.begin() + row_begin * kSeq,
-                         b.targets.begin() + (row_begin + rows) * kSeq);
-  return {*Tensor::FromInts({rows, kSeq}, ids),
-          *Tensor::FromInts({rows, kSeq}, t)};
-}
-
-void Barrier(DeviceMesh& mesh) {
-  CHECK_OK((*(*mesh.FlatGroup())->Barrier())->Wait());
-}
-
-struct Result {
-  std::vector<float> losses;
-  std::map<std::string, std::vector<double>> grads;   // last step
-  std::map<std::string, std::vector<double>> params;  // after the steps
-};
+using parity::Barrier;
+using parity::Batch;
+using parity::ExpectParity;
+using parity::kBatch;
+using parity::kLr;
+using parity::kSeed;
+using parity::MakeBatch;
+using parity::Slice;
+using Result = parity::TrainResult;
 
 constexpr int kSteps = 3;
-constexpr float kLr = 0.05f;
 
-// The reference: one process, whole model, whole batch, SGD on f32 params.
 Result RunReference(const std::string& config_name) {
-  TransformerConfig config = *ConfigByName(config_name);
-  auto model = *Transformer::Create(config);
-  CHECK_OK(model->ToEmpty(Device::Cpu()));
-  CHECK_OK(model->InitWeights(kSeed));
-  Result result;
-  for (int step = 0; step < kSteps; ++step) {
-    Batch batch = MakeBatch(config.vocab_size, step);
-    auto [ids, targets] = Slice(batch, 0, kBatch);
-    CHECK_OK(model->ZeroGrad());
-    result.losses.push_back(*model->ForwardLoss(ids, targets));
-    CHECK_OK(model->Backward());
-    for (auto& [name, p] : model->NamedParameters()) {
-      if (step == kSteps - 1)
-        result.grads[name] = testing_util::Values(p->grad);
-      CHECK_OK(Axpy(-kLr, p->grad, &p->data));
-    }
-  }
-  for (auto& [name, p] : model->NamedParameters()) {
-    result.params[name] = testing_util::Values(p->data);
-  }
-  return result;
+  return parity::RunReference(*ConfigByName(config_name), kSteps);
 }
 
 struct Layout {
@@ -171,29 +123,6 @@ Result RunFsdp(const std::string& config_name, const Layout& layout) {
     }
   });
   return result;
-}
-
-void ExpectParity(const Result& ref, const Result& got, double rtol,
-                  double atol, const std::string& what) {
-  ASSERT_EQ(got.losses.size(), ref.losses.size()) << what;
-  for (size_t i = 0; i < ref.losses.size(); ++i) {
-    EXPECT_NEAR(got.losses[i], ref.losses[i],
-                rtol * std::fabs(ref.losses[i]) + atol)
-        << what << " step " << i;
-  }
-  ASSERT_EQ(got.grads.size(), ref.grads.size()) << what;
-  for (auto& [name, g] : ref.grads) {
-    ASSERT_TRUE(got.grads.count(name)) << what << " " << name;
-    double scale = 0;
-    for (double v : g) scale = std::max(scale, std::fabs(v));
-    EXPECT_TRUE(testing_util::AllClose(got.grads.at(name), g, rtol,
-                                       atol * scale + 1e-12))
-        << what << " grad " << name;
-  }
-  for (auto& [name, p] : ref.params) {
-    EXPECT_TRUE(testing_util::AllClose(got.params.at(name), p, rtol, atol))
-        << what << " param " << name;
-  }
 }
 
 TEST(FullyShardTest, Gpt2ParityAcrossWorldSizesAndZeroStages) {
