@@ -461,7 +461,13 @@ std::vector<FsdpUnit*> FsdpUnit::NextUnits(bool backward) {
 absl::Status FsdpUnit::PreForward() {
   RETURN_IF_ERROR(CheckInitialized());
   if (shared_->in_backward) return FinishUnshard();  // Recomputation.
-  if (is_root_) shared_->recording.clear();
+  if (is_root_) {
+    // A root forward that ran before without a backward was forward-only
+    // (evaluation, or an abandoned step): forget its hook counts and free
+    // what it kept for the backward that never came.
+    if (forward_modules_ > 0) RETURN_IF_ERROR(AbandonForward());
+    shared_->recording.clear();
+  }
   if (std::find(shared_->recording.begin(), shared_->recording.end(), this) ==
       shared_->recording.end()) {
     shared_->recording.push_back(this);
@@ -472,6 +478,16 @@ absl::Status FsdpUnit::PreForward() {
   }
   ++forward_modules_;
   return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::AbandonForward() {
+  // The root too: an optimizer step may have changed the masters since.
+  for (FsdpUnit* unit : shared_->order) {
+    unit->forward_modules_ = unit->backward_modules_ = 0;
+    if (unit != this) RETURN_IF_ERROR(unit->Reshard());
+  }
+  forward_modules_ = backward_modules_ = 0;
+  return Reshard();
 }
 
 absl::Status FsdpUnit::PostForward() {

@@ -55,6 +55,12 @@
 // nothing and only adds the staging copies; it exists there so the branch
 // is exercised and checked.
 //
+// Forward-only passes (evaluation, e.g. Transformer::Logits) need nothing
+// special: when the root's next forward starts and the previous forward had
+// no backward, every unit forgets that forward and frees what it kept for
+// the backward (ZeRO-2 parameters, hpZ pieces), so evaluation between steps
+// changes neither the numbers nor the memory of training.
+//
 // With SetRequiresGradientSync(false) a unit keeps its unsharded gradients
 // across backwards with no communication; the first backward with sync on
 // reduces the accumulated sum.
@@ -226,6 +232,8 @@ class FsdpUnit {
   absl::Status ReduceGradients();
   absl::Status FinishReductions();
   absl::Status PreForward();
+  // Root only: resets the units after a forward with no backward.
+  absl::Status AbandonForward();
   absl::Status PostForward();
   absl::Status PreBackward();
   absl::Status PostBackward();

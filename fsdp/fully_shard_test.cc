@@ -212,6 +212,66 @@ TEST(FullyShardTest, ShardedStateIsTheShardedFormula) {
   EXPECT_EQ(shard_bytes, expected_bytes);
 }
 
+// Evaluation between steps (forward-only passes, e.g. Transformer::Logits)
+// leaves training bitwise unchanged for ZeRO-3, ZeRO-2 and hpZ: the next
+// training forward forgets the forward-only one and re-gathers everything,
+// the root included, from the updated masters.
+TEST(FullyShardTest, ForwardOnlyPassesBetweenStepsChangeNothing) {
+  const TransformerConfig config = *ConfigByName("gpt2_debug");
+  struct Case {
+    const char* name;
+    int world;
+    bool reshard_after_forward;
+    int hpz_degree;
+  };
+  for (const Case& c : {Case{"ZeRO-3", 2, true, 0}, Case{"ZeRO-2", 2, false, 0},
+                        Case{"hpZ", 4, true, 2}}) {
+    parity::FsdpRun run;
+    run.axes = {{"dp", c.world}};
+    run.options.reshard_after_forward = c.reshard_after_forward;
+    run.options.hpz_degree = c.hpz_degree;
+    const Result plain = parity::RunFsdp(config, run);
+    std::vector<Transformer*> models(c.world);
+    std::vector<std::vector<double>> eval_logits(c.world);
+    run.setup = [&](int rank, DeviceMesh&, Transformer& model,
+                    const parity::Units&) { models[rank] = &model; };
+    run.after_step = [&](int rank, int step, DeviceMesh&) {
+      Batch batch = MakeBatch(config.vocab_size, step + 100);
+      auto [ids, targets] = Slice(batch, 0, 2);
+      for (int i = 0; i < 2; ++i) {  // Two in a row, then training resumes.
+        absl::StatusOr<Tensor> logits = models[rank]->Logits(ids);
+        ASSERT_TRUE(logits.ok()) << logits.status();
+        if (step == kSteps - 1)
+          eval_logits[rank] = testing_util::Values(*logits);
+      }
+    };
+    const Result with_eval = parity::RunFsdp(config, run);
+    parity::ExpectIdentical(plain, with_eval, c.name);
+    // Every rank evaluated the same rows with the same parameters.
+    for (int r = 1; r < c.world; ++r) {
+      EXPECT_EQ(eval_logits[r], eval_logits[0]) << c.name << " rank " << r;
+    }
+    // And the logits are those of the unsharded model with the final
+    // parameters.
+    auto reference = *Transformer::Create(config);
+    ASSERT_TRUE(reference->ToEmpty(Device::Cpu()).ok());
+    for (auto& [name, p] : reference->NamedParameters()) {
+      ASSERT_TRUE(with_eval.params.count(name)) << name;
+      const std::vector<double>& v = with_eval.params.at(name);
+      absl::StatusOr<Tensor> t =
+          Tensor::FromFloats(p->shape, std::vector<float>(v.begin(), v.end()));
+      ASSERT_TRUE(t.ok()) << name << ": " << t.status();
+      p->data = *t;
+    }
+    Batch batch = MakeBatch(config.vocab_size, kSteps - 1 + 100);
+    auto [ids, targets] = Slice(batch, 0, 2);
+    const std::vector<double> expected =
+        testing_util::Values(*reference->Logits(ids));
+    EXPECT_TRUE(testing_util::AllClose(eval_logits[0], expected, 1e-5, 1e-6))
+        << c.name;
+  }
+}
+
 TEST(FullyShardTest, BadInputErrors) {
   testing_util::RunOnMesh({{"dp", 1}}, [](int, DeviceMesh& mesh) {
     TransformerConfig config = *ConfigByName("gpt2_debug");
