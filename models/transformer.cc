@@ -265,8 +265,8 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& ids,
   return loss_.Forward(logits, targets);
 }
 
-absl::Status Transformer::Backward() {
-  ASSIGN_OR_RETURN(Tensor dlogits, loss_.Backward());
+absl::Status Transformer::Backward(float loss_scale) {
+  ASSIGN_OR_RETURN(Tensor dlogits, loss_.Backward(loss_scale));
   return Module::Backward(dlogits).status();
 }
 

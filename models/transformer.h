@@ -101,8 +101,10 @@ class Transformer : public Module {
   // i32/i64, -100 = ignored) over the non-ignored targets. Keeps the
   // activations and logits for Backward().
   absl::StatusOr<float> ForwardLoss(const Tensor& ids, const Tensor& targets);
-  // Accumulates d(last ForwardLoss)/d(parameter) into every Parameter::grad.
-  absl::Status Backward();
+  // Accumulates loss_scale x d(last ForwardLoss)/d(parameter) into every
+  // Parameter::grad (loss_scale: e.g. 1 / micro-batches for gradient
+  // accumulation, times a LossScaler's scale for fp16; finite and > 0).
+  absl::Status Backward(float loss_scale = 1.0f);
   using Module::Backward;
   // Targets counted by the last ForwardLoss (the mean's denominator).
   int64_t last_target_count() const { return loss_.count(); }

@@ -1,6 +1,7 @@
 // Cross-entropy loss; see loss.h.
 #include "nn/loss.h"
 
+#include <cmath>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -62,16 +63,21 @@ absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
   return loss;
 }
 
-absl::StatusOr<Tensor> CrossEntropyLoss::Backward() {
+absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {
   if (!saved_logits_.defined()) {
     return absl::FailedPreconditionError(
         "CrossEntropyLoss: Backward without a Forward");
+  }
+  if (!std::isfinite(scale) || scale <= 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossEntropyLoss: Backward scale must be finite and > 0, got ",
+        scale));
   }
   const Tensor& logits = saved_logits_;
   ASSIGN_OR_RETURN(
       Tensor dlosses,
       EmptyTemporary({saved_targets_.numel()}, DType::kF32, logits.device()));
-  RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? 1.0f / count_ : 0.0f));
+  RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
   ASSIGN_OR_RETURN(
       Tensor dlogits,
       EmptyTemporary(logits.shape(), logits.dtype(), logits.device()));

@@ -27,9 +27,12 @@ class CrossEntropyLoss {
   // (i32/i64, in [0, V) or ignore_index). Saves logits and targets for
   // Backward. On meta tensors it only validates shapes and returns 0.
   absl::StatusOr<float> Forward(const Tensor& logits, const Tensor& targets);
-  // dLoss/dlogits of the last Forward's mean (logits' shape and dtype); then
-  // releases the saved tensors (a second Backward needs another Forward).
-  absl::StatusOr<Tensor> Backward();
+  // dLoss/dlogits of the last Forward's mean, times `scale` (logits' shape
+  // and dtype; the scale is applied in f32 before the cast, so a loss scale
+  // for fp16 or a 1/micro-batches factor costs no extra pass); then releases
+  // the saved tensors (a second Backward needs another Forward).
+  // InvalidArgument unless scale is finite and > 0.
+  absl::StatusOr<Tensor> Backward(float scale = 1.0f);
 
   // The target value that is left out of the mean.
   int64_t ignore_index() const { return ignore_index_; }

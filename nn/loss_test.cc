@@ -117,6 +117,29 @@ TEST(CrossEntropyLossTest, Errors) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(CrossEntropyLossTest, ScaledBackwardIsTheScaledGradient) {
+  ASSERT_OK_AND_ASSIGN(Tensor t,
+                       Tensor::FromInts({4}, {1, kIgnore, 0, 4}, DType::kI64));
+  Tensor logits = RandomTensor({4, 5}, DType::kF32, 3, -2, 2);
+  CrossEntropyLoss loss(kIgnore);
+  ASSERT_OK(loss.Forward(logits, t));
+  ASSERT_OK_AND_ASSIGN(Tensor plain, loss.Backward());
+  ASSERT_OK(loss.Forward(logits, t));
+  // A power of two: scaling is exact, so the results must be bitwise.
+  ASSERT_OK_AND_ASSIGN(Tensor scaled, loss.Backward(0.25f));
+  std::vector<double> expected = Values(plain);
+  for (double& v : expected) v *= 0.25;
+  EXPECT_EQ(Values(scaled), expected);
+  for (float bad : {0.0f, -1.0f, std::nanf("")}) {
+    ASSERT_OK(loss.Forward(logits, t));
+    absl::Status s = loss.Backward(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("Backward scale must be finite and > 0"),
+              absl::string_view::npos)
+        << s;
+  }
+}
+
 TEST(CrossEntropyLossTest, MetaValidatesShapes) {
   ASSERT_OK_AND_ASSIGN(Tensor logits,
                        Tensor::Empty({2, 3, 11}, DType::kF32, Device::Meta()));
