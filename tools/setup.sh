@@ -20,6 +20,7 @@ packages=(
   libgloo-dev         # Gloo collectives (CPU, TCP)
   libdnnl-dev         # oneDNN (CPU matmul, AVX-512 / AMX at run time)
   python3-torch       # independent numerical reference in the parity tests
+  python3-matplotlib  # tools/plot: loss and throughput curves to PNG
 )
 # Extra packages: FSDPP_SETUP_EXTRA="clang ...".
 if [[ -n "${FSDPP_SETUP_EXTRA:-}" ]]; then
