@@ -21,7 +21,18 @@ Heartbeat::Heartbeat(Store* group_store, int rank, int size, std::string name,
       size_(size),
       name_(std::move(name)),
       interval_(interval) {
+  // The first beat is published before the group is usable, so a peer that
+  // joined always has one: "no heartbeat" then means it never joined, not
+  // that its beating thread had not been scheduled yet.
+  Beat(1);
   thread_ = std::thread([this] { Loop(); });
+}
+
+void Heartbeat::Beat(uint64_t beat) {
+  absl::Status s = store_->Set(absl::StrCat("heartbeat/", rank_),
+                               absl::StrCat(started_.load(), ",", beat));
+  LOG_IF(WARNING, !s.ok() && beat % 20 == 1)
+      << "group '" << name_ << "' heartbeat: " << s;
 }
 
 Heartbeat::~Heartbeat() {
@@ -42,17 +53,15 @@ void Heartbeat::Stop() {
 }
 
 void Heartbeat::Loop() {
-  uint64_t beat = 0;
+  uint64_t beat = 1;  // Published by the constructor.
   std::unique_lock<std::mutex> lock(mu_);
-  while (!stop_) {
-    lock.unlock();
-    absl::Status s = store_->Set(absl::StrCat("heartbeat/", rank_),
-                                 absl::StrCat(started_.load(), ",", ++beat));
-    LOG_IF(WARNING, !s.ok() && beat % 20 == 1)
-        << "group '" << name_ << "' heartbeat: " << s;
-    lock.lock();
+  while (true) {
     cv_.wait_for(lock, absl::ToChronoNanoseconds(interval_),
                  [this] { return stop_; });
+    if (stop_) break;
+    lock.unlock();
+    Beat(++beat);
+    lock.lock();
   }
 }
 

@@ -48,6 +48,8 @@ class Heartbeat {
 
  private:
   void Loop();
+  // Publishes beat number `beat`.
+  void Beat(uint64_t beat);
 
   Store* const store_;
   const int rank_;
