@@ -17,6 +17,7 @@
 #include "core/allocator.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
 #include "gloo/alltoall.h"
@@ -396,11 +397,16 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
                                      ? options.timeout
                                      : options_.timeout;
   if (options.after != nullptr) stream->WaitEvent(options.after);
-  stream->Enqueue([this, seq, timeout, description, body = std::move(body)]() {
+  // The issuing thread's trace records the op where it runs (the stream).
+  TraceRecorder* trace = CurrentTrace();
+  stream->Enqueue([this, seq, timeout, description, trace, op,
+                   track = stream->name(), body = std::move(body)]() {
     if (crashed_) {
       return absl::AbortedError(
           absl::StrCat(description, ": this rank crashed"));
     }
+    TraceSpan span(op, "comm", trace, track.c_str());
+    if (trace != nullptr) span.set_detail(description);
     heartbeat_.MarkStarted(seq);
     absl::Status status;
     try {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/memcpy.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
 
@@ -382,7 +383,10 @@ absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
 absl::Status FsdpUnit::FinishUnshard() {
   if (unsharded_) return absl::OkStatus();
   if (gather_work_ == nullptr) RETURN_IF_ERROR(BeginUnshard(false));
-  RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
+  {
+    TraceSpan wait("wait all_gather", "comm_wait");
+    RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
+  }
   const bool from_piece = gather_in_.defined();
   gather_work_.reset();
   gather_in_ = Tensor();  // The consumed hpZ piece.
@@ -566,7 +570,10 @@ absl::Status FsdpUnit::FinishReductions() {
   std::vector<Shared::PendingReduce> pending = std::move(shared_->pending);
   shared_->pending.clear();
   for (Shared::PendingReduce& r : pending) {
-    RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
+    {
+      TraceSpan wait("wait reduce_scatter", "comm_wait");
+      RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
+    }
     r.input = Tensor();
     FsdpUnit* unit = r.unit;
     const bool average = unit->options_.gradient_divide_factor <= 0.0f;
@@ -575,6 +582,7 @@ absl::Status FsdpUnit::FinishReductions() {
           std::shared_ptr<Work> ar,
           unit->replicate_group_->AllReduce(
               AsBuffer(r.output), average ? ReduceOp::kAvg : ReduceOp::kSum));
+      TraceSpan wait("wait all_reduce (replicas)", "comm_wait");
       RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
     }
     Tensor reduced = std::move(r.output);
