@@ -3,12 +3,17 @@
 Every test target named in Bazel's summary contributes its test cases (from
 bazel-testlogs/<package>/<name>/test.xml): passed, failed, or skipped
 (GTEST_SKIP, e.g. CUDA tests on a machine without a GPU). A target that failed
-to build, timed out or left no usable XML counts as one failed case. Prints
+to build, timed out or left no usable XML counts as one failed case. Each
+--extra-xml report (JUnit-style, e.g. the fuzz runs' from
+checkpoint/fuzz/run_fuzzers.sh) adds its test cases the same way; a missing or
+unparsable one, or one without test cases, counts as one failed case. Prints
 "N passed, N failed, N skipped" as the last line.
 
 Usage: python3 count_tests.py TEST_LOG CUDA_BUILD_FAILED(0|1)
+           [--extra-xml PATH]...
 """
 
+import argparse
 import glob
 import os
 import re
@@ -35,7 +40,13 @@ def count_xml(path):
 
 
 def main():
-    log_path, cuda_failed = sys.argv[1], int(sys.argv[2])
+    parser = argparse.ArgumentParser()
+    parser.add_argument("test_log")
+    parser.add_argument("cuda_failed", type=int, choices=(0, 1))
+    parser.add_argument("--extra-xml", action="append", default=[],
+                        metavar="PATH")
+    args = parser.parse_args()
+    log_path, cuda_failed = args.test_log, args.cuda_failed
     passed = failed = skipped = 0
     seen = set()
     with open(log_path, errors="replace") as log:
@@ -77,6 +88,23 @@ def main():
     if cuda_failed:
         print("failed: bazel build --config=cuda //...")
         failed += 1
+    for path in args.extra_xml:
+        try:
+            counts = count_xml(path)
+            problem = None if sum(counts) else "no test cases"
+        except (OSError, ET.ParseError) as e:
+            problem = str(e)
+        if problem:
+            print(f"failed: {path} ({problem})")
+            failed += 1
+            continue
+        passed += counts[0]
+        failed += counts[1]
+        skipped += counts[2]
+        for case in ET.parse(path).getroot().iter("testcase"):
+            if (case.find("failure") is not None
+                    or case.find("error") is not None):
+                print(f"failed: {case.get('classname')}.{case.get('name')}")
     print(f"{passed} passed, {failed} failed, {skipped} skipped")
     return 1 if failed else 0
 

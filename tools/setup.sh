@@ -21,6 +21,8 @@ packages=(
   libdnnl-dev         # oneDNN (CPU matmul, AVX-512 / AMX at run time)
   python3-torch       # independent numerical reference in the parity tests
   python3-matplotlib  # tools/plot: loss and throughput curves to PNG
+  clang               # clang++ for the libFuzzer runs (checkpoint/fuzz/run_fuzzers.sh)
+  libclang-rt-dev     # libFuzzer + ASan/UBSan runtimes (libclang-rt-14-dev on bookworm)
 )
 # Extra packages: FSDPP_SETUP_EXTRA="clang ...".
 if [[ -n "${FSDPP_SETUP_EXTRA:-}" ]]; then
