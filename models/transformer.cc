@@ -276,5 +276,17 @@ absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {
   return logits;
 }
 
+absl::StatusOr<float> Transformer::EvalLoss(const Tensor& ids,
+                                            const Tensor& targets) {
+  if (!targets.defined() || targets.shape() != ids.shape()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transformer::EvalLoss: targets ", targets.ToString(),
+                     " must have the shape of ids ", ids.ToString()));
+  }
+  ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
+  nn::CrossEntropyLoss loss(loss_.ignore_index());
+  return loss.Forward(logits, targets);
+}
+
 }  // namespace models
 }  // namespace fsdpp

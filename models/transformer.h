@@ -112,6 +112,9 @@ class Transformer : public Module {
   // Logits [B, T, Vp] (parameter dtype) for ids [B, T], keeping nothing for a
   // backward (an evaluation-only forward).
   absl::StatusOr<Tensor> Logits(const Tensor& ids);
+  // The mean cross-entropy of ForwardLoss, keeping nothing for a backward
+  // (evaluation: under FSDP a forward-only pass, see fsdp/fully_shard.h).
+  absl::StatusOr<float> EvalLoss(const Tensor& ids, const Tensor& targets);
 
   // The n_layers blocks, in order (units for FSDP plans).
   const std::vector<TransformerBlock*>& blocks() const { return blocks_; }

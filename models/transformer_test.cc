@@ -333,6 +333,24 @@ TEST(TransformerTest, LogitsMatchTheTrainingForward) {
   }
 }
 
+TEST(TransformerTest, EvalLossIsTheTrainingLossAndKeepsNothing) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    auto model = Build(Named(name));
+    const Tensor ids = Ids(2, 16, 512, 9), targets = Ids(2, 16, 512, 4);
+    absl::StatusOr<float> eval = model->EvalLoss(ids, targets);
+    ASSERT_TRUE(eval.ok()) << eval.status();
+    EXPECT_FALSE(model->Backward().ok()) << name;  // Nothing was kept.
+    absl::StatusOr<float> train = model->ForwardLoss(ids, targets);
+    ASSERT_TRUE(train.ok());
+    EXPECT_EQ(*eval, *train) << name;
+    absl::Status bad = model->EvalLoss(ids, Ids(2, 8, 512, 4)).status();
+    EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(bad.message().find("must have the shape of ids"),
+              absl::string_view::npos)
+        << bad;
+  }
+}
+
 TEST(TransformerTest, PaddedVocabularyRunsAndIsNeverPredictedAsTarget) {
   TransformerConfig c = Named("gpt2_debug");
   c.vocab_size = 500;

@@ -353,6 +353,15 @@ absl::Status AdamW::LoadStateDict(const OptimizerStateDict& state) {
   return absl::OkStatus();
 }
 
+absl::Status AdamW::SetStep(int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("AdamW::SetStep: step must be >= 0, got ", step));
+  }
+  step_ = step;
+  return absl::OkStatus();
+}
+
 absl::Status AdamW::SetLr(double lr) {
   if (!FiniteNonNegative(lr)) {
     return absl::InvalidArgumentError(

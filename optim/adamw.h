@@ -132,6 +132,10 @@ class AdamW {
   const AdamWOptions& options() const { return options_; }
   // Steps taken (the bias-correction t of the last step).
   int64_t step() const { return step_; }
+  // Sets the step counter, for state that was loaded in place into
+  // StateDict()'s tensors (a checkpoint) together with its saved step.
+  // InvalidArgument if negative.
+  absl::Status SetStep(int64_t step);
   // True once the state is allocated.
   bool initialized() const { return initialized_; }
   // Whether param `name` gets weight decay; NotFound for an unknown name.

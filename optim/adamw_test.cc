@@ -545,6 +545,9 @@ TEST(AdamWTest, CreateRejectsBadOptionsAndParams) {
               absl::StatusCode::kInvalidArgument);
     AdamW opt = *AdamW::Create({{"w", &p, &g}});
     EXPECT_EQ(opt.SetLr(-1).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(opt.SetStep(-1).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(opt.SetStep(7).ok());
+    EXPECT_EQ(opt.step(), 7);
     Tensor wrong = *Tensor::Zeros({3}, DType::kBF16, Device::Cpu());
     EXPECT_EQ(opt.SetComputeCopy("w", &wrong).code(),
               absl::StatusCode::kInvalidArgument);

@@ -287,6 +287,11 @@ absl::Status ResolveModel(const ModelConfig& config,
                                 ")"));
   }
   *model = *std::move(named);
+  // Derived sizes follow their base when only the base is overridden: an
+  // MHA config (n_kv_heads == n_heads) stays MHA, and a GPT-2-style MLP
+  // (ffn_hidden == 4 x dim) stays 4 x dim.
+  const bool mha = model->n_kv_heads == model->n_heads;
+  const bool ffn_4x = model->ffn_hidden == 4 * model->dim;
   struct Override {
     bool present;
     int64_t value;
@@ -314,6 +319,12 @@ absl::Status ResolveModel(const ModelConfig& config,
     if (!override_value.present) continue;
     RETURN_IF_ERROR(CheckPositive(override_value.path, override_value.value));
     *override_value.target = override_value.value;
+  }
+  if (mha && config.has_n_heads() && !config.has_n_kv_heads()) {
+    model->n_kv_heads = model->n_heads;
+  }
+  if (ffn_4x && config.has_dim() && !config.has_ffn_hidden()) {
+    model->ffn_hidden = 4 * model->dim;
   }
   const absl::Status valid = models::ValidateConfig(*model);
   if (!valid.ok()) return Invalid(absl::StrCat("model: ", valid.message()));
@@ -500,6 +511,13 @@ absl::Status CheckMetrics(const MetricsConfig& config) {
     return Invalid(
         "metrics.trace_path is required when metrics.trace_steps > 0");
   }
+  if (!std::isfinite(config.peak_tflops()) || config.peak_tflops() < 0) {
+    return Invalid(absl::StrCat(
+        "metrics.peak_tflops must be >= 0 (0 = measure or look up), got ",
+        config.peak_tflops()));
+  }
+  RETURN_IF_ERROR(CheckNonNegative("metrics.throughput_warmup_steps",
+                                   config.throughput_warmup_steps()));
   return absl::OkStatus();
 }
 

@@ -38,10 +38,12 @@ struct Shipped {
   int hpz_degree;
   int64_t seq_len;
   int64_t grad_accumulation_steps;
+  std::string model = "";  // model.name when it is not `name`
 };
 
 const std::vector<Shipped>& ShippedConfigs() {
   static const auto* configs = new std::vector<Shipped>{
+      {"default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
       {"gpt2_debug", 2, 1, 2, 1, 128, 2},
       {"gpt2_124m", 8, 1, 8, 1, 1024, 4},
       {"llama_debug", 4, 2, 2, 1, 128, 2},
@@ -58,7 +60,8 @@ TEST(ShippedConfigsTest, EachLoadsAndValidatesAtItsWorldSize) {
     auto config = LoadTrainConfig(
         absl::StrCat("trainer/configs/", shipped.name, ".textproto"));
     ASSERT_TRUE(config.ok()) << config.status();
-    EXPECT_EQ(config->model().name(), shipped.name);
+    EXPECT_EQ(config->model().name(),
+              shipped.model.empty() ? shipped.name : shipped.model);
     auto resolved = ResolveTrainConfig(*config, shipped.world_size);
     ASSERT_TRUE(resolved.ok()) << resolved.status();
     EXPECT_EQ(resolved->dp_replicate, shipped.dp_replicate);
@@ -255,6 +258,32 @@ absl::Status ValidateWith(const std::vector<std::string>& overrides,
   const absl::Status applied = ApplyOverrides(overrides, &config);
   if (!applied.ok()) return applied;
   return Validate(config, world_size);
+}
+
+TEST(ValidateTest, DerivedSizesFollowAnOverriddenBase) {
+  // gpt2_debug is MHA with a 4 x dim MLP: both follow n_heads and dim.
+  TrainConfig config;
+  ASSERT_TRUE(ApplyOverrides(
+                  {"model.name=gpt2_debug", "model.dim=192", "model.n_heads=6"},
+                  &config)
+                  .ok());
+  auto resolved = ResolveTrainConfig(config, 2);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->model.n_kv_heads, 6);
+  EXPECT_EQ(resolved->model.ffn_hidden, 768);
+  // Explicit values win; llama_debug is GQA (4 heads, 2 kv heads) with a
+  // SwiGLU width that is not 4 x dim: nothing is derived.
+  ASSERT_TRUE(ApplyOverrides({"model.ffn_hidden=100"}, &config).ok());
+  EXPECT_EQ(ResolveTrainConfig(config, 2)->model.ffn_hidden, 100);
+  TrainConfig llama;
+  ASSERT_TRUE(ApplyOverrides({"model.name=llama_debug", "model.dim=128",
+                              "model.n_heads=8"},
+                             &llama)
+                  .ok());
+  resolved = ResolveTrainConfig(llama, 2);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->model.n_kv_heads, 2);
+  EXPECT_EQ(resolved->model.ffn_hidden, 192);
 }
 
 TEST(ValidateTest, TheBaseIsValid) {
@@ -465,6 +494,12 @@ TEST(ValidateTest, EveryErrorMessage) {
       {{"metrics.trace_steps=2", "metrics.trace_path="},
        2,
        "metrics.trace_path is required when metrics.trace_steps > 0"},
+      {{"metrics.peak_tflops=-1"},
+       2,
+       "metrics.peak_tflops must be >= 0 (0 = measure or look up), got -1"},
+      {{"metrics.throughput_warmup_steps=-2"},
+       2,
+       "metrics.throughput_warmup_steps must be >= 0, got -2"},
       // validation
       {{"validation.interval=-10"},
        2,

@@ -1,0 +1,203 @@
+#include "trainer/metrics.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "checkpoint/file_util.h"
+#include "core/status.h"
+#include "tensor/ops.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace trainer {
+
+double UnigramLoss(const TokenStore& tokens, int64_t begin, int64_t end) {
+  if (end <= begin) return 0;
+  std::vector<int64_t> counts;
+  std::vector<int32_t> chunk(1 << 16);
+  for (int64_t at = begin; at < end;) {
+    const int64_t n = std::min<int64_t>(chunk.size(), end - at);
+    tokens.Read(at, n, chunk.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t t = chunk[i];
+      if (t >= static_cast<int32_t>(counts.size())) counts.resize(t + 1, 0);
+      ++counts[t];
+    }
+    at += n;
+  }
+  const double total = static_cast<double>(end - begin);
+  double entropy = 0;
+  for (int64_t c : counts) {
+    if (c > 0) entropy -= (c / total) * std::log(c / total);
+  }
+  return entropy;
+}
+
+absl::StatusOr<double> MeasureMatmulFlops(DType dtype, int64_t n,
+                                          absl::Duration budget) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MeasureMatmulFlops: the CPU matmul runs f32 and bf16, not ",
+        DTypeName(dtype)));
+  }
+  if (n <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MeasureMatmulFlops: n must be > 0, got ", n));
+  }
+  std::vector<float> ones(n * n, 0.5f);
+  ASSIGN_OR_RETURN(Tensor a, Tensor::FromFloats({n, n}, ones, dtype));
+  ASSIGN_OR_RETURN(Tensor b, Tensor::FromFloats({n, n}, ones, dtype));
+  ASSIGN_OR_RETURN(Tensor c, Tensor::Empty({n, n}, dtype, Device::Cpu()));
+  RETURN_IF_ERROR(Matmul(a, b, &c));  // Warm-up (primitive creation).
+  const double flops = 2.0 * n * n * n;
+  double best = 0;
+  const absl::Time start = absl::Now();
+  int runs = 0;
+  while (runs < 3 || absl::Now() - start < budget) {
+    const absl::Time t0 = absl::Now();
+    RETURN_IF_ERROR(Matmul(a, b, &c));
+    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
+    if (s > 0) best = std::max(best, flops / s);
+    ++runs;
+  }
+  return best;
+}
+
+double GpuPeakFlops(const std::string& device_name, DType dtype) {
+  // Dense (no sparsity) datasheet numbers, TFLOP/s: {bf16/f16, f32 (TF32
+  // tensor cores are not used for f32 here: plain FP32)}.
+  struct Entry {
+    const char* fragment;
+    double half, single;
+  };
+  static const Entry kTable[] = {
+      {"H200", 989, 67},   {"H100 PCIe", 756, 51}, {"H100", 989, 67},
+      {"A100", 312, 19.5}, {"L40S", 362, 91.6},    {"A10G", 70, 31.2},
+      {"L4", 121, 30.3},   {"V100", 125, 15.7},    {"4090", 165, 82.6},
+  };
+  for (const Entry& e : kTable) {
+    if (device_name.find(e.fragment) != std::string::npos) {
+      return (dtype == DType::kF32 ? e.single : e.half) * 1e12;
+    }
+  }
+  return 0;
+}
+
+void ThroughputMeter::Add(double seconds, int64_t tokens, bool warmup) {
+  if (warmup) {
+    warm_seconds_ += seconds;
+    warm_tokens_ += tokens;
+    ++warm_steps_;
+  } else {
+    seconds_ += seconds;
+    tokens_ += tokens;
+    ++steps_;
+  }
+}
+
+double ThroughputMeter::tokens_per_s() const {
+  if (steps_ > 0) return seconds_ > 0 ? tokens_ / seconds_ : 0;
+  return warm_seconds_ > 0 ? warm_tokens_ / warm_seconds_ : 0;
+}
+
+double ThroughputMeter::mean_step_s() const {
+  if (steps_ > 0) return seconds_ / steps_;
+  return warm_steps_ > 0 ? warm_seconds_ / warm_steps_ : 0;
+}
+
+int64_t ThroughputMeter::measured_steps() const {
+  return steps_ > 0 ? steps_ : warm_steps_;
+}
+
+std::string FormatMemoryTable(const std::vector<MemoryStats>& per_rank,
+                              const std::string& title) {
+  struct Row {
+    const char* label;
+    MemoryTag tag;
+  };
+  static const Row kRows[] = {
+      {"Parameters (sharded)", MemoryTag::kParams},
+      {"Gradients (sharded)", MemoryTag::kGrads},
+      {"Optimizer state", MemoryTag::kOptimizerState},
+      {"Activations", MemoryTag::kActivations},
+      {"Comm buffers", MemoryTag::kCommBuffers},
+      {"Other", MemoryTag::kOther},
+  };
+  auto mib = [](int64_t bytes) {
+    return absl::StrFormat("%10.2f", bytes / (1024.0 * 1024.0));
+  };
+  std::string header = absl::StrFormat("%-24s", "Component (MiB)");
+  for (size_t r = 0; r < per_rank.size(); ++r) {
+    absl::StrAppend(&header, absl::StrFormat("%10s", absl::StrCat("rank ", r)));
+  }
+  const std::string rule(header.size(), '-');
+  std::string out = absl::StrCat(title, "\n", header, "\n", rule, "\n");
+  for (const Row& row : kRows) {
+    absl::StrAppend(&out, absl::StrFormat("%-24s", row.label));
+    for (const MemoryStats& s : per_rank) {
+      absl::StrAppend(&out, mib(s.current_of(row.tag)));
+    }
+    out += "\n";
+  }
+  absl::StrAppend(&out, rule, "\n", absl::StrFormat("%-24s", "Total"));
+  for (const MemoryStats& s : per_rank)
+    absl::StrAppend(&out, mib(s.total_current));
+  absl::StrAppend(&out, "\n", absl::StrFormat("%-24s", "Peak (since start)"));
+  for (const MemoryStats& s : per_rank)
+    absl::StrAppend(&out, mib(s.total_peak));
+  out += "\n";
+  return out;
+}
+
+std::string FormatEta(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s >= 3600) return absl::StrFormat("%dh%02dm", s / 3600, (s / 60) % 60);
+  if (s >= 60) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrCat(s, "s");
+}
+
+std::string JsonNumber(double value) {
+  if (!std::isfinite(value)) return "null";
+  return absl::StrFormat("%.9g", value);
+}
+
+absl::StatusOr<std::unique_ptr<JsonlWriter>> JsonlWriter::Open(
+    const std::string& path) {
+  const std::string dir = DirName(path);
+  if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir));
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (f == nullptr) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("metrics: cannot open ", path,
+                     " for appending: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<JsonlWriter>(new JsonlWriter(path, f));
+}
+
+JsonlWriter::~JsonlWriter() { std::fclose(file_); }
+
+absl::Status JsonlWriter::Write(const std::string& json) {
+  if (std::fputs(json.c_str(), file_) < 0 || std::fputc('\n', file_) < 0 ||
+      std::fflush(file_) != 0) {
+    return absl::DataLossError(absl::StrCat("metrics: writing ", path_,
+                                            " failed: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+std::string DirName(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash == std::string::npos) return "";
+  if (slash == 0) return "/";
+  return path.substr(0, slash);
+}
+
+}  // namespace trainer
+}  // namespace fsdpp

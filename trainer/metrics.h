@@ -1,0 +1,108 @@
+// What the trainer measures and how it reports it: the unigram baseline of
+// the data, the measured matmul peak behind MFU, throughput with warm-up
+// steps left out, the per-rank memory table, the progress line and the
+// metrics JSONL.
+//
+// MFU = achieved model FLOP/s / peak FLOP/s, per rank. Model FLOPs per token
+// come from the model (models::FlopsPerToken: 6 N plus the attention core,
+// forward and backward, no recomputation counted). On a GPU the peak comes
+// from a table of datasheet numbers; a CPU has no datasheet number that means
+// anything for our kernels, so the peak is measured once at start-up: one
+// rank-sized matmul (the compute dtype, this rank's threads) timed over a
+// fixed budget, with all ranks measuring at the same time so they contend
+// for the machine as they do in training. metrics.peak_tflops overrides it.
+#ifndef FSDPP_TRAINER_METRICS_H_
+#define FSDPP_TRAINER_METRICS_H_
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "core/allocator.h"
+#include "core/dtype.h"
+#include "trainer/data/token_store.h"
+
+namespace fsdpp {
+namespace trainer {
+
+// The cross-entropy (nats) of predicting every token of [begin, end) of
+// `tokens` by the tokens' own frequencies in that range: the loss a model
+// that learned nothing but the unigram distribution reaches. 0 for an empty
+// range.
+double UnigramLoss(const TokenStore& tokens, int64_t begin, int64_t end);
+
+// FLOP/s of an n x n x n matmul in `dtype` (f32 or bf16) on the CPU with the
+// calling thread's OpenMP threads: the best of repeated runs over at least
+// `budget` (after one warm-up call).
+absl::StatusOr<double> MeasureMatmulFlops(DType dtype, int64_t n,
+                                          absl::Duration budget);
+
+// Datasheet dense peak FLOP/s of a GPU by name fragment ("H100", "A100",
+// ...) for `dtype`; 0 when unknown.
+double GpuPeakFlops(const std::string& device_name, DType dtype);
+
+// Step times and tokens, with warm-up steps kept out of the averages.
+class ThroughputMeter {
+ public:
+  // One optimizer step of `seconds` that processed `tokens` (globally).
+  void Add(double seconds, int64_t tokens, bool warmup);
+  // Tokens per second over the non-warm-up steps (over all steps when every
+  // step so far was warm-up; 0 before the first).
+  double tokens_per_s() const;
+  // Mean seconds per step, same selection.
+  double mean_step_s() const;
+  // Steps counted in the averages.
+  int64_t measured_steps() const;
+
+ private:
+  double seconds_ = 0, warm_seconds_ = 0;
+  int64_t tokens_ = 0, warm_tokens_ = 0;
+  int64_t steps_ = 0, warm_steps_ = 0;
+};
+
+// Per-rank memory as the seeds' tables show it: one row per component
+// (parameters, gradients, optimizer state, activations, comm buffers,
+// other), then total and peak, one column per rank, in MiB.
+// `per_rank[r]` is rank r's allocator statistics.
+std::string FormatMemoryTable(const std::vector<MemoryStats>& per_rank,
+                              const std::string& title);
+
+// "2h03m", "4m05s", "9s"; "?" for a negative or non-finite value.
+std::string FormatEta(double seconds);
+
+// A JSON number, or null for NaN / infinities (JSON has no such numbers).
+std::string JsonNumber(double value);
+
+// Appends lines to a file, flushing each (a crash loses at most the line
+// being written).
+class JsonlWriter {
+ public:
+  // Opens `path` for appending (creating its directory). An error names the
+  // path.
+  static absl::StatusOr<std::unique_ptr<JsonlWriter>> Open(
+      const std::string& path);
+  ~JsonlWriter();
+  JsonlWriter(const JsonlWriter&) = delete;
+  JsonlWriter& operator=(const JsonlWriter&) = delete;
+  // Writes `json` and a newline.
+  absl::Status Write(const std::string& json);
+  const std::string& path() const { return path_; }
+
+ private:
+  JsonlWriter(std::string path, std::FILE* file)
+      : path_(std::move(path)), file_(file) {}
+  std::string path_;
+  std::FILE* file_;
+};
+
+// The directory part of `path` ("" when none).
+std::string DirName(const std::string& path);
+
+}  // namespace trainer
+}  // namespace fsdpp
+
+#endif  // FSDPP_TRAINER_METRICS_H_

@@ -1,0 +1,125 @@
+#include "trainer/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_split.h"
+#include "gtest/gtest.h"
+
+namespace fsdpp {
+namespace trainer {
+namespace {
+
+TEST(MetricsTest, UnigramLossIsTheEntropyOfTheRange) {
+  // Tokens 1,1,2,2 in the range [1, 5): p = 1/2, 1/2 -> ln 2. Token 7 outside
+  // the range does not count.
+  auto store = TokenStore::FromVector({7, 1, 2, 1, 2, 7});
+  EXPECT_NEAR(UnigramLoss(*store, 1, 5), std::log(2.0), 1e-12);
+  // One token repeated: 0. Empty range: 0.
+  auto same = TokenStore::FromVector({3, 3, 3});
+  EXPECT_EQ(UnigramLoss(*same, 0, 3), 0.0);
+  EXPECT_EQ(UnigramLoss(*same, 2, 2), 0.0);
+  // 1/4, 1/4, 1/2.
+  auto mixed = TokenStore::FromVector({0, 5, 9, 9});
+  EXPECT_NEAR(UnigramLoss(*mixed, 0, 4),
+              -(0.25 * std::log(0.25) * 2 + 0.5 * std::log(0.5)), 1e-12);
+}
+
+TEST(MetricsTest, MatmulFlopsArePositiveAndBadInputFails) {
+  absl::StatusOr<double> f =
+      MeasureMatmulFlops(DType::kF32, 128, absl::Milliseconds(20));
+  ASSERT_TRUE(f.ok()) << f.status();
+  EXPECT_GT(*f, 1e8);  // Any CPU of this century does 0.1 GFLOP/s.
+  EXPECT_EQ(MeasureMatmulFlops(DType::kF16, 128, absl::Milliseconds(1))
+                .status()
+                .message(),
+            "MeasureMatmulFlops: the CPU matmul runs f32 and bf16, not f16");
+  EXPECT_FALSE(MeasureMatmulFlops(DType::kF32, 0, absl::Milliseconds(1)).ok());
+}
+
+TEST(MetricsTest, GpuPeaksFromTheTable) {
+  EXPECT_EQ(GpuPeakFlops("NVIDIA H100 80GB HBM3", DType::kBF16), 989e12);
+  EXPECT_EQ(GpuPeakFlops("NVIDIA H100 PCIe", DType::kBF16), 756e12);
+  EXPECT_EQ(GpuPeakFlops("NVIDIA A100-SXM4-40GB", DType::kF32), 19.5e12);
+  EXPECT_EQ(GpuPeakFlops("Some CPU", DType::kBF16), 0);
+}
+
+TEST(MetricsTest, ThroughputLeavesWarmupOut) {
+  ThroughputMeter m;
+  EXPECT_EQ(m.tokens_per_s(), 0);
+  m.Add(2.0, 100, /*warmup=*/true);
+  // Only warm-up so far: it is all there is.
+  EXPECT_DOUBLE_EQ(m.tokens_per_s(), 50);
+  EXPECT_EQ(m.measured_steps(), 1);
+  m.Add(0.5, 100, false);
+  m.Add(0.5, 100, false);
+  EXPECT_DOUBLE_EQ(m.tokens_per_s(), 200);
+  EXPECT_DOUBLE_EQ(m.mean_step_s(), 0.5);
+  EXPECT_EQ(m.measured_steps(), 2);
+}
+
+TEST(MetricsTest, MemoryTableHasEveryComponentPerRank) {
+  MemoryStats a, b;
+  a.current[static_cast<int>(MemoryTag::kParams)] = 1 << 20;
+  a.current[static_cast<int>(MemoryTag::kOptimizerState)] = 2 << 20;
+  a.total_current = 3 << 20;
+  a.total_peak = 5 << 20;
+  b.current[static_cast<int>(MemoryTag::kGrads)] = 512 << 10;
+  b.total_current = 512 << 10;
+  b.total_peak = 512 << 10;
+  const std::string table = FormatMemoryTable({a, b}, "At start:");
+  std::vector<std::string> lines = absl::StrSplit(table, '\n');
+  ASSERT_GE(lines.size(), 12u) << table;
+  EXPECT_EQ(lines[0], "At start:");
+  EXPECT_EQ(lines[1], "Component (MiB)             rank 0    rank 1");
+  EXPECT_EQ(lines[3], "Parameters (sharded)          1.00      0.00");
+  EXPECT_EQ(lines[4], "Gradients (sharded)           0.00      0.50");
+  EXPECT_EQ(lines[5], "Optimizer state               2.00      0.00");
+  EXPECT_EQ(lines[10], "Total                         3.00      0.50");
+  EXPECT_EQ(lines[11], "Peak (since start)            5.00      0.50");
+}
+
+TEST(MetricsTest, EtaAndJsonNumbers) {
+  EXPECT_EQ(FormatEta(9.4), "9s");
+  EXPECT_EQ(FormatEta(245), "4m05s");
+  EXPECT_EQ(FormatEta(7380), "2h03m");
+  EXPECT_EQ(FormatEta(-1), "?");
+  EXPECT_EQ(FormatEta(std::nan("")), "?");
+  EXPECT_EQ(JsonNumber(0.25), "0.25");
+  EXPECT_EQ(JsonNumber(std::nan("")), "null");
+  EXPECT_EQ(JsonNumber(std::numeric_limits<double>::infinity()), "null");
+}
+
+TEST(MetricsTest, JsonlAppendsLinesAndCreatesTheDirectory) {
+  const std::string dir =
+      std::string(std::getenv("TEST_TMPDIR")) + "/jsonl/sub";
+  const std::string path = dir + "/m.jsonl";
+  {
+    auto w = JsonlWriter::Open(path);
+    ASSERT_TRUE(w.ok()) << w.status();
+    ASSERT_TRUE((*w)->Write("{\"a\":1}").ok());
+  }
+  {
+    auto w = JsonlWriter::Open(path);
+    ASSERT_TRUE(w.ok());
+    ASSERT_TRUE((*w)->Write("{\"b\":2}").ok());
+  }
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_EQ(ss.str(), "{\"a\":1}\n{\"b\":2}\n");
+  auto bad = JsonlWriter::Open("/proc/no/such/dir/m.jsonl");
+  EXPECT_FALSE(bad.ok());
+  EXPECT_EQ(DirName("a/b/c.jsonl"), "a/b");
+  EXPECT_EQ(DirName("c.jsonl"), "");
+  EXPECT_EQ(DirName("/c"), "/");
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace fsdpp

@@ -1,0 +1,327 @@
+// The `train` binary.
+//
+//   bazel run //trainer:train                       # the embedded default run
+//   bazel run //trainer:train -- --nproc_per_node=2 --set training.steps=50
+//       --config=trainer/configs/gpt2_124m.textproto
+//
+// Outside a launcher (no RANK / OMPI / SLURM variables) it is its own
+// launcher: it validates the config for --nproc_per_node ranks (default 2),
+// starts that many copies of itself through tools/launch's library on a
+// free local port, and when they all succeed renders the metrics plot
+// (tools/plot) and prints where the checkpoint, metrics and plot are. With
+// --nproc_per_node=1 it trains in this process instead (and draws a live
+// progress line on a terminal). Under a launcher (tools/launch, torchrun,
+// mpirun, srun) it is one rank: rendezvous from the environment, TCP store,
+// Gloo groups.
+//
+// Flags (all "--name=value" or "--name value"):
+//   --config PATH          a text-format TrainConfig (default: the embedded
+//                          trainer/configs/default.textproto)
+//   --set SECTION.FIELD=V  override a field (repeatable)
+//   --nproc_per_node N     local ranks to start when not launched (2)
+//   --print_config         print the effective config and exit
+//   --help
+// Relative paths in the config are relative to the directory the command
+// was run from (bazel run's BUILD_WORKING_DIRECTORY).
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
+#include "comm/gloo_backend.h"
+#include "comm/rendezvous.h"
+#include "comm/store.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "tools/launch/launch.h"
+#include "trainer/config.h"
+#include "trainer/default_config.h"
+#include "trainer/trainer.h"
+
+namespace fsdpp {
+namespace trainer {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: train [--config PATH] [--set SECTION.FIELD=VALUE ...] "
+    "[--nproc_per_node N] [--print_config]\n"
+    "  Without --config: the embedded default run (a small GPT-2 on the "
+    "embedded corpus).\n"
+    "  Not under a launcher: starts --nproc_per_node local ranks (default 2) "
+    "of itself.\n";
+
+struct Flags {
+  std::string config_path;
+  std::vector<std::string> overrides;
+  int nproc_per_node = 2;
+  bool print_config = false;
+  bool help = false;
+};
+
+absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
+  Flags flags;
+  for (size_t i = 0; i < args.size(); ++i) {
+    std::string name = args[i], value;
+    bool has_value = false;
+    if (!absl::StartsWith(name, "--")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unexpected argument \"", name, "\""));
+    }
+    name = name.substr(2);
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+      has_value = true;
+    }
+    auto take = [&]() -> absl::StatusOr<std::string> {
+      if (has_value) return value;
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", name, " needs a value"));
+      }
+      return args[++i];
+    };
+    if (name == "help" || name == "h") {
+      flags.help = true;
+    } else if (name == "print_config") {
+      flags.print_config = true;
+    } else if (name == "config") {
+      ASSIGN_OR_RETURN(flags.config_path, take());
+    } else if (name == "set") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      flags.overrides.push_back(v);
+    } else if (name == "nproc_per_node") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      if (!absl::SimpleAtoi(v, &flags.nproc_per_node) ||
+          flags.nproc_per_node < 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--nproc_per_node must be a positive integer, got \"", v, "\""));
+      }
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "unknown flag --", name,
+          " (flags: --config, --set, --nproc_per_node, --print_config, "
+          "--help)"));
+    }
+  }
+  return flags;
+}
+
+// The config the flags describe, paths made absolute.
+absl::StatusOr<TrainConfig> LoadConfig(const Flags& flags) {
+  TrainConfig config;
+  if (flags.config_path.empty()) {
+    ASSIGN_OR_RETURN(config, ParseTrainConfig(DefaultConfigText(),
+                                              "<embedded default config>"));
+  } else {
+    std::string path = flags.config_path;
+    if (path[0] != '/') path = InvocationDirectory() + "/" + path;
+    ASSIGN_OR_RETURN(config, LoadTrainConfig(path));
+  }
+  RETURN_IF_ERROR(ApplyOverrides(flags.overrides, &config));
+  MakePathsAbsolute(InvocationDirectory(), &config);
+  return config;
+}
+
+// A TCP port that was free a moment ago.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return 29500;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  int port = 29500;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  close(fd);
+  return port;
+}
+
+// tools/plot's script in this binary's runfiles, or "".
+std::string PlotScript(const char* argv0) {
+  for (const std::string& base : {std::string(argv0) + ".runfiles",
+                                  std::string("/proc/self/exe.runfiles")}) {
+    const std::string p = base + "/fsdpp/tools/plot/plot.py";
+    if (PathExists(p)) return p;
+  }
+  if (const char* dir = std::getenv("RUNFILES_DIR")) {
+    const std::string p = std::string(dir) + "/fsdpp/tools/plot/plot.py";
+    if (PathExists(p)) return p;
+  }
+  return "";
+}
+
+// Renders the metrics plot; the PNG's path, or "" (with a note) if it could
+// not be drawn.
+std::string Plot(const char* argv0, const std::string& jsonl) {
+  const std::string script = PlotScript(argv0);
+  const std::string png =
+      (absl::EndsWith(jsonl, ".jsonl") ? jsonl.substr(0, jsonl.size() - 6)
+                                       : jsonl) +
+      ".png";
+  if (script.empty()) {
+    std::printf(
+        "plot: tools/plot not found in the runfiles; run "
+        "`bazel run //tools/plot -- %s`\n",
+        jsonl.c_str());
+    return "";
+  }
+  const pid_t pid = fork();
+  if (pid == 0) {
+    execl("/usr/bin/python3", "python3", script.c_str(), jsonl.c_str(), "--out",
+          png.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  int status = 0;
+  if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) ||
+      WEXITSTATUS(status) != 0) {
+    std::printf("plot: rendering %s failed (see above)\n", jsonl.c_str());
+    return "";
+  }
+  return png;
+}
+
+void PrintOutputs(const TrainConfig& config, const std::string& png) {
+  std::printf("\nOutputs:\n");
+  if (config.checkpoint().interval() > 0) {
+    absl::StatusOr<std::string> latest =
+        LatestCheckpoint(config.checkpoint().folder());
+    std::printf("  checkpoint: %s\n",
+                latest.ok() ? latest->c_str() : "(none written)");
+  }
+  if (!config.metrics().jsonl_path().empty()) {
+    std::printf("  metrics:    %s\n", config.metrics().jsonl_path().c_str());
+  }
+  if (!png.empty()) std::printf("  plot:       %s\n", png.c_str());
+  if (config.metrics().trace_steps() > 0) {
+    std::printf("  trace:      %s (open in https://ui.perfetto.dev)\n",
+                config.metrics().trace_path().c_str());
+  }
+  std::fflush(stdout);
+}
+
+// One rank under a launcher.
+int RunRank(const TrainConfig& config, const RendezvousInfo& info) {
+  SetLogPrefix(absl::StrCat("[rank ", info.rank, "] "));
+  absl::StatusOr<std::unique_ptr<Store>> store =
+      StoreFromRendezvous(info, absl::Minutes(2));
+  if (!store.ok()) {
+    std::fprintf(stderr, "train: rendezvous: %s\n",
+                 store.status().ToString().c_str());
+    return 1;
+  }
+  GlooOptions gloo;
+  gloo.timeout = absl::Minutes(5);
+  TrainerEnv env;
+  env.rank = info.rank;
+  env.world_size = info.world_size;
+  env.group_factory = GlooGroupFactory(store->get(), gloo);
+  env.store = store->get();
+  env.out = stdout;
+  absl::StatusOr<TrainResult> result = Train(config, env);
+  if (!result.ok()) {
+    std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+// The whole job in this process (one rank).
+int RunSingle(const TrainConfig& config, const char* argv0) {
+  InMemoryStore store;
+  TrainerEnv env;
+  env.group_factory = GlooGroupFactory(&store);
+  env.store = &store;
+  env.interactive = isatty(fileno(stdout));
+  absl::StatusOr<TrainResult> result = Train(config, env);
+  if (!result.ok()) {
+    std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
+    return 1;
+  }
+  std::string png;
+  if (!config.metrics().jsonl_path().empty()) {
+    png = Plot(argv0, config.metrics().jsonl_path());
+  }
+  PrintOutputs(config, png);
+  return 0;
+}
+
+int Main(int argc, char** argv) {
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  absl::StatusOr<Flags> flags = ParseFlags(args);
+  if (!flags.ok()) {
+    std::fprintf(stderr, "train: %s\n%s", flags.status().message().data(),
+                 kUsage);
+    return 2;
+  }
+  if (flags->help) {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  absl::StatusOr<TrainConfig> config = LoadConfig(*flags);
+  if (!config.ok()) {
+    std::fprintf(stderr, "train: %s\n", config.status().ToString().c_str());
+    return 2;
+  }
+  if (flags->print_config) {
+    std::fputs(FormatTrainConfig(*config).c_str(), stdout);
+    return 0;
+  }
+  absl::StatusOr<RendezvousInfo> info = RendezvousFromEnv();
+  if (info.ok()) return RunRank(*config, *info);
+  if (!absl::IsNotFound(info.status())) {
+    std::fprintf(stderr, "train: %s\n", info.status().ToString().c_str());
+    return 2;
+  }
+  // Not launched: validate for the local job, then start it.
+  const int nproc = flags->nproc_per_node;
+  if (absl::Status s = Validate(*config, nproc); !s.ok()) {
+    std::fprintf(stderr, "train: %s (for --nproc_per_node=%d)\n",
+                 s.ToString().c_str(), nproc);
+    return 2;
+  }
+  // Two spinning OpenMP pools on two cores cost a third of the speed.
+  setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
+  if (nproc == 1) return RunSingle(*config, argv[0]);
+  launch::LaunchOptions lo;
+  lo.nproc_per_node = nproc;
+  lo.master_port = FreePort();
+  // The children are this binary with the same flags (they see RANK).
+  lo.program.push_back("/proc/self/exe");
+  for (const std::string& a : args) lo.program.push_back(a);
+  std::printf("train: starting %d local ranks (tools/launch, port %d)\n", nproc,
+              lo.master_port);
+  std::fflush(stdout);
+  const int rc = launch::RunLaunch(lo);
+  if (rc != 0) return rc;
+  std::string png;
+  if (!config->metrics().jsonl_path().empty()) {
+    png = Plot(argv[0], config->metrics().jsonl_path());
+  }
+  PrintOutputs(*config, png);
+  return 0;
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace fsdpp
+
+int main(int argc, char** argv) { return fsdpp::trainer::Main(argc, argv); }

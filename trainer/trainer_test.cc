@@ -1,0 +1,233 @@
+// End-to-end tests of the training loop with thread ranks over real Gloo:
+// training makes progress and reports; resuming at the same world size
+// repeats the uninterrupted run bitwise, at other world sizes within the
+// data-parallel tolerance; a diverging run stops with a clear error and
+// saves nothing after the last good step.
+#include "trainer/trainer.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/file_util.h"
+#include "comm/gloo_backend.h"
+#include "comm/store.h"
+#include "gtest/gtest.h"
+#include "trainer/config.h"
+
+namespace fsdpp {
+namespace trainer {
+namespace {
+
+// A small, fast run: gpt2_debug on the embedded corpus, 8 steps.
+TrainConfig SmallConfig(const std::string& dir) {
+  TrainConfig config;
+  const std::vector<std::string> overrides = {
+      "model.name=gpt2_debug",
+      "training.steps=8",
+      "training.global_batch=8",
+      "training.micro_batch=2",
+      "training.seq_len=32",
+      "training.lr=3e-3",
+      "training.warmup_steps=2",
+      "data.dataset=embedded",
+      "data.tokenizer=byte",
+      "validation.interval=4",
+      "validation.batches=2",
+      "metrics.log_interval=1",
+      "metrics.peak_tflops=1",
+      "metrics.throughput_warmup_steps=1",
+      "checkpoint.interval=4",
+      "checkpoint.resume=true",
+      "checkpoint.folder=" + dir + "/ckpt",
+      "metrics.jsonl_path=" + dir + "/metrics.jsonl",
+  };
+  CHECK_OK(ApplyOverrides(overrides, &config));
+  return config;
+}
+
+std::string TestDir(const std::string& name) {
+  const std::string dir = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  CHECK_OK(RemoveTree(dir));
+  CHECK_OK(MakeDirs(dir));
+  return dir;
+}
+
+// Runs `config` on `world` thread ranks; each rank's result.
+std::vector<absl::StatusOr<TrainResult>> RunRanks(
+    const TrainConfig& config, int world, int64_t stop_after_steps = 0) {
+  InMemoryStore store;
+  GlooOptions gloo;
+  gloo.timeout = absl::Seconds(60);
+  std::vector<absl::StatusOr<TrainResult>> results(
+      world, absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      TrainerEnv env;
+      env.rank = r;
+      env.world_size = world;
+      env.group_factory = GlooGroupFactory(&store, gloo);
+      env.store = &store;
+      env.out = r == 0 ? stdout : nullptr;
+      env.stop_after_steps = stop_after_steps;
+      results[r] = Train(config, env);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+std::vector<double> Losses(const TrainResult& r) {
+  std::vector<double> losses;
+  for (const StepLog& s : r.steps) losses.push_back(s.loss);
+  return losses;
+}
+
+TEST(TrainerTest, TrainsReportsAndCheckpoints) {
+  const std::string dir = TestDir("trains");
+  auto results = RunRanks(SmallConfig(dir), 2);
+  for (auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  const TrainResult& r = *results[0];
+  ASSERT_EQ(r.steps.size(), 8u);
+  EXPECT_EQ(r.start_step, 0);
+  EXPECT_EQ(r.end_step, 8);
+  // Learning: the last loss is well below the first (ln 512 = 6.24 at init).
+  EXPECT_GT(r.steps.front().loss, 5.5);
+  EXPECT_LT(r.steps.back().loss, r.steps.front().loss - 1.0);
+  // Every rank logged the same (averaged) losses.
+  EXPECT_EQ(Losses(*results[1]), Losses(r));
+  EXPECT_GT(r.unigram_loss, 2.5);
+  EXPECT_LT(r.unigram_loss, 3.5);
+  ASSERT_EQ(r.validation.size(), 2u);
+  EXPECT_EQ(r.validation[0].first, 4);
+  EXPECT_EQ(r.validation[1].first, 8);
+  EXPECT_GT(r.tokens_per_s, 0);
+  EXPECT_DOUBLE_EQ(r.tokens_per_s_per_rank, r.tokens_per_s / 2);
+  EXPECT_EQ(r.peak_tflops_per_rank, 1.0);
+  EXPECT_NEAR(r.mfu, r.tflops_per_rank, 1e-12);  // peak 1 TFLOP/s
+  EXPECT_GE(r.exposed_comm_s_per_step, 0);
+  // The warm-up schedule: step 1 at lr/2, step 2 at lr.
+  EXPECT_DOUBLE_EQ(r.steps[0].lr, 1.5e-3);
+  EXPECT_DOUBLE_EQ(r.steps[1].lr, 3e-3);
+  EXPECT_EQ(r.last_checkpoint, dir + "/ckpt/step-8");
+  auto checkpoints = ListCheckpoints(dir + "/ckpt");
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  ASSERT_EQ(checkpoints->size(), 2u);
+  EXPECT_EQ((*checkpoints)[0].first, 4);
+  EXPECT_EQ((*checkpoints)[1].first, 8);
+  // JSONL: header, 8 train lines, 2 validation lines, summary.
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  int run = 0, train = 0, val = 0, summary = 0;
+  while (std::getline(in, line)) {
+    run += absl::StartsWith(line, "{\"kind\":\"run\"");
+    train += absl::StartsWith(line, "{\"kind\":\"train\"");
+    val += absl::StartsWith(line, "{\"kind\":\"val\"");
+    summary += absl::StartsWith(line, "{\"kind\":\"summary\"");
+  }
+  EXPECT_EQ(run, 1);
+  EXPECT_EQ(train, 8);
+  EXPECT_EQ(val, 2);
+  EXPECT_EQ(summary, 1);
+  // Running again resumes from step 8: nothing left to do.
+  auto again = RunRanks(SmallConfig(dir), 2);
+  ASSERT_TRUE(again[0].ok()) << again[0].status();
+  EXPECT_EQ(again[0]->start_step, 8);
+  EXPECT_TRUE(again[0]->steps.empty());
+  EXPECT_EQ(again[0]->resumed_from, dir + "/ckpt/step-8");
+}
+
+TEST(TrainerTest, ResumeAtTheSameWorldSizeIsBitwise) {
+  const std::string straight = TestDir("straight"),
+                    resumed = TestDir("resumed");
+  auto full = RunRanks(SmallConfig(straight), 2);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  // Killed after step 5: the checkpoint of step 4 is the latest.
+  auto first = RunRanks(SmallConfig(resumed), 2, /*stop_after_steps=*/5);
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  EXPECT_EQ(first[0]->end_step, 5);
+  auto second = RunRanks(SmallConfig(resumed), 2);
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  EXPECT_EQ(second[0]->start_step, 4);
+  EXPECT_EQ(second[0]->resumed_from, resumed + "/ckpt/step-4");
+  const std::vector<double> want = Losses(*full[0]);
+  const std::vector<double> got = Losses(*second[0]);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], want[4 + i]) << "step " << 5 + i;  // bitwise
+  }
+  // The step-5 of the interrupted run was the same step too.
+  EXPECT_EQ(Losses(*first[0])[4], want[4]);
+}
+
+TEST(TrainerTest, ResumeAtOtherWorldSizesMatchesWithinParityTolerance) {
+  const std::string straight = TestDir("straight_w2");
+  auto full = RunRanks(SmallConfig(straight), 2);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  const std::vector<double> want = Losses(*full[0]);
+  for (int world : {1, 4}) {
+    const std::string dir = TestDir(absl::StrCat("reshard_w", world));
+    auto first = RunRanks(SmallConfig(dir), 2, /*stop_after_steps=*/4);
+    ASSERT_TRUE(first[0].ok()) << first[0].status();
+    // The same checkpoint loads onto `world` ranks (resharding load) and the
+    // loader continues from the same global position.
+    auto second = RunRanks(SmallConfig(dir), world);
+    ASSERT_TRUE(second[0].ok()) << second[0].status();
+    EXPECT_EQ(second[0]->start_step, 4);
+    const std::vector<double> got = Losses(*second[0]);
+    ASSERT_EQ(got.size(), 4u);
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst, std::fabs(got[i] - want[4 + i]) / want[4 + i]);
+    }
+    // f32 data-parallel parity of losses (models/training_parity_test.cc).
+    EXPECT_LE(worst, 1e-5) << "W=" << world;
+    std::cout << "resumed at W=" << world << ": max relative loss difference "
+              << worst << std::endl;
+  }
+}
+
+TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
+  const std::string dir = TestDir("diverge");
+  TrainConfig config = SmallConfig(dir);
+  CHECK_OK(ApplyOverrides(
+      {"training.lr=1e4", "training.grad_clip=0", "training.warmup_steps=0",
+       "training.steps=30", "checkpoint.interval=1", "validation.interval=0"},
+      &config));
+  auto results = RunRanks(config, 2);
+  ASSERT_FALSE(results[0].ok());
+  const std::string message(results[0].status().message());
+  EXPECT_TRUE(absl::StrContains(message, "stopping before the optimizer step"))
+      << results[0].status();
+  // Both ranks stop at the same step with the same error.
+  EXPECT_EQ(results[1].status(), results[0].status());
+  // The checkpoints are the steps before the bad one.
+  int bad_step = 0;
+  ASSERT_TRUE(sscanf(message.c_str(), "step %d", &bad_step) == 1) << message;
+  auto latest = LatestCheckpoint(dir + "/ckpt");
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(*latest, absl::StrCat(dir, "/ckpt/step-", bad_step - 1));
+}
+
+TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
+  TrainConfig config = SmallConfig(TestDir("invalid"));
+  CHECK_OK(ApplyOverrides({"training.global_batch=7"}, &config));
+  auto results = RunRanks(config, 2);
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(
+      absl::StrContains(results[0].status().message(), "training.global_batch"))
+      << results[0].status();
+}
+
+}  // namespace
+}  // namespace trainer
+}  // namespace fsdpp
