@@ -37,19 +37,20 @@ absl::Status CheckShape(const Shape& shape, size_t element_size) {
         absl::StrCat("shape has ", shape.size(), " dims (at most ",
                      kMaxCheckpointDims, " are supported)"));
   }
-  bool any_zero = false;
   for (int64_t d : shape) {
     if (d < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", ShapeToString(shape), " has a negative dim"));
     }
-    any_zero |= d == 0;
   }
-  if (any_zero) return absl::OkStatus();
+  // The non-zero dims are bounded even when a zero dim makes the shape
+  // empty: element counts of the shape's prefixes (and of boxes inside it)
+  // are products of them, and must not overflow.
   const int64_t limit = kMaxCheckpointBytes /
                         static_cast<int64_t>(std::max<size_t>(1, element_size));
   int64_t volume = 1;
   for (int64_t d : shape) {
+    if (d == 0) continue;
     if (volume > limit / d) {
       return absl::InvalidArgumentError(
           absl::StrCat("shape ", ShapeToString(shape),

@@ -36,9 +36,10 @@ Box Intersect(const Box& a, const Box& b);
 // "[1, 0]+[3, 5]" (offset + shape).
 std::string BoxToString(const Box& box);
 
-// OK when `shape` has at most kMaxCheckpointDims non-negative dims and its
-// volume times `element_size` is at most kMaxCheckpointBytes; otherwise
-// InvalidArgument describing the problem.
+// OK when `shape` has at most kMaxCheckpointDims non-negative dims and the
+// product of its non-zero dims times `element_size` is at most
+// kMaxCheckpointBytes (empty shapes too: their strides are such products);
+// otherwise InvalidArgument describing the problem.
 absl::Status CheckShape(const Shape& shape, size_t element_size);
 
 // OK when every box has shape's rank, lies inside `shape` (a CheckShape-valid

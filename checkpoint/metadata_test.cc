@@ -209,6 +209,18 @@ TEST(BoxesTest, TilingChecksEveryLayout) {
   EXPECT_TRUE(CheckTiling({0, 3}, {}).ok());
 }
 
+TEST(BoxesTest, EmptyShapesStillBoundTheirOtherDims) {
+  // Found by metadata_fuzz (UBSan): a zero dim made CheckShape skip the size
+  // bound, and the element count of the dims before it overflowed int64.
+  Shape huge_then_empty(15, int64_t{1} << 40);
+  huge_then_empty.push_back(0);
+  absl::Status s = CheckShape(huge_then_empty, 2);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("is too large"));
+  EXPECT_TRUE(CheckShape({0, 1 << 20, 1 << 20}, 4).ok());
+  EXPECT_FALSE(CheckShape({int64_t{1} << 40, int64_t{1} << 40, 0}, 4).ok());
+}
+
 TEST(BoxesTest, IntersectAndShapes) {
   const Box a{{0, 0}, {4, 5}}, b{{2, 3}, {4, 4}};
   const Box c = Intersect(a, b);
@@ -218,7 +230,10 @@ TEST(BoxesTest, IntersectAndShapes) {
   EXPECT_EQ(BoxToString(c), "[2, 3]+[2, 2]");
   EXPECT_TRUE(CheckShape({1 << 20, 1 << 20}, 4).ok());
   EXPECT_FALSE(CheckShape({int64_t{1} << 40, int64_t{1} << 40}, 4).ok());
-  EXPECT_TRUE(CheckShape({0, int64_t{1} << 62}, 8).ok());
+  // Empty, but its other dims are still bounded (strides are products of
+  // them).
+  EXPECT_TRUE(CheckShape({0, int64_t{1} << 40}, 8).ok());
+  EXPECT_FALSE(CheckShape({0, int64_t{1} << 62}, 8).ok());
   EXPECT_FALSE(CheckShape(Shape(17, 1), 4).ok());
 }
 
