@@ -19,6 +19,8 @@
 //                          trainer/configs/default.textproto)
 //   --set SECTION.FIELD=V  override a field (repeatable)
 //   --nproc_per_node N     local ranks to start when not launched (2)
+//   --stop_after_steps N   preemption drill: stop after N steps of this run
+//                          as if killed (checkpoints up to then are kept)
 //   --print_config         print the effective config and exit
 //   --help
 // Relative paths in the config are relative to the directory the command
@@ -57,7 +59,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: train [--config PATH] [--set SECTION.FIELD=VALUE ...] "
-    "[--nproc_per_node N] [--print_config]\n"
+    "[--nproc_per_node N] [--stop_after_steps N] [--print_config]\n"
     "  Without --config: the embedded default run (a small GPT-2 on the "
     "embedded corpus).\n"
     "  Not under a launcher: starts --nproc_per_node local ranks (default 2) "
@@ -67,6 +69,7 @@ struct Flags {
   std::string config_path;
   std::vector<std::string> overrides;
   int nproc_per_node = 2;
+  int64_t stop_after_steps = 0;
   bool print_config = false;
   bool help = false;
 };
@@ -104,6 +107,14 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
     } else if (name == "set") {
       ASSIGN_OR_RETURN(std::string v, take());
       flags.overrides.push_back(v);
+    } else if (name == "stop_after_steps") {
+      ASSIGN_OR_RETURN(std::string v, take());
+      if (!absl::SimpleAtoi(v, &flags.stop_after_steps) ||
+          flags.stop_after_steps < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--stop_after_steps must be a non-negative integer, got \"", v,
+            "\""));
+      }
     } else if (name == "nproc_per_node") {
       ASSIGN_OR_RETURN(std::string v, take());
       if (!absl::SimpleAtoi(v, &flags.nproc_per_node) ||
@@ -114,8 +125,8 @@ absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
     } else {
       return absl::InvalidArgumentError(absl::StrCat(
           "unknown flag --", name,
-          " (flags: --config, --set, --nproc_per_node, --print_config, "
-          "--help)"));
+          " (flags: --config, --set, --nproc_per_node, --stop_after_steps, "
+          "--print_config, --help)"));
     }
   }
   return flags;
@@ -219,7 +230,8 @@ void PrintOutputs(const TrainConfig& config, const std::string& png) {
 }
 
 // One rank under a launcher.
-int RunRank(const TrainConfig& config, const RendezvousInfo& info) {
+int RunRank(const TrainConfig& config, const RendezvousInfo& info,
+            int64_t stop_after_steps) {
   SetLogPrefix(absl::StrCat("[rank ", info.rank, "] "));
   absl::StatusOr<std::unique_ptr<Store>> store =
       StoreFromRendezvous(info, absl::Minutes(2));
@@ -236,6 +248,7 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info) {
   env.group_factory = GlooGroupFactory(store->get(), gloo);
   env.store = store->get();
   env.out = stdout;
+  env.stop_after_steps = stop_after_steps;
   absl::StatusOr<TrainResult> result = Train(config, env);
   if (!result.ok()) {
     std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
@@ -245,12 +258,14 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info) {
 }
 
 // The whole job in this process (one rank).
-int RunSingle(const TrainConfig& config, const char* argv0) {
+int RunSingle(const TrainConfig& config, const char* argv0,
+              int64_t stop_after_steps) {
   InMemoryStore store;
   TrainerEnv env;
   env.group_factory = GlooGroupFactory(&store);
   env.store = &store;
   env.interactive = isatty(fileno(stdout));
+  env.stop_after_steps = stop_after_steps;
   absl::StatusOr<TrainResult> result = Train(config, env);
   if (!result.ok()) {
     std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
@@ -286,7 +301,7 @@ int Main(int argc, char** argv) {
     return 0;
   }
   absl::StatusOr<RendezvousInfo> info = RendezvousFromEnv();
-  if (info.ok()) return RunRank(*config, *info);
+  if (info.ok()) return RunRank(*config, *info, flags->stop_after_steps);
   if (!absl::IsNotFound(info.status())) {
     std::fprintf(stderr, "train: %s\n", info.status().ToString().c_str());
     return 2;
@@ -300,7 +315,9 @@ int Main(int argc, char** argv) {
   }
   // Two spinning OpenMP pools on two cores cost a third of the speed.
   setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
-  if (nproc == 1) return RunSingle(*config, argv[0]);
+  if (nproc == 1) {
+    return RunSingle(*config, argv[0], flags->stop_after_steps);
+  }
   launch::LaunchOptions lo;
   lo.nproc_per_node = nproc;
   lo.master_port = FreePort();

@@ -1,0 +1,113 @@
+#!/usr/bin/env bash
+# End-to-end tests of the `train` binary as users run it: 2 processes started
+# by the binary itself through tools/launch (TCP store, Gloo), a preemption
+# drill (--stop_after_steps) and resume whose losses equal the uninterrupted
+# run's digit for digit, a resume on 1 process, config errors, and the plot.
+set -euo pipefail
+train=trainer/train
+work="${TEST_TMPDIR:-$(mktemp -d)}/e2e"
+rm -rf "$work"
+mkdir -p "$work"
+cd_back=$PWD
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+# A tiny run: 6 steps, checkpoints every 3.
+common=(
+  --set training.steps=6 --set training.global_batch=8
+  --set training.micro_batch=2 --set training.seq_len=32
+  --set training.warmup_steps=2 --set checkpoint.interval=3
+  --set checkpoint.resume=true --set validation.interval=3
+  --set validation.batches=2 --set metrics.log_interval=1
+  --set metrics.trace_start_step=2 --set metrics.trace_steps=1
+  --set model.n_layers=2 --set model.dim=64
+)
+
+run() {  # run DIR [extra flags...]; output in DIR.log
+  local dir=$1
+  shift
+  "$cd_back/$train" "${common[@]}" \
+    --set "checkpoint.folder=$dir/ckpt" \
+    --set "metrics.jsonl_path=$dir/metrics.jsonl" \
+    --set "metrics.trace_path=$dir/trace.json" "$@" >"$dir.log" 2>&1 ||
+    { cat "$dir.log"; fail "train $* exited $?"; }
+  cat "$dir.log"
+}
+
+# "step loss" per step of the train lines (the last line of a step wins:
+# a resumed run appends and repeats steps after its checkpoint).
+losses() {
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+last = {}
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d.get("kind") == "train":
+        last[d["step"]] = d["loss"]
+for step in sorted(last):
+    print(step, repr(last[step]))
+PY
+}
+
+cd "$work"
+
+# 1. Straight through on 2 processes.
+mkdir -p straight
+run "$work/straight"
+log=$(cat "$work/straight.log")
+grep -q "train: starting 2 local ranks" <<<"$log" || fail "no launch line"
+grep -q "\[rank 0\] fsdpp trainer: gpt2_debug" <<<"$log" || fail "no header"
+grep -q "\[rank 0\] step 6/6 | loss" <<<"$log" || fail "no step 6 line"
+grep -q "\[rank 0\] Memory per rank at the end:" <<<"$log" || fail "no memory table"
+grep -q "\[rank 0\]   MFU: " <<<"$log" || fail "no MFU"
+grep -q "checkpoint: $work/straight/ckpt/step-6" <<<"$log" || fail "no checkpoint path"
+grep -q "plot:       $work/straight/metrics.png" <<<"$log" || fail "no plot"
+[[ -f "$work/straight/ckpt/step-6/metadata.pb" ]] || fail "checkpoint missing"
+[[ -f "$work/straight/ckpt/step-3/metadata.pb" ]] || fail "checkpoint 3 missing"
+/usr/bin/python3 - "$work/straight/trace.json" <<'PY' || fail "bad trace"
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+pids = {e["pid"] for e in events if e["ph"] == "X"}
+cats = {e["cat"] for e in events if e["ph"] == "X"}
+assert pids == {0, 1}, pids
+assert {"compute", "comm", "comm_wait"} <= cats, cats
+PY
+head -c 8 "$work/straight/metrics.png" | od -An -c | grep -q "P   N   G" ||
+  fail "metrics.png is not a PNG"
+
+# 2. Preempted after 4 steps (checkpoint 3 is the latest), then resumed: the
+# resumed steps 4-6 have exactly the uninterrupted run's losses.
+mkdir -p resumed
+run "$work/resumed" --stop_after_steps=4
+grep -q "stopping after step 4" "$work/resumed.log" || fail "no stop"
+[[ ! -d "$work/resumed/ckpt/step-6" ]] || fail "preempted run saved step 6"
+run "$work/resumed"
+grep -q "resumed from $work/resumed/ckpt/step-3: 3 step(s) done" \
+  "$work/resumed.log" || fail "did not resume from step 3"
+diff <(losses "$work/straight/metrics.jsonl") \
+  <(losses "$work/resumed/metrics.jsonl") ||
+  fail "resumed losses differ from the uninterrupted run"
+
+# 3. The step-3 checkpoint of the 2-process run resumed on 1 process.
+mkdir -p single/ckpt
+cp -r "$work/straight/ckpt/step-3" "$work/single/ckpt/"
+run "$work/single" --nproc_per_node=1
+grep -q "resumed from $work/single/ckpt/step-3" "$work/single.log" ||
+  fail "1-process run did not resume"
+grep -q "step 6/6" "$work/single.log" || fail "1-process run did not finish"
+
+# 4. Config errors exit 2 with the field named, before starting ranks.
+if "$cd_back/$train" --set training.global_batch=7 >"$work/bad.log" 2>&1; then
+  fail "a bad config was accepted"
+fi
+code=$("$cd_back/$train" --set training.global_batch=7 >/dev/null 2>&1; echo $?) || true
+[[ "$code" == 2 ]] || fail "bad config exit code $code, want 2"
+grep -q "training.global_batch" "$work/bad.log" || { cat "$work/bad.log"; fail "no field in error"; }
+grep -q "starting" "$work/bad.log" && fail "ranks started for a bad config"
+if "$cd_back/$train" --sett x=1 >"$work/flag.log" 2>&1; then fail "bad flag accepted"; fi
+grep -q "unknown flag --sett" "$work/flag.log" || fail "no flag error"
+
+echo "PASS"
