@@ -189,14 +189,14 @@ absl::StatusOr<std::pair<Tensor, Tensor>> BatchTensors(const Batch& batch) {
   return std::make_pair(std::move(i), std::move(t));
 }
 
-// The model's FSDP plan by family.
-absl::Status ApplyPlan(models::Transformer* model,
-                       const fsdp::FsdpPlanOptions& options) {
+// The model's FSDP plan by family; the units, root last.
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyPlan(
+    models::Transformer* model, const fsdp::FsdpPlanOptions& options) {
   switch (model->config().family) {
     case models::ModelFamily::kGpt2:
-      return models::gpt2::ApplyFsdp(model, options).status();
+      return models::gpt2::ApplyFsdp(model, options);
     case models::ModelFamily::kLlama:
-      return models::llama::ApplyFsdp(model, options).status();
+      return models::llama::ApplyFsdp(model, options);
   }
   return absl::InvalidArgumentError("unknown model family");
 }
@@ -273,8 +273,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
   plan.shard.mp_policy.param_dtype = rc.param_dtype;
   plan.shard.mp_policy.reduce_dtype = rc.reduce_dtype;
   plan.shard.offload_policy.offload_params = config.parallelism().offload();
-  RETURN_IF_ERROR(Annotate(ApplyPlan(model.get(), plan),
-                           "trainer: applying the FSDP plan"));
+  ASSIGN_OR_RETURN(
+      std::vector<fsdp::FsdpUnit*> units,
+      Context(ApplyPlan(model.get(), plan), "trainer: applying the FSDP plan"));
   RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), tc.seed()));
   std::vector<fsdp::ShardedParameter*> params =
       fsdp::ShardedParameters(model.get());
@@ -457,6 +458,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
       ASSIGN_OR_RETURN(float l, model->EvalLoss(tensors.first, tensors.second));
       sum += l;
     }
+    // Free what the forward-only passes left gathered (the next training
+    // forward would, but the memory between now and then is not needed).
+    for (fsdp::FsdpUnit* unit : units) RETURN_IF_ERROR(unit->Reshard());
     std::vector<double> v = {sum / vc.batches()};
     RETURN_IF_ERROR(AllReduce(world, &v, ReduceOp::kAvg));
     result.validation.emplace_back(step, v[0]);
