@@ -6,8 +6,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -294,13 +298,83 @@ absl::StatusOr<std::vector<pb::RankPlan>> ParsePlans(
 
 // ------------------------------------------------------------ directories
 
-// Removes `.step-*.tmp` and `.step-*.trash` directories (left by crashes).
+// Deletes directories that were renamed out of the way (old checkpoints
+// dropped by retention, replaced ones) on a background thread, so a save
+// returns once its checkpoint is committed instead of after unlinking
+// gigabytes. Process-wide and never destroyed: a deletion cut short by the
+// process exiting leaves a `.step-*.trash` directory that the next save
+// removes (CleanStaleDirs), exactly like one left by a crash.
+class TrashCollector {
+ public:
+  static TrashCollector& Get() {
+    static auto* collector = new TrashCollector;
+    return *collector;
+  }
+
+  void Add(std::string path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    queue_.push_back(std::move(path));
+    if (!worker_started_) {
+      worker_started_ = true;
+      std::thread([this] { Loop(); }).detach();
+    }
+    cv_.notify_all();
+  }
+
+  // Whether `path` is queued or being deleted.
+  bool Pending(const std::string& path) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::find(queue_.begin(), queue_.end(), path) != queue_.end() ||
+           current_ == path;
+  }
+
+  absl::Status WaitIdle(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                      [this] { return queue_.empty() && current_.empty(); })) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "checkpoint: old checkpoints still being deleted after ",
+          absl::FormatDuration(timeout), " (", queue_.size(), " queued)"));
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  void Loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (true) {
+      cv_.wait(lock, [this] { return !queue_.empty(); });
+      current_ = std::move(queue_.front());
+      queue_.pop_front();
+      lock.unlock();
+      const absl::Status removed = RemoveTree(current_);
+      LOG_IF(WARNING, !removed.ok())
+          << "checkpoint: deleting an old checkpoint failed (the next save "
+             "retries): "
+          << removed;
+      lock.lock();
+      current_.clear();
+      cv_.notify_all();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::string> queue_;
+  std::string current_;
+  bool worker_started_ = false;
+};
+
+// Removes `.step-*.tmp` and `.step-*.trash` directories (left by crashes),
+// except trash this process is deleting in the background.
 absl::Status CleanStaleDirs(const std::string& root) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
     if (absl::StartsWith(name, ".step-") &&
         (absl::EndsWith(name, ".tmp") || absl::EndsWith(name, ".trash"))) {
-      RETURN_IF_ERROR(RemoveTree(absl::StrCat(root, "/", name)));
+      const std::string path = absl::StrCat(root, "/", name);
+      if (TrashCollector::Get().Pending(path)) continue;
+      RETURN_IF_ERROR(RemoveTree(path));
     }
   }
   return absl::OkStatus();
@@ -320,14 +394,18 @@ absl::Status ApplyRetention(const std::string& root, int keep_last,
       ++kept;
       continue;
     }
-    // Rename first so a crash never leaves a half-deleted step-N.
+    // Rename first so a crash never leaves a half-deleted step-N; the
+    // deletion itself runs in the background.
     const std::string trash = absl::StrCat(root, "/", TrashDirName(it->first));
+    if (TrashCollector::Get().Pending(trash)) {
+      RETURN_IF_ERROR(TrashCollector::Get().WaitIdle(absl::Minutes(10)));
+    }
     RETURN_IF_ERROR(RemoveTree(trash));
     if (::rename(it->second.c_str(), trash.c_str()) != 0) {
       return absl::ErrnoToStatus(
           errno, absl::StrCat(it->second, ": cannot rename to ", trash));
     }
-    RETURN_IF_ERROR(RemoveTree(trash));
+    TrashCollector::Get().Add(trash);
     removed = true;
   }
   return removed ? SyncDir(root) : absl::OkStatus();
@@ -656,7 +734,15 @@ absl::StatusOr<uint64_t> SaveJob::Commit(
 
 void SaveJob::Tidy() {
   absl::Status tidy;
-  if (replaced_) tidy = RemoveTree(TempDir());  // The replaced checkpoint.
+  if (replaced_) {  // The replaced checkpoint, now under the temp name.
+    const std::string trash = absl::StrCat(root_, "/", TrashDirName(step_));
+    tidy = RemoveTree(trash);
+    if (tidy.ok() && ::rename(TempDir().c_str(), trash.c_str()) != 0) {
+      tidy = absl::ErrnoToStatus(
+          errno, absl::StrCat(TempDir(), ": cannot rename to ", trash));
+    }
+    if (tidy.ok()) TrashCollector::Get().Add(trash);
+  }
   if (tidy.ok()) tidy = ApplyRetention(root_, options_.keep_last, step_);
   if (!tidy.ok()) {
     LOG(WARNING) << "checkpoint " << FinalDir()
@@ -840,6 +926,10 @@ absl::StatusOr<std::shared_ptr<PendingSave>> AsyncSaver::Save(
 }
 
 // ------------------------------------------------------------------- load
+
+absl::Status WaitForCheckpointCleanup(absl::Duration timeout) {
+  return TrashCollector::Get().WaitIdle(timeout);
+}
 
 std::string CheckpointDirName(int64_t step) {
   return absl::StrCat("step-", step);

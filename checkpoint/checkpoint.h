@@ -25,7 +25,8 @@
 //     (RENAME_EXCHANGE). Rank 0 also removes stale `.step-*` directories left
 //     by crashes when a save starts, and, with keep_last = K, older committed
 //     checkpoints beyond the newest K (renamed to a `.step-*.trash` name
-//     first, so a crash mid-delete never leaves a half-deleted `step-N`).
+//     first, so a crash mid-delete never leaves a half-deleted `step-N`, then
+//     deleted on a background thread: WaitForCheckpointCleanup).
 //
 // Coordination. A synchronous save gathers and broadcasts through
 // SaveOptions::store when one is given, else through the mesh's collectives
@@ -204,6 +205,15 @@ struct LoadResult {
 absl::StatusOr<LoadResult> Load(StateDict* state,
                                 const std::string& checkpoint_dir,
                                 const LoadOptions& options = {});
+
+// Blocks until this process has finished deleting the checkpoints that
+// retention (keep_last) dropped and the ones re-saving replaced: a save
+// renames them to `.step-<N>.trash` (atomically: they are gone from
+// ListCheckpoints at once) and deletes them on a background thread, so Save
+// returns once its own checkpoint is committed. DeadlineExceeded after
+// `timeout`.
+absl::Status WaitForCheckpointCleanup(
+    absl::Duration timeout = absl::Minutes(5));
 
 // "step-<step>".
 std::string CheckpointDirName(int64_t step);

@@ -331,6 +331,10 @@ TEST(CheckpointTest, RetentionStaleDirectoriesAndResavingAStep) {
   ASSERT_EQ(listed->size(), 2u);
   EXPECT_EQ((*listed)[0].first, 4);
   EXPECT_EQ((*listed)[1].first, 5);
+  // The dropped ones are deleted in the background; once that is done,
+  // nothing else is left.
+  ASSERT_TRUE(WaitForCheckpointCleanup().ok());
+  EXPECT_EQ(*ListDir(root), (std::vector<std::string>{"step-4", "step-5"}));
 
   // Leftovers of crashes: a temporary directory, a trash directory and an
   // uncommitted step directory (no metadata) are ignored, the dot ones
@@ -353,6 +357,7 @@ TEST(CheckpointTest, RetentionStaleDirectoriesAndResavingAStep) {
   StateDict loaded = OneTensorState(ZerosLike({3, 4}, DType::kF32));
   ASSERT_TRUE(Load(&loaded, root + "/step-6").ok());
   EXPECT_TRUE(BitwiseEqual(loaded.Find("w")->tensor, replacement));
+  ASSERT_TRUE(WaitForCheckpointCleanup().ok());
   absl::StatusOr<std::vector<std::string>> names = ListDir(root);
   ASSERT_TRUE(names.ok());
   for (const std::string& name : *names) {
