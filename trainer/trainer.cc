@@ -635,6 +635,9 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
     RETURN_IF_ERROR(
         Annotate(async_saver->Wait(), "trainer: the last checkpoint"));
   }
+  // Old checkpoints dropped by keep_latest_k are deleted in the background;
+  // finish before the process may exit.
+  RETURN_IF_ERROR(WaitForCheckpointCleanup());
 
   // Summary.
   result.tokens_per_s = meter.tokens_per_s();
