@@ -107,10 +107,9 @@ Transformer::Transformer(const TransformerConfig& config,
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
     const TransformerConfig& config, const TransformerOptions& options) {
   RETURN_IF_ERROR(ValidateConfig(config));
-  if (options.param_dtype != DType::kF32 &&
-      options.param_dtype != DType::kBF16) {
+  if (!IsFloatingPoint(options.param_dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("Transformer: param_dtype must be f32 or bf16, got ",
+        absl::StrCat("Transformer: param_dtype must be f32, bf16 or f16, got ",
                      DTypeName(options.param_dtype)));
   }
   auto model = absl::WrapUnique(new Transformer(config, options));

@@ -75,7 +75,7 @@ class TransformerBlock : public nn::Block {
 
 // How a Transformer is built.
 struct TransformerOptions {
-  // dtype of every parameter (f32 or bf16); activations follow it.
+  // dtype of every parameter (f32, bf16 or f16); activations follow it.
   DType param_dtype = DType::kF32;
   // Initial value of the activation-checkpointing flag.
   bool activation_checkpointing = false;

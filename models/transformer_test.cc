@@ -411,9 +411,9 @@ TEST(TransformerTest, RejectsBadArguments) {
   const Tensor out_of_range = *Tensor::FromInts({1, 2}, {1, 512}, DType::kI64);
   EXPECT_FALSE(model->Forward(out_of_range).ok());
 
-  TransformerOptions f16;
-  f16.param_dtype = DType::kF16;
-  EXPECT_EQ(Transformer::Create(Named("gpt2_debug"), f16).status().code(),
+  TransformerOptions ints;
+  ints.param_dtype = DType::kI32;
+  EXPECT_EQ(Transformer::Create(Named("gpt2_debug"), ints).status().code(),
             absl::StatusCode::kInvalidArgument);
   TransformerConfig bad = Named("llama_debug");
   bad.n_kv_heads = 3;

@@ -81,9 +81,12 @@ absl::Status ApplyRope(Tensor* t, float theta, bool backward) {
     case DType::kBF16:
       RopeRows(host.data<BFloat16>(), rows, seq_len, head_dim, theta, backward);
       break;
+    case DType::kF16:
+      RopeRows(host.data<Float16>(), rows, seq_len, head_dim, theta, backward);
+      break;
     default:
       return absl::InvalidArgumentError(
-          absl::StrCat("RoPE on ", t->ToString(), ": needs f32 or bf16"));
+          absl::StrCat("RoPE on ", t->ToString(), ": needs a float dtype"));
   }
   if (!host.SharesStorageWith(*t)) RETURN_IF_ERROR(Copy(host, t));
   return absl::OkStatus();
@@ -187,9 +190,9 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
         absl::StrCat("x ", x.ToString(), " must be [B, T, ", c,
                      "] with 1 <= T <= ", config_.max_seq_len));
   }
-  if (x.dtype() != DType::kF32 && x.dtype() != DType::kBF16) {
+  if (!IsFloatingPoint(x.dtype())) {
     return absl::InvalidArgumentError(
-        absl::StrCat("x ", x.ToString(), " must be f32 or bf16"));
+        absl::StrCat("x ", x.ToString(), " must be f32, bf16 or f16"));
   }
   const int64_t b = x.dim(0), t = x.dim(1);
   const DType dtype = x.dtype();

@@ -52,7 +52,7 @@ TEST(MatmulTest, MatchesReference) {
                         {1, 7, 31, 13, false},    {1, 64, 64, 64, false},
                         {1, 127, 33, 257, false}, {3, 5, 7, 11, false},
                         {4, 17, 9, 23, true},     {2, 1, 129, 64, true}};
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
     for (DType out_dtype : {DType::kF32, dtype}) {
       for (const Case& cs : cases) {
         for (int t = 0; t < 4; ++t) {
@@ -78,11 +78,14 @@ TEST(MatmulTest, MatchesReference) {
             ASSERT_TRUE(Matmul(a, b, &c, {ta, tb, alpha, beta}).ok());
             Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
                                 cs.k, ta, tb, cs.bcast, alpha, beta);
-            // f32 accumulation over k terms of magnitude <= 1; a bf16 output
-            // adds one rounding.
-            const double atol =
-                1e-5 * cs.k + (out_dtype == DType::kBF16 ? 1e-2 : 0);
-            const double rtol = out_dtype == DType::kBF16 ? 1.0 / 128 : 1e-5;
+            // f32 accumulation over k terms of magnitude <= 1; a bf16 or
+            // f16 output adds one rounding (2^-8, 2^-11 relative).
+            const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 1e-2
+                                               : out_dtype == DType::kF16 ? 2e-3
+                                                                          : 0);
+            const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
+                                : out_dtype == DType::kF16 ? 1.0 / 1024
+                                                           : 1e-5;
             EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
           }
         }

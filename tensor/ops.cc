@@ -289,9 +289,8 @@ absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
   constexpr const char* kOp = "Matmul";
   std::initializer_list<Named> args = {{"a", &a}, {"b", &b}, {"c", c}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  if (a.dtype() != b.dtype() ||
-      (a.dtype() != DType::kF32 && a.dtype() != DType::kBF16)) {
-    return Invalid(kOp, "a and b must both be f32 or both bf16", args);
+  if (a.dtype() != b.dtype() || !IsFloatingPoint(a.dtype())) {
+    return Invalid(kOp, "a and b must have the same float dtype", args);
   }
   if (c->dtype() != DType::kF32 && c->dtype() != a.dtype()) {
     return Invalid(kOp, "c must be f32 or a's dtype", args);

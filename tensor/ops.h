@@ -73,7 +73,9 @@ struct MatmulOptions {
 };
 
 // c[.., M, N] = alpha * op(a)[.., M, K] @ op(b)[.., K, N] + beta * c.
-// a and b: f32 or bf16 (same dtype); c: f32 or a's dtype. Batch dims of a and
+// a and b: f32, bf16 or f16 (same dtype); c: f32 or a's dtype. Accumulates
+// in f32. (f16 on the CPU: oneDNN 2.6 has no f16 matmul there, so a, b and
+// c go through f32 copies — exact for the inputs, slower.) Batch dims of a and
 // c must be equal; b has the same batch dims or is 2-D (shared weights).
 absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
                     const MatmulOptions& options = {});

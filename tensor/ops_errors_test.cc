@@ -52,7 +52,7 @@ TEST(OpsErrorsTest, MatmulShapes) {
   Tensor ab = T({4, 5}, DType::kBF16);
   ExpectError(
       Matmul(ab, b2, &c), absl::StatusCode::kInvalidArgument,
-      "Matmul: a and b must both be f32 or both bf16 (a bf16[4, 5] cpu, b "
+      "Matmul: a and b must have the same float dtype (a bf16[4, 5] cpu, b "
       "f32[5, 7] cpu, c f32[4, 7] cpu)");
   Tensor a3 = T({2, 4, 5}), b3 = T({3, 5, 7}), c3 = T({2, 4, 7});
   ExpectError(

@@ -445,6 +445,14 @@ absl::Status ResolveTraining(const TrainingConfig& config,
     return Invalid(absl::StrCat("training.adam_eps must be positive, got ",
                                 config.adam_eps()));
   }
+  if (!(config.initial_loss_scale() > 0.0 &&
+        std::isfinite(config.initial_loss_scale()))) {
+    return Invalid(
+        absl::StrCat("training.initial_loss_scale must be positive, got ",
+                     config.initial_loss_scale()));
+  }
+  RETURN_IF_ERROR(CheckPositive("training.loss_scale_growth_interval",
+                                config.loss_scale_growth_interval()));
   ASSIGN_OR_RETURN(out->param_dtype,
                    FloatDType("training.mixed_precision.param_dtype",
                               config.mixed_precision().param_dtype()));

@@ -139,7 +139,8 @@ TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
             "steps, global_batch, micro_batch, seq_len, lr, warmup_steps, "
             "schedule, min_lr_ratio, weight_decay, grad_clip, "
             "mixed_precision, seed, activation_checkpointing, adam_beta1, "
-            "adam_beta2, adam_eps)");
+            "adam_beta2, adam_eps, initial_loss_scale, "
+            "loss_scale_growth_interval)");
   auto nested = ParseTrainConfig(
       "training { mixed_precision { param: \"bf16\" } }", "run.textproto");
   EXPECT_EQ(Message(nested),
@@ -481,6 +482,12 @@ TEST(ValidateTest, EveryErrorMessage) {
        2,
        "checkpoint.folder is required when checkpoint.interval > 0 or "
        "checkpoint.resume is true"},
+      {{"training.initial_loss_scale=0"},
+       2,
+       "training.initial_loss_scale must be positive, got 0"},
+      {{"training.loss_scale_growth_interval=0"},
+       2,
+       "training.loss_scale_growth_interval must be positive, got 0"},
       // metrics
       {{"metrics.log_interval=0"},
        2,

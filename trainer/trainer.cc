@@ -9,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/json.h"
@@ -24,6 +25,7 @@
 #include "models/transformer.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
@@ -294,6 +296,14 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
   ao.decay_filter = DecayMatricesOnly;
   ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam_params), ao));
   RETURN_IF_ERROR(adamw.Init());
+  std::optional<LossScaler> scaler;
+  if (rc.param_dtype == DType::kF16) {
+    LossScalerOptions lso;
+    lso.init_scale = tc.initial_loss_scale();
+    lso.growth_interval = tc.loss_scale_growth_interval();
+    ASSIGN_OR_RETURN(LossScaler created, LossScaler::Create(lso));
+    scaler.emplace(created);
+  }
   LrScheduleOptions so;
   so.base_lr = tc.lr();
   so.warmup_steps = tc.warmup_steps();
@@ -315,6 +325,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
   }
   RETURN_IF_ERROR(state.AddBytes("train/step", "0"));
   RETURN_IF_ERROR(state.AddBytes("train/loader", ""));
+  RETURN_IF_ERROR(state.AddBytes("train/loss_scaler", ""));
   RETURN_IF_ERROR(state.AddBytes("train/config", FormatTrainConfig(config)));
   const CheckpointConfig& cc = config.checkpoint();
   if (cc.resume() && !cc.folder().empty()) {
@@ -339,6 +350,20 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
           Annotate(loader->Restore(loader_state),
                    absl::StrCat("trainer: resuming from ", *latest)));
       RETURN_IF_ERROR(adamw.SetStep(done));
+      ASSIGN_OR_RETURN(std::string scaler_text,
+                       state.bytes("train/loss_scaler"));
+      if (scaler.has_value() && !scaler_text.empty()) {
+        std::vector<std::string> parts = absl::StrSplit(scaler_text, ' ');
+        float scale = 0;
+        int64_t tracker = 0;
+        if (parts.size() != 2 || !absl::SimpleAtof(parts[0], &scale) ||
+            !absl::SimpleAtoi(parts[1], &tracker)) {
+          return absl::DataLossError(
+              absl::StrCat("trainer: ", *latest, ": train/loss_scaler \"",
+                           scaler_text, "\" is not \"<scale> <tracker>\""));
+        }
+        RETURN_IF_ERROR(scaler->Restore(scale, tracker));
+      }
       result.start_step = done;
       result.resumed_from = *latest;
     } else if (!absl::IsNotFound(latest.status())) {
@@ -367,6 +392,11 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
     RETURN_IF_ERROR(state.SetBytes("train/step", absl::StrCat(step)));
     RETURN_IF_ERROR(
         state.SetBytes("train/loader", loader->state().SerializeAsString()));
+    RETURN_IF_ERROR(state.SetBytes(
+        "train/loss_scaler", scaler.has_value()
+                                 ? absl::StrFormat("%.9g %d", scaler->scale(),
+                                                   scaler->growth_tracker())
+                                 : ""));
     if (async_saver != nullptr) {
       ASSIGN_OR_RETURN(std::shared_ptr<PendingSave> pending,
                        async_saver->Save(state, step));
@@ -499,6 +529,7 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
     const absl::Time t0 = absl::Now();
     StepLog log;
     log.step = step;
+    if (scaler.has_value()) log.loss_scale = scaler->scale();
     {
       TraceSpan step_span("step", "step");
       RETURN_IF_ERROR(ZeroGrad(grads));
@@ -519,8 +550,10 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
         }
         {
           TraceSpan s("backward", "compute");
-          RETURN_IF_ERROR(Annotate(model->Backward(backward_scale),
-                                   absl::StrCat("step ", step, " backward")));
+          RETURN_IF_ERROR(
+              Annotate(model->Backward(backward_scale *
+                                       static_cast<float>(log.loss_scale)),
+                       absl::StrCat("step ", step, " backward")));
         }
         loss += static_cast<double>(l) / accumulation;
       }
@@ -538,27 +571,41 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
                 : absl::StrCat("; the latest checkpoint is ",
                                result.last_checkpoint)));
       }
-      {
-        TraceSpan s("clip", "optimizer");
-        const double max_norm =
-            tc.grad_clip() > 0
-                ? tc.grad_clip()
-                : std::numeric_limits<double>::max();  // Measure only.
-        ASSIGN_OR_RETURN(log.grad_norm,
-                         ClipGradNorm(grads, max_norm, kTimeout));
+      if (scaler.has_value()) {
+        TraceSpan s("unscale", "optimizer");
+        ASSIGN_OR_RETURN(bool finite, scaler->UnscaleAndCheck(grads, kTimeout));
+        scaler->Update(!finite);
+        log.skipped = !finite;
       }
-      if (!std::isfinite(log.grad_norm)) {
-        return absl::InternalError(absl::StrFormat(
-            "step %d: the gradient norm is %f (loss %.4f); stopping before "
-            "the optimizer step. Nothing was saved after step %d.",
-            step, log.grad_norm, log.loss, step - 1));
-      }
-      {
-        TraceSpan s("optimizer", "optimizer");
-        log.lr = schedule.LrAt(adamw.step());
-        RETURN_IF_ERROR(adamw.SetLr(log.lr));
-        RETURN_IF_ERROR(adamw.Step());
-      }
+      if (log.skipped) {
+        log.grad_norm = std::numeric_limits<double>::quiet_NaN();
+        print.Line(absl::StrFormat(
+            "step %d: gradients overflowed at loss scale %g; optimizer step "
+            "skipped, scale now %g",
+            step, log.loss_scale, scaler->scale()));
+      } else {
+        {
+          TraceSpan s("clip", "optimizer");
+          const double max_norm =
+              tc.grad_clip() > 0
+                  ? tc.grad_clip()
+                  : std::numeric_limits<double>::max();  // Measure only.
+          ASSIGN_OR_RETURN(log.grad_norm,
+                           ClipGradNorm(grads, max_norm, kTimeout));
+        }
+        if (!std::isfinite(log.grad_norm)) {
+          return absl::InternalError(absl::StrFormat(
+              "step %d: the gradient norm is %f (loss %.4f); stopping before "
+              "the optimizer step. Nothing was saved after step %d.",
+              step, log.grad_norm, log.loss, step - 1));
+        }
+        {
+          TraceSpan s("optimizer", "optimizer");
+          log.lr = schedule.LrAt(adamw.step());
+          RETURN_IF_ERROR(adamw.SetLr(log.lr));
+          RETURN_IF_ERROR(adamw.Step());
+        }
+      }  // Not skipped.
     }
     log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
     result.steps.push_back(log);
@@ -602,7 +649,12 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
           JsonNumber((trace.TotalMicros("comm_wait") - wait_before) / 1e6),
           ",\"elapsed_s\":",
           JsonNumber(absl::ToDoubleSeconds(absl::Now() - run_start)),
-          ",\"warmup\":", warmup ? "true" : "false", "}")));
+          ",\"warmup\":", warmup ? "true" : "false",
+          scaler.has_value()
+              ? absl::StrCat(",\"loss_scale\":", JsonNumber(log.loss_scale),
+                             ",\"skipped\":", log.skipped ? "true" : "false")
+              : "",
+          "}")));
     }
 
     if (val_loader != nullptr &&

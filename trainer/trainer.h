@@ -17,9 +17,14 @@
 // with an error naming the step; nothing is saved after it, so the latest
 // checkpoint stays the last good state. Every collective has a timeout.
 //
+// With f16 parameters a dynamic loss scaler (optim/loss_scaler.h) scales
+// the backward; a step whose gradients overflow on any rank is skipped (the
+// optimizer and the schedule do not advance) and the scale halves.
+//
 // Checkpoints (checkpoint/checkpoint.h) hold "model/<fqn>" (sharded fp32
 // masters), "optim/<fqn>.exp_avg|.exp_avg_sq" (sharded), "train/step" (steps
-// done), "train/loader" (the data position, the same on every rank) and
+// done), "train/loader" (the data position, the same on every rank),
+// "train/loss_scaler" ("<scale> <growth tracker>", empty without f16) and
 // "train/config" (the run's config, for inspection). Resuming at the same
 // world size reproduces the uninterrupted run bitwise; at another world size
 // within the data-parallel parity tolerance (the loader position is global).
@@ -66,8 +71,12 @@ struct StepLog {
   int64_t step = 0;      // 1-based
   double loss = 0;       // mean over the global batch
   double lr = 0;         // used by this step
-  double grad_norm = 0;  // before clipping
+  double grad_norm = 0;  // before clipping (NaN when skipped)
   double step_s = 0;
+  // f16: the loss scale the step's backward used, and whether its gradients
+  // overflowed so that the optimizer step was skipped (GradScaler).
+  double loss_scale = 1;
+  bool skipped = false;
 };
 
 // What a run did, as this rank saw it (the logged numbers are global).

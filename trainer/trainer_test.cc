@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <iostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -215,6 +216,65 @@ TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
   auto latest = LatestCheckpoint(dir + "/ckpt");
   ASSERT_TRUE(latest.ok()) << latest.status();
   EXPECT_EQ(*latest, absl::StrCat(dir, "/ckpt/step-", bad_step - 1));
+}
+
+TEST(TrainerTest, Fp16WithLossScalerTracksF32) {
+  auto f32 = RunRanks(SmallConfig(TestDir("f32")), 2);
+  ASSERT_TRUE(f32[0].ok()) << f32[0].status();
+  TrainConfig config = SmallConfig(TestDir("f16"));
+  CHECK_OK(ApplyOverrides({"training.mixed_precision.param_dtype=f16",
+                           "training.mixed_precision.reduce_dtype=f32",
+                           "training.initial_loss_scale=1024"},
+                          &config));
+  auto f16 = RunRanks(config, 2);
+  ASSERT_TRUE(f16[0].ok()) << f16[0].status();
+  ASSERT_EQ(f16[0]->steps.size(), f32[0]->steps.size());
+  double worst = 0;
+  for (size_t i = 0; i < f16[0]->steps.size(); ++i) {
+    const StepLog& s = f16[0]->steps[i];
+    EXPECT_FALSE(s.skipped) << "step " << s.step;
+    EXPECT_EQ(s.loss_scale, 1024) << "step " << s.step;
+    worst = std::max(worst, std::fabs(s.loss - f32[0]->steps[i].loss));
+  }
+  // The bf16 bound of the FSDP parity tests; f16 has 3 more mantissa bits.
+  EXPECT_LE(worst, 2e-2);
+  std::cout << "f16 vs f32: max |loss difference| " << worst << std::endl;
+}
+
+TEST(TrainerTest, Fp16OverflowSkipsStepsAndLowersTheScale) {
+  TrainConfig config = SmallConfig(TestDir("f16_overflow"));
+  // 2^40 times any gradient of magnitude > 2^-24 overflows f16 (max 65504).
+  CHECK_OK(ApplyOverrides(
+      {"training.mixed_precision.param_dtype=f16",
+       "training.initial_loss_scale=1099511627776", "training.steps=40",
+       "checkpoint.interval=0", "validation.interval=0"},
+      &config));
+  auto results = RunRanks(config, 2);
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  const std::vector<StepLog>& steps = results[0]->steps;
+  ASSERT_EQ(steps.size(), 40u);
+  ASSERT_TRUE(steps[0].skipped);
+  EXPECT_EQ(steps[0].loss_scale, 1099511627776.0);
+  size_t first_taken = 0;
+  while (first_taken < steps.size() && steps[first_taken].skipped) {
+    // Each overflow halves the scale for the next step.
+    if (first_taken + 1 < steps.size()) {
+      EXPECT_EQ(steps[first_taken + 1].loss_scale,
+                steps[first_taken].loss_scale / 2);
+    }
+    ++first_taken;
+  }
+  ASSERT_LT(first_taken, steps.size()) << "every step overflowed";
+  EXPECT_GT(first_taken, 3u);
+  // Skipped steps did not advance the schedule: the first step taken gets
+  // the first warm-up rate, lr / 2.
+  EXPECT_DOUBLE_EQ(steps[first_taken].lr, 1.5e-3);
+  EXPECT_TRUE(std::isfinite(steps[first_taken].grad_norm));
+  EXPECT_TRUE(std::isnan(steps[0].grad_norm));
+  // Both ranks made the same decisions.
+  for (size_t i = 0; i < steps.size(); ++i) {
+    EXPECT_EQ(results[1]->steps[i].skipped, steps[i].skipped) << i;
+  }
 }
 
 TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {

@@ -187,10 +187,35 @@ class CpuBackendImpl final : public Backend {
   }
 
   absl::Status Matmul(const MatmulArgs& m) override {
+    if (m.a->dtype() == DType::kF16) return MatmulViaF32(m);
     return OneDnnMatmul(m.a->raw_data(), m.b->raw_data(), m.c->raw_data(),
                         m.a->dtype(), m.c->dtype(), m.batch, m.m, m.n, m.k,
                         m.transpose_a, m.transpose_b, m.broadcast_b, m.alpha,
                         m.beta);
+  }
+
+  // f16 operands: oneDNN 2.6 has no f16 matmul on CPUs. f16 -> f32 is exact,
+  // so computing in f32 and rounding c once gives the f16 result of an f32
+  // accumulation, like cuBLASLt's f16 matmul with 32F compute.
+  absl::Status MatmulViaF32(const MatmulArgs& m) {
+    ASSIGN_OR_RETURN(Tensor a,
+                     Tensor::Empty(m.a->shape(), DType::kF32, Device::Cpu()));
+    RETURN_IF_ERROR(Copy(*m.a, &a));
+    ASSIGN_OR_RETURN(Tensor b,
+                     Tensor::Empty(m.b->shape(), DType::kF32, Device::Cpu()));
+    RETURN_IF_ERROR(Copy(*m.b, &b));
+    Tensor c = *m.c;
+    if (m.c->dtype() != DType::kF32) {
+      ASSIGN_OR_RETURN(c,
+                       Tensor::Empty(m.c->shape(), DType::kF32, Device::Cpu()));
+      if (m.beta != 0.0f) RETURN_IF_ERROR(Copy(*m.c, &c));
+    }
+    RETURN_IF_ERROR(OneDnnMatmul(a.raw_data(), b.raw_data(), c.raw_data(),
+                                 DType::kF32, DType::kF32, m.batch, m.m, m.n,
+                                 m.k, m.transpose_a, m.transpose_b,
+                                 m.broadcast_b, m.alpha, m.beta));
+    if (m.c->dtype() != DType::kF32) return Copy(c, m.c);
+    return absl::OkStatus();
   }
 
   absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n, int64_t tq,

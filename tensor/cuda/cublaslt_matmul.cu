@@ -106,10 +106,12 @@ absl::StatusOr<cudaDataType_t> CudaType(DType dtype) {
       return CUDA_R_32F;
     case DType::kBF16:
       return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("CublasLtMatmul: unsupported dtype ", DTypeName(dtype),
-                       " (f32 or bf16)"));
+                       " (f32, bf16 or f16)"));
   }
 }
 
