@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "fsdp/auto_wrap.h"
 #include "tensor/ops.h"
 
@@ -113,7 +114,11 @@ absl::Status ReplicatedModule::FinishReductions() {
   pending_.clear();
   absl::Status first = absl::OkStatus();
   for (Pending& r : pending) {
-    absl::Status s = r.work->Wait(kWaitTimeout);
+    absl::Status s;
+    {
+      TraceSpan wait("wait all_reduce (gradients)", "comm_wait");
+      s = r.work->Wait(kWaitTimeout);
+    }
     if (!s.ok()) {
       if (first.ok()) first = s;
       continue;
