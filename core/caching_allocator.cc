@@ -1,12 +1,30 @@
 // Caching allocator; see caching_allocator.h.
 #include "core/caching_allocator.h"
 
+#include <cstdlib>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 
 namespace fsdpp {
+
+namespace {
+
+class CpuRaw final : public RawAllocator {
+ public:
+  Device device() const override { return Device::Cpu(); }
+  void* Alloc(size_t bytes) override {
+    return std::aligned_alloc(64, (bytes + 63) / 64 * 64);
+  }
+  void Free(void* ptr) override { std::free(ptr); }
+};
+
+}  // namespace
+
+std::unique_ptr<RawAllocator> CpuRawAllocator() {
+  return std::make_unique<CpuRaw>();
+}
 
 CachingAllocator::CachingAllocator(std::unique_ptr<RawAllocator> raw)
     : raw_(std::move(raw)) {

@@ -35,6 +35,13 @@ class RawAllocator {
   virtual void Free(void* ptr) = 0;
 };
 
+// Host memory from aligned_alloc (64-byte aligned), for caching CPU
+// allocations: large buffers freed to the C library go back to the kernel
+// (munmap) and come back as fresh pages that fault and get zeroed on first
+// touch; FSDP's per-step all-gather and reduce-scatter buffers paid that
+// every step (17% of a GPT-2 124M step on 2 cores, measured with perf).
+std::unique_ptr<RawAllocator> CpuRawAllocator();
+
 class CachingAllocator final : public Allocator {
  public:
   explicit CachingAllocator(std::unique_ptr<RawAllocator> raw);

@@ -18,7 +18,9 @@
 // optimizer, allocator tags) and the per-rank peak of all allocations
 // during the measured steps.
 //
-//   bazel run -c opt //fsdp:fsdp_benchmark [-- --steps=5 --warmup=2]
+//   bazel run -c opt //fsdp:fsdp_benchmark [-- --steps=5 --warmup=2
+//       --caching_allocator]  (keep freed host blocks for reuse: see
+//       core/caching_allocator.h; the trainer does by default)
 #include <unistd.h>
 
 #include <algorithm>
@@ -39,6 +41,7 @@
 #include "comm/gloo_backend.h"
 #include "comm/rendezvous.h"
 #include "core/allocator.h"
+#include "core/caching_allocator.h"
 #include "core/logging.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -80,7 +83,10 @@ struct Trainable {
 // One rank of one layout: trains and writes "step_s comm_s state peak" per
 // measured step summary to `out`.
 absl::Status Worker(const std::string& mode, int steps, int warmup,
-                    const std::string& out) {
+                    const std::string& out, bool cache) {
+  if (cache) {
+    SetAllocator(new CachingAllocator(CpuRawAllocator()));  // Process-long.
+  }
   ASSIGN_OR_RETURN(RendezvousInfo info, RendezvousFromEnv());
   ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
                    StoreFromRendezvous(info, absl::Minutes(2)));
@@ -164,18 +170,19 @@ absl::Status Worker(const std::string& mode, int steps, int warmup,
                         m.current_of(MemoryTag::kOptimizerState);
   std::ofstream f(absl::StrCat(out, ".rank", info.rank));
   f << step_s[step_s.size() / 2] << " " << comm_s[comm_s.size() / 2] << " "
-    << state << " " << m.total_peak << "\n";
+    << state << " " << m.total_peak << " " << m.reserved_bytes << "\n";
   return f ? absl::OkStatus()
            : absl::InternalError(absl::StrCat("cannot write ", out));
 }
 
 struct RankResult {
   double step_s = 0, comm_s = 0;
-  int64_t state = 0, peak = 0;
+  int64_t state = 0, peak = 0, reserved = 0;
 };
 
 int Main(int argc, char** argv) {
   int steps = 5, warmup = 2;
+  bool cache = false;
   std::string worker, out;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -183,17 +190,21 @@ int Main(int argc, char** argv) {
       CHECK(absl::SimpleAtoi(a.substr(8), &steps) && steps > 0) << a;
     } else if (absl::StartsWith(a, "--warmup=")) {
       CHECK(absl::SimpleAtoi(a.substr(9), &warmup) && warmup >= 0) << a;
+    } else if (a == "--caching_allocator") {
+      cache = true;
     } else if (absl::StartsWith(a, "--worker=")) {
       worker = a.substr(9);
     } else if (absl::StartsWith(a, "--out=")) {
       out = a.substr(6);
     } else {
-      std::fprintf(stderr, "usage: fsdp_benchmark [--steps=N] [--warmup=N]\n");
+      std::fprintf(stderr,
+                   "usage: fsdp_benchmark [--steps=N] [--warmup=N] "
+                   "[--caching_allocator]\n");
       return 2;
     }
   }
   if (!worker.empty()) {
-    absl::Status s = Worker(worker, steps, warmup, out);
+    absl::Status s = Worker(worker, steps, warmup, out, cache);
     if (!s.ok()) {
       std::fprintf(stderr, "worker: %s\n", s.ToString().c_str());
       return 1;
@@ -220,13 +231,14 @@ int Main(int argc, char** argv) {
     lo.program = {"/proc/self/exe", absl::StrCat("--worker=", layout.mode),
                   absl::StrCat("--out=", file), absl::StrCat("--steps=", steps),
                   absl::StrCat("--warmup=", warmup)};
+    if (cache) lo.program.push_back("--caching_allocator");
     const int rc = launch::RunLaunch(lo);
     CHECK_EQ(rc, 0) << layout.name;
     std::vector<RankResult> ranks;
     for (int r = 0; r < layout.ranks; ++r) {
       std::ifstream f(absl::StrCat(file, ".rank", r));
       RankResult rr;
-      f >> rr.step_s >> rr.comm_s >> rr.state >> rr.peak;
+      f >> rr.step_s >> rr.comm_s >> rr.state >> rr.peak >> rr.reserved;
       CHECK(f) << "no result from " << layout.name << " rank " << r;
       ranks.push_back(rr);
     }
@@ -244,17 +256,19 @@ int Main(int argc, char** argv) {
       worst(results[0], [](const RankResult& r) { return r.step_s; });
   std::printf(
       "\n| layout | s/step | vs unsharded | exposed comm/step | params+grads+"
-      "optimizer per rank | peak per rank (measured steps) |\n"
-      "|---|---|---|---|---|---|\n");
+      "optimizer per rank | peak per rank (measured steps) | held from the "
+      "system per rank |\n"
+      "|---|---|---|---|---|---|---|\n");
   for (size_t i = 0; i < results.size(); ++i) {
     const auto& v = results[i];
     const double s = worst(v, [](const RankResult& r) { return r.step_s; });
     std::printf(
-        "| %s | %.3f | %.3fx | %.0f ms | %.1f MiB | %.1f MiB |\n",
+        "| %s | %.3f | %.3fx | %.0f ms | %.1f MiB | %.1f MiB | %.1f MiB |\n",
         kLayouts[i].name, s, s / base,
         1000 * worst(v, [](const RankResult& r) { return r.comm_s; }),
         worst(v, [](const RankResult& r) { return r.state; }) / 1048576.0,
-        worst(v, [](const RankResult& r) { return r.peak; }) / 1048576.0);
+        worst(v, [](const RankResult& r) { return r.peak; }) / 1048576.0,
+        worst(v, [](const RankResult& r) { return r.reserved; }) / 1048576.0);
   }
   return 0;
 }

@@ -151,6 +151,9 @@ std::string FormatMemoryTable(const std::vector<MemoryStats>& per_rank,
   absl::StrAppend(&out, "\n", absl::StrFormat("%-24s", "Peak (since start)"));
   for (const MemoryStats& s : per_rank)
     absl::StrAppend(&out, mib(s.total_peak));
+  absl::StrAppend(&out, "\n", absl::StrFormat("%-24s", "Held from the system"));
+  for (const MemoryStats& s : per_rank)
+    absl::StrAppend(&out, mib(s.reserved_bytes));
   out += "\n";
   return out;
 }

@@ -66,7 +66,8 @@ class ThroughputMeter {
 
 // Per-rank memory as the seeds' tables show it: one row per component
 // (parameters, gradients, optimizer state, activations, comm buffers,
-// other), then total and peak, one column per rank, in MiB.
+// other), then total, peak and the bytes held from the system (a caching
+// allocator's cache included), one column per rank, in MiB.
 // `per_rank[r]` is rank r's allocator statistics.
 std::string FormatMemoryTable(const std::vector<MemoryStats>& per_rank,
                               const std::string& title);

@@ -69,12 +69,14 @@ TEST(MetricsTest, MemoryTableHasEveryComponentPerRank) {
   a.current[static_cast<int>(MemoryTag::kOptimizerState)] = 2 << 20;
   a.total_current = 3 << 20;
   a.total_peak = 5 << 20;
+  a.reserved_bytes = 8 << 20;
   b.current[static_cast<int>(MemoryTag::kGrads)] = 512 << 10;
   b.total_current = 512 << 10;
   b.total_peak = 512 << 10;
+  b.reserved_bytes = 512 << 10;
   const std::string table = FormatMemoryTable({a, b}, "At start:");
   std::vector<std::string> lines = absl::StrSplit(table, '\n');
-  ASSERT_GE(lines.size(), 12u) << table;
+  ASSERT_GE(lines.size(), 13u) << table;
   EXPECT_EQ(lines[0], "At start:");
   EXPECT_EQ(lines[1], "Component (MiB)             rank 0    rank 1");
   EXPECT_EQ(lines[3], "Parameters (sharded)          1.00      0.00");
@@ -82,6 +84,7 @@ TEST(MetricsTest, MemoryTableHasEveryComponentPerRank) {
   EXPECT_EQ(lines[5], "Optimizer state               2.00      0.00");
   EXPECT_EQ(lines[10], "Total                         3.00      0.50");
   EXPECT_EQ(lines[11], "Peak (since start)            5.00      0.50");
+  EXPECT_EQ(lines[12], "Held from the system          8.00      0.50");
 }
 
 TEST(MetricsTest, EtaAndJsonNumbers) {

@@ -46,6 +46,8 @@
 #include "comm/gloo_backend.h"
 #include "comm/rendezvous.h"
 #include "comm/store.h"
+#include "core/allocator.h"
+#include "core/caching_allocator.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "tools/launch/launch.h"
@@ -229,10 +231,19 @@ void PrintOutputs(const TrainConfig& config, const std::string& png) {
   std::fflush(stdout);
 }
 
+// Installs the caching CPU allocator when the config asks for it (before
+// anything is allocated; process-wide, never removed).
+void SetUpAllocator(const TrainConfig& config) {
+  if (config.training().cpu_caching_allocator()) {
+    SetAllocator(new CachingAllocator(CpuRawAllocator()));
+  }
+}
+
 // One rank under a launcher.
 int RunRank(const TrainConfig& config, const RendezvousInfo& info,
             int64_t stop_after_steps) {
   SetLogPrefix(absl::StrCat("[rank ", info.rank, "] "));
+  SetUpAllocator(config);
   absl::StatusOr<std::unique_ptr<Store>> store =
       StoreFromRendezvous(info, absl::Minutes(2));
   if (!store.ok()) {
@@ -260,6 +271,7 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
 // The whole job in this process (one rank).
 int RunSingle(const TrainConfig& config, const char* argv0,
               int64_t stop_after_steps) {
+  SetUpAllocator(config);
   InMemoryStore store;
   TrainerEnv env;
   env.group_factory = GlooGroupFactory(&store);

@@ -167,6 +167,7 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
   for (int t = 0; t < kNumMemoryTags; ++t) v.push_back(mine.peak[t]);
   v.push_back(mine.total_current);
   v.push_back(mine.total_peak);
+  v.push_back(mine.reserved_bytes);
   const size_t n = v.size();
   ASSIGN_OR_RETURN(std::vector<int64_t> all, AllGatherInts(group, v));
   std::vector<MemoryStats> stats(group->size());
@@ -178,6 +179,7 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
     }
     stats[r].total_current = p[2 * kNumMemoryTags];
     stats[r].total_peak = p[2 * kNumMemoryTags + 1];
+    stats[r].reserved_bytes = p[2 * kNumMemoryTags + 2];
   }
   return stats;
 }
