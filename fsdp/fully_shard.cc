@@ -11,6 +11,9 @@
 #include "core/memcpy.h"
 #include "core/status.h"
 #include "core/trace.h"
+#if defined(FSDPP_WITH_CUDA)
+#include "core/cuda_runtime.h"
+#endif
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
 
@@ -56,11 +59,27 @@ bool IsWithin(Module* inner, Module* outer) {
 
 // State shared by all units of one root: comm streams, the recorded order,
 // reductions in flight.
+// A comm stream on `device`: a worker thread for the CPU (Gloo), a CUDA
+// stream for a GPU (NCCL), so collectives overlap compute on either.
+absl::StatusOr<std::unique_ptr<Stream>> MakeCommStream(Device device,
+                                                       std::string name) {
+  if (device.is_cuda()) {
+#if defined(FSDPP_WITH_CUDA)
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> stream,
+                     CudaStream::Create(device.index(), std::move(name)));
+    return std::unique_ptr<Stream>(std::move(stream));
+#else
+    return absl::FailedPreconditionError(
+        absl::StrCat("FullyShard: the mesh's groups are on ", device.ToString(),
+                     " but fsdpp was built without CUDA (--config=cuda)"));
+#endif
+  }
+  return std::unique_ptr<Stream>(std::make_unique<CpuStream>(std::move(name)));
+}
+
 struct FsdpUnit::Shared {
-  std::unique_ptr<CpuStream> gather_stream =
-      std::make_unique<CpuStream>("fsdp:all_gather");
-  std::unique_ptr<CpuStream> reduce_stream =
-      std::make_unique<CpuStream>("fsdp:reduce_scatter");
+  // The all-gather and reduce-scatter streams of this family of units.
+  std::unique_ptr<Stream> gather_stream, reduce_stream;
   std::vector<FsdpUnit*> order;      // forward order of the last iteration
   std::vector<FsdpUnit*> recording;  // being recorded
   bool in_backward = false;
@@ -230,6 +249,11 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
 
   // Family: this unit becomes the root of every unit inside it.
   unit->shared_ = std::make_shared<FsdpUnit::Shared>();
+  ASSIGN_OR_RETURN(unit->shared_->gather_stream,
+                   MakeCommStream(unit->compute_device_, "fsdp:all_gather"));
+  ASSIGN_OR_RETURN(
+      unit->shared_->reduce_stream,
+      MakeCommStream(unit->compute_device_, "fsdp:reduce_scatter"));
   unit->is_root_ = true;
   unit->shared_->root = unit.get();
   for (FsdpUnit* u : inner) {

@@ -65,7 +65,8 @@
 // across backwards with no communication; the first backward with sync on
 // reduces the accumulated sum.
 //
-// Collectives run on two comm streams per root (all-gather, reduce-scatter)
+// Collectives run on two comm streams per root (all-gather, reduce-scatter;
+// worker threads for CPU groups, CUDA streams for GPU ones)
 // and their buffers are held by the unit until the Work completes; the order
 // units run in is recorded on the first forward and drives prefetching.
 #ifndef FSDPP_FSDP_FULLY_SHARD_H_
