@@ -259,6 +259,11 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
   env.group_factory = GlooGroupFactory(store->get(), gloo);
   env.store = store->get();
   env.out = stdout;
+  // tools/launch draws status lines in place when its stdout is a terminal.
+  const char* live = std::getenv("FSDPP_LIVE_STATUS");
+  if (live != nullptr && std::string(live) == "1") {
+    env.progress = TrainerEnv::Progress::kStatusLines;
+  }
   env.stop_after_steps = stop_after_steps;
   absl::StatusOr<TrainResult> result = Train(config, env);
   if (!result.ok()) {
@@ -276,7 +281,8 @@ int RunSingle(const TrainConfig& config, const char* argv0,
   TrainerEnv env;
   env.group_factory = GlooGroupFactory(&store);
   env.store = &store;
-  env.interactive = isatty(fileno(stdout));
+  env.progress = isatty(fileno(stdout)) ? TrainerEnv::Progress::kTerminal
+                                        : TrainerEnv::Progress::kLines;
   env.stop_after_steps = stop_after_steps;
   absl::StatusOr<TrainResult> result = Train(config, env);
   if (!result.ok()) {

@@ -64,16 +64,23 @@ class Printer {
     if (text.empty() || text.back() != '\n') std::fputc('\n', env_.out);
     std::fflush(env_.out);
   }
-  // A progress line: redrawn in place on a terminal (and kept when `keep`),
-  // printed only when `keep` otherwise.
+  // A progress line: redrawn in place on a terminal or as a launcher status
+  // line every step (and kept when `keep`); otherwise printed only when
+  // `keep`.
   void Progress(const std::string& text, bool keep) {
     if (!active()) return;
-    if (env_.interactive) {
-      std::fprintf(env_.out, "\r%s\033[K", text.c_str());
-      progress_shown_ = !keep;
-      if (keep) std::fputc('\n', env_.out);
-    } else if (keep) {
-      std::fprintf(env_.out, "%s\n", text.c_str());
+    switch (env_.progress) {
+      case TrainerEnv::Progress::kTerminal:
+        std::fprintf(env_.out, "\r%s\033[K", text.c_str());
+        progress_shown_ = !keep;
+        if (keep) std::fputc('\n', env_.out);
+        break;
+      case TrainerEnv::Progress::kStatusLines:
+        std::fprintf(env_.out, keep ? "%s\n" : "\r%s\n", text.c_str());
+        break;
+      case TrainerEnv::Progress::kLines:
+        if (keep) std::fprintf(env_.out, "%s\n", text.c_str());
+        break;
     }
     std::fflush(env_.out);
   }

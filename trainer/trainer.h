@@ -58,8 +58,15 @@ struct TrainerEnv {
   Store* store = nullptr;
   // Rank 0's output (the other ranks print nothing but errors).
   std::FILE* out = stdout;
-  // `out` is a terminal: the progress line is redrawn in place.
-  bool interactive = false;
+  // How rank 0 shows its progress line (step, loss, lr, tok/s, MFU, ETA).
+  enum class Progress {
+    kLines,        // A plain line every metrics.log_interval steps.
+    kTerminal,     // `out` is a terminal: redrawn in place every step.
+    kStatusLines,  // Every step as a launcher status line ("\r" + text +
+                   // "\n", tools/launch/launch.h), which the launcher draws
+                   // in place on its terminal.
+  };
+  Progress progress = Progress::kLines;
   // Preemption drills and tests: stop after this many steps of this run
   // (0 = run to training.steps), as if the job had been killed there: no
   // validation, checkpoint or summary beyond what the steps before did.

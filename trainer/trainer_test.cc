@@ -277,6 +277,39 @@ TEST(TrainerTest, Fp16OverflowSkipsStepsAndLowersTheScale) {
   }
 }
 
+TEST(TrainerTest, ProgressStyles) {
+  // kStatusLines: every step a "\r" status line, log_interval steps plain.
+  TrainConfig config = SmallConfig(TestDir("progress"));
+  CHECK_OK(ApplyOverrides({"metrics.log_interval=4", "checkpoint.interval=0",
+                           "validation.interval=0", "training.steps=5"},
+                          &config));
+  for (auto style :
+       {TrainerEnv::Progress::kStatusLines, TrainerEnv::Progress::kLines}) {
+    const std::string path =
+        absl::StrCat(std::getenv("TEST_TMPDIR"), "/progress.txt");
+    std::FILE* out = std::fopen(path.c_str(), "w");
+    ASSERT_NE(out, nullptr);
+    InMemoryStore store;
+    TrainerEnv env;
+    env.group_factory = GlooGroupFactory(&store);
+    env.out = out;
+    env.progress = style;
+    CHECK_OK(RemoveTree(config.checkpoint().folder()));
+    ASSERT_TRUE(Train(config, env).ok());
+    std::fclose(out);
+    std::ifstream in(path);
+    std::string line;
+    int status = 0, plain = 0;
+    while (std::getline(in, line)) {
+      if (absl::StartsWith(line, "\rstep ")) ++status;
+      if (absl::StartsWith(line, "step ")) ++plain;
+    }
+    // Steps 1 (first), 4 (interval) and 5 (last) are plain lines.
+    EXPECT_EQ(plain, 3);
+    EXPECT_EQ(status, style == TrainerEnv::Progress::kStatusLines ? 2 : 0);
+  }
+}
+
 TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
   TrainConfig config = SmallConfig(TestDir("invalid"));
   CHECK_OK(ApplyOverrides({"training.global_batch=7"}, &config));

@@ -198,8 +198,10 @@ void EnsureStandardFds() {
 
 // One end of a rank's stdout or stderr pipe.
 struct Stream {
-  Stream(int dest, std::string prefix)
-      : dest_fd(dest), prefixer(std::move(prefix)) {}
+  Stream(int dest, std::string prefix, TerminalState* terminal)
+      : dest_fd(dest),
+        prefixer(std::move(prefix), LinePrefixer::kDefaultMaxLineBytes,
+                 terminal) {}
   int fd = -1;  // Read end (non-blocking); -1 once closed.
   int dest_fd;  // Where prefixed lines go: the launcher's fd 1 or 2.
   LinePrefixer prefixer;
@@ -207,11 +209,13 @@ struct Stream {
 
 // A local rank: its process (and process group) and its two output pipes.
 struct Rank {
-  Rank(int local, int global)
+  Rank(int local, int global, TerminalState* out_terminal,
+       TerminalState* err_terminal)
       : local_rank(local),
         global_rank(global),
-        out(STDOUT_FILENO, absl::StrCat("[rank ", global, "] ")),
-        err(STDERR_FILENO, absl::StrCat("[rank ", global, "] ")) {}
+        out(STDOUT_FILENO, absl::StrCat("[rank ", global, "] "), out_terminal),
+        err(STDERR_FILENO, absl::StrCat("[rank ", global, "] "), err_terminal) {
+  }
   int local_rank;
   int global_rank;
   pid_t pid = -1;            // Also the process group id.
@@ -254,6 +258,9 @@ class Launcher {
   const LaunchOptions& options_;
   const Clock::duration grace_;
   std::vector<Rank> ranks_;
+  // Status lines of the ranks (LinePrefixer), when stdout is a terminal.
+  TerminalState terminal_;
+  bool live_status_ = false;
   std::vector<std::string> base_env_;
   int num_cpus_ = 1;
   int devnull_fd_ = -1;
@@ -276,8 +283,11 @@ absl::Status Launcher::SetUp() {
   EnsureStandardFds();
   num_cpus_ = AvailableCpus();
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    if (absl::StartsWith(*e, "FSDPP_LIVE_STATUS=")) continue;
     base_env_.emplace_back(*e);
   }
+  live_status_ = isatty(STDOUT_FILENO);
+  if (live_status_) base_env_.push_back("FSDPP_LIVE_STATUS=1");
   devnull_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull_fd_ < 0) {
     return absl::InternalError(ErrnoMessage("open /dev/null", errno));
@@ -663,7 +673,10 @@ int Launcher::Run() {
   const int world_offset = options_.node_rank * options_.nproc_per_node;
   ranks_.reserve(options_.nproc_per_node);
   for (int local = 0; local < options_.nproc_per_node; ++local) {
-    ranks_.emplace_back(local, world_offset + local);
+    // stderr lines erase a status line only on the same terminal.
+    ranks_.emplace_back(
+        local, world_offset + local, live_status_ ? &terminal_ : nullptr,
+        live_status_ && isatty(STDERR_FILENO) ? &terminal_ : nullptr);
   }
   for (Rank& rank : ranks_) {
     if (absl::Status status = Spawn(rank); !status.ok()) {
@@ -686,9 +699,28 @@ int Launcher::Run() {
 
 }  // namespace
 
-LinePrefixer::LinePrefixer(std::string prefix, size_t max_line_bytes)
+LinePrefixer::LinePrefixer(std::string prefix, size_t max_line_bytes,
+                           TerminalState* terminal)
     : prefix_(std::move(prefix)),
-      max_line_bytes_(std::max<size_t>(1, max_line_bytes)) {}
+      max_line_bytes_(std::max<size_t>(1, max_line_bytes)),
+      terminal_(terminal) {}
+
+std::string LinePrefixer::Emit(absl::string_view line) {
+  std::string out;
+  const bool status = !line.empty() && line[0] == '\r';
+  if (status) line.remove_prefix(1);
+  if (status && terminal_ != nullptr) {
+    if (!line.empty() && line.back() == '\n') line.remove_suffix(1);
+    terminal_->status_shown = true;
+    return absl::StrCat("\r", prefix_, line, "\033[K");
+  }
+  if (terminal_ != nullptr && terminal_->status_shown) {
+    out = "\r\033[K";  // Erase the status line first.
+    terminal_->status_shown = false;
+  }
+  absl::StrAppend(&out, prefix_, line);
+  return out;
+}
 
 std::string LinePrefixer::Append(absl::string_view data) {
   std::string out;
@@ -698,15 +730,15 @@ std::string LinePrefixer::Append(absl::string_view data) {
       partial_.append(data.data(), data.size());
       size_t cut = 0;
       while (partial_.size() - cut > max_line_bytes_) {
-        absl::StrAppend(
-            &out, prefix_,
-            absl::string_view(partial_).substr(cut, max_line_bytes_), "\n");
+        out += Emit(absl::StrCat(
+            absl::string_view(partial_).substr(cut, max_line_bytes_), "\n"));
         cut += max_line_bytes_;
       }
       partial_.erase(0, cut);
       break;
     }
-    absl::StrAppend(&out, prefix_, partial_, data.substr(0, newline + 1));
+    partial_.append(data.data(), newline + 1);
+    out += Emit(partial_);
     partial_.clear();
     data.remove_prefix(newline + 1);
   }
@@ -714,9 +746,15 @@ std::string LinePrefixer::Append(absl::string_view data) {
 }
 
 std::string LinePrefixer::Finish() {
-  if (partial_.empty()) return "";
-  std::string out = absl::StrCat(prefix_, partial_, "\n");
-  partial_.clear();
+  std::string out;
+  if (!partial_.empty()) {
+    out = Emit(absl::StrCat(partial_, "\n"));
+    partial_.clear();
+  }
+  if (terminal_ != nullptr && terminal_->status_shown) {
+    out += "\n";  // Keep the last status, end its line.
+    terminal_->status_shown = false;
+  }
   return out;
 }
 

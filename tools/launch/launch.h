@@ -70,14 +70,31 @@ std::string SignalName(int signo);
 // Cuts a byte stream into lines and puts `prefix` before each. A line longer
 // than `max_line_bytes` is emitted in pieces of that size so a child that
 // never writes a newline cannot grow the buffer without bound.
+//
+// Status lines: a line that starts with '\r' is a transient status (e.g. a
+// trainer's live progress line). Written to a terminal (`terminal` given),
+// it is drawn in place — "\r", prefix, text, erase to the end of the line,
+// no newline — and the next ordinary line first erases it. Otherwise it is
+// an ordinary line without its '\r'. The launcher tells ranks that their
+// status lines reach a terminal with FSDPP_LIVE_STATUS=1 in their
+// environment.
+
+// Whether a status line is showing on the terminal (shared by the prefixers
+// that write to it).
+struct TerminalState {
+  bool status_shown = false;
+};
+
 class LinePrefixer {
  public:
   // Default cap on the bytes buffered for one unterminated line.
   static constexpr size_t kDefaultMaxLineBytes = 64 * 1024;
 
-  // Prefixes lines with `prefix` (e.g. "[rank 3] ").
+  // Prefixes lines with `prefix` (e.g. "[rank 3] "). `terminal` (not owned):
+  // the destination is a terminal; see status lines above.
   explicit LinePrefixer(std::string prefix,
-                        size_t max_line_bytes = kDefaultMaxLineBytes);
+                        size_t max_line_bytes = kDefaultMaxLineBytes,
+                        TerminalState* terminal = nullptr);
 
   // Consumes `data` and returns the lines it completes, each prefixed and
   // ending in '\n' (empty if none did).
@@ -88,8 +105,12 @@ class LinePrefixer {
   std::string Finish();
 
  private:
+  // One complete line (ending in '\n') as it goes out.
+  std::string Emit(absl::string_view line);
+
   std::string prefix_;
   size_t max_line_bytes_;
+  TerminalState* terminal_;
   std::string partial_;
 };
 

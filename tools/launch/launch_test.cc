@@ -190,6 +190,30 @@ TEST(LinePrefixerTest, PrefixesWholeLines) {
   EXPECT_EQ(prefixer.Finish(), "");
 }
 
+TEST(LinePrefixerTest, StatusLinesOnATerminalAreDrawnInPlace) {
+  TerminalState terminal;
+  LinePrefixer out("[rank 0] ", LinePrefixer::kDefaultMaxLineBytes, &terminal);
+  LinePrefixer err("[rank 1] ", LinePrefixer::kDefaultMaxLineBytes, &terminal);
+  EXPECT_EQ(out.Append("\rstep 1/9\n"), "\r[rank 0] step 1/9\033[K");
+  EXPECT_TRUE(terminal.status_shown);
+  // The next status replaces it in place.
+  EXPECT_EQ(out.Append("\rstep 2/9\n"), "\r[rank 0] step 2/9\033[K");
+  // An ordinary line (from any prefixer on the terminal) erases it first.
+  EXPECT_EQ(err.Append("warning\n"), "\r\033[K[rank 1] warning\n");
+  EXPECT_FALSE(terminal.status_shown);
+  EXPECT_EQ(out.Append("plain\n"), "[rank 0] plain\n");
+  // At the end the last status is kept and its line ended.
+  EXPECT_EQ(out.Append("\rstep 9/9\n"), "\r[rank 0] step 9/9\033[K");
+  EXPECT_EQ(out.Finish(), "\n");
+  EXPECT_EQ(err.Finish(), "");
+}
+
+TEST(LinePrefixerTest, StatusLinesElsewhereAreOrdinaryLines) {
+  LinePrefixer prefixer("[rank 0] ");
+  EXPECT_EQ(prefixer.Append("\rstep 1/9\nnext\n"),
+            "[rank 0] step 1/9\n[rank 0] next\n");
+}
+
 TEST(LinePrefixerTest, CutsOverlongLines) {
   LinePrefixer prefixer("> ", /*max_line_bytes=*/4);
   EXPECT_EQ(prefixer.Append("abcdefghij"), "> abcd\n> efgh\n");
