@@ -131,7 +131,7 @@ metadata=(checkpoint/metadata.cc checkpoint/boxes.cc checkpoint/crc32c.cc
 safetensors=(checkpoint/json.cc checkpoint/safetensors.cc)
 sources=("${common[@]}" "${metadata[@]}" "${safetensors[@]}"
   checkpoint/metadata_fuzz.cc checkpoint/safetensors_fuzz.cc
-  checkpoint/fuzz/write_seeds.cc)
+  checkpoint/fuzz/write_seeds.cc checkpoint/safetensors_seeds.cc)
 
 started=$(date +%s)
 mkdir -p "$work/gen" "$work/obj" "$work/bin"
@@ -170,7 +170,8 @@ link safetensors_fuzz fuzzer,address,undefined checkpoint/safetensors_fuzz.cc \
   "${safetensors[@]}" "${common[@]}"
 # Has its own main(): the sanitizers without libFuzzer's.
 link write_seeds address,undefined checkpoint/fuzz/write_seeds.cc \
-  "${metadata[@]}" "${safetensors[@]}" "${common[@]}"
+  checkpoint/safetensors_seeds.cc "${metadata[@]}" "${safetensors[@]}" \
+  "${common[@]}"
 echo "fuzz: built ${fuzzers[*]} with $("$cxx" --version | head -n 1)" \
   "in $(( $(date +%s) - started )) s"
 

@@ -26,6 +26,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/safetensors_seeds.h"
 #include "core/logging.h"
 #include "tensor/tensor.h"
 
@@ -142,47 +143,12 @@ void WriteMetadataSeeds(const std::string& dir) {
   }
 }
 
-// safetensors_fuzz_test's Seeds().
+// checkpoint/safetensors_seeds.h, each checked to parse.
 void WriteSafetensorsSeeds(const std::string& dir) {
-  std::mt19937_64 rng(3);
-  auto random_tensor = [&](Shape shape, DType dtype) {
-    Tensor t = *Tensor::Empty(std::move(shape), dtype, Device::Cpu());
-    auto* p = static_cast<unsigned char*>(t.raw_data());
-    for (size_t i = 0; i < t.nbytes(); ++i)
-      p[i] = static_cast<unsigned char>(rng());
-    return t;
-  };
-  const std::vector<std::vector<std::pair<std::string, Tensor>>> sets = {
-      {{"w", random_tensor({3, 4}, DType::kF32)},
-       {"b", random_tensor({4}, DType::kBF16)}},
-      {{"ids", random_tensor({5}, DType::kI64)},
-       {"mask", random_tensor({2, 3}, DType::kU8)},
-       {"h", random_tensor({1, 3}, DType::kF16)},
-       {"n", random_tensor({2}, DType::kI32)}},
-      {{"scalar", random_tensor({}, DType::kF32)},
-       {"empty", random_tensor({0}, DType::kI32)},
-       {"empty2", random_tensor({3, 0}, DType::kBF16)}},
-      {},
-  };
-  for (size_t i = 0; i < sets.size(); ++i) {
-    const std::string path = absl::StrCat(dir, "/seed", i, ".safetensors");
-    std::map<std::string, std::string> metadata;
-    if (i % 2 == 1) metadata = {{"format", "pt"}, {"k\"\xc3\xa9", "v\n"}};
-    CHECK_OK(WriteSafetensors(path, sets[i], metadata));
-    CHECK_OK(SafetensorsFile::Open(path).status());
+  for (const auto& [name, bytes] : SafetensorsSeeds(dir)) {
+    CHECK_OK(SafetensorsFile::FromBuffer(bytes).status()) << name;
+    WriteFile(absl::StrCat(dir, "/", name), bytes);
   }
-  // Foreign dtypes, unpadded header.
-  const std::string header =
-      R"({"d":{"dtype":"F64","shape":[2],"data_offsets":[0,16]},)"
-      R"("b":{"dtype":"BOOL","shape":[2,1],"data_offsets":[16,18]}})";
-  std::string foreign(8, '\0');
-  for (int i = 0; i < 8; ++i) {
-    foreign[i] =
-        static_cast<char>(static_cast<uint64_t>(header.size()) >> (8 * i));
-  }
-  foreign += header + std::string(18, '\x5a');
-  CHECK_OK(SafetensorsFile::FromBuffer(foreign).status());
-  WriteFile(absl::StrCat(dir, "/foreign.safetensors"), foreign);
 }
 
 }  // namespace
