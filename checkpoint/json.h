@@ -22,6 +22,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/json_quote.h"  // JsonQuote, for writers of JSON.
 
 namespace fsdpp {
 
@@ -100,11 +101,6 @@ struct JsonLimits {
 // of `text`.
 absl::StatusOr<Json> ParseJson(absl::string_view text,
                                const JsonLimits& limits = JsonLimits());
-
-// `s` as a quoted JSON string: '"' and '\' escaped, control characters as
-// \b \f \n \r \t or \u00XX, everything else (including UTF-8) verbatim. The
-// result is valid JSON only when `s` is valid UTF-8 (see IsValidUtf8).
-std::string JsonQuote(absl::string_view s);
 
 // True when `s` is well-formed UTF-8 (no overlong forms, surrogates or code
 // points above U+10FFFF).

@@ -7,42 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "core/json_quote.h"
 
 namespace fsdpp {
 namespace {
 
 thread_local TraceRecorder* current_trace = nullptr;
-
-// `s` as a JSON string literal.
-std::string JsonString(absl::string_view s) {
-  std::string out = "\"";
-  for (char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
-          out += buf;
-        } else {
-          out += c;
-        }
-    }
-  }
-  out += "\"";
-  return out;
-}
 
 }  // namespace
 
@@ -86,7 +56,7 @@ std::string TraceRecorder::EventsJson() const {
   std::vector<std::string> parts;
   parts.push_back(
       absl::StrCat("{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":", pid_,
-                   ",\"args\":{\"name\":", JsonString(process_name_), "}}"));
+                   ",\"args\":{\"name\":", JsonQuote(process_name_), "}}"));
   parts.push_back(absl::StrCat(
       "{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":", pid_,
       ",\"args\":{\"sort_index\":", pid_, "}}"));
@@ -99,7 +69,7 @@ std::string TraceRecorder::EventsJson() const {
     tids.emplace(track, tid);
     parts.push_back(absl::StrCat(
         "{\"ph\":\"M\",\"name\":\"thread_name\",\"pid\":", pid_,
-        ",\"tid\":", tid, ",\"args\":{\"name\":", JsonString(track), "}}"));
+        ",\"tid\":", tid, ",\"args\":{\"name\":", JsonQuote(track), "}}"));
     parts.push_back(absl::StrCat(
         "{\"ph\":\"M\",\"name\":\"thread_sort_index\",\"pid\":", pid_,
         ",\"tid\":", tid, ",\"args\":{\"sort_index\":", tid, "}}"));
@@ -109,11 +79,11 @@ std::string TraceRecorder::EventsJson() const {
   for (const TraceEvent& e : events) {
     const int tid = tid_of(e.track);
     std::string event = absl::StrCat(
-        "{\"ph\":\"X\",\"name\":", JsonString(e.name),
-        ",\"cat\":", JsonString(e.category), ",\"pid\":", pid_,
-        ",\"tid\":", tid, ",\"ts\":", e.start_us, ",\"dur\":", e.duration_us);
+        "{\"ph\":\"X\",\"name\":", JsonQuote(e.name),
+        ",\"cat\":", JsonQuote(e.category), ",\"pid\":", pid_, ",\"tid\":", tid,
+        ",\"ts\":", e.start_us, ",\"dur\":", e.duration_us);
     if (!e.detail.empty()) {
-      absl::StrAppend(&event, ",\"args\":{\"detail\":", JsonString(e.detail),
+      absl::StrAppend(&event, ",\"args\":{\"detail\":", JsonQuote(e.detail),
                       "}");
     }
     event += "}";

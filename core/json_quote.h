@@ -1,0 +1,19 @@
+// Quoting a string for JSON output (trace files, metrics lines, checkpoint
+// inspection). The strict JSON parser is in checkpoint/json.h.
+#ifndef FSDPP_CORE_JSON_QUOTE_H_
+#define FSDPP_CORE_JSON_QUOTE_H_
+
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace fsdpp {
+
+// `s` as a quoted JSON string: '"' and '\' escaped, control characters as
+// \b \f \n \r \t or \u00XX, everything else (including UTF-8) verbatim. The
+// result is valid JSON only when `s` is valid UTF-8.
+std::string JsonQuote(absl::string_view s);
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_CORE_JSON_QUOTE_H_
