@@ -128,7 +128,7 @@ common=(core/allocator.cc core/device.cc core/dtype.cc core/logging.cc
   core/memcpy.cc core/status.cc tensor/tensor.cc)
 metadata=(checkpoint/metadata.cc checkpoint/boxes.cc checkpoint/crc32c.cc
   checkpoint/file_util.cc "$work/gen/checkpoint/metadata.pb.cc")
-safetensors=(checkpoint/json.cc checkpoint/safetensors.cc)
+safetensors=(checkpoint/json.cc checkpoint/safetensors.cc core/json_quote.cc)
 sources=("${common[@]}" "${metadata[@]}" "${safetensors[@]}"
   checkpoint/metadata_fuzz.cc checkpoint/safetensors_fuzz.cc
   checkpoint/fuzz/write_seeds.cc checkpoint/safetensors_seeds.cc)
