@@ -1,8 +1,7 @@
 // Llama FSDP plan; see parallelize.h.
 #include "models/llama/parallelize.h"
 
-#include "absl/strings/str_cat.h"
-#include "core/status.h"
+#include "models/block_plan.h"
 
 namespace fsdpp {
 namespace models {
@@ -10,21 +9,8 @@ namespace llama {
 
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFsdp(
     Transformer* model, const FsdpPlanOptions& options) {
-  if (model == nullptr) {
-    return absl::InvalidArgumentError("llama::ApplyFsdp: null model");
-  }
-  if (model->config().family != ModelFamily::kLlama) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("llama::ApplyFsdp: model '", model->config().name,
-                     "' is a ", ModelFamilyName(model->config().family),
-                     " model (use that family's plan)"));
-  }
-  const std::vector<Module*> blocks(model->blocks().begin(),
-                                    model->blocks().end());
-  absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
-      fsdp::ShardBlocksThenRoot(model, blocks, options);
-  if (!units.ok()) return Annotate(units.status(), "llama::ApplyFsdp");
-  return units;
+  return ApplyBlockPlan(model, ModelFamily::kLlama, "llama::ApplyFsdp",
+                        options);
 }
 
 }  // namespace llama
