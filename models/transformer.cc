@@ -253,13 +253,24 @@ absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& dlogits) {
   return Tensor();
 }
 
+namespace {
+
+// Targets must be given with the shape of the ids.
+absl::Status CheckTargets(const Tensor& ids, const Tensor& targets,
+                          absl::string_view caller) {
+  if (targets.defined() && targets.shape() == ids.shape()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("Transformer::", caller, ": targets ", targets.ToString(),
+                   " must have the shape of ids ", ids.ToString()));
+}
+
+}  // namespace
+
 absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& ids,
                                                const Tensor& targets) {
-  if (!targets.defined() || targets.shape() != ids.shape()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Transformer::ForwardLoss: targets ", targets.ToString(),
-                     " must have the shape of ids ", ids.ToString()));
-  }
+  RETURN_IF_ERROR(CheckTargets(ids, targets, "ForwardLoss"));
   ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
   return loss_.Forward(logits, targets);
 }
@@ -277,11 +288,7 @@ absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {
 
 absl::StatusOr<float> Transformer::EvalLoss(const Tensor& ids,
                                             const Tensor& targets) {
-  if (!targets.defined() || targets.shape() != ids.shape()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Transformer::EvalLoss: targets ", targets.ToString(),
-                     " must have the shape of ids ", ids.ToString()));
-  }
+  RETURN_IF_ERROR(CheckTargets(ids, targets, "EvalLoss"));
   ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
   nn::CrossEntropyLoss loss(loss_.ignore_index());
   return loss.Forward(logits, targets);
