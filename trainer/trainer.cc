@@ -191,12 +191,13 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
   return stats;
 }
 
+// The batch's ids and targets as i32 [batch, seq] tensors (one copy each).
 absl::StatusOr<std::pair<Tensor, Tensor>> BatchTensors(const Batch& batch) {
-  std::vector<int64_t> ids(batch.inputs.begin(), batch.inputs.end());
-  std::vector<int64_t> targets(batch.targets.begin(), batch.targets.end());
   const Shape shape{batch.batch_size, batch.seq_len};
-  ASSIGN_OR_RETURN(Tensor i, Tensor::FromInts(shape, ids, DType::kI32));
-  ASSIGN_OR_RETURN(Tensor t, Tensor::FromInts(shape, targets, DType::kI32));
+  ASSIGN_OR_RETURN(Tensor i, Tensor::Empty(shape, DType::kI32, Device::Cpu()));
+  ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(shape, DType::kI32, Device::Cpu()));
+  std::copy(batch.inputs.begin(), batch.inputs.end(), i.data<int32_t>());
+  std::copy(batch.targets.begin(), batch.targets.end(), t.data<int32_t>());
   return std::make_pair(std::move(i), std::move(t));
 }
 
