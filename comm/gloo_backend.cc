@@ -1,6 +1,8 @@
 // Gloo process group; see gloo_backend.h.
 #include "comm/gloo_backend.h"
 
+#include <signal.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstring>
@@ -306,6 +308,26 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
   return absl::OkStatus();
 }
 
+// Gloo's TCP pairs write with writev, which has no MSG_NOSIGNAL: writing
+// into the socket of a peer that just died raises SIGPIPE, whose default
+// action kills this process before the op can fail with an error naming the
+// dead rank. So, as Python does at start-up, the default disposition becomes
+// "ignore" (the write then fails with EPIPE and Gloo reports it). A handler
+// the program installed itself is left alone.
+void IgnoreSigpipeIfDefault() {
+  static std::mutex mu;
+  std::lock_guard<std::mutex> lock(mu);
+  struct sigaction current;
+  if (sigaction(SIGPIPE, nullptr, &current) != 0) return;
+  if ((current.sa_flags & SA_SIGINFO) != 0 || current.sa_handler != SIG_DFL) {
+    return;
+  }
+  struct sigaction ignore = {};
+  ignore.sa_handler = SIG_IGN;
+  sigemptyset(&ignore.sa_mask);
+  sigaction(SIGPIPE, &ignore, nullptr);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
@@ -314,6 +336,7 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "group '", name, "': rank ", rank, " is not in [0, ", size, ")"));
   }
+  IgnoreSigpipeIfDefault();
   PrefixStore group_store(name, store);
   // Join first, with our own keys, so a missing rank is named precisely.
   RETURN_IF_ERROR(group_store.Set(absl::StrCat("joined/", rank), "1"));

@@ -45,7 +45,9 @@ class GlooProcessGroup final : public ProcessGroup {
   // Connects ranks [0, size) of group `name` through `store` (not owned;
   // must outlive the group). Every member calls this with the same name and
   // size. Fails with DeadlineExceeded naming the ranks that did not join
-  // within options.timeout.
+  // within options.timeout. If SIGPIPE still has its default action (which
+  // would kill the process when a peer dies under a write), it is set to
+  // ignored, as Python does; a handler the program installed is kept.
   static absl::StatusOr<std::unique_ptr<GlooProcessGroup>> Create(
       Store* store, int rank, int size, std::string name,
       GlooOptions options = {});

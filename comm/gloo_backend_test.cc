@@ -4,6 +4,10 @@
 // fault handling (a rank that never joins, a rank that dies mid-collective).
 #include "comm/gloo_backend.h"
 
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <condition_variable>
@@ -432,6 +436,42 @@ TEST(GlooBackendTest, RankThatDiesMidCollectiveIsNamed) {
         << results[r];
   }
   EXPECT_EQ(results[2].code(), absl::StatusCode::kAborted);
+}
+
+// A peer that dies while this rank writes to it must give an error, not kill
+// this process with SIGPIPE (the multi-process die test hit that race). Run in
+// a child with SIGPIPE reset to its default: after Create, a write into a
+// socket whose other end is closed fails with EPIPE instead of killing it.
+TEST(GlooBackendDeathTest, DeadPeerSocketDoesNotKillTheProcess) {
+  EXPECT_EXIT(
+      {
+        signal(SIGPIPE, SIG_DFL);
+        InMemoryStore store;
+        auto group = GlooProcessGroup::Create(&store, 0, 1, "pipe");
+        if (!group.ok()) _exit(2);
+        int fds[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) _exit(3);
+        close(fds[1]);
+        const char byte = 1;
+        const bool epipe = write(fds[0], &byte, 1) < 0 && errno == EPIPE;
+        _exit(epipe ? 0 : 4);
+      },
+      testing::ExitedWithCode(0), "");
+}
+
+// A SIGPIPE handler the program installed itself is kept.
+TEST(GlooBackendDeathTest, ProgramsOwnSigpipeHandlerIsKept) {
+  EXPECT_EXIT(
+      {
+        signal(
+            SIGPIPE, +[](int) { _exit(5); });
+        InMemoryStore store;
+        auto group = GlooProcessGroup::Create(&store, 0, 1, "pipe");
+        if (!group.ok()) _exit(2);
+        raise(SIGPIPE);
+        _exit(0);
+      },
+      testing::ExitedWithCode(5), "");
 }
 
 }  // namespace

@@ -54,12 +54,19 @@ absl::Status Run() {
   if (absl::GetFlag(FLAGS_mode) == "die") {
     if (r == 1) {
       std::fflush(stdout);
+      absl::SleepFor(absl::Milliseconds(200));
       _exit(7);
     }
+    // Writing into the dead peer's closed socket raises SIGPIPE unless the
+    // backend ignores it: rank 1 dies while rank 0 is still pushing a large
+    // message into its socket, so that write is near certain, not a rare race.
+    std::vector<float> big(8 << 20, 1.0f);
+    Buffer bigb{big.data(), static_cast<int64_t>(big.size()), DType::kF32,
+                Device::Cpu()};
     CollectiveOptions timeout;
     timeout.timeout = absl::Seconds(3);
     const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(work, group->AllReduce(xb, ReduceOp::kSum, timeout));
+    ASSIGN_OR_RETURN(work, group->AllReduce(bigb, ReduceOp::kSum, timeout));
     absl::Status s = work->Wait();
     std::printf("rank %d: after rank 1 died: %s (%.1f s)\n", r,
                 s.ToString().c_str(),
