@@ -3,13 +3,16 @@
 //
 // Ranks are threads of this process over real Gloo (loopback TCP). For each
 // size from --min_bytes to --max_bytes (doubling) it times all_gather,
-// reduce_scatter and all_reduce through GlooProcessGroup (issue + Work::Wait)
-// and through Gloo directly on the same context (gloo::allgather,
-// gloo::allreduce, and Gloo's ReduceScatterHalvingDoubling, the closest raw
-// equivalent of our ring reduce-scatter), and prints time, algbw and busbw:
+// reduce_scatter and all_reduce through GlooProcessGroup, as blocking ops
+// (async_op = false, the like of a raw Gloo call) and issued then waited for
+// (async, issue + Work::Wait), and through Gloo directly on the same context
+// (gloo::allgather, gloo::allreduce, and Gloo's ReduceScatterHalvingDoubling,
+// the closest raw equivalent of our ring reduce-scatter), and prints time,
+// algbw and busbw:
 //   all_gather, reduce_scatter: busbw = algbw * (n - 1) / n
 //   all_reduce:                 busbw = algbw * 2 (n - 1) / n
 // where algbw = bytes / time and bytes is the full (gathered / reduced) size.
+// The three are timed in rotating rounds; times are the medians.
 //
 //   bazel run -c opt //comm:commbench -- --world=2
 #include <algorithm>
@@ -37,6 +40,8 @@ ABSL_FLAG(int64_t, min_bytes, 1024, "smallest message size");
 ABSL_FLAG(int64_t, max_bytes, 256 << 20, "largest message size");
 ABSL_FLAG(double, seconds_per_size, 0.3,
           "target measuring time per size and op");
+ABSL_FLAG(int, rounds, 5,
+          "alternating rounds of ours and raw Gloo per size and op (medians)");
 ABSL_FLAG(std::string, ops, "all_gather,reduce_scatter,all_reduce",
           "ops to run");
 
@@ -48,28 +53,26 @@ using Clock = std::chrono::steady_clock;
 struct Row {
   std::string op;
   int64_t bytes = 0;
-  double ours_us = 0, raw_us = 0;
+  double blocking_us = 0, async_us = 0, raw_us = 0;
+  // Medians over rounds of ours / raw in the same round.
+  double blocking_ratio = 0, async_ratio = 0;
 };
+
+CollectiveOptions Async(bool async) {
+  CollectiveOptions o;
+  o.async_op = async;
+  return o;
+}
 
 double BusFactor(const std::string& op, int n) {
   return op == "all_reduce" ? 2.0 * (n - 1) / n
                             : static_cast<double>(n - 1) / n;
 }
 
-// Times fn (which runs one collective) on every rank: the slowest rank's
-// average, with a barrier before timing. Iteration count from a probe run.
+// Times `iters` calls of fn (which runs one collective) on every rank after
+// a barrier: the slowest rank's average in microseconds.
 template <typename Fn>
-double TimeUs(GlooProcessGroup& group, Fn&& fn, double seconds) {
-  fn();  // Warm-up (connections, buffers).
-  const auto t0 = Clock::now();
-  fn();
-  const double probe = std::chrono::duration<double>(Clock::now() - t0).count();
-  // Agree on the iteration count: rank 0's choice.
-  float iters_f = static_cast<float>(
-      std::clamp(seconds / std::max(probe, 1e-6), 3.0, 1000.0));
-  Buffer b{&iters_f, 1, DType::kF32, Device::Cpu()};
-  CHECK_OK((*group.Broadcast(b, 0))->Wait());
-  const int iters = static_cast<int>(iters_f);
+double TimeIters(GlooProcessGroup& group, Fn& fn, int iters) {
   CHECK_OK((*group.Barrier())->Wait());
   const auto start = Clock::now();
   for (int i = 0; i < iters; ++i) fn();
@@ -79,6 +82,56 @@ double TimeUs(GlooProcessGroup& group, Fn&& fn, double seconds) {
   Buffer t{&us, 1, DType::kF32, Device::Cpu()};
   CHECK_OK((*group.AllReduce(t, ReduceOp::kMax))->Wait());
   return us;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Times our op blocking (`ours(false)`: async_op = false), our op issued
+// then waited for (`ours(true)`) and `raw` side by side: after a warm-up of
+// each, --rounds rounds that each time all three (rotating which goes first)
+// for about `seconds` / rounds in all. Times are medians over rounds; the
+// overheads are medians of the per-round ratios, so drift and bursts of a
+// shared machine fall on both sides of each ratio alike.
+template <typename Ours, typename Raw>
+void TimeOps(GlooProcessGroup& group, Ours&& ours, Raw&& raw, double seconds,
+             Row* row) {
+  auto blocking = [&] { ours(false); };
+  auto async = [&] { ours(true); };
+  blocking();  // Warm-up (connections, buffers).
+  async();
+  raw();
+  const auto t0 = Clock::now();
+  blocking();
+  async();
+  raw();
+  const double probe = std::chrono::duration<double>(Clock::now() - t0).count();
+  const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
+  // Agree on the iteration count: rank 0's choice.
+  float iters_f = static_cast<float>(
+      std::clamp(seconds / rounds / std::max(probe, 1e-6), 2.0, 1000.0));
+  Buffer b{&iters_f, 1, DType::kF32, Device::Cpu()};
+  CHECK_OK((*group.Broadcast(b, 0))->Wait());
+  const int iters = static_cast<int>(iters_f);
+  std::vector<double> us[3], blocking_ratio, async_ratio;
+  for (int r = 0; r < rounds; ++r) {
+    for (int k = 0; k < 3; ++k) {
+      const int which = (r + k) % 3;
+      if (which == 0) us[0].push_back(TimeIters(group, blocking, iters));
+      if (which == 1) us[1].push_back(TimeIters(group, async, iters));
+      if (which == 2) us[2].push_back(TimeIters(group, raw, iters));
+    }
+    blocking_ratio.push_back(us[0].back() / us[2].back());
+    async_ratio.push_back(us[1].back() / us[2].back());
+  }
+  row->blocking_us = Median(us[0]);
+  row->async_us = Median(us[1]);
+  row->raw_us = Median(us[2]);
+  row->blocking_ratio = Median(blocking_ratio);
+  row->async_ratio = Median(async_ratio);
 }
 
 void RunRank(int rank, int world, InMemoryStore* store,
@@ -106,11 +159,11 @@ void RunRank(int rank, int world, InMemoryStore* store,
       if (op == "all_gather") {
         Buffer in{part.data(), per_rank, DType::kF32, Device::Cpu()};
         Buffer out{full.data(), per_rank * world, DType::kF32, Device::Cpu()};
-        row.ours_us = TimeUs(
-            group, [&] { CHECK_OK((*group.AllGather(in, out))->Wait()); },
-            seconds);
-        row.raw_us = TimeUs(
+        TimeOps(
             group,
+            [&](bool async) {
+              CHECK_OK((*group.AllGather(in, out, Async(async)))->Wait());
+            },
             [&] {
               gloo::AllgatherOptions o(context);
               o.setInput(part.data(), per_rank);
@@ -118,30 +171,30 @@ void RunRank(int rank, int world, InMemoryStore* store,
               o.setTag(raw_tag++);
               gloo::allgather(o);
             },
-            seconds);
+            seconds, &row);
       } else if (op == "reduce_scatter") {
         Buffer in{full.data(), per_rank * world, DType::kF32, Device::Cpu()};
         Buffer out{part.data(), per_rank, DType::kF32, Device::Cpu()};
-        row.ours_us = TimeUs(
-            group,
-            [&] {
-              CHECK_OK((*group.ReduceScatter(in, out, ReduceOp::kSum))->Wait());
-            },
-            seconds);
         std::vector<int> recv(world, static_cast<int>(per_rank));
         std::vector<float> work(per_rank * world, 1.0f);
         gloo::ReduceScatterHalvingDoubling<float> algo(
             context, {work.data()}, static_cast<int>(per_rank * world), recv);
-        row.raw_us = TimeUs(
-            group, [&] { algo.run(); }, seconds);
+        TimeOps(
+            group,
+            [&](bool async) {
+              CHECK_OK(
+                  (*group.ReduceScatter(in, out, ReduceOp::kSum, Async(async)))
+                      ->Wait());
+            },
+            [&] { algo.run(); }, seconds, &row);
       } else if (op == "all_reduce") {
         Buffer buf{full.data(), per_rank * world, DType::kF32, Device::Cpu()};
-        row.ours_us = TimeUs(
+        TimeOps(
             group,
-            [&] { CHECK_OK((*group.AllReduce(buf, ReduceOp::kSum))->Wait()); },
-            seconds);
-        row.raw_us = TimeUs(
-            group,
+            [&](bool async) {
+              CHECK_OK((*group.AllReduce(buf, ReduceOp::kSum, Async(async)))
+                           ->Wait());
+            },
             [&] {
               gloo::AllreduceOptions o(context);
               o.setOutput(full.data(), per_rank * world);
@@ -151,7 +204,7 @@ void RunRank(int rank, int world, InMemoryStore* store,
               o.setTag(raw_tag++);
               gloo::allreduce(o);
             },
-            seconds);
+            seconds, &row);
       } else {
         LOG(FATAL) << "unknown op " << op;
       }
@@ -171,20 +224,25 @@ int Main() {
   for (auto& t : threads) t.join();
   std::printf("# commbench: %d ranks (threads) over Gloo TCP loopback, f32\n",
               world);
-  std::printf("# %-14s %12s | %10s %9s %9s | %10s %9s %9s | %8s\n", "op",
-              "bytes", "ours us", "algbw", "busbw", "gloo us", "algbw", "busbw",
-              "overhead");
+  std::printf("# %-14s %10s | %9s %7s %7s | %9s | %9s %7s %7s | %8s %8s\n",
+              "op", "bytes", "ours us", "algbw", "busbw", "async us", "gloo us",
+              "algbw", "busbw", "overhead", "async");
   for (const Row& row : rows) {
     auto gbps = [&](double us) { return row.bytes / us / 1e3; };
     const double bus = BusFactor(row.op, world);
     std::printf(
-        "  %-14s %12lld | %10.1f %9.3f %9.3f | %10.1f %9.3f %9.3f | %7.1f%%\n",
-        row.op.c_str(), static_cast<long long>(row.bytes), row.ours_us,
-        gbps(row.ours_us), gbps(row.ours_us) * bus, row.raw_us,
-        gbps(row.raw_us), gbps(row.raw_us) * bus,
-        100.0 * (row.ours_us / row.raw_us - 1.0));
+        "  %-14s %10lld | %9.1f %7.3f %7.3f | %9.1f | %9.1f %7.3f %7.3f | "
+        "%7.1f%% %7.1f%%\n",
+        row.op.c_str(), static_cast<long long>(row.bytes), row.blocking_us,
+        gbps(row.blocking_us), gbps(row.blocking_us) * bus, row.async_us,
+        row.raw_us, gbps(row.raw_us), gbps(row.raw_us) * bus,
+        100.0 * (row.blocking_ratio - 1.0), 100.0 * (row.async_ratio - 1.0));
   }
-  std::printf("# algbw and busbw in GB/s; overhead = ours / gloo - 1\n");
+  std::printf(
+      "# ours: blocking op (async_op = false); async: issue, then "
+      "Work::Wait; times are medians over rounds, algbw and busbw in GB/s;\n"
+      "# overhead (async): median over rounds of ours (async) / gloo in the "
+      "same round, - 1\n");
   return 0;
 }
 

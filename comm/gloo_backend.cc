@@ -171,25 +171,29 @@ GlooReduceFn ReduceFunction(ReduceOp op) {
   return op == ReduceOp::kMax ? max : sum;
 }
 
-// A per-thread scratch area that grows and is reused across ops (each comm
-// stream is one thread), accounted as comm buffers while it lives.
-class ThreadScratch {
+}  // namespace
+
+// A scratch area that grows and is reused across ops, accounted as comm
+// buffers while it lives. One per stream: the ops of a stream never run at
+// the same time (but not always on the same thread: waiters may run them).
+class GlooProcessGroup::StreamScratch {
  public:
-  // At least `bytes` bytes, valid until the next call on this thread.
-  static absl::StatusOr<char*> Get(size_t bytes) {
-    thread_local ThreadScratch scratch;
-    if (bytes > scratch.capacity_) {
-      scratch.buffer_ = Scratch();
-      ASSIGN_OR_RETURN(scratch.buffer_, Scratch::Allocate(bytes));
-      scratch.capacity_ = bytes;
+  // At least `bytes` bytes, valid until the next call.
+  absl::StatusOr<char*> Get(size_t bytes) {
+    if (bytes > capacity_) {
+      buffer_ = Scratch();
+      ASSIGN_OR_RETURN(buffer_, Scratch::Allocate(bytes));
+      capacity_ = bytes;
     }
-    return scratch.buffer_.as<char>();
+    return buffer_.as<char>();
   }
 
  private:
   Scratch buffer_;
   size_t capacity_ = 0;
 };
+
+namespace {
 
 // Loads elements [begin, begin + n) of `in` (dtype `dtype`) as Acc.
 template <typename Acc>
@@ -244,7 +248,16 @@ template <typename Acc>
 absl::Status RingReduceScatter(gloo::Context& context, const void* in,
                                DType dtype, int64_t n, ReduceOp op,
                                uint32_t tag, std::chrono::milliseconds timeout,
+                               GlooProcessGroup::StreamScratch& scratch_area,
                                Acc* result) {
+  // One deadline for the whole op (not per step), so its run time is bounded
+  // by `timeout` as Issue declares.
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&deadline] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
   const int size = context.size, rank = context.rank;
   const int64_t chunk = (n + size - 1) / size;
   auto seg_begin = [&](int i) { return std::min(n, i * chunk); };
@@ -256,7 +269,7 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
     return absl::OkStatus();
   }
   const size_t chunk_bytes = std::max<int64_t>(1, chunk) * sizeof(Acc);
-  ASSIGN_OR_RETURN(char* scratch, ThreadScratch::Get(3 * chunk_bytes));
+  ASSIGN_OR_RETURN(char* scratch, scratch_area.Get(3 * chunk_bytes));
   Acc* bufs[3] = {reinterpret_cast<Acc*>(scratch),
                   reinterpret_cast<Acc*>(scratch + chunk_bytes),
                   reinterpret_cast<Acc*>(scratch + 2 * chunk_bytes)};
@@ -291,7 +304,7 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
     if (send_len > 0) send_ub->send(next, slot, 0, send_len * sizeof(Acc));
     if (recv_len > 0) {
       ub[recv_buf]->recv(prev, slot, 0, recv_len * sizeof(Acc));
-      if (!ub[recv_buf]->waitRecv(nullptr, timeout)) {
+      if (!ub[recv_buf]->waitRecv(nullptr, left())) {
         return absl::DeadlineExceededError(absl::StrCat(
             "receive from rank ", prev, " (ring step ", step, ") failed"));
       }
@@ -299,7 +312,7 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
       CombineFrom(last ? result : bufs[recv_buf], bufs[recv_buf], in, dtype,
                   seg_begin(recv_idx), recv_len, op);
     }
-    if (send_len > 0 && !send_ub->waitSend(nullptr, timeout)) {
+    if (send_len > 0 && !send_ub->waitSend(nullptr, left())) {
       return absl::DeadlineExceededError(absl::StrCat(
           "send to rank ", next, " (ring step ", step, ") failed"));
     }
@@ -400,9 +413,17 @@ void GlooProcessGroup::SimulateCrash() {
   heartbeat_.Stop();
 }
 
+GlooProcessGroup::StreamScratch* GlooProcessGroup::ScratchFor(
+    const CpuStream* stream) {
+  std::lock_guard<std::mutex> lock(scratch_mu_);
+  std::unique_ptr<StreamScratch>& area = scratch_[stream];
+  if (area == nullptr) area = std::make_unique<StreamScratch>();
+  return area.get();
+}
+
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
     const char* op, std::string detail, const CollectiveOptions& options,
-    OpBody body) {
+    int sequential_waits, OpBody body) {
   CpuStream* stream = stream_.get();
   if (options.stream != nullptr) {
     stream = dynamic_cast<CpuStream*>(options.stream);
@@ -419,33 +440,49 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
   const absl::Duration timeout = options.timeout > absl::ZeroDuration()
                                      ? options.timeout
                                      : options_.timeout;
+  // How long the task can take: Gloo applies the timeout to each of its
+  // blocking waits, plus the failure diagnosis (two reads of every peer's
+  // heartbeat, three beats apart). A waiter runs the op itself only when
+  // this fits inside its own deadline (CpuStream).
+  const absl::Duration max_runtime =
+      std::max(1, sequential_waits) * timeout + heartbeat_.MaxDiagnosisTime();
   if (options.after != nullptr) stream->WaitEvent(options.after);
   // The issuing thread's trace records the op where it runs (the stream).
   TraceRecorder* trace = CurrentTrace();
-  stream->Enqueue([this, seq, timeout, description, trace, op,
-                   track = stream->name(), body = std::move(body)]() {
-    if (crashed_) {
-      return absl::AbortedError(
-          absl::StrCat(description, ": this rank crashed"));
-    }
-    TraceSpan span(op, "comm", trace, track.c_str());
-    if (trace != nullptr) span.set_detail(description);
-    heartbeat_.MarkStarted(seq);
-    absl::Status status;
-    try {
-      status = body(static_cast<uint32_t>(seq), ToMillis(timeout));
-    } catch (const std::exception& e) {
-      status = absl::UnavailableError(e.what());
-    }
-    if (status.ok()) return status;
-    return absl::Status(
-        absl::IsDeadlineExceeded(status) ? absl::StatusCode::kDeadlineExceeded
-                                         : absl::StatusCode::kUnavailable,
-        absl::StrCat(description, " failed (timeout ",
-                     absl::FormatDuration(timeout), "): ", status.message(),
-                     "; ", heartbeat_.DiagnosePeers(seq)));
-  });
-  return std::make_shared<Work>(std::move(description), stream->Record());
+  std::shared_ptr<Event> event = stream->EnqueueAndRecord(
+      [this, seq, timeout, description, trace, op, track = stream->name(),
+       scratch = ScratchFor(stream), body = std::move(body)]() {
+        if (crashed_) {
+          return absl::AbortedError(
+              absl::StrCat(description, ": this rank crashed"));
+        }
+        TraceSpan span(op, "comm", trace, track.c_str());
+        if (trace != nullptr) span.set_detail(description);
+        heartbeat_.MarkStarted(seq);
+        absl::Status status;
+        try {
+          status =
+              body(static_cast<uint32_t>(seq), ToMillis(timeout), *scratch);
+        } catch (const std::exception& e) {
+          status = absl::UnavailableError(e.what());
+        }
+        if (status.ok()) return status;
+        return absl::Status(
+            absl::IsDeadlineExceeded(status)
+                ? absl::StatusCode::kDeadlineExceeded
+                : absl::StatusCode::kUnavailable,
+            absl::StrCat(description, " failed (timeout ",
+                         absl::FormatDuration(timeout), "): ", status.message(),
+                         "; ", heartbeat_.DiagnosePeers(seq)));
+      },
+      max_runtime, /*wake_worker=*/options.async_op);
+  if (!options.async_op) {
+    // Runs the op here unless the stream is busy (then waits for the worker);
+    // bounded by the op's own bound plus one timeout for what is queued
+    // before it. The Work carries the outcome.
+    event->Wait(max_runtime + timeout).IgnoreError();
+  }
+  return std::make_shared<Work>(std::move(description), std::move(event));
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
@@ -455,23 +492,23 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
   const size_t bytes = input.nbytes();
   const bool in_place =
       input.data == static_cast<char*>(output.data) + rank_ * bytes;
-  return Issue("all_gather", input.ToString(), options,
-               [this, input, output, bytes, in_place](
-                   uint32_t tag, std::chrono::milliseconds timeout) {
-                 if (bytes == 0) return absl::OkStatus();
-                 if (size_ == 1) {
-                   if (!in_place) std::memcpy(output.data, input.data, bytes);
-                   return absl::OkStatus();
-                 }
-                 gloo::AllgatherOptions o(context_);
-                 if (!in_place)
-                   o.setInput(static_cast<uint8_t*>(input.data), bytes);
-                 o.setOutput(static_cast<uint8_t*>(output.data), bytes * size_);
-                 o.setTag(tag);
-                 o.setTimeout(timeout);
-                 gloo::allgather(o);
-                 return absl::OkStatus();
-               });
+  return Issue(
+      "all_gather", input.ToString(), options, 2 * (size_ - 1),
+      [this, input, output, bytes, in_place](
+          uint32_t tag, std::chrono::milliseconds timeout, StreamScratch&) {
+        if (bytes == 0) return absl::OkStatus();
+        if (size_ == 1) {
+          if (!in_place) std::memcpy(output.data, input.data, bytes);
+          return absl::OkStatus();
+        }
+        gloo::AllgatherOptions o(context_);
+        if (!in_place) o.setInput(static_cast<uint8_t*>(input.data), bytes);
+        o.setOutput(static_cast<uint8_t*>(output.data), bytes * size_);
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        gloo::allgather(o);
+        return absl::OkStatus();
+      });
 }
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
@@ -480,15 +517,15 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
   RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
   return Issue(
       "reduce_scatter", absl::StrCat(input.ToString(), ", ", ReduceOpName(op)),
-      options,
-      [this, input, output, op](
-          uint32_t tag, std::chrono::milliseconds timeout) -> absl::Status {
+      options, /*sequential_waits=*/1,
+      [this, input, output, op](uint32_t tag, std::chrono::milliseconds timeout,
+                                StreamScratch& scratch) -> absl::Status {
         const int64_t n = input.count;
         const int64_t count = output.count;
         auto run = [&](auto* result) -> absl::Status {
           using Acc = std::remove_pointer_t<decltype(result)>;
           return RingReduceScatter<Acc>(*context_, input.data, input.dtype, n,
-                                        op, tag, timeout, result);
+                                        op, tag, timeout, scratch, result);
         };
         switch (input.dtype) {
           case DType::kI32:
@@ -523,9 +560,9 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
   RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
   return Issue(
       "all_reduce", absl::StrCat(buffer.ToString(), ", ", ReduceOpName(op)),
-      options,
-      [this, buffer, op](uint32_t tag,
-                         std::chrono::milliseconds timeout) -> absl::Status {
+      options, 2 * (size_ - 1),
+      [this, buffer, op](uint32_t tag, std::chrono::milliseconds timeout,
+                         StreamScratch&) -> absl::Status {
         const int64_t n = buffer.count;
         if (n == 0) return absl::OkStatus();
         auto reduce = [&](auto* data) {
@@ -579,7 +616,9 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
   RETURN_IF_ERROR(ValidateBroadcast(*this, buffer, root));
   return Issue(
       "broadcast", absl::StrCat(buffer.ToString(), ", root ", root), options,
-      [this, buffer, root](uint32_t tag, std::chrono::milliseconds timeout) {
+      2 * (size_ - 1),
+      [this, buffer, root](uint32_t tag, std::chrono::milliseconds timeout,
+                           StreamScratch&) {
         if (buffer.count == 0 || size_ == 1) return absl::OkStatus();
         gloo::BroadcastOptions o(context_);
         o.setOutput(static_cast<uint8_t*>(buffer.data), buffer.nbytes());
@@ -596,9 +635,9 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
     const CollectiveOptions& options) {
   RETURN_IF_ERROR(ValidateAllToAll(*this, input, output));
   return Issue(
-      "all_to_all", input.ToString(), options,
-      [this, input, output](uint32_t tag,
-                            std::chrono::milliseconds timeout) -> absl::Status {
+      "all_to_all", input.ToString(), options, 2 * (size_ - 1),
+      [this, input, output](uint32_t tag, std::chrono::milliseconds timeout,
+                            StreamScratch&) -> absl::Status {
         const size_t bytes = input.nbytes();
         if (bytes == 0) return absl::OkStatus();
         if (size_ == 1) {
@@ -625,15 +664,16 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(
     const CollectiveOptions& options) {
-  return Issue("barrier", "", options,
-               [this](uint32_t tag, std::chrono::milliseconds timeout) {
-                 if (size_ == 1) return absl::OkStatus();
-                 gloo::BarrierOptions o(context_);
-                 o.setTag(tag);
-                 o.setTimeout(timeout);
-                 gloo::barrier(o);
-                 return absl::OkStatus();
-               });
+  return Issue(
+      "barrier", "", options, 2 * (size_ - 1),
+      [this](uint32_t tag, std::chrono::milliseconds timeout, StreamScratch&) {
+        if (size_ == 1) return absl::OkStatus();
+        gloo::BarrierOptions o(context_);
+        o.setTag(tag);
+        o.setTimeout(timeout);
+        gloo::barrier(o);
+        return absl::OkStatus();
+      });
 }
 
 ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options) {

@@ -17,7 +17,9 @@
 #define FSDPP_COMM_GLOO_BACKEND_H_
 
 #include <atomic>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "comm/heartbeat.h"
@@ -87,18 +89,27 @@ class GlooProcessGroup final : public ProcessGroup {
     return context_;
   }
 
+ public:
+  class StreamScratch;  // Reused scratch memory of one stream's ops.
+
  private:
   GlooProcessGroup(Store* store, int rank, int size, std::string name,
                    GlooOptions options, std::shared_ptr<gloo::Context> context);
 
-  using OpBody = std::function<absl::Status(uint32_t tag,
-                                            std::chrono::milliseconds timeout)>;
+  using OpBody = std::function<absl::Status(
+      uint32_t tag, std::chrono::milliseconds timeout, StreamScratch& scratch)>;
   // Queues `body` on the chosen stream with sequence number, heartbeat
   // bookkeeping, exception translation and failure diagnosis.
+  // `sequential_waits` bounds how many blocking waits, each up to the op's
+  // timeout, the body can make one after another (for the stream's bound on
+  // the task's run time).
   absl::StatusOr<std::shared_ptr<Work>> Issue(const char* op,
                                               std::string detail,
                                               const CollectiveOptions& options,
+                                              int sequential_waits,
                                               OpBody body);
+  // The scratch area of ops on `stream` (created on first use).
+  StreamScratch* ScratchFor(const CpuStream* stream);
 
   Store* const store_;
   PrefixStore group_store_;
@@ -109,6 +120,8 @@ class GlooProcessGroup final : public ProcessGroup {
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<CpuStream> stream_;
 
+  std::mutex scratch_mu_;
+  std::map<const CpuStream*, std::unique_ptr<StreamScratch>> scratch_;
   std::atomic<uint64_t> next_seq_{0};  // Issue order.
   std::atomic<bool> crashed_{false};
   Heartbeat heartbeat_;

@@ -270,6 +270,67 @@ TEST(GlooBackendTest, AllReduceBroadcastAllToAllBarrier) {
   }
 }
 
+// Blocking ops (async_op = false) are complete when the call returns, with
+// the same results as async ones, and still run after the work queued before
+// them on their stream.
+TEST(GlooBackendTest, BlockingOpsAreCompleteOnReturnAndOrdered) {
+  CollectiveOptions blocking;
+  blocking.async_op = false;
+  for (int size : {1, 2, 3}) {
+    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+      // A large async all-gather first, then blocking ops behind it.
+      const int64_t per = 1 << 18;
+      HostBuffer mine(per, DType::kF32), all(per * size, DType::kF32);
+      for (int64_t i = 0; i < per; ++i) mine.Set(i, Value(rank, i));
+      std::shared_ptr<Work> gather = *group.AllGather(mine.buffer, all.buffer);
+      HostBuffer sum(17, DType::kBF16);
+      for (int64_t i = 0; i < 17; ++i) sum.Set(i, Value(rank, i));
+      std::shared_ptr<Work> reduce =
+          *group.AllReduce(sum.buffer, ReduceOp::kSum, blocking);
+      EXPECT_TRUE(reduce->IsCompleted());
+      EXPECT_TRUE(gather->IsCompleted());
+      ASSERT_TRUE(reduce->Wait(absl::ZeroDuration()).ok());
+      ASSERT_TRUE(gather->Wait(absl::ZeroDuration()).ok());
+      for (int64_t i = 0; i < 17; ++i) {
+        ASSERT_EQ(sum.Get(i), Reduced(size, i, ReduceOp::kSum, DType::kBF16));
+      }
+      for (int r = 0; r < size; ++r) {
+        for (int64_t i = 0; i < per; i += 997) {
+          ASSERT_EQ(all.Get(r * per + i), Value(r, i));
+        }
+      }
+      // Every op, blocking.
+      const int64_t n = 10 * size + 3;  // Uneven chunks.
+      HostBuffer in(n, DType::kF32);
+      for (int64_t i = 0; i < n; ++i) in.Set(i, Value(rank, i));
+      const int64_t count = ReduceScatterCount(n, size, rank);
+      const int64_t offset = ReduceScatterOffset(n, size, rank);
+      HostBuffer out(count, DType::kF32);
+      std::shared_ptr<Work> rs =
+          *group.ReduceScatter(in.buffer, out.buffer, ReduceOp::kMax, blocking);
+      EXPECT_TRUE(rs->IsCompleted());
+      for (int64_t i = 0; i < count; ++i) {
+        ASSERT_EQ(out.Get(i),
+                  Reduced(size, offset + i, ReduceOp::kMax, DType::kF32));
+      }
+      HostBuffer b(9, DType::kI64);
+      for (int64_t i = 0; i < 9; ++i) b.Set(i, rank == 0 ? Value(0, i) : 99);
+      EXPECT_TRUE((*group.Broadcast(b.buffer, 0, blocking))->IsCompleted());
+      for (int64_t i = 0; i < 9; ++i) ASSERT_EQ(b.Get(i), Value(0, i));
+      HostBuffer a(2 * size, DType::kF32), a_out(2 * size, DType::kF32);
+      for (int64_t i = 0; i < 2 * size; ++i) a.Set(i, 10 * rank + i / 2);
+      EXPECT_TRUE(
+          (*group.AllToAll(a.buffer, a_out.buffer, blocking))->IsCompleted());
+      for (int64_t i = 0; i < 2 * size; ++i) {
+        ASSERT_EQ(a_out.Get(i), 10 * (i / 2) + rank);
+      }
+      std::shared_ptr<Work> barrier = *group.Barrier(blocking);
+      EXPECT_TRUE(barrier->IsCompleted());
+      EXPECT_TRUE(barrier->Wait(absl::ZeroDuration()).ok());
+    });
+  }
+}
+
 TEST(GlooBackendTest, BadArgumentsAreRejectedAtIssue) {
   RunRanks(2, [](int rank, GlooProcessGroup& group) {
     HostBuffer in(4, DType::kF32), out(7, DType::kF32);
@@ -419,9 +480,16 @@ TEST(GlooBackendTest, RankThatDiesMidCollectiveIsNamed) {
         results[rank] =
             (*group.AllReduce(b.buffer, ReduceOp::kSum, co))->Wait(kWait);
         EXPECT_LT(absl::Now() - start, absl::Seconds(10));
-        // The group stays broken: later ops fail fast with the same error.
+        // The group stays broken: later ops fail fast with the same error,
+        // blocking ones too (complete on return).
         absl::Status again = (*group.Barrier())->Wait(kWait);
         EXPECT_EQ(again.message(), results[rank].message());
+        CollectiveOptions blocking;
+        blocking.async_op = false;
+        std::shared_ptr<Work> work = *group.Barrier(blocking);
+        EXPECT_TRUE(work->IsCompleted());
+        EXPECT_EQ(work->Wait(absl::ZeroDuration()).message(),
+                  results[rank].message());
       },
       "faulty", o);
   for (int r = 0; r < 2; ++r) {

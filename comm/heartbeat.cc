@@ -65,6 +65,17 @@ void Heartbeat::Loop() {
   }
 }
 
+namespace {
+// Bound on each store read of a peer's heartbeat while diagnosing.
+constexpr absl::Duration kDiagnosisReadTimeout = absl::Milliseconds(200);
+}  // namespace
+
+absl::Duration Heartbeat::MaxDiagnosisTime() const {
+  // Two reads of every peer, three beats apart, and a second of slack.
+  return 2 * (size_ - 1) * kDiagnosisReadTimeout + 3 * interval_ +
+         absl::Seconds(1);
+}
+
 std::string Heartbeat::DiagnosePeers(uint64_t seq) {
   struct Beat {
     bool present = false;
@@ -75,7 +86,7 @@ std::string Heartbeat::DiagnosePeers(uint64_t seq) {
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       absl::StatusOr<std::string> v =
-          store_->Get(absl::StrCat("heartbeat/", r), absl::Milliseconds(200));
+          store_->Get(absl::StrCat("heartbeat/", r), kDiagnosisReadTimeout);
       if (!v.ok()) continue;
       std::vector<std::string> parts = absl::StrSplit(*v, ',');
       if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &beats[r].started) &&

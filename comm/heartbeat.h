@@ -45,6 +45,8 @@ class Heartbeat {
   // 2 (heartbeat stopped: process dead or stuck), ..." or "every peer is alive
   // and has reached this op". Blocks for about three intervals.
   std::string DiagnosePeers(uint64_t seq);
+  // A bound on how long DiagnosePeers takes (its store reads time out).
+  absl::Duration MaxDiagnosisTime() const;
 
  private:
   void Loop();

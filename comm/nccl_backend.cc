@@ -531,6 +531,20 @@ absl::Status NcclProcessGroup::OrderAfter(CudaStream* stream,
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(
     const char* op, std::string detail, const CollectiveOptions& options,
     OpBody body) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                   IssueAsync(op, std::move(detail), options, std::move(body)));
+  if (!options.async_op) {
+    const absl::Duration timeout = options.timeout > absl::ZeroDuration()
+                                       ? options.timeout
+                                       : options_.timeout;
+    work->Wait(timeout).IgnoreError();  // The Work keeps the outcome.
+  }
+  return work;
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::IssueAsync(
+    const char* op, std::string detail, const CollectiveOptions& options,
+    OpBody body) {
   CudaStream* stream = stream_.get();
   if (options.stream != nullptr) {
     stream = dynamic_cast<CudaStream*>(options.stream);

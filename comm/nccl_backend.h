@@ -150,10 +150,15 @@ class NcclProcessGroup final : public ProcessGroup {
   // Assigns the op its sequence number, orders the stream after
   // options.after, runs `body` under comm_mu_ and records the op's event;
   // a failure while enqueuing breaks the group.
+  // Blocking ops (options.async_op false) are waited for on the host after
+  // comm_mu_ is released.
   absl::StatusOr<std::shared_ptr<Work>> Issue(const char* op,
                                               std::string detail,
                                               const CollectiveOptions& options,
                                               OpBody body);
+  absl::StatusOr<std::shared_ptr<Work>> IssueAsync(
+      const char* op, std::string detail, const CollectiveOptions& options,
+      OpBody body);
   // Makes `stream` wait for `after`, or by default for the legacy default
   // stream; returns the stream's sticky error.
   absl::Status OrderAfter(CudaStream* stream,

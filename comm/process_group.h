@@ -59,6 +59,12 @@ struct CollectiveOptions {
   // The stream the op runs on (null: the group's comm stream). Gloo groups
   // need a CpuStream.
   Stream* stream = nullptr;
+  // False: a blocking op, like torch.distributed's default async_op=False;
+  // the call returns once the op has finished (its Work is complete, Wait
+  // gives its status). Gloo runs it on the calling thread when its stream has
+  // nothing queued before it, so it costs no thread hand-offs; NCCL issues it
+  // and waits for it on the host.
+  bool async_op = true;
 };
 
 // The handle of an issued collective.
@@ -69,6 +75,9 @@ class Work {
 
   // Blocks the host until the op finished; returns its Status, or
   // DeadlineExceeded naming the op if it is still running after `timeout`.
+  // On a CPU stream, a waiter may run the op (and what is queued before it)
+  // itself when the comm thread has not started it yet and the op's time
+  // bound fits inside `timeout` (core/stream.h).
   absl::Status Wait(absl::Duration timeout = absl::Minutes(30)) const;
   bool IsCompleted() const { return event_->IsCompleted(); }
   // Completes when the op's data is in place: a stream's WaitEvent target.

@@ -1,5 +1,5 @@
 // Tests for CPU streams and events: ordering, cross-stream waits, host waits,
-// timeouts and sticky errors.
+// timeouts and sticky errors; waiters running queued work themselves.
 #include "core/stream.h"
 
 #include <atomic>
@@ -176,6 +176,119 @@ TEST(StreamTest, DestructorDrainsQueuedWork) {
     }
   }
   EXPECT_EQ(count.load(), 10);
+}
+
+// A task with a bound, queued without waking the worker: the waiter runs it
+// (and the event after it) on its own thread.
+TEST(StreamHelpTest, WaiterRunsABoundedTaskItself) {
+  CpuStream stream("s");
+  std::thread::id ran_on;
+  std::shared_ptr<Event> done = stream.EnqueueAndRecord(
+      [&] {
+        ran_on = std::this_thread::get_id();
+        return absl::OkStatus();
+      },
+      absl::Seconds(1), /*wake_worker=*/false);
+  ASSERT_TRUE(done->Wait(kLong).ok());
+  EXPECT_EQ(ran_on, std::this_thread::get_id());
+}
+
+// Without a bound, or with one that does not fit the wait's deadline, the
+// waiter leaves the task to the worker (which it wakes).
+TEST(StreamHelpTest, UnboundedOrTooLongTasksStayOnTheWorker) {
+  CpuStream stream("s");
+  for (absl::Duration bound : {absl::InfiniteDuration(), absl::Minutes(5)}) {
+    std::thread::id ran_on;
+    std::shared_ptr<Event> done = stream.EnqueueAndRecord(
+        [&] {
+          ran_on = std::this_thread::get_id();
+          return absl::OkStatus();
+        },
+        bound, /*wake_worker=*/false);
+    ASSERT_TRUE(done->Wait(absl::Seconds(60)).ok());
+    EXPECT_NE(ran_on, std::this_thread::get_id()) << bound;
+  }
+}
+
+// A waiter never runs work past the event it waits for, nor while the worker
+// is running an item: order is kept.
+TEST(StreamHelpTest, WaiterKeepsOrder) {
+  CpuStream stream("s");
+  std::atomic<bool> release{false};
+  std::vector<int> order;
+  std::mutex mu;
+  auto note = [&](int i) {
+    std::lock_guard<std::mutex> lock(mu);
+    order.push_back(i);
+  };
+  stream.Enqueue(
+      [&] {
+        while (!release.load())
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        note(0);
+        return absl::OkStatus();
+      },
+      absl::Seconds(5));
+  std::shared_ptr<Event> first = stream.EnqueueAndRecord(
+      [&] {
+        note(1);
+        return absl::OkStatus();
+      },
+      absl::Seconds(1));
+  std::shared_ptr<Event> second = stream.EnqueueAndRecord(
+      [&] {
+        note(2);
+        return absl::OkStatus();
+      },
+      absl::Seconds(1), /*wake_worker=*/false);
+  // The worker is inside item 0: the waiter can neither take item 1 nor get
+  // past it, and its wait times out on time.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const absl::Time start = absl::Now();
+  EXPECT_EQ(first->Wait(absl::Milliseconds(50)).code(),
+            absl::StatusCode::kDeadlineExceeded);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  release = true;
+  ASSERT_TRUE(second->Wait(kLong).ok());
+  EXPECT_TRUE(first->IsCompleted());
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+}
+
+// A failure in a task a waiter ran is sticky like any other.
+TEST(StreamHelpTest, ErrorOfAHelpedTaskIsSticky) {
+  CpuStream stream("s");
+  std::shared_ptr<Event> failed = stream.EnqueueAndRecord(
+      [] { return absl::InternalError("boom"); }, absl::Seconds(1),
+      /*wake_worker=*/false);
+  EXPECT_EQ(failed->Wait(kLong).message(), "boom");
+  bool ran = false;
+  std::shared_ptr<Event> later = stream.EnqueueAndRecord(
+      [&] {
+        ran = true;
+        return absl::OkStatus();
+      },
+      absl::Seconds(1), /*wake_worker=*/false);
+  EXPECT_EQ(later->Wait(kLong).message(), "boom");
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(stream.status().message(), "boom");
+}
+
+// Items queued without waking the worker still run if nobody waits: the
+// destructor drains them.
+TEST(StreamHelpTest, DestructorRunsUnwokenItems) {
+  std::atomic<int> count{0};
+  {
+    CpuStream stream("s");
+    for (int i = 0; i < 3; ++i) {
+      stream.EnqueueAndRecord(
+          [&] {
+            ++count;
+            return absl::OkStatus();
+          },
+          absl::Seconds(1), /*wake_worker=*/false);
+    }
+  }
+  EXPECT_EQ(count.load(), 3);
 }
 
 }  // namespace

@@ -105,10 +105,12 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
                        Tensor::FromFloats({1}, {static_cast<float>(total)},
                                           DType::kF32, group->device()));
     }
+    CollectiveOptions blocking;  // Waited for at once.
+    blocking.async_op = false;
     ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
                      group->AllReduce(Buffer{scalar.raw_data(), 1, DType::kF32,
                                              scalar.device()},
-                                      ReduceOp::kSum));
+                                      ReduceOp::kSum, blocking));
     RETURN_IF_ERROR(work->Wait(timeout));
   }
   if (scalar.defined()) {

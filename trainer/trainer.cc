@@ -112,6 +112,7 @@ absl::Status AllReduce(ProcessGroup* group, std::vector<double>* values,
            Device::Cpu()};
   CollectiveOptions o;
   o.timeout = kTimeout;
+  o.async_op = false;  // Waited for at once: no comm-thread hand-offs.
   ASSIGN_OR_RETURN(std::shared_ptr<Work> work, group->AllReduce(b, op, o));
   RETURN_IF_ERROR(work->Wait(kTimeout));
   for (size_t i = 0; i < f.size(); ++i) (*values)[i] = f[i];
@@ -125,6 +126,7 @@ absl::StatusOr<std::vector<int64_t>> AllGatherInts(
   std::vector<int64_t> out(values.size() * group->size());
   CollectiveOptions o;
   o.timeout = kTimeout;
+  o.async_op = false;  // Waited for at once: no comm-thread hand-offs.
   ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       group->AllGather(
@@ -149,6 +151,7 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(
   std::vector<uint8_t> out(in.size() * group->size());
   CollectiveOptions o;
   o.timeout = kTimeout;
+  o.async_op = false;  // Waited for at once: no comm-thread hand-offs.
   ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       group->AllGather(Buffer{in.data(), static_cast<int64_t>(in.size()),
