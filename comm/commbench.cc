@@ -39,9 +39,11 @@ ABSL_FLAG(int, world, 2, "number of ranks (threads)");
 ABSL_FLAG(int64_t, min_bytes, 1024, "smallest message size");
 ABSL_FLAG(int64_t, max_bytes, 256 << 20, "largest message size");
 ABSL_FLAG(double, seconds_per_size, 0.3,
-          "target measuring time per size and op");
-ABSL_FLAG(int, rounds, 5,
-          "alternating rounds of ours and raw Gloo per size and op (medians)");
+          "target measuring time per size and op (at least 5 iterations of "
+          "each variant per round)");
+ABSL_FLAG(int, rounds, 7,
+          "rotating rounds of blocking, async and raw Gloo per size and op "
+          "(medians)");
 ABSL_FLAG(std::string, ops, "all_gather,reduce_scatter,all_reduce",
           "ops to run");
 
@@ -112,7 +114,7 @@ void TimeOps(GlooProcessGroup& group, Ours&& ours, Raw&& raw, double seconds,
   const int rounds = std::max(1, absl::GetFlag(FLAGS_rounds));
   // Agree on the iteration count: rank 0's choice.
   float iters_f = static_cast<float>(
-      std::clamp(seconds / rounds / std::max(probe, 1e-6), 2.0, 1000.0));
+      std::clamp(seconds / rounds / std::max(probe, 1e-6), 5.0, 1000.0));
   Buffer b{&iters_f, 1, DType::kF32, Device::Cpu()};
   CHECK_OK((*group.Broadcast(b, 0))->Wait());
   const int iters = static_cast<int>(iters_f);
