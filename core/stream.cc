@@ -69,7 +69,8 @@ struct CpuStream::State {
   // calling thread while the worker is idle and each item's bound fits
   // before `deadline`; stops at the first that does not. Then wakes the
   // worker if anything is left in the queue (items queued without waking it,
-  // or that it left while this thread was running one).
+  // or that it left while this thread was running one) or if the stream is
+  // stopping (the destructor's wake-up found this thread busy).
   void Help(uint64_t ticket, absl::Time deadline) {
     for (;;) {
       Item item;
@@ -83,7 +84,7 @@ struct CpuStream::State {
                  absl::Now() + bound <= deadline;
         }
         if (!take) {
-          if (!queue.empty()) cv.notify_all();
+          if (!queue.empty() || stopping) cv.notify_all();
           return;
         }
         item = std::move(queue.front());

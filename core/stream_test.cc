@@ -4,6 +4,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -289,6 +291,56 @@ TEST(StreamHelpTest, DestructorRunsUnwokenItems) {
     }
   }
   EXPECT_EQ(count.load(), 3);
+}
+
+// Destroying the stream while a waiter runs one of its items: the worker,
+// told to stop while the item was busy, must be woken when the waiter is
+// done, or the destructor would never return.
+TEST(StreamHelpTest, DestructorWhileAWaiterRunsAnItem) {
+  auto stream = std::make_unique<CpuStream>("s");
+  // Have the worker run once (an unbounded task only it may run) and go idle,
+  // so that it does not find the next item on its own when it starts.
+  stream->Enqueue([] { return absl::OkStatus(); });
+  ASSERT_TRUE(stream->Synchronize(kLong).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::atomic<bool> started{false};
+  std::atomic<bool> release{false};
+  std::thread::id ran_on;
+  std::shared_ptr<Event> done = stream->EnqueueAndRecord(
+      [&] {
+        ran_on = std::this_thread::get_id();
+        started = true;
+        while (!release.load())
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        return absl::OkStatus();
+      },
+      absl::Seconds(10), /*wake_worker=*/false);
+  std::thread::id waiter_id;
+  std::thread waiter([&] {
+    waiter_id = std::this_thread::get_id();
+    EXPECT_TRUE(done->Wait(kLong).ok());
+  });
+  while (!started.load())
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto destroyed = std::make_shared<std::promise<void>>();
+  std::future<void> destroyed_future = destroyed->get_future();
+  std::thread destroyer([s = stream.release(), destroyed] {
+    delete s;
+    destroyed->set_value();
+  });
+  // Let the destructor mark the stream stopping while the item is busy.
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  release = true;
+  waiter.join();
+  EXPECT_EQ(ran_on, waiter_id) << "the premise: the waiter ran the item";
+  const bool returned = destroyed_future.wait_for(std::chrono::seconds(30)) ==
+                        std::future_status::ready;
+  EXPECT_TRUE(returned) << "~CpuStream did not return";
+  if (returned) {
+    destroyer.join();
+  } else {
+    destroyer.detach();  // Hung: leave it, the failure is reported.
+  }
 }
 
 }  // namespace
