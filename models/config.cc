@@ -74,6 +74,12 @@ std::vector<TransformerConfig> AllConfigs() {
       c.norm_eps = 1e-6f;
       c.no_rope_every = 4;
     }
+    if (c.name == "llama_1b") {
+      c.rope_scaling.factor = 32.0f;
+      c.rope_scaling.low_freq_factor = 1.0f;
+      c.rope_scaling.high_freq_factor = 4.0f;
+      c.rope_scaling.original_context = 8192.0f;
+    }
   }
   return configs;
 }
@@ -163,6 +169,12 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
   }
   if (!(c.norm_eps > 0.0f) || !(c.rope_theta > 0.0f) || !(c.init_std > 0.0f)) {
     return invalid("norm_eps, rope_theta and init_std must be positive");
+  }
+  if (const char* problem = kernels::RopeScalingProblem(c.rope_scaling)) {
+    return invalid(problem);
+  }
+  if (c.rope_scaling.enabled() && c.family != ModelFamily::kLlama) {
+    return invalid("rope_scaling needs rotary embeddings (the Llama family)");
   }
   if (c.activation == Activation::kGelu && !c.bias) {
     return invalid("the GELU MLP (nn::Mlp) always has biases: set bias = true");

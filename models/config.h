@@ -17,6 +17,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "tensor/kernels/rope.h"
 
 namespace fsdpp {
 namespace models {
@@ -56,6 +57,9 @@ struct TransformerConfig {
   int64_t ffn_hidden = 0;  // Hidden width of the feed-forward block.
   float norm_eps = 1e-5f;
   float rope_theta = 10000.0f;  // Llama family only.
+  // Llama family: Llama 3.1/3.2's RoPE frequency scaling (HF rope_scaling,
+  // rope_type "llama3"); disabled by default.
+  kernels::RopeScaling rope_scaling;
   // Llama family: when k > 0, layers k-1, 2k-1, ... (every k-th, 1-based)
   // use no rotary embedding (SmolLM3's NoPE layers, k = 4).
   int64_t no_rope_every = 0;
@@ -94,7 +98,8 @@ std::vector<std::string> ConfigNames();
 //   llama_debug  2 layers, dim 64, 4 heads, 2 kv heads, ffn 192, vocab 512,
 //                ctx 128, tied
 //   llama_1b     Llama-3.2-1B: 16 / 2048 / 32 heads, 8 kv, ffn 8192,
-//                vocab 128256, tied, theta 500000, ctx 131072
+//                vocab 128256, tied, theta 500000, ctx 131072, "llama3"
+//                RoPE scaling (factor 32, low 1, high 4, original 8192)
 //   smollm3_3b   SmolLM3-3B: 36 / 2048 / 16 heads, 4 kv, ffn 11008,
 //                vocab 128256, tied, theta 5e6, ctx 65536, no RoPE in
 //                every 4th layer
@@ -102,9 +107,9 @@ std::vector<std::string> ConfigNames();
 //                vocab 128256, untied, theta 500000, ctx 8192
 // GPT-2 configs have ffn 4 dim, eps 1e-5, biases and no vocab padding (set
 // vocab_pad_multiple = 64 for 50304). Llama configs have no biases and
-// RmsNorm eps 1e-5 (SmolLM3: 1e-6). Neither Llama 3.1/3.2's "llama3" RoPE
-// frequency scaling nor any other RoPE scaling is modelled. NotFound listing
-// the known names for anything else.
+// RmsNorm eps 1e-5 (SmolLM3: 1e-6). Of the RoPE scalings only "llama3" is
+// modelled (Llama-3-8B and SmolLM3-3B use none). NotFound listing the known
+// names for anything else.
 absl::StatusOr<TransformerConfig> ConfigByName(const std::string& name);
 
 // Parameters of the model Transformer builds from `config` (each tied

@@ -57,7 +57,16 @@ TEST(ConfigTest, ShapesOfTheNamedConfigs) {
   EXPECT_EQ(llama.head_dim(), 64);
   EXPECT_TRUE(llama.tied_embeddings);
   EXPECT_EQ(llama.rope_theta, 500000.0f);
+  // Llama-3.2-1B's config.json: rope_scaling {factor 32, low_freq_factor 1,
+  // high_freq_factor 4, original_max_position_embeddings 8192}.
+  EXPECT_EQ(llama.rope_scaling.factor, 32.0f);
+  EXPECT_EQ(llama.rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(llama.rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(llama.rope_scaling.original_context, 8192.0f);
   EXPECT_FALSE(Named("llama3_8b").tied_embeddings);
+  // Llama-3-8B (not 3.1) and SmolLM3 use plain RoPE.
+  EXPECT_FALSE(Named("llama3_8b").rope_scaling.enabled());
+  EXPECT_FALSE(Named("smollm3_3b").rope_scaling.enabled());
 
   const TransformerConfig debug = Named("llama_debug");
   EXPECT_EQ(debug.kv_heads(), 2);
@@ -75,6 +84,19 @@ TEST(ConfigTest, SmolLm3DropsRopeInEveryFourthLayer) {
   EXPECT_EQ(without_rope, 9);
   EXPECT_TRUE(Named("llama_1b").UsesRope(3));
   EXPECT_FALSE(Named("gpt2_124m").UsesRope(0));
+}
+
+TEST(ConfigTest, ValidateRejectsBadRopeScaling) {
+  TransformerConfig c = Named("llama_1b");
+  c.rope_scaling.high_freq_factor = 0.5f;
+  EXPECT_EQ(ValidateConfig(c).message(),
+            "TransformerConfig 'llama_1b' (llama): rope_scaling needs 0 < "
+            "low_freq_factor < high_freq_factor");
+  TransformerConfig gpt2 = Named("gpt2_debug");
+  gpt2.rope_scaling.factor = 8.0f;
+  EXPECT_EQ(ValidateConfig(gpt2).message(),
+            "TransformerConfig 'gpt2_debug' (gpt2): rope_scaling needs rotary "
+            "embeddings (the Llama family)");
 }
 
 TEST(ConfigTest, ValidateRejectsBadShapes) {

@@ -1,13 +1,14 @@
 // Numerical parity of the C++ Transformer with an independent PyTorch model.
 //
-// For gpt2_debug, llama_debug and a SmolLM3-style llama_debug (no RoPE in
-// every 2nd layer): builds the model, InitWeights(seed), exports the weights
-// in Hugging Face names (ExportSafetensors) and a batch (ids, targets with
-// some -100, B = 2, T = 16, hyperparameters in its metadata), runs forward +
-// backward in f32, writes the loss, the logits and every gradient (HF names,
-// "grad." prefix) to a third file and runs testdata/parity.py, which
-// recomputes everything in float64 with autograd and fails when any max
-// relative error exceeds 1e-4. Its table is printed into the test log.
+// For gpt2_debug, llama_debug, a SmolLM3-style llama_debug (no RoPE in
+// every 2nd layer) and llama_debug with Llama 3's RoPE scaling: builds the
+// model, InitWeights(seed), exports the weights in Hugging Face names
+// (ExportSafetensors) and a batch (ids, targets with some -100, B = 2, T = 16,
+// hyperparameters in its metadata), runs forward + backward in f32, writes the
+// loss, the logits and every gradient (HF names, "grad." prefix) to a third
+// file and runs testdata/parity.py, which recomputes everything in float64 with
+// autograd and fails when any max relative error exceeds 1e-4. Its table is
+// printed into the test log.
 //
 // Without PyTorch (/usr/bin/python3 -c "import torch" failing) the test is
 // skipped with instructions, unless FSDPP_REQUIRE_TORCH is set in the test
@@ -79,14 +80,22 @@ std::map<std::string, std::string> Hyperparameters(const TransformerConfig& c) {
   for (int64_t i = 0; i < c.n_layers; ++i) {
     rope_layers.push_back(c.UsesRope(i) ? "1" : "0");
   }
-  return {{"family", ModelFamilyName(c.family)},
-          {"n_layers", absl::StrCat(c.n_layers)},
-          {"n_heads", absl::StrCat(c.n_heads)},
-          {"n_kv_heads", absl::StrCat(c.kv_heads())},
-          {"norm_eps", absl::StrFormat("%.9g", c.norm_eps)},
-          {"rope_theta", absl::StrFormat("%.9g", c.rope_theta)},
-          {"rope_layers", absl::StrJoin(rope_layers, ",")},
-          {"tied", c.tied_embeddings ? "1" : "0"}};
+  std::map<std::string, std::string> hp = {
+      {"family", ModelFamilyName(c.family)},
+      {"n_layers", absl::StrCat(c.n_layers)},
+      {"n_heads", absl::StrCat(c.n_heads)},
+      {"n_kv_heads", absl::StrCat(c.kv_heads())},
+      {"norm_eps", absl::StrFormat("%.9g", c.norm_eps)},
+      {"rope_theta", absl::StrFormat("%.9g", c.rope_theta)},
+      {"rope_layers", absl::StrJoin(rope_layers, ",")},
+      {"tied", c.tied_embeddings ? "1" : "0"}};
+  if (c.rope_scaling.enabled()) {
+    const kernels::RopeScaling& s = c.rope_scaling;
+    hp["rope_scaling"] =
+        absl::StrFormat("%.9g,%.9g,%.9g,%.9g", s.factor, s.low_freq_factor,
+                        s.high_freq_factor, s.original_context);
+  }
+  return hp;
 }
 
 void CheckParity(const TransformerConfig& c) {
@@ -156,6 +165,21 @@ TEST_F(ParityTest, LlamaDebugWithNoRopeLayersAndUntiedHead) {
   c.name = "llama_debug_nope_untied";
   c.no_rope_every = 2;
   c.tied_embeddings = false;
+  CheckParity(c);
+}
+
+// Llama 3.1's "llama3" RoPE scaling with Llama-3.2-1B's factors but an
+// original context of 64 positions, so that at head_dim 16 (theta 10000)
+// the three bands all occur: pair 0 kept (wavelength 6.3 < 16), pairs 1 and
+// 2 interpolated (19.9 and 62.8), pairs 3-7 slowed 32x (199 and up) —
+// enough to change every logit by far more than the tolerance.
+TEST_F(ParityTest, LlamaDebugWithLlama3RopeScaling) {
+  TransformerConfig c = *ConfigByName("llama_debug");
+  c.name = "llama_debug_rope_scaling";
+  c.rope_scaling.factor = 32.0f;
+  c.rope_scaling.low_freq_factor = 1.0f;
+  c.rope_scaling.high_freq_factor = 4.0f;
+  c.rope_scaling.original_context = 64.0f;
   CheckParity(c);
 }
 

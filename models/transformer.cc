@@ -160,6 +160,7 @@ absl::Status Transformer::Build() {
     ac.out_bias = c.bias;
     ac.rope = c.UsesRope(i);
     ac.rope_theta = c.rope_theta;
+    ac.rope_scaling = c.rope_scaling;
     ac.param_dtype = dtype;
     ac.init_std = init_std;
     ac.out_init_std = residual_std;

@@ -50,23 +50,29 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
 
 template <typename T>
 void RopeRows(T* data, int64_t rows, int64_t seq_len, int64_t head_dim,
-              float theta, bool backward) {
+              const float* inv_freq, bool backward) {
   for (int64_t r = 0; r < rows; ++r) {
     T* row = data + r * head_dim;
     const int64_t position = r % seq_len;
     if (backward) {
-      kernels::RopeRowBackward(row, position, theta, head_dim, row);
+      kernels::RopeRowBackward(row, position, inv_freq, head_dim, row);
     } else {
-      kernels::RopeRowForward(row, position, theta, head_dim, row);
+      kernels::RopeRowForward(row, position, inv_freq, head_dim, row);
     }
   }
 }
 
 // Rotates every [hd] row of t [B, n, T, hd] in place (position = t), or
 // applies the inverse rotation with `backward`.
-absl::Status ApplyRope(Tensor* t, float theta, bool backward) {
+absl::Status ApplyRope(Tensor* t, const AttentionConfig& config,
+                       bool backward) {
   if (t->is_meta() || t->numel() == 0) return absl::OkStatus();
   const int64_t seq_len = t->dim(2), head_dim = t->dim(3);
+  std::vector<float> inv_freq(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = kernels::RopeInvFreq(i, config.rope_theta, head_dim,
+                                       config.rope_scaling);
+  }
   Tensor host = *t;
   if (!t->device().is_cpu()) {
     ASSIGN_OR_RETURN(host,
@@ -76,13 +82,16 @@ absl::Status ApplyRope(Tensor* t, float theta, bool backward) {
   const int64_t rows = host.numel() / head_dim;
   switch (host.dtype()) {
     case DType::kF32:
-      RopeRows(host.data<float>(), rows, seq_len, head_dim, theta, backward);
+      RopeRows(host.data<float>(), rows, seq_len, head_dim, inv_freq.data(),
+               backward);
       break;
     case DType::kBF16:
-      RopeRows(host.data<BFloat16>(), rows, seq_len, head_dim, theta, backward);
+      RopeRows(host.data<BFloat16>(), rows, seq_len, head_dim, inv_freq.data(),
+               backward);
       break;
     case DType::kF16:
-      RopeRows(host.data<Float16>(), rows, seq_len, head_dim, theta, backward);
+      RopeRows(host.data<Float16>(), rows, seq_len, head_dim, inv_freq.data(),
+               backward);
       break;
     default:
       return absl::InvalidArgumentError(
@@ -147,6 +156,10 @@ CausalSelfAttention::Create(const AttentionConfig& config) {
   }
   if (config.rope && !(config.rope_theta > 0.0f)) {
     return invalid("rope_theta must be positive");
+  }
+  if (const char* problem = kernels::RopeScalingProblem(config.rope_scaling);
+      config.rope && problem != nullptr) {
+    return invalid(problem);
   }
   if (!IsFloatingPoint(config.param_dtype)) {
     return invalid(absl::StrCat("param_dtype ", DTypeName(config.param_dtype),
@@ -223,8 +236,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     RETURN_IF_ERROR(SplitHeads(v4, 0, kv, &v));
   }
   if (config_.rope) {
-    RETURN_IF_ERROR(ApplyRope(&q, config_.rope_theta, /*backward=*/false));
-    RETURN_IF_ERROR(ApplyRope(&k, config_.rope_theta, /*backward=*/false));
+    RETURN_IF_ERROR(ApplyRope(&q, config_, /*backward=*/false));
+    RETURN_IF_ERROR(ApplyRope(&k, config_, /*backward=*/false));
   }
 
   // Scores and probabilities, grouped per kv head: [B, KV, rep T, T].
@@ -336,8 +349,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   ReleaseSavedTensorsImpl();
 
   if (config_.rope) {
-    RETURN_IF_ERROR(ApplyRope(&dq, config_.rope_theta, /*backward=*/true));
-    RETURN_IF_ERROR(ApplyRope(&dk, config_.rope_theta, /*backward=*/true));
+    RETURN_IF_ERROR(ApplyRope(&dq, config_, /*backward=*/true));
+    RETURN_IF_ERROR(ApplyRope(&dk, config_, /*backward=*/true));
   }
 
   // Heads back to the projections' layout, then through the projections

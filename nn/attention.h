@@ -32,6 +32,7 @@
 #include "core/dtype.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "tensor/kernels/rope.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -49,8 +50,9 @@ struct AttentionConfig {
   bool out_bias = false;        // Bias on the output projection.
   bool rope = false;            // Rotary embeddings on q and k (position = t).
   float rope_theta = 10000.0f;  // RoPE base (Llama 3: 500000).
-  DType param_dtype = DType::kF32;  // Any float dtype.
-  float init_std = 0.02f;           // Normal init std of the q, k, v weights.
+  kernels::RopeScaling rope_scaling;  // Llama 3.1/3.2 (default: none).
+  DType param_dtype = DType::kF32;    // Any float dtype.
+  float init_std = 0.02f;             // Normal init std of the q, k, v weights.
   float out_init_std = 0.02f;  // ... of the output projection (GPT-2 scales
                                // it by 1 / sqrt(2 n_layers)).
 

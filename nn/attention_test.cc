@@ -488,13 +488,24 @@ TEST(AttentionTest, RunsOnMetaForShapes) {
 
 // ------------------------------------------------------------ RoPE kernel
 
+// The inv_freq table of `head_dim` (no scaling unless given).
+std::vector<float> InvFreqs(float theta, int64_t head_dim,
+                            kernels::RopeScaling scaling = {}) {
+  std::vector<float> table(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    table[i] = kernels::RopeInvFreq(i, theta, head_dim, scaling);
+  }
+  return table;
+}
+
 TEST(RopeKernelTest, RotatesHalvesByPositionTimesInverseFrequency) {
   constexpr int64_t kHeadDim = 8;
-  constexpr float kTheta = 10000.0f;
+  const std::vector<float> inv_freq = InvFreqs(10000.0f, kHeadDim);
   std::vector<float> x(kHeadDim), y(kHeadDim);
   for (int64_t i = 0; i < kHeadDim; ++i) x[i] = 0.1f * (i + 1) - 0.3f;
   for (int64_t position : {0, 1, 7, 1000}) {
-    kernels::RopeRowForward(x.data(), position, kTheta, kHeadDim, y.data());
+    kernels::RopeRowForward(x.data(), position, inv_freq.data(), kHeadDim,
+                            y.data());
     for (int64_t i = 0; i < kHeadDim / 2; ++i) {
       const double angle = position * std::pow(10000.0, -2.0 * i / kHeadDim);
       const double a = x[i], b = x[i + kHeadDim / 2];
@@ -504,7 +515,7 @@ TEST(RopeKernelTest, RotatesHalvesByPositionTimesInverseFrequency) {
     }
   }
   // Position 0 is the identity.
-  kernels::RopeRowForward(x.data(), 0, kTheta, kHeadDim, y.data());
+  kernels::RopeRowForward(x.data(), 0, inv_freq.data(), kHeadDim, y.data());
   EXPECT_EQ(x, y);
 }
 
@@ -512,10 +523,12 @@ TEST(RopeKernelTest, BackwardIsTheInverseRotation) {
   constexpr int64_t kHeadDim = 6;
   std::vector<float> x = {0.3f, -1.2f, 0.7f, 2.0f, -0.4f, 0.9f};
   for (float theta : {10000.0f, 500000.0f}) {
+    const std::vector<float> inv_freq = InvFreqs(theta, kHeadDim);
     for (int64_t position : {1, 3, 4095}) {
       std::vector<float> y(kHeadDim), back(kHeadDim);
-      kernels::RopeRowForward(x.data(), position, theta, kHeadDim, y.data());
-      kernels::RopeRowBackward(y.data(), position, theta, kHeadDim,
+      kernels::RopeRowForward(x.data(), position, inv_freq.data(), kHeadDim,
+                              y.data());
+      kernels::RopeRowBackward(y.data(), position, inv_freq.data(), kHeadDim,
                                back.data());
       double norm_x = 0.0, norm_y = 0.0;
       for (int64_t i = 0; i < kHeadDim; ++i) {
@@ -527,15 +540,77 @@ TEST(RopeKernelTest, BackwardIsTheInverseRotation) {
       // In place (y aliases x), both directions, in bf16 storage too.
       std::vector<BFloat16> row(kHeadDim);
       for (int64_t i = 0; i < kHeadDim; ++i) row[i] = FromFloat<BFloat16>(x[i]);
-      kernels::RopeRowForward(row.data(), position, theta, kHeadDim,
+      kernels::RopeRowForward(row.data(), position, inv_freq.data(), kHeadDim,
                               row.data());
-      kernels::RopeRowBackward(row.data(), position, theta, kHeadDim,
+      kernels::RopeRowBackward(row.data(), position, inv_freq.data(), kHeadDim,
                                row.data());
       for (int64_t i = 0; i < kHeadDim; ++i) {
         EXPECT_NEAR(ToFloat(row[i]), x[i], 2e-2 * std::fabs(x[i]) + 1e-2);
       }
     }
   }
+}
+
+// Llama-3.2-1B's scaling (head_dim 64, theta 500000, factor 32, low 1, high
+// 4, original 8192) against the band rule in double precision: every pair
+// falls in one of the three bands, and each band occurs.
+TEST(RopeKernelTest, Llama3ScalingSlowsLongWavelengthsAndBlendsTheMiddle) {
+  constexpr int64_t kHeadDim = 64;
+  constexpr double kTheta = 500000.0;
+  kernels::RopeScaling scaling;
+  scaling.factor = 32.0f;
+  scaling.low_freq_factor = 1.0f;
+  scaling.high_freq_factor = 4.0f;
+  scaling.original_context = 8192.0f;
+  const std::vector<float> scaled = InvFreqs(kTheta, kHeadDim, scaling);
+  const std::vector<float> plain = InvFreqs(kTheta, kHeadDim);
+  int kept = 0, slowed = 0, blended = 0;
+  for (int64_t i = 0; i < kHeadDim / 2; ++i) {
+    const double f = std::pow(kTheta, -2.0 * i / kHeadDim);
+    const double wavelength = 2.0 * M_PI / f;
+    double want;
+    if (wavelength < 8192.0 / 4.0) {
+      want = f;
+      ++kept;
+      EXPECT_EQ(scaled[i], plain[i]) << "pair " << i;
+    } else if (wavelength > 8192.0 / 1.0) {
+      want = f / 32.0;
+      ++slowed;
+    } else {
+      // Linear in 1 / wavelength between f / 32 (at 8192) and f (at 2048).
+      const double s = (8192.0 / wavelength - 1.0) / (4.0 - 1.0);
+      EXPECT_GT(s, 0.0);
+      EXPECT_LT(s, 1.0);
+      want = (1.0 - s) * f / 32.0 + s * f;
+      ++blended;
+    }
+    EXPECT_NEAR(scaled[i], want, 2e-6 * want) << "pair " << i;
+  }
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(slowed, 0);
+  EXPECT_GT(blended, 0);
+  // Disabled (factor 0) is the plain table.
+  EXPECT_EQ(InvFreqs(kTheta, kHeadDim, kernels::RopeScaling{}), plain);
+}
+
+TEST(AttentionConfigTest, BadRopeScalingIsRejected) {
+  AttentionConfig c = AttentionConfig::Llama(64, 4, 2, 16);
+  c.rope_scaling.factor = 0.5f;
+  EXPECT_EQ(CausalSelfAttention::Create(c).status().message(),
+            "CausalSelfAttention: rope_scaling.factor must be >= 1 (dim 64, "
+            "n_heads 4, n_kv_heads 2, max_seq_len 16)");
+  c.rope_scaling.factor = 8.0f;
+  c.rope_scaling.low_freq_factor = 4.0f;
+  c.rope_scaling.high_freq_factor = 4.0f;
+  EXPECT_EQ(
+      CausalSelfAttention::Create(c).status().message(),
+      "CausalSelfAttention: rope_scaling needs 0 < low_freq_factor < "
+      "high_freq_factor (dim 64, n_heads 4, n_kv_heads 2, max_seq_len 16)");
+  c.rope_scaling.low_freq_factor = 1.0f;
+  c.rope_scaling.original_context = 0.0f;
+  EXPECT_EQ(CausalSelfAttention::Create(c).status().message(),
+            "CausalSelfAttention: rope_scaling.original_context must be "
+            "positive (dim 64, n_heads 4, n_kv_heads 2, max_seq_len 16)");
 }
 
 }  // namespace

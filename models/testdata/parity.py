@@ -14,7 +14,9 @@ WEIGHTS  the model in Hugging Face names and layout (GPT-2 Conv1D weights are
 BATCH    "ids" and "targets" (int64 [B, T], target -100 = ignored) and, in its
          __metadata__, the hyperparameters: family (gpt2 | llama), n_layers,
          n_heads, n_kv_heads, norm_eps, rope_theta, rope_layers (one 0/1 per
-         layer, llama) and tied (0/1).
+         layer, llama), rope_scaling (optional, llama: "factor,
+         low_freq_factor,high_freq_factor,original_context" of Llama 3.1's
+         "llama3" scaling) and tied (0/1).
 RESULTS  fsdpp's "loss" (scalar), "logits" [B, T, V] and "grad.<name>" for
          every weight <name>.
 
@@ -109,10 +111,25 @@ def rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def apply_rope(x, theta):
+def llama3_scaled(inv_freq, scaling):
+    """Llama 3.1's rope_type "llama3": long wavelengths slowed by `factor`,
+    short ones kept, the band between interpolated (in float64 here)."""
+    factor, low, high, original = scaling
+    wavelength = 2 * math.pi / inv_freq
+    slow = wavelength > original / low
+    fast = wavelength < original / high
+    s = (original / wavelength - low) / (high - low)
+    between = (1 - s) * inv_freq / factor + s * inv_freq
+    return torch.where(slow, inv_freq / factor,
+                       torch.where(fast, inv_freq, between))
+
+
+def apply_rope(x, theta, scaling=None):
     """Hugging Face Llama RoPE on x [B, H, T, d] at positions 0..T-1."""
     t, d = x.shape[2], x.shape[3]
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+    if scaling is not None:
+        inv_freq = llama3_scaled(inv_freq, scaling)
     freqs = torch.outer(torch.arange(t, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return x * emb.cos() + rotate_half(x) * emb.sin()
@@ -134,8 +151,8 @@ def llama_logits(w, ids, hp):
         v = (h @ w[p + "self_attn.v_proj.weight"].t()).view(b, t, n_kv, d)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if hp["rope_layers"][i]:
-            q = apply_rope(q, hp["rope_theta"])
-            k = apply_rope(k, hp["rope_theta"])
+            q = apply_rope(q, hp["rope_theta"], hp["rope_scaling"])
+            k = apply_rope(k, hp["rope_theta"], hp["rope_scaling"])
         # Grouped-query attention: query head j reads kv head j // (H / KV).
         k = k.repeat_interleave(n_heads // n_kv, dim=1)
         v = v.repeat_interleave(n_heads // n_kv, dim=1)
@@ -160,6 +177,10 @@ def hyperparameters(metadata):
         "rope_theta": float(metadata["rope_theta"]),
         "tied": metadata["tied"] == "1",
     }
+    # "factor,low_freq_factor,high_freq_factor,original_context" or absent.
+    scaling = metadata.get("rope_scaling", "")
+    hp["rope_scaling"] = (tuple(float(v) for v in scaling.split(","))
+                          if scaling else None)
     hp["rope_layers"] = [flag == "1"
                          for flag in metadata.get("rope_layers", "").split(",")
                          if flag]
