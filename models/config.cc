@@ -74,12 +74,7 @@ std::vector<TransformerConfig> AllConfigs() {
       c.norm_eps = 1e-6f;
       c.no_rope_every = 4;
     }
-    if (c.name == "llama_1b") {
-      c.rope_scaling.factor = 32.0f;
-      c.rope_scaling.low_freq_factor = 1.0f;
-      c.rope_scaling.high_freq_factor = 4.0f;
-      c.rope_scaling.original_context = 8192.0f;
-    }
+    if (c.name == "llama_1b") c.rope_scaling = {32.0f, 1.0f, 4.0f, 8192.0f};
   }
   return configs;
 }

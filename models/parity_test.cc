@@ -176,10 +176,7 @@ TEST_F(ParityTest, LlamaDebugWithNoRopeLayersAndUntiedHead) {
 TEST_F(ParityTest, LlamaDebugWithLlama3RopeScaling) {
   TransformerConfig c = *ConfigByName("llama_debug");
   c.name = "llama_debug_rope_scaling";
-  c.rope_scaling.factor = 32.0f;
-  c.rope_scaling.low_freq_factor = 1.0f;
-  c.rope_scaling.high_freq_factor = 4.0f;
-  c.rope_scaling.original_context = 64.0f;
+  c.rope_scaling = {32.0f, 1.0f, 4.0f, 64.0f};
   CheckParity(c);
 }
 

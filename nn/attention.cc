@@ -68,11 +68,8 @@ absl::Status ApplyRope(Tensor* t, const AttentionConfig& config,
                        bool backward) {
   if (t->is_meta() || t->numel() == 0) return absl::OkStatus();
   const int64_t seq_len = t->dim(2), head_dim = t->dim(3);
-  std::vector<float> inv_freq(head_dim / 2);
-  for (int64_t i = 0; i < head_dim / 2; ++i) {
-    inv_freq[i] = kernels::RopeInvFreq(i, config.rope_theta, head_dim,
-                                       config.rope_scaling);
-  }
+  const std::vector<float> inv_freq =
+      kernels::RopeInvFreqs(config.rope_theta, head_dim, config.rope_scaling);
   Tensor host = *t;
   if (!t->device().is_cpu()) {
     ASSIGN_OR_RETURN(host,

@@ -488,19 +488,10 @@ TEST(AttentionTest, RunsOnMetaForShapes) {
 
 // ------------------------------------------------------------ RoPE kernel
 
-// The inv_freq table of `head_dim` (no scaling unless given).
-std::vector<float> InvFreqs(float theta, int64_t head_dim,
-                            kernels::RopeScaling scaling = {}) {
-  std::vector<float> table(head_dim / 2);
-  for (int64_t i = 0; i < head_dim / 2; ++i) {
-    table[i] = kernels::RopeInvFreq(i, theta, head_dim, scaling);
-  }
-  return table;
-}
-
 TEST(RopeKernelTest, RotatesHalvesByPositionTimesInverseFrequency) {
   constexpr int64_t kHeadDim = 8;
-  const std::vector<float> inv_freq = InvFreqs(10000.0f, kHeadDim);
+  const std::vector<float> inv_freq =
+      kernels::RopeInvFreqs(10000.0f, kHeadDim, {});
   std::vector<float> x(kHeadDim), y(kHeadDim);
   for (int64_t i = 0; i < kHeadDim; ++i) x[i] = 0.1f * (i + 1) - 0.3f;
   for (int64_t position : {0, 1, 7, 1000}) {
@@ -523,7 +514,8 @@ TEST(RopeKernelTest, BackwardIsTheInverseRotation) {
   constexpr int64_t kHeadDim = 6;
   std::vector<float> x = {0.3f, -1.2f, 0.7f, 2.0f, -0.4f, 0.9f};
   for (float theta : {10000.0f, 500000.0f}) {
-    const std::vector<float> inv_freq = InvFreqs(theta, kHeadDim);
+    const std::vector<float> inv_freq =
+        kernels::RopeInvFreqs(theta, kHeadDim, {});
     for (int64_t position : {1, 3, 4095}) {
       std::vector<float> y(kHeadDim), back(kHeadDim);
       kernels::RopeRowForward(x.data(), position, inv_freq.data(), kHeadDim,
@@ -557,13 +549,10 @@ TEST(RopeKernelTest, BackwardIsTheInverseRotation) {
 TEST(RopeKernelTest, Llama3ScalingSlowsLongWavelengthsAndBlendsTheMiddle) {
   constexpr int64_t kHeadDim = 64;
   constexpr double kTheta = 500000.0;
-  kernels::RopeScaling scaling;
-  scaling.factor = 32.0f;
-  scaling.low_freq_factor = 1.0f;
-  scaling.high_freq_factor = 4.0f;
-  scaling.original_context = 8192.0f;
-  const std::vector<float> scaled = InvFreqs(kTheta, kHeadDim, scaling);
-  const std::vector<float> plain = InvFreqs(kTheta, kHeadDim);
+  const kernels::RopeScaling scaling = {32.0f, 1.0f, 4.0f, 8192.0f};
+  const std::vector<float> scaled =
+      kernels::RopeInvFreqs(kTheta, kHeadDim, scaling);
+  const std::vector<float> plain = kernels::RopeInvFreqs(kTheta, kHeadDim, {});
   int kept = 0, slowed = 0, blended = 0;
   for (int64_t i = 0; i < kHeadDim / 2; ++i) {
     const double f = std::pow(kTheta, -2.0 * i / kHeadDim);
@@ -589,8 +578,11 @@ TEST(RopeKernelTest, Llama3ScalingSlowsLongWavelengthsAndBlendsTheMiddle) {
   EXPECT_GT(kept, 0);
   EXPECT_GT(slowed, 0);
   EXPECT_GT(blended, 0);
-  // Disabled (factor 0) is the plain table.
-  EXPECT_EQ(InvFreqs(kTheta, kHeadDim, kernels::RopeScaling{}), plain);
+  // Disabled (factor 0) is the plain table theta^(-2i / head_dim).
+  for (int64_t i = 0; i < kHeadDim / 2; ++i) {
+    const double f = std::pow(kTheta, -2.0 * i / kHeadDim);
+    EXPECT_NEAR(plain[i], f, 3e-7 * f) << "pair " << i;
+  }
 }
 
 TEST(AttentionConfigTest, BadRopeScalingIsRejected) {

@@ -6,8 +6,8 @@
 // 2i + 1 as in Meta's original complex-number code) by the angle
 // position * theta^(-2i / head_dim) (optionally with Llama 3's frequency
 // scaling). The angle is computed in f32 exactly as HF computes inv_freq and
-// freqs, so parity tests against HF-style PyTorch
-// code agree to f32 rounding. The rotation is orthogonal, so the backward pass
+// freqs, so parity tests against HF-style PyTorch code agree to f32
+// rounding. The rotation is orthogonal, so the backward pass
 // is the inverse rotation (the same angles, negated). Every function reads
 // both elements of a pair before writing either, so `y` / `dx` may alias the
 // input (in-place rotation).
@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/macros.h"
@@ -77,6 +78,17 @@ FSDPP_INLINE float RopeInvFreq(int64_t i, float theta, int64_t head_dim,
       (scaling.original_context / wavelength - scaling.low_freq_factor) /
       (scaling.high_freq_factor - scaling.low_freq_factor);
   return (1.0f - s) * inv_freq / scaling.factor + s * inv_freq;
+}
+
+// The head_dim / 2 inverse frequencies of a head row, built once per call
+// of the row functions below.
+inline std::vector<float> RopeInvFreqs(float theta, int64_t head_dim,
+                                       const RopeScaling& scaling) {
+  std::vector<float> table(head_dim / 2);
+  for (int64_t i = 0; i < head_dim / 2; ++i) {
+    table[i] = RopeInvFreq(i, theta, head_dim, scaling);
+  }
+  return table;
 }
 
 // y = RoPE(x) for one head row of `head_dim` (even) elements, with the
