@@ -23,7 +23,7 @@
 #include "checkpoint/boxes.h"
 #include "checkpoint/coordinator.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "checkpoint/metadata.pb.h"
 #include "checkpoint/reader.h"
 #include "core/logging.h"

@@ -27,7 +27,7 @@
 #include "benchmark/benchmark.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "core/logging.h"
 
 namespace fsdpp {

@@ -12,13 +12,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
-#include "checkpoint/testing.h"
+#include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 #include "tensor/dtensor.h"
 
 namespace fsdpp {

@@ -9,14 +9,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
 #include "checkpoint/reader.h"
-#include "checkpoint/testing.h"
+#include "checkpoint/test_checkpoints.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 
 namespace fsdpp {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/state_dict.h"
-#include "checkpoint/testing.h"
+#include "checkpoint/test_checkpoints.h"
 #include "core/logging.h"
 #include "mesh/device_mesh.h"
 

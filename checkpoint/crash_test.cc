@@ -23,8 +23,8 @@
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crash_state.h"
-#include "checkpoint/file_util.h"
-#include "checkpoint/testing.h"
+#include "formats/file_util.h"
+#include "checkpoint/test_checkpoints.h"
 #include "gtest/gtest.h"
 
 namespace fsdpp {

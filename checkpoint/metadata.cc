@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/boxes.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "checkpoint/metadata.pb.h"
 #include "core/status.h"
 

@@ -16,13 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
-#include "checkpoint/testing.h"
+#include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size);
 

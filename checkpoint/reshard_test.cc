@@ -11,10 +11,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/testing.h"
+#include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 #include "tensor/dtensor.h"
 
 namespace fsdpp {

@@ -10,7 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/boxes.h"
-#include "checkpoint/safetensors.h"
+#include "formats/safetensors/safetensors.h"
 #include "core/memcpy.h"
 #include "core/status.h"
 #include "tensor/sharding.h"

@@ -9,11 +9,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "checkpoint/safetensors.h"
-#include "checkpoint/testing.h"
+#include "formats/safetensors/safetensors.h"
+#include "checkpoint/test_checkpoints.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 
 namespace fsdpp {
 namespace {

@@ -1,5 +1,5 @@
 // Quoting a string for JSON output (trace files, metrics lines, checkpoint
-// inspection). The strict JSON parser is in checkpoint/json.h.
+// inspection). The strict JSON parser is in formats/json.h.
 #ifndef FSDPP_CORE_JSON_QUOTE_H_
 #define FSDPP_CORE_JSON_QUOTE_H_
 

@@ -12,7 +12,7 @@
 #include "comm/store.h"
 #include "core/logging.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 
 namespace fsdpp {
 namespace {

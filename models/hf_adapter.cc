@@ -12,7 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "checkpoint/safetensors.h"
+#include "formats/safetensors/safetensors.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/status.h"

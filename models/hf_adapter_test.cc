@@ -15,7 +15,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "checkpoint/safetensors.h"
+#include "formats/safetensors/safetensors.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "gtest/gtest.h"

@@ -27,7 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
-#include "checkpoint/safetensors.h"
+#include "formats/safetensors/safetensors.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "gtest/gtest.h"

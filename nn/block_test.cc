@@ -13,7 +13,7 @@
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/rms_norm.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

@@ -16,7 +16,7 @@
 #include "nn/linear.h"
 #include "nn/mlp.h"
 #include "nn/sequential.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

@@ -10,7 +10,7 @@
 #include "nn/linear.h"
 #include "nn/sequential.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

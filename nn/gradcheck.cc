@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

@@ -6,7 +6,7 @@
 #include "gtest/gtest.h"
 #include "nn/linear.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

@@ -10,7 +10,7 @@
 #include "gtest/gtest.h"
 #include "nn/gradcheck.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

@@ -11,7 +11,7 @@
 #include "nn/gradcheck.h"
 #include "nn/sequential.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

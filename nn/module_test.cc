@@ -20,7 +20,7 @@
 #include "nn/mlp.h"
 #include "nn/sequential.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

@@ -9,7 +9,7 @@
 #include "gtest/gtest.h"
 #include "nn/gradcheck.h"
 #include "nn/linear.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {

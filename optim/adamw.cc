@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
-#include "tensor/kernels/adamw.h"
+#include "optim/kernels/adamw.h"
 #include "tensor/ops.h"
 
 #if defined(FSDPP_WITH_CUDA)

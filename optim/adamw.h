@@ -10,7 +10,7 @@
 // Arithmetic: torch.optim.AdamW's single-tensor path in torch's operation
 // order, decoupled weight decay FIRST (p *= 1 - lr * wd), then the Adam
 // update with bias correction; the per-element code is written once in
-// tensor/kernels/adamw.h and run by an OpenMP loop on the CPU and by a CUDA
+// optim/kernels/adamw.h and run by an OpenMP loop on the CPU and by a CUDA
 // kernel (optim/adamw_cuda.cu) for parameters on a GPU. Each parameter is
 // updated in one fused pass that also refreshes its optional low-precision
 // compute copy (the fp32-master + bf16-compute mixed-precision pattern).

@@ -1,7 +1,7 @@
 // CUDA kernels of optim; see adamw_cuda.h.
 //
 // Grid-stride loops over the shared element functions of
-// tensor/kernels/adamw.h, one thread per element and no reductions, so each
+// optim/kernels/adamw.h, one thread per element and no reductions, so each
 // output is the same f32 expression the CPU loop computes. This file is built
 // with --fmad=false (see BUILD): nvcc would otherwise fuse a * b + c into an
 // FMA and the GPU update would differ from the CPU one in the last bit.

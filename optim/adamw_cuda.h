@@ -1,6 +1,6 @@
 // The optimizer's CUDA kernels (--config=cuda only): the fused AdamW step and
 // the loss scaler's fused unscale-and-check, both over the per-element math of
-// tensor/kernels/adamw.h that the CPU loops run too.
+// optim/kernels/adamw.h that the CPU loops run too.
 //
 // Plain C++ (no CUDA types or syntax) so host-compiled optim/*.cc can include
 // it. Kernels run on the legacy default stream, like tensor/cuda's, so they
@@ -13,7 +13,7 @@
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
-#include "tensor/kernels/adamw.h"
+#include "optim/kernels/adamw.h"
 
 namespace fsdpp {
 namespace gpu {

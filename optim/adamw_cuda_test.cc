@@ -1,6 +1,6 @@
 // The CUDA AdamW and unscale kernels against the CPU loops, bit for bit.
 //
-// Both run kernels::AdamWElement / UnscaleElement (tensor/kernels/adamw.h)
+// Both run kernels::AdamWElement / UnscaleElement (optim/kernels/adamw.h)
 // with f32 multiplies, adds, one correctly rounded division and sqrt, and no
 // FMA contraction on either side (-ffp-contract=off, nvcc --fmad=false), so
 // the results must be identical, compute copies included. Needs a GPU: every
@@ -12,12 +12,12 @@
 
 #include "core/cuda_runtime.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "tensor/dtensor.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

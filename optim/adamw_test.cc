@@ -27,11 +27,11 @@
 
 #include "core/allocator.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
-#include "optim/testing.h"
+#include "mesh/run_on_mesh.h"
+#include "optim/counting_groups.h"
 #include "tensor/dtensor.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {
@@ -361,7 +361,7 @@ TEST(AdamWTest, StateBytesAreTwoF32PerLocalElement) {
   Allocator* cpu = GetAllocator(Device::Cpu());
   std::mutex mu;  // Ranks share the process' allocator: measure one at a time.
   // Sends nothing: RunOnCountingMesh keeps every mesh until all ranks are
-  // done (see optim/testing.h).
+  // done (see optim/counting_groups.h).
   testing_util::RunOnCountingMesh({{"dp", 3}}, [&](int rank, DeviceMesh& mesh) {
     for (bool eager : {true, false}) {
       Training tr = MakeTraining(mesh, {P::Shard(0)});
@@ -438,7 +438,7 @@ TEST(AdamWTest, StateDictRoundTripAndReshardedLoad) {
 }
 
 TEST(AdamWTest, LoadStateDictRejectsBadDictsAndChangesNothing) {
-  // Sends nothing: see optim/testing.h.
+  // Sends nothing: see optim/counting_groups.h.
   testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
     Training tr = MakeTraining(mesh, {P::Shard(0)});
     ASSERT_TRUE(tr.opt.Step().ok());
@@ -557,7 +557,7 @@ TEST(AdamWTest, CreateRejectsBadOptionsAndParams) {
 }
 
 TEST(AdamWTest, StepRejectsMismatchedGradsAndChangesNothing) {
-  // Sends nothing: see optim/testing.h.
+  // Sends nothing: see optim/counting_groups.h.
   testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
     Training tr = MakeTraining(mesh, {P::Shard(0)});
     const std::vector<uint32_t> w_before = Bits(tr.params[0].local());

@@ -13,11 +13,11 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
-#include "optim/testing.h"
+#include "mesh/run_on_mesh.h"
+#include "optim/counting_groups.h"
 #include "tensor/dtensor.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {
@@ -184,7 +184,7 @@ TEST(ClipTest, EmptyListAndErrors) {
 }
 
 TEST(ClipTest, ZeroGrad) {
-  // Sends nothing: see optim/testing.h.
+  // Sends nothing: see optim/counting_groups.h.
   testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
     DTensor a = *DTensor::Distribute(FullGrad(0, {7, 5}), &mesh, {P::Shard(0)});
     DTensor b = *DTensor::Distribute(FullGrad(1, {3}), &mesh, {P::Shard(0)});

@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "tensor/kernels/adamw.h"
+#include "optim/kernels/adamw.h"
 
 #if defined(FSDPP_WITH_CUDA)
 #include "optim/adamw_cuda.h"

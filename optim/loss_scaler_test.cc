@@ -9,10 +9,10 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
-#include "optim/testing.h"
+#include "mesh/run_on_mesh.h"
+#include "optim/counting_groups.h"
 #include "tensor/dtensor.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

@@ -12,9 +12,9 @@
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

@@ -8,7 +8,7 @@
 #include "gtest/gtest.h"
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

@@ -2,7 +2,7 @@
 #include "tensor/sharding.h"
 
 #include "gtest/gtest.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

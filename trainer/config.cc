@@ -20,7 +20,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
-#include "trainer/data/file_util.h"
+#include "formats/file_util.h"
 #include "trainer/data/tokenizers.h"
 
 namespace fsdpp {

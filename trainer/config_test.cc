@@ -13,7 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "trainer/data/file_util.h"
+#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace trainer {

@@ -9,7 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "core/status.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"

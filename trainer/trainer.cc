@@ -29,7 +29,7 @@
 #include "optim/lr_schedule.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
-#include "trainer/data/dataset.h"
+#include "trainer/dataset.h"
 #include "trainer/data/loader.h"
 #include "trainer/metrics.h"
 

@@ -63,7 +63,7 @@ struct TrainerEnv {
     kLines,        // A plain line every metrics.log_interval steps.
     kTerminal,     // `out` is a terminal: redrawn in place every step.
     kStatusLines,  // Every step as a launcher status line ("\r" + text +
-                   // "\n", tools/launch/launch.h), which the launcher draws
+                   // "\n", runtime/launch.h), which the launcher draws
                    // in place on its terminal.
   };
   Progress progress = Progress::kLines;

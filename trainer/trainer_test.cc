@@ -17,7 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "gtest/gtest.h"

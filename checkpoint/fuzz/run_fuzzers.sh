@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the checkpoint fuzz entry points (checkpoint/metadata_fuzz.cc and
-# checkpoint/safetensors_fuzz.cc) as libFuzzer binaries with clang++, outside
+# formats/safetensors/safetensors_fuzz.cc) as libFuzzer binaries with clang++, outside
 # Bazel, runs each for a bounded time from seed corpora, and writes a
 # JUnit-style XML report with one test case per fuzzer: passed when the
 # fuzzer exits 0, otherwise a <failure> holding the tail of its log (with the
@@ -127,11 +127,11 @@ cxxflags=(-std=c++17 -O1 -g "-fsanitize=fuzzer,address,undefined"
 common=(core/allocator.cc core/device.cc core/dtype.cc core/logging.cc
   core/memcpy.cc core/status.cc tensor/tensor.cc)
 metadata=(checkpoint/metadata.cc checkpoint/boxes.cc checkpoint/crc32c.cc
-  checkpoint/file_util.cc "$work/gen/checkpoint/metadata.pb.cc")
-safetensors=(checkpoint/json.cc checkpoint/safetensors.cc core/json_quote.cc)
+  formats/file_util.cc "$work/gen/checkpoint/metadata.pb.cc")
+safetensors=(formats/json.cc formats/safetensors/safetensors.cc core/json_quote.cc)
 sources=("${common[@]}" "${metadata[@]}" "${safetensors[@]}"
-  checkpoint/metadata_fuzz.cc checkpoint/safetensors_fuzz.cc
-  checkpoint/fuzz/write_seeds.cc checkpoint/safetensors_seeds.cc)
+  checkpoint/metadata_fuzz.cc formats/safetensors/safetensors_fuzz.cc
+  checkpoint/fuzz/write_seeds.cc formats/safetensors/safetensors_seeds.cc)
 
 started=$(date +%s)
 mkdir -p "$work/gen" "$work/obj" "$work/bin"
@@ -166,11 +166,11 @@ link() {  # OUTPUT SANITIZERS SOURCES...
 }
 link metadata_fuzz fuzzer,address,undefined checkpoint/metadata_fuzz.cc \
   "${metadata[@]}" "${common[@]}"
-link safetensors_fuzz fuzzer,address,undefined checkpoint/safetensors_fuzz.cc \
+link safetensors_fuzz fuzzer,address,undefined formats/safetensors/safetensors_fuzz.cc \
   "${safetensors[@]}" "${common[@]}"
 # Has its own main(): the sanitizers without libFuzzer's.
 link write_seeds address,undefined checkpoint/fuzz/write_seeds.cc \
-  checkpoint/safetensors_seeds.cc "${metadata[@]}" "${safetensors[@]}" \
+  formats/safetensors/safetensors_seeds.cc "${metadata[@]}" "${safetensors[@]}" \
   "${common[@]}"
 echo "fuzz: built ${fuzzers[*]} with $("$cxx" --version | head -n 1)" \
   "in $(( $(date +%s) - started )) s"

@@ -25,8 +25,8 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
-#include "checkpoint/safetensors.h"
-#include "checkpoint/safetensors_seeds.h"
+#include "formats/safetensors/safetensors.h"
+#include "formats/safetensors/safetensors_seeds.h"
 #include "core/logging.h"
 #include "tensor/tensor.h"
 
@@ -143,7 +143,7 @@ void WriteMetadataSeeds(const std::string& dir) {
   }
 }
 
-// checkpoint/safetensors_seeds.h, each checked to parse.
+// formats/safetensors/safetensors_seeds.h, each checked to parse.
 void WriteSafetensorsSeeds(const std::string& dir) {
   for (const auto& [name, bytes] : SafetensorsSeeds(dir)) {
     CHECK_OK(SafetensorsFile::FromBuffer(bytes).status()) << name;

@@ -1,7 +1,7 @@
 // GPT-2 FSDP plan; see parallelize.h.
 #include "models/gpt2/parallelize.h"
 
-#include "models/block_plan.h"
+#include "models/parallelize/block_plan.h"
 
 namespace fsdpp {
 namespace models {

@@ -1,7 +1,7 @@
 // Llama FSDP plan; see parallelize.h.
 #include "models/llama/parallelize.h"
 
-#include "models/block_plan.h"
+#include "models/parallelize/block_plan.h"
 
 namespace fsdpp {
 namespace models {

@@ -9,9 +9,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 #include "models/config.h"
-#include "models/gpt2/parity_testing.h"
+#include "models/testing/parity_testing.h"
 #include "models/transformer.h"
 
 namespace fsdpp {

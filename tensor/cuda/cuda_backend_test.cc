@@ -19,7 +19,7 @@
 #include "gtest/gtest.h"
 #include "tensor/cuda/cublaslt_matmul.h"
 #include "tensor/ops.h"
-#include "tensor/testing.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace {

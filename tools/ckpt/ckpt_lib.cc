@@ -17,10 +17,10 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/boxes.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/json.h"
+#include "formats/json.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
-#include "checkpoint/safetensors.h"
+#include "formats/safetensors/safetensors.h"
 #include "checkpoint/state_dict.h"
 #include "core/status.h"
 

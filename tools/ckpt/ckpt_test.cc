@@ -10,14 +10,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/file_util.h"
+#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
-#include "checkpoint/safetensors.h"
-#include "checkpoint/testing.h"
+#include "formats/safetensors/safetensors.h"
+#include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "mesh/testing.h"
+#include "mesh/run_on_mesh.h"
 #include "tools/ckpt/ckpt_lib.h"
 
 namespace fsdpp {

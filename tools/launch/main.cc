@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tools/launch/launch.h"
+#include "runtime/launch.h"
 
 int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);

@@ -5,7 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
-#include "trainer/data/file_util.h"
+#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace trainer {

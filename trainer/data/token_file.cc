@@ -11,7 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "trainer/data/file_util.h"
+#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace trainer {

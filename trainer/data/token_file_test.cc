@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "trainer/data/file_util.h"
+#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace trainer {

@@ -1,0 +1,306 @@
+// Parity-test harness; see parity_testing.h.
+#include "models/testing/parity_testing.h"
+
+#include <algorithm>
+#include <cmath>
+#include <deque>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "fsdp/replicate.h"
+#include "gtest/gtest.h"
+#include "mesh/run_on_mesh.h"
+#include "models/config.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "tensor/ops.h"
+#include "tensor/test_tensors.h"
+
+namespace fsdpp {
+namespace testing_util {
+namespace {
+
+using models::Transformer;
+
+// Deterministic ids and targets of step `step`, [rows, seq] row-major.
+struct Batch {
+  std::vector<int64_t> ids, targets;
+};
+
+Batch MakeBatch(int64_t vocab, int step, int64_t rows, int64_t seq) {
+  Batch b;
+  for (int64_t i = 0; i < rows * seq; ++i) {
+    b.ids.push_back((i * 7 + step * 13 + i / seq) % vocab);
+    b.targets.push_back((i * 5 + step * 3 + 1) % vocab);
+  }
+  return b;
+}
+
+// Rows [row_begin, row_begin + rows) of the batch as [rows, seq] tensors.
+std::pair<Tensor, Tensor> Slice(const Batch& b, int64_t row_begin, int64_t rows,
+                                int64_t seq) {
+  std::vector<int64_t> ids(b.ids.begin() + row_begin * seq,
+                           b.ids.begin() + (row_begin + rows) * seq);
+  std::vector<int64_t> t(b.targets.begin() + row_begin * seq,
+                         b.targets.begin() + (row_begin + rows) * seq);
+  return {*Tensor::FromInts({rows, seq}, ids),
+          *Tensor::FromInts({rows, seq}, t)};
+}
+
+double MaxAbs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+double MaxAbsDiff(const std::vector<double>& a, const std::vector<double>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    m = std::max(m, std::fabs(a[i] - b[i]));
+  }
+  return m;
+}
+
+// Per-tensor max|got - ref| / max|ref| over a name -> values map; the worst.
+double MaxTensorRel(const std::map<std::string, std::vector<double>>& ref,
+                    const std::map<std::string, std::vector<double>>& got,
+                    std::string* worst) {
+  double m = 0;
+  for (const auto& [name, r] : ref) {
+    auto it = got.find(name);
+    if (it == got.end() || it->second.size() != r.size()) {
+      if (worst != nullptr) *worst = name + " (missing)";
+      return INFINITY;
+    }
+    const double scale = MaxAbs(r);
+    const double d = MaxAbsDiff(it->second, r);
+    const double rel = scale > 0 ? d / scale : d;
+    if (rel > m) {
+      m = rel;
+      if (worst != nullptr) *worst = name;
+    }
+  }
+  return m;
+}
+
+}  // namespace
+
+std::string ParityReport::ToString() const {
+  return absl::StrCat("loss rel ", max_loss_rel, ", param rel ", max_param_rel,
+                      " (worst ", worst_param, "), param elementwise rel ",
+                      max_param_elementwise_rel, ", grad rel ", max_grad_rel);
+}
+
+ParityReport Compare(const TrainingResult& ref, const TrainingResult& got) {
+  ParityReport r;
+  for (size_t i = 0; i < ref.losses.size(); ++i) {
+    if (i >= got.losses.size()) {
+      r.max_loss_rel = INFINITY;
+      break;
+    }
+    r.max_loss_rel =
+        std::max(r.max_loss_rel, std::fabs(got.losses[i] - ref.losses[i]) /
+                                     std::fabs(ref.losses[i]));
+  }
+  r.max_param_rel = MaxTensorRel(ref.params, got.params, &r.worst_param);
+  r.max_grad_rel = MaxTensorRel(ref.grads, got.grads, nullptr);
+  for (const auto& [name, values] : ref.params) {
+    auto it = got.params.find(name);
+    if (it == got.params.end()) continue;
+    for (size_t i = 0; i < values.size() && i < it->second.size(); ++i) {
+      if (values[i] == 0) continue;
+      r.max_param_elementwise_rel =
+          std::max(r.max_param_elementwise_rel,
+                   std::fabs(it->second[i] - values[i]) / std::fabs(values[i]));
+    }
+  }
+  return r;
+}
+
+Setup ReferenceSetup() {
+  return [](Transformer* model, DeviceMesh* mesh,
+            uint64_t seed) -> absl::StatusOr<TrainableModel> {
+    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+    RETURN_IF_ERROR(model->InitWeights(seed));
+    auto storage = std::make_shared<std::deque<DTensor>>();
+    TrainableModel out;
+    if (mesh->size() != 1) {
+      return absl::InvalidArgumentError("ReferenceSetup: needs one rank");
+    }
+    for (auto& [name, p] : model->NamedParameters()) {
+      RETURN_IF_ERROR(p->EnsureGrad());
+      // Shard(0) over one rank is the whole tensor, laid out like FSDP's
+      // masters, so the optimizer code takes the same paths on both
+      // (ClipGradNorm rounds the squared norm to f32 for its all-reduce on
+      // sharded gradients only).
+      const std::vector<Placement> placements(
+          mesh->ndim(),
+          p->shape.empty() ? Placement::Replicate() : Placement::Shard(0));
+      ASSIGN_OR_RETURN(DTensor param,
+                       DTensor::FromLocal(p->data, mesh, placements, p->shape));
+      ASSIGN_OR_RETURN(DTensor grad,
+                       DTensor::FromLocal(p->grad, mesh, placements, p->shape));
+      storage->push_back(std::move(param));
+      DTensor* param_ptr = &storage->back();
+      storage->push_back(std::move(grad));
+      out.params.push_back({name, param_ptr, &storage->back()});
+    }
+    out.storage = storage;
+    return out;
+  };
+}
+
+Setup FsdpPlanSetup(FsdpPlan plan, fsdp::FsdpPlanOptions options) {
+  return [plan, options](Transformer* model, DeviceMesh* mesh,
+                         uint64_t seed) -> absl::StatusOr<TrainableModel> {
+    fsdp::FsdpPlanOptions o = options;
+    o.shard.mesh = mesh;
+    ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units, plan(model, o));
+    RETURN_IF_ERROR(fsdp::InitShardedWeights(model, seed));
+    TrainableModel out;
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
+      out.params.push_back({sp->name, &sp->master, &sp->grad});
+    }
+    out.set_gradient_sync = [units](bool sync) {
+      for (fsdp::FsdpUnit* u : units) u->SetRequiresGradientSync(sync);
+    };
+    return out;
+  };
+}
+
+Setup ReplicateSetup(bool bucket_per_block) {
+  return [bucket_per_block](Transformer* model, DeviceMesh* mesh,
+                            uint64_t seed) -> absl::StatusOr<TrainableModel> {
+    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+    RETURN_IF_ERROR(model->InitWeights(seed));
+    fsdp::ReplicateOptions options;
+    options.mesh = mesh;
+    options.broadcast_parameters = false;
+    if (bucket_per_block) {
+      for (Module* block : model->blocks()) {
+        options.bucket_modules.push_back(block);
+      }
+    }
+    ASSIGN_OR_RETURN(fsdp::ReplicatedModule * replicated,
+                     fsdp::Replicate(model, options));
+    TrainableModel out;
+    for (fsdp::ReplicatedParameter& rp : replicated->parameters()) {
+      out.params.push_back({rp.name, &rp.param, &rp.grad});
+    }
+    out.set_gradient_sync = [replicated](bool sync) {
+      replicated->SetRequiresGradientSync(sync);
+    };
+    return out;
+  };
+}
+
+TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
+                     const Setup& setup,
+                     const models::TransformerOptions& model_options) {
+  TrainingResult result;
+  RunOnMesh(axes, [&](int rank, DeviceMesh& mesh) {
+    absl::StatusOr<models::TransformerConfig> config =
+        models::ConfigByName(run.config);
+    ASSERT_TRUE(config.ok()) << config.status();
+    absl::StatusOr<std::unique_ptr<Transformer>> model =
+        Transformer::Create(*config, model_options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    absl::StatusOr<TrainableModel> trainable =
+        setup(model->get(), &mesh, run.seed);
+    ASSERT_TRUE(trainable.ok()) << trainable.status();
+    std::vector<DTensor*> grads;
+    std::vector<AdamWParam> adamw_params;
+    for (const TrainableParameter& p : trainable->params) {
+      grads.push_back(p.grad);
+      adamw_params.emplace_back(p.name, p.param, p.grad);
+    }
+    std::optional<AdamW> adamw;
+    if (run.optimizer == TrainingRun::Optimizer::kAdamW) {
+      AdamWOptions options;
+      options.lr = run.lr;
+      options.weight_decay = run.weight_decay;
+      options.decay_filter = DecayMatricesOnly;
+      absl::StatusOr<AdamW> created =
+          AdamW::Create(std::move(adamw_params), options);
+      ASSERT_TRUE(created.ok()) << created.status();
+      adamw.emplace(*std::move(created));
+    }
+    absl::StatusOr<ProcessGroup*> flat = mesh.FlatGroup();
+    ASSERT_TRUE(flat.ok()) << flat.status();
+    const int world = mesh.size();
+    ASSERT_EQ(run.batch % (world * run.micro_batches), 0);
+    const int64_t rows = run.batch / world;
+    const int64_t micro_rows = rows / run.micro_batches;
+    for (int step = 0; step < run.steps; ++step) {
+      const Batch batch =
+          MakeBatch(config->vocab_size, step, run.batch, run.seq);
+      ASSERT_TRUE(ZeroGrad(grads).ok());
+      double loss = 0;
+      for (int m = 0; m < run.micro_batches; ++m) {
+        const bool last = m + 1 == run.micro_batches;
+        if (trainable->set_gradient_sync) {
+          trainable->set_gradient_sync(run.sync_every_micro_batch || last);
+        }
+        auto [ids, targets] =
+            Slice(batch, rank * rows + m * micro_rows, micro_rows, run.seq);
+        absl::StatusOr<float> l = (*model)->ForwardLoss(ids, targets);
+        ASSERT_TRUE(l.ok()) << l.status();
+        loss += *l / run.micro_batches;
+        absl::Status s = (*model)->Backward();
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      if (run.micro_batches > 1) {
+        for (DTensor* g : grads) {
+          ASSERT_TRUE(
+              Scale(g->local(), 1.0f / run.micro_batches, g->mutable_local())
+                  .ok());
+        }
+      }
+      float l32 = static_cast<float>(loss);
+      absl::StatusOr<std::shared_ptr<Work>> reduced = (*flat)->AllReduce(
+          {&l32, 1, DType::kF32, Device::Cpu()}, ReduceOp::kAvg);
+      ASSERT_TRUE(reduced.ok()) << reduced.status();
+      ASSERT_TRUE((*reduced)->Wait().ok());
+      // Without clipping, a max_norm no norm reaches only measures.
+      const double max_norm = run.max_grad_norm > 0 ? run.max_grad_norm : 1e30;
+      absl::StatusOr<double> norm = ClipGradNorm(grads, max_norm);
+      ASSERT_TRUE(norm.ok()) << norm.status();
+      if (rank == 0) {
+        result.losses.push_back(l32);
+        result.grad_norms.push_back(*norm);
+      }
+      if (step + 1 == run.steps) {
+        for (const TrainableParameter& p : trainable->params) {
+          absl::StatusOr<Tensor> full = p.grad->FullTensor();
+          ASSERT_TRUE(full.ok()) << full.status();
+          if (rank == 0) result.grads[p.name] = Values(*full);
+        }
+      }
+      if (adamw.has_value()) {
+        absl::Status s = adamw->Step();
+        ASSERT_TRUE(s.ok()) << s;
+      } else {
+        for (const TrainableParameter& p : trainable->params) {
+          ASSERT_TRUE(Axpy(static_cast<float>(-run.lr), p.grad->local(),
+                           p.param->mutable_local())
+                          .ok());
+        }
+      }
+    }
+    for (const TrainableParameter& p : trainable->params) {
+      absl::StatusOr<Tensor> full = p.param->FullTensor();
+      ASSERT_TRUE(full.ok()) << full.status();
+      if (rank == 0) result.params[p.name] = Values(*full);
+    }
+  });
+  return result;
+}
+
+TrainingResult TrainReference(const TrainingRun& run) {
+  return Train(run, {{"ref", 1}}, ReferenceSetup());
+}
+
+}  // namespace testing_util
+}  // namespace fsdpp

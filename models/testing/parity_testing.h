@@ -1,0 +1,129 @@
+// Test harness: trains a model-zoo Transformer for a few steps under a
+// parallel layout (thread ranks over real Gloo) and returns what the parity
+// tests compare against the unsharded single-process run — per-step losses
+// and gradient norms, the last step's gradients and the final parameters.
+//
+// The layout is a Setup function (FSDP via a plan or AutoWrap, Replicate, or
+// nothing at all for the reference): it materialises the model and hands the
+// training loop (name, param DTensor, grad DTensor) triples, so AdamW, SGD
+// and ClipGradNorm run the same code on every layout. Every rank trains on
+// its contiguous rows of one global batch; losses are averaged over ranks.
+//
+// The harness is model-agnostic (GPT-2 and Llama plans and the fsdp tests
+// use it); it lives in //models/gpt2 only because that package is where the
+// first plan test needed it.
+#ifndef FSDPP_MODELS_TESTING_PARITY_TESTING_H_
+#define FSDPP_MODELS_TESTING_PARITY_TESTING_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
+#include "mesh/device_mesh.h"
+#include "models/transformer.h"
+#include "tensor/dtensor.h"
+
+namespace fsdpp {
+namespace testing_util {
+
+// What to train and how.
+struct TrainingRun {
+  std::string config = "gpt2_debug";
+  int steps = 3;
+  int64_t batch = 12;  // Rows of the global batch (divisible by the world).
+  int64_t seq = 8;
+  uint64_t seed = 1234;
+  enum class Optimizer { kSgd, kAdamW };
+  Optimizer optimizer = Optimizer::kSgd;
+  double lr = 0.05;
+  double weight_decay = 0.1;  // AdamW only, matrices only.
+  double max_grad_norm = 0;   // > 0: ClipGradNorm before every step.
+  // Micro-batches per step (gradient accumulation), and whether the ones
+  // before the last sync their gradients.
+  int micro_batches = 1;
+  bool sync_every_micro_batch = true;
+};
+
+// What the parity tests compare.
+struct TrainingResult {
+  std::vector<double> losses;      // Per step, averaged over ranks.
+  std::vector<double> grad_norms;  // Per step, before clipping.
+  // The last step's gradients (after clipping) and the final parameters,
+  // as full tensors by fully qualified name.
+  std::map<std::string, std::vector<double>> grads;
+  std::map<std::string, std::vector<double>> params;
+};
+
+// A parameter as the training loop sees it (not owned).
+struct TrainableParameter {
+  std::string name;
+  DTensor* param;  // f32 (the sharded master under FSDP)
+  DTensor* grad;   // f32, same layout
+};
+
+// What a Setup hands to the loop.
+struct TrainableModel {
+  std::vector<TrainableParameter> params;
+  // Turns gradient sync on or off (micro-batches); may be empty when
+  // micro_batches == 1.
+  std::function<void(bool)> set_gradient_sync;
+  // Keeps whatever the setup made for `params` alive (may be null).
+  std::shared_ptr<void> storage;
+};
+
+// Prepares `model` (built on the meta device) on `mesh`: shards or
+// replicates it and initialises its weights from `seed`.
+using Setup = std::function<absl::StatusOr<TrainableModel>(
+    models::Transformer* model, DeviceMesh* mesh, uint64_t seed)>;
+
+// The unsharded reference (one rank only): materialise + InitWeights, no
+// hooks. Parameters and gradients are handed over as Shard(0) DTensors over
+// the one rank (the whole tensors), laid out like FSDP's masters, so that
+// the optimizer and ClipGradNorm take the same code paths as under FSDP.
+Setup ReferenceSetup();
+
+// A model's FSDP plan (models/<name>/parallelize.h ApplyFsdp).
+using FsdpPlan = std::function<absl::StatusOr<std::vector<fsdp::FsdpUnit*>>(
+    models::Transformer*, const fsdp::FsdpPlanOptions&)>;
+
+// Shards with `plan` (options.shard.mesh set to the rank's mesh), then
+// fsdp::InitShardedWeights; the loop trains the sharded masters.
+Setup FsdpPlanSetup(FsdpPlan plan, fsdp::FsdpPlanOptions options);
+
+// Materialises the model, then fsdp::Replicate (no broadcast: every rank
+// initialised the same weights) with one gradient bucket per block when
+// `bucket_per_block`, else one flat bucket.
+Setup ReplicateSetup(bool bucket_per_block);
+
+// Trains `run` on the mesh `axes` with `setup`; the result as rank 0 saw it.
+// Fails the current test (and returns what it has) on any error.
+TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
+                     const Setup& setup,
+                     const models::TransformerOptions& model_options = {});
+
+// The unsharded single-process run (Train on one rank with ReferenceSetup).
+TrainingResult TrainReference(const TrainingRun& run);
+
+// How far `got` is from `ref`.
+struct ParityReport {
+  double max_loss_rel = 0;  // max over steps |got - ref| / |ref|
+  // max over parameters of max|got - ref| / max|ref| (per tensor).
+  double max_param_rel = 0;
+  std::string worst_param;
+  // max over elements with ref != 0 of |got - ref| / |ref|.
+  double max_param_elementwise_rel = 0;
+  double max_grad_rel = 0;  // like max_param_rel, for the last gradients
+  std::string ToString() const;
+};
+ParityReport Compare(const TrainingResult& ref, const TrainingResult& got);
+
+}  // namespace testing_util
+}  // namespace fsdpp
+
+#endif  // FSDPP_MODELS_TESTING_PARITY_TESTING_H_

@@ -1,0 +1,132 @@
+// tools/launch: a torchrun-like launcher. It starts one process per local
+// rank with the rendezvous environment (RANK, WORLD_SIZE, LOCAL_RANK, ...),
+// prefixes every output line with "[rank R] ", and tears the whole job down
+// when a rank fails or the launcher is interrupted.
+//
+// Design: every rank runs in its own process group, so SIGTERM/SIGKILL reach
+// the subtree the rank started, and the launcher is a child subreaper, so
+// orphaned descendants are reaped here and an emptied process group can be
+// observed with killpg(pgid, 0). The launcher is single-threaded: one poll()
+// loop watches the output pipes and a self-pipe that the signal handlers
+// (SIGCHLD, SIGINT, SIGTERM) write to; every wait has a deadline.
+#ifndef FSDPP_RUNTIME_LAUNCH_H_
+#define FSDPP_RUNTIME_LAUNCH_H_
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace fsdpp {
+namespace launch {
+
+// Settings of one launcher run (see LaunchUsage() for the command line).
+struct LaunchOptions {
+  // Processes (local ranks) started on this node.
+  int nproc_per_node = 1;
+  // Nodes in the job; WORLD_SIZE = nnodes * nproc_per_node.
+  int nnodes = 1;
+  // This node's index in [0, nnodes); exported as GROUP_RANK.
+  int node_rank = 0;
+  // Rendezvous host and port, exported as MASTER_ADDR / MASTER_PORT.
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // Time between SIGTERM and SIGKILL when the job is stopped.
+  double grace_period_s = 5.0;
+  // --help was given: print the usage and exit 0; nothing else is checked.
+  bool help = false;
+  // PROGRAM and its arguments (program[0] is looked up in PATH unless it
+  // contains a '/').
+  std::vector<std::string> program;
+};
+
+// The command-line usage text, ending in a newline.
+std::string LaunchUsage();
+
+// Parses the launcher's arguments (argv without argv[0]). Flags are
+// "--name=value" or "--name value" (one or two dashes); the first argument
+// that is not a flag, or everything after "--", is the program and its
+// arguments. Returns InvalidArgument for unknown flags, malformed or
+// out-of-range values and a missing program.
+absl::StatusOr<LaunchOptions> ParseLaunchArgs(
+    const std::vector<std::string>& args);
+
+// Number of CPUs this process may run on (its affinity mask), at least 1.
+int AvailableCpus();
+
+// The environment ("KEY=VALUE" entries) of local rank `local_rank`: `base_env`
+// with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
+// MASTER_ADDR and MASTER_PORT replaced, and OMP_NUM_THREADS set to
+// max(1, num_cpus / nproc_per_node) unless `base_env` already has it.
+std::vector<std::string> RankEnvironment(
+    const LaunchOptions& options, int local_rank,
+    const std::vector<std::string>& base_env, int num_cpus);
+
+// "SIGKILL" for SIGKILL and so on; "signal N" for numbers without a name.
+std::string SignalName(int signo);
+
+// Cuts a byte stream into lines and puts `prefix` before each. A line longer
+// than `max_line_bytes` is emitted in pieces of that size so a child that
+// never writes a newline cannot grow the buffer without bound.
+//
+// Status lines: a line that starts with '\r' is a transient status (e.g. a
+// trainer's live progress line). Written to a terminal (`terminal` given),
+// it is drawn in place — "\r", prefix, text, erase to the end of the line,
+// no newline — and the next ordinary line first erases it. Otherwise it is
+// an ordinary line without its '\r'. The launcher tells ranks that their
+// status lines reach a terminal with FSDPP_LIVE_STATUS=1 in their
+// environment.
+
+// Whether a status line is showing on the terminal (shared by the prefixers
+// that write to it).
+struct TerminalState {
+  bool status_shown = false;
+};
+
+class LinePrefixer {
+ public:
+  // Default cap on the bytes buffered for one unterminated line.
+  static constexpr size_t kDefaultMaxLineBytes = 64 * 1024;
+
+  // Prefixes lines with `prefix` (e.g. "[rank 3] "). `terminal` (not owned):
+  // the destination is a terminal; see status lines above.
+  explicit LinePrefixer(std::string prefix,
+                        size_t max_line_bytes = kDefaultMaxLineBytes,
+                        TerminalState* terminal = nullptr);
+
+  // Consumes `data` and returns the lines it completes, each prefixed and
+  // ending in '\n' (empty if none did).
+  std::string Append(absl::string_view data);
+
+  // Returns the buffered unterminated line, prefixed and given a '\n', or ""
+  // when nothing is buffered. Used at end of stream.
+  std::string Finish();
+
+ private:
+  // One complete line (ending in '\n') as it goes out.
+  std::string Emit(absl::string_view line);
+
+  std::string prefix_;
+  size_t max_line_bytes_;
+  TerminalState* terminal_;
+  std::string partial_;
+};
+
+// Runs the job described by `options` (which must come from a successful
+// ParseLaunchArgs without `help`) to completion and returns the launcher's
+// exit status: 0 when every rank exited 0; the exit status of the first
+// failing rank (128 + signal number if it was killed by a signal); 130 / 143
+// after SIGINT / SIGTERM to the launcher; 1 if a rank could not be started.
+// Installs signal handlers and the child-subreaper flag for its duration and
+// restores them on return. Call it from a single-threaded process (it forks,
+// and it reaps every child of the process) and not concurrently with itself.
+// Ranks get SIGKILL (PR_SET_PDEATHSIG) if the launcher dies without cleaning
+// up.
+int RunLaunch(const LaunchOptions& options);
+
+}  // namespace launch
+}  // namespace fsdpp
+
+#endif  // FSDPP_RUNTIME_LAUNCH_H_

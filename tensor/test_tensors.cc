@@ -1,0 +1,68 @@
+// Test helpers; see testing.h.
+#include "tensor/test_tensors.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/rng.h"
+
+namespace fsdpp {
+namespace testing_util {
+
+Tensor RandomTensor(const Shape& shape, DType dtype, uint64_t seed, float lo,
+                    float hi) {
+  std::vector<float> v(NumElements(shape));
+  FillUniform(seed, 0, 0, static_cast<int64_t>(v.size()), lo, hi, v.data());
+  absl::StatusOr<Tensor> t = Tensor::FromFloats(shape, v, dtype);
+  CHECK_OK(t.status());
+  return *std::move(t);
+}
+
+std::vector<double> Values(const Tensor& t) {
+  absl::StatusOr<std::vector<float>> f = t.ToFloats();
+  CHECK_OK(f.status());
+  return std::vector<double>(f->begin(), f->end());
+}
+
+::testing::AssertionResult AllClose(const std::vector<double>& actual,
+                                    const std::vector<double>& expected,
+                                    double rtol, double atol) {
+  if (actual.size() != expected.size()) {
+    return ::testing::AssertionFailure()
+           << "sizes differ: " << actual.size() << " vs " << expected.size();
+  }
+  double worst = 0.0;
+  size_t worst_i = 0;
+  size_t bad = 0;
+  for (size_t i = 0; i < actual.size(); ++i) {
+    const double err = std::fabs(actual[i] - expected[i]);
+    const double allowed = atol + rtol * std::fabs(expected[i]);
+    if (!(err <= allowed)) {
+      ++bad;
+      const double excess = std::isnan(err) ? INFINITY : err / allowed;
+      if (excess > worst || bad == 1) {
+        worst = excess;
+        worst_i = i;
+      }
+    }
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure()
+         << bad << " of " << actual.size() << " elements differ; worst at "
+         << worst_i << ": actual " << actual[worst_i] << " expected "
+         << expected[worst_i] << " (rtol " << rtol << ", atol " << atol << ")";
+}
+
+double RelTol(DType dtype) {
+  switch (dtype) {
+    case DType::kBF16:
+      return 1.0 / 128;  // Two bf16 roundings (2^-8 each).
+    case DType::kF16:
+      return 1.0 / 1024;
+    default:
+      return 2e-5;
+  }
+}
+
+}  // namespace testing_util
+}  // namespace fsdpp

@@ -1,0 +1,37 @@
+// Test helpers for tensor code: deterministic random tensors and
+// comparisons against double-precision references with readable failures.
+#ifndef FSDPP_TENSOR_TEST_TENSORS_H_
+#define FSDPP_TENSOR_TEST_TENSORS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace testing_util {
+
+// A tensor of `shape` with uniform values in [lo, hi), stored as `dtype`.
+Tensor RandomTensor(const Shape& shape, DType dtype, uint64_t seed,
+                    float lo = -1.0f, float hi = 1.0f);
+
+// The tensor's values as doubles (after its storage rounding).
+std::vector<double> Values(const Tensor& t);
+
+// Passes when |actual - expected| <= atol + rtol * |expected| everywhere;
+// otherwise reports the worst element.
+::testing::AssertionResult AllClose(const std::vector<double>& actual,
+                                    const std::vector<double>& expected,
+                                    double rtol, double atol);
+
+// Tolerances per storage type: f32 results against a double reference that
+// saw the same (rounded) inputs; 16-bit results additionally carry one
+// output rounding (2^-8 relative for bf16, 2^-11 for f16).
+double RelTol(DType dtype);
+
+}  // namespace testing_util
+}  // namespace fsdpp
+
+#endif  // FSDPP_TENSOR_TEST_TENSORS_H_
