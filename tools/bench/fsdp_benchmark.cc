@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -42,6 +43,7 @@
 #include "comm/rendezvous.h"
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
+#include "core/cli.h"
 #include "core/logging.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -55,6 +57,16 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "runtime/launch.h"
+
+ABSL_FLAG(int, steps, 5, "measured steps per layout");
+ABSL_FLAG(int, warmup, 2, "unmeasured steps before them");
+ABSL_FLAG(bool, caching_allocator, false,
+          "keep freed host blocks for reuse (core/caching_allocator.h), as "
+          "the trainer does by default");
+ABSL_FLAG(std::string, worker, "",
+          "internal: run one rank of this layout (set by the benchmark when "
+          "it starts its ranks)");
+ABSL_FLAG(std::string, out, "", "internal: the worker's result file");
 
 namespace fsdpp {
 namespace {
@@ -180,28 +192,23 @@ struct RankResult {
   int64_t state = 0, peak = 0, reserved = 0;
 };
 
+constexpr char kUsage[] =
+    "usage: fsdp_benchmark [--steps=N] [--warmup=N] [--caching_allocator]\n"
+    "  GPT-2 124M training step per layout, each as real processes.\n";
+
 int Main(int argc, char** argv) {
-  int steps = 5, warmup = 2;
-  bool cache = false;
-  std::string worker, out;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (absl::StartsWith(a, "--steps=")) {
-      CHECK(absl::SimpleAtoi(a.substr(8), &steps) && steps > 0) << a;
-    } else if (absl::StartsWith(a, "--warmup=")) {
-      CHECK(absl::SimpleAtoi(a.substr(9), &warmup) && warmup >= 0) << a;
-    } else if (a == "--caching_allocator") {
-      cache = true;
-    } else if (absl::StartsWith(a, "--worker=")) {
-      worker = a.substr(9);
-    } else if (absl::StartsWith(a, "--out=")) {
-      out = a.substr(6);
-    } else {
-      std::fprintf(stderr,
-                   "usage: fsdp_benchmark [--steps=N] [--warmup=N] "
-                   "[--caching_allocator]\n");
-      return 2;
-    }
+  ParseCommandLineOrExit(argc, argv, kUsage);
+  const int steps = absl::GetFlag(FLAGS_steps);
+  const int warmup = absl::GetFlag(FLAGS_warmup);
+  const bool cache = absl::GetFlag(FLAGS_caching_allocator);
+  const std::string worker = absl::GetFlag(FLAGS_worker);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (steps < 1 || warmup < 0) {
+    std::fprintf(stderr,
+                 "fsdp_benchmark: --steps must be >= 1 and --warmup "
+                 ">= 0\n%s",
+                 kUsage);
+    return 2;
   }
   if (!worker.empty()) {
     absl::Status s = Worker(worker, steps, warmup, out, cache);

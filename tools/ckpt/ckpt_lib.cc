@@ -17,12 +17,12 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/boxes.h"
 #include "checkpoint/checkpoint.h"
-#include "formats/json.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
-#include "formats/safetensors/safetensors.h"
 #include "checkpoint/state_dict.h"
 #include "core/status.h"
+#include "formats/json.h"
+#include "formats/safetensors/safetensors.h"
 
 namespace fsdpp {
 namespace ckpt {
@@ -169,14 +169,10 @@ absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
   return saved.path;
 }
 
-int Main(int argc, const char* const* argv, std::ostream& out,
-         std::ostream& err) {
-  std::vector<std::string> args;
-  std::vector<std::string> flags;
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    (absl::StartsWith(a, "--") ? flags : args).push_back(a);
-  }
+const char* Usage() { return kUsage; }
+
+int Run(const std::vector<std::string>& args, const Flags& flags,
+        std::ostream& out, std::ostream& err) {
   auto usage = [&](const std::string& problem) {
     err << "ckpt: " << problem << "\n" << kUsage;
     return 2;
@@ -185,21 +181,13 @@ int Main(int argc, const char* const* argv, std::ostream& out,
   const std::string command = args[0];
   absl::Status status;
   if (command == "inspect") {
-    bool verify = false;
-    for (const std::string& f : flags) {
-      if (f != "--verify") return usage(absl::StrCat("unknown flag ", f));
-      verify = true;
-    }
+    if (flags.step != -1) return usage("--step applies to convert");
     if (args.size() != 2) return usage("inspect takes one directory");
-    status = Inspect(args[1], verify, out);
+    status = Inspect(args[1], flags.verify, out);
   } else if (command == "convert") {
-    int64_t step = -1;
-    for (const std::string& f : flags) {
-      if (!absl::StartsWith(f, "--step=") ||
-          !absl::SimpleAtoi(f.substr(7), &step) || step < 0) {
-        return usage(absl::StrCat("bad flag ", f));
-      }
-    }
+    const int64_t step = flags.step;
+    if (flags.verify) return usage("--verify applies to inspect");
+    if (step < -1) return usage(absl::StrCat("bad --step ", step));
     if (args.size() != 3) return usage("convert takes SRC and DST");
     if (IsDirectory(args[1])) {
       if (step >= 0)

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -37,12 +38,21 @@ absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
                                                    const std::string& root,
                                                    int64_t step = -1);
 
-// The command line: "inspect [--verify] DIR" or "convert SRC DST [--step=N]"
-// (SRC a checkpoint directory and DST a .safetensors file, or the reverse
-// with DST the checkpoint root). Returns the exit code: 0 success, 1 error
-// (printed to `err`), 2 usage.
-int Main(int argc, const char* const* argv, std::ostream& out,
-         std::ostream& err);
+// The command's flags (tools/ckpt/main.cc defines them as absl flags).
+struct Flags {
+  bool verify = false;  // inspect: read every chunk and check its CRC-32C.
+  int64_t step = -1;    // convert safetensors -> checkpoint: the step.
+};
+
+// The usage text.
+const char* Usage();
+
+// Runs "inspect DIR" or "convert SRC DST" (`args`, the command first; SRC a
+// checkpoint directory and DST a .safetensors file, or the reverse with DST
+// the checkpoint root). Returns the exit code: 0 success, 1 error (printed
+// to `err`), 2 usage (a flag that does not apply to the command included).
+int Run(const std::vector<std::string>& args, const Flags& flags,
+        std::ostream& out, std::ostream& err);
 
 }  // namespace ckpt
 }  // namespace fsdpp

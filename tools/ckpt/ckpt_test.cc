@@ -10,11 +10,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
-#include "formats/safetensors/safetensors.h"
 #include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
+#include "formats/file_util.h"
+#include "formats/safetensors/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
@@ -148,6 +148,21 @@ TEST(CkptTest, CommandLine) {
   std::tie(code, out) = RunCkpt("frobnicate");
   EXPECT_EQ(code, 2);
   EXPECT_THAT(out, HasSubstr("usage: ckpt inspect"));
+  // Flags: --help lists each with its default; a flag of the other command,
+  // an unknown flag and a bad value are usage errors.
+  std::tie(code, out) = RunCkpt("--help");
+  EXPECT_EQ(code, 0) << out;
+  EXPECT_THAT(out, HasSubstr("--verify (default: false)"));
+  EXPECT_THAT(out, HasSubstr("--step (default: -1)"));
+  std::tie(code, out) = RunCkpt(absl::StrCat("inspect --step=3 ", dir));
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(out, HasSubstr("--step applies to convert"));
+  std::tie(code, out) = RunCkpt(absl::StrCat("inspect --verfiy ", dir));
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(out, HasSubstr("unknown flag --verfiy"));
+  std::tie(code, out) = RunCkpt(absl::StrCat("convert ", st, " x --step=x"));
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(out, HasSubstr("bad value \"x\" for --step"));
 }
 
 }  // namespace
