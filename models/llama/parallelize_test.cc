@@ -1,7 +1,7 @@
 // The Llama FSDP plan: one unit per block plus the root (tok_embeddings,
 // norm and the tied output, or the untied one), the last block kept after
 // forward, and parity with the unsharded model on W = 2 (SGD, thread ranks over
-// real Gloo).
+// real Gloo); the shared checks are models/testing/plan_checks.h.
 #include "models/llama/parallelize.h"
 
 #include <set>
@@ -11,7 +11,7 @@
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
-#include "models/testing/parity_testing.h"
+#include "models/testing/plan_checks.h"
 #include "models/transformer.h"
 
 namespace fsdpp {
@@ -19,44 +19,21 @@ namespace models {
 namespace llama {
 namespace {
 
-using testing_util::TrainingResult;
-using testing_util::TrainingRun;
-
 constexpr char kConfig[] = "llama_debug";
 
+testing_util::PlanExpectation LlamaPlan() {
+  testing_util::PlanExpectation e;
+  e.plan = ApplyFsdp;
+  e.config = kConfig;
+  e.block_parameters = 9;
+  e.root_parameters = {"tok_embeddings.weight", "norm.weight"};
+  e.other_family_config = "gpt2_debug";
+  e.other_family_name = "gpt2";
+  return e;
+}
+
 TEST(LlamaPlanTest, UnitsAreTheBlocksThenTheRoot) {
-  testing_util::RunOnMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
-    auto model = *Transformer::Create(*ConfigByName(kConfig));
-    FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
-        ApplyFsdp(model.get(), options);
-    ASSERT_TRUE(units.ok()) << units.status();
-    ASSERT_EQ(units->size(), model->blocks().size() + 1);
-    for (size_t i = 0; i < model->blocks().size(); ++i) {
-      EXPECT_EQ(fsdp::UnitOf(model->blocks()[i]), (*units)[i]);
-      EXPECT_EQ((*units)[i]->parameters().size(), 9u);
-    }
-    fsdp::FsdpUnit* root = units->back();
-    EXPECT_TRUE(root->is_root());
-    std::set<std::string> root_params;
-    for (fsdp::ShardedParameter& sp : root->parameters()) {
-      root_params.insert(sp.name);
-    }
-    EXPECT_EQ(root_params,
-              (std::set<std::string>{"tok_embeddings.weight", "norm.weight"}));
-    ASSERT_TRUE(fsdp::InitShardedWeights(model.get(), 1).ok());
-    auto ids = *Tensor::FromInts({2, 4}, {1, 2, 3, 4, 5, 6, 7, 8});
-    ASSERT_TRUE(model->ForwardLoss(ids, ids).ok());
-    // ZeRO-3 blocks, except the last one (backward needs it first).
-    for (auto& [name, p] : model->blocks().front()->NamedParameters()) {
-      EXPECT_TRUE(p->data.is_meta()) << name;
-    }
-    for (auto& [name, p] : model->blocks().back()->NamedParameters()) {
-      EXPECT_FALSE(p->data.is_meta()) << name;
-    }
-    ASSERT_TRUE(model->Backward().ok());
-  });
+  testing_util::ExpectBlocksThenRoot(LlamaPlan());
 }
 
 TEST(LlamaPlanTest, UntiedHeadStaysInTheRoot) {
@@ -80,31 +57,11 @@ TEST(LlamaPlanTest, UntiedHeadStaysInTheRoot) {
 }
 
 TEST(LlamaPlanTest, ParityOnTwoRanks) {
-  TrainingRun run;
-  run.config = kConfig;
-  const TrainingResult ref = testing_util::TrainReference(run);
-  FsdpPlanOptions options;
-  const TrainingResult got = testing_util::Train(
-      run, {{"dp", 2}}, testing_util::FsdpPlanSetup(ApplyFsdp, options));
-  const testing_util::ParityReport r = testing_util::Compare(ref, got);
-  EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
-  EXPECT_LE(r.max_grad_rel, 1e-4) << r.ToString();
-  EXPECT_LE(r.max_param_rel, 1e-5) << r.ToString();
+  testing_util::ExpectParityOnTwoRanks(LlamaPlan());
 }
 
 TEST(LlamaPlanTest, RejectsOtherFamilies) {
-  testing_util::RunOnMesh({{"dp", 1}}, [](int, DeviceMesh& mesh) {
-    auto gpt2 = *Transformer::Create(*ConfigByName("gpt2_debug"));
-    FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
-        ApplyFsdp(gpt2.get(), options);
-    ASSERT_FALSE(units.ok());
-    EXPECT_NE(units.status().message().find("is a gpt2 model"),
-              absl::string_view::npos)
-        << units.status();
-    EXPECT_FALSE(ApplyFsdp(nullptr, options).ok());
-  });
+  testing_util::ExpectRejectsOtherFamilies(LlamaPlan());
 }
 
 }  // namespace
