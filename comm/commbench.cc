@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
+#include "core/cli.h"
 #include "core/logging.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
@@ -252,6 +252,11 @@ int Main() {
 }  // namespace fsdpp
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  fsdpp::ParseCommandLineOrExit(
+      argc, argv,
+      "usage: commbench [--world=N] [--min_bytes=B] [--max_bytes=B] "
+      "[--ops=a,b] [--rounds=R] [--seconds_per_size=S]\n"
+      "  Collectives on thread ranks over Gloo: blocking, async and raw Gloo "
+      "in rotating rounds (nccl-tests style table).\n");
   return fsdpp::Main();
 }
