@@ -14,7 +14,8 @@
 // mpirun, srun) it is one rank: rendezvous from the environment, TCP store,
 // Gloo groups.
 //
-// Flags (all "--name=value" or "--name value"):
+// Flags (absl flags through core/cli.h: "--name=value" or "--name value";
+// --help lists them with their defaults):
 //   --config PATH          a text-format TrainConfig (default: the embedded
 //                          trainer/configs/default.textproto)
 //   --set SECTION.FIELD=V  override a field (repeatable)
@@ -36,24 +37,38 @@
 #include <string>
 #include <vector>
 
+#include "absl/flags/flag.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
-#include "formats/file_util.h"
 #include "comm/gloo_backend.h"
 #include "comm/rendezvous.h"
 #include "comm/store.h"
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
+#include "core/cli.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "formats/file_util.h"
 #include "runtime/launch.h"
 #include "trainer/config.h"
 #include "trainer/default_config.h"
 #include "trainer/trainer.h"
+
+ABSL_FLAG(std::string, config, "",
+          "a text-format TrainConfig (default: the embedded "
+          "trainer/configs/default.textproto)");
+ABSL_FLAG(std::vector<std::string>, set, {},
+          "SECTION.FIELD=VALUE: override a config field (repeatable)");
+ABSL_FLAG(int, nproc_per_node, 2,
+          "local ranks to start when not launched by a launcher");
+ABSL_FLAG(int64_t, stop_after_steps, 0,
+          "preemption drill: stop after N steps of this run as if killed "
+          "(checkpoints up to then are kept); 0: off");
+ABSL_FLAG(bool, print_config, false, "print the effective config and exit");
 
 namespace fsdpp {
 namespace trainer {
@@ -73,63 +88,35 @@ struct Flags {
   int nproc_per_node = 2;
   int64_t stop_after_steps = 0;
   bool print_config = false;
-  bool help = false;
 };
 
-absl::StatusOr<Flags> ParseFlags(const std::vector<std::string>& args) {
+// The flags of this command line (core/cli.h; --set is repeatable).
+absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
+  ASSIGN_OR_RETURN(CommandLine line,
+                   ParseCommandLineFlags(argc, argv, {"set"}));
+  if (line.help) {
+    std::fputs(FlagsHelp(kUsage).c_str(), stdout);
+    std::exit(0);
+  }
+  if (!line.positional.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument \"", line.positional[0], "\""));
+  }
   Flags flags;
-  for (size_t i = 0; i < args.size(); ++i) {
-    std::string name = args[i], value;
-    bool has_value = false;
-    if (!absl::StartsWith(name, "--")) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("unexpected argument \"", name, "\""));
-    }
-    name = name.substr(2);
-    const size_t eq = name.find('=');
-    if (eq != std::string::npos) {
-      value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-      has_value = true;
-    }
-    auto take = [&]() -> absl::StatusOr<std::string> {
-      if (has_value) return value;
-      if (i + 1 >= args.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--", name, " needs a value"));
-      }
-      return args[++i];
-    };
-    if (name == "help" || name == "h") {
-      flags.help = true;
-    } else if (name == "print_config") {
-      flags.print_config = true;
-    } else if (name == "config") {
-      ASSIGN_OR_RETURN(flags.config_path, take());
-    } else if (name == "set") {
-      ASSIGN_OR_RETURN(std::string v, take());
-      flags.overrides.push_back(v);
-    } else if (name == "stop_after_steps") {
-      ASSIGN_OR_RETURN(std::string v, take());
-      if (!absl::SimpleAtoi(v, &flags.stop_after_steps) ||
-          flags.stop_after_steps < 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--stop_after_steps must be a non-negative integer, got \"", v,
-            "\""));
-      }
-    } else if (name == "nproc_per_node") {
-      ASSIGN_OR_RETURN(std::string v, take());
-      if (!absl::SimpleAtoi(v, &flags.nproc_per_node) ||
-          flags.nproc_per_node < 1) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--nproc_per_node must be a positive integer, got \"", v, "\""));
-      }
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "unknown flag --", name,
-          " (flags: --config, --set, --nproc_per_node, --stop_after_steps, "
-          "--print_config, --help)"));
-    }
+  flags.config_path = absl::GetFlag(FLAGS_config);
+  flags.overrides = line.repeated["set"];
+  flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  flags.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
+  flags.print_config = absl::GetFlag(FLAGS_print_config);
+  if (flags.stop_after_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--stop_after_steps must be a non-negative integer, got ",
+                     flags.stop_after_steps));
+  }
+  if (flags.nproc_per_node < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nproc_per_node must be a positive integer, got ",
+                     flags.nproc_per_node));
   }
   return flags;
 }
@@ -298,16 +285,11 @@ int RunSingle(const TrainConfig& config, const char* argv0,
 }
 
 int Main(int argc, char** argv) {
-  const std::vector<std::string> args(argv + 1, argv + argc);
-  absl::StatusOr<Flags> flags = ParseFlags(args);
+  absl::StatusOr<Flags> flags = ParseFlags(argc, argv);
   if (!flags.ok()) {
     std::fprintf(stderr, "train: %s\n%s", flags.status().message().data(),
                  kUsage);
     return 2;
-  }
-  if (flags->help) {
-    std::fputs(kUsage, stdout);
-    return 0;
   }
   absl::StatusOr<TrainConfig> config = LoadConfig(*flags);
   if (!config.ok()) {
@@ -341,7 +323,7 @@ int Main(int argc, char** argv) {
   lo.master_port = FreePort();
   // The children are this binary with the same flags (they see RANK).
   lo.program.push_back("/proc/self/exe");
-  for (const std::string& a : args) lo.program.push_back(a);
+  for (int i = 1; i < argc; ++i) lo.program.push_back(argv[i]);
   std::printf("train: starting %d local ranks (tools/launch, port %d)\n", nproc,
               lo.master_port);
   std::fflush(stdout);
