@@ -18,7 +18,15 @@ left alone, so a consumer can bring its own.
 load("//third_party/cuda:cuda_configure.bzl", "cuda_configure")
 
 # Debian system libraries wrapped by third_party/<name>.BUILD.
-_SYSTEM_LIBRARIES = ["absl", "protobuf", "gtest", "benchmark", "dnnl", "gloo"]
+_SYSTEM_LIBRARIES = [
+    "absl",
+    "protobuf",
+    "gtest",
+    "benchmark",
+    "dnnl",
+    "gloo",
+    "hwy",
+]
 
 # Offline shims for repositories @bazel_tools refers to.
 _SHIMS = ["rules_cc", "rules_java", "remote_coverage_tools"]

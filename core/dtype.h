@@ -153,7 +153,10 @@ FSDPP_INLINE float Float16ToFloat(Float16 h) {
     float value = static_cast<float>(mant) * 5.9604644775390625e-08f;
     return sign ? -value : value;
   }
-  if (exp == 31) return BitsToFloat(sign | 0x7f800000u | (mant << 13));
+  if (exp == 31) {  // Inf, or NaN: payload kept, made quiet (as F16C does).
+    return BitsToFloat(sign | 0x7f800000u | (mant << 13) |
+                       (mant != 0 ? 0x400000u : 0u));
+  }
   return BitsToFloat(sign | ((exp + 112u) << 23) | (mant << 13));
 }
 

@@ -19,6 +19,7 @@ packages=(
   libbenchmark-dev    # Google Benchmark
   libgloo-dev         # Gloo collectives (CPU, TCP)
   libdnnl-dev         # oneDNN (CPU matmul, AVX-512 / AMX at run time)
+  libhwy-dev          # Google Highway: SIMD host kernels, runtime dispatch
   python3-torch       # independent numerical reference in the parity tests
   python3-matplotlib  # tools/plot: loss and throughput curves to PNG
   clang               # clang++ for the libFuzzer runs (checkpoint/fuzz/run_fuzzers.sh)

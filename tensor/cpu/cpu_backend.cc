@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "tensor/cpu/onednn_matmul.h"
+#include "tensor/cpu/simd.h"
 #include "tensor/kernels/elementwise.h"
 #include "tensor/kernels/rowwise.h"
 
@@ -37,6 +38,33 @@ void BinaryLoop(const T* a, const T* b, T* out, int64_t n, Op op) {
   for (int64_t i = 0; i < n; ++i) {
     out[i] = FromFloat<T>(op(ToFloat(a[i]), ToFloat(b[i])));
   }
+}
+
+// Runs chunk(begin, end) over [0, n): on the calling thread for small n,
+// else split across the OpenMP pool in cache-line-aligned pieces (the SIMD
+// kernels are single-threaded and exact, so the split changes no result).
+template <typename Chunk>
+void ParallelChunks(int64_t n, Chunk chunk) {
+  if (n <= kParallelElements) {
+    chunk(int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t begin = (n * t / nt) & ~int64_t{63};
+    const int64_t end = t + 1 == nt ? n : (n * (t + 1) / nt) & ~int64_t{63};
+    if (end > begin) chunk(begin, end);
+  }
+}
+
+// Element `i` of a raw array of `dtype`.
+inline void* At(void* p, DType dtype, int64_t i) {
+  return static_cast<char*>(p) + i * static_cast<int64_t>(DTypeSize(dtype));
+}
+inline const void* At(const void* p, DType dtype, int64_t i) {
+  return static_cast<const char*>(p) +
+         i * static_cast<int64_t>(DTypeSize(dtype));
 }
 
 template <typename S, typename D>
@@ -76,6 +104,15 @@ class CpuBackendImpl final : public Backend {
       }
       return absl::OkStatus();
     }
+    if (simd::IsFloat(src.dtype()) && simd::IsFloat(dst->dtype())) {
+      const void* s = src.raw_data();
+      void* d = dst->raw_data();
+      ParallelChunks(n, [&](int64_t begin, int64_t end) {
+        simd::Cast(src.dtype(), At(s, src.dtype(), begin), dst->dtype(),
+                   At(d, dst->dtype(), begin), end - begin);
+      });
+      return absl::OkStatus();
+    }
     const absl::Status dispatched = DispatchFloat(src.dtype(), [&](auto tag_S) {
       using S = typename decltype(tag_S)::type;
       (void)DispatchFloat(dst->dtype(), [&](auto tag_D) {
@@ -104,6 +141,14 @@ class CpuBackendImpl final : public Backend {
   absl::Status Unary(UnaryKind kind, float alpha, const Tensor& x,
                      Tensor* out) override {
     const int64_t n = x.numel();
+    if (kind == UnaryKind::kScale && simd::IsFloat(x.dtype())) {
+      const DType dt = x.dtype();
+      ParallelChunks(n, [&](int64_t begin, int64_t end) {
+        simd::Scale(dt, alpha, At(x.raw_data(), dt, begin),
+                    At(out->raw_data(), dt, begin), end - begin);
+      });
+      return absl::OkStatus();
+    }
     const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* in = static_cast<const T*>(x.raw_data());
@@ -127,6 +172,24 @@ class CpuBackendImpl final : public Backend {
   absl::Status Binary(BinaryKind kind, float alpha, const Tensor& a,
                       const Tensor& b, Tensor* out) override {
     const int64_t n = a.numel();
+    if ((kind == BinaryKind::kAdd || kind == BinaryKind::kMul ||
+         kind == BinaryKind::kAxpy) &&
+        simd::IsFloat(a.dtype())) {
+      const DType dt = a.dtype();
+      ParallelChunks(n, [&](int64_t begin, int64_t end) {
+        const void* pa = At(a.raw_data(), dt, begin);
+        const void* pb = At(b.raw_data(), dt, begin);
+        void* po = At(out->raw_data(), dt, begin);
+        if (kind == BinaryKind::kAdd) {
+          simd::Add(dt, pa, pb, po, end - begin);
+        } else if (kind == BinaryKind::kMul) {
+          simd::Mul(dt, pa, pb, po, end - begin);
+        } else {
+          simd::Axpy(dt, alpha, pa, pb, po, end - begin);
+        }
+      });
+      return absl::OkStatus();
+    }
     const absl::Status dispatched = DispatchFloat(a.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* pa = static_cast<const T*>(a.raw_data());

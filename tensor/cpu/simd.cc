@@ -1,0 +1,280 @@
+// Highway kernels behind simd.h, compiled once per target by
+// hwy/foreach_target.h (this file includes itself through it) and chosen at
+// run time by HWY_DYNAMIC_DISPATCH. Build with -ffp-contract=off (BUILD):
+// a fused multiply-add would round differently from the scalar reference.
+#include "tensor/cpu/simd.h"
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "tensor/kernels/elementwise.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tensor/cpu/simd.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace fsdpp {
+namespace cpu {
+namespace simd {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+
+// x86 targets from AVX2 up have F16C, whose conversions round to nearest
+// even and keep NaNs quiet exactly as core/dtype.h does.
+#undef FSDPP_SIMD_F16C
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+#define FSDPP_SIMD_F16C 1
+#else
+#define FSDPP_SIMD_F16C 0
+#endif
+
+// Lanes(DF()) storage elements as f32.
+HWY_INLINE VF LoadF(DF d, const float* p) { return hn::LoadU(d, p); }
+
+HWY_INLINE VF LoadF(DF d, const BFloat16* p) {
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::RebindToUnsigned<DF> du;
+  const auto wide =
+      hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p)));
+  return hn::BitCast(d, hn::ShiftLeft<16>(wide));
+}
+
+HWY_INLINE VF LoadF(DF d, const Float16* p) {
+#if FSDPP_SIMD_F16C
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  return hn::PromoteTo(
+      d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
+#else
+  HWY_ALIGN float wide[HWY_MAX_BYTES / sizeof(float)];
+  for (size_t i = 0; i < hn::Lanes(d); ++i) wide[i] = Float16ToFloat(p[i]);
+  return hn::Load(d, wide);
+#endif
+}
+
+// Stores f32 lanes as the storage type, rounding to nearest even.
+HWY_INLINE void StoreF(DF d, VF v, float* p) { hn::StoreU(v, d, p); }
+
+HWY_INLINE void StoreF(DF d, VF v, BFloat16* p) {
+  (void)d;
+  const hn::Rebind<uint16_t, DF> d16;
+  const hn::RebindToUnsigned<DF> du;
+  const hn::RebindToSigned<DF> di;
+  const auto bits = hn::BitCast(du, v);
+  // (bits + 0x7fff + lsb) >> 16, as FloatToBFloat16; NaN: top half | quiet.
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded =
+      hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
+  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
+  const auto half =
+      hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
+  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, half)), d16,
+             reinterpret_cast<uint16_t*>(p));
+}
+
+HWY_INLINE void StoreF(DF d, VF v, Float16* p) {
+  (void)d;
+#if FSDPP_SIMD_F16C
+  const hn::Rebind<hwy::float16_t, DF> dh;
+  hn::StoreU(hn::DemoteTo(dh, v), dh, reinterpret_cast<hwy::float16_t*>(p));
+#else
+  HWY_ALIGN float wide[HWY_MAX_BYTES / sizeof(float)];
+  hn::Store(v, d, wide);
+  for (size_t i = 0; i < hn::Lanes(d); ++i) p[i] = FloatToFloat16(wide[i]);
+#endif
+}
+
+// out[i] = op(a[i], b[i]) through f32; the tail runs the scalar functor.
+template <typename T, class VectorOp, class ScalarOp>
+HWY_INLINE void BinaryLoop(const void* a_raw, const void* b_raw, void* out_raw,
+                           size_t n, VectorOp vector_op, ScalarOp scalar_op) {
+  const T* a = static_cast<const T*>(a_raw);
+  const T* b = static_cast<const T*>(b_raw);
+  T* out = static_cast<T*>(out_raw);
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    StoreF(d, vector_op(d, LoadF(d, a + i), LoadF(d, b + i)), out + i);
+  }
+  for (; i < n; ++i) {
+    out[i] = FromFloat<T>(scalar_op(ToFloat(a[i]), ToFloat(b[i])));
+  }
+}
+
+template <typename S, typename D>
+HWY_INLINE void CastLoop(const void* src_raw, void* dst_raw, size_t n) {
+  const S* src = static_cast<const S*>(src_raw);
+  D* dst = static_cast<D*>(dst_raw);
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) StoreF(d, LoadF(d, src + i), dst + i);
+  for (; i < n; ++i) dst[i] = FromFloat<D>(ToFloat(src[i]));
+}
+
+struct VectorAdd {
+  HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Add(a, b); }
+};
+struct VectorMul {
+  HWY_INLINE VF operator()(DF, VF a, VF b) const { return hn::Mul(a, b); }
+};
+// y + alpha * x: a multiply, then an add (no FMA), as kernels::AxpyOp.
+struct VectorAxpy {
+  float alpha;
+  HWY_INLINE VF operator()(DF d, VF y, VF x) const {
+    return hn::Add(y, hn::Mul(hn::Set(d, alpha), x));
+  }
+};
+// alpha * x, as kernels::ScaleOp (the second operand is ignored).
+struct VectorScale {
+  float alpha;
+  HWY_INLINE VF operator()(DF d, VF x, VF) const {
+    return hn::Mul(hn::Set(d, alpha), x);
+  }
+};
+struct ScalarScale {
+  float alpha;
+  float operator()(float x, float) const { return kernels::ScaleOp{alpha}(x); }
+};
+
+// One exported kernel per (op, storage type): (a, b, out, n, alpha).
+#define FSDPP_SIMD_BINARY(NAME, T, VECTOR, SCALAR)                            \
+  void NAME(const void* a, const void* b, void* out, size_t n, float alpha) { \
+    (void)alpha;                                                              \
+    BinaryLoop<T>(a, b, out, n, VECTOR, SCALAR);                              \
+  }
+#define FSDPP_SIMD_BINARY_ALL_TYPES(OP, VECTOR, SCALAR) \
+  FSDPP_SIMD_BINARY(OP##F32, float, VECTOR, SCALAR)     \
+  FSDPP_SIMD_BINARY(OP##Bf16, BFloat16, VECTOR, SCALAR) \
+  FSDPP_SIMD_BINARY(OP##F16, Float16, VECTOR, SCALAR)
+
+FSDPP_SIMD_BINARY_ALL_TYPES(Add, VectorAdd{}, kernels::AddOp{})
+FSDPP_SIMD_BINARY_ALL_TYPES(Mul, VectorMul{}, kernels::MulOp{})
+FSDPP_SIMD_BINARY_ALL_TYPES(Axpy, VectorAxpy{alpha}, kernels::AxpyOp{alpha})
+FSDPP_SIMD_BINARY_ALL_TYPES(Scale, VectorScale{alpha}, ScalarScale{alpha})
+#undef FSDPP_SIMD_BINARY_ALL_TYPES
+#undef FSDPP_SIMD_BINARY
+
+void CastF32Bf16(const void* s, void* d, size_t n) {
+  CastLoop<float, BFloat16>(s, d, n);
+}
+void CastF32F16(const void* s, void* d, size_t n) {
+  CastLoop<float, Float16>(s, d, n);
+}
+void CastBf16F32(const void* s, void* d, size_t n) {
+  CastLoop<BFloat16, float>(s, d, n);
+}
+void CastBf16F16(const void* s, void* d, size_t n) {
+  CastLoop<BFloat16, Float16>(s, d, n);
+}
+void CastF16F32(const void* s, void* d, size_t n) {
+  CastLoop<Float16, float>(s, d, n);
+}
+void CastF16Bf16(const void* s, void* d, size_t n) {
+  CastLoop<Float16, BFloat16>(s, d, n);
+}
+
+const char* Target() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace simd
+}  // namespace cpu
+}  // namespace fsdpp
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fsdpp {
+namespace cpu {
+namespace simd {
+
+HWY_EXPORT(AddF32);
+HWY_EXPORT(AddBf16);
+HWY_EXPORT(AddF16);
+HWY_EXPORT(MulF32);
+HWY_EXPORT(MulBf16);
+HWY_EXPORT(MulF16);
+HWY_EXPORT(AxpyF32);
+HWY_EXPORT(AxpyBf16);
+HWY_EXPORT(AxpyF16);
+HWY_EXPORT(ScaleF32);
+HWY_EXPORT(ScaleBf16);
+HWY_EXPORT(ScaleF16);
+HWY_EXPORT(CastF32Bf16);
+HWY_EXPORT(CastF32F16);
+HWY_EXPORT(CastBf16F32);
+HWY_EXPORT(CastBf16F16);
+HWY_EXPORT(CastF16F32);
+HWY_EXPORT(CastF16Bf16);
+HWY_EXPORT(Target);
+
+namespace {
+
+using BinaryFn = void (*)(const void*, const void*, void*, size_t, float);
+
+// The dispatched kernel of `dtype` among the f32 / bf16 / f16 variants.
+BinaryFn Pick(DType dtype, BinaryFn f32, BinaryFn bf16, BinaryFn f16) {
+  return dtype == DType::kF32 ? f32 : dtype == DType::kBF16 ? bf16 : f16;
+}
+
+}  // namespace
+
+bool IsFloat(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kF16;
+}
+
+void Cast(DType from, const void* src, DType to, void* dst, int64_t n) {
+  const size_t count = static_cast<size_t>(n);
+  if (from == to) {
+    if (src != dst) std::memmove(dst, src, count * DTypeSize(from));
+    return;
+  }
+  if (from == DType::kF32 && to == DType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(CastF32Bf16)(src, dst, count);
+  } else if (from == DType::kF32) {
+    HWY_DYNAMIC_DISPATCH(CastF32F16)(src, dst, count);
+  } else if (from == DType::kBF16 && to == DType::kF32) {
+    HWY_DYNAMIC_DISPATCH(CastBf16F32)(src, dst, count);
+  } else if (from == DType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(CastBf16F16)(src, dst, count);
+  } else if (to == DType::kF32) {
+    HWY_DYNAMIC_DISPATCH(CastF16F32)(src, dst, count);
+  } else {
+    HWY_DYNAMIC_DISPATCH(CastF16Bf16)(src, dst, count);
+  }
+}
+
+void Add(DType dtype, const void* a, const void* b, void* out, int64_t n) {
+  Pick(dtype, HWY_DYNAMIC_DISPATCH(AddF32), HWY_DYNAMIC_DISPATCH(AddBf16),
+       HWY_DYNAMIC_DISPATCH(AddF16))(a, b, out, static_cast<size_t>(n), 0.0f);
+}
+
+void Mul(DType dtype, const void* a, const void* b, void* out, int64_t n) {
+  Pick(dtype, HWY_DYNAMIC_DISPATCH(MulF32), HWY_DYNAMIC_DISPATCH(MulBf16),
+       HWY_DYNAMIC_DISPATCH(MulF16))(a, b, out, static_cast<size_t>(n), 0.0f);
+}
+
+void Axpy(DType dtype, float alpha, const void* y, const void* x, void* out,
+          int64_t n) {
+  Pick(dtype, HWY_DYNAMIC_DISPATCH(AxpyF32), HWY_DYNAMIC_DISPATCH(AxpyBf16),
+       HWY_DYNAMIC_DISPATCH(AxpyF16))(y, x, out, static_cast<size_t>(n), alpha);
+}
+
+void Scale(DType dtype, float alpha, const void* x, void* out, int64_t n) {
+  Pick(dtype, HWY_DYNAMIC_DISPATCH(ScaleF32), HWY_DYNAMIC_DISPATCH(ScaleBf16),
+       HWY_DYNAMIC_DISPATCH(ScaleF16))(x, x, out, static_cast<size_t>(n),
+                                       alpha);
+}
+
+const char* TargetName() { return HWY_DYNAMIC_DISPATCH(Target)(); }
+
+}  // namespace simd
+}  // namespace cpu
+}  // namespace fsdpp
+#endif  // HWY_ONCE

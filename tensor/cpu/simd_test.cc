@@ -1,0 +1,241 @@
+// The vectorised kernels against the scalar reference, bit for bit, on every
+// Highway target this CPU supports (AVX-512, AVX2, SSE4, ... down to the
+// emulated 128-bit one): odd lengths, unaligned starts, in-place use, and
+// values that exercise rounding ties, subnormals, overflow, infinities and
+// NaNs.
+#include "tensor/cpu/simd.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+#include "gtest/gtest.h"
+#include "hwy/targets.h"
+#include "tensor/kernels/elementwise.h"
+
+namespace fsdpp {
+namespace cpu {
+namespace simd {
+namespace {
+
+const DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+
+// Lengths around the vector widths (4, 8, 16 lanes) and a long one.
+const int64_t kLengths[] = {0, 1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 1000};
+
+// Restricts dispatch to one target at a time; restores all on destruction.
+class EachTarget {
+ public:
+  EachTarget() : targets_(hwy::SupportedAndGeneratedTargets()) {}
+  ~EachTarget() { hwy::SetSupportedTargetsForTest(0); }
+  const std::vector<int64_t>& targets() const { return targets_; }
+
+ private:
+  std::vector<int64_t> targets_;
+};
+
+// Values with hard cases mixed into random ones, as f32.
+std::vector<float> Values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> uniform(-4.0f, 4.0f);
+  const float specials[] = {
+      0.0f,
+      -0.0f,
+      1.0f + 1.0f / 256,   // a bf16 tie (rounds to even)
+      1.0f + 3.0f / 256,   // a bf16 tie rounding up
+      1.0f + 1.0f / 2048,  // an f16 tie
+      65504.0f,            // f16 max
+      65520.0f,            // rounds to f16 inf
+      1e-6f,               // an f16 subnormal
+      3e-8f,               // rounds to f16 zero or min subnormal
+      std::numeric_limits<float>::denorm_min(),
+      std::numeric_limits<float>::max(),
+      std::numeric_limits<float>::infinity(),
+      -std::numeric_limits<float>::infinity(),
+      std::numeric_limits<float>::quiet_NaN(),
+      -std::numeric_limits<float>::quiet_NaN(),
+      BitsToFloat(0x7f800001u),  // a signalling NaN
+      BitsToFloat(0x7fc12345u),  // a NaN with payload
+  };
+  std::vector<float> v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    v[i] = i % 3 == 0 ? specials[(i / 3) % (sizeof(specials) / 4)]
+                      : uniform(rng) * std::pow(2.0f, (i % 11) - 5.0f);
+  }
+  return v;
+}
+
+// A buffer of `n` elements of `dtype` holding `values` (rounded), starting
+// `offset` elements into its storage (unaligned starts).
+struct Buffer {
+  Buffer(DType dtype, const std::vector<float>& values, int64_t offset)
+      : dtype(dtype),
+        offset(offset),
+        bytes((values.size() + offset + 1) * DTypeSize(dtype), 0xAB) {
+    for (size_t i = 0; i < values.size(); ++i) Set(i, values[i]);
+  }
+  void* data() { return bytes.data() + offset * DTypeSize(dtype); }
+  void Set(size_t i, float v) {
+    char* p = static_cast<char*>(data()) + i * DTypeSize(dtype);
+    if (dtype == DType::kF32) {
+      std::memcpy(p, &v, 4);
+    } else {
+      const uint16_t h = dtype == DType::kBF16 ? FloatToBFloat16(v).bits
+                                               : FloatToFloat16(v).bits;
+      std::memcpy(p, &h, 2);
+    }
+  }
+  float Get(size_t i) {
+    const char* p = static_cast<const char*>(data()) + i * DTypeSize(dtype);
+    if (dtype == DType::kF32) {
+      float v;
+      std::memcpy(&v, p, 4);
+      return v;
+    }
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return dtype == DType::kBF16 ? BFloat16ToFloat(BFloat16::FromBits(h))
+                                 : Float16ToFloat(Float16::FromBits(h));
+  }
+  DType dtype;
+  int64_t offset;
+  std::vector<char> bytes;
+};
+
+// The stored bits of element i, for bitwise comparisons.
+uint32_t Bits(Buffer& b, size_t i) {
+  const char* p = static_cast<const char*>(b.data()) + i * DTypeSize(b.dtype);
+  uint32_t bits = 0;
+  std::memcpy(&bits, p, DTypeSize(b.dtype));
+  return bits;
+}
+
+std::string Where(int64_t target, DType dtype, int64_t n, int64_t offset) {
+  return absl::StrCat(hwy::TargetName(target), " ", DTypeName(dtype), " n=", n,
+                      " offset=", offset);
+}
+
+TEST(SimdTest, CastsMatchTheScalarConversionsBitForBit) {
+  EachTarget each;
+  ASSERT_FALSE(each.targets().empty());
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType from : kFloatTypes) {
+      for (DType to : kFloatTypes) {
+        for (int64_t n : kLengths) {
+          for (int64_t offset : {0, 1, 3}) {
+            const std::vector<float> values = Values(n, 7 + n);
+            Buffer src(from, values, offset);
+            Buffer got(to, std::vector<float>(n, 0.0f), offset == 0 ? 1 : 0);
+            Buffer want(to, std::vector<float>(n, 0.0f), 0);
+            Cast(from, src.data(), to, got.data(), n);
+            for (int64_t i = 0; i < n; ++i) want.Set(i, src.Get(i));
+            for (int64_t i = 0; i < n; ++i) {
+              ASSERT_EQ(Bits(got, i), Bits(want, i))
+                  << Where(target, from, n, offset) << " -> " << DTypeName(to)
+                  << " element " << i << " = " << src.Get(i);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SimdTest, EveryF16AndBf16ValueWidensExactly) {
+  EachTarget each;
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType from : {DType::kBF16, DType::kF16}) {
+      std::vector<uint16_t> all(1 << 16);
+      for (uint32_t i = 0; i < all.size(); ++i) all[i] = i;
+      std::vector<float> wide(all.size());
+      Cast(from, all.data(), DType::kF32, wide.data(), all.size());
+      for (uint32_t i = 0; i < all.size(); ++i) {
+        const float want =
+            from == DType::kBF16
+                ? BFloat16ToFloat(BFloat16::FromBits(i))
+                : Float16ToFloat(Float16::FromBits(static_cast<uint16_t>(i)));
+        ASSERT_EQ(FloatBits(wide[i]), FloatBits(want))
+            << hwy::TargetName(target) << " " << DTypeName(from) << " bits "
+            << i;
+      }
+    }
+  }
+}
+
+// Runs `simd` and the scalar `op` through f32 on the same inputs and
+// compares the stored results bitwise; `in_place` writes over `a`.
+template <class Simd, class Op>
+void CheckBinary(const char* name, Simd simd, Op op, bool in_place) {
+  EachTarget each;
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType dtype : kFloatTypes) {
+      for (int64_t n : kLengths) {
+        for (int64_t offset : {0, 2}) {
+          Buffer a(dtype, Values(n, 11 + n), offset);
+          Buffer b(dtype, Values(n, 29 + n), offset == 0 ? 1 : 0);
+          Buffer want(dtype, std::vector<float>(n, 0.0f), 0);
+          for (int64_t i = 0; i < n; ++i) want.Set(i, op(a.Get(i), b.Get(i)));
+          Buffer out(dtype, std::vector<float>(n, 0.0f), 3);
+          Buffer& got = in_place ? a : out;
+          simd(dtype, a.data(), b.data(), got.data(), n);
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(Bits(got, i), Bits(want, i))
+                << name << " " << Where(target, dtype, n, offset)
+                << (in_place ? " in place" : "") << " element " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SimdTest, AddMulAxpyScaleMatchTheScalarOpsBitForBit) {
+  for (bool in_place : {false, true}) {
+    CheckBinary("add", Add, kernels::AddOp{}, in_place);
+    CheckBinary("mul", Mul, kernels::MulOp{}, in_place);
+    for (float alpha : {1e-3f, -0.75f, 3.0f}) {
+      CheckBinary(
+          "axpy",
+          [alpha](DType d, const void* y, const void* x, void* out, int64_t n) {
+            Axpy(d, alpha, y, x, out, n);
+          },
+          kernels::AxpyOp{alpha}, in_place);
+      CheckBinary(
+          "scale",
+          [alpha](DType d, const void* x, const void*, void* out, int64_t n) {
+            Scale(d, alpha, x, out, n);
+          },
+          [alpha](float x, float) { return kernels::ScaleOp{alpha}(x); },
+          in_place);
+    }
+  }
+}
+
+TEST(SimdTest, DispatchesToATargetThisCpuHas) {
+  const std::string name = TargetName();
+  EXPECT_FALSE(name.empty());
+  bool found = false;
+  std::string tested;
+  for (int64_t target : hwy::SupportedAndGeneratedTargets()) {
+    found |= name == hwy::TargetName(target);
+    absl::StrAppend(&tested, " ", hwy::TargetName(target));
+  }
+  EXPECT_TRUE(found) << name;
+  std::printf("dispatched to %s; targets tested:%s\n", name.c_str(),
+              tested.c_str());
+}
+
+}  // namespace
+}  // namespace simd
+}  // namespace cpu
+}  // namespace fsdpp
