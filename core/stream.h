@@ -9,7 +9,7 @@
 // later waits on the comm work's event.
 //
 // On CPU a stream is a worker thread (CpuStream). On CUDA it wraps
-// cudaStream_t (core/cuda_stream.h, built under --config=cuda). The host
+// cudaStream_t (core/cuda_runtime.h, built under --config=cuda). The host
 // thread itself is the CPU "compute stream": host work is complete when
 // issued, so HostEvent() is an already-completed event.
 //

@@ -9,9 +9,8 @@
 // and ClipGradNorm run the same code on every layout. Every rank trains on
 // its contiguous rows of one global batch; losses are averaged over ranks.
 //
-// The harness is model-agnostic (GPT-2 and Llama plans and the fsdp tests
-// use it); it lives in //models/gpt2 only because that package is where the
-// first plan test needed it.
+// The harness is model-agnostic: the GPT-2 and Llama plan tests and the
+// integration tests in tests/ use it.
 #ifndef FSDPP_MODELS_TESTING_PARITY_TESTING_H_
 #define FSDPP_MODELS_TESTING_PARITY_TESTING_H_
 
