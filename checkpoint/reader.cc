@@ -1,13 +1,17 @@
 // Verified checkpoint reads; see reader.h.
 #include "checkpoint/reader.h"
 
+#include <sys/uio.h>
+
 #include <algorithm>
+#include <array>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/boxes.h"
@@ -28,6 +32,87 @@ constexpr uint64_t kPipelineMinWindows = 4;
 
 std::string Quote(const std::string& key) {
   return absl::StrCat("'", absl::CHexEscape(key), "'");
+}
+
+// The buffers whose concatenation is the span of blocks ReadVerified reads,
+// as (data, bytes) pairs in span order.
+using SpanPieces = std::array<std::pair<char*, uint64_t>, 3>;
+
+// The iovecs of span bytes [a, b).
+std::vector<iovec> SliceSpan(const SpanPieces& pieces, uint64_t a, uint64_t b) {
+  std::vector<iovec> iov;
+  uint64_t at = 0;
+  for (const auto& [p, n] : pieces) {
+    const uint64_t lo = std::max(a, at), hi = std::min(b, at + n);
+    if (lo < hi) iov.push_back({p + (lo - at), static_cast<size_t>(hi - lo)});
+    at += n;
+  }
+  return iov;
+}
+
+// For long spans: a helper thread runs verify_window(i) (checksums window i)
+// while this thread runs read_window(i + 1), so verification costs almost no
+// extra time. Returns the first mismatch, else the first read error.
+absl::Status PipelinedReadAndVerify(
+    uint64_t windows, absl::FunctionRef<absl::Status(uint64_t)> read_window,
+    absl::FunctionRef<absl::Status(uint64_t)> verify_window) {
+  std::mutex mu;
+  std::condition_variable cv;
+  uint64_t windows_read = 0;  // Guarded by mu.
+  bool stop = false;          // Guarded by mu: no more windows will come.
+  absl::Status verified;
+  std::thread verifier([&] {
+    for (uint64_t i = 0; i < windows; ++i) {
+      {
+        std::unique_lock<std::mutex> lock(mu);
+        cv.wait(lock, [&] { return windows_read > i || stop; });
+        if (windows_read <= i) return;
+      }
+      absl::Status status = verify_window(i);
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        verified = std::move(status);
+        stop = true;
+        return;
+      }
+    }
+  });
+  absl::Status read;
+  for (uint64_t i = 0; i < windows && read.ok(); ++i) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stop) break;  // The verifier found a mismatch.
+    }
+    read = read_window(i);
+    if (read.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      windows_read = i + 1;
+    }
+    cv.notify_one();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stop = true;
+  }
+  cv.notify_one();
+  verifier.join();
+  // A mismatch lies in data read before any read error.
+  return verified.ok() ? read : verified;
+}
+
+// Reads and checksums windows [0, windows): read_window(i) then
+// verify_window(i) in turn when there are few, else pipelined.
+absl::Status ReadAndVerifyWindows(
+    uint64_t windows, absl::FunctionRef<absl::Status(uint64_t)> read_window,
+    absl::FunctionRef<absl::Status(uint64_t)> verify_window) {
+  if (windows < kPipelineMinWindows) {
+    for (uint64_t i = 0; i < windows; ++i) {
+      RETURN_IF_ERROR(read_window(i));
+      RETURN_IF_ERROR(verify_window(i));
+    }
+    return absl::OkStatus();
+  }
+  return PipelinedReadAndVerify(windows, read_window, verify_window);
 }
 
 }  // namespace
@@ -97,26 +182,15 @@ absl::Status CheckpointReader::ReadVerified(const std::string& key,
   const std::string path = FilePath(chunk.file);
   // The span is the concatenation of three pieces: the head of the first
   // block (scratch), the wanted bytes, the tail of the last block (scratch).
-  const std::pair<char*, uint64_t> pieces[] = {
-      {head_scratch_.data(), head_scratch_.size()},
-      {out, end - begin},
-      {tail_scratch_.data(), tail_scratch_.size()}};
-  // The iovecs of span bytes [a, b).
-  auto slice = [&](uint64_t a, uint64_t b) {
-    std::vector<iovec> iov;
-    uint64_t at = 0;
-    for (const auto& [p, n] : pieces) {
-      const uint64_t lo = std::max(a, at), hi = std::min(b, at + n);
-      if (lo < hi) iov.push_back({p + (lo - at), static_cast<size_t>(hi - lo)});
-      at += n;
-    }
-    return iov;
-  };
+  const SpanPieces pieces = {{{head_scratch_.data(), head_scratch_.size()},
+                              {out, end - begin},
+                              {tail_scratch_.data(), tail_scratch_.size()}}};
   // Reads span bytes [w, w_end) (a window).
   auto read_window = [&](uint64_t w, uint64_t w_end) -> absl::Status {
-    ASSIGN_OR_RETURN(const uint64_t got,
-                     PreadFully(fd, slice(w - span_begin, w_end - span_begin),
-                                chunk.byte_offset + w, path));
+    ASSIGN_OR_RETURN(
+        const uint64_t got,
+        PreadFully(fd, SliceSpan(pieces, w - span_begin, w_end - span_begin),
+                   chunk.byte_offset + w, path));
     bytes_read_ += got;
     if (got < w_end - w) {
       return absl::DataLossError(absl::StrCat(
@@ -131,7 +205,8 @@ absl::Status CheckpointReader::ReadVerified(const std::string& key,
     for (uint64_t b = w / block; b * block < w_end; ++b) {
       const uint64_t b_end = std::min(chunk.length, (b + 1) * block);
       uint32_t crc = 0;
-      for (const iovec& v : slice(b * block - span_begin, b_end - span_begin)) {
+      for (const iovec& v :
+           SliceSpan(pieces, b * block - span_begin, b_end - span_begin)) {
         crc = Crc32cExtend(crc, v.iov_base, v.iov_len);
       }
       if (crc != chunk.block_crc32c[b]) {
@@ -152,57 +227,12 @@ absl::Status CheckpointReader::ReadVerified(const std::string& key,
   auto window_end = [&](uint64_t i) {
     return std::min(span_end, span_begin + (i + 1) * window);
   };
-  if (windows < kPipelineMinWindows) {
-    for (uint64_t i = 0; i < windows; ++i) {
-      RETURN_IF_ERROR(read_window(window_begin(i), window_end(i)));
-      RETURN_IF_ERROR(verify_window(window_begin(i), window_end(i)));
-    }
-    return absl::OkStatus();
-  }
-  // Long spans: a helper thread checksums window i while this thread reads
-  // window i + 1, so verification costs almost no extra time.
-  std::mutex mu;
-  std::condition_variable cv;
-  uint64_t windows_read = 0;  // Guarded by mu.
-  bool stop = false;          // Guarded by mu: no more windows will come.
-  absl::Status verified;
-  std::thread verifier([&] {
-    for (uint64_t i = 0; i < windows; ++i) {
-      {
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return windows_read > i || stop; });
-        if (windows_read <= i) return;
-      }
-      absl::Status status = verify_window(window_begin(i), window_end(i));
-      if (!status.ok()) {
-        std::lock_guard<std::mutex> lock(mu);
-        verified = std::move(status);
-        stop = true;
-        return;
-      }
-    }
-  });
-  absl::Status read;
-  for (uint64_t i = 0; i < windows && read.ok(); ++i) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (stop) break;  // The verifier found a mismatch.
-    }
-    read = read_window(window_begin(i), window_end(i));
-    if (read.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
-      windows_read = i + 1;
-    }
-    cv.notify_one();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    stop = true;
-  }
-  cv.notify_one();
-  verifier.join();
-  // A mismatch lies in data read before any read error.
-  return verified.ok() ? read : verified;
+  return ReadAndVerifyWindows(
+      windows,
+      [&](uint64_t i) { return read_window(window_begin(i), window_end(i)); },
+      [&](uint64_t i) {
+        return verify_window(window_begin(i), window_end(i));
+      });
 }
 
 absl::Status CheckpointReader::ReadBox(const std::string& key, const Box& box,

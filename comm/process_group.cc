@@ -82,19 +82,36 @@ absl::Status CheckReduceOp(const ProcessGroup& group, const char* op,
   return absl::OkStatus();
 }
 
+// CheckBuffer on the input, then the output, of a two-buffer collective.
+absl::Status CheckInputAndOutput(const ProcessGroup& group, const char* op,
+                                 const Buffer& input, const Buffer& output) {
+  if (absl::Status s = CheckBuffer(group, op, "input", input); !s.ok())
+    return s;
+  return CheckBuffer(group, op, "output", output);
+}
+
+// CheckInputAndOutput, then that input and output have one dtype.
+absl::Status CheckInputAndOutputDType(const ProcessGroup& group, const char* op,
+                                      const Buffer& input,
+                                      const Buffer& output) {
+  if (absl::Status s = CheckInputAndOutput(group, op, input, output); !s.ok())
+    return s;
+  if (input.dtype != output.dtype) {
+    return Invalid(group, op,
+                   absl::StrCat("input is ", DTypeName(input.dtype),
+                                ", output is ", DTypeName(output.dtype)));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateAllGather(const ProcessGroup& group, const Buffer& input,
                                const Buffer& output) {
   constexpr const char* kOp = "all_gather";
-  if (absl::Status s = CheckBuffer(group, kOp, "input", input); !s.ok())
+  if (absl::Status s = CheckInputAndOutputDType(group, kOp, input, output);
+      !s.ok()) {
     return s;
-  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok())
-    return s;
-  if (input.dtype != output.dtype) {
-    return Invalid(group, kOp,
-                   absl::StrCat("input is ", DTypeName(input.dtype),
-                                ", output is ", DTypeName(output.dtype)));
   }
   if (output.count != input.count * group.size()) {
     return Invalid(group, kOp,
@@ -109,14 +126,9 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group,
                                    const Buffer& input, const Buffer& output,
                                    ReduceOp op) {
   constexpr const char* kOp = "reduce_scatter";
-  if (absl::Status s = CheckBuffer(group, kOp, "input", input); !s.ok())
+  if (absl::Status s = CheckInputAndOutputDType(group, kOp, input, output);
+      !s.ok()) {
     return s;
-  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok())
-    return s;
-  if (input.dtype != output.dtype) {
-    return Invalid(group, kOp,
-                   absl::StrCat("input is ", DTypeName(input.dtype),
-                                ", output is ", DTypeName(output.dtype)));
   }
   const int64_t expected =
       ReduceScatterCount(input.count, group.size(), group.rank());
@@ -151,9 +163,7 @@ absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,
 absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,
                               const Buffer& output) {
   constexpr const char* kOp = "all_to_all";
-  if (absl::Status s = CheckBuffer(group, kOp, "input", input); !s.ok())
-    return s;
-  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok())
+  if (absl::Status s = CheckInputAndOutput(group, kOp, input, output); !s.ok())
     return s;
   if (input.dtype != output.dtype || input.count != output.count) {
     return Invalid(group, kOp,

@@ -129,98 +129,123 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
   unit->name_ = name;
   unit->modules_ = modules;
   unit->options_ = options;
+  RETURN_IF_ERROR(unit->InitGroups());
+  ASSIGN_OR_RETURN(std::vector<FsdpUnit*> inner, unit->ClaimParameters());
+  RETURN_IF_ERROR(unit->ShardParameters());
+  RETURN_IF_ERROR(unit->HeadFamily(inner));
+  unit->Register();
+
+  FsdpUnit* raw = unit.get();
+  for (size_t i = 0; i < modules.size(); ++i) {
+    Module* m = modules[i];
+    // The first module's hook owns the unit: it lives as long as the module.
+    std::shared_ptr<FsdpUnit> keep = i == 0 ? unit : nullptr;
+    m->AddPreForwardHook([raw, keep](Module&) { return raw->PreForward(); });
+    m->AddPostForwardHook([raw](Module&) { return raw->PostForward(); });
+    m->AddPreBackwardHook([raw](Module&) { return raw->PreBackward(); });
+    m->AddPostBackwardHook([raw](Module&) { return raw->PostBackward(); });
+  }
+  return raw;
+}
+
+absl::Status FsdpUnit::InitGroups() {
+  DeviceMesh* mesh = options_.mesh;
   const MeshAxis& shard_axis = mesh->axes().back();
-  ASSIGN_OR_RETURN(unit->shard_group_, mesh->Group(shard_axis.name));
+  ASSIGN_OR_RETURN(shard_group_, mesh->Group(shard_axis.name));
   if (mesh->ndim() == 2) {
-    ASSIGN_OR_RETURN(unit->replicate_group_, mesh->Group(mesh->axes()[0].name));
+    ASSIGN_OR_RETURN(replicate_group_, mesh->Group(mesh->axes()[0].name));
   }
-  unit->world_ = unit->shard_group_->size();
-  unit->rank_ = unit->shard_group_->rank();
-  unit->compute_device_ = unit->shard_group_->device();
-  unit->state_device_ = options.offload_policy.offload_params
-                            ? Device::Cpu()
-                            : unit->compute_device_;
-  if (options.hpz_degree < 0) {
+  world_ = shard_group_->size();
+  rank_ = shard_group_->rank();
+  compute_device_ = shard_group_->device();
+  state_device_ =
+      options_.offload_policy.offload_params ? Device::Cpu() : compute_device_;
+  if (options_.hpz_degree < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "FullyShard: hpz_degree must be >= 0, got ", options.hpz_degree));
+        "FullyShard: hpz_degree must be >= 0, got ", options_.hpz_degree));
   }
-  if (options.hpz_degree > 1) {
-    if (unit->world_ % options.hpz_degree != 0) {
+  if (options_.hpz_degree > 1) {
+    if (world_ % options_.hpz_degree != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("FullyShard: hpz_degree ", options.hpz_degree,
-                       " does not divide the size ", unit->world_,
-                       " of shard axis '", shard_axis.name, "'"));
+          absl::StrCat("FullyShard: hpz_degree ", options_.hpz_degree,
+                       " does not divide the size ", world_, " of shard axis '",
+                       shard_axis.name, "'"));
     }
     // Without resharding after forward there is nothing to keep a piece of.
-    if (options.reshard_after_forward) {
-      ASSIGN_OR_RETURN(unit->hpz_group_,
-                       mesh->Subgroup(shard_axis.name, options.hpz_degree));
+    if (options_.reshard_after_forward) {
+      ASSIGN_OR_RETURN(hpz_group_,
+                       mesh->Subgroup(shard_axis.name, options_.hpz_degree));
     }
   }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<std::vector<FsdpUnit*>> FsdpUnit::ClaimParameters() {
   std::vector<FsdpUnit*> inner;
-  {
-    std::lock_guard<std::mutex> lock(RegistryMutex());
-    for (Module* m : modules) {
-      auto it = ModuleUnits().find(m);
-      if (it != ModuleUnits().end()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "FullyShard: module ", m->kind(), " is already sharded (unit '",
-            it->second->name(), "')"));
-      }
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (Module* m : modules_) {
+    auto it = ModuleUnits().find(m);
+    if (it != ModuleUnits().end()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "FullyShard: module ", m->kind(), " is already sharded (unit '",
+          it->second->name(), "')"));
     }
-    for (auto& [m, u] : ModuleUnits()) {
-      for (Module* outer : modules) {
-        if (IsWithin(m, outer) &&
-            std::find(inner.begin(), inner.end(), u) == inner.end()) {
-          inner.push_back(u);
-        }
-      }
-    }
-    std::set<Parameter*> seen;
-    for (Module* m : modules) {
-      for (auto& [fqn, p] : m->UsedParameters()) {
-        if (!seen.insert(p).second) continue;
-        auto owner = ParamOwners().find(p);
-        if (owner != ParamOwners().end()) {
-          if (std::find(inner.begin(), inner.end(), owner->second) ==
-              inner.end()) {
-            return absl::FailedPreconditionError(absl::StrCat(
-                "FullyShard: parameter '", fqn, "' of ", m->kind(),
-                " is already in unit '", owner->second->name(),
-                "', which is not inside this one: a parameter shared by two "
-                "units (tied weights) must go into one unit — pass both "
-                "modules to one FullyShard call"));
-          }
-          continue;  // Taken by an inner unit.
-        }
-        ShardedParameter sp;
-        sp.name = fqn;
-        sp.parameter = p;
-        sp.shape = p->shape;
-        unit->params_.push_back(std::move(sp));
+  }
+  for (auto& [m, u] : ModuleUnits()) {
+    for (Module* outer : modules_) {
+      if (IsWithin(m, outer) &&
+          std::find(inner.begin(), inner.end(), u) == inner.end()) {
+        inner.push_back(u);
       }
     }
   }
+  std::set<Parameter*> seen;
+  for (Module* m : modules_) {
+    for (auto& [fqn, p] : m->UsedParameters()) {
+      if (!seen.insert(p).second) continue;
+      auto owner = ParamOwners().find(p);
+      if (owner != ParamOwners().end()) {
+        if (std::find(inner.begin(), inner.end(), owner->second) ==
+            inner.end()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "FullyShard: parameter '", fqn, "' of ", m->kind(),
+              " is already in unit '", owner->second->name(),
+              "', which is not inside this one: a parameter shared by two "
+              "units (tied weights) must go into one unit — pass both "
+              "modules to one FullyShard call"));
+        }
+        continue;  // Taken by an inner unit.
+      }
+      ShardedParameter sp;
+      sp.name = fqn;
+      sp.parameter = p;
+      sp.shape = p->shape;
+      params_.push_back(std::move(sp));
+    }
+  }
+  return inner;
+}
 
+absl::Status FsdpUnit::ShardParameters() {
   // Shard each parameter: fp32 master and grad, Shard(0) on the shard axis.
+  DeviceMesh* mesh = options_.mesh;
   std::vector<Placement> placements;
   if (mesh->ndim() == 2) placements.push_back(Placement::Replicate());
   placements.push_back(Placement::Shard(0));
   bool all_materialised = true;
   int64_t offset = 0;
-  for (ShardedParameter& sp : unit->params_) {
+  for (ShardedParameter& sp : params_) {
     Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
     const int64_t rows = Rows(global), row = RowElements(global);
-    const Range mine = ChunkRange(rows, unit->world_, unit->rank_);
+    const Range mine = ChunkRange(rows, world_, rank_);
     Shape local_shape = global;
     local_shape[0] = mine.length;
     ASSIGN_OR_RETURN(Tensor master,
-                     Tensor::Zeros(local_shape, DType::kF32,
-                                   unit->state_device_, MemoryTag::kParams));
+                     Tensor::Zeros(local_shape, DType::kF32, state_device_,
+                                   MemoryTag::kParams));
     ASSIGN_OR_RETURN(Tensor grad,
-                     Tensor::Zeros(local_shape, DType::kF32,
-                                   unit->state_device_, MemoryTag::kGrads));
+                     Tensor::Zeros(local_shape, DType::kF32, state_device_,
+                                   MemoryTag::kGrads));
     Parameter* p = sp.parameter;
     if (p->data.is_meta()) {
       all_materialised = false;
@@ -236,48 +261,39 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
                      DTensor::FromLocal(master, mesh, placements, global));
     ASSIGN_OR_RETURN(sp.grad,
                      DTensor::FromLocal(grad, mesh, placements, global));
-    unit->offsets_.push_back(offset);
-    offset += ChunkSize(rows, unit->world_) * row;
+    offsets_.push_back(offset);
+    offset += ChunkSize(rows, world_) * row;
     // The module now computes in param dtype from unsharded views we install.
-    p->dtype = options.mp_policy.param_dtype;
+    p->dtype = options_.mp_policy.param_dtype;
     ASSIGN_OR_RETURN(p->data,
                      Tensor::Empty(p->shape, p->dtype, Device::Meta()));
     p->grad = Tensor();
   }
-  unit->segment_ = offset;
-  unit->initialized_ = all_materialised;
+  segment_ = offset;
+  initialized_ = all_materialised;
+  return absl::OkStatus();
+}
 
+absl::Status FsdpUnit::HeadFamily(const std::vector<FsdpUnit*>& inner) {
   // Family: this unit becomes the root of every unit inside it.
-  unit->shared_ = std::make_shared<FsdpUnit::Shared>();
-  ASSIGN_OR_RETURN(unit->shared_->gather_stream,
-                   MakeCommStream(unit->compute_device_, "fsdp:all_gather"));
-  ASSIGN_OR_RETURN(
-      unit->shared_->reduce_stream,
-      MakeCommStream(unit->compute_device_, "fsdp:reduce_scatter"));
-  unit->is_root_ = true;
-  unit->shared_->root = unit.get();
+  shared_ = std::make_shared<FsdpUnit::Shared>();
+  ASSIGN_OR_RETURN(shared_->gather_stream,
+                   MakeCommStream(compute_device_, "fsdp:all_gather"));
+  ASSIGN_OR_RETURN(shared_->reduce_stream,
+                   MakeCommStream(compute_device_, "fsdp:reduce_scatter"));
+  is_root_ = true;
+  shared_->root = this;
   for (FsdpUnit* u : inner) {
     u->is_root_ = false;
-    u->shared_ = unit->shared_;
+    u->shared_ = shared_;
   }
-  {
-    std::lock_guard<std::mutex> lock(RegistryMutex());
-    for (Module* m : modules) ModuleUnits()[m] = unit.get();
-    for (ShardedParameter& sp : unit->params_)
-      ParamOwners()[sp.parameter] = unit.get();
-  }
+  return absl::OkStatus();
+}
 
-  FsdpUnit* raw = unit.get();
-  for (size_t i = 0; i < modules.size(); ++i) {
-    Module* m = modules[i];
-    // The first module's hook owns the unit: it lives as long as the module.
-    std::shared_ptr<FsdpUnit> keep = i == 0 ? unit : nullptr;
-    m->AddPreForwardHook([raw, keep](Module&) { return raw->PreForward(); });
-    m->AddPostForwardHook([raw](Module&) { return raw->PostForward(); });
-    m->AddPreBackwardHook([raw](Module&) { return raw->PreBackward(); });
-    m->AddPostBackwardHook([raw](Module&) { return raw->PostBackward(); });
-  }
-  return raw;
+void FsdpUnit::Register() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  for (Module* m : modules_) ModuleUnits()[m] = this;
+  for (ShardedParameter& sp : params_) ParamOwners()[sp.parameter] = this;
 }
 
 absl::Status InitShardedWeights(Module* root, uint64_t seed) {

@@ -222,6 +222,24 @@ class FsdpUnit {
   struct Shared;
   FsdpUnit() = default;
 
+  // FullyShard's steps, in this order, on a new unit whose name_, modules_
+  // and options_ are set.
+  //
+  // Sets the shard (and replicate, hpZ) groups, ranks and devices from
+  // options_.mesh; errors for a bad hpz_degree.
+  absl::Status InitGroups();
+  // Registry checks (no module already sharded, no parameter owned by a unit
+  // outside this one); adds the parameters of modules_ that no inner unit
+  // owns to params_ and returns the inner units.
+  absl::StatusOr<std::vector<FsdpUnit*>> ClaimParameters();
+  // Creates each parameter's fp32 master and grad shards (from its values if
+  // materialised) and leaves the parameter on the meta device.
+  absl::Status ShardParameters();
+  // Makes this unit the root of `inner`, with new comm streams.
+  absl::Status HeadFamily(const std::vector<FsdpUnit*>& inner);
+  // Records this unit as the one hooking modules_ and owning params_.
+  void Register();
+
   // Copy-in + issue the all-gather (`prefetch`: on another unit's behalf).
   absl::Status BeginUnshard(bool prefetch);
   absl::Status FinishUnshard();  // wait + copy-out (+ keep an hpZ piece)

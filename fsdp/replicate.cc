@@ -32,6 +32,41 @@ std::set<Module*>& ReplicatedRoots() {
   return *roots;
 }
 
+// Replicate's argument checks: a root and a mesh, a float reduce dtype,
+// materialised parameters, bucket modules strictly inside the root.
+absl::Status CheckReplicateArguments(Module* root,
+                                     const ReplicateOptions& options) {
+  if (root == nullptr)
+    return absl::InvalidArgumentError("Replicate: null root");
+  if (options.mesh == nullptr) {
+    return absl::InvalidArgumentError("Replicate: needs a mesh");
+  }
+  if (!IsFloatingPoint(options.reduce_dtype)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Replicate: reduce dtype must be a float dtype, got ",
+                     DTypeName(options.reduce_dtype)));
+  }
+  for (auto& [fqn, p] : root->NamedParameters()) {
+    if (p->data.is_meta() || !p->data.defined()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Replicate: parameter '", fqn,
+          "' is not materialised (meta): call ToEmpty and InitWeights first; "
+          "a module under FullyShard cannot also be replicated"));
+    }
+  }
+  std::set<Module*> in_tree;
+  for (auto& [name, m] : root->NamedModules()) in_tree.insert(m);
+  for (Module* b : options.bucket_modules) {
+    if (b == root || in_tree.count(b) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Replicate: bucket module ", b == nullptr ? "null" : b->kind(),
+          b == root ? " is the root (whose parameters form the last bucket)"
+                    : " is not inside the root"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // The parameters reduced together, and when.
@@ -136,35 +171,7 @@ absl::Status ReplicatedModule::FinishReductions() {
 
 absl::StatusOr<ReplicatedModule*> Replicate(Module* root,
                                             const ReplicateOptions& options) {
-  if (root == nullptr)
-    return absl::InvalidArgumentError("Replicate: null root");
-  DeviceMesh* mesh = options.mesh;
-  if (mesh == nullptr) {
-    return absl::InvalidArgumentError("Replicate: needs a mesh");
-  }
-  if (!IsFloatingPoint(options.reduce_dtype)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Replicate: reduce dtype must be a float dtype, got ",
-                     DTypeName(options.reduce_dtype)));
-  }
-  for (auto& [fqn, p] : root->NamedParameters()) {
-    if (p->data.is_meta() || !p->data.defined()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "Replicate: parameter '", fqn,
-          "' is not materialised (meta): call ToEmpty and InitWeights first; "
-          "a module under FullyShard cannot also be replicated"));
-    }
-  }
-  std::set<Module*> in_tree;
-  for (auto& [name, m] : root->NamedModules()) in_tree.insert(m);
-  for (Module* b : options.bucket_modules) {
-    if (b == root || in_tree.count(b) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "Replicate: bucket module ", b == nullptr ? "null" : b->kind(),
-          b == root ? " is the root (whose parameters form the last bucket)"
-                    : " is not inside the root"));
-    }
-  }
+  RETURN_IF_ERROR(CheckReplicateArguments(root, options));
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
     if (!ReplicatedRoots().insert(root).second) {
@@ -176,21 +183,29 @@ absl::StatusOr<ReplicatedModule*> Replicate(Module* root,
   auto state = std::shared_ptr<ReplicatedModule>(new ReplicatedModule);
   state->root_ = root;
   state->options_ = options;
+  DeviceMesh* mesh = options.mesh;
   if (mesh->ndim() == 1) {
     ASSIGN_OR_RETURN(state->group_, mesh->Group(mesh->axes()[0].name));
   } else {
     ASSIGN_OR_RETURN(state->group_, mesh->FlatGroup());
   }
   state->stream_ = std::make_unique<CpuStream>("replicate:all_reduce");
+  ASSIGN_OR_RETURN(auto by_param, state->ReplicateParameters());
+  ASSIGN_OR_RETURN(auto hooked, state->MakeBuckets(by_param));
+  return ReplicatedModule::InstallHooks(std::move(state), hooked);
+}
 
+absl::StatusOr<std::map<Parameter*, ReplicatedParameter*>>
+ReplicatedModule::ReplicateParameters() {
+  DeviceMesh* mesh = options_.mesh;
   const std::vector<Placement> replicated(mesh->ndim(), Placement::Replicate());
   std::map<Parameter*, ReplicatedParameter*> by_param;
-  const auto named = root->NamedParameters();
-  state->params_.reserve(named.size());
+  const auto named = root_->NamedParameters();
+  params_.reserve(named.size());
   for (auto& [fqn, p] : named) {
-    if (options.broadcast_parameters) {
+    if (options_.broadcast_parameters) {
       ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                       state->group_->Broadcast(AsBuffer(p->data), /*root=*/0));
+                       group_->Broadcast(AsBuffer(p->data), /*root=*/0));
       RETURN_IF_ERROR(
           Annotate(work->Wait(kWaitTimeout),
                    absl::StrCat("Replicate: broadcasting '", fqn, "'")));
@@ -203,35 +218,45 @@ absl::StatusOr<ReplicatedModule*> Replicate(Module* root,
                      DTensor::FromLocal(p->data, mesh, replicated, p->shape));
     ASSIGN_OR_RETURN(rp.grad,
                      DTensor::FromLocal(p->grad, mesh, replicated, p->shape));
-    state->params_.push_back(std::move(rp));
-    by_param[p] = &state->params_.back();
+    params_.push_back(std::move(rp));
+    by_param[p] = &params_.back();
   }
+  return by_param;
+}
 
+absl::StatusOr<std::vector<std::pair<Module*, ReplicatedModule::Bucket*>>>
+ReplicatedModule::MakeBuckets(
+    const std::map<Parameter*, ReplicatedParameter*>& by_param) {
   // Buckets: each bucket module takes the parameters only it uses (not yet
   // taken), the root bucket the rest.
   std::set<Parameter*> taken;
-  std::vector<std::pair<Module*, ReplicatedModule::Bucket*>> hooked;
-  for (Module* b : options.bucket_modules) {
+  std::vector<std::pair<Module*, Bucket*>> hooked;
+  for (Module* b : options_.bucket_modules) {
     ASSIGN_OR_RETURN(std::vector<Parameter*> exclusive,
-                     ExclusiveParameters(root, b));
-    auto bucket = std::make_unique<ReplicatedModule::Bucket>();
+                     ExclusiveParameters(root_, b));
+    auto bucket = std::make_unique<Bucket>();
     for (Parameter* p : exclusive) {
       if (!p->requires_grad || !taken.insert(p).second) continue;
       bucket->params.push_back(by_param.at(p));
       bucket->elements += NumElements(p->shape);
     }
     hooked.emplace_back(b, bucket.get());
-    state->buckets_.push_back(std::move(bucket));
+    buckets_.push_back(std::move(bucket));
   }
-  auto root_bucket = std::make_unique<ReplicatedModule::Bucket>();
-  for (ReplicatedParameter& rp : state->params_) {
+  auto root_bucket = std::make_unique<Bucket>();
+  for (ReplicatedParameter& rp : params_) {
     Parameter* p = rp.parameter;
     if (!p->requires_grad || !taken.insert(p).second) continue;
     root_bucket->params.push_back(&rp);
     root_bucket->elements += NumElements(p->shape);
   }
-  state->buckets_.push_back(std::move(root_bucket));
+  buckets_.push_back(std::move(root_bucket));
+  return hooked;
+}
 
+ReplicatedModule* ReplicatedModule::InstallHooks(
+    std::shared_ptr<ReplicatedModule> state,
+    const std::vector<std::pair<Module*, Bucket*>>& hooked) {
   ReplicatedModule* raw = state.get();
   for (auto& [module, bucket] : hooked) {
     ReplicatedModule::Bucket* b = bucket;
@@ -240,18 +265,18 @@ absl::StatusOr<ReplicatedModule*> Replicate(Module* root,
         [raw, b](Module&) { return raw->PostBackward(b); });
   }
   // The root's hooks own the state: it lives as long as the root.
-  root->AddPreForwardHook([raw, state](Module&) {
+  raw->root_->AddPreForwardHook([raw, state](Module&) {
     if (!raw->in_backward_) {
       // A new iteration: forwards without a backward (evaluation) are over.
       for (auto& b : raw->buckets_) b->forward_calls = b->backward_calls = 0;
     }
     return absl::OkStatus();
   });
-  root->AddPreBackwardHook([raw](Module&) {
+  raw->root_->AddPreBackwardHook([raw](Module&) {
     raw->in_backward_ = true;
     return absl::OkStatus();
   });
-  root->AddPostBackwardHook([raw](Module&) {
+  raw->root_->AddPostBackwardHook([raw](Module&) {
     raw->in_backward_ = false;
     if (!raw->requires_gradient_sync_) return absl::OkStatus();
     // The root bucket, and any bucket whose module ran no backward this time

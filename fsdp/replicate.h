@@ -27,8 +27,10 @@
 #ifndef FSDPP_FSDP_REPLICATE_H_
 #define FSDPP_FSDP_REPLICATE_H_
 
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -81,6 +83,21 @@ class ReplicatedModule {
   struct Bucket;
   struct Pending;
   ReplicatedModule() = default;
+
+  // Replicate's steps after the argument checks, in this order:
+  // Creates params_ (the replicated views of root_'s parameters, after
+  // broadcasting their values if options_ say so) and returns them by
+  // parameter.
+  absl::StatusOr<std::map<Parameter*, ReplicatedParameter*>>
+  ReplicateParameters();
+  // Fills buckets_ (the root bucket last) and returns the bucket of each
+  // bucket module.
+  absl::StatusOr<std::vector<std::pair<Module*, Bucket*>>> MakeBuckets(
+      const std::map<Parameter*, ReplicatedParameter*>& by_param);
+  // Hooks the bucket modules and the root; the root's hooks own `state`.
+  static ReplicatedModule* InstallHooks(
+      std::shared_ptr<ReplicatedModule> state,
+      const std::vector<std::pair<Module*, Bucket*>>& hooked);
 
   absl::Status PreForward(Bucket* bucket);
   absl::Status PostBackward(Bucket* bucket);

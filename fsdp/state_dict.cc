@@ -148,6 +148,34 @@ absl::StatusOr<DeviceMesh*> CommonMesh(absl::string_view api,
   return mesh;
 }
 
+// The validation a load of full tensors starts with, on targets with
+// `meshes` expecting `expected`. With `rank0_only`, mesh rank 0 checks `full`
+// strictly and shares its verdict over the targets' one mesh (CommonMesh);
+// otherwise every rank checks `full` itself. Fills `by_name` with the tensors
+// of `full` by name and returns whether this rank reads them.
+absl::StatusOr<bool> CheckFullState(
+    absl::string_view api, const std::vector<DeviceMesh*>& meshes,
+    const std::vector<Expected>& expected, const NamedTensors& full,
+    bool rank0_only, std::map<std::string, const Tensor*>* by_name) {
+  // Only a rank-0 load needs one "rank 0" (and one mesh to share its
+  // verdict on).
+  DeviceMesh* mesh = nullptr;
+  if (rank0_only) {
+    ASSIGN_OR_RETURN(mesh, CommonMesh(api, meshes));
+  }
+  std::vector<Given> given;
+  for (const auto& [name, t] : full) {
+    given.push_back({name, t.shape(), t.dtype()});
+    (*by_name)[name] = &t;
+  }
+  const bool reads_state = !rank0_only || mesh == nullptr || mesh->rank() == 0;
+  absl::Status verdict =
+      reads_state ? CheckStrict(api, expected, given) : absl::OkStatus();
+  if (rank0_only && mesh != nullptr) verdict = ShareVerdict(verdict, mesh);
+  RETURN_IF_ERROR(verdict);
+  return reads_state;
+}
+
 // Fills `local` (this rank's box `box` of a tensor of `global` shape, dtype
 // of `local`) from `full`: with `broadcast`, mesh rank 0's tensor broadcast
 // over `mesh` in a buffer on the group's device; else this rank's own.
@@ -318,23 +346,10 @@ absl::StatusOr<NamedDTensors> DistributeFullTensors(const NamedTensors& full,
     meshes.push_back(t.mesh());
     expected.push_back({name, t.shape()});
   }
-  // Only a rank-0 load needs one "rank 0" (and one mesh to share its
-  // verdict on).
-  DeviceMesh* mesh = nullptr;
-  if (rank0_only) {
-    ASSIGN_OR_RETURN(mesh, CommonMesh(kApi, meshes));
-  }
-  std::vector<Given> given;
   std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : full) {
-    given.push_back({name, t.shape(), t.dtype()});
-    by_name[name] = &t;
-  }
-  const bool reads_state = !rank0_only || mesh == nullptr || mesh->rank() == 0;
-  absl::Status verdict =
-      reads_state ? CheckStrict(kApi, expected, given) : absl::OkStatus();
-  if (rank0_only && mesh != nullptr) verdict = ShareVerdict(verdict, mesh);
-  RETURN_IF_ERROR(verdict);
+  ASSIGN_OR_RETURN(
+      const bool reads_state,
+      CheckFullState(kApi, meshes, expected, full, rank0_only, &by_name));
   NamedDTensors out;
   for (const auto& [name, t] : like) {
     const Box box = t.local_box();
@@ -362,23 +377,10 @@ absl::Status LoadFullStateDict(Module* root, const NamedTensors& state,
     meshes.push_back(sp->master.mesh());
     expected.push_back({sp->name, sp->shape});
   }
-  // Only a rank-0 load needs one "rank 0" (and one mesh to share its
-  // verdict on).
-  DeviceMesh* mesh = nullptr;
-  if (rank0_only) {
-    ASSIGN_OR_RETURN(mesh, CommonMesh(kApi, meshes));
-  }
-  std::vector<Given> given;
   std::map<std::string, const Tensor*> by_name;
-  for (const auto& [name, t] : state) {
-    given.push_back({name, t.shape(), t.dtype()});
-    by_name[name] = &t;
-  }
-  const bool reads_state = !rank0_only || mesh == nullptr || mesh->rank() == 0;
-  absl::Status verdict =
-      reads_state ? CheckStrict(kApi, expected, given) : absl::OkStatus();
-  if (rank0_only && mesh != nullptr) verdict = ShareVerdict(verdict, mesh);
-  RETURN_IF_ERROR(verdict);
+  ASSIGN_OR_RETURN(
+      const bool reads_state,
+      CheckFullState(kApi, meshes, expected, state, rank0_only, &by_name));
   // One parameter at a time straight into its master: one transient full
   // tensor, never a second sharded copy of the model.
   for (ShardedParameter* sp : sharded) {

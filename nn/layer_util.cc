@@ -43,6 +43,24 @@ absl::Status NoSavedForward(const std::string& kind) {
       "and by ReleaseSavedTensors)"));
 }
 
+absl::StatusOr<NormBackwardStart> StartNormBackward(const std::string& kind,
+                                                    const Tensor& saved_x,
+                                                    const Tensor& dy,
+                                                    const Tensor& weight) {
+  if (!saved_x.defined()) return NoSavedForward(kind);
+  NormBackwardStart start;
+  start.x = saved_x;
+  const Tensor& x = start.x;
+  if (!dy.defined() || dy.shape() != x.shape()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "dy must be ", ShapeToString(x.shape()), ", got ", dy.ToString()));
+  }
+  ASSIGN_OR_RETURN(start.dy, CastTo(dy, x.dtype()));
+  ASSIGN_OR_RETURN(start.w, CastTo(weight, x.dtype()));
+  ASSIGN_OR_RETURN(start.dx, EmptyTemporary(x.shape(), x.dtype(), x.device()));
+  return start;
+}
+
 absl::StatusOr<GradSink> GradSink::For(Parameter* p, DType compute_dtype,
                                        bool accepts_f32) {
   GradSink sink;

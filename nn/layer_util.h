@@ -44,6 +44,24 @@ absl::StatusOr<Tensor> AsRows(const Tensor& t, int64_t cols,
 // FailedPrecondition for a Backward with nothing saved by a Forward.
 absl::Status NoSavedForward(const std::string& kind);
 
+// What the backward of a normalisation layer (LayerNorm, RmsNorm) starts
+// from: the input its forward saved, dy and the weight cast to the input's
+// dtype, and an uninitialised dx (kOther) like the input.
+struct NormBackwardStart {
+  Tensor x;
+  Tensor dy;
+  Tensor w;
+  Tensor dx;
+};
+
+// The prologue shared by normalisation layers' backward: `saved_x` is the
+// input saved by the forward (NoSavedForward(kind) if undefined), `dy` must
+// have its shape (InvalidArgument otherwise), `weight` the layer's weight.
+absl::StatusOr<NormBackwardStart> StartNormBackward(const std::string& kind,
+                                                    const Tensor& saved_x,
+                                                    const Tensor& dy,
+                                                    const Tensor& weight);
+
 // Where a layer's op accumulates a parameter's gradient contribution.
 class GradSink {
  public:

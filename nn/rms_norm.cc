@@ -1,7 +1,6 @@
 // RmsNorm layer; see rms_norm.h.
 #include "nn/rms_norm.h"
 
-#include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "nn/layer_util.h"
 #include "tensor/ops.h"
@@ -27,15 +26,9 @@ absl::StatusOr<Tensor> RmsNorm::ForwardImpl(const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> RmsNorm::BackwardImpl(const Tensor& dy_in) {
-  if (!saved_x_.defined()) return NoSavedForward(kind());
-  const Tensor x = saved_x_;
-  if (!dy_in.defined() || dy_in.shape() != x.shape()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "dy must be ", ShapeToString(x.shape()), ", got ", dy_in.ToString()));
-  }
-  ASSIGN_OR_RETURN(Tensor dy, CastTo(dy_in, x.dtype()));
-  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
-  ASSIGN_OR_RETURN(Tensor dx, EmptyTemporary(x.shape(), x.dtype(), x.device()));
+  ASSIGN_OR_RETURN(NormBackwardStart start,
+                   StartNormBackward(kind(), saved_x_, dy_in, weight_->data));
+  auto& [x, dy, w, dx] = start;
   // RmsNormBackward accumulates into a dweight of x's dtype.
   ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
   RETURN_IF_ERROR(RmsNormBackward(dy, x, w, saved_rstd_, &dx, dw.target()));

@@ -385,6 +385,35 @@ absl::StatusOr<int64_t> NormDims(const char* op, const Tensor& x,
   return c;
 }
 
+// The checks LayerNorm and RmsNorm share: a float x; x, weight and out of
+// one dtype; out shaped like x; x [.., C] and weight [C]. Returns C.
+absl::StatusOr<int64_t> CheckNorm(const char* op, const Tensor& x,
+                                  const Tensor& weight, const Tensor* out) {
+  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  RETURN_IF_ERROR(
+      SameDType(op, {{"x", &x}, {"weight", &weight}, {"out", out}}));
+  RETURN_IF_ERROR(SameShape(op, {{"x", &x}, {"out", out}}));
+  return NormDims(op, x, "weight", weight);
+}
+
+// The checks LayerNormBackward and RmsNormBackward share: a float x; dy, x,
+// weight, dx and dweight of one dtype; dy and dx shaped like x, dweight like
+// weight; x [.., C] and weight [C]. Returns C.
+absl::StatusOr<int64_t> CheckNormBackward(const char* op, const Tensor& dy,
+                                          const Tensor& x, const Tensor& weight,
+                                          const Tensor* dx,
+                                          const Tensor* dweight) {
+  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  RETURN_IF_ERROR(SameDType(op, {{"dy", &dy},
+                                 {"x", &x},
+                                 {"weight", &weight},
+                                 {"dx", dx},
+                                 {"dweight", dweight}}));
+  RETURN_IF_ERROR(SameShape(op, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
+  RETURN_IF_ERROR(SameShape(op, {{"weight", &weight}, {"dweight", dweight}}));
+  return NormDims(op, x, "weight", weight);
+}
+
 }  // namespace
 
 absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
@@ -397,11 +426,7 @@ absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                                        {"mean", mean},
                                        {"rstd", rstd}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
-  RETURN_IF_ERROR(
-      SameDType(kOp, {{"x", &x}, {"weight", &weight}, {"out", out}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"out", out}}));
-  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  ASSIGN_OR_RETURN(int64_t c, CheckNorm(kOp, x, weight, out));
   if (bias != nullptr) {
     RETURN_IF_ERROR(CommonDevice(kOp, {{"x", &x}, {"bias", bias}}).status());
     RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"bias", bias}}));
@@ -425,15 +450,8 @@ absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
       {"dy", &dy},     {"x", &x},  {"weight", &weight}, {"mean", &mean},
       {"rstd", &rstd}, {"dx", dx}, {"dweight", dweight}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
-  RETURN_IF_ERROR(SameDType(kOp, {{"dy", &dy},
-                                  {"x", &x},
-                                  {"weight", &weight},
-                                  {"dx", dx},
-                                  {"dweight", dweight}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"weight", &weight}, {"dweight", dweight}}));
-  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  ASSIGN_OR_RETURN(int64_t c,
+                   CheckNormBackward(kOp, dy, x, weight, dx, dweight));
   if (dbias != nullptr) {
     RETURN_IF_ERROR(CommonDevice(kOp, {{"x", &x}, {"dbias", dbias}}).status());
     RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"dbias", dbias}}));
@@ -454,11 +472,7 @@ absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
   std::initializer_list<Named> args = {
       {"x", &x}, {"weight", &weight}, {"out", out}, {"rstd", rstd}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
-  RETURN_IF_ERROR(
-      SameDType(kOp, {{"x", &x}, {"weight", &weight}, {"out", out}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"out", out}}));
-  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  ASSIGN_OR_RETURN(int64_t c, CheckNorm(kOp, x, weight, out));
   const int64_t rows = Rows(x);
   RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
   if (!(eps >= 0.0f)) return Invalid(kOp, "eps must be >= 0", {{"x", &x}});
@@ -475,15 +489,8 @@ absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x,
       {"dy", &dy},     {"x", &x},  {"weight", &weight},
       {"rstd", &rstd}, {"dx", dx}, {"dweight", dweight}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
-  RETURN_IF_ERROR(SameDType(kOp, {{"dy", &dy},
-                                  {"x", &x},
-                                  {"weight", &weight},
-                                  {"dx", dx},
-                                  {"dweight", dweight}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"weight", &weight}, {"dweight", dweight}}));
-  ASSIGN_OR_RETURN(int64_t c, NormDims(kOp, x, "weight", weight));
+  ASSIGN_OR_RETURN(int64_t c,
+                   CheckNormBackward(kOp, dy, x, weight, dx, dweight));
   const int64_t rows = Rows(x);
   RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
   return backend == nullptr ? absl::OkStatus()

@@ -328,12 +328,23 @@ struct ValidateCase {
   std::string message;
 };
 
-TEST(ValidateTest, EveryErrorMessage) {
-  const std::string missing =
-      absl::StrCat(std::getenv("TEST_TMPDIR"), "/missing.bin");
-  const std::vector<ValidateCase> cases = {
-      {{}, 0, "world size must be positive, got 0"},
-      // model
+// Expects ValidateWith(overrides, world_size) to fail with exactly each
+// case's message: NotFound for a missing file, InvalidArgument otherwise.
+void ExpectValidateErrors(const std::vector<ValidateCase>& cases) {
+  for (const ValidateCase& c : cases) {
+    const absl::Status status = ValidateWith(c.overrides, c.world_size);
+    EXPECT_FALSE(status.ok()) << c.message;
+    EXPECT_EQ(std::string(status.message()), c.message);
+    const absl::StatusCode expected_code =
+        absl::StrContains(c.message, "does not exist")
+            ? absl::StatusCode::kNotFound
+            : absl::StatusCode::kInvalidArgument;
+    EXPECT_EQ(status.code(), expected_code) << c.message;
+  }
+}
+
+TEST(ValidateTest, ModelErrorMessages) {
+  ExpectValidateErrors({
       {{"model.name="},
        2,
        absl::StrCat("model.name is required (one of: ", kModels, ")")},
@@ -357,7 +368,12 @@ TEST(ValidateTest, EveryErrorMessage) {
        2,
        "model: TransformerConfig 'gpt2_debug' (gpt2): n_heads 5 must divide "
        "dim 64"},
-      // parallelism
+  });
+}
+
+TEST(ValidateTest, ParallelismErrorMessages) {
+  ExpectValidateErrors({
+      {{}, 0, "world size must be positive, got 0"},
       {{"parallelism.dp_replicate=0"},
        2,
        "parallelism.dp_replicate must be positive, got 0"},
@@ -385,7 +401,11 @@ TEST(ValidateTest, EveryErrorMessage) {
       {{"parallelism.hpz_degree=3", "training.global_batch=24"},
        8,
        "parallelism.hpz_degree 3 does not divide dp_shard 8"},
-      // training
+  });
+}
+
+TEST(ValidateTest, TrainingErrorMessages) {
+  ExpectValidateErrors({
       {{"training.steps=0"}, 2, "training.steps must be positive, got 0"},
       {{"training.global_batch=-8"},
        2,
@@ -446,7 +466,19 @@ TEST(ValidateTest, EveryErrorMessage) {
        2,
        "training.mixed_precision.reduce_dtype \"i32\" is not one of: f32, "
        "bf16, f16"},
-      // data
+      {{"training.initial_loss_scale=0"},
+       2,
+       "training.initial_loss_scale must be positive, got 0"},
+      {{"training.loss_scale_growth_interval=0"},
+       2,
+       "training.loss_scale_growth_interval must be positive, got 0"},
+  });
+}
+
+TEST(ValidateTest, DataErrorMessages) {
+  const std::string missing =
+      absl::StrCat(std::getenv("TEST_TMPDIR"), "/missing.bin");
+  ExpectValidateErrors({
       {{"data.dataset="},
        2,
        "data.dataset is required (\"embedded\" or a file path)"},
@@ -471,7 +503,11 @@ TEST(ValidateTest, EveryErrorMessage) {
       {{"data.validation_fraction=1"},
        2,
        "data.validation_fraction must be in [0, 1), got 1"},
-      // checkpoint
+  });
+}
+
+TEST(ValidateTest, CheckpointErrorMessages) {
+  ExpectValidateErrors({
       {{"checkpoint.interval=-1"},
        2,
        "checkpoint.interval must be >= 0 (0 = never), got -1"},
@@ -482,13 +518,11 @@ TEST(ValidateTest, EveryErrorMessage) {
        2,
        "checkpoint.folder is required when checkpoint.interval > 0 or "
        "checkpoint.resume is true"},
-      {{"training.initial_loss_scale=0"},
-       2,
-       "training.initial_loss_scale must be positive, got 0"},
-      {{"training.loss_scale_growth_interval=0"},
-       2,
-       "training.loss_scale_growth_interval must be positive, got 0"},
-      // metrics
+  });
+}
+
+TEST(ValidateTest, MetricsErrorMessages) {
+  ExpectValidateErrors({
       {{"metrics.log_interval=0"},
        2,
        "metrics.log_interval must be positive, got 0"},
@@ -507,7 +541,11 @@ TEST(ValidateTest, EveryErrorMessage) {
       {{"metrics.throughput_warmup_steps=-2"},
        2,
        "metrics.throughput_warmup_steps must be >= 0, got -2"},
-      // validation
+  });
+}
+
+TEST(ValidateTest, ValidationErrorMessages) {
+  ExpectValidateErrors({
       {{"validation.interval=-10"},
        2,
        "validation.interval must be >= 0 (0 = never), got -10"},
@@ -517,17 +555,7 @@ TEST(ValidateTest, EveryErrorMessage) {
       {{"validation.interval=100", "data.validation_fraction=0"},
        2,
        "validation.interval 100 needs data.validation_fraction > 0"},
-  };
-  for (const ValidateCase& c : cases) {
-    const absl::Status status = ValidateWith(c.overrides, c.world_size);
-    EXPECT_FALSE(status.ok()) << c.message;
-    EXPECT_EQ(std::string(status.message()), c.message);
-    const absl::StatusCode expected_code =
-        absl::StrContains(c.message, "does not exist")
-            ? absl::StatusCode::kNotFound
-            : absl::StatusCode::kInvalidArgument;
-    EXPECT_EQ(status.code(), expected_code) << c.message;
-  }
+  });
 }
 
 TEST(ValidateTest, ExistingDataFilesPass) {

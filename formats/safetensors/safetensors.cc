@@ -169,27 +169,9 @@ absl::Status WriteError(const std::string& path, absl::string_view problem) {
       absl::StrCat("WriteSafetensors ", path, ": ", problem));
 }
 
-}  // namespace
-
-const char* SafetensorsDTypeName(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kF16:
-      return "F16";
-    case DType::kI32:
-      return "I32";
-    case DType::kI64:
-      return "I64";
-    case DType::kU8:
-      return "U8";
-  }
-  return "?";
-}
-
-absl::Status WriteSafetensors(
+// WriteSafetensors' argument checks: UTF-8 metadata; tensor names non-empty,
+// not "__metadata__", valid UTF-8 and unique; tensors defined and not meta.
+absl::Status CheckWriteInputs(
     const std::string& path,
     const std::vector<std::pair<std::string, Tensor>>& tensors,
     const std::map<std::string, std::string>& metadata) {
@@ -226,25 +208,46 @@ absl::Status WriteSafetensors(
                                            " is a meta tensor (no bytes)"));
     }
   }
+  return absl::OkStatus();
+}
 
-  // Data order: decreasing element size (stable), so each tensor starts at a
-  // multiple of its element size; the data buffer itself starts at a multiple
-  // of 8 thanks to the header padding.
-  std::vector<size_t> order(tensors.size());
+// Where WriteSafetensors puts each tensor's bytes in the data buffer.
+struct DataLayout {
+  std::vector<size_t> order;    // Tensor indices in data order.
+  std::vector<uint64_t> begin;  // Data offset of each tensor, by index.
+  size_t largest = 0;           // Bytes of the largest tensor.
+};
+
+// Lays out the data buffer of `tensors`. Data order: decreasing element size
+// (stable), so each tensor starts at a multiple of its element size; the data
+// buffer itself starts at a multiple of 8 thanks to the header padding.
+DataLayout LayOutData(
+    const std::vector<std::pair<std::string, Tensor>>& tensors) {
+  DataLayout layout;
+  std::vector<size_t>& order = layout.order;
+  order.resize(tensors.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
     return DTypeSize(tensors[a].second.dtype()) >
            DTypeSize(tensors[b].second.dtype());
   });
-  std::vector<uint64_t> begin(tensors.size());
+  layout.begin.resize(tensors.size());
   uint64_t offset = 0;
-  size_t largest = 0;
   for (size_t i : order) {
-    begin[i] = offset;
+    layout.begin[i] = offset;
     offset += tensors[i].second.nbytes();
-    largest = std::max(largest, tensors[i].second.nbytes());
+    layout.largest = std::max(layout.largest, tensors[i].second.nbytes());
   }
+  return layout;
+}
 
+// The JSON header of a safetensors file: "__metadata__" (when non-empty),
+// then every tensor in the order of `tensors`, padded with spaces to a multiple
+// of 8 bytes.
+std::string HeaderJson(
+    const std::vector<std::pair<std::string, Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata,
+    const DataLayout& layout) {
   std::string header = "{";
   if (!metadata.empty()) {
     absl::StrAppend(&header, JsonQuote(kMetadataKey), ":{");
@@ -261,11 +264,41 @@ absl::Status WriteSafetensors(
     absl::StrAppend(&header, i == 0 ? "" : ",", JsonQuote(tensors[i].first),
                     ":{\"dtype\":\"", SafetensorsDTypeName(t.dtype()),
                     "\",\"shape\":[", absl::StrJoin(t.shape(), ","),
-                    "],\"data_offsets\":[", begin[i], ",",
-                    begin[i] + t.nbytes(), "]}");
+                    "],\"data_offsets\":[", layout.begin[i], ",",
+                    layout.begin[i] + t.nbytes(), "]}");
   }
   header.push_back('}');
   header.append((8 - header.size() % 8) % 8, ' ');
+  return header;
+}
+
+}  // namespace
+
+const char* SafetensorsDTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "F32";
+    case DType::kBF16:
+      return "BF16";
+    case DType::kF16:
+      return "F16";
+    case DType::kI32:
+      return "I32";
+    case DType::kI64:
+      return "I64";
+    case DType::kU8:
+      return "U8";
+  }
+  return "?";
+}
+
+absl::Status WriteSafetensors(
+    const std::string& path,
+    const std::vector<std::pair<std::string, Tensor>>& tensors,
+    const std::map<std::string, std::string>& metadata) {
+  RETURN_IF_ERROR(CheckWriteInputs(path, tensors, metadata));
+  const DataLayout layout = LayOutData(tensors);
+  const std::string header = HeaderJson(tensors, metadata, layout);
 
   char length[8];
   for (int i = 0; i < 8; ++i) {
@@ -279,8 +312,8 @@ absl::Status WriteSafetensors(
   RETURN_IF_ERROR(writer.Write(header.data(), header.size()));
   // Every device goes through CopyBytes into a bounded host buffer: one code
   // path, exact bytes.
-  std::vector<char> staging(std::min(largest, kStagingBytes));
-  for (size_t i : order) {
+  std::vector<char> staging(std::min(layout.largest, kStagingBytes));
+  for (size_t i : layout.order) {
     const Tensor& t = tensors[i].second;
     const char* src = static_cast<const char*>(t.raw_data());
     for (size_t done = 0; done < t.nbytes();) {
@@ -397,23 +430,7 @@ absl::Status SafetensorsFile::Parse() {
     if (name == kMetadataKey) {
       if (seen_metadata) return Error(kInvalid, "duplicate \"__metadata__\"");
       seen_metadata = true;
-      if (!entry.is_object()) {
-        return Error(kInvalid, absl::StrCat("\"__metadata__\" is a JSON ",
-                                            Json::TypeName(entry.type()),
-                                            ", not an object"));
-      }
-      for (const auto& [key, value] : entry.object_value()) {
-        if (!value.is_string()) {
-          return Error(kInvalid,
-                       absl::StrCat("\"__metadata__\" value of ", Quote(key),
-                                    " is a JSON ", Json::TypeName(value.type()),
-                                    ", not a string"));
-        }
-        if (!metadata_.emplace(key, value.string_value()).second) {
-          return Error(kInvalid, absl::StrCat("duplicate \"__metadata__\" key ",
-                                              Quote(key)));
-        }
-      }
+      RETURN_IF_ERROR(ParseMetadata(entry));
       continue;
     }
     if (name.empty()) return Error(kInvalid, "empty tensor name");
@@ -421,126 +438,172 @@ absl::Status SafetensorsFile::Parse() {
       return Error(kInvalid,
                    absl::StrCat("duplicate tensor name ", Quote(name)));
     }
-    if (!entry.is_object()) {
-      return Error(kInvalid, absl::StrCat("entry ", Quote(name), " is a JSON ",
-                                          Json::TypeName(entry.type()),
-                                          ", not an object"));
-    }
-    const std::string what = absl::StrCat("tensor ", Quote(name), ": ");
-    const Json* dtype = nullptr;
-    const Json* shape = nullptr;
-    const Json* offsets = nullptr;
-    for (const auto& [key, value] : entry.object_value()) {
-      const Json** slot = key == "dtype"          ? &dtype
-                          : key == "shape"        ? &shape
-                          : key == "data_offsets" ? &offsets
-                                                  : nullptr;
-      if (slot == nullptr) {
-        return Error(kInvalid,
-                     absl::StrCat(what, "unexpected key ", Quote(key)));
-      }
-      if (*slot != nullptr) {
-        return Error(kInvalid,
-                     absl::StrCat(what, "duplicate key ", Quote(key)));
-      }
-      *slot = &value;
-    }
-    for (const auto& [key, value] :
-         {std::make_pair("dtype", dtype), std::make_pair("shape", shape),
-          std::make_pair("data_offsets", offsets)}) {
-      if (value == nullptr) {
-        return Error(kInvalid, absl::StrCat(what, "missing \"", key, "\""));
-      }
-    }
-
-    SafetensorsTensorInfo info;
-    if (!dtype->is_string()) {
-      return Error(kInvalid, absl::StrCat(what, "\"dtype\" is a JSON ",
-                                          Json::TypeName(dtype->type()),
-                                          ", not a string"));
-    }
-    const SafetensorsDType* known = LookupDType(dtype->string_value());
-    if (known == nullptr) {
-      return Error(kInvalid, absl::StrCat(what, "unknown dtype ",
-                                          Quote(dtype->string_value())));
-    }
-    info.dtype_name = known->name;
-    info.dtype = known->dtype;
-    info.element_size = known->size;
-
-    if (!shape->is_array()) {
-      return Error(kInvalid, absl::StrCat(what, "\"shape\" is a JSON ",
-                                          Json::TypeName(shape->type()),
-                                          ", not an array"));
-    }
-    // The product of the non-zero dims must fit in int64, so that no partial
-    // product of the shape overflows either.
-    uint64_t nonzero_product = 1;
-    bool too_many = false;
-    constexpr uint64_t kInt64Max = std::numeric_limits<int64_t>::max();
-    for (const Json& dim : shape->array_value()) {
-      if (dim.is_int64() && dim.int64_value() < 0) {
-        return Error(kInvalid, absl::StrCat(what, "negative dim ",
-                                            dim.int64_value(), " in shape"));
-      }
-      if (!dim.is_uint64() || dim.uint64_value() > kInt64Max) {
-        return Error(kInvalid,
-                     absl::StrCat(what, "shape dims must be integers in [0, ",
-                                  kInt64Max, "]"));
-      }
-      const uint64_t d = dim.uint64_value();
-      info.shape.push_back(static_cast<int64_t>(d));
-      if (d != 0) {
-        if (nonzero_product > kInt64Max / d) too_many = true;
-        nonzero_product *= too_many ? 1 : d;
-      }
-    }
-    if (too_many) {
-      return Error(kInvalid,
-                   absl::StrCat(what, "shape ", ShapeToString(info.shape),
-                                " has too many elements"));
-    }
-
-    if (!offsets->is_array() || offsets->array_value().size() != 2 ||
-        !offsets->array_value()[0].is_uint64() ||
-        !offsets->array_value()[1].is_uint64()) {
-      return Error(kInvalid,
-                   absl::StrCat(what,
-                                "\"data_offsets\" must be [begin, end] with "
-                                "non-negative integers"));
-    }
-    info.begin = offsets->array_value()[0].uint64_value();
-    info.end = offsets->array_value()[1].uint64_value();
-    const std::string offsets_text =
-        absl::StrCat("data_offsets [", info.begin, ", ", info.end, "]");
-    if (info.begin > info.end) {
-      return Error(kInvalid,
-                   absl::StrCat(what, offsets_text, " have begin > end"));
-    }
-    if (info.end > data_bytes) {
-      return Error(kDataLoss,
-                   absl::StrCat(what, offsets_text,
-                                " are out of range: the data buffer is ",
-                                data_bytes, " bytes (truncated file?)"));
-    }
-    // NumElements cannot overflow (checked above); numel * element_size can,
-    // so compare by division first.
-    const uint64_t numel = static_cast<uint64_t>(NumElements(info.shape));
-    if (numel > (info.end - info.begin) / info.element_size ||
-        numel * info.element_size != info.end - info.begin) {
-      const bool fits =
-          numel <= std::numeric_limits<uint64_t>::max() / info.element_size;
-      return Error(kInvalid,
-                   absl::StrCat(what, "shape ", ShapeToString(info.shape),
-                                " of ", info.dtype_name, " needs ",
-                                fits ? absl::StrCat(numel * info.element_size)
-                                     : std::string("more than 2^64"),
-                                " bytes, but ", offsets_text, " hold ",
-                                info.end - info.begin));
-    }
+    ASSIGN_OR_RETURN(SafetensorsTensorInfo info,
+                     ParseTensorEntry(name, entry, data_bytes));
     tensors_.emplace(name, std::move(info));
   }
+  return CheckTiling(data_bytes);
+}
 
+absl::Status SafetensorsFile::ParseMetadata(const Json& entry) {
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  if (!entry.is_object()) {
+    return Error(kInvalid,
+                 absl::StrCat("\"__metadata__\" is a JSON ",
+                              Json::TypeName(entry.type()), ", not an object"));
+  }
+  for (const auto& [key, value] : entry.object_value()) {
+    if (!value.is_string()) {
+      return Error(
+          kInvalid,
+          absl::StrCat("\"__metadata__\" value of ", Quote(key), " is a JSON ",
+                       Json::TypeName(value.type()), ", not a string"));
+    }
+    if (!metadata_.emplace(key, value.string_value()).second) {
+      return Error(kInvalid,
+                   absl::StrCat("duplicate \"__metadata__\" key ", Quote(key)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::ParseTensorEntry(
+    const std::string& name, const Json& entry, uint64_t data_bytes) const {
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  if (!entry.is_object()) {
+    return Error(kInvalid,
+                 absl::StrCat("entry ", Quote(name), " is a JSON ",
+                              Json::TypeName(entry.type()), ", not an object"));
+  }
+  const std::string what = absl::StrCat("tensor ", Quote(name), ": ");
+  const Json* dtype = nullptr;
+  const Json* shape = nullptr;
+  const Json* offsets = nullptr;
+  for (const auto& [key, value] : entry.object_value()) {
+    const Json** slot = key == "dtype"          ? &dtype
+                        : key == "shape"        ? &shape
+                        : key == "data_offsets" ? &offsets
+                                                : nullptr;
+    if (slot == nullptr) {
+      return Error(kInvalid, absl::StrCat(what, "unexpected key ", Quote(key)));
+    }
+    if (*slot != nullptr) {
+      return Error(kInvalid, absl::StrCat(what, "duplicate key ", Quote(key)));
+    }
+    *slot = &value;
+  }
+  for (const auto& [key, value] :
+       {std::make_pair("dtype", dtype), std::make_pair("shape", shape),
+        std::make_pair("data_offsets", offsets)}) {
+    if (value == nullptr) {
+      return Error(kInvalid, absl::StrCat(what, "missing \"", key, "\""));
+    }
+  }
+
+  SafetensorsTensorInfo info;
+  if (!dtype->is_string()) {
+    return Error(kInvalid,
+                 absl::StrCat(what, "\"dtype\" is a JSON ",
+                              Json::TypeName(dtype->type()), ", not a string"));
+  }
+  const SafetensorsDType* known = LookupDType(dtype->string_value());
+  if (known == nullptr) {
+    return Error(kInvalid, absl::StrCat(what, "unknown dtype ",
+                                        Quote(dtype->string_value())));
+  }
+  info.dtype_name = known->name;
+  info.dtype = known->dtype;
+  info.element_size = known->size;
+
+  RETURN_IF_ERROR(ParseShape(what, *shape, &info.shape));
+  RETURN_IF_ERROR(ParseDataOffsets(what, *offsets, data_bytes, &info));
+  return info;
+}
+
+absl::Status SafetensorsFile::ParseShape(const std::string& what,
+                                         const Json& shape_json,
+                                         Shape* shape) const {
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  if (!shape_json.is_array()) {
+    return Error(kInvalid, absl::StrCat(what, "\"shape\" is a JSON ",
+                                        Json::TypeName(shape_json.type()),
+                                        ", not an array"));
+  }
+  // The product of the non-zero dims must fit in int64, so that no partial
+  // product of the shape overflows either.
+  uint64_t nonzero_product = 1;
+  bool too_many = false;
+  constexpr uint64_t kInt64Max = std::numeric_limits<int64_t>::max();
+  for (const Json& dim : shape_json.array_value()) {
+    if (dim.is_int64() && dim.int64_value() < 0) {
+      return Error(kInvalid, absl::StrCat(what, "negative dim ",
+                                          dim.int64_value(), " in shape"));
+    }
+    if (!dim.is_uint64() || dim.uint64_value() > kInt64Max) {
+      return Error(kInvalid,
+                   absl::StrCat(what, "shape dims must be integers in [0, ",
+                                kInt64Max, "]"));
+    }
+    const uint64_t d = dim.uint64_value();
+    shape->push_back(static_cast<int64_t>(d));
+    if (d != 0) {
+      if (nonzero_product > kInt64Max / d) too_many = true;
+      nonzero_product *= too_many ? 1 : d;
+    }
+  }
+  if (too_many) {
+    return Error(kInvalid, absl::StrCat(what, "shape ", ShapeToString(*shape),
+                                        " has too many elements"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsFile::ParseDataOffsets(
+    const std::string& what, const Json& offsets, uint64_t data_bytes,
+    SafetensorsTensorInfo* info) const {
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
+  constexpr auto kDataLoss = absl::StatusCode::kDataLoss;
+  if (!offsets.is_array() || offsets.array_value().size() != 2 ||
+      !offsets.array_value()[0].is_uint64() ||
+      !offsets.array_value()[1].is_uint64()) {
+    return Error(kInvalid, absl::StrCat(what,
+                                        "\"data_offsets\" must be [begin, end] "
+                                        "with non-negative integers"));
+  }
+  info->begin = offsets.array_value()[0].uint64_value();
+  info->end = offsets.array_value()[1].uint64_value();
+  const std::string offsets_text =
+      absl::StrCat("data_offsets [", info->begin, ", ", info->end, "]");
+  if (info->begin > info->end) {
+    return Error(kInvalid,
+                 absl::StrCat(what, offsets_text, " have begin > end"));
+  }
+  if (info->end > data_bytes) {
+    return Error(kDataLoss,
+                 absl::StrCat(what, offsets_text,
+                              " are out of range: the data buffer is ",
+                              data_bytes, " bytes (truncated file?)"));
+  }
+  // NumElements cannot overflow (ParseShape checked); numel * element_size
+  // can, so compare by division first.
+  const uint64_t numel = static_cast<uint64_t>(NumElements(info->shape));
+  if (numel > (info->end - info->begin) / info->element_size ||
+      numel * info->element_size != info->end - info->begin) {
+    const bool fits =
+        numel <= std::numeric_limits<uint64_t>::max() / info->element_size;
+    return Error(kInvalid,
+                 absl::StrCat(what, "shape ", ShapeToString(info->shape),
+                              " of ", info->dtype_name, " needs ",
+                              fits ? absl::StrCat(numel * info->element_size)
+                                   : std::string("more than 2^64"),
+                              " bytes, but ", offsets_text, " hold ",
+                              info->end - info->begin));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SafetensorsFile::CheckTiling(uint64_t data_bytes) const {
+  constexpr auto kInvalid = absl::StatusCode::kInvalidArgument;
   // The tensors must tile [0, data_bytes) exactly.
   std::vector<std::tuple<uint64_t, uint64_t, const std::string*>> spans;
   spans.reserve(tensors_.size());

@@ -45,6 +45,8 @@
 
 namespace fsdpp {
 
+class Json;
+
 // The safetensors spelling of an fsdpp dtype: "F32", "BF16", "F16", "I32",
 // "I64" or "U8".
 const char* SafetensorsDTypeName(DType dtype);
@@ -147,6 +149,24 @@ class SafetensorsFile {
   SafetensorsFile() = default;
   // Validates data_[0, size_) and fills tensors_ and metadata_.
   absl::Status Parse();
+  // Parse's steps below each return the first problem found as an Error().
+  // Reads the "__metadata__" header entry into metadata_.
+  absl::Status ParseMetadata(const Json& entry);
+  // Reads and checks the header entry of tensor `name` (dtype, shape and
+  // data_offsets, against each other and a data buffer of `data_bytes`).
+  absl::StatusOr<SafetensorsTensorInfo> ParseTensorEntry(
+      const std::string& name, const Json& entry, uint64_t data_bytes) const;
+  // Appends the dims of an entry's "shape" to `shape`, checking that they
+  // are non-negative int64s whose product fits; `what` prefixes messages.
+  absl::Status ParseShape(const std::string& what, const Json& shape_json,
+                          Shape* shape) const;
+  // Reads an entry's "data_offsets" into info->begin and info->end and checks
+  // them against the data buffer and info's shape and element size.
+  absl::Status ParseDataOffsets(const std::string& what, const Json& offsets,
+                                uint64_t data_bytes,
+                                SafetensorsTensorInfo* info) const;
+  // Checks that tensors_ tile [0, data_bytes): no overlap, gap or tail.
+  absl::Status CheckTiling(uint64_t data_bytes) const;
   absl::StatusOr<const SafetensorsTensorInfo*> Find(
       const std::string& name) const;
   absl::Status Error(absl::StatusCode code, absl::string_view problem) const;
