@@ -226,6 +226,15 @@ void SetUpAllocator(const TrainConfig& config) {
   }
 }
 
+// This rank's training: Trainer::Create, then Run. The trainer (the model,
+// its optimizer state, the loaders) is released before this returns.
+absl::StatusOr<TrainResult> TrainRank(const TrainConfig& config,
+                                      const TrainerEnv& env) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(config, env));
+  return trainer->Run();
+}
+
 // One rank under a launcher.
 int RunRank(const TrainConfig& config, const RendezvousInfo& info,
             int64_t stop_after_steps) {
@@ -252,7 +261,7 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
     env.progress = TrainerEnv::Progress::kStatusLines;
   }
   env.stop_after_steps = stop_after_steps;
-  absl::StatusOr<TrainResult> result = Train(config, env);
+  absl::StatusOr<TrainResult> result = TrainRank(config, env);
   if (!result.ok()) {
     std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
     return 1;
@@ -271,7 +280,7 @@ int RunSingle(const TrainConfig& config, const char* argv0,
   env.progress = isatty(fileno(stdout)) ? TrainerEnv::Progress::kTerminal
                                         : TrainerEnv::Progress::kLines;
   env.stop_after_steps = stop_after_steps;
-  absl::StatusOr<TrainResult> result = Train(config, env);
+  absl::StatusOr<TrainResult> result = TrainRank(config, env);
   if (!result.ok()) {
     std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
     return 1;

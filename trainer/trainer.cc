@@ -29,7 +29,6 @@
 #include "optim/lr_schedule.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
-#include "trainer/dataset.h"
 #include "trainer/data/loader.h"
 #include "trainer/metrics.h"
 
@@ -51,48 +50,6 @@ constexpr int64_t kUnigramTokens = 16 << 20;
 // Matmul size and time budget of the CPU peak measurement.
 constexpr int64_t kPeakMatmulN = 1024;
 constexpr absl::Duration kPeakBudget = absl::Milliseconds(600);
-
-// Rank 0's printer.
-class Printer {
- public:
-  Printer(const TrainerEnv& env) : env_(env) {}
-  bool active() const { return env_.rank == 0 && env_.out != nullptr; }
-  void Line(const std::string& text) {
-    if (!active()) return;
-    ClearProgress();
-    std::fputs(text.c_str(), env_.out);
-    if (text.empty() || text.back() != '\n') std::fputc('\n', env_.out);
-    std::fflush(env_.out);
-  }
-  // A progress line: redrawn in place on a terminal or as a launcher status
-  // line every step (and kept when `keep`); otherwise printed only when
-  // `keep`.
-  void Progress(const std::string& text, bool keep) {
-    if (!active()) return;
-    switch (env_.progress) {
-      case TrainerEnv::Progress::kTerminal:
-        std::fprintf(env_.out, "\r%s\033[K", text.c_str());
-        progress_shown_ = !keep;
-        if (keep) std::fputc('\n', env_.out);
-        break;
-      case TrainerEnv::Progress::kStatusLines:
-        std::fprintf(env_.out, keep ? "%s\n" : "\r%s\n", text.c_str());
-        break;
-      case TrainerEnv::Progress::kLines:
-        if (keep) std::fprintf(env_.out, "%s\n", text.c_str());
-        break;
-    }
-    std::fflush(env_.out);
-  }
-
- private:
-  void ClearProgress() {
-    if (progress_shown_) std::fputs("\r\033[K", env_.out);
-    progress_shown_ = false;
-  }
-  const TrainerEnv& env_;
-  bool progress_shown_ = false;
-};
 
 absl::StatusOr<LrDecay> ParseDecay(const std::string& name) {
   if (name == "cosine") return LrDecay::kCosine;
@@ -228,76 +185,145 @@ std::string TrainLine(const StepLog& s, int64_t steps, double tokens_per_s,
 
 }  // namespace
 
-absl::StatusOr<TrainResult> Train(const TrainConfig& config,
-                                  const TrainerEnv& env) {
-  Printer print(env);
-  TrainResult result;
-  ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
-                   ResolveTrainConfig(config, env.world_size));
-  const TrainingConfig& tc = config.training();
-  const MetricsConfig& mc = config.metrics();
-
-  // Mesh: {shard} or {replicate, shard} (HSDP).
-  std::vector<MeshAxis> axes;
-  if (rc.dp_replicate > 1) axes.push_back({"replicate", rc.dp_replicate});
-  axes.push_back({"shard", rc.dp_shard});
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
-                   Context(DeviceMesh::Create(axes, env.rank, env.world_size,
-                                              env.group_factory, "train"),
-                           "trainer: creating the device mesh"));
-  ASSIGN_OR_RETURN(ProcessGroup * world, mesh->FlatGroup());
-
-  TraceRecorder trace(env.rank, absl::StrCat("rank ", env.rank));
-  ScopedCurrentTrace trace_scope(&trace);
-
-  // Data.
-  ASSIGN_OR_RETURN(Dataset data, Context(LoadDataset(config.data()),
-                                         "trainer: loading the data"));
-  result.unigram_loss =
-      UnigramLoss(*data.tokens, data.train.begin,
-                  std::min(data.train.end, data.train.begin + kUnigramTokens));
-  LoaderOptions lo;
-  lo.seq_len = rc.seq_len;
-  lo.batch_size = rc.micro_batch;
-  lo.dp_rank = mesh->rank();
-  lo.dp_world = env.world_size;
-  lo.seed = tc.seed();
-  lo.shuffle = config.data().shuffle();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<DataLoader> loader,
-      Context(MakeLoader(data, data.train, lo), "trainer: the training split"));
-  std::unique_ptr<DataLoader> val_loader;
-  const ValidationConfig& vc = config.validation();
-  if (vc.interval() > 0 && data.validation.size() > 0) {
-    LoaderOptions vo = lo;
-    vo.shuffle = false;
-    ASSIGN_OR_RETURN(val_loader, Context(MakeLoader(data, data.validation, vo),
-                                         "trainer: the validation split"));
+// Rank 0's printer.
+class Trainer::Printer {
+ public:
+  explicit Printer(const TrainerEnv& env) : env_(env) {}
+  bool active() const { return env_.rank == 0 && env_.out != nullptr; }
+  void Line(const std::string& text) {
+    if (!active()) return;
+    ClearProgress();
+    std::fputs(text.c_str(), env_.out);
+    if (text.empty() || text.back() != '\n') std::fputc('\n', env_.out);
+    std::fflush(env_.out);
+  }
+  // A progress line: redrawn in place on a terminal or as a launcher status
+  // line every step (and kept when `keep`); otherwise printed only when
+  // `keep`.
+  void Progress(const std::string& text, bool keep) {
+    if (!active()) return;
+    switch (env_.progress) {
+      case TrainerEnv::Progress::kTerminal:
+        std::fprintf(env_.out, "\r%s\033[K", text.c_str());
+        progress_shown_ = !keep;
+        if (keep) std::fputc('\n', env_.out);
+        break;
+      case TrainerEnv::Progress::kStatusLines:
+        std::fprintf(env_.out, keep ? "%s\n" : "\r%s\n", text.c_str());
+        break;
+      case TrainerEnv::Progress::kLines:
+        if (keep) std::fprintf(env_.out, "%s\n", text.c_str());
+        break;
+    }
+    std::fflush(env_.out);
   }
 
-  // Model: meta -> plan -> sharded init.
+ private:
+  void ClearProgress() {
+    if (progress_shown_) std::fputs("\r\033[K", env_.out);
+    progress_shown_ = false;
+  }
+  const TrainerEnv& env_;
+  bool progress_shown_ = false;
+};
+
+Trainer::Trainer(const TrainConfig& config, const TrainerEnv& env,
+                 ResolvedTrainConfig rc)
+    : config_(config),
+      env_(env),
+      rc_(std::move(rc)),
+      print_(std::make_unique<Printer>(env_)) {}
+
+Trainer::~Trainer() = default;
+
+absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
+    const TrainConfig& config, const TrainerEnv& env) {
+  ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
+                   ResolveTrainConfig(config, env.world_size));
+  std::unique_ptr<Trainer> trainer(new Trainer(config, env, std::move(rc)));
+  RETURN_IF_ERROR(trainer->BuildMesh());
+  RETURN_IF_ERROR(trainer->BuildData());
+  RETURN_IF_ERROR(trainer->BuildModel());
+  RETURN_IF_ERROR(trainer->BuildOptimizer());
+  RETURN_IF_ERROR(trainer->BuildCheckpointState());
+  RETURN_IF_ERROR(trainer->BuildCheckpointWriter());
+  RETURN_IF_ERROR(trainer->BuildMetrics());
+  trainer->run_start_ = absl::Now();
+  return trainer;
+}
+
+// Mesh: {shard} or {replicate, shard} (HSDP); then the trace recorder.
+absl::Status Trainer::BuildMesh() {
+  std::vector<MeshAxis> axes;
+  if (rc_.dp_replicate > 1) axes.push_back({"replicate", rc_.dp_replicate});
+  axes.push_back({"shard", rc_.dp_shard});
+  ASSIGN_OR_RETURN(mesh_,
+                   Context(DeviceMesh::Create(axes, env_.rank, env_.world_size,
+                                              env_.group_factory, "train"),
+                           "trainer: creating the device mesh"));
+  ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
+
+  trace_ = std::make_unique<TraceRecorder>(env_.rank,
+                                           absl::StrCat("rank ", env_.rank));
+  trace_scope_.emplace(trace_.get());
+  return absl::OkStatus();
+}
+
+// Data: the dataset, the unigram baseline, the loaders.
+absl::Status Trainer::BuildData() {
+  const TrainingConfig& tc = config_.training();
+  ASSIGN_OR_RETURN(
+      data_, Context(LoadDataset(config_.data()), "trainer: loading the data"));
+  result_.unigram_loss = UnigramLoss(
+      *data_.tokens, data_.train.begin,
+      std::min(data_.train.end, data_.train.begin + kUnigramTokens));
+  LoaderOptions lo;
+  lo.seq_len = rc_.seq_len;
+  lo.batch_size = rc_.micro_batch;
+  lo.dp_rank = mesh_->rank();
+  lo.dp_world = env_.world_size;
+  lo.seed = tc.seed();
+  lo.shuffle = config_.data().shuffle();
+  ASSIGN_OR_RETURN(loader_, Context(MakeLoader(data_, data_.train, lo),
+                                    "trainer: the training split"));
+  const ValidationConfig& vc = config_.validation();
+  if (vc.interval() > 0 && data_.validation.size() > 0) {
+    LoaderOptions vo = lo;
+    vo.shuffle = false;
+    ASSIGN_OR_RETURN(val_loader_,
+                     Context(MakeLoader(data_, data_.validation, vo),
+                             "trainer: the validation split"));
+  }
+  return absl::OkStatus();
+}
+
+// Model: meta -> plan -> sharded init.
+absl::Status Trainer::BuildModel() {
+  const TrainingConfig& tc = config_.training();
   models::TransformerOptions mo;
   mo.activation_checkpointing = tc.activation_checkpointing();
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(rc.model, mo));
+  ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
   fsdp::FsdpPlanOptions plan;
-  plan.shard.mesh = mesh.get();
+  plan.shard.mesh = mesh_.get();
   plan.shard.reshard_after_forward =
-      config.parallelism().reshard_after_forward();
-  plan.shard.hpz_degree = rc.hpz_degree > 1 ? rc.hpz_degree : 0;
-  plan.shard.mp_policy.param_dtype = rc.param_dtype;
-  plan.shard.mp_policy.reduce_dtype = rc.reduce_dtype;
-  plan.shard.offload_policy.offload_params = config.parallelism().offload();
-  ASSIGN_OR_RETURN(
-      std::vector<fsdp::FsdpUnit*> units,
-      Context(ApplyPlan(model.get(), plan), "trainer: applying the FSDP plan"));
-  RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), tc.seed()));
-  std::vector<fsdp::ShardedParameter*> params =
-      fsdp::ShardedParameters(model.get());
-  std::vector<DTensor*> grads;
+      config_.parallelism().reshard_after_forward();
+  plan.shard.hpz_degree = rc_.hpz_degree > 1 ? rc_.hpz_degree : 0;
+  plan.shard.mp_policy.param_dtype = rc_.param_dtype;
+  plan.shard.mp_policy.reduce_dtype = rc_.reduce_dtype;
+  plan.shard.offload_policy.offload_params = config_.parallelism().offload();
+  ASSIGN_OR_RETURN(units_, Context(ApplyPlan(model_.get(), plan),
+                                   "trainer: applying the FSDP plan"));
+  RETURN_IF_ERROR(fsdp::InitShardedWeights(model_.get(), tc.seed()));
+  params_ = fsdp::ShardedParameters(model_.get());
+  for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
+  return absl::OkStatus();
+}
+
+// AdamW on the sharded masters, the loss scaler (f16), the LR schedule.
+absl::Status Trainer::BuildOptimizer() {
+  const TrainingConfig& tc = config_.training();
   std::vector<AdamWParam> adam_params;
-  for (fsdp::ShardedParameter* sp : params) {
-    grads.push_back(&sp->grad);
+  for (fsdp::ShardedParameter* sp : params_) {
     adam_params.emplace_back(sp->name, &sp->master, &sp->grad);
   }
   AdamWOptions ao;
@@ -308,14 +334,14 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
   ao.weight_decay = tc.weight_decay();
   ao.decay_filter = DecayMatricesOnly;
   ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam_params), ao));
-  RETURN_IF_ERROR(adamw.Init());
-  std::optional<LossScaler> scaler;
-  if (rc.param_dtype == DType::kF16) {
+  adamw_.emplace(std::move(adamw));
+  RETURN_IF_ERROR(adamw_->Init());
+  if (rc_.param_dtype == DType::kF16) {
     LossScalerOptions lso;
     lso.init_scale = tc.initial_loss_scale();
     lso.growth_interval = tc.loss_scale_growth_interval();
     ASSIGN_OR_RETURN(LossScaler created, LossScaler::Create(lso));
-    scaler.emplace(created);
+    scaler_.emplace(created);
   }
   LrScheduleOptions so;
   so.base_lr = tc.lr();
@@ -324,139 +350,125 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
   so.min_lr_ratio = tc.min_lr_ratio();
   ASSIGN_OR_RETURN(so.decay, ParseDecay(tc.schedule()));
   ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(so));
+  schedule_.emplace(std::move(schedule));
+  return absl::OkStatus();
+}
 
-  // Checkpoint state: views of the masters and the optimizer state, so
-  // loads write in place.
-  std::string step_bytes = "0", loader_bytes;
-  StateDict state;
-  for (fsdp::ShardedParameter* sp : params) {
-    RETURN_IF_ERROR(state.AddDTensor("model/" + sp->name, sp->master));
+// Checkpoint state: views of the masters and the optimizer state, so loads
+// write in place; then the resume from the latest checkpoint.
+absl::Status Trainer::BuildCheckpointState() {
+  for (fsdp::ShardedParameter* sp : params_) {
+    RETURN_IF_ERROR(state_.AddDTensor("model/" + sp->name, sp->master));
   }
-  ASSIGN_OR_RETURN(OptimizerStateDict osd, adamw.StateDict());
+  ASSIGN_OR_RETURN(OptimizerStateDict osd, adamw_->StateDict());
   for (auto& [name, t] : osd.tensors) {
-    RETURN_IF_ERROR(state.AddDTensor("optim/" + name, t));
+    RETURN_IF_ERROR(state_.AddDTensor("optim/" + name, t));
   }
-  RETURN_IF_ERROR(state.AddBytes("train/step", "0"));
-  RETURN_IF_ERROR(state.AddBytes("train/loader", ""));
-  RETURN_IF_ERROR(state.AddBytes("train/loss_scaler", ""));
-  RETURN_IF_ERROR(state.AddBytes("train/config", FormatTrainConfig(config)));
-  const CheckpointConfig& cc = config.checkpoint();
+  RETURN_IF_ERROR(state_.AddBytes("train/step", "0"));
+  RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
+  RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));
+  RETURN_IF_ERROR(state_.AddBytes("train/config", FormatTrainConfig(config_)));
+  const CheckpointConfig& cc = config_.checkpoint();
   if (cc.resume() && !cc.folder().empty()) {
     absl::StatusOr<std::string> latest = LatestCheckpoint(cc.folder());
     if (latest.ok()) {
-      ASSIGN_OR_RETURN(LoadResult loaded,
-                       Context(Load(&state, *latest), "trainer: resuming"));
-      ASSIGN_OR_RETURN(std::string steps_text, state.bytes("train/step"));
-      int64_t done = 0;
-      if (!absl::SimpleAtoi(steps_text, &done) || done < 0) {
-        return absl::DataLossError(absl::StrCat(
-            "trainer: ", *latest, ": train/step is not a step count: \"",
-            steps_text, "\""));
-      }
-      ASSIGN_OR_RETURN(std::string ls, state.bytes("train/loader"));
-      LoaderState loader_state;
-      if (!loader_state.ParseFromString(ls)) {
-        return absl::DataLossError(absl::StrCat(
-            "trainer: ", *latest, ": train/loader does not parse"));
-      }
-      RETURN_IF_ERROR(
-          Annotate(loader->Restore(loader_state),
-                   absl::StrCat("trainer: resuming from ", *latest)));
-      RETURN_IF_ERROR(adamw.SetStep(done));
-      ASSIGN_OR_RETURN(std::string scaler_text,
-                       state.bytes("train/loss_scaler"));
-      if (scaler.has_value() && !scaler_text.empty()) {
-        std::vector<std::string> parts = absl::StrSplit(scaler_text, ' ');
-        float scale = 0;
-        int64_t tracker = 0;
-        if (parts.size() != 2 || !absl::SimpleAtof(parts[0], &scale) ||
-            !absl::SimpleAtoi(parts[1], &tracker)) {
-          return absl::DataLossError(
-              absl::StrCat("trainer: ", *latest, ": train/loss_scaler \"",
-                           scaler_text, "\" is not \"<scale> <tracker>\""));
-        }
-        RETURN_IF_ERROR(scaler->Restore(scale, tracker));
-      }
-      result.start_step = done;
-      result.resumed_from = *latest;
+      RETURN_IF_ERROR(Resume(*latest));
     } else if (!absl::IsNotFound(latest.status())) {
       return latest.status();
     }
   }
-  result.end_step = result.start_step;
+  result_.end_step = result_.start_step;
+  return absl::OkStatus();
+}
 
-  // Checkpoint writer.
-  std::unique_ptr<AsyncSaver> async_saver;
-  SaveOptions save_options;
-  save_options.mesh = mesh.get();
-  save_options.keep_last = cc.keep_latest_k();
-  save_options.store_prefix = "fsdpp/trainer/checkpoint";
+absl::Status Trainer::Resume(const std::string& latest) {
+  ASSIGN_OR_RETURN(LoadResult loaded,
+                   Context(Load(&state_, latest), "trainer: resuming"));
+  ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
+  int64_t done = 0;
+  if (!absl::SimpleAtoi(steps_text, &done) || done < 0) {
+    return absl::DataLossError(
+        absl::StrCat("trainer: ", latest,
+                     ": train/step is not a step count: \"", steps_text, "\""));
+  }
+  ASSIGN_OR_RETURN(std::string ls, state_.bytes("train/loader"));
+  LoaderState loader_state;
+  if (!loader_state.ParseFromString(ls)) {
+    return absl::DataLossError(
+        absl::StrCat("trainer: ", latest, ": train/loader does not parse"));
+  }
+  RETURN_IF_ERROR(Annotate(loader_->Restore(loader_state),
+                           absl::StrCat("trainer: resuming from ", latest)));
+  RETURN_IF_ERROR(adamw_->SetStep(done));
+  ASSIGN_OR_RETURN(std::string scaler_text, state_.bytes("train/loss_scaler"));
+  if (scaler_.has_value() && !scaler_text.empty()) {
+    std::vector<std::string> parts = absl::StrSplit(scaler_text, ' ');
+    float scale = 0;
+    int64_t tracker = 0;
+    if (parts.size() != 2 || !absl::SimpleAtof(parts[0], &scale) ||
+        !absl::SimpleAtoi(parts[1], &tracker)) {
+      return absl::DataLossError(
+          absl::StrCat("trainer: ", latest, ": train/loss_scaler \"",
+                       scaler_text, "\" is not \"<scale> <tracker>\""));
+    }
+    RETURN_IF_ERROR(scaler_->Restore(scale, tracker));
+  }
+  result_.start_step = done;
+  result_.resumed_from = latest;
+  return absl::OkStatus();
+}
+
+// Checkpoint writer (asynchronous when configured).
+absl::Status Trainer::BuildCheckpointWriter() {
+  const CheckpointConfig& cc = config_.checkpoint();
+  save_options_.mesh = mesh_.get();
+  save_options_.keep_last = cc.keep_latest_k();
+  save_options_.store_prefix = "fsdpp/trainer/checkpoint";
   if (cc.interval() > 0 && cc.async()) {
-    if (env.store == nullptr && env.world_size > 1) {
+    if (env_.store == nullptr && env_.world_size > 1) {
       return absl::InvalidArgumentError(
           "trainer: checkpoint.async needs the rendezvous store");
     }
-    save_options.store = env.store;
-    ASSIGN_OR_RETURN(async_saver,
-                     AsyncSaver::Create(cc.folder(), save_options));
+    save_options_.store = env_.store;
+    ASSIGN_OR_RETURN(async_saver_,
+                     AsyncSaver::Create(cc.folder(), save_options_));
   }
-  auto save = [&](int64_t step) -> absl::Status {
-    TraceSpan span("checkpoint", "checkpoint");
-    RETURN_IF_ERROR(state.SetBytes("train/step", absl::StrCat(step)));
-    RETURN_IF_ERROR(
-        state.SetBytes("train/loader", loader->state().SerializeAsString()));
-    RETURN_IF_ERROR(state.SetBytes(
-        "train/loss_scaler", scaler.has_value()
-                                 ? absl::StrFormat("%.9g %d", scaler->scale(),
-                                                   scaler->growth_tracker())
-                                 : ""));
-    if (async_saver != nullptr) {
-      ASSIGN_OR_RETURN(std::shared_ptr<PendingSave> pending,
-                       async_saver->Save(state, step));
-      result.last_checkpoint =
-          absl::StrCat(cc.folder(), "/", CheckpointDirName(step));
-      print.Line(absl::StrFormat(
-          "checkpoint: step %d saving in the background to %s (blocked "
-          "%.0f ms)",
-          step, result.last_checkpoint,
-          absl::ToDoubleMilliseconds(pending->blocking_time())));
-      return absl::OkStatus();
-    }
-    ASSIGN_OR_RETURN(SaveResult saved,
-                     Save(state, cc.folder(), step, save_options));
-    result.last_checkpoint = saved.path;
-    print.Line(
-        absl::StrFormat("checkpoint: step %d saved to %s (%.1f MiB in %.2f s)",
-                        step, saved.path, saved.total_bytes / 1048576.0,
-                        absl::ToDoubleSeconds(saved.total_time)));
-    return absl::OkStatus();
-  };
+  return absl::OkStatus();
+}
 
-  // Metrics.
-  std::unique_ptr<JsonlWriter> jsonl;
-  if (env.rank == 0 && !mc.jsonl_path().empty()) {
-    ASSIGN_OR_RETURN(jsonl, JsonlWriter::Open(mc.jsonl_path()));
+// Metrics: the JSONL, FLOPs per token, the MFU peak; then the header.
+absl::Status Trainer::BuildMetrics() {
+  const MetricsConfig& mc = config_.metrics();
+  if (env_.rank == 0 && !mc.jsonl_path().empty()) {
+    ASSIGN_OR_RETURN(jsonl_, JsonlWriter::Open(mc.jsonl_path()));
   }
-  const double flops_per_token = models::FlopsPerToken(rc.model, rc.seq_len);
-  double peak = mc.peak_tflops() * 1e12;
+  flops_per_token_ = models::FlopsPerToken(rc_.model, rc_.seq_len);
+  peak_ = mc.peak_tflops() * 1e12;
   std::string peak_source = "metrics.peak_tflops";
-  if (peak <= 0) {
+  if (peak_ <= 0) {
     ASSIGN_OR_RETURN(
-        peak, MeasureMatmulFlops(
-                  rc.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
-                  kPeakMatmulN, kPeakBudget));
+        peak_, MeasureMatmulFlops(
+                   rc_.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
+                   kPeakMatmulN, kPeakBudget));
     // The slowest rank's number: all ranks share the machine.
-    std::vector<double> p = {-peak};
-    RETURN_IF_ERROR(AllReduce(world, &p, ReduceOp::kMax));
-    peak = -p[0];
+    std::vector<double> p = {-peak_};
+    RETURN_IF_ERROR(AllReduce(world_, &p, ReduceOp::kMax));
+    peak_ = -p[0];
     peak_source = absl::StrFormat(
         "measured: %d^3 %s matmul, all ranks at once", kPeakMatmulN,
-        DTypeName(rc.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32));
+        DTypeName(rc_.param_dtype == DType::kBF16 ? DType::kBF16
+                                                  : DType::kF32));
   }
-  result.peak_tflops_per_rank = peak / 1e12;
-  const int64_t num_params = models::NumParameters(rc.model);
+  result_.peak_tflops_per_rank = peak_ / 1e12;
+  return PrintHeader(peak_source);
+}
 
-  print.Line(absl::StrFormat(
+// The run's header (printed and as the JSONL's "run" line) and the memory
+// table at the start.
+absl::Status Trainer::PrintHeader(const std::string& peak_source) {
+  const TrainingConfig& tc = config_.training();
+  const int64_t num_params = models::NumParameters(rc_.model);
+  print_->Line(absl::StrFormat(
       "fsdpp trainer: %s (%s parameters) on %d rank(s), mesh %s, %s\n"
       "  data: %s\n"
       "  batch: %d sequences x %d tokens = %d tokens/step (micro batch %d, "
@@ -464,308 +476,398 @@ absl::StatusOr<TrainResult> Train(const TrainConfig& config,
       "  unigram baseline loss: %.4f nats (the loss of predicting token "
       "frequencies)\n"
       "  MFU peak: %.3f TFLOP/s per rank (%s); %.3g model FLOPs per token",
-      config.model().name(), absl::StrFormat("%.2fM", num_params / 1e6),
-      env.world_size, mesh->ToString(),
-      plan.shard.reshard_after_forward ? "ZeRO-3" : "ZeRO-2", data.description,
-      tc.global_batch(), rc.seq_len, rc.tokens_per_step, rc.micro_batch,
-      rc.grad_accumulation_steps, result.unigram_loss,
-      result.peak_tflops_per_rank, peak_source, flops_per_token));
-  if (!result.resumed_from.empty()) {
-    print.Line(absl::StrFormat("resumed from %s: %d step(s) done",
-                               result.resumed_from, result.start_step));
+      config_.model().name(), absl::StrFormat("%.2fM", num_params / 1e6),
+      env_.world_size, mesh_->ToString(),
+      config_.parallelism().reshard_after_forward() ? "ZeRO-3" : "ZeRO-2",
+      data_.description, tc.global_batch(), rc_.seq_len, rc_.tokens_per_step,
+      rc_.micro_batch, rc_.grad_accumulation_steps, result_.unigram_loss,
+      result_.peak_tflops_per_rank, peak_source, flops_per_token_));
+  if (!result_.resumed_from.empty()) {
+    print_->Line(absl::StrFormat("resumed from %s: %d step(s) done",
+                                 result_.resumed_from, result_.start_step));
   }
-  if (jsonl != nullptr) {
-    RETURN_IF_ERROR(jsonl->Write(absl::StrCat(
-        "{\"kind\":\"run\",\"model\":", JsonQuote(config.model().name()),
-        ",\"world_size\":", env.world_size, ",\"params\":", num_params,
-        ",\"tokens_per_step\":", rc.tokens_per_step, ",\"steps\":", tc.steps(),
-        ",\"start_step\":", result.start_step,
-        ",\"unigram_loss\":", JsonNumber(result.unigram_loss),
-        ",\"peak_tflops_per_rank\":", JsonNumber(result.peak_tflops_per_rank),
-        ",\"flops_per_token\":", JsonNumber(flops_per_token), "}")));
+  if (jsonl_ != nullptr) {
+    RETURN_IF_ERROR(jsonl_->Write(absl::StrCat(
+        "{\"kind\":\"run\",\"model\":", JsonQuote(config_.model().name()),
+        ",\"world_size\":", env_.world_size, ",\"params\":", num_params,
+        ",\"tokens_per_step\":", rc_.tokens_per_step, ",\"steps\":", tc.steps(),
+        ",\"start_step\":", result_.start_step,
+        ",\"unigram_loss\":", JsonNumber(result_.unigram_loss),
+        ",\"peak_tflops_per_rank\":", JsonNumber(result_.peak_tflops_per_rank),
+        ",\"flops_per_token\":", JsonNumber(flops_per_token_), "}")));
   }
-  {
-    ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world));
-    print.Line(FormatMemoryTable(mem,
+  ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
+  print_->Line(FormatMemoryTable(mem,
                                  "Memory per rank at start (sharded state "
                                  "allocated, before the first step):"));
+  return absl::OkStatus();
+}
+
+bool Trainer::done() const {
+  return result_.end_step >= config_.training().steps();
+}
+
+absl::StatusOr<TrainResult> Trainer::Run() {
+  while (!done()) {
+    const int64_t next = result_.end_step + 1;
+    if (env_.stop_after_steps > 0 &&
+        next > result_.start_step + env_.stop_after_steps) {
+      if (async_saver_ != nullptr) RETURN_IF_ERROR(async_saver_->Wait());
+      print_->Line(absl::StrFormat("stopping after step %d (stop_after_steps)",
+                                   next - 1));
+      return result_;
+    }
+    RETURN_IF_ERROR(TrainStep());
+    RETURN_IF_ERROR(LogStep());
+    if (ValidationDue()) RETURN_IF_ERROR(Validate());
+    RETURN_IF_ERROR(MaybeSave());
+    RETURN_IF_ERROR(MaybeWriteTrace());
   }
+  RETURN_IF_ERROR(Summarize());
+  return result_;
+}
 
-  // Validation.
-  auto validate = [&](int64_t step) -> absl::Status {
-    TraceSpan span("validation", "compute");
-    val_loader->Reset();
-    double sum = 0;
-    for (int64_t b = 0; b < vc.batches(); ++b) {
-      ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader->Next()));
-      ASSIGN_OR_RETURN(float l, model->EvalLoss(tensors.first, tensors.second));
-      sum += l;
-    }
-    // Free what the forward-only passes left gathered (the next training
-    // forward would, but the memory between now and then is not needed).
-    for (fsdp::FsdpUnit* unit : units) RETURN_IF_ERROR(unit->Reshard());
-    std::vector<double> v = {sum / vc.batches()};
-    RETURN_IF_ERROR(AllReduce(world, &v, ReduceOp::kAvg));
-    result.validation.emplace_back(step, v[0]);
-    print.Line(
-        absl::StrFormat("validation: step %d loss %.4f (%d batches x %d "
-                        "rank(s))",
-                        step, v[0], vc.batches(), env.world_size));
-    if (jsonl != nullptr) {
-      RETURN_IF_ERROR(
-          jsonl->Write(absl::StrCat("{\"kind\":\"val\",\"step\":", step,
-                                    ",\"val_loss\":", JsonNumber(v[0]), "}")));
-    }
-    return absl::OkStatus();
-  };
-
-  // The loop.
-  ThroughputMeter meter;
-  const int64_t accumulation = rc.grad_accumulation_steps;
+absl::StatusOr<double> Trainer::ForwardBackward(int64_t step,
+                                                double loss_scale) {
+  const int64_t accumulation = rc_.grad_accumulation_steps;
   const float backward_scale = 1.0f / static_cast<float>(accumulation);
-  const absl::Time run_start = absl::Now();
-  int64_t comm_wait_us = 0, comm_steps = 0;
+  double loss = 0;
+  for (int64_t m = 0; m < accumulation; ++m) {
+    Batch batch;
+    {
+      TraceSpan s("data", "data");
+      batch = loader_->Next();
+    }
+    ASSIGN_OR_RETURN(auto tensors, BatchTensors(batch));
+    float l = 0;
+    {
+      TraceSpan s("forward", "compute");
+      ASSIGN_OR_RETURN(
+          l, Context(model_->ForwardLoss(tensors.first, tensors.second),
+                     absl::StrCat("step ", step, " forward")));
+    }
+    {
+      TraceSpan s("backward", "compute");
+      RETURN_IF_ERROR(Annotate(
+          model_->Backward(backward_scale * static_cast<float>(loss_scale)),
+          absl::StrCat("step ", step, " backward")));
+    }
+    loss += static_cast<double>(l) / accumulation;
+  }
+  return loss;
+}
+
+absl::Status Trainer::TrainStep() {
+  if (done()) {
+    return absl::FailedPreconditionError(
+        absl::StrFormat("trainer: all %d steps are done", result_.end_step));
+  }
+  const TrainingConfig& tc = config_.training();
+  const MetricsConfig& mc = config_.metrics();
+  const int64_t step = result_.end_step + 1;
   const int64_t trace_begin = mc.trace_start_step(),
                 trace_end = mc.trace_start_step() + mc.trace_steps();
-  for (int64_t step = result.start_step + 1; step <= tc.steps(); ++step) {
-    if (env.stop_after_steps > 0 &&
-        step > result.start_step + env.stop_after_steps) {
-      if (async_saver != nullptr) RETURN_IF_ERROR(async_saver->Wait());
-      print.Line(absl::StrFormat("stopping after step %d (stop_after_steps)",
-                                 step - 1));
-      return result;
+  const bool tracing =
+      mc.trace_steps() > 0 && step >= trace_begin && step < trace_end;
+  trace_->SetRecording(tracing);
+  wait_before_ = trace_->TotalMicros("comm_wait");
+  const absl::Time t0 = absl::Now();
+  StepLog log;
+  log.step = step;
+  if (scaler_.has_value()) log.loss_scale = scaler_->scale();
+  {
+    TraceSpan step_span("step", "step");
+    RETURN_IF_ERROR(ZeroGrad(grads_));
+    ASSIGN_OR_RETURN(const double loss, ForwardBackward(step, log.loss_scale));
+    std::vector<double> v = {loss};
+    RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kAvg));
+    log.loss = v[0];
+    if (!std::isfinite(log.loss)) {
+      return absl::InternalError(absl::StrFormat(
+          "step %d: the loss is %f; stopping before the optimizer step. "
+          "Nothing was saved after step %d%s. Lower training.lr or "
+          "enable clipping and resume.",
+          step, log.loss, step - 1,
+          result_.last_checkpoint.empty()
+              ? ""
+              : absl::StrCat("; the latest checkpoint is ",
+                             result_.last_checkpoint)));
     }
-    const bool tracing =
-        mc.trace_steps() > 0 && step >= trace_begin && step < trace_end;
-    trace.SetRecording(tracing);
-    const int64_t wait_before = trace.TotalMicros("comm_wait");
-    const absl::Time t0 = absl::Now();
-    StepLog log;
-    log.step = step;
-    if (scaler.has_value()) log.loss_scale = scaler->scale();
-    {
-      TraceSpan step_span("step", "step");
-      RETURN_IF_ERROR(ZeroGrad(grads));
-      double loss = 0;
-      for (int64_t m = 0; m < accumulation; ++m) {
-        Batch batch;
-        {
-          TraceSpan s("data", "data");
-          batch = loader->Next();
-        }
-        ASSIGN_OR_RETURN(auto tensors, BatchTensors(batch));
-        float l = 0;
-        {
-          TraceSpan s("forward", "compute");
-          ASSIGN_OR_RETURN(
-              l, Context(model->ForwardLoss(tensors.first, tensors.second),
-                         absl::StrCat("step ", step, " forward")));
-        }
-        {
-          TraceSpan s("backward", "compute");
-          RETURN_IF_ERROR(
-              Annotate(model->Backward(backward_scale *
-                                       static_cast<float>(log.loss_scale)),
-                       absl::StrCat("step ", step, " backward")));
-        }
-        loss += static_cast<double>(l) / accumulation;
-      }
-      std::vector<double> v = {loss};
-      RETURN_IF_ERROR(AllReduce(world, &v, ReduceOp::kAvg));
-      log.loss = v[0];
-      if (!std::isfinite(log.loss)) {
-        return absl::InternalError(absl::StrFormat(
-            "step %d: the loss is %f; stopping before the optimizer step. "
-            "Nothing was saved after step %d%s. Lower training.lr or "
-            "enable clipping and resume.",
-            step, log.loss, step - 1,
-            result.last_checkpoint.empty()
-                ? ""
-                : absl::StrCat("; the latest checkpoint is ",
-                               result.last_checkpoint)));
-      }
-      if (scaler.has_value()) {
-        TraceSpan s("unscale", "optimizer");
-        ASSIGN_OR_RETURN(bool finite, scaler->UnscaleAndCheck(grads, kTimeout));
-        scaler->Update(!finite);
-        log.skipped = !finite;
-      }
-      if (log.skipped) {
-        log.grad_norm = std::numeric_limits<double>::quiet_NaN();
-        print.Line(absl::StrFormat(
-            "step %d: gradients overflowed at loss scale %g; optimizer step "
-            "skipped, scale now %g",
-            step, log.loss_scale, scaler->scale()));
-      } else {
-        {
-          TraceSpan s("clip", "optimizer");
-          const double max_norm =
-              tc.grad_clip() > 0
-                  ? tc.grad_clip()
-                  : std::numeric_limits<double>::max();  // Measure only.
-          ASSIGN_OR_RETURN(log.grad_norm,
-                           ClipGradNorm(grads, max_norm, kTimeout));
-        }
-        if (!std::isfinite(log.grad_norm)) {
-          return absl::InternalError(absl::StrFormat(
-              "step %d: the gradient norm is %f (loss %.4f); stopping before "
-              "the optimizer step. Nothing was saved after step %d.",
-              step, log.grad_norm, log.loss, step - 1));
-        }
-        {
-          TraceSpan s("optimizer", "optimizer");
-          log.lr = schedule.LrAt(adamw.step());
-          RETURN_IF_ERROR(adamw.SetLr(log.lr));
-          RETURN_IF_ERROR(adamw.Step());
-        }
-      }  // Not skipped.
-    }
-    log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
-    result.steps.push_back(log);
-    result.end_step = step;
-    const bool warmup =
-        step - result.start_step <= mc.throughput_warmup_steps() &&
-        step < tc.steps();
-    meter.Add(log.step_s, rc.tokens_per_step, warmup);
-    if (!warmup) {
-      comm_wait_us += trace.TotalMicros("comm_wait") - wait_before;
-      ++comm_steps;
-    }
-
-    // Log.
-    const double tps_now = rc.tokens_per_step / std::max(log.step_s, 1e-9);
-    const double mfu_now =
-        flops_per_token * tps_now / env.world_size / std::max(peak, 1.0);
-    const bool log_now = step % mc.log_interval() == 0 || step == tc.steps() ||
-                         step == result.start_step + 1;
-    const double eta = meter.mean_step_s() * (tc.steps() - step);
-    print.Progress(
-        TrainLine(log, tc.steps(),
-                  meter.measured_steps() > 0 ? meter.tokens_per_s() : tps_now,
-                  meter.measured_steps() > 0
-                      ? flops_per_token * meter.tokens_per_s() /
-                            env.world_size / std::max(peak, 1.0)
-                      : mfu_now,
-                  eta),
-        log_now);
-    if (jsonl != nullptr && log_now) {
-      RETURN_IF_ERROR(jsonl->Write(absl::StrCat(
-          "{\"kind\":\"train\",\"step\":", step,
-          ",\"loss\":", JsonNumber(log.loss), ",\"lr\":", JsonNumber(log.lr),
-          ",\"grad_norm\":", JsonNumber(log.grad_norm),
-          ",\"tokens_per_s\":", JsonNumber(tps_now),
-          ",\"tokens_per_s_per_rank\":", JsonNumber(tps_now / env.world_size),
-          ",\"tflops_per_rank\":",
-          JsonNumber(flops_per_token * tps_now / env.world_size / 1e12),
-          ",\"mfu\":", JsonNumber(mfu_now),
-          ",\"step_time_s\":", JsonNumber(log.step_s), ",\"exposed_comm_s\":",
-          JsonNumber((trace.TotalMicros("comm_wait") - wait_before) / 1e6),
-          ",\"elapsed_s\":",
-          JsonNumber(absl::ToDoubleSeconds(absl::Now() - run_start)),
-          ",\"warmup\":", warmup ? "true" : "false",
-          scaler.has_value()
-              ? absl::StrCat(",\"loss_scale\":", JsonNumber(log.loss_scale),
-                             ",\"skipped\":", log.skipped ? "true" : "false")
-              : "",
-          "}")));
-    }
-
-    if (val_loader != nullptr &&
-        (step % vc.interval() == 0 || step == tc.steps())) {
-      RETURN_IF_ERROR(validate(step));
-    }
-    if (cc.interval() > 0 &&
-        (step % cc.interval() == 0 || step == tc.steps())) {
-      RETURN_IF_ERROR(save(step));
-    }
-    if (mc.trace_steps() > 0 &&
-        step == std::min(trace_end, tc.steps() + 1) - 1 &&
-        step >= trace_begin) {
-      trace.SetRecording(false);
-      ASSIGN_OR_RETURN(std::vector<std::string> pieces,
-                       AllGatherStrings(world, trace.EventsJson()));
-      trace.ClearEvents();
-      if (env.rank == 0) {
-        RETURN_IF_ERROR(
-            WriteTraceFile(mc.trace_path(), ChromeTraceJson(pieces)));
-        print.Line(absl::StrFormat(
-            "trace: steps %d-%d of every rank written to %s (open in "
-            "https://ui.perfetto.dev)",
-            trace_begin, step, mc.trace_path()));
-      }
-    }
+    RETURN_IF_ERROR(OptimizerStep(&log));
   }
-  trace.SetRecording(false);
-  if (async_saver != nullptr) {
+  log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  result_.steps.push_back(log);
+  result_.end_step = step;
+  warmup_ = step - result_.start_step <= mc.throughput_warmup_steps() &&
+            step < tc.steps();
+  meter_.Add(log.step_s, rc_.tokens_per_step, warmup_);
+  if (!warmup_) {
+    comm_wait_us_ += trace_->TotalMicros("comm_wait") - wait_before_;
+    ++comm_steps_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::OptimizerStep(StepLog* log) {
+  const TrainingConfig& tc = config_.training();
+  if (scaler_.has_value()) {
+    TraceSpan s("unscale", "optimizer");
+    ASSIGN_OR_RETURN(bool finite, scaler_->UnscaleAndCheck(grads_, kTimeout));
+    scaler_->Update(!finite);
+    log->skipped = !finite;
+  }
+  if (log->skipped) {
+    log->grad_norm = std::numeric_limits<double>::quiet_NaN();
+    print_->Line(absl::StrFormat(
+        "step %d: gradients overflowed at loss scale %g; optimizer step "
+        "skipped, scale now %g",
+        log->step, log->loss_scale, scaler_->scale()));
+    return absl::OkStatus();
+  }
+  {
+    TraceSpan s("clip", "optimizer");
+    const double max_norm =
+        tc.grad_clip() > 0
+            ? tc.grad_clip()
+            : std::numeric_limits<double>::max();  // Measure only.
+    ASSIGN_OR_RETURN(log->grad_norm, ClipGradNorm(grads_, max_norm, kTimeout));
+  }
+  if (!std::isfinite(log->grad_norm)) {
+    return absl::InternalError(absl::StrFormat(
+        "step %d: the gradient norm is %f (loss %.4f); stopping before "
+        "the optimizer step. Nothing was saved after step %d.",
+        log->step, log->grad_norm, log->loss, log->step - 1));
+  }
+  TraceSpan s("optimizer", "optimizer");
+  log->lr = schedule_->LrAt(adamw_->step());
+  RETURN_IF_ERROR(adamw_->SetLr(log->lr));
+  return adamw_->Step();
+}
+
+absl::Status Trainer::LogStep() {
+  if (result_.steps.empty()) {
+    return absl::FailedPreconditionError("trainer: no step to log yet");
+  }
+  const TrainingConfig& tc = config_.training();
+  const MetricsConfig& mc = config_.metrics();
+  const StepLog& log = result_.steps.back();
+  const int64_t step = log.step;
+  const double tps_now = rc_.tokens_per_step / std::max(log.step_s, 1e-9);
+  const double mfu_now =
+      flops_per_token_ * tps_now / env_.world_size / std::max(peak_, 1.0);
+  const bool log_now = step % mc.log_interval() == 0 || step == tc.steps() ||
+                       step == result_.start_step + 1;
+  const double eta = meter_.mean_step_s() * (tc.steps() - step);
+  print_->Progress(
+      TrainLine(log, tc.steps(),
+                meter_.measured_steps() > 0 ? meter_.tokens_per_s() : tps_now,
+                meter_.measured_steps() > 0
+                    ? flops_per_token_ * meter_.tokens_per_s() /
+                          env_.world_size / std::max(peak_, 1.0)
+                    : mfu_now,
+                eta),
+      log_now);
+  if (jsonl_ == nullptr || !log_now) return absl::OkStatus();
+  return jsonl_->Write(absl::StrCat(
+      "{\"kind\":\"train\",\"step\":", step, ",\"loss\":", JsonNumber(log.loss),
+      ",\"lr\":", JsonNumber(log.lr), ",\"grad_norm\":",
+      JsonNumber(log.grad_norm), ",\"tokens_per_s\":", JsonNumber(tps_now),
+      ",\"tokens_per_s_per_rank\":", JsonNumber(tps_now / env_.world_size),
+      ",\"tflops_per_rank\":",
+      JsonNumber(flops_per_token_ * tps_now / env_.world_size / 1e12),
+      ",\"mfu\":", JsonNumber(mfu_now),
+      ",\"step_time_s\":", JsonNumber(log.step_s), ",\"exposed_comm_s\":",
+      JsonNumber((trace_->TotalMicros("comm_wait") - wait_before_) / 1e6),
+      ",\"elapsed_s\":",
+      JsonNumber(absl::ToDoubleSeconds(absl::Now() - run_start_)),
+      ",\"warmup\":", warmup_ ? "true" : "false",
+      scaler_.has_value()
+          ? absl::StrCat(",\"loss_scale\":", JsonNumber(log.loss_scale),
+                         ",\"skipped\":", log.skipped ? "true" : "false")
+          : "",
+      "}"));
+}
+
+bool Trainer::ValidationDue() const {
+  const int64_t step = result_.end_step;
+  return val_loader_ != nullptr && step > result_.start_step &&
+         (step % config_.validation().interval() == 0 ||
+          step == config_.training().steps());
+}
+
+absl::Status Trainer::Validate() {
+  if (val_loader_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "trainer: no validation (validation.interval is 0 or the "
+        "validation split is empty)");
+  }
+  const ValidationConfig& vc = config_.validation();
+  const int64_t step = result_.end_step;
+  TraceSpan span("validation", "compute");
+  val_loader_->Reset();
+  double sum = 0;
+  for (int64_t b = 0; b < vc.batches(); ++b) {
+    ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
+    ASSIGN_OR_RETURN(float l, model_->EvalLoss(tensors.first, tensors.second));
+    sum += l;
+  }
+  // Free what the forward-only passes left gathered (the next training
+  // forward would, but the memory between now and then is not needed).
+  for (fsdp::FsdpUnit* unit : units_) RETURN_IF_ERROR(unit->Reshard());
+  std::vector<double> v = {sum / vc.batches()};
+  RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kAvg));
+  result_.validation.emplace_back(step, v[0]);
+  print_->Line(
+      absl::StrFormat("validation: step %d loss %.4f (%d batches x %d "
+                      "rank(s))",
+                      step, v[0], vc.batches(), env_.world_size));
+  if (jsonl_ == nullptr) return absl::OkStatus();
+  return jsonl_->Write(absl::StrCat("{\"kind\":\"val\",\"step\":", step,
+                                    ",\"val_loss\":", JsonNumber(v[0]), "}"));
+}
+
+absl::Status Trainer::MaybeSave() {
+  const CheckpointConfig& cc = config_.checkpoint();
+  const int64_t step = result_.end_step;
+  if (cc.interval() > 0 && step > result_.start_step &&
+      (step % cc.interval() == 0 || step == config_.training().steps())) {
+    return Save();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Save() {
+  const CheckpointConfig& cc = config_.checkpoint();
+  const int64_t step = result_.end_step;
+  TraceSpan span("checkpoint", "checkpoint");
+  RETURN_IF_ERROR(state_.SetBytes("train/step", absl::StrCat(step)));
+  RETURN_IF_ERROR(
+      state_.SetBytes("train/loader", loader_->state().SerializeAsString()));
+  RETURN_IF_ERROR(state_.SetBytes(
+      "train/loss_scaler", scaler_.has_value()
+                               ? absl::StrFormat("%.9g %d", scaler_->scale(),
+                                                 scaler_->growth_tracker())
+                               : ""));
+  if (async_saver_ != nullptr) {
+    ASSIGN_OR_RETURN(std::shared_ptr<PendingSave> pending,
+                     async_saver_->Save(state_, step));
+    result_.last_checkpoint =
+        absl::StrCat(cc.folder(), "/", CheckpointDirName(step));
+    print_->Line(absl::StrFormat(
+        "checkpoint: step %d saving in the background to %s (blocked "
+        "%.0f ms)",
+        step, result_.last_checkpoint,
+        absl::ToDoubleMilliseconds(pending->blocking_time())));
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(SaveResult saved,
+                   fsdpp::Save(state_, cc.folder(), step, save_options_));
+  result_.last_checkpoint = saved.path;
+  print_->Line(absl::StrFormat(
+      "checkpoint: step %d saved to %s (%.1f MiB in %.2f s)", step, saved.path,
+      saved.total_bytes / 1048576.0, absl::ToDoubleSeconds(saved.total_time)));
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::MaybeWriteTrace() {
+  const TrainingConfig& tc = config_.training();
+  const MetricsConfig& mc = config_.metrics();
+  const int64_t step = result_.end_step;
+  const int64_t trace_begin = mc.trace_start_step(),
+                trace_end = mc.trace_start_step() + mc.trace_steps();
+  if (mc.trace_steps() <= 0 || step <= result_.start_step ||
+      step != std::min(trace_end, tc.steps() + 1) - 1 || step < trace_begin) {
+    return absl::OkStatus();
+  }
+  trace_->SetRecording(false);
+  ASSIGN_OR_RETURN(std::vector<std::string> pieces,
+                   AllGatherStrings(world_, trace_->EventsJson()));
+  trace_->ClearEvents();
+  if (env_.rank == 0) {
+    RETURN_IF_ERROR(WriteTraceFile(mc.trace_path(), ChromeTraceJson(pieces)));
+    print_->Line(absl::StrFormat(
+        "trace: steps %d-%d of every rank written to %s (open in "
+        "https://ui.perfetto.dev)",
+        trace_begin, step, mc.trace_path()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::Summarize() {
+  const TrainingConfig& tc = config_.training();
+  trace_->SetRecording(false);
+  if (async_saver_ != nullptr) {
     RETURN_IF_ERROR(
-        Annotate(async_saver->Wait(), "trainer: the last checkpoint"));
+        Annotate(async_saver_->Wait(), "trainer: the last checkpoint"));
   }
   // Old checkpoints dropped by keep_latest_k are deleted in the background;
   // finish before the process may exit.
   RETURN_IF_ERROR(WaitForCheckpointCleanup());
 
-  // Summary.
-  result.tokens_per_s = meter.tokens_per_s();
-  result.tokens_per_s_per_rank = result.tokens_per_s / env.world_size;
-  result.tflops_per_rank =
-      flops_per_token * result.tokens_per_s_per_rank / 1e12;
-  result.mfu = peak > 0 ? result.tflops_per_rank * 1e12 / peak : 0;
-  result.exposed_comm_s_per_step =
-      comm_steps > 0 ? comm_wait_us / 1e6 / comm_steps : 0;
-  result.memory = GetAllocator(Device::Cpu())->Stats();
-  ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world));
-  std::vector<double> comm = {result.exposed_comm_s_per_step};
-  RETURN_IF_ERROR(AllReduce(world, &comm, ReduceOp::kMax));
-  if (!result.steps.empty()) {
-    const StepLog& last = result.steps.back();
-    print.Line(FormatMemoryTable(mem, "Memory per rank at the end:"));
-    print.Line(absl::StrFormat(
-        "Results (steps %d-%d, %d warm-up step(s) excluded from throughput):\n"
-        "  Loss:              %.4f (unigram baseline %.4f)%s\n"
-        "  Time/step:         %.3f s\n"
-        "  Tokens/sec:        %.0f\n"
-        "  Tokens/sec/rank:   %.0f\n"
-        "  TFLOP/s per rank:  %.4f\n"
-        "  Peak per rank:     %.4f TFLOP/s\n"
-        "  MFU:               %.2f%%\n"
-        "  Exposed comm/step: %.1f ms (slowest rank)\n"
-        "  Peak memory/rank:  %.1f MiB",
-        result.start_step + 1, result.end_step,
-        std::min<int64_t>(mc.throughput_warmup_steps(),
-                          result.end_step - result.start_step - 1),
-        last.loss, result.unigram_loss,
-        result.validation.empty()
-            ? ""
-            : absl::StrFormat("; validation %.4f",
-                              result.validation.back().second),
-        meter.mean_step_s(), result.tokens_per_s, result.tokens_per_s_per_rank,
-        result.tflops_per_rank, result.peak_tflops_per_rank, 100 * result.mfu,
-        1000 * comm[0],
-        std::max_element(
-            mem.begin(), mem.end(),
-            [](const MemoryStats& a, const MemoryStats& b) {
-              return a.total_peak < b.total_peak;
-            })->total_peak /
-            1048576.0));
-    if (jsonl != nullptr) {
-      RETURN_IF_ERROR(jsonl->Write(absl::StrCat(
-          "{\"kind\":\"summary\",\"steps\":", result.end_step,
-          ",\"loss\":", JsonNumber(last.loss), ",\"val_loss\":",
-          JsonNumber(result.validation.empty()
-                         ? std::numeric_limits<double>::quiet_NaN()
-                         : result.validation.back().second),
-          ",\"tokens_per_s\":", JsonNumber(result.tokens_per_s),
-          ",\"tokens_per_s_per_rank\":",
-          JsonNumber(result.tokens_per_s_per_rank),
-          ",\"tflops_per_rank\":", JsonNumber(result.tflops_per_rank),
-          ",\"mfu\":", JsonNumber(result.mfu),
-          ",\"exposed_comm_s_per_step\":", JsonNumber(comm[0]), "}")));
-    }
-  } else {
-    print.Line(absl::StrFormat("nothing to do: %d of %d steps already done",
-                               result.start_step, tc.steps()));
+  result_.tokens_per_s = meter_.tokens_per_s();
+  result_.tokens_per_s_per_rank = result_.tokens_per_s / env_.world_size;
+  result_.tflops_per_rank =
+      flops_per_token_ * result_.tokens_per_s_per_rank / 1e12;
+  result_.mfu = peak_ > 0 ? result_.tflops_per_rank * 1e12 / peak_ : 0;
+  result_.exposed_comm_s_per_step =
+      comm_steps_ > 0 ? comm_wait_us_ / 1e6 / comm_steps_ : 0;
+  result_.memory = GetAllocator(Device::Cpu())->Stats();
+  ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
+  std::vector<double> comm = {result_.exposed_comm_s_per_step};
+  RETURN_IF_ERROR(AllReduce(world_, &comm, ReduceOp::kMax));
+  if (result_.steps.empty()) {
+    print_->Line(absl::StrFormat("nothing to do: %d of %d steps already done",
+                                 result_.start_step, tc.steps()));
+    return absl::OkStatus();
   }
-  return result;
+  return PrintResults(mem, comm[0]);
+}
+
+absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
+                                   double exposed_comm_s) {
+  const MetricsConfig& mc = config_.metrics();
+  const StepLog& last = result_.steps.back();
+  print_->Line(FormatMemoryTable(mem, "Memory per rank at the end:"));
+  print_->Line(absl::StrFormat(
+      "Results (steps %d-%d, %d warm-up step(s) excluded from throughput):\n"
+      "  Loss:              %.4f (unigram baseline %.4f)%s\n"
+      "  Time/step:         %.3f s\n"
+      "  Tokens/sec:        %.0f\n"
+      "  Tokens/sec/rank:   %.0f\n"
+      "  TFLOP/s per rank:  %.4f\n"
+      "  Peak per rank:     %.4f TFLOP/s\n"
+      "  MFU:               %.2f%%\n"
+      "  Exposed comm/step: %.1f ms (slowest rank)\n"
+      "  Peak memory/rank:  %.1f MiB",
+      result_.start_step + 1, result_.end_step,
+      std::min<int64_t>(mc.throughput_warmup_steps(),
+                        result_.end_step - result_.start_step - 1),
+      last.loss, result_.unigram_loss,
+      result_.validation.empty()
+          ? ""
+          : absl::StrFormat("; validation %.4f",
+                            result_.validation.back().second),
+      meter_.mean_step_s(), result_.tokens_per_s, result_.tokens_per_s_per_rank,
+      result_.tflops_per_rank, result_.peak_tflops_per_rank, 100 * result_.mfu,
+      1000 * exposed_comm_s,
+      std::max_element(
+          mem.begin(), mem.end(),
+          [](const MemoryStats& a, const MemoryStats& b) {
+            return a.total_peak < b.total_peak;
+          })->total_peak /
+          1048576.0));
+  if (jsonl_ == nullptr) return absl::OkStatus();
+  return jsonl_->Write(absl::StrCat(
+      "{\"kind\":\"summary\",\"steps\":", result_.end_step,
+      ",\"loss\":", JsonNumber(last.loss), ",\"val_loss\":",
+      JsonNumber(result_.validation.empty()
+                     ? std::numeric_limits<double>::quiet_NaN()
+                     : result_.validation.back().second),
+      ",\"tokens_per_s\":", JsonNumber(result_.tokens_per_s),
+      ",\"tokens_per_s_per_rank\":", JsonNumber(result_.tokens_per_s_per_rank),
+      ",\"tflops_per_rank\":", JsonNumber(result_.tflops_per_rank),
+      ",\"mfu\":", JsonNumber(result_.mfu),
+      ",\"exposed_comm_s_per_step\":", JsonNumber(exposed_comm_s), "}"));
 }
 
 }  // namespace trainer

@@ -1,4 +1,4 @@
-// The training loop: one call trains one rank's share of a TrainConfig run.
+// The training loop: a Trainer trains one rank's share of a TrainConfig run.
 //
 //   meta model -> the model family's FSDP plan (models/<family>/parallelize)
 //   -> sharded initialisation (the same weights at any world size) -> AdamW
@@ -8,9 +8,11 @@
 //   averaged over ranks, gradient-norm clip, schedule, AdamW step; periodic
 //   validation, logging and checkpoints.
 //
-// Every rank calls Train with the same config; rank 0 prints. Ranks may be
-// processes (trainer/train_main.cc, through tools/launch) or threads of one
-// process (the tests): everything rank-specific goes through `TrainerEnv`.
+// Every rank creates a Trainer with the same config and runs it
+// (Trainer::Create(config, env), then Run(), or the loop's parts one by
+// one); rank 0 prints. Ranks may be processes (trainer/train_main.cc, through
+// tools/launch) or threads of one process (the tests): everything
+// rank-specific goes through `TrainerEnv`.
 //
 // Failure semantics: a non-finite loss or gradient norm (the same on every
 // rank: both are reduced first) stops the run before the optimizer step,
@@ -33,15 +35,33 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/state_dict.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "core/allocator.h"
+#include "core/trace.h"
+#include "fsdp/fully_shard.h"
+#include "mesh/device_mesh.h"
+#include "models/transformer.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "tensor/dtensor.h"
+#include "trainer/config.h"
 #include "trainer/config.pb.h"
+#include "trainer/data/loader.h"
+#include "trainer/dataset.h"
+#include "trainer/metrics.h"
 
 namespace fsdpp {
 namespace trainer {
@@ -105,12 +125,143 @@ struct TrainResult {
   MemoryStats memory;                  // this rank's allocator at the end
 };
 
-// Trains this rank's share of `config` (paths as given: make them absolute
-// first if needed). InvalidArgument for a config that does not validate at
-// env.world_size; the errors of the layers below, annotated with the stage
-// (data, model, checkpoint, step N).
-absl::StatusOr<TrainResult> Train(const TrainConfig& config,
-                                  const TrainerEnv& env);
+// One rank's share of a TrainConfig run, in torchtitan's shape: Create
+// builds everything (mesh, data, model and FSDP plan, optimizer, schedule,
+// loss scaler, checkpoint state and resume, metrics) and prints the run's
+// header; Run is the loop. The loop's parts are public so that a test (or
+// another driver) can take the run step by step, in Run's order:
+//
+//   while (!trainer->done()) {
+//     TrainStep(); LogStep(); if (ValidationDue()) Validate();
+//     MaybeSave(); MaybeWriteTrace();
+//   }
+//   Summarize();
+//
+// Every rank makes the same calls in the same order (most of them run
+// collectives). A Trainer installs its trace recorder as the current one of
+// the thread that creates it: use and destroy it on that thread.
+class Trainer {
+ public:
+  // Builds this rank's trainer for `config` (paths as given: make them
+  // absolute first if needed), resuming from the latest checkpoint when
+  // configured. InvalidArgument for a config that does not validate at
+  // env.world_size; the errors of the layers below, annotated with the stage
+  // (data, model, checkpoint).
+  static absl::StatusOr<std::unique_ptr<Trainer>> Create(
+      const TrainConfig& config, const TrainerEnv& env);
+
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Trains from the current step to training.steps (or env.stop_after_steps
+  // steps), validating, saving and tracing on their intervals, then
+  // summarizes. Errors name the step. Call once, instead of the parts below.
+  absl::StatusOr<TrainResult> Run();
+
+  // One optimizer step, the (step() + 1)-th: the micro-batches' forward and
+  // backward, the loss averaged over the ranks, unscaling (f16), clipping,
+  // the schedule and AdamW. Appends its StepLog to result(). Internal error
+  // for a non-finite loss or gradient norm (before the optimizer step);
+  // FailedPrecondition when done().
+  absl::Status TrainStep();
+  // Prints (rank 0) and writes to the metrics JSONL the last step's line.
+  absl::Status LogStep();
+  // Whether Run validates after the current step (validation.interval, and
+  // the last step).
+  bool ValidationDue() const;
+  // Mean loss over validation.batches per rank, averaged over the ranks, at
+  // the current step: appended to result().validation, printed and logged.
+  // FailedPrecondition when the run has no validation split or interval.
+  absl::Status Validate();
+  // Saves a checkpoint of the current step when checkpoint.interval says so
+  // (and after the last step); nothing before the first step of this run.
+  absl::Status MaybeSave();
+  // Writes the Chrome trace of the metrics.trace_* window when the current
+  // step is its last.
+  absl::Status MaybeWriteTrace();
+  // Ends the run: waits for background checkpoint writes and deletions,
+  // fills result()'s throughput, MFU, communication and memory numbers and
+  // prints (rank 0) and logs the results. Call once, after the last step.
+  absl::Status Summarize();
+
+  // Steps done (by this run and the checkpoint it resumed from).
+  int64_t step() const { return result_.end_step; }
+  // Whether step() reached training.steps.
+  bool done() const;
+  // What the run did so far.
+  const TrainResult& result() const { return result_; }
+
+ private:
+  class Printer;  // Rank 0's output (trainer.cc).
+
+  Trainer(const TrainConfig& config, const TrainerEnv& env,
+          ResolvedTrainConfig rc);
+
+  // Create's sections, in order.
+  absl::Status BuildMesh();
+  absl::Status BuildData();
+  absl::Status BuildModel();
+  absl::Status BuildOptimizer();
+  absl::Status BuildCheckpointState();
+  // Loads the checkpoint directory `latest` into the state (in place), the
+  // loader, the optimizer's step count and the loss scaler.
+  absl::Status Resume(const std::string& latest);
+  absl::Status BuildCheckpointWriter();
+  absl::Status BuildMetrics();
+  absl::Status PrintHeader(const std::string& peak_source);
+
+  // TrainStep's parts: gradients of the step's micro-batches (1/accumulation
+  // and `loss_scale` folded into the backward), returning this rank's mean
+  // loss; then unscale, clip and AdamW.
+  absl::StatusOr<double> ForwardBackward(int64_t step, double loss_scale);
+  absl::Status OptimizerStep(StepLog* log);
+  // Saves the current step.
+  absl::Status Save();
+  // Prints and logs the results block (Summarize, when steps were taken).
+  absl::Status PrintResults(const std::vector<MemoryStats>& mem,
+                            double exposed_comm_s);
+
+  const TrainConfig config_;
+  const TrainerEnv env_;
+  const ResolvedTrainConfig rc_;
+  std::unique_ptr<Printer> print_;
+  TrainResult result_;
+
+  // Mesh and trace.
+  std::unique_ptr<DeviceMesh> mesh_;
+  ProcessGroup* world_ = nullptr;  // The mesh's flat group.
+  std::unique_ptr<TraceRecorder> trace_;
+  std::optional<ScopedCurrentTrace> trace_scope_;
+  // Data.
+  Dataset data_;
+  std::unique_ptr<DataLoader> loader_;
+  std::unique_ptr<DataLoader> val_loader_;  // Null without validation.
+  // Model, optimizer, schedule, loss scaler (f16 only).
+  std::unique_ptr<models::Transformer> model_;
+  std::vector<fsdp::FsdpUnit*> units_;  // Root last.
+  std::vector<fsdp::ShardedParameter*> params_;
+  std::vector<DTensor*> grads_;
+  std::optional<AdamW> adamw_;
+  std::optional<LossScaler> scaler_;
+  std::optional<LrSchedule> schedule_;
+  // Checkpoints: views of the masters and the optimizer state.
+  StateDict state_;
+  SaveOptions save_options_;
+  std::unique_ptr<AsyncSaver> async_saver_;
+  // Metrics.
+  std::unique_ptr<JsonlWriter> jsonl_;  // Rank 0 with a jsonl_path only.
+  double flops_per_token_ = 0;
+  double peak_ = 0;  // FLOP/s per rank.
+  // The loop's running numbers.
+  ThroughputMeter meter_;
+  absl::Time run_start_;
+  int64_t comm_wait_us_ = 0;  // Over the steps after the warm-up.
+  int64_t comm_steps_ = 0;
+  // The last step's comm_wait total before it, and whether it was warm-up.
+  int64_t wait_before_ = 0;
+  bool warmup_ = false;
+};
 
 }  // namespace trainer
 }  // namespace fsdpp

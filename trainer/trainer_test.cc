@@ -2,13 +2,16 @@
 // training makes progress and reports; resuming at the same world size
 // repeats the uninterrupted run bitwise, at other world sizes within the
 // data-parallel tolerance; a diverging run stops with a clear error and
-// saves nothing after the last good step.
+// saves nothing after the last good step; the loop's parts, called one by
+// one, repeat Run.
 #include "trainer/trainer.h"
 
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -17,9 +20,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "formats/file_util.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
+#include "core/status.h"
+#include "formats/file_util.h"
 #include "gtest/gtest.h"
 #include "trainer/config.h"
 
@@ -61,9 +65,19 @@ std::string TestDir(const std::string& name) {
   return dir;
 }
 
-// Runs `config` on `world` thread ranks; each rank's result.
-std::vector<absl::StatusOr<TrainResult>> RunRanks(
-    const TrainConfig& config, int world, int64_t stop_after_steps = 0) {
+// Trains this rank's share of `config` the way the binary does.
+absl::StatusOr<TrainResult> CreateAndRun(const TrainConfig& config,
+                                         const TrainerEnv& env) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                   Trainer::Create(config, env));
+  return trainer->Run();
+}
+
+// Runs `body` on `world` thread ranks over one store (rank 0 prints); each
+// rank's result.
+std::vector<absl::StatusOr<TrainResult>> OnRanks(
+    int world, int64_t stop_after_steps,
+    const std::function<absl::StatusOr<TrainResult>(const TrainerEnv&)>& body) {
   InMemoryStore store;
   GlooOptions gloo;
   gloo.timeout = absl::Seconds(60);
@@ -79,11 +93,19 @@ std::vector<absl::StatusOr<TrainResult>> RunRanks(
       env.store = &store;
       env.out = r == 0 ? stdout : nullptr;
       env.stop_after_steps = stop_after_steps;
-      results[r] = Train(config, env);
+      results[r] = body(env);
     });
   }
   for (std::thread& t : threads) t.join();
   return results;
+}
+
+// Runs `config` on `world` thread ranks; each rank's result.
+std::vector<absl::StatusOr<TrainResult>> RunRanks(
+    const TrainConfig& config, int world, int64_t stop_after_steps = 0) {
+  return OnRanks(world, stop_after_steps, [&](const TrainerEnv& env) {
+    return CreateAndRun(config, env);
+  });
 }
 
 std::vector<double> Losses(const TrainResult& r) {
@@ -295,7 +317,7 @@ TEST(TrainerTest, ProgressStyles) {
     env.out = out;
     env.progress = style;
     CHECK_OK(RemoveTree(config.checkpoint().folder()));
-    ASSERT_TRUE(Train(config, env).ok());
+    ASSERT_TRUE(CreateAndRun(config, env).ok());
     std::fclose(out);
     std::ifstream in(path);
     std::string line;
@@ -308,6 +330,79 @@ TEST(TrainerTest, ProgressStyles) {
     EXPECT_EQ(plain, 3);
     EXPECT_EQ(status, style == TrainerEnv::Progress::kStatusLines ? 2 : 0);
   }
+}
+
+std::vector<double> Lrs(const TrainResult& r) {
+  std::vector<double> lrs;
+  for (const StepLog& s : r.steps) lrs.push_back(s.lr);
+  return lrs;
+}
+
+// The loop's parts called one by one, in Run's order, give Run's run
+// bitwise; the parts refuse what makes no sense (logging before a step,
+// stepping past the end) and do nothing when nothing is due.
+TEST(TrainerTest, StepByStepMatchesRunBitwise) {
+  const std::string whole = TestDir("whole"), parts = TestDir("parts");
+  auto want = RunRanks(SmallConfig(whole), 2);
+  ASSERT_TRUE(want[0].ok()) << want[0].status();
+  auto got =
+      OnRanks(2, 0, [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
+        ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                         Trainer::Create(SmallConfig(parts), env));
+        EXPECT_EQ(trainer->step(), 0);
+        EXPECT_EQ(trainer->LogStep().code(),
+                  absl::StatusCode::kFailedPrecondition);
+        EXPECT_FALSE(trainer->ValidationDue());
+        RETURN_IF_ERROR(trainer->MaybeSave());  // Nothing to save yet.
+        EXPECT_TRUE(trainer->result().last_checkpoint.empty());
+        for (int64_t step = 1; step <= 8; ++step) {
+          EXPECT_FALSE(trainer->done());
+          RETURN_IF_ERROR(trainer->TrainStep());
+          EXPECT_EQ(trainer->step(), step);
+          EXPECT_EQ(trainer->result().steps.size(), static_cast<size_t>(step));
+          RETURN_IF_ERROR(trainer->LogStep());
+          EXPECT_EQ(trainer->ValidationDue(), step % 4 == 0) << step;
+          if (trainer->ValidationDue()) RETURN_IF_ERROR(trainer->Validate());
+          RETURN_IF_ERROR(trainer->MaybeSave());
+          EXPECT_EQ(
+              trainer->result().last_checkpoint,
+              step < 4 ? "" : absl::StrCat(parts, "/ckpt/step-", step / 4 * 4))
+              << step;
+          RETURN_IF_ERROR(trainer->MaybeWriteTrace());
+        }
+        EXPECT_TRUE(trainer->done());
+        EXPECT_EQ(trainer->TrainStep().code(),
+                  absl::StatusCode::kFailedPrecondition);
+        RETURN_IF_ERROR(trainer->Summarize());
+        return trainer->result();
+      });
+  for (auto& r : got) ASSERT_TRUE(r.ok()) << r.status();
+  const TrainResult& a = *want[0];
+  const TrainResult& b = *got[0];
+  EXPECT_EQ(b.start_step, a.start_step);
+  EXPECT_EQ(b.end_step, a.end_step);
+  ASSERT_EQ(Losses(b).size(), 8u);
+  EXPECT_EQ(Losses(b), Losses(a));  // bitwise
+  EXPECT_EQ(Losses(*got[1]), Losses(b));
+  EXPECT_EQ(Lrs(b), Lrs(a));
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_EQ(b.steps[i].grad_norm, a.steps[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_EQ(b.validation, a.validation);  // bitwise
+  EXPECT_EQ(b.unigram_loss, a.unigram_loss);
+  EXPECT_EQ(b.peak_tflops_per_rank, a.peak_tflops_per_rank);
+  EXPECT_GT(b.tokens_per_s, 0);
+  EXPECT_NEAR(b.mfu, b.tflops_per_rank, 1e-12);  // peak 1 TFLOP/s
+  auto checkpoints = ListCheckpoints(parts + "/ckpt");
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  ASSERT_EQ(checkpoints->size(), 2u);
+  EXPECT_EQ((*checkpoints)[0].first, 4);
+  EXPECT_EQ((*checkpoints)[1].first, 8);
+  // The step-by-step run's checkpoint resumes like Run's: nothing left.
+  auto again = RunRanks(SmallConfig(parts), 2);
+  ASSERT_TRUE(again[0].ok()) << again[0].status();
+  EXPECT_EQ(again[0]->start_step, 8);
+  EXPECT_TRUE(again[0]->steps.empty());
 }
 
 TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
