@@ -6,6 +6,8 @@
 // a * b + c into an FMA (the CUDA side is built with --fmad=false to match).
 #include "optim/adamw.h"
 
+#include <omp.h>
+
 #include <cmath>
 #include <set>
 #include <utility>
@@ -13,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "optim/adamw_simd.h"
 #include "optim/kernels/adamw.h"
 #include "tensor/ops.h"
 
@@ -26,18 +29,29 @@ namespace {
 // Below this many elements the loop runs on the calling thread.
 constexpr int64_t kParallelElements = 1 << 15;
 
-template <typename C>
+// The update over [0, n) with the vectorised kernel (bit-exact with
+// kernels::AdamWElement), split across the OpenMP pool for large tensors.
 void AdamWCpuLoop(const kernels::AdamWScalars& s, const float* grad,
-                  float* param, float* exp_avg, float* exp_avg_sq, C* copy,
-                  int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelElements)
-  for (int64_t i = 0; i < n; ++i) {
-    float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
-    kernels::AdamWElement(s, grad[i], &p, &m, &v);
-    param[i] = p;
-    exp_avg[i] = m;
-    exp_avg_sq[i] = v;
-    if (copy != nullptr) copy[i] = FromFloat<C>(p);
+                  float* param, float* exp_avg, float* exp_avg_sq,
+                  DType copy_dtype, void* copy, int64_t n) {
+  if (n <= kParallelElements) {
+    adamw_simd::Step(s, grad, param, exp_avg, exp_avg_sq, copy_dtype, copy, n);
+    return;
+  }
+  const int64_t copy_bytes = copy == nullptr ? 0 : DTypeSize(copy_dtype);
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t begin = (n * t / nt) & ~int64_t{63};
+    const int64_t end = t + 1 == nt ? n : (n * (t + 1) / nt) & ~int64_t{63};
+    if (end > begin) {
+      adamw_simd::Step(s, grad + begin, param + begin, exp_avg + begin,
+                       exp_avg_sq + begin, copy_dtype,
+                       copy == nullptr
+                           ? nullptr
+                           : static_cast<char*>(copy) + begin * copy_bytes,
+                       end - begin);
+    }
   }
 }
 
@@ -219,24 +233,13 @@ absl::Status AdamW::UpdateEntry(const Entry& e) const {
     return CheckDevice(e.name, local.device());
 #endif
   }
-  if (copy == nullptr) {
-    AdamWCpuLoop<float>(s, grad, param, m, v, nullptr, n);
-    return absl::OkStatus();
+  if (copy != nullptr && copy_dtype != DType::kF32 &&
+      copy_dtype != DType::kBF16 && copy_dtype != DType::kF16) {
+    return absl::InternalError(
+        absl::StrCat("AdamW: compute copy dtype ", DTypeName(copy_dtype)));
   }
-  switch (copy_dtype) {
-    case DType::kF32:
-      AdamWCpuLoop(s, grad, param, m, v, static_cast<float*>(copy), n);
-      return absl::OkStatus();
-    case DType::kBF16:
-      AdamWCpuLoop(s, grad, param, m, v, static_cast<BFloat16*>(copy), n);
-      return absl::OkStatus();
-    case DType::kF16:
-      AdamWCpuLoop(s, grad, param, m, v, static_cast<Float16*>(copy), n);
-      return absl::OkStatus();
-    default:
-      return absl::InternalError(
-          absl::StrCat("AdamW: compute copy dtype ", DTypeName(copy_dtype)));
-  }
+  AdamWCpuLoop(s, grad, param, m, v, copy_dtype, copy, n);
+  return absl::OkStatus();
 }
 
 absl::Status AdamW::Step() {

@@ -15,6 +15,7 @@
 #define HWY_TARGET_INCLUDE "tensor/cpu/simd.cc"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
+#include "tensor/cpu/convert-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fsdpp {
@@ -23,72 +24,10 @@ namespace simd {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-using DF = hn::ScalableTag<float>;
+using simd_convert::HWY_NAMESPACE::DF;
+using simd_convert::HWY_NAMESPACE::LoadF;
+using simd_convert::HWY_NAMESPACE::StoreF;
 using VF = hn::Vec<DF>;
-
-// x86 targets from AVX2 up have F16C, whose conversions round to nearest
-// even and keep NaNs quiet exactly as core/dtype.h does.
-#undef FSDPP_SIMD_F16C
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-#define FSDPP_SIMD_F16C 1
-#else
-#define FSDPP_SIMD_F16C 0
-#endif
-
-// Lanes(DF()) storage elements as f32.
-HWY_INLINE VF LoadF(DF d, const float* p) { return hn::LoadU(d, p); }
-
-HWY_INLINE VF LoadF(DF d, const BFloat16* p) {
-  const hn::Rebind<uint16_t, DF> d16;
-  const hn::RebindToUnsigned<DF> du;
-  const auto wide =
-      hn::PromoteTo(du, hn::LoadU(d16, reinterpret_cast<const uint16_t*>(p)));
-  return hn::BitCast(d, hn::ShiftLeft<16>(wide));
-}
-
-HWY_INLINE VF LoadF(DF d, const Float16* p) {
-#if FSDPP_SIMD_F16C
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  return hn::PromoteTo(
-      d, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p)));
-#else
-  HWY_ALIGN float wide[HWY_MAX_BYTES / sizeof(float)];
-  for (size_t i = 0; i < hn::Lanes(d); ++i) wide[i] = Float16ToFloat(p[i]);
-  return hn::Load(d, wide);
-#endif
-}
-
-// Stores f32 lanes as the storage type, rounding to nearest even.
-HWY_INLINE void StoreF(DF d, VF v, float* p) { hn::StoreU(v, d, p); }
-
-HWY_INLINE void StoreF(DF d, VF v, BFloat16* p) {
-  (void)d;
-  const hn::Rebind<uint16_t, DF> d16;
-  const hn::RebindToUnsigned<DF> du;
-  const hn::RebindToSigned<DF> di;
-  const auto bits = hn::BitCast(du, v);
-  // (bits + 0x7fff + lsb) >> 16, as FloatToBFloat16; NaN: top half | quiet.
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded =
-      hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
-  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
-  const auto half =
-      hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
-  hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, half)), d16,
-             reinterpret_cast<uint16_t*>(p));
-}
-
-HWY_INLINE void StoreF(DF d, VF v, Float16* p) {
-  (void)d;
-#if FSDPP_SIMD_F16C
-  const hn::Rebind<hwy::float16_t, DF> dh;
-  hn::StoreU(hn::DemoteTo(dh, v), dh, reinterpret_cast<hwy::float16_t*>(p));
-#else
-  HWY_ALIGN float wide[HWY_MAX_BYTES / sizeof(float)];
-  hn::Store(v, d, wide);
-  for (size_t i = 0; i < hn::Lanes(d); ++i) p[i] = FloatToFloat16(wide[i]);
-#endif
-}
 
 // out[i] = op(a[i], b[i]) through f32; the tail runs the scalar functor.
 template <typename T, class VectorOp, class ScalarOp>
