@@ -1,0 +1,417 @@
+// fully_shard, AutoWrap and the sharded state dict on small stacks of nn
+// layers (no model zoo), thread ranks over real Gloo: gradients of uneven
+// shards on W = 2 and 3 (ZeRO-3 and ZeRO-2) match the unsharded stack and the
+// shards follow chunk semantics; ZeRO-3 frees a unit's unsharded parameters
+// after its forward (allocator accounting); AutoWrap plans and groups tied
+// weights; sharded state dicts round-trip bitwise and strict loads name the
+// missing key; errors for sharding a module twice or splitting a tie.
+#include "fsdp/fully_shard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/allocator.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/state_dict.h"
+#include "gtest/gtest.h"
+#include "mesh/run_on_mesh.h"
+#include "nn/embedding.h"
+#include "nn/layer_norm.h"
+#include "nn/linear.h"
+#include "nn/loss.h"
+#include "nn/mlp.h"
+#include "nn/sequential.h"
+#include "tensor/ops.h"
+#include "tensor/test_tensors.h"
+
+namespace fsdpp {
+namespace fsdp {
+namespace {
+
+constexpr uint64_t kSeed = 1234;
+constexpr int64_t kVocab = 7, kDim = 6, kHidden = 4, kClasses = 5;
+constexpr int64_t kBatch = 6, kSeq = 3;  // kBatch divides by 2 and 3.
+
+// ids -> "0" Embedding(7, 6) -> "1" Mlp(6, 4) -> "2" LayerNorm(6) -> "3" head:
+// Linear(6, 5), or (tied) the embedding table. Dim 0 of 7, 5 and 4 splits
+// unevenly over 2 and 3 ranks (4 over 3 leaves rank 2 empty: 2, 2, 0).
+std::unique_ptr<nn::Sequential> MakeStack(bool tied = false) {
+  auto stack = std::make_unique<nn::Sequential>();
+  nn::Embedding* embedding =
+      stack->Append(std::make_unique<nn::Embedding>(kVocab, kDim, 0.5f));
+  stack->Append(std::make_unique<nn::Mlp>(kDim, kHidden, 0.5f, 0.5f));
+  stack->Append(std::make_unique<nn::LayerNorm>(kDim));
+  if (tied) {
+    stack->Append(std::make_unique<nn::Linear>(embedding->weight()));
+  } else {
+    stack->Append(std::make_unique<nn::Linear>(kDim, kClasses, true, 0.5f));
+  }
+  return stack;
+}
+
+// Forward and mean cross-entropy of `model` on rows [begin, begin + rows) of
+// the global batch (ids, targets); Backward follows it.
+absl::Status Forward(Module* model, nn::CrossEntropyLoss* loss, int64_t begin,
+                     int64_t rows, bool tied) {
+  std::vector<int64_t> ids, targets;
+  for (int64_t i = begin * kSeq; i < (begin + rows) * kSeq; ++i) {
+    ids.push_back((i * 5 + i / kSeq) % kVocab);
+    targets.push_back((i * 3 + 2) % (tied ? kVocab : kClasses));
+  }
+  ASSIGN_OR_RETURN(Tensor x, Tensor::FromInts({rows, kSeq}, ids));
+  ASSIGN_OR_RETURN(Tensor t, Tensor::FromInts({rows, kSeq}, targets));
+  ASSIGN_OR_RETURN(Tensor logits, model->Forward(x));
+  return loss->Forward(logits, t).status();
+}
+absl::Status Backward(Module* model, nn::CrossEntropyLoss* loss) {
+  ASSIGN_OR_RETURN(Tensor dlogits, loss->Backward());
+  return model->Backward(dlogits).status();
+}
+
+void Barrier(DeviceMesh& mesh) {
+  CHECK_OK((*(*mesh.FlatGroup())->Barrier())->Wait());
+}
+
+// Full parameters and gradients by name, of one step on the whole batch.
+struct Result {
+  std::map<std::string, std::vector<double>> params, grads;
+};
+
+Result RunReference(bool tied) {
+  auto stack = MakeStack(tied);
+  CHECK_OK(stack->ToEmpty(Device::Cpu()));
+  CHECK_OK(stack->InitWeights(kSeed));
+  CHECK_OK(stack->ZeroGrad());
+  nn::CrossEntropyLoss loss;
+  CHECK_OK(Forward(stack.get(), &loss, 0, kBatch, tied));
+  CHECK_OK(Backward(stack.get(), &loss));
+  Result result;
+  for (auto& [name, p] : stack->NamedParameters()) {
+    result.params[name] = testing_util::Values(p->data);
+    result.grads[name] = testing_util::Values(p->grad);
+  }
+  return result;
+}
+
+// Shards one rank's stack on `mesh`; returns its units, root last.
+using Plan =
+    std::function<std::vector<FsdpUnit*>(nn::Sequential*, DeviceMesh*)>;
+
+// One unit per layer (the LayerNorm is left to the root), then the root.
+Plan PerLayer(bool reshard_after_forward = true) {
+  return [=](nn::Sequential* stack, DeviceMesh* mesh) {
+    FullyShardOptions options;
+    options.mesh = mesh;
+    options.reshard_after_forward = reshard_after_forward;
+    std::vector<FsdpUnit*> units;
+    for (Module* m : {stack->at(0), stack->at(1), stack->at(3),
+                      static_cast<Module*>(stack)}) {
+      absl::StatusOr<FsdpUnit*> unit = FullyShard({m}, options);
+      CHECK_OK(unit.status());
+      units.push_back(*unit);
+    }
+    return units;
+  };
+}
+
+// The same step under FSDP: each rank takes its rows of the batch; the
+// full (gathered) parameters and gradients come from rank 0.
+Result RunSharded(int world, bool tied, const Plan& plan) {
+  Result result;
+  testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
+    auto stack = MakeStack(tied);
+    plan(stack.get(), &mesh);
+    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+    const int64_t rows = kBatch / world;
+    nn::CrossEntropyLoss loss;
+    absl::Status s = Forward(stack.get(), &loss, rank * rows, rows, tied);
+    ASSERT_TRUE(s.ok()) << s;
+    s = Backward(stack.get(), &loss);
+    ASSERT_TRUE(s.ok()) << s;
+    for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+      absl::StatusOr<Tensor> param = sp->master.FullTensor();
+      absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
+      ASSERT_TRUE(param.ok() && grad.ok()) << sp->name;
+      if (rank != 0) continue;
+      result.params[sp->name] = testing_util::Values(*param);
+      result.grads[sp->name] = testing_util::Values(*grad);
+    }
+  });
+  return result;
+}
+
+// Same initial parameters bitwise; gradients within 1e-5 relative (atol
+// relative to each gradient's largest magnitude).
+void ExpectParity(const Result& ref, const Result& got,
+                  const std::string& what) {
+  EXPECT_EQ(got.params, ref.params) << what;
+  ASSERT_EQ(got.grads.size(), ref.grads.size()) << what;
+  for (auto& [name, g] : ref.grads) {
+    ASSERT_TRUE(got.grads.count(name)) << what << " " << name;
+    double scale = 0;
+    for (double v : g) scale = std::max(scale, std::fabs(v));
+    EXPECT_GT(scale, 0) << what << " " << name;
+    EXPECT_TRUE(
+        testing_util::AllClose(got.grads.at(name), g, 1e-5, 1e-5 * scale))
+        << what << " grad " << name;
+  }
+}
+
+TEST(FullyShardTest, UnevenShardsMatchUnshardedGradients) {
+  const Result ref = RunReference(/*tied=*/false);
+  for (int world : {2, 3}) {
+    for (bool zero3 : {true, false}) {
+      const std::string what =
+          absl::StrCat("W=", world, zero3 ? " ZeRO-3" : " ZeRO-2");
+      Plan checked = [&](nn::Sequential* stack, DeviceMesh* mesh) {
+        std::vector<FsdpUnit*> units = PerLayer(zero3)(stack, mesh);
+        EXPECT_TRUE(units.back()->is_root()) << what;
+        // Chunk semantics: chunk = ceil(n / world); the last ranks are short
+        // or empty.
+        for (ShardedParameter* sp : ShardedParameters(stack)) {
+          const int64_t n = sp->shape[0];
+          const int64_t chunk = (n + world - 1) / world;
+          const int64_t rows =
+              std::clamp<int64_t>(n - mesh->rank() * chunk, 0, chunk);
+          Shape local = sp->shape;
+          local[0] = rows;
+          EXPECT_EQ(sp->master.local().shape(), local) << what << sp->name;
+          EXPECT_EQ(sp->grad.local().shape(), local) << what << sp->name;
+          if (world == 3 && sp->name == "1.fc.weight") {
+            EXPECT_EQ(rows, mesh->rank() == 2 ? 0 : 2);  // 4 rows: 2, 2, 0.
+          }
+        }
+        return units;
+      };
+      ExpectParity(ref, RunSharded(world, false, checked), what);
+    }
+  }
+}
+
+// The unsharded bytes of a unit's parameters (f32).
+int64_t UnshardedBytes(FsdpUnit* unit) {
+  int64_t n = 0;
+  for (ShardedParameter& sp : unit->parameters()) n += NumElements(sp.shape);
+  return n * 4;
+}
+
+TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
+  constexpr int kWorld = 2;
+  for (bool zero3 : {true, false}) {
+    SCOPED_TRACE(zero3 ? "ZeRO-3" : "ZeRO-2");
+    // Thread ranks share the allocator: comm-buffer bytes (all-gather
+    // outputs, unsharded parameters) are read between barriers as sums.
+    CpuAllocator alloc;
+    Allocator* previous = SetAllocator(&alloc);
+    testing_util::RunOnMesh({{"dp", kWorld}}, [&](int rank, DeviceMesh& mesh) {
+      auto stack = MakeStack();
+      const std::vector<FsdpUnit*> units = PerLayer(zero3)(stack.get(), &mesh);
+      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+      FsdpUnit* root = units.back();
+      ASSERT_GT(UnshardedBytes(root), 0);  // The LayerNorm.
+      int64_t all_bytes = 0;
+      for (FsdpUnit* u : units) all_bytes += UnshardedBytes(u);
+      const int64_t rows = kBatch / kWorld;
+      // Step 2 prefetches in the recorded order; its "before" includes
+      // Gloo's reduce-scatter scratch from step 1.
+      for (int step = 0; step < 2; ++step) {
+        int64_t before = 0;
+        Barrier(mesh);
+        if (rank == 0)
+          before = alloc.Stats().current_of(MemoryTag::kCommBuffers);
+        Barrier(mesh);
+        nn::CrossEntropyLoss loss;
+        ASSERT_TRUE(Forward(stack.get(), &loss, rank * rows, rows, false).ok());
+        Barrier(mesh);
+        if (rank == 0) {
+          EXPECT_EQ(alloc.Stats().current_of(MemoryTag::kCommBuffers) - before,
+                    kWorld * (zero3 ? UnshardedBytes(root) : all_bytes))
+              << "step " << step;
+        }
+        Barrier(mesh);
+        for (FsdpUnit* u : units) {
+          for (ShardedParameter& sp : u->parameters()) {
+            EXPECT_EQ(sp.parameter->data.is_meta(), zero3 && !u->is_root())
+                << "after forward, step " << step << ": " << sp.name;
+          }
+        }
+        ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+        for (FsdpUnit* u : units) {
+          for (ShardedParameter& sp : u->parameters()) {
+            EXPECT_TRUE(sp.parameter->data.is_meta())
+                << "after backward, step " << step << ": " << sp.name;
+          }
+        }
+      }
+    });
+    SetAllocator(previous);
+  }
+}
+
+// The plan as lists of module names.
+std::vector<std::vector<std::string>> PlanNames(Module* root,
+                                                const WrapPredicate& predicate,
+                                                TiedParameterPolicy tied) {
+  std::vector<std::vector<std::string>> out;
+  absl::StatusOr<std::vector<WrapGroup>> plan =
+      PlanAutoWrap(root, predicate, tied);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return out;
+  for (const WrapGroup& g : *plan) {
+    out.emplace_back();
+    for (const auto& [name, m] : g.modules) out.back().push_back(name);
+  }
+  return out;
+}
+
+TEST(FullyShardTest, AutoWrapPlansAndTiedWeights) {
+  using Names = std::vector<std::vector<std::string>>;
+  using P = TiedParameterPolicy;
+  auto stack = MakeStack();
+  EXPECT_EQ(PlanNames(stack.get(), WrapModuleKinds({"Linear"}), P::kGroup),
+            (Names{{"1.fc"}, {"1.proj"}, {"3"}}));
+  // Embedding 42 elements, Mlp 28 + 30 (neither Linear alone), head 35.
+  EXPECT_EQ(PlanNames(stack.get(), WrapMinParameters(40), P::kGroup),
+            (Names{{"0"}, {"1"}}));
+  // The tied head joins the embedding's unit, or both go to the root.
+  auto tied = MakeStack(/*tied=*/true);
+  const WrapPredicate kinds = WrapModuleKinds({"Embedding", "Mlp"});
+  EXPECT_EQ(PlanNames(tied.get(), kinds, P::kGroup),
+            (Names{{"1"}, {"0", "3"}}));
+  EXPECT_EQ(PlanNames(tied.get(), kinds, P::kLeaveToRoot), (Names{{"1"}}));
+
+  const Result ref = RunReference(/*tied=*/true);
+  for (auto [world, policy] :
+       {std::pair{2, P::kGroup}, std::pair{3, P::kLeaveToRoot}}) {
+    const bool group = policy == P::kGroup;
+    const std::string what =
+        absl::StrCat("W=", world, group ? " kGroup" : " kLeaveToRoot");
+    Plan wrap = [&](nn::Sequential* s, DeviceMesh* mesh) {
+      AutoWrapOptions options;
+      options.shard.mesh = mesh;
+      options.tied = policy;
+      absl::StatusOr<std::vector<FsdpUnit*>> units =
+          AutoWrap(s, kinds, options);
+      CHECK_OK(units.status());
+      EXPECT_EQ(units->size(), group ? 3u : 2u) << what;
+      EXPECT_EQ((*units)[0]->name(), "Mlp") << what;
+      EXPECT_EQ((*units)[1]->name(), group ? "Embedding+..." : "Sequential")
+          << what;
+      EXPECT_TRUE(units->back()->is_root()) << what;
+      return *units;
+    };
+    ExpectParity(ref, RunSharded(world, /*tied=*/true, wrap), what);
+  }
+}
+
+// name -> bytes of this rank's master shard.
+std::map<std::string, std::vector<char>> LocalShards(Module* model) {
+  std::map<std::string, std::vector<char>> out;
+  const NamedDTensors state = *ShardedStateDict(model);
+  for (auto& [name, t] : state) {
+    std::vector<char>& bytes = out[name];
+    bytes.resize(t.local().nbytes());
+    if (!bytes.empty())
+      std::memcpy(bytes.data(), t.local().raw_data(), bytes.size());
+  }
+  return out;
+}
+
+TEST(FullyShardTest, ShardedStateDictRoundTripsAndLoadsStrictly) {
+  const Result ref = RunReference(/*tied=*/false);
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int rank, DeviceMesh& mesh) {
+    auto Sharded = [&](uint64_t seed) {
+      auto stack = MakeStack();
+      PerLayer()(stack.get(), &mesh);
+      CHECK_OK(InitShardedWeights(stack.get(), seed));
+      return stack;
+    };
+    auto source = Sharded(kSeed);
+    const auto want = LocalShards(source.get());
+    // Deep copy: the state dict's DTensors are views of the masters.
+    NamedDTensors snapshot;
+    const NamedDTensors state = *ShardedStateDict(source.get());
+    for (auto& [name, t] : state) {
+      Tensor copy = *Tensor::Empty(t.local().shape(), t.dtype(), Device::Cpu());
+      CHECK_OK(Copy(t.local(), &copy));
+      snapshot.emplace_back(
+          name, *DTensor::FromLocal(copy, t.mesh(), t.placements(), t.shape()));
+    }
+    auto target = Sharded(kSeed + 1);
+    EXPECT_NE(LocalShards(target.get()), want);
+    absl::Status s = LoadShardedStateDict(target.get(), snapshot);
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(LocalShards(target.get()), want);
+    // And the loaded stack is the unsharded stack's weights.
+    absl::StatusOr<NamedTensors> full = FullStateDict(target.get());
+    ASSERT_TRUE(full.ok()) << full.status();
+    EXPECT_EQ(full->size(), rank == 0 ? ref.params.size() : 0u);
+    for (auto& [name, t] : *full) {
+      EXPECT_EQ(testing_util::Values(t), ref.params.at(name)) << name;
+    }
+
+    // A missing key fails on every rank and writes nothing.
+    NamedDTensors missing;
+    for (auto& entry : snapshot) {
+      if (entry.first != "2.bias") missing.push_back(entry);
+    }
+    ASSERT_EQ(missing.size() + 1, snapshot.size());
+    auto other = Sharded(kSeed + 2);
+    const auto before = LocalShards(other.get());
+    s = LoadShardedStateDict(other.get(), missing);
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+    EXPECT_EQ(s.message(), "LoadShardedStateDict: missing keys [2.bias]");
+    EXPECT_EQ(LocalShards(other.get()), before);
+  });
+}
+
+// Checks that `status` failed with `part` in its message.
+void ExpectError(const absl::Status& status, const std::string& part) {
+  EXPECT_FALSE(status.ok()) << "expected an error with '" << part << "'";
+  EXPECT_NE(status.message().find(part), absl::string_view::npos) << status;
+}
+
+TEST(FullyShardTest, ErrorsNameTheProblem) {
+  testing_util::RunOnMesh({{"dp", 1}}, [](int, DeviceMesh& mesh) {
+    FullyShardOptions options;
+    options.mesh = &mesh;
+    auto stack = MakeStack();
+    ASSERT_TRUE(FullyShard({stack->at(3)}, options).ok());
+    absl::StatusOr<FsdpUnit*> again = FullyShard({stack->at(3)}, options);
+    EXPECT_TRUE(absl::IsFailedPrecondition(again.status())) << again.status();
+    EXPECT_EQ(again.status().message(),
+              "FullyShard: module Linear is already sharded (unit 'Linear')");
+    // AutoWrap names the group that failed.
+    AutoWrapOptions wrap;
+    wrap.shard = options;
+    ExpectError(
+        AutoWrap(stack.get(), WrapModuleKinds({"Linear"}), wrap).status(),
+        "AutoWrap: sharding [3]: FullyShard: module Linear is already "
+        "sharded");
+    // A tied weight split over two units.
+    auto tied = MakeStack(/*tied=*/true);
+    ASSERT_TRUE(FullyShard({tied->at(0)}, options).ok());
+    absl::Status split = FullyShard({tied->at(3)}, options).status();
+    ExpectError(split, "is already in unit 'Embedding'");
+    ExpectError(split, "a parameter shared by two units");
+    // No mesh; no FSDP unit.
+    ExpectError(FullyShard({tied->at(2)}, FullyShardOptions()).status(),
+                "needs a 1-D (shard) or 2-D (replicate, shard) mesh");
+    ExpectError(ShardedStateDict(MakeStack().get()).status(),
+                "parameter '0.weight' is in no FSDP unit");
+  });
+}
+
+}  // namespace
+}  // namespace fsdp
+}  // namespace fsdpp
