@@ -33,6 +33,7 @@
 #include "nn/module.h"
 #include "nn/sequential.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace fsdp {
@@ -105,14 +106,10 @@ DType DTypeArg(const benchmark::State& state) {
   return state.range(0) ? DType::kBF16 : DType::kF32;
 }
 
-// A [kLocalBatch, kSeq, kDim] tensor of small deterministic values.
-Tensor Activations(DType dtype, float scale, int rank) {
-  std::vector<float> v(kLocalBatch * kSeq * kDim);
-  for (size_t i = 0; i < v.size(); ++i) {
-    const int64_t k = static_cast<int64_t>((i + 977 * rank) * 7919 % 2001);
-    v[i] = scale * static_cast<float>(k - 1000) / 1000.0f;
-  }
-  return *Tensor::FromFloats({kLocalBatch, kSeq, kDim}, v, dtype);
+// A [kLocalBatch, kSeq, kDim] tensor of values in [-scale, scale).
+Tensor Activations(DType dtype, float scale, uint64_t seed) {
+  return testing_util::RandomTensor({kLocalBatch, kSeq, kDim}, dtype, seed,
+                                    -scale, scale);
 }
 
 // Runs `step` on every rank once per iteration of rank 0's benchmark loop,

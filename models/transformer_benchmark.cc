@@ -22,6 +22,7 @@
 #include "models/transformer.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace models {
@@ -55,17 +56,6 @@ Tensor Ids(int64_t vocab, uint64_t seed) {
   return *Tensor::FromInts({kBatch, kSeq}, v, DType::kI64);
 }
 
-// A [kBatch, kSeq, dim] tensor of small deterministic values.
-Tensor Activations(int64_t dim, DType dtype, float scale) {
-  std::vector<float> v(kBatch * kSeq * dim);
-  for (size_t i = 0; i < v.size(); ++i) {
-    v[i] = scale *
-           static_cast<float>(static_cast<int64_t>(i * 7919 % 2001) - 1000) /
-           1000.0f;
-  }
-  return *Tensor::FromFloats({kBatch, kSeq, dim}, v, dtype);
-}
-
 void SetCounters(benchmark::State& state, double flops_per_step) {
   state.counters["GFLOP"] = benchmark::Counter(
       flops_per_step / 1e9, benchmark::Counter::kIsIterationInvariantRate);
@@ -80,8 +70,10 @@ void BM_Gpt2BlockForwardBackward(benchmark::State& state) {
   Module* block = model->blocks()[0];
   CHECK_OK(block->ToEmpty(Device::Cpu()));
   CHECK_OK(block->InitWeights(1));
-  const Tensor x = Activations(c.dim, DTypeArg(state), 1.0f);
-  const Tensor dy = Activations(c.dim, DTypeArg(state), 1e-3f);
+  const Tensor x =
+      testing_util::RandomTensor({kBatch, kSeq, c.dim}, DTypeArg(state), 1);
+  const Tensor dy = testing_util::RandomTensor(
+      {kBatch, kSeq, c.dim}, DTypeArg(state), 2, -1e-3f, 1e-3f);
   CHECK_OK(block->Forward(x).status());  // Warm-up.
   CHECK_OK(block->Backward(dy).status());
   for (auto _ : state) {

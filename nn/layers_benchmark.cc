@@ -22,6 +22,7 @@
 #include "nn/module.h"
 #include "nn/rms_norm.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace nn {
@@ -36,17 +37,6 @@ DType DTypeArg(const benchmark::State& state) {
   return state.range(0) ? DType::kBF16 : DType::kF32;
 }
 
-// A [kBatch, kSeq, dim] tensor of small deterministic values.
-Tensor Activations(int64_t dim, DType dtype, float scale) {
-  std::vector<float> v(kBatch * kSeq * dim);
-  for (size_t i = 0; i < v.size(); ++i) {
-    v[i] = scale *
-           static_cast<float>(static_cast<int64_t>(i * 7919 % 2001) - 1000) /
-           1000.0f;
-  }
-  return *Tensor::FromFloats({kBatch, kSeq, dim}, v, dtype);
-}
-
 // Materializes `layer`, then times Forward(x) + Backward(dy) with x of width
 // in_dim and dy of width out_dim.
 void RunForwardBackward(benchmark::State& state, Module& layer, int64_t in_dim,
@@ -54,8 +44,9 @@ void RunForwardBackward(benchmark::State& state, Module& layer, int64_t in_dim,
   const DType dtype = DTypeArg(state);
   CHECK_OK(layer.ToEmpty(Device::Cpu()));
   CHECK_OK(layer.InitWeights(1));
-  const Tensor x = Activations(in_dim, dtype, 1.0f);
-  const Tensor dy = Activations(out_dim, dtype, 1e-3f);
+  const Tensor x = testing_util::RandomTensor({kBatch, kSeq, in_dim}, dtype, 1);
+  const Tensor dy = testing_util::RandomTensor({kBatch, kSeq, out_dim}, dtype,
+                                               2, -1e-3f, 1e-3f);
   CHECK_OK(layer.Forward(x).status());  // Warm-up.
   CHECK_OK(layer.Backward(dy).status());
   for (auto _ : state) {

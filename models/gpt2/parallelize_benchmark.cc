@@ -7,18 +7,10 @@
 // counts model parameters sharded.
 //
 //   bazel run -c opt //models/gpt2:parallelize_benchmark
-#include <cstdint>
-#include <memory>
-#include <vector>
-
 #include "benchmark/benchmark.h"
-#include "core/logging.h"
-#include "fsdp/auto_wrap.h"
-#include "fsdp/fully_shard.h"
-#include "mesh/device_mesh.h"
-#include "mesh/run_on_mesh.h"
 #include "models/config.h"
 #include "models/gpt2/parallelize.h"
+#include "models/testing/plan_benchmark.h"
 #include "models/transformer.h"
 
 namespace fsdpp {
@@ -27,23 +19,11 @@ namespace gpt2 {
 namespace {
 
 void BM_ApplyFsdp(benchmark::State& state) {
-  const TransformerConfig config = *ConfigByName("gpt2_124m");
-  int64_t parameters = 0;
-  testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
-    FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    for (auto _ : state) {
-      state.PauseTiming();
-      std::unique_ptr<Transformer> model = *Transformer::Create(config);
-      parameters = model->NumParameters();
-      state.ResumeTiming();
-      CHECK_OK(ApplyFsdp(model.get(), options).status());
-      state.PauseTiming();
-      model.reset();
-      state.ResumeTiming();
-    }
-  });
-  state.SetItemsProcessed(state.iterations() * parameters);
+  testing_util::BenchmarkPlan(
+      state, *ConfigByName("gpt2_124m"),
+      [](Transformer* model, const FsdpPlanOptions& options) {
+        return ApplyFsdp(model, options).status();
+      });
 }
 BENCHMARK(BM_ApplyFsdp)->Unit(benchmark::kMillisecond)->UseRealTime();
 

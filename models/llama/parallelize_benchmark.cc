@@ -7,18 +7,10 @@
 // items_per_second counts model parameters sharded.
 //
 //   bazel run -c opt //models/llama:parallelize_benchmark
-#include <cstdint>
-#include <memory>
-#include <vector>
-
 #include "benchmark/benchmark.h"
-#include "core/logging.h"
-#include "fsdp/auto_wrap.h"
-#include "fsdp/fully_shard.h"
-#include "mesh/device_mesh.h"
-#include "mesh/run_on_mesh.h"
 #include "models/config.h"
 #include "models/llama/parallelize.h"
+#include "models/testing/plan_benchmark.h"
 #include "models/transformer.h"
 
 namespace fsdpp {
@@ -38,23 +30,11 @@ TransformerConfig Llama1bScaledDown() {
 }
 
 void BM_ApplyFsdp(benchmark::State& state) {
-  const TransformerConfig config = Llama1bScaledDown();
-  int64_t parameters = 0;
-  testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
-    FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    for (auto _ : state) {
-      state.PauseTiming();
-      std::unique_ptr<Transformer> model = *Transformer::Create(config);
-      parameters = model->NumParameters();
-      state.ResumeTiming();
-      CHECK_OK(ApplyFsdp(model.get(), options).status());
-      state.PauseTiming();
-      model.reset();
-      state.ResumeTiming();
-    }
-  });
-  state.SetItemsProcessed(state.iterations() * parameters);
+  testing_util::BenchmarkPlan(
+      state, Llama1bScaledDown(),
+      [](Transformer* model, const FsdpPlanOptions& options) {
+        return ApplyFsdp(model, options).status();
+      });
 }
 BENCHMARK(BM_ApplyFsdp)->Unit(benchmark::kMillisecond)->UseRealTime();
 

@@ -8,16 +8,11 @@
 // parameters sharded.
 //
 //   bazel run -c opt //models/parallelize:block_plan_benchmark
-#include <cstdint>
-#include <memory>
-
 #include "benchmark/benchmark.h"
-#include "core/logging.h"
 #include "fsdp/auto_wrap.h"
-#include "mesh/device_mesh.h"
-#include "mesh/run_on_mesh.h"
 #include "models/config.h"
 #include "models/parallelize/block_plan.h"
+#include "models/testing/plan_benchmark.h"
 #include "models/transformer.h"
 
 namespace fsdpp {
@@ -26,23 +21,12 @@ namespace {
 
 void ApplyBlockPlanTo(benchmark::State& state,
                       const TransformerConfig& config) {
-  int64_t parameters = 0;
-  testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
-    fsdp::FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    for (auto _ : state) {
-      state.PauseTiming();
-      std::unique_ptr<Transformer> model = *Transformer::Create(config);
-      parameters = model->NumParameters();
-      state.ResumeTiming();
-      CHECK_OK(ApplyBlockPlan(model.get(), config.family, "benchmark", options)
-                   .status());
-      state.PauseTiming();
-      model.reset();
-      state.ResumeTiming();
-    }
-  });
-  state.SetItemsProcessed(state.iterations() * parameters);
+  testing_util::BenchmarkPlan(
+      state, config,
+      [&](Transformer* model, const fsdp::FsdpPlanOptions& options) {
+        return ApplyBlockPlan(model, config.family, "benchmark", options)
+            .status();
+      });
 }
 
 void BM_ApplyBlockPlanGpt2_124m(benchmark::State& state) {

@@ -63,8 +63,6 @@ FORBIDDEN = [
 FORBIDDEN_EXCEPT = [
     # The plans are where models meet FSDP (and, later, tensor parallelism).
     ["models/parallelize", "fsdp"],
-    # A plan shards over the mesh it is given.
-    ["models/parallelize", "mesh"],
     ["models/gpt2", "fsdp"],
     ["models/llama", "fsdp"],
     # The parity harness trains a model under FSDP / DDP layouts with AdamW.
