@@ -17,6 +17,8 @@ packages=(
   libgtest-dev        # GoogleTest
   libgmock-dev        # GoogleMock
   libbenchmark-dev    # Google Benchmark
+  libbenchmark-tools  # compare.py (tools/bench/compare.sh)
+  python3-scipy       # compare.py's Mann-Whitney U test
   libgloo-dev         # Gloo collectives (CPU, TCP)
   libdnnl-dev         # oneDNN (CPU matmul, AVX-512 / AMX at run time)
   libhwy-dev          # Google Highway: SIMD host kernels, runtime dispatch

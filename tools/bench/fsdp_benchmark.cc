@@ -58,6 +58,9 @@
 #include "optim/clip.h"
 #include "runtime/launch.h"
 
+ABSL_FLAG(std::string, model, "gpt2_124m",
+          "model zoo config to train (models/config.cc; the smoke run in CI "
+          "uses gpt2_debug)");
 ABSL_FLAG(int, steps, 5, "measured steps per layout");
 ABSL_FLAG(int, warmup, 2, "unmeasured steps before them");
 ABSL_FLAG(bool, caching_allocator, false,
@@ -71,7 +74,8 @@ ABSL_FLAG(std::string, out, "", "internal: the worker's result file");
 namespace fsdpp {
 namespace {
 
-constexpr int64_t kGlobalBatch = 4, kSeq = 256;
+constexpr int64_t kGlobalBatch = 4;
+constexpr int64_t kSeq = 256;  // Or the model's context length if shorter.
 
 struct Layout {
   const char* name;
@@ -94,8 +98,8 @@ struct Trainable {
 
 // One rank of one layout: trains and writes "step_s comm_s state peak" per
 // measured step summary to `out`.
-absl::Status Worker(const std::string& mode, int steps, int warmup,
-                    const std::string& out, bool cache) {
+absl::Status Worker(const std::string& mode, const std::string& model_name,
+                    int steps, int warmup, const std::string& out, bool cache) {
   if (cache) {
     SetAllocator(new CachingAllocator(CpuRawAllocator()));  // Process-long.
   }
@@ -110,7 +114,8 @@ absl::Status Worker(const std::string& mode, int steps, int warmup,
                          GlooGroupFactory(store.get(), gloo)));
   TraceRecorder trace(info.rank, "bench");
   ScopedCurrentTrace trace_scope(&trace);
-  models::TransformerConfig config = *models::ConfigByName("gpt2_124m");
+  ASSIGN_OR_RETURN(models::TransformerConfig config,
+                   models::ConfigByName(model_name));
   config.vocab_pad_multiple = 64;
   ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
                    models::Transformer::Create(config));
@@ -149,14 +154,15 @@ absl::Status Worker(const std::string& mode, int steps, int warmup,
   ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(t.adam), ao));
   RETURN_IF_ERROR(adamw.Init());
   const int64_t rows = kGlobalBatch / info.world_size;
-  std::vector<int64_t> ids(rows * kSeq), targets(rows * kSeq);
+  const int64_t seq = std::min(kSeq, config.context_length);
+  std::vector<int64_t> ids(rows * seq), targets(rows * seq);
   for (size_t i = 0; i < ids.size(); ++i) {
     const Philox4x32 r = PhiloxBlock(77, info.rank, i);
     ids[i] = r.v[0] % config.vocab_size;
     targets[i] = r.v[1] % config.vocab_size;
   }
-  ASSIGN_OR_RETURN(Tensor ids_t, Tensor::FromInts({rows, kSeq}, ids));
-  ASSIGN_OR_RETURN(Tensor targets_t, Tensor::FromInts({rows, kSeq}, targets));
+  ASSIGN_OR_RETURN(Tensor ids_t, Tensor::FromInts({rows, seq}, ids));
+  ASSIGN_OR_RETURN(Tensor targets_t, Tensor::FromInts({rows, seq}, targets));
   Allocator* alloc = GetAllocator(Device::Cpu());
   std::vector<double> step_s, comm_s;
   for (int step = 0; step < warmup + steps; ++step) {
@@ -193,11 +199,14 @@ struct RankResult {
 };
 
 constexpr char kUsage[] =
-    "usage: fsdp_benchmark [--steps=N] [--warmup=N] [--caching_allocator]\n"
-    "  GPT-2 124M training step per layout, each as real processes.\n";
+    "usage: fsdp_benchmark [--model=NAME] [--steps=N] [--warmup=N] "
+    "[--caching_allocator]\n"
+    "  A training step (GPT-2 124M by default) per layout, each as real "
+    "processes.\n";
 
 int Main(int argc, char** argv) {
   ParseCommandLineOrExit(argc, argv, kUsage);
+  const std::string model = absl::GetFlag(FLAGS_model);
   const int steps = absl::GetFlag(FLAGS_steps);
   const int warmup = absl::GetFlag(FLAGS_warmup);
   const bool cache = absl::GetFlag(FLAGS_caching_allocator);
@@ -210,8 +219,15 @@ int Main(int argc, char** argv) {
                  kUsage);
     return 2;
   }
+  absl::StatusOr<models::TransformerConfig> config =
+      models::ConfigByName(model);
+  if (!config.ok()) {
+    std::fprintf(stderr, "fsdp_benchmark: --model: %s\n%s",
+                 config.status().ToString().c_str(), kUsage);
+    return 2;
+  }
   if (!worker.empty()) {
-    absl::Status s = Worker(worker, steps, warmup, out, cache);
+    absl::Status s = Worker(worker, model, steps, warmup, out, cache);
     if (!s.ok()) {
       std::fprintf(stderr, "worker: %s\n", s.ToString().c_str());
       return 1;
@@ -223,9 +239,10 @@ int Main(int argc, char** argv) {
   const char* dir = mkdtemp(tmpl);
   CHECK(dir != nullptr);
   std::printf(
-      "GPT-2 124M (vocab 50304), global batch %d x %d tokens, f32, AdamW + "
+      "%s (vocab padded to 64), global batch %d x %d tokens, f32, AdamW + "
       "clip; %d warm-up + %d measured steps per layout, %d CPUs\n",
-      static_cast<int>(kGlobalBatch), static_cast<int>(kSeq), warmup, steps,
+      model.c_str(), static_cast<int>(kGlobalBatch),
+      static_cast<int>(std::min(kSeq, config->context_length)), warmup, steps,
       launch::AvailableCpus());
   std::fflush(stdout);
   std::vector<std::vector<RankResult>> results;
@@ -235,8 +252,11 @@ int Main(int argc, char** argv) {
     launch::LaunchOptions lo;
     lo.nproc_per_node = layout.ranks;
     lo.master_port = port++;
-    lo.program = {"/proc/self/exe", absl::StrCat("--worker=", layout.mode),
-                  absl::StrCat("--out=", file), absl::StrCat("--steps=", steps),
+    lo.program = {"/proc/self/exe",
+                  absl::StrCat("--worker=", layout.mode),
+                  absl::StrCat("--out=", file),
+                  absl::StrCat("--model=", model),
+                  absl::StrCat("--steps=", steps),
                   absl::StrCat("--warmup=", warmup)};
     if (cache) lo.program.push_back("--caching_allocator");
     const int rc = launch::RunLaunch(lo);
