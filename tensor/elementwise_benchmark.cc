@@ -28,32 +28,64 @@ void BM_Memcpy(benchmark::State& state) {
 }
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-void BM_Add(benchmark::State& state) {
-  const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
-  Tensor a = Filled(dtype, 1.0f), b = Filled(dtype, 2.0f),
+DType DTypeArg(const benchmark::State& state) {
+  return state.range(0) ? DType::kBF16 : DType::kF32;
+}
+
+// Registers a benchmark over f32 (bf16:0) and bf16 (bf16:1).
+#define FSDPP_BENCHMARK_F32_BF16(fn)  \
+  BENCHMARK(fn)                       \
+      ->Arg(0)                        \
+      ->Arg(1)                        \
+      ->ArgName("bf16")               \
+      ->Unit(benchmark::kMillisecond) \
+      ->UseRealTime()
+
+// out = op(a, b): three arrays of traffic.
+template <class Op>
+void Binary(benchmark::State& state, Op op) {
+  const DType dtype = DTypeArg(state);
+  Tensor a = Filled(dtype, 0.5f), b = Filled(dtype, 2.0f),
          c = Filled(dtype, 0.0f);
-  for (auto _ : state) CHECK_OK(Add(a, b, &c));
+  for (auto _ : state) CHECK_OK(op(a, b, &c));
   state.SetBytesProcessed(state.iterations() * 3 * a.nbytes());
 }
-BENCHMARK(BM_Add)
-    ->Arg(0)
-    ->Arg(1)
-    ->ArgName("bf16")
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
 
-void BM_Axpy(benchmark::State& state) {
-  const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
-  Tensor x = Filled(dtype, 1.0f), y = Filled(dtype, 2.0f);
-  for (auto _ : state) CHECK_OK(Axpy(1e-3f, x, &y));
-  state.SetBytesProcessed(state.iterations() * 3 * x.nbytes());
+// out = op(a): two arrays of traffic.
+template <class Op>
+void Unary(benchmark::State& state, Op op) {
+  const DType dtype = DTypeArg(state);
+  Tensor a = Filled(dtype, 0.5f), b = Filled(dtype, 0.0f);
+  for (auto _ : state) CHECK_OK(op(a, &b));
+  state.SetBytesProcessed(state.iterations() * 2 * a.nbytes());
 }
-BENCHMARK(BM_Axpy)
-    ->Arg(0)
-    ->Arg(1)
-    ->ArgName("bf16")
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+
+void BM_Add(benchmark::State& state) {
+  Binary(state, [](const Tensor& a, const Tensor& b, Tensor* c) {
+    return Add(a, b, c);
+  });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_Add);
+
+void BM_Mul(benchmark::State& state) {
+  Binary(state, [](const Tensor& a, const Tensor& b, Tensor* c) {
+    return Mul(a, b, c);
+  });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_Mul);
+
+// y += alpha x: reads x and y, writes y.
+void BM_Axpy(benchmark::State& state) {
+  Binary(state, [](const Tensor& x, const Tensor&, Tensor* y) {
+    return Axpy(1e-3f, x, y);
+  });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_Axpy);
+
+void BM_Scale(benchmark::State& state) {
+  Unary(state, [](const Tensor& x, Tensor* y) { return Scale(x, 0.5f, y); });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_Scale);
 
 void BM_CastF32ToBf16(benchmark::State& state) {
   Tensor a = Filled(DType::kF32, 1.5f), b = Filled(DType::kBF16, 0.0f);
@@ -62,18 +94,37 @@ void BM_CastF32ToBf16(benchmark::State& state) {
 }
 BENCHMARK(BM_CastF32ToBf16)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-void BM_Gelu(benchmark::State& state) {
-  const DType dtype = state.range(0) ? DType::kBF16 : DType::kF32;
-  Tensor a = Filled(dtype, 0.5f), b = Filled(dtype, 0.0f);
-  for (auto _ : state) CHECK_OK(Gelu(a, &b));
-  state.SetBytesProcessed(state.iterations() * 2 * a.nbytes());
+void BM_CastBf16ToF32(benchmark::State& state) {
+  Tensor a = Filled(DType::kBF16, 1.5f), b = Filled(DType::kF32, 0.0f);
+  for (auto _ : state) CHECK_OK(Copy(a, &b));
+  state.SetBytesProcessed(state.iterations() * (a.nbytes() + b.nbytes()));
 }
-BENCHMARK(BM_Gelu)
-    ->Arg(0)
-    ->Arg(1)
-    ->ArgName("bf16")
-    ->Unit(benchmark::kMillisecond)
-    ->UseRealTime();
+BENCHMARK(BM_CastBf16ToF32)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+void BM_Gelu(benchmark::State& state) {
+  Unary(state, [](const Tensor& x, Tensor* y) { return Gelu(x, y); });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_Gelu);
+
+// dx = dy * GELU'(x): reads x and dy, writes dx.
+void BM_GeluBackward(benchmark::State& state) {
+  Binary(state, [](const Tensor& x, const Tensor& dy, Tensor* dx) {
+    return GeluBackward(x, dy, dx);
+  });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_GeluBackward);
+
+void BM_Silu(benchmark::State& state) {
+  Unary(state, [](const Tensor& x, Tensor* y) { return Silu(x, y); });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_Silu);
+
+void BM_SiluBackward(benchmark::State& state) {
+  Binary(state, [](const Tensor& x, const Tensor& dy, Tensor* dx) {
+    return SiluBackward(x, dy, dx);
+  });
+}
+FSDPP_BENCHMARK_F32_BF16(BM_SiluBackward);
 
 }  // namespace
 }  // namespace fsdpp
