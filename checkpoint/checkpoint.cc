@@ -23,12 +23,12 @@
 #include "checkpoint/boxes.h"
 #include "checkpoint/coordinator.h"
 #include "checkpoint/crc32c.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.pb.h"
 #include "checkpoint/reader.h"
 #include "core/logging.h"
 #include "core/memcpy.h"
 #include "core/status.h"
+#include "formats/file_util.h"
 #include "tensor/sharding.h"
 
 namespace fsdpp {

@@ -27,8 +27,8 @@
 #include "benchmark/benchmark.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
-#include "formats/file_util.h"
 #include "core/logging.h"
+#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace {

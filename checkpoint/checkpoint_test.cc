@@ -12,10 +12,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
+#include "formats/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"

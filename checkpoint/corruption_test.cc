@@ -9,11 +9,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/test_checkpoints.h"
+#include "formats/file_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"

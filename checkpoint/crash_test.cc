@@ -23,8 +23,8 @@
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crash_state.h"
-#include "formats/file_util.h"
 #include "checkpoint/test_checkpoints.h"
+#include "formats/file_util.h"
 #include "gtest/gtest.h"
 
 namespace fsdpp {

@@ -9,9 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/boxes.h"
 #include "checkpoint/crc32c.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.pb.h"
 #include "core/status.h"
+#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace {

@@ -16,11 +16,11 @@
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/crc32c.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
 #include "checkpoint/test_checkpoints.h"
 #include "comm/store.h"
+#include "formats/file_util.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 

@@ -22,8 +22,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "formats/file_util.h"
 #include "checkpoint/metadata.h"
+#include "formats/file_util.h"
 #include "tensor/sharding.h"
 #include "tensor/tensor.h"
 

@@ -10,9 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/boxes.h"
-#include "formats/safetensors/safetensors.h"
 #include "core/memcpy.h"
 #include "core/status.h"
+#include "formats/safetensors/safetensors.h"
 #include "tensor/sharding.h"
 
 namespace fsdpp {

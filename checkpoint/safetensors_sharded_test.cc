@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "formats/safetensors/safetensors.h"
 #include "checkpoint/test_checkpoints.h"
+#include "formats/safetensors/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"

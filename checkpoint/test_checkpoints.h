@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "formats/file_util.h"
 #include "core/logging.h"
+#include "formats/file_util.h"
 #include "mesh/device_mesh.h"
 #include "tensor/dtensor.h"
 #include "tensor/sharding.h"

@@ -162,12 +162,9 @@ TEST(DTypeTest, RoundTripsEveryEncodingAndKeepsNaN) {
   EXPECT_TRUE(
       std::isnan(Float16ToFloat(FloatToFloat16(BitsToFloat(0x7f800001u)))));
   // A signalling f16 NaN widens to a quiet f32 NaN with its payload and sign.
-  EXPECT_EQ(FloatBits(Float16ToFloat(Float16::FromBits(0x7c01u))),
-            0x7fc02000u);
-  EXPECT_EQ(FloatBits(Float16ToFloat(Float16::FromBits(0xfe01u))),
-            0xffc02000u);
-  EXPECT_EQ(FloatBits(Float16ToFloat(Float16::FromBits(0x7c00u))),
-            0x7f800000u);
+  EXPECT_EQ(FloatBits(Float16ToFloat(Float16::FromBits(0x7c01u))), 0x7fc02000u);
+  EXPECT_EQ(FloatBits(Float16ToFloat(Float16::FromBits(0xfe01u))), 0xffc02000u);
+  EXPECT_EQ(FloatBits(Float16ToFloat(Float16::FromBits(0x7c00u))), 0x7f800000u);
 }
 
 }  // namespace

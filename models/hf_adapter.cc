@@ -12,10 +12,10 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "formats/safetensors/safetensors.h"
 #include "core/device.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "formats/safetensors/safetensors.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {

@@ -15,9 +15,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "formats/safetensors/safetensors.h"
 #include "core/device.h"
 #include "core/dtype.h"
+#include "formats/safetensors/safetensors.h"
 #include "gtest/gtest.h"
 #include "models/config.h"
 #include "models/transformer.h"

@@ -33,9 +33,9 @@
 #include "absl/strings/str_join.h"
 #include "core/allocator.h"
 #include "fsdp/fully_shard.h"
-#include "tests/fully_shard_testing.h"
 #include "gtest/gtest.h"
 #include "optim/adamw.h"
+#include "tests/fully_shard_testing.h"
 
 namespace fsdpp {
 namespace fsdp {

@@ -9,13 +9,13 @@
 #include <map>
 #include <vector>
 
-#include "tests/fully_shard_testing.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
 #include "models/transformer.h"
 #include "tensor/ops.h"
 #include "tensor/test_tensors.h"
+#include "tests/fully_shard_testing.h"
 
 namespace fsdpp {
 namespace fsdp {

@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/fully_shard.h"
-#include "tests/fully_shard_testing.h"
 #include "gtest/gtest.h"
+#include "tests/fully_shard_testing.h"
 
 namespace fsdpp {
 namespace fsdp {

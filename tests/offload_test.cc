@@ -12,9 +12,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "fsdp/fully_shard.h"
-#include "tests/fully_shard_testing.h"
 #include "gtest/gtest.h"
 #include "optim/adamw.h"
+#include "tests/fully_shard_testing.h"
 
 namespace fsdpp {
 namespace fsdp {

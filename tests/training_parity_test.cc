@@ -50,8 +50,8 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "models/gpt2/parallelize.h"
-#include "models/testing/parity_testing.h"
 #include "models/llama/parallelize.h"
+#include "models/testing/parity_testing.h"
 
 namespace fsdpp {
 namespace models {

@@ -16,11 +16,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "core/status.h"
+#include "formats/file_util.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
-#include "formats/file_util.h"
 #include "trainer/data/tokenizers.h"
 
 namespace fsdpp {

@@ -12,8 +12,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "formats/file_util.h"
+#include "gtest/gtest.h"
 
 namespace fsdpp {
 namespace trainer {

@@ -8,8 +8,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "trainer/data/corpus.h"
 #include "formats/file_util.h"
+#include "trainer/data/corpus.h"
 #include "trainer/data/token_file.h"
 #include "trainer/data/tokenizers.h"
 

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "formats/file_util.h"
 #include "gtest/gtest.h"
 #include "trainer/data/corpus.h"
-#include "formats/file_util.h"
 #include "trainer/data/token_file.h"
 
 namespace fsdpp {

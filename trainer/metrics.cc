@@ -9,8 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
-#include "formats/file_util.h"
 #include "core/status.h"
+#include "formats/file_util.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 

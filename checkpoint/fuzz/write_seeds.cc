@@ -25,9 +25,9 @@
 #include "checkpoint/crc32c.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/metadata.pb.h"
+#include "core/logging.h"
 #include "formats/safetensors/safetensors.h"
 #include "formats/safetensors/safetensors_seeds.h"
-#include "core/logging.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {

@@ -17,9 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "formats/json.h"
 #include "core/memcpy.h"
 #include "core/status.h"
+#include "formats/json.h"
 
 namespace fsdpp {
 namespace {

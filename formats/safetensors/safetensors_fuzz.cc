@@ -14,8 +14,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "formats/safetensors/safetensors.h"
 #include "core/logging.h"
+#include "formats/safetensors/safetensors.h"
 
 namespace fsdpp {
 namespace {

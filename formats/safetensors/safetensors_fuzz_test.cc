@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/logging.h"
 #include "formats/safetensors/safetensors.h"
 #include "formats/safetensors/safetensors_seeds.h"
-#include "core/logging.h"
 #include "gtest/gtest.h"
 #include "tensor/tensor.h"
 

@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
-#include "formats/safetensors/safetensors.h"
 #include "core/logging.h"
+#include "formats/safetensors/safetensors.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {

@@ -623,9 +623,9 @@ TEST(SafetensorsTest, IsReadableByAStandardLibraryPythonReader) {
   ASSERT_TRUE(WriteSafetensors(path, tensors,
                                {{"format", "pt"}, {"note", "say \"hi\""}})
                   .ok());
-  const std::string command =
-      absl::StrCat("/usr/bin/python3 formats/safetensors/testdata/read_safetensors.py '",
-                   path, "' 2>&1");
+  const std::string command = absl::StrCat(
+      "/usr/bin/python3 formats/safetensors/testdata/read_safetensors.py '",
+      path, "' 2>&1");
   FILE* pipe = ::popen(command.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string output;

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "absl/strings/match.h"
-#include "gtest/gtest.h"
 #include "formats/file_util.h"
+#include "gtest/gtest.h"
 
 namespace fsdpp {
 namespace trainer {

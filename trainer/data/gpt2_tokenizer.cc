@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "formats/json.h"
 #include "core/status.h"
 #include "formats/file_util.h"
+#include "formats/json.h"
 #include "trainer/data/unicode.h"
 
 namespace fsdpp {

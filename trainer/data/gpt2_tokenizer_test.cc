@@ -15,11 +15,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "formats/file_util.h"
 #include "formats/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "trainer/data/corpus.h"
-#include "formats/file_util.h"
 
 namespace fsdpp {
 namespace trainer {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "gtest/gtest.h"
 #include "formats/file_util.h"
+#include "gtest/gtest.h"
 
 namespace fsdpp {
 namespace trainer {
