@@ -6,14 +6,13 @@
 // a * b + c into an FMA (the CUDA side is built with --fmad=false to match).
 #include "optim/adamw.h"
 
-#include <omp.h>
-
 #include <cmath>
 #include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "optim/adamw_simd.h"
 #include "optim/kernels/adamw.h"
@@ -26,33 +25,20 @@
 namespace fsdpp {
 namespace {
 
-// Below this many elements the loop runs on the calling thread.
-constexpr int64_t kParallelElements = 1 << 15;
-
 // The update over [0, n) with the vectorised kernel (bit-exact with
 // kernels::AdamWElement), split across the OpenMP pool for large tensors.
 void AdamWCpuLoop(const kernels::AdamWScalars& s, const float* grad,
                   float* param, float* exp_avg, float* exp_avg_sq,
                   DType copy_dtype, void* copy, int64_t n) {
-  if (n <= kParallelElements) {
-    adamw_simd::Step(s, grad, param, exp_avg, exp_avg_sq, copy_dtype, copy, n);
-    return;
-  }
   const int64_t copy_bytes = copy == nullptr ? 0 : DTypeSize(copy_dtype);
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = (n * t / nt) & ~int64_t{63};
-    const int64_t end = t + 1 == nt ? n : (n * (t + 1) / nt) & ~int64_t{63};
-    if (end > begin) {
-      adamw_simd::Step(s, grad + begin, param + begin, exp_avg + begin,
-                       exp_avg_sq + begin, copy_dtype,
-                       copy == nullptr
-                           ? nullptr
-                           : static_cast<char*>(copy) + begin * copy_bytes,
-                       end - begin);
-    }
-  }
+  ParallelChunks(n, [&](int64_t begin, int64_t end) {
+    adamw_simd::Step(s, grad + begin, param + begin, exp_avg + begin,
+                     exp_avg_sq + begin, copy_dtype,
+                     copy == nullptr
+                         ? nullptr
+                         : static_cast<char*>(copy) + begin * copy_bytes,
+                     end - begin);
+  });
 }
 
 bool FiniteNonNegative(double x) { return std::isfinite(x) && x >= 0.0; }

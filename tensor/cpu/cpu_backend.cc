@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cpu/simd.h"
@@ -22,9 +23,6 @@
 namespace fsdpp {
 namespace cpu {
 namespace {
-
-// Below this many elements a loop runs on the calling thread.
-constexpr int64_t kParallelElements = 1 << 15;
 
 template <typename T, typename Op>
 void UnaryLoop(const T* x, T* out, int64_t n, Op op) {
@@ -40,24 +38,6 @@ void BinaryLoop(const T* a, const T* b, T* out, int64_t n, Op op) {
   }
 }
 
-// Runs chunk(begin, end) over [0, n): on the calling thread for small n,
-// else split across the OpenMP pool in cache-line-aligned pieces (the SIMD
-// kernels are single-threaded and exact, so the split changes no result).
-template <typename Chunk>
-void ParallelChunks(int64_t n, Chunk chunk) {
-  if (n <= kParallelElements) {
-    chunk(int64_t{0}, n);
-    return;
-  }
-#pragma omp parallel
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = (n * t / nt) & ~int64_t{63};
-    const int64_t end = t + 1 == nt ? n : (n * (t + 1) / nt) & ~int64_t{63};
-    if (end > begin) chunk(begin, end);
-  }
-}
-
 // Element `i` of a raw array of `dtype`.
 inline void* At(void* p, DType dtype, int64_t i) {
   return static_cast<char*>(p) + i * static_cast<int64_t>(DTypeSize(dtype));
@@ -65,12 +45,6 @@ inline void* At(void* p, DType dtype, int64_t i) {
 inline const void* At(const void* p, DType dtype, int64_t i) {
   return static_cast<const char*>(p) +
          i * static_cast<int64_t>(DTypeSize(dtype));
-}
-
-template <typename S, typename D>
-void CastLoop(const S* src, D* dst, int64_t n) {
-#pragma omp parallel for schedule(static) if (n > kParallelElements)
-  for (int64_t i = 0; i < n; ++i) dst[i] = FromFloat<D>(ToFloat(src[i]));
 }
 
 template <typename T>
@@ -113,16 +87,10 @@ class CpuBackendImpl final : public Backend {
       });
       return absl::OkStatus();
     }
-    const absl::Status dispatched = DispatchFloat(src.dtype(), [&](auto tag_S) {
-      using S = typename decltype(tag_S)::type;
-      (void)DispatchFloat(dst->dtype(), [&](auto tag_D) {
-        using D = typename decltype(tag_D)::type;
-        CastLoop(static_cast<const S*>(src.raw_data()),
-                 static_cast<D*>(dst->raw_data()), n);
-      });
-    });
-    RETURN_IF_ERROR(dispatched);
-    return absl::OkStatus();
+    // Only float dtypes convert (tensor/ops.cc checks first): the error
+    // names the one that is not.
+    return DispatchFloat(
+        simd::IsFloat(src.dtype()) ? dst->dtype() : src.dtype(), [](auto) {});
   }
 
   absl::Status Fill(Tensor* t, float value) override {

@@ -1,0 +1,25 @@
+// Splitting a memory-bound loop across the OpenMP pool.
+#ifndef FSDPP_CORE_PARALLEL_H_
+#define FSDPP_CORE_PARALLEL_H_
+
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+
+namespace fsdpp {
+
+// Below this many elements a loop runs on the calling thread: the pool's
+// wake-up costs more than the work.
+constexpr int64_t kParallelElements = 1 << 15;
+
+// Calls chunk(begin, end) on disjoint ranges covering [0, n) exactly once:
+// one range on the calling thread when n <= kParallelElements, otherwise one
+// per OpenMP thread, each starting at a multiple of 64 elements (whole cache
+// lines for every dtype, so no two threads write one line). For kernels whose
+// result per element does not depend on the split.
+void ParallelChunks(int64_t n,
+                    absl::FunctionRef<void(int64_t begin, int64_t end)> chunk);
+
+}  // namespace fsdpp
+
+#endif  // FSDPP_CORE_PARALLEL_H_
