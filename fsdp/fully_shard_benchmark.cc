@@ -1,8 +1,8 @@
 // FullyShard on a stack of nn layers (4 pre-norm blocks: LayerNorm,
 // causal self-attention, LayerNorm, Mlp, at C = 256, 4 heads, then a final
 // LayerNorm; 3.2M parameters), one unit per block plus the root, on 2 thread
-// ranks over real Gloo (loopback TCP). Measured, per iteration on rank 0 (the
-// other rank runs the same steps in lockstep):
+// ranks over real Gloo (loopback TCP). Measured per iteration, both ranks
+// running the same steps in lock step (comm/lock_step.h):
 //   BM_UnshardReshard    Unshard (the all-gather, copy-in and copy-out) then
 //                        Reshard of every unit: bytes_per_second counts the
 //                        unsharded parameter bytes gathered;
@@ -13,19 +13,20 @@
 // Both run with f32 and bf16 parameter (all-gather and compute) dtype.
 //
 //   bazel run -c opt //fsdp:fully_shard_benchmark
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "benchmark/benchmark.h"
+#include "comm/gloo_backend.h"
+#include "comm/lock_step.h"
+#include "comm/store.h"
 #include "core/dtype.h"
 #include "core/logging.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/device_mesh.h"
-#include "mesh/run_on_mesh.h"
 #include "nn/attention.h"
 #include "nn/block.h"
 #include "nn/layer_norm.h"
@@ -45,32 +46,6 @@ constexpr int64_t kLocalBatch = 2;
 constexpr int64_t kSeq = 128;
 constexpr int64_t kDim = 256;
 constexpr int64_t kHeads = 4;
-
-// Tells the other ranks, once per iteration, whether rank 0's benchmark loop
-// goes on, so every rank issues the same collectives.
-class Lockstep {
- public:
-  // Rank 0: publishes the next decision.
-  void Post(bool go) {
-    std::lock_guard<std::mutex> lock(mu_);
-    go_ = go;
-    ++generation_;
-    cv_.notify_all();
-  }
-  // Other ranks: waits for the decision after the one `*seen` names.
-  bool Wait(int64_t* seen) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return generation_ > *seen; });
-    *seen = generation_;
-    return go_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  int64_t generation_ = 0;
-  bool go_ = false;
-};
 
 // The stack, sharded: one unit per block, then the root (the final norm).
 struct ShardedStack {
@@ -112,25 +87,34 @@ Tensor Activations(DType dtype, float scale, uint64_t seed) {
                                     -scale, scale);
 }
 
-// Runs `step` on every rank once per iteration of rank 0's benchmark loop,
-// after one untimed warm-up step. `step` gets the rank's stack and rank.
+// Runs `step` on both ranks (testing_util::LockStep: rank 0 on the
+// benchmark's thread, rank 1 on a helper) once per iteration of the benchmark
+// loop, after one untimed warm-up step that records the order and allocates
+// the gradients. `step` gets the rank's stack and rank.
 template <typename Step>
 void RunInLockstep(benchmark::State& state, const Step& step) {
-  Lockstep lockstep;
-  testing_util::RunOnMesh({{"dp", kWorld}}, [&](int rank, DeviceMesh& mesh) {
-    ShardedStack stack = BuildSharded(mesh, DTypeArg(state));
-    step(stack, rank);  // Warm-up: records the order, allocates gradients.
-    if (rank == 0) {
-      for (auto _ : state) {
-        lockstep.Post(true);
-        step(stack, rank);
-      }
-      lockstep.Post(false);
-    } else {
-      int64_t seen = 0;
-      while (lockstep.Wait(&seen)) step(stack, rank);
-    }
+  InMemoryStore store;
+  GlooOptions options;
+  options.timeout = absl::Seconds(60);
+  std::unique_ptr<DeviceMesh> meshes[kWorld];
+  ShardedStack stacks[kWorld];  // Destroyed before the meshes.
+  {
+    testing_util::LockStep setup([&](int rank) -> std::shared_ptr<void> {
+      auto mesh = DeviceMesh::Create({{"dp", kWorld}}, rank, kWorld,
+                                     GlooGroupFactory(&store, options));
+      CHECK_OK(mesh.status());
+      meshes[rank] = *std::move(mesh);
+      stacks[rank] = BuildSharded(*meshes[rank], DTypeArg(state));
+      step(stacks[rank], rank);
+      return nullptr;
+    });
+    setup.Step();
+  }
+  testing_util::LockStep ranks([&](int rank) -> std::shared_ptr<void> {
+    step(stacks[rank], rank);
+    return nullptr;
   });
+  for (auto _ : state) ranks.Step();
 }
 
 void BM_UnshardReshard(benchmark::State& state) {
