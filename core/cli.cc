@@ -14,12 +14,16 @@
 namespace fsdpp {
 namespace {
 
-// The flags a program defines (absl's own, e.g. --flagfile, left out).
+// A flag the program defines, not one of absl's own (e.g. --flagfile).
+bool IsProgramFlag(const absl::CommandLineFlag* flag) {
+  return flag != nullptr && !absl::StrContains(flag->Filename(), "absl/");
+}
+
+// The flags a program defines.
 std::vector<absl::CommandLineFlag*> ProgramFlags() {
   std::vector<absl::CommandLineFlag*> flags;
   for (const auto& [name, flag] : absl::GetAllFlags()) {
-    if (absl::StrContains(flag->Filename(), "absl/")) continue;
-    flags.push_back(flag);
+    if (IsProgramFlag(flag)) flags.push_back(flag);
   }
   std::sort(flags.begin(), flags.end(),
             [](absl::CommandLineFlag* a, absl::CommandLineFlag* b) {
@@ -73,13 +77,12 @@ absl::StatusOr<CommandLine> ParseCommandLineFlags(
     }
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     bool negated = false;
-    if ((flag == nullptr || absl::StrContains(flag->Filename(), "absl/")) &&
-        absl::StartsWith(name, "no")) {
+    if (!IsProgramFlag(flag) && absl::StartsWith(name, "no")) {
       flag = absl::FindCommandLineFlag(name.substr(2));
       negated = flag != nullptr && flag->IsOfType<bool>();
       if (!negated) flag = nullptr;
     }
-    if (flag == nullptr || absl::StrContains(flag->Filename(), "absl/")) {
+    if (!IsProgramFlag(flag)) {
       return absl::InvalidArgumentError(
           absl::StrCat("unknown flag --", name, " (flags: ", FlagList(), ")"));
     }
