@@ -653,19 +653,21 @@ absl::Status Trainer::LogStep() {
   const StepLog& log = result_.steps.back();
   const int64_t step = log.step;
   const double tps_now = rc_.tokens_per_step / std::max(log.step_s, 1e-9);
-  const double mfu_now =
-      flops_per_token_ * tps_now / env_.world_size / std::max(peak_, 1.0);
+  // Model FLOPs utilisation of one rank at `tokens_per_s` over all ranks.
+  auto mfu = [&](double tokens_per_s) {
+    return flops_per_token_ * tokens_per_s / env_.world_size /
+           std::max(peak_, 1.0);
+  };
+  const double mfu_now = mfu(tps_now);
   const bool log_now = step % mc.log_interval() == 0 || step == tc.steps() ||
                        step == result_.start_step + 1;
   const double eta = meter_.mean_step_s() * (tc.steps() - step);
   print_->Progress(
-      TrainLine(log, tc.steps(),
-                meter_.measured_steps() > 0 ? meter_.tokens_per_s() : tps_now,
-                meter_.measured_steps() > 0
-                    ? flops_per_token_ * meter_.tokens_per_s() /
-                          env_.world_size / std::max(peak_, 1.0)
-                    : mfu_now,
-                eta),
+      TrainLine(
+          log, tc.steps(),
+          meter_.measured_steps() > 0 ? meter_.tokens_per_s() : tps_now,
+          meter_.measured_steps() > 0 ? mfu(meter_.tokens_per_s()) : mfu_now,
+          eta),
       log_now);
   if (jsonl_ == nullptr || !log_now) return absl::OkStatus();
   return jsonl_->Write(absl::StrCat(
