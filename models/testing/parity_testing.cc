@@ -16,6 +16,7 @@
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "tensor/ops.h"
+#include "tensor/sharding.h"
 #include "tensor/test_tensors.h"
 
 namespace fsdpp {
@@ -83,6 +84,137 @@ double MaxTensorRel(const std::map<std::string, std::vector<double>>& ref,
     }
   }
   return m;
+}
+
+// One micro-batch: forward and backward on rows [row_begin, row_begin +
+// rows) of `batch`; the loss.
+absl::StatusOr<float> ForwardBackward(const Batch& batch, int64_t row_begin,
+                                      int64_t rows, int64_t seq,
+                                      Transformer* model) {
+  auto [ids, targets] = Slice(batch, row_begin, rows, seq);
+  ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
+  RETURN_IF_ERROR(model->Backward());
+  return loss;
+}
+
+// Multiplies every gradient by 1 / micro-batches (nothing for one).
+absl::Status AverageMicroBatches(const TrainingRun& run,
+                                 const std::vector<DTensor*>& grads) {
+  if (run.micro_batches == 1) return absl::OkStatus();
+  for (DTensor* g : grads) {
+    RETURN_IF_ERROR(
+        Scale(g->local(), 1.0f / run.micro_batches, g->mutable_local()));
+  }
+  return absl::OkStatus();
+}
+
+// This rank's part of a step: its rows of the batch, micro-batch by
+// micro-batch (the layout's hooks reduce the gradients); the step's
+// gradient left in `grads`, this rank's loss returned.
+absl::StatusOr<double> LocalGradients(const TrainingRun& run,
+                                      const Batch& batch, int rank, int world,
+                                      Transformer* model,
+                                      const TrainableModel& trainable,
+                                      const std::vector<DTensor*>& grads) {
+  const int64_t rows = run.batch / world;
+  const int64_t micro_rows = rows / run.micro_batches;
+  RETURN_IF_ERROR(ZeroGrad(grads));
+  double loss = 0;
+  for (int m = 0; m < run.micro_batches; ++m) {
+    const bool last = m + 1 == run.micro_batches;
+    if (trainable.set_gradient_sync) {
+      trainable.set_gradient_sync(run.sync_every_micro_batch || last);
+    }
+    ASSIGN_OR_RETURN(float l,
+                     ForwardBackward(batch, rank * rows + m * micro_rows,
+                                     micro_rows, run.seq, model));
+    loss += l / run.micro_batches;
+  }
+  RETURN_IF_ERROR(AverageMicroBatches(run, grads));
+  return loss;
+}
+
+// The gradients of every parameter as f32 values (one rank: the whole
+// tensors).
+std::vector<std::vector<float>> CopyGradients(
+    const std::vector<DTensor*>& grads) {
+  std::vector<std::vector<float>> out;
+  for (const DTensor* g : grads) {
+    const float* p = g->local().data<float>();
+    out.emplace_back(p, p + g->local().numel());
+  }
+  return out;
+}
+
+// Adds to `sum` the ring reduce-scatter of `ranks` (one gradient copy per
+// emulated rank) with ReduceOp::kAvg, element by element as
+// comm/gloo_backend.cc computes it: the chunk a rank owns (dim-0 rows, as
+// FSDP shards) starts at its successor and goes round the ring to it, then
+// is multiplied by 1/ranks in f32.
+void AddRingAverage(const std::vector<DTensor*>& grads,
+                    const std::vector<std::vector<std::vector<float>>>& ranks,
+                    std::vector<std::vector<float>>* sum) {
+  const int w = static_cast<int>(ranks.size());
+  const float inv = 1.0f / static_cast<float>(w);
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const Shape& shape = grads[i]->local().shape();
+    const int64_t rows = shape.empty() ? 1 : shape[0];
+    const int64_t row = rows == 0 ? 0 : grads[i]->local().numel() / rows;
+    for (int owner = 0; owner < w; ++owner) {
+      const Range range = ChunkRange(rows, w, owner);
+      for (int64_t e = range.begin * row;
+           e < (range.begin + range.length) * row; ++e) {
+        float v = ranks[(owner + 1) % w][i][e];
+        for (int k = 2; k <= w; ++k) v += ranks[(owner + k) % w][i][e];
+        const float average = v * inv;  // rounded before the add, as there
+        (*sum)[i][e] += average;
+      }
+    }
+  }
+}
+
+// The single-process reference of a data-parallel step on
+// run.emulated_ranks ranks (see TrainingRun::emulated_ranks): the step's
+// gradient left in `grads`, the ranks' mean loss returned.
+absl::StatusOr<double> EmulatedRanksGradients(
+    const TrainingRun& run, const Batch& batch, Transformer* model,
+    const std::vector<DTensor*>& grads) {
+  const int w = run.emulated_ranks, micro = run.micro_batches;
+  const int64_t rows = run.batch / w, micro_rows = rows / micro;
+  std::vector<std::vector<float>> sum;
+  for (const DTensor* g : grads) {
+    sum.emplace_back(static_cast<size_t>(g->local().numel()), 0.0f);
+  }
+  std::vector<std::vector<std::vector<float>>> ranks(w);
+  std::vector<double> losses(w, 0.0);
+  // Micro-batches [first, last] of every rank, accumulated, then reduced.
+  auto reduce = [&](int first, int last) -> absl::Status {
+    for (int r = 0; r < w; ++r) {
+      RETURN_IF_ERROR(ZeroGrad(grads));
+      for (int m = first; m <= last; ++m) {
+        ASSIGN_OR_RETURN(float l,
+                         ForwardBackward(batch, r * rows + m * micro_rows,
+                                         micro_rows, run.seq, model));
+        losses[r] += l / micro;
+      }
+      ranks[r] = CopyGradients(grads);
+    }
+    AddRingAverage(grads, ranks, &sum);
+    return absl::OkStatus();
+  };
+  if (run.sync_every_micro_batch) {
+    for (int m = 0; m < micro; ++m) RETURN_IF_ERROR(reduce(m, m));
+  } else {
+    RETURN_IF_ERROR(reduce(0, micro - 1));
+  }
+  for (size_t i = 0; i < grads.size(); ++i) {
+    std::copy(sum[i].begin(), sum[i].end(),
+              grads[i]->mutable_local()->data<float>());
+  }
+  RETURN_IF_ERROR(AverageMicroBatches(run, grads));
+  float mean = 0;
+  for (double l : losses) mean += static_cast<float>(l);
+  return mean / static_cast<float>(w);
 }
 
 }  // namespace
@@ -230,35 +362,19 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
     absl::StatusOr<ProcessGroup*> flat = mesh.FlatGroup();
     ASSERT_TRUE(flat.ok()) << flat.status();
     const int world = mesh.size();
-    ASSERT_EQ(run.batch % (world * run.micro_batches), 0);
-    const int64_t rows = run.batch / world;
-    const int64_t micro_rows = rows / run.micro_batches;
+    ASSERT_TRUE(run.emulated_ranks == 1 || world == 1)
+        << "emulated_ranks is for the single-process reference";
+    ASSERT_EQ(run.batch % (world * run.emulated_ranks * run.micro_batches), 0);
     for (int step = 0; step < run.steps; ++step) {
       const Batch batch =
           MakeBatch(config->vocab_size, step, run.batch, run.seq);
-      ASSERT_TRUE(ZeroGrad(grads).ok());
-      double loss = 0;
-      for (int m = 0; m < run.micro_batches; ++m) {
-        const bool last = m + 1 == run.micro_batches;
-        if (trainable->set_gradient_sync) {
-          trainable->set_gradient_sync(run.sync_every_micro_batch || last);
-        }
-        auto [ids, targets] =
-            Slice(batch, rank * rows + m * micro_rows, micro_rows, run.seq);
-        absl::StatusOr<float> l = (*model)->ForwardLoss(ids, targets);
-        ASSERT_TRUE(l.ok()) << l.status();
-        loss += *l / run.micro_batches;
-        absl::Status s = (*model)->Backward();
-        ASSERT_TRUE(s.ok()) << s;
-      }
-      if (run.micro_batches > 1) {
-        for (DTensor* g : grads) {
-          ASSERT_TRUE(
-              Scale(g->local(), 1.0f / run.micro_batches, g->mutable_local())
-                  .ok());
-        }
-      }
-      float l32 = static_cast<float>(loss);
+      absl::StatusOr<double> loss =
+          run.emulated_ranks > 1
+              ? EmulatedRanksGradients(run, batch, model->get(), grads)
+              : LocalGradients(run, batch, rank, world, model->get(),
+                               *trainable, grads);
+      ASSERT_TRUE(loss.ok()) << loss.status();
+      float l32 = static_cast<float>(*loss);
       absl::StatusOr<std::shared_ptr<Work>> reduced = (*flat)->AllReduce(
           {&l32, 1, DType::kF32, Device::Cpu()}, ReduceOp::kAvg);
       ASSERT_TRUE(reduced.ok()) << reduced.status();

@@ -47,6 +47,16 @@ struct TrainingRun {
   // before the last sync their gradients.
   int micro_batches = 1;
   bool sync_every_micro_batch = true;
+  // The single-process reference only (one rank): > 1 reproduces how a 1-D
+  // data-parallel run on this many ranks reduces its gradients, so that the
+  // two differ only in what FSDP itself changes (sharded clipping, the
+  // optimizer on shards). Each rank's rows of every micro-batch are a
+  // separate forward/backward; the ranks' gradients are summed element by
+  // element in the ring reduce-scatter's order (the owner's successor first,
+  // the owner last; owners by dim-0 chunks), multiplied by 1/ranks as f32,
+  // and added to the accumulated gradient once per synced micro-batch (once
+  // per step when the micro-batches before the last do not sync).
+  int emulated_ranks = 1;
 };
 
 // What the parity tests compare.
