@@ -17,26 +17,11 @@
 #include "core/status.h"
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cpu/simd.h"
-#include "tensor/kernels/elementwise.h"
 #include "tensor/kernels/rowwise.h"
 
 namespace fsdpp {
 namespace cpu {
 namespace {
-
-template <typename T, typename Op>
-void UnaryLoop(const T* x, T* out, int64_t n, Op op) {
-#pragma omp parallel for schedule(static) if (n > kParallelElements)
-  for (int64_t i = 0; i < n; ++i) out[i] = FromFloat<T>(op(ToFloat(x[i])));
-}
-
-template <typename T, typename Op>
-void BinaryLoop(const T* a, const T* b, T* out, int64_t n, Op op) {
-#pragma omp parallel for schedule(static) if (n > kParallelElements)
-  for (int64_t i = 0; i < n; ++i) {
-    out[i] = FromFloat<T>(op(ToFloat(a[i]), ToFloat(b[i])));
-  }
-}
 
 // Element `i` of a raw array of `dtype`.
 inline void* At(void* p, DType dtype, int64_t i) {
@@ -109,80 +94,59 @@ class CpuBackendImpl final : public Backend {
   absl::Status Unary(UnaryKind kind, float alpha, const Tensor& x,
                      Tensor* out) override {
     const int64_t n = x.numel();
-    if (kind == UnaryKind::kScale && simd::IsFloat(x.dtype())) {
+    if (simd::IsFloat(x.dtype())) {  // Every float dtype.
       const DType dt = x.dtype();
       ParallelChunks(n, [&](int64_t begin, int64_t end) {
-        simd::Scale(dt, alpha, At(x.raw_data(), dt, begin),
-                    At(out->raw_data(), dt, begin), end - begin);
+        const void* px = At(x.raw_data(), dt, begin);
+        void* po = At(out->raw_data(), dt, begin);
+        switch (kind) {
+          case UnaryKind::kScale:
+            simd::Scale(dt, alpha, px, po, end - begin);
+            break;
+          case UnaryKind::kGelu:
+            simd::Gelu(dt, px, po, end - begin);
+            break;
+          case UnaryKind::kSilu:
+            simd::Silu(dt, px, po, end - begin);
+            break;
+        }
       });
       return absl::OkStatus();
     }
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* in = static_cast<const T*>(x.raw_data());
-      T* o = static_cast<T*>(out->raw_data());
-      switch (kind) {
-        case UnaryKind::kScale:
-          UnaryLoop(in, o, n, kernels::ScaleOp{alpha});
-          break;
-        case UnaryKind::kGelu:
-          UnaryLoop(in, o, n, kernels::GeluOp{});
-          break;
-        case UnaryKind::kSilu:
-          UnaryLoop(in, o, n, kernels::SiluOp{});
-          break;
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
-    return absl::OkStatus();
+    return DispatchFloat(x.dtype(), [](auto) {});  // The error.
   }
 
   absl::Status Binary(BinaryKind kind, float alpha, const Tensor& a,
                       const Tensor& b, Tensor* out) override {
     const int64_t n = a.numel();
-    if ((kind == BinaryKind::kAdd || kind == BinaryKind::kMul ||
-         kind == BinaryKind::kAxpy) &&
-        simd::IsFloat(a.dtype())) {
+    if (simd::IsFloat(a.dtype())) {  // Every float dtype.
       const DType dt = a.dtype();
       ParallelChunks(n, [&](int64_t begin, int64_t end) {
         const void* pa = At(a.raw_data(), dt, begin);
         const void* pb = At(b.raw_data(), dt, begin);
         void* po = At(out->raw_data(), dt, begin);
-        if (kind == BinaryKind::kAdd) {
-          simd::Add(dt, pa, pb, po, end - begin);
-        } else if (kind == BinaryKind::kMul) {
-          simd::Mul(dt, pa, pb, po, end - begin);
-        } else {
-          simd::Axpy(dt, alpha, pa, pb, po, end - begin);
+        const int64_t count = end - begin;
+        switch (kind) {
+          case BinaryKind::kAdd:
+            simd::Add(dt, pa, pb, po, count);
+            break;
+          case BinaryKind::kMul:
+            simd::Mul(dt, pa, pb, po, count);
+            break;
+          case BinaryKind::kAxpy:
+            simd::Axpy(dt, alpha, pa, pb, po, count);
+            break;
+          case BinaryKind::kGeluBackward:
+            simd::GeluBackward(dt, pa, pb, po, count);
+            break;
+          case BinaryKind::kSiluBackward:
+            simd::SiluBackward(dt, pa, pb, po, count);
+            break;
         }
       });
       return absl::OkStatus();
     }
-    const absl::Status dispatched = DispatchFloat(a.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* pa = static_cast<const T*>(a.raw_data());
-      const T* pb = static_cast<const T*>(b.raw_data());
-      T* o = static_cast<T*>(out->raw_data());
-      switch (kind) {
-        case BinaryKind::kAdd:
-          BinaryLoop(pa, pb, o, n, kernels::AddOp{});
-          break;
-        case BinaryKind::kMul:
-          BinaryLoop(pa, pb, o, n, kernels::MulOp{});
-          break;
-        case BinaryKind::kAxpy:
-          BinaryLoop(pa, pb, o, n, kernels::AxpyOp{alpha});
-          break;
-        case BinaryKind::kGeluBackward:
-          BinaryLoop(pa, pb, o, n, kernels::GeluBackwardOp{});
-          break;
-        case BinaryKind::kSiluBackward:
-          BinaryLoop(pa, pb, o, n, kernels::SiluBackwardOp{});
-          break;
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
-    return absl::OkStatus();
+    return DispatchFloat(a.dtype(), [](auto) {});  // The error.
   }
 
   absl::Status Reduce(ReduceKind kind, const Tensor& x, Tensor* out) override {

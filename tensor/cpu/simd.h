@@ -1,8 +1,9 @@
-// Vectorised host kernels for the memory-bound ops that are exact in f32:
-// casts between f32, bf16 and f16, add / mul / axpy and scale in each of
-// them. Google Highway compiles each kernel for every x86 target (SSSE3,
-// SSE4, AVX2, AVX-512, AVX-512 with VNNI/BF16 ...) and dispatches at run time
-// to the best one the CPU has, so one binary runs on any x86-64.
+// Vectorised host kernels for the memory-bound elementwise ops: casts
+// between f32, bf16 and f16, add / mul / axpy / scale and the GELU / SiLU
+// activations forward and backward in each of them. Google Highway compiles
+// each kernel for every x86 target (SSSE3, SSE4, AVX2, AVX-512, AVX-512 with
+// VNNI/BF16 ...) and dispatches at run time to the best one the CPU has, so one
+// binary runs on any x86-64.
 //
 // Bit-exact with the scalar reference (tensor/kernels/, core/dtype.h): each
 // element is widened to f32, computed with the same IEEE operations in the
@@ -41,6 +42,17 @@ void Axpy(DType dtype, float alpha, const void* y, const void* x, void* out,
           int64_t n);
 // out[i] = alpha * x[i]; out may alias x.
 void Scale(DType dtype, float alpha, const void* x, void* out, int64_t n);
+
+// The activations, through kernels::ExpApprox / TanhApprox (plain float
+// operations, so these too are bit-exact with the scalar functors):
+// out[i] = GELU-tanh(x[i]) or SiLU(x[i]); out may alias x.
+void Gelu(DType dtype, const void* x, void* out, int64_t n);
+void Silu(DType dtype, const void* x, void* out, int64_t n);
+// dx[i] = dy[i] * GELU'(x[i]) or dy[i] * SiLU'(x[i]); dx may alias x or dy.
+void GeluBackward(DType dtype, const void* x, const void* dy, void* dx,
+                  int64_t n);
+void SiluBackward(DType dtype, const void* x, const void* dy, void* dx,
+                  int64_t n);
 
 // The name of the target the kernels dispatch to on this CPU ("AVX3_DL").
 const char* TargetName();

@@ -5,6 +5,7 @@
 // NaNs.
 #include "tensor/cpu/simd.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -219,6 +220,109 @@ TEST(SimdTest, AddMulAxpyScaleMatchTheScalarOpsBitForBit) {
           in_place);
     }
   }
+}
+
+TEST(SimdTest, ActivationsMatchTheScalarFunctorsBitForBit) {
+  for (bool in_place : {false, true}) {
+    CheckBinary(
+        "gelu",
+        [](DType d, const void* x, const void*, void* out, int64_t n) {
+          Gelu(d, x, out, n);
+        },
+        [](float x, float) { return kernels::GeluOp{}(x); }, in_place);
+    CheckBinary(
+        "silu",
+        [](DType d, const void* x, const void*, void* out, int64_t n) {
+          Silu(d, x, out, n);
+        },
+        [](float x, float) { return kernels::SiluOp{}(x); }, in_place);
+    CheckBinary("gelu backward", GeluBackward, kernels::GeluBackwardOp{},
+                in_place);
+    CheckBinary("silu backward", SiluBackward, kernels::SiluBackwardOp{},
+                in_place);
+  }
+}
+
+// Every f32 input around the ends of ExpApprox's domain and of tanh's
+// saturation, bitwise against the scalar functions on every target.
+TEST(SimdTest, ActivationsMatchAtTheEdgesOfTheExpDomain) {
+  std::vector<float> x;
+  for (float edge : {kernels::kExpHi, kernels::kExpLo, 44.15f, 22.0f, 0.0f}) {
+    for (float sign : {1.0f, -1.0f}) {
+      float v = sign * edge;
+      for (int i = 0; i < 64; ++i) v = std::nextafter(v, -INFINITY);
+      for (int i = 0; i < 128; ++i) {
+        x.push_back(v);
+        v = std::nextafter(v, INFINITY);
+      }
+    }
+  }
+  const int64_t n = static_cast<int64_t>(x.size());
+  EachTarget each;
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    std::vector<float> gelu(n), silu(n), dgelu(n), dsilu(n);
+    const std::vector<float> dy(n, 1.0f);
+    Gelu(DType::kF32, x.data(), gelu.data(), n);
+    Silu(DType::kF32, x.data(), silu.data(), n);
+    GeluBackward(DType::kF32, x.data(), dy.data(), dgelu.data(), n);
+    SiluBackward(DType::kF32, x.data(), dy.data(), dsilu.data(), n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float v = x[i];
+      ASSERT_EQ(FloatBits(gelu[i]), FloatBits(kernels::GeluOp{}(v)))
+          << hwy::TargetName(target) << " gelu(" << v << ")";
+      ASSERT_EQ(FloatBits(silu[i]), FloatBits(kernels::SiluOp{}(v)))
+          << hwy::TargetName(target) << " silu(" << v << ")";
+      ASSERT_EQ(FloatBits(dgelu[i]),
+                FloatBits(kernels::GeluBackwardOp{}(v, 1.0f)))
+          << hwy::TargetName(target) << " gelu'(" << v << ")";
+      ASSERT_EQ(FloatBits(dsilu[i]),
+                FloatBits(kernels::SiluBackwardOp{}(v, 1.0f)))
+          << hwy::TargetName(target) << " silu'(" << v << ")";
+    }
+  }
+}
+
+// The stated error bounds of the approximations (tensor/kernels/
+// elementwise.h), measured against double precision on dense sweeps.
+TEST(SimdTest, ExpAndTanhApproximationsStayWithinTheirStatedErrors) {
+  double exp_rel = 0, tanh_abs = 0, gelu_err = 0, silu_err = 0;
+  for (float x = kernels::kExpLo; x <= kernels::kExpHi;
+       x += 1.0f / 1024 + std::fabs(x) / 65536) {
+    const double want = std::exp(static_cast<double>(x));
+    exp_rel = std::max(exp_rel, std::fabs(kernels::ExpApprox(x) - want) / want);
+  }
+  for (float x = -20.0f; x <= 20.0f; x += 1.0f / 4096) {
+    const double xd = x;
+    tanh_abs =
+        std::max(tanh_abs, std::fabs(kernels::TanhApprox(x) - std::tanh(xd)));
+    // GELU and SiLU: error relative to |x| (their size away from the
+    // origin; near it both are ~x / 2).
+    const double inner =
+        kernels::kGeluScale * (xd + kernels::kGeluCubic * xd * xd * xd);
+    const double gelu = 0.5 * xd * (1.0 + std::tanh(inner));
+    const double silu = xd / (1.0 + std::exp(-xd));
+    if (x != 0.0f) {
+      gelu_err = std::max(gelu_err,
+                          std::fabs(kernels::GeluOp{}(x)-gelu) / std::fabs(xd));
+      silu_err = std::max(silu_err,
+                          std::fabs(kernels::SiluOp{}(x)-silu) / std::fabs(xd));
+    }
+  }
+  std::printf(
+      "max errors: exp %.3g relative, tanh %.3g absolute, gelu %.3g and silu "
+      "%.3g relative to |x|\n",
+      exp_rel, tanh_abs, gelu_err, silu_err);
+  EXPECT_LE(exp_rel, 1e-7);
+  EXPECT_LE(tanh_abs, 1.5e-7);
+  EXPECT_LE(gelu_err, 2e-7);
+  EXPECT_LE(silu_err, 2e-7);
+  EXPECT_EQ(kernels::ExpApprox(0.0f), 1.0f);
+  EXPECT_EQ(kernels::ExpApprox(kernels::kExpHi + 0.01f), INFINITY);
+  EXPECT_EQ(FloatBits(kernels::ExpApprox(kernels::kExpLo - 0.01f)), 0u);
+  EXPECT_TRUE(std::isnan(kernels::ExpApprox(NAN)));
+  EXPECT_EQ(kernels::TanhApprox(50.0f), 1.0f);
+  EXPECT_EQ(kernels::TanhApprox(-50.0f), -1.0f);
 }
 
 TEST(SimdTest, DispatchesToATargetThisCpuHas) {
