@@ -24,6 +24,8 @@ const char* MemoryTagName(MemoryTag tag) {
       return "comm";
     case MemoryTag::kOther:
       return "other";
+    case MemoryTag::kAttention:
+      return "attention";
   }
   return "?";
 }

@@ -28,10 +28,15 @@ enum class MemoryTag : uint8_t {
   kActivations,
   kCommBuffers,
   kOther,
+  // The attention core's own memory: the saved probabilities and the score
+  // workspace of the unfused path, the saved output and log-sum-exp of the
+  // fused one (q, k and v are kActivations in both).
+  kAttention,
 };
-inline constexpr int kNumMemoryTags = 6;
+inline constexpr int kNumMemoryTags = 7;
 
-// "params", "grads", "optimizer", "activations", "comm", "other".
+// "params", "grads", "optimizer", "activations", "comm", "other",
+// "attention".
 const char* MemoryTagName(MemoryTag tag);
 
 // Current and peak bytes, per tag and in total.

@@ -128,6 +128,7 @@ std::string FormatMemoryTable(const std::vector<MemoryStats>& per_rank,
       {"Activations", MemoryTag::kActivations},
       {"Comm buffers", MemoryTag::kCommBuffers},
       {"Other", MemoryTag::kOther},
+      {"Attention", MemoryTag::kAttention},
   };
   auto mib = [](int64_t bytes) {
     return absl::StrFormat("%10.2f", bytes / (1024.0 * 1024.0));
@@ -154,6 +155,14 @@ std::string FormatMemoryTable(const std::vector<MemoryStats>& per_rank,
   absl::StrAppend(&out, "\n", absl::StrFormat("%-24s", "Held from the system"));
   for (const MemoryStats& s : per_rank)
     absl::StrAppend(&out, mib(s.reserved_bytes));
+  // Freed by the end of a step, so their current value says nothing there.
+  for (const Row& row : {Row{"Peak activations", MemoryTag::kActivations},
+                         Row{"Peak attention", MemoryTag::kAttention}}) {
+    absl::StrAppend(&out, "\n", absl::StrFormat("%-24s", row.label));
+    for (const MemoryStats& s : per_rank) {
+      absl::StrAppend(&out, mib(s.peak_of(row.tag)));
+    }
+  }
   out += "\n";
   return out;
 }

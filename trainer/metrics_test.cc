@@ -70,21 +70,26 @@ TEST(MetricsTest, MemoryTableHasEveryComponentPerRank) {
   a.total_current = 3 << 20;
   a.total_peak = 5 << 20;
   a.reserved_bytes = 8 << 20;
+  a.peak[static_cast<int>(MemoryTag::kActivations)] = 4 << 20;
+  b.peak[static_cast<int>(MemoryTag::kAttention)] = 256 << 10;
   b.current[static_cast<int>(MemoryTag::kGrads)] = 512 << 10;
   b.total_current = 512 << 10;
   b.total_peak = 512 << 10;
   b.reserved_bytes = 512 << 10;
   const std::string table = FormatMemoryTable({a, b}, "At start:");
   std::vector<std::string> lines = absl::StrSplit(table, '\n');
-  ASSERT_GE(lines.size(), 13u) << table;
+  ASSERT_GE(lines.size(), 16u) << table;
   EXPECT_EQ(lines[0], "At start:");
   EXPECT_EQ(lines[1], "Component (MiB)             rank 0    rank 1");
   EXPECT_EQ(lines[3], "Parameters (sharded)          1.00      0.00");
   EXPECT_EQ(lines[4], "Gradients (sharded)           0.00      0.50");
   EXPECT_EQ(lines[5], "Optimizer state               2.00      0.00");
-  EXPECT_EQ(lines[10], "Total                         3.00      0.50");
-  EXPECT_EQ(lines[11], "Peak (since start)            5.00      0.50");
-  EXPECT_EQ(lines[12], "Held from the system          8.00      0.50");
+  EXPECT_EQ(lines[9], "Attention                     0.00      0.00");
+  EXPECT_EQ(lines[11], "Total                         3.00      0.50");
+  EXPECT_EQ(lines[12], "Peak (since start)            5.00      0.50");
+  EXPECT_EQ(lines[13], "Held from the system          8.00      0.50");
+  EXPECT_EQ(lines[14], "Peak activations              4.00      0.00");
+  EXPECT_EQ(lines[15], "Peak attention                0.00      0.25");
 }
 
 TEST(MetricsTest, EtaAndJsonNumbers) {
