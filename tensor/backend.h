@@ -59,6 +59,21 @@ class Backend {
                                Tensor* y) = 0;
   virtual absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy,
                                        int64_t rows, int64_t n, Tensor* dx) = 0;
+  // Fused causal attention (tensor/kernels/attention.h): q [b, h, t, hd],
+  // k and v [b, kv, t, hd], out [b, h, t, hd] in q's dtype, lse [b, h, t]
+  // f32. Shapes and dtypes are checked by tensor/ops.cc.
+  virtual absl::Status CausalAttention(const Tensor& q, const Tensor& k,
+                                       const Tensor& v, int64_t b, int64_t h,
+                                       int64_t kv, int64_t t, int64_t hd,
+                                       float scale, Tensor* out,
+                                       Tensor* lse) = 0;
+  // Its backward, recomputing the probabilities from lse: dq like q, dk and
+  // dv like k and v (overwritten, not accumulated).
+  virtual absl::Status CausalAttentionBackward(
+      const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+      const Tensor& lse, const Tensor& dout, int64_t b, int64_t h, int64_t kv,
+      int64_t t, int64_t hd, float scale, Tensor* dq, Tensor* dk,
+      Tensor* dv) = 0;
   virtual absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                                  const Tensor* bias, float eps, int64_t rows,
                                  int64_t c, Tensor* out, Tensor* mean,

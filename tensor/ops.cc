@@ -371,6 +371,86 @@ absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
 
 namespace {
 
+// [B, H, T, hd], [B, KV, T, hd] x 2 with KV dividing H; the sizes.
+struct AttentionDims {
+  int64_t b, h, kv, t, hd;
+};
+
+absl::StatusOr<AttentionDims> CheckAttention(
+    const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+    std::initializer_list<Named> args) {
+  RETURN_IF_ERROR(FloatDType(op, {"q", &q}));
+  if (q.ndim() != 4 || k.ndim() != 4 || k.shape() != v.shape() ||
+      k.dim(0) != q.dim(0) || k.dim(2) != q.dim(2) || k.dim(3) != q.dim(3)) {
+    return Invalid(op,
+                   "needs q [B, H, T, hd] and k, v [B, KV, T, hd] with the "
+                   "same B, T and hd",
+                   args);
+  }
+  const AttentionDims d{q.dim(0), q.dim(1), k.dim(1), q.dim(2), q.dim(3)};
+  if (d.kv == 0 || d.h % d.kv != 0) {
+    return Invalid(op,
+                   absl::StrCat("the kv heads (", d.kv,
+                                ") must divide the query heads (", d.h, ")"),
+                   args);
+  }
+  return d;
+}
+
+}  // namespace
+
+absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             float scale, Tensor* out, Tensor* lse) {
+  constexpr const char* kOp = "CausalAttention";
+  std::initializer_list<Named> args = {
+      {"q", &q}, {"k", &k}, {"v", &v}, {"out", out}, {"lse", lse}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(
+      SameDType(kOp, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", out}}));
+  ASSIGN_OR_RETURN(AttentionDims d, CheckAttention(kOp, q, k, v, args));
+  RETURN_IF_ERROR(SameShape(kOp, {{"q", &q}, {"out", out}}));
+  if (lse->dtype() != DType::kF32 || lse->shape() != Shape{d.b, d.h, d.t}) {
+    return Invalid(kOp, "lse must be f32 [B, H, T]", args);
+  }
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->CausalAttention(q, k, v, d.b, d.h, d.kv, d.t, d.hd,
+                                        scale, out, lse);
+}
+
+absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out,
+                                     const Tensor& lse, const Tensor& dout,
+                                     float scale, Tensor* dq, Tensor* dk,
+                                     Tensor* dv) {
+  constexpr const char* kOp = "CausalAttentionBackward";
+  std::initializer_list<Named> args = {
+      {"q", &q},       {"k", &k},  {"v", &v},  {"out", &out}, {"lse", &lse},
+      {"dout", &dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(SameDType(kOp, {{"q", &q},
+                                  {"k", &k},
+                                  {"v", &v},
+                                  {"out", &out},
+                                  {"dout", &dout},
+                                  {"dq", dq},
+                                  {"dk", dk},
+                                  {"dv", dv}}));
+  ASSIGN_OR_RETURN(AttentionDims d, CheckAttention(kOp, q, k, v, args));
+  RETURN_IF_ERROR(
+      SameShape(kOp, {{"q", &q}, {"out", &out}, {"dout", &dout}, {"dq", dq}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"k", &k}, {"dk", dk}, {"dv", dv}}));
+  if (lse.dtype() != DType::kF32 || lse.shape() != Shape{d.b, d.h, d.t}) {
+    return Invalid(kOp, "lse must be f32 [B, H, T]", args);
+  }
+  return backend == nullptr ? absl::OkStatus()
+                            : backend->CausalAttentionBackward(
+                                  q, k, v, out, lse, dout, d.b, d.h, d.kv, d.t,
+                                  d.hd, scale, dq, dk, dv);
+}
+
+namespace {
+
 // Checks x [.., C] against a [C] parameter; returns C.
 absl::StatusOr<int64_t> NormDims(const char* op, const Tensor& x,
                                  const char* param_name, const Tensor& param) {

@@ -88,6 +88,22 @@ absl::Status Softmax(const Tensor& x, Tensor* y, bool causal = false);
 // dx = y * (dy - sum(dy * y)) over the last dim.
 absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
 
+// Fused causal attention, flash-attention style (tensor/kernels/attention.h
+// has the math): q [B, H, T, hd], k and v [B, KV, T, hd] (KV divides H; query
+// head h uses kv head h / (H / KV)), all of one float dtype on one device;
+// out [B, H, T, hd] in that dtype; lse [B, H, T] f32, the log-sum-exp of
+// each query row's scaled scores, saved for the backward. Query i attends
+// to keys 0..i; no [T, T] matrix is materialised (memory O(T) per row tile).
+absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
+                             float scale, Tensor* out, Tensor* lse);
+// Its backward from dout (like out): dq like q, dk and dv like k and v
+// (overwritten). Recomputes the probabilities from q, k and lse.
+absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
+                                     const Tensor& v, const Tensor& out,
+                                     const Tensor& lse, const Tensor& dout,
+                                     float scale, Tensor* dq, Tensor* dk,
+                                     Tensor* dv);
+
 // x: [.., C]; weight, bias: [C] (bias optional: pass nullptr); out like x;
 // mean, rstd: f32 with one element per row (saved for backward).
 absl::Status LayerNorm(const Tensor& x, const Tensor& weight,

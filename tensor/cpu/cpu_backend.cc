@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/parallel.h"
 #include "core/status.h"
+#include "tensor/cpu/attention.h"
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cpu/simd.h"
 #include "tensor/kernels/rowwise.h"
@@ -243,6 +244,30 @@ class CpuBackendImpl final : public Backend {
       }
     });
     RETURN_IF_ERROR(dispatched);
+    return absl::OkStatus();
+  }
+
+  absl::Status CausalAttention(const Tensor& q, const Tensor& k,
+                               const Tensor& v, int64_t b, int64_t h,
+                               int64_t kv, int64_t t, int64_t hd, float scale,
+                               Tensor* out, Tensor* lse) override {
+    cpu::CausalAttentionForward(q.dtype(), q.raw_data(), k.raw_data(),
+                                v.raw_data(), b, h, kv, t, hd, scale,
+                                out->raw_data(), lse->data<float>());
+    return absl::OkStatus();
+  }
+
+  absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out,
+                                       const Tensor& lse, const Tensor& dout,
+                                       int64_t b, int64_t h, int64_t kv,
+                                       int64_t t, int64_t hd, float scale,
+                                       Tensor* dq, Tensor* dk,
+                                       Tensor* dv) override {
+    cpu::CausalAttentionBackward(
+        q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
+        lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
+        dq->raw_data(), dk->raw_data(), dv->raw_data());
     return absl::OkStatus();
   }
 

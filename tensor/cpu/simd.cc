@@ -17,6 +17,7 @@
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 #include "hwy/highway.h"
 #include "tensor/cpu/convert-inl.h"
+#include "tensor/cpu/math-inl.h"
 
 HWY_BEFORE_NAMESPACE();
 namespace fsdpp {
@@ -29,6 +30,7 @@ using simd_convert::HWY_NAMESPACE::DF;
 using simd_convert::HWY_NAMESPACE::LoadF;
 using simd_convert::HWY_NAMESPACE::StoreF;
 using VF = hn::Vec<DF>;
+using simd_math::HWY_NAMESPACE::Exp;
 
 // out[i] = op(a[i], b[i]) through f32; the tail runs the scalar functor.
 template <typename T, class VectorOp, class ScalarOp>
@@ -98,31 +100,6 @@ struct ScalarScale {
   float alpha;
   float operator()(float x, float) const { return kernels::ScaleOp{alpha}(x); }
 };
-
-// kernels::ExpApprox, operation for operation.
-HWY_INLINE VF Exp(DF d, VF x) {
-  const VF hi = hn::Set(d, kernels::kExpHi);
-  const VF lo = hn::Set(d, kernels::kExpLo);
-  const VF xc = hn::Min(hn::Max(x, lo), hi);
-  const VF k = hn::Floor(
-      hn::Add(hn::Mul(xc, hn::Set(d, 1.44269504088896341f)), hn::Set(d, 0.5f)));
-  VF r = hn::Sub(xc, hn::Mul(k, hn::Set(d, 0.693359375f)));
-  r = hn::Sub(r, hn::Mul(k, hn::Set(d, -2.12194440e-4f)));
-  VF p = hn::Set(d, 1.9875691500e-4f);
-  p = hn::Add(hn::Mul(p, r), hn::Set(d, 1.3981999507e-3f));
-  p = hn::Add(hn::Mul(p, r), hn::Set(d, 8.3334519073e-3f));
-  p = hn::Add(hn::Mul(p, r), hn::Set(d, 4.1665795894e-2f));
-  p = hn::Add(hn::Mul(p, r), hn::Set(d, 1.6666665459e-1f));
-  p = hn::Add(hn::Mul(p, r), hn::Set(d, 5.0000001201e-1f));
-  const VF y = hn::Add(hn::Add(hn::Mul(p, hn::Mul(r, r)), r), hn::Set(d, 1.0f));
-  const hn::RebindToSigned<DF> di;
-  const auto bits =
-      hn::ShiftLeft<23>(hn::Add(hn::ConvertTo(di, k), hn::Set(di, 127)));
-  VF e = hn::Mul(y, hn::BitCast(d, bits));
-  e = hn::IfThenElse(hn::Gt(x, hi), hn::Inf(d), e);
-  e = hn::IfThenElse(hn::Lt(x, lo), hn::Zero(d), e);
-  return hn::IfThenElse(hn::IsNaN(x), x, e);
-}
 
 // kernels::TanhApprox.
 HWY_INLINE VF Tanh(DF d, VF x) {

@@ -26,6 +26,7 @@
 #include "core/status.h"
 #include "tensor/cuda/cublaslt_matmul.h"
 #include "tensor/cuda/cuda_backend.h"
+#include "tensor/kernels/attention.h"
 #include "tensor/kernels/elementwise.h"
 #include "tensor/kernels/rowwise.h"
 
@@ -149,6 +150,72 @@ __global__ void SoftmaxBackwardKernel(const T* y, const T* dy, int64_t rows,
                                       int64_t n, T* dx) {
   for (int64_t r = FirstIndex(); r < rows; r += GridStride()) {
     kernels::SoftmaxRowBackward(y + r * n, dy + r * n, n, dx + r * n);
+  }
+}
+
+// Fused causal attention (tensor/kernels/attention.h): one thread per query
+// row (forward, dq) or per key row (dk, dv), f32 accumulators of at most
+// kMaxAttentionHeadDim floats in local memory.
+constexpr int64_t kMaxAttentionHeadDim = 256;
+
+template <typename T>
+__global__ void CausalAttentionKernel(const T* q, const T* k, const T* v,
+                                      int64_t b, int64_t h, int64_t kv,
+                                      int64_t t, int64_t hd, float scale,
+                                      T* out, float* lse) {
+  for (int64_t r = FirstIndex(); r < b * h * t; r += GridStride()) {
+    const int64_t head = r / t, i = r % t;
+    const int64_t kv_head = (head / h) * kv + (head % h) / (h / kv);
+    float acc[kMaxAttentionHeadDim];
+    kernels::CausalAttentionRow(q + r * hd, k + kv_head * t * hd,
+                                v + kv_head * t * hd, i + 1, hd, scale, acc,
+                                out + r * hd, lse + r);
+  }
+}
+
+template <typename T>
+__global__ void CausalAttentionDqKernel(const T* q, const T* k, const T* v,
+                                        const T* out, const float* lse,
+                                        const T* dout, int64_t b, int64_t h,
+                                        int64_t kv, int64_t t, int64_t hd,
+                                        float scale, T* dq) {
+  for (int64_t r = FirstIndex(); r < b * h * t; r += GridStride()) {
+    const int64_t head = r / t, i = r % t;
+    const int64_t kv_head = (head / h) * kv + (head % h) / (h / kv);
+    float acc[kMaxAttentionHeadDim];
+    const float delta = kernels::DotF32(dout + r * hd, out + r * hd, hd);
+    kernels::CausalAttentionDqRow(q + r * hd, k + kv_head * t * hd,
+                                  v + kv_head * t * hd, dout + r * hd, delta,
+                                  lse[r], i + 1, hd, scale, acc, dq + r * hd);
+  }
+}
+
+template <typename T>
+__global__ void CausalAttentionDkDvKernel(const T* q, const T* k, const T* v,
+                                          const T* out, const float* lse,
+                                          const T* dout, int64_t b, int64_t h,
+                                          int64_t kv, int64_t t, int64_t hd,
+                                          float scale, T* dk, T* dv) {
+  const int64_t rep = h / kv;
+  for (int64_t r = FirstIndex(); r < b * kv * t; r += GridStride()) {
+    const int64_t kv_head = r / t, j = r % t;
+    const int64_t first = (kv_head / kv) * h + (kv_head % kv) * rep;
+    float dk_acc[kMaxAttentionHeadDim], dv_acc[kMaxAttentionHeadDim];
+    for (int64_t e = 0; e < hd; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
+    for (int64_t head = first; head < first + rep; ++head) {
+      for (int64_t i = j; i < t; ++i) {
+        const int64_t row = head * t + i;
+        const float delta =
+            kernels::DotF32(dout + row * hd, out + row * hd, hd);
+        kernels::CausalAttentionDkDvTerm(q + row * hd, k + r * hd, v + r * hd,
+                                         dout + row * hd, delta, lse[row], hd,
+                                         scale, dk_acc, dv_acc);
+      }
+    }
+    for (int64_t e = 0; e < hd; ++e) {
+      dk[r * hd + e] = FromFloat<T>(dk_acc[e]);
+      dv[r * hd + e] = FromFloat<T>(dv_acc[e]);
+    }
   }
 }
 
@@ -454,6 +521,58 @@ class CudaBackendImpl final : public Backend {
                     static_cast<const T*>(dy.raw_data()), rows, n,
                     static_cast<T*>(dx->raw_data()));
     });
+  }
+
+  absl::Status CausalAttention(const Tensor& q, const Tensor& k,
+                               const Tensor& v, int64_t b, int64_t h,
+                               int64_t kv, int64_t t, int64_t hd, float scale,
+                               Tensor* out, Tensor* lse) override {
+    RETURN_IF_ERROR(Prepare());
+    RETURN_IF_ERROR(CheckAttentionHeadDim(hd));
+    return DispatchFloat(q.dtype(), [&](auto tag_T) {
+      using T = typename decltype(tag_T)::type;
+      return Launch("CausalAttention", b * h * t, kRowThreads,
+                    CausalAttentionKernel<T>,
+                    static_cast<const T*>(q.raw_data()),
+                    static_cast<const T*>(k.raw_data()),
+                    static_cast<const T*>(v.raw_data()), b, h, kv, t, hd, scale,
+                    static_cast<T*>(out->raw_data()), lse->data<float>());
+    });
+  }
+
+  absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
+                                       const Tensor& v, const Tensor& out,
+                                       const Tensor& lse, const Tensor& dout,
+                                       int64_t b, int64_t h, int64_t kv,
+                                       int64_t t, int64_t hd, float scale,
+                                       Tensor* dq, Tensor* dk,
+                                       Tensor* dv) override {
+    RETURN_IF_ERROR(Prepare());
+    RETURN_IF_ERROR(CheckAttentionHeadDim(hd));
+    return DispatchFloat(q.dtype(), [&](auto tag_T) {
+      using T = typename decltype(tag_T)::type;
+      const T* pq = static_cast<const T*>(q.raw_data());
+      const T* pk = static_cast<const T*>(k.raw_data());
+      const T* pv = static_cast<const T*>(v.raw_data());
+      const T* po = static_cast<const T*>(out.raw_data());
+      const T* pdo = static_cast<const T*>(dout.raw_data());
+      RETURN_IF_ERROR(Launch("CausalAttentionBackward dq", b * h * t,
+                             kRowThreads, CausalAttentionDqKernel<T>, pq, pk,
+                             pv, po, lse.data<float>(), pdo, b, h, kv, t, hd,
+                             scale, static_cast<T*>(dq->raw_data())));
+      return Launch("CausalAttentionBackward dk dv", b * kv * t, kRowThreads,
+                    CausalAttentionDkDvKernel<T>, pq, pk, pv, po,
+                    lse.data<float>(), pdo, b, h, kv, t, hd, scale,
+                    static_cast<T*>(dk->raw_data()),
+                    static_cast<T*>(dv->raw_data()));
+    });
+  }
+
+  static absl::Status CheckAttentionHeadDim(int64_t hd) {
+    if (hd <= kMaxAttentionHeadDim) return absl::OkStatus();
+    return absl::UnimplementedError(
+        absl::StrCat("CausalAttention on CUDA: head_dim ", hd,
+                     " is over the supported ", kMaxAttentionHeadDim));
   }
 
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight,

@@ -7,10 +7,12 @@
 // in SetUp; the target only builds under --config=cuda.
 #include "tensor/cuda/cuda_backend.h"
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -261,6 +263,43 @@ TEST_P(CudaOpsTest, Softmax) {
       }));
       EXPECT_TRUE(Match(dx, Tol(dtype))) << "SoftmaxBackward";
     }
+  }
+}
+
+TEST_P(CudaOpsTest, CausalAttention) {
+  const DType dtype = GetParam();
+  // [B, H, T, hd] queries against [B, KV, T, hd] keys and values: MHA, GQA,
+  // one token, a T over the CPU kernel's tiles.
+  for (const auto& [b, h, kv, t, hd] :
+       {std::tuple{1, 1, 1, 1, 8}, std::tuple{2, 4, 2, 37, 12},
+        std::tuple{1, 2, 1, 130, 64}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << b << "x" << h << "/" << kv << "x" << t << "x" << hd);
+    const Shape qs{b, h, t, hd}, ks{b, kv, t, hd};
+    Pair q = Random(qs, dtype, 21, -2, 2), k = Random(ks, dtype, 22, -2, 2),
+         v = Random(ks, dtype, 23);
+    Pair out = Zeros(qs, dtype), lse = Zeros({b, h, t}, DType::kF32);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+    ASSERT_TRUE(Both([&](bool g) {
+      return CausalAttention(q.on(g), k.on(g), v.on(g), scale, out.ptr(g),
+                             lse.ptr(g));
+    }));
+    EXPECT_TRUE(Match(out, Tol(dtype))) << "out";
+    EXPECT_TRUE(Match(lse, 1e-4)) << "lse";
+    // Both sides differentiate the CPU's forward, so only the backward
+    // differs.
+    out.gpu = ToGpu(out.cpu);
+    lse.gpu = ToGpu(lse.cpu);
+    Pair dout = Random(qs, dtype, 24);
+    Pair dq = Zeros(qs, dtype), dk = Zeros(ks, dtype), dv = Zeros(ks, dtype);
+    ASSERT_TRUE(Both([&](bool g) {
+      return CausalAttentionBackward(q.on(g), k.on(g), v.on(g), out.on(g),
+                                     lse.on(g), dout.on(g), scale, dq.ptr(g),
+                                     dk.ptr(g), dv.ptr(g));
+    }));
+    EXPECT_TRUE(Match(dq, Tol(dtype))) << "dq";
+    EXPECT_TRUE(Match(dk, Tol(dtype))) << "dk";
+    EXPECT_TRUE(Match(dv, Tol(dtype))) << "dv";
   }
 }
 
