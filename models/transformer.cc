@@ -162,6 +162,7 @@ absl::Status Transformer::Build() {
     ac.rope_theta = c.rope_theta;
     ac.rope_scaling = c.rope_scaling;
     ac.param_dtype = dtype;
+    ac.fused_attention = options_.fused_attention;
     ac.init_std = init_std;
     ac.out_init_std = residual_std;
     ASSIGN_OR_RETURN(std::unique_ptr<nn::CausalSelfAttention> attention,

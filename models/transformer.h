@@ -79,6 +79,10 @@ struct TransformerOptions {
   DType param_dtype = DType::kF32;
   // Initial value of the activation-checkpointing flag.
   bool activation_checkpointing = false;
+  // The attention core as the fused CausalAttention op (memory O(T) per
+  // query row); false: the unfused Matmul + Softmax path that saves the
+  // [B, H, T, T] probabilities (nn::AttentionConfig::fused_attention).
+  bool fused_attention = true;
 };
 
 class BlockStack;

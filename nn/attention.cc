@@ -193,7 +193,7 @@ CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config)
 
 absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
   const int64_t c = config_.dim, h = config_.n_heads, kv = config_.kv_heads(),
-                hd = config_.head_dim(), rep = h / kv;
+                hd = config_.head_dim();
   if (x.ndim() != 3 || x.dim(2) != c || x.dim(0) < 1 || x.dim(1) < 1 ||
       x.dim(1) > config_.max_seq_len) {
     return absl::InvalidArgumentError(
@@ -207,14 +207,11 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
   const int64_t b = x.dim(0), t = x.dim(1);
   const DType dtype = x.dtype();
   const Device device = x.device();
-  const auto empty = [&](Shape shape, DType d) {
-    return EmptyActivation(std::move(shape), d, device);
-  };
 
   // Projections, then heads to [B, heads, T, hd].
-  ASSIGN_OR_RETURN(Tensor q, empty({b, h, t, hd}, dtype));
-  ASSIGN_OR_RETURN(Tensor k, empty({b, kv, t, hd}, dtype));
-  ASSIGN_OR_RETURN(Tensor v, empty({b, kv, t, hd}, dtype));
+  ASSIGN_OR_RETURN(Tensor q, EmptyActivation({b, h, t, hd}, dtype, device));
+  ASSIGN_OR_RETURN(Tensor k, EmptyActivation({b, kv, t, hd}, dtype, device));
+  ASSIGN_OR_RETURN(Tensor v, EmptyActivation({b, kv, t, hd}, dtype, device));
   if (qkv_ != nullptr) {
     ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(x));
     ASSIGN_OR_RETURN(Tensor qkv4, qkv.Reshape({b, t, h + 2 * kv, hd}));
@@ -236,55 +233,81 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     RETURN_IF_ERROR(ApplyRope(&q, config_, /*backward=*/false));
     RETURN_IF_ERROR(ApplyRope(&k, config_, /*backward=*/false));
   }
+  q_heads_ = std::move(q);
+  k_heads_ = std::move(k);
+  v_heads_ = std::move(v);
+  batch_ = b;
+  seq_len_ = t;
 
+  // The attention core, then heads merged back to [B, T, H hd] and the
+  // output projection.
+  ASSIGN_OR_RETURN(Tensor heads_out,
+                   config_.fused_attention ? AttendFused() : AttendUnfused());
+  ASSIGN_OR_RETURN(Tensor merged,
+                   EmptyActivation({b, t, h * hd}, dtype, device));
+  ASSIGN_OR_RETURN(Tensor merged4, merged.Reshape({b, t, h, hd}));
+  RETURN_IF_ERROR(MergeHeads(heads_out, 0, &merged4));
+  return out_->Forward(merged);
+}
+
+absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
+  const int64_t b = batch_, h = config_.n_heads, t = seq_len_,
+                hd = config_.head_dim();
+  const Device device = q_heads_.device();
+  ASSIGN_OR_RETURN(heads_out_, Tensor::Empty({b, h, t, hd}, q_heads_.dtype(),
+                                             device, MemoryTag::kAttention));
+  ASSIGN_OR_RETURN(lse_, Tensor::Empty({b, h, t}, DType::kF32, device,
+                                       MemoryTag::kAttention));
+  RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
+                                  &heads_out_, &lse_));
+  return heads_out_;
+}
+
+absl::StatusOr<Tensor> CausalSelfAttention::AttendUnfused() {
+  const int64_t b = batch_, h = config_.n_heads, kv = config_.kv_heads(),
+                t = seq_len_, hd = config_.head_dim(), rep = h / kv;
+  const DType dtype = q_heads_.dtype();
+  const Device device = q_heads_.device();
+  const auto empty = [&](Shape shape, DType d) {
+    return Tensor::Empty(std::move(shape), d, device, MemoryTag::kAttention);
+  };
   // Scores and probabilities, grouped per kv head: [B, KV, rep T, T].
-  ASSIGN_OR_RETURN(Tensor q_grouped, q.Reshape({b, kv, rep * t, hd}));
-  ASSIGN_OR_RETURN(Tensor scores,
-                   EmptyTemporary({b, h, t, t}, DType::kF32, device));
+  ASSIGN_OR_RETURN(Tensor q_grouped, q_heads_.Reshape({b, kv, rep * t, hd}));
+  ASSIGN_OR_RETURN(Tensor scores, empty({b, h, t, t}, DType::kF32));
   ASSIGN_OR_RETURN(Tensor scores_grouped, scores.Reshape({b, kv, rep * t, t}));
   MatmulOptions qkt;
   qkt.transpose_b = true;
-  qkt.alpha = 1.0f / std::sqrt(static_cast<float>(hd));
-  RETURN_IF_ERROR(Matmul(q_grouped, k, &scores_grouped, qkt));
+  qkt.alpha = Scale();
+  RETURN_IF_ERROR(Matmul(q_grouped, k_heads_, &scores_grouped, qkt));
   // f32 probabilities are saved as they are; bf16 ones get a saved copy.
-  ASSIGN_OR_RETURN(Tensor probs32,
-                   dtype == DType::kF32
-                       ? EmptyActivation({b, h, t, t}, DType::kF32, device)
-                       : EmptyTemporary({b, h, t, t}, DType::kF32, device));
+  ASSIGN_OR_RETURN(Tensor probs32, empty({b, h, t, t}, DType::kF32));
   RETURN_IF_ERROR(Softmax(scores, &probs32, /*causal=*/true));
-  scores = Tensor();
-  Tensor probs = probs32;
+  scores = scores_grouped = Tensor();
+  probs_ = probs32;
   if (dtype != DType::kF32) {
-    ASSIGN_OR_RETURN(probs, empty({b, h, t, t}, dtype));
-    RETURN_IF_ERROR(Copy(probs32, &probs));
+    ASSIGN_OR_RETURN(probs_, empty({b, h, t, t}, dtype));
+    RETURN_IF_ERROR(Copy(probs32, &probs_));
   }
   probs32 = Tensor();
 
-  // out = P V, heads merged back to [B, T, H hd], output projection.
-  ASSIGN_OR_RETURN(Tensor probs_grouped, probs.Reshape({b, kv, rep * t, t}));
+  // out = P V.
+  ASSIGN_OR_RETURN(Tensor probs_grouped, probs_.Reshape({b, kv, rep * t, t}));
   ASSIGN_OR_RETURN(Tensor heads_out,
                    EmptyTemporary({b, h, t, hd}, dtype, device));
   ASSIGN_OR_RETURN(Tensor heads_out_grouped,
                    heads_out.Reshape({b, kv, rep * t, hd}));
-  RETURN_IF_ERROR(Matmul(probs_grouped, v, &heads_out_grouped));
-  ASSIGN_OR_RETURN(Tensor merged, empty({b, t, h * hd}, dtype));
-  ASSIGN_OR_RETURN(Tensor merged4, merged.Reshape({b, t, h, hd}));
-  RETURN_IF_ERROR(MergeHeads(heads_out, 0, &merged4));
-  ASSIGN_OR_RETURN(Tensor y, out_->Forward(merged));
+  RETURN_IF_ERROR(Matmul(probs_grouped, v_heads_, &heads_out_grouped));
+  return heads_out;
+}
 
-  batch_ = b;
-  seq_len_ = t;
-  q_heads_ = std::move(q);
-  k_heads_ = std::move(k);
-  v_heads_ = std::move(v);
-  probs_ = std::move(probs);
-  return y;
+float CausalSelfAttention::Scale() const {
+  return 1.0f / std::sqrt(static_cast<float>(config_.head_dim()));
 }
 
 absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
-  if (!probs_.defined()) return NoSavedForward(kind());
+  if (!q_heads_.defined()) return NoSavedForward(kind());
   const int64_t h = config_.n_heads, kv = config_.kv_heads(),
-                hd = config_.head_dim(), rep = h / kv, b = batch_, t = seq_len_;
+                hd = config_.head_dim(), b = batch_, t = seq_len_;
   if (dy.shape() != Shape{b, t, config_.dim}) {
     return absl::InvalidArgumentError(
         absl::StrCat("dy ", dy.ToString(), " must be [", b, ", ", t, ", ",
@@ -301,48 +324,20 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   ASSIGN_OR_RETURN(Tensor dmerged4, dmerged.Reshape({b, t, h, hd}));
   ASSIGN_OR_RETURN(Tensor dout, empty({b, h, t, hd}, dtype));
   RETURN_IF_ERROR(SplitHeads(dmerged4, 0, h, &dout));
-  dmerged = Tensor();
-  dmerged4 = Tensor();
-  ASSIGN_OR_RETURN(Tensor dout_grouped, dout.Reshape({b, kv, rep * t, hd}));
-  ASSIGN_OR_RETURN(Tensor probs_grouped, probs_.Reshape({b, kv, rep * t, t}));
+  dmerged = dmerged4 = Tensor();
 
-  // out = P V: dP = dout V^T, dV = P^T dout (sums the heads sharing a kv head).
-  ASSIGN_OR_RETURN(Tensor dprobs, empty({b, h, t, t}, DType::kF32));
-  ASSIGN_OR_RETURN(Tensor dprobs_grouped, dprobs.Reshape({b, kv, rep * t, t}));
-  MatmulOptions abt;
-  abt.transpose_b = true;
-  RETURN_IF_ERROR(Matmul(dout_grouped, v_heads_, &dprobs_grouped, abt));
-  ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
-  MatmulOptions atb;
-  atb.transpose_a = true;
-  RETURN_IF_ERROR(Matmul(probs_grouped, dout_grouped, &dv, atb));
-  dout = dout_grouped = Tensor();
-
-  // Softmax backward in f32 (masked entries have P = 0, so dS = 0 there).
-  ASSIGN_OR_RETURN(Tensor probs32, CastTo(probs_, DType::kF32));
-  ASSIGN_OR_RETURN(Tensor dscores32, empty({b, h, t, t}, DType::kF32));
-  RETURN_IF_ERROR(SoftmaxBackward(probs32, dprobs, &dscores32));
-  probs32 = dprobs = dprobs_grouped = Tensor();
-  ASSIGN_OR_RETURN(Tensor dscores, CastTo(dscores32, dtype));
-  dscores32 = Tensor();
-  ASSIGN_OR_RETURN(Tensor dscores_grouped,
-                   dscores.Reshape({b, kv, rep * t, t}));
-
-  // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  // Through the attention core.
   ASSIGN_OR_RETURN(Tensor dq, empty({b, h, t, hd}, dtype));
-  ASSIGN_OR_RETURN(Tensor dq_grouped, dq.Reshape({b, kv, rep * t, hd}));
-  MatmulOptions ab_scaled;
-  ab_scaled.alpha = scale;
-  RETURN_IF_ERROR(Matmul(dscores_grouped, k_heads_, &dq_grouped, ab_scaled));
-  ASSIGN_OR_RETURN(Tensor q_grouped, q_heads_.Reshape({b, kv, rep * t, hd}));
   ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
-  MatmulOptions atb_scaled;
-  atb_scaled.transpose_a = true;
-  atb_scaled.alpha = scale;
-  RETURN_IF_ERROR(Matmul(dscores_grouped, q_grouped, &dk, atb_scaled));
-  dscores = dscores_grouped = q_grouped = Tensor();
-  probs_grouped = Tensor();
+  ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
+  if (config_.fused_attention) {
+    RETURN_IF_ERROR(CausalAttentionBackward(q_heads_, k_heads_, v_heads_,
+                                            heads_out_, lse_, dout, Scale(),
+                                            &dq, &dk, &dv));
+  } else {
+    RETURN_IF_ERROR(UnfusedBackward(dout, &dq, &dk, &dv));
+  }
+  dout = Tensor();
   ReleaseSavedTensorsImpl();
 
   if (config_.rope) {
@@ -378,8 +373,61 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   return dx;
 }
 
+absl::Status CausalSelfAttention::UnfusedBackward(const Tensor& dout,
+                                                  Tensor* dq, Tensor* dk,
+                                                  Tensor* dv) {
+  const int64_t h = config_.n_heads, kv = config_.kv_heads(),
+                hd = config_.head_dim(), rep = h / kv, b = batch_, t = seq_len_;
+  const DType dtype = q_heads_.dtype();
+  const Device device = q_heads_.device();
+  const auto empty = [&](Shape shape, DType d) {
+    return Tensor::Empty(std::move(shape), d, device, MemoryTag::kAttention);
+  };
+  ASSIGN_OR_RETURN(Tensor dout_grouped, dout.Reshape({b, kv, rep * t, hd}));
+  ASSIGN_OR_RETURN(Tensor probs_grouped, probs_.Reshape({b, kv, rep * t, t}));
+
+  // out = P V: dP = dout V^T, dV = P^T dout (sums the heads sharing a kv head).
+  ASSIGN_OR_RETURN(Tensor dprobs, empty({b, h, t, t}, DType::kF32));
+  ASSIGN_OR_RETURN(Tensor dprobs_grouped, dprobs.Reshape({b, kv, rep * t, t}));
+  MatmulOptions abt;
+  abt.transpose_b = true;
+  RETURN_IF_ERROR(Matmul(dout_grouped, v_heads_, &dprobs_grouped, abt));
+  MatmulOptions atb;
+  atb.transpose_a = true;
+  RETURN_IF_ERROR(Matmul(probs_grouped, dout_grouped, dv, atb));
+
+  // Softmax backward in f32 (masked entries have P = 0, so dS = 0 there).
+  Tensor probs32 = probs_;
+  if (dtype != DType::kF32) {
+    ASSIGN_OR_RETURN(probs32, empty({b, h, t, t}, DType::kF32));
+    RETURN_IF_ERROR(Copy(probs_, &probs32));
+  }
+  ASSIGN_OR_RETURN(Tensor dscores32, empty({b, h, t, t}, DType::kF32));
+  RETURN_IF_ERROR(SoftmaxBackward(probs32, dprobs, &dscores32));
+  probs32 = dprobs = dprobs_grouped = probs_grouped = Tensor();
+  Tensor dscores = dscores32;
+  if (dtype != DType::kF32) {
+    ASSIGN_OR_RETURN(dscores, empty({b, h, t, t}, dtype));
+    RETURN_IF_ERROR(Copy(dscores32, &dscores));
+  }
+  dscores32 = Tensor();
+  ASSIGN_OR_RETURN(Tensor dscores_grouped,
+                   dscores.Reshape({b, kv, rep * t, t}));
+
+  // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
+  ASSIGN_OR_RETURN(Tensor dq_grouped, dq->Reshape({b, kv, rep * t, hd}));
+  MatmulOptions ab_scaled;
+  ab_scaled.alpha = Scale();
+  RETURN_IF_ERROR(Matmul(dscores_grouped, k_heads_, &dq_grouped, ab_scaled));
+  ASSIGN_OR_RETURN(Tensor q_grouped, q_heads_.Reshape({b, kv, rep * t, hd}));
+  MatmulOptions atb_scaled;
+  atb_scaled.transpose_a = true;
+  atb_scaled.alpha = Scale();
+  return Matmul(dscores_grouped, q_grouped, dk, atb_scaled);
+}
+
 void CausalSelfAttention::ReleaseSavedTensorsImpl() {
-  q_heads_ = k_heads_ = v_heads_ = probs_ = Tensor();
+  q_heads_ = k_heads_ = v_heads_ = probs_ = heads_out_ = lse_ = Tensor();
 }
 
 }  // namespace nn

@@ -9,19 +9,23 @@
 //                     wv.weight [KV hd, C], wo.weight [C, H hd]
 //                     (+ wq/wk/wv.bias, wo.bias when biases are enabled).
 // The projections are child nn::Linear modules (hooks fire per projection);
-// the attention core is Matmul + causal Softmax over heads laid out
-// [B, H, T, hd]. Grouped-query attention makes no copies of K and V: heads
-// h = g * (H / KV) + r are contiguous, so Q viewed as [B, KV, (H / KV) T, hd]
-// multiplies each kv head's [T, hd] block directly, and the backward matmuls
-// sum the repeated heads' gradients into their kv head for free. RoPE uses
-// the Hugging Face rotate_half convention (tensor/kernels/rope.h).
+// the attention core, over heads laid out [B, H, T, hd], is the fused
+// CausalAttention op by default (flash style: no [T, T] matrix kept), or
+// Matmul + causal Softmax with the probabilities saved
+// (AttentionConfig::fused_attention = false). Grouped-query attention makes no
+// copies of K and V: heads h = g * (H / KV) + r are contiguous, so Q viewed as
+// [B, KV, (H / KV) T, hd] multiplies each kv head's [T, hd] block directly, and
+// the backward matmuls sum the repeated heads' gradients into their kv head for
+// free. RoPE uses the Hugging Face rotate_half convention
+// (tensor/kernels/rope.h).
 //
 // Compute follows the input dtype (f32 or bf16; the projections cast weights
 // of another dtype): scores and softmax are f32 (bf16 matmuls write f32), the
 // probabilities are kept in the compute dtype for the P V matmul and its
-// backward. Saved activations (roped q and k, v, probabilities; the merged
-// heads are saved by the output projection) are tagged kActivations and
-// released by Backward or ReleaseSavedTensors.
+// backward. Saved activations (roped q and k, v; the merged heads are saved
+// by the output projection) are tagged kActivations, the core's own memory
+// (probabilities and score buffers, or the fused output and log-sum-exp)
+// kAttention; all are released by Backward or ReleaseSavedTensors.
 #ifndef FSDPP_NN_ATTENTION_H_
 #define FSDPP_NN_ATTENTION_H_
 
@@ -52,7 +56,12 @@ struct AttentionConfig {
   float rope_theta = 10000.0f;  // RoPE base (Llama 3: 500000).
   kernels::RopeScaling rope_scaling;  // Llama 3.1/3.2 (default: none).
   DType param_dtype = DType::kF32;    // Any float dtype.
-  float init_std = 0.02f;             // Normal init std of the q, k, v weights.
+  // The attention core as one fused op (tensor/ops.h CausalAttention: flash
+  // style, memory O(T) per query row, the probabilities recomputed in the
+  // backward); false: Matmul + causal Softmax with the [B, H, T, T]
+  // probabilities saved (the reference the fused op is tested against).
+  bool fused_attention = true;
+  float init_std = 0.02f;      // Normal init std of the q, k, v weights.
   float out_init_std = 0.02f;  // ... of the output projection (GPT-2 scales
                                // it by 1 / sqrt(2 n_layers)).
 
@@ -88,6 +97,16 @@ class CausalSelfAttention : public Module {
  private:
   explicit CausalSelfAttention(const AttentionConfig& config);
 
+  // 1 / sqrt(head_dim).
+  float Scale() const;
+  // The attention core on the saved q_heads_, k_heads_, v_heads_: the heads'
+  // output [B, H, T, hd]; saves what its backward needs.
+  absl::StatusOr<Tensor> AttendFused();
+  absl::StatusOr<Tensor> AttendUnfused();
+  // dq, dk, dv of the unfused core from the heads' output gradient.
+  absl::Status UnfusedBackward(const Tensor& dout, Tensor* dq, Tensor* dk,
+                               Tensor* dv);
+
   AttentionConfig config_;
   // Fused layout: qkv_ = c_attn. Separate layout: q_, k_, v_ = wq, wk, wv.
   Linear* qkv_ = nullptr;
@@ -102,7 +121,12 @@ class CausalSelfAttention : public Module {
   Tensor q_heads_;  // [B, H, T, hd], after RoPE.
   Tensor k_heads_;  // [B, KV, T, hd], after RoPE.
   Tensor v_heads_;  // [B, KV, T, hd].
-  Tensor probs_;    // [B, H, T, T] softmax probabilities, compute dtype.
+  // Unfused: [B, H, T, T] softmax probabilities, compute dtype.
+  Tensor probs_;
+  // Fused: the heads' output [B, H, T, hd] and the rows' log-sum-exp
+  // [B, H, T] f32.
+  Tensor heads_out_;
+  Tensor lse_;
 };
 
 }  // namespace nn

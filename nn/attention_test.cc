@@ -52,7 +52,8 @@ std::string Describe(const AttentionConfig& c) {
   return absl::StrCat("C=", c.dim, " H=", c.n_heads, " KV=", c.kv_heads(),
                       c.fused_qkv ? " fused" : " separate",
                       c.qkv_bias ? " qkv_bias" : "",
-                      c.out_bias ? " out_bias" : "", c.rope ? " rope" : "");
+                      c.out_bias ? " out_bias" : "", c.rope ? " rope" : "",
+                      c.fused_attention ? " fused core" : " unfused core");
 }
 
 // A module whose every parameter (biases too) is uniform in [-0.5, 0.5).
@@ -137,28 +138,66 @@ std::vector<AttentionConfig> GradientConfigs() {
 }
 
 TEST(AttentionTest, GradientsMatchFiniteDifferences) {
-  for (const AttentionConfig& c : GradientConfigs()) {
-    SCOPED_TRACE(Describe(c));
-    std::unique_ptr<CausalSelfAttention> m = MakeAttention(c, 100);
-    Tensor x = RandomTensor({kBatch, kSeq, c.dim}, DType::kF32, 1);
-    Tensor dy = RandomTensor({kBatch, kSeq, c.dim}, DType::kF32, 2);
-    const Vec vdy = Values(dy);
-    Forward(*m, x);
-    const Vec dx = Values(Backward(*m, dy));
-    // (name, analytic, numeric) for x and every parameter.
-    std::vector<std::tuple<std::string, Vec, Vec>> grads;
-    grads.emplace_back("x", dx, NumericGrad(*m, x, vdy, x));
-    for (auto& [name, p] : m->NamedParameters()) {
-      ASSERT_TRUE(p->grad.defined()) << name;
-      grads.emplace_back(name, Values(p->grad),
-                         NumericGrad(*m, x, vdy, p->data));
+  for (AttentionConfig c : GradientConfigs()) {
+    for (bool fused_core : {true, false}) {
+      c.fused_attention = fused_core;
+      SCOPED_TRACE(Describe(c));
+      std::unique_ptr<CausalSelfAttention> m = MakeAttention(c, 100);
+      Tensor x = RandomTensor({kBatch, kSeq, c.dim}, DType::kF32, 1);
+      Tensor dy = RandomTensor({kBatch, kSeq, c.dim}, DType::kF32, 2);
+      const Vec vdy = Values(dy);
+      Forward(*m, x);
+      const Vec dx = Values(Backward(*m, dy));
+      // (name, analytic, numeric) for x and every parameter.
+      std::vector<std::tuple<std::string, Vec, Vec>> grads;
+      grads.emplace_back("x", dx, NumericGrad(*m, x, vdy, x));
+      for (auto& [name, p] : m->NamedParameters()) {
+        ASSERT_TRUE(p->grad.defined()) << name;
+        grads.emplace_back(name, Values(p->grad),
+                           NumericGrad(*m, x, vdy, p->data));
+      }
+      double scale = 0.0;
+      for (const auto& [name, analytic, numeric] : grads) {
+        scale = std::max(scale, MaxAbs(numeric));
+      }
+      for (const auto& [name, analytic, numeric] : grads) {
+        EXPECT_TRUE(GradClose(analytic, numeric, scale)) << name;
+      }
     }
-    double scale = 0.0;
-    for (const auto& [name, analytic, numeric] : grads) {
-      scale = std::max(scale, MaxAbs(numeric));
-    }
-    for (const auto& [name, analytic, numeric] : grads) {
-      EXPECT_TRUE(GradClose(analytic, numeric, scale)) << name;
+  }
+}
+
+// The fused core (the default) against the unfused reference path on the
+// same weights and inputs: output, input gradient and every parameter
+// gradient, f32 and bf16, including a sequence longer than one kernel tile.
+TEST(AttentionTest, FusedCoreMatchesTheUnfusedPath) {
+  for (AttentionConfig c : GradientConfigs()) {
+    c.max_seq_len = 70;
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(absl::StrCat(Describe(c), " ", DTypeName(dtype)));
+      c.param_dtype = dtype;
+      Tensor x = RandomTensor({kBatch, 70, c.dim}, dtype, 3);
+      Tensor dy = RandomTensor({kBatch, 70, c.dim}, dtype, 4);
+      std::map<std::string, Vec> grads[2];
+      Vec y[2], dx[2];
+      for (int fused = 0; fused < 2; ++fused) {
+        c.fused_attention = fused == 1;
+        std::unique_ptr<CausalSelfAttention> m = MakeAttention(c, 200);
+        y[fused] = Values(Forward(*m, x));
+        dx[fused] = Values(Backward(*m, dy));
+        for (auto& [name, p] : m->NamedParameters()) {
+          grads[fused][name] = Values(p->grad);
+        }
+      }
+      // f32: both accumulate in f32 in different orders. bf16: the unfused
+      // path rounds the probabilities and dS to bf16 for its matmuls, the
+      // fused one keeps them in f32, so they differ by bf16 roundings.
+      const double tol = dtype == DType::kF32 ? 2e-5 : 3e-2;
+      EXPECT_TRUE(AllClose(y[1], y[0], tol, tol)) << "y";
+      EXPECT_TRUE(AllClose(dx[1], dx[0], tol, tol)) << "dx";
+      for (const auto& [name, g] : grads[0]) {
+        EXPECT_TRUE(AllClose(grads[1][name], g, tol, tol)) << name;
+      }
     }
   }
 }

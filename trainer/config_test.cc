@@ -140,7 +140,8 @@ TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
             "schedule, min_lr_ratio, weight_decay, grad_clip, "
             "mixed_precision, seed, activation_checkpointing, adam_beta1, "
             "adam_beta2, adam_eps, initial_loss_scale, "
-            "loss_scale_growth_interval, cpu_caching_allocator)");
+            "loss_scale_growth_interval, cpu_caching_allocator, "
+            "fused_attention)");
   auto nested = ParseTrainConfig(
       "training { mixed_precision { param: \"bf16\" } }", "run.textproto");
   EXPECT_EQ(Message(nested),

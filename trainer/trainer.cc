@@ -302,6 +302,7 @@ absl::Status Trainer::BuildModel() {
   const TrainingConfig& tc = config_.training();
   models::TransformerOptions mo;
   mo.activation_checkpointing = tc.activation_checkpointing();
+  mo.fused_attention = tc.fused_attention();
   ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
   fsdp::FsdpPlanOptions plan;
   plan.shard.mesh = mesh_.get();
