@@ -23,6 +23,8 @@ packages=(
   libdnnl-dev         # oneDNN (CPU matmul, AVX-512 / AMX at run time)
   libhwy-dev          # Google Highway: SIMD host kernels, runtime dispatch
   python3-torch       # independent numerical reference in the parity tests
+  libopenblas0-openmp # PyTorch's f32 BLAS for tools/bench/vs_pytorch.sh (the
+                      # reference BLAS makes its step ~50x slower)
   python3-matplotlib  # tools/plot: loss and throughput curves to PNG
   clang               # clang++ for the libFuzzer runs (checkpoint/fuzz/run_fuzzers.sh)
   libclang-rt-dev     # libFuzzer + ASan/UBSan runtimes (libclang-rt-14-dev on bookworm)
