@@ -3,9 +3,8 @@
 // Heads are moved between the projections' [B, T, heads, hd] layout and the
 // attention core's [B, heads, T, hd] layout with one CopyBox per head: the
 // destination is viewed as [B, heads * T, 1, hd], so head h's [B, T, 1, hd]
-// box lands at rows [h T, (h + 1) T) of each batch entry. RoPE runs as a host
-// loop over the shared row kernels (tensor/kernels/rope.h); tensors on other
-// devices take a round trip through host memory.
+// box lands at rows [h T, (h + 1) T) of each batch entry. RoPE is the Rope op
+// (tensor/ops.h), in place on the tensor's own device.
 #include "nn/attention.h"
 
 #include <cmath>
@@ -48,54 +47,15 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
   return absl::OkStatus();
 }
 
-template <typename T>
-void RopeRows(T* data, int64_t rows, int64_t seq_len, int64_t head_dim,
-              const float* inv_freq, bool backward) {
-  for (int64_t r = 0; r < rows; ++r) {
-    T* row = data + r * head_dim;
-    const int64_t position = r % seq_len;
-    if (backward) {
-      kernels::RopeRowBackward(row, position, inv_freq, head_dim, row);
-    } else {
-      kernels::RopeRowForward(row, position, inv_freq, head_dim, row);
-    }
-  }
-}
-
 // Rotates every [hd] row of t [B, n, T, hd] in place (position = t), or
 // applies the inverse rotation with `backward`.
 absl::Status ApplyRope(Tensor* t, const AttentionConfig& config,
                        bool backward) {
   if (t->is_meta() || t->numel() == 0) return absl::OkStatus();
-  const int64_t seq_len = t->dim(2), head_dim = t->dim(3);
-  const std::vector<float> inv_freq =
-      kernels::RopeInvFreqs(config.rope_theta, head_dim, config.rope_scaling);
-  Tensor host = *t;
-  if (!t->device().is_cpu()) {
-    ASSIGN_OR_RETURN(host,
-                     EmptyTemporary(t->shape(), t->dtype(), Device::Cpu()));
-    RETURN_IF_ERROR(Copy(*t, &host));
-  }
-  const int64_t rows = host.numel() / head_dim;
-  switch (host.dtype()) {
-    case DType::kF32:
-      RopeRows(host.data<float>(), rows, seq_len, head_dim, inv_freq.data(),
-               backward);
-      break;
-    case DType::kBF16:
-      RopeRows(host.data<BFloat16>(), rows, seq_len, head_dim, inv_freq.data(),
-               backward);
-      break;
-    case DType::kF16:
-      RopeRows(host.data<Float16>(), rows, seq_len, head_dim, inv_freq.data(),
-               backward);
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("RoPE on ", t->ToString(), ": needs a float dtype"));
-  }
-  if (!host.SharesStorageWith(*t)) RETURN_IF_ERROR(Copy(host, t));
-  return absl::OkStatus();
+  return Rope(
+      t,
+      kernels::RopeInvFreqs(config.rope_theta, t->dim(3), config.rope_scaling),
+      backward);
 }
 
 }  // namespace

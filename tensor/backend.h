@@ -74,6 +74,11 @@ class Backend {
       const Tensor& lse, const Tensor& dout, int64_t b, int64_t h, int64_t kv,
       int64_t t, int64_t hd, float scale, Tensor* dq, Tensor* dk,
       Tensor* dv) = 0;
+  // Rotary embedding in place on `rows` rows of head_dim (row r at position
+  // r % seq_len); inv_freq: head_dim / 2 floats on the host.
+  virtual absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len,
+                            int64_t head_dim, const float* inv_freq,
+                            bool inverse) = 0;
   virtual absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                                  const Tensor* bias, float eps, int64_t rows,
                                  int64_t c, Tensor* out, Tensor* mean,

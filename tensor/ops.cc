@@ -546,6 +546,26 @@ absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
                                           dx, dweight, dbias);
 }
 
+absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse) {
+  constexpr const char* kOp = "Rope";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", x}});
+  RETURN_IF_ERROR(FloatDType(kOp, {"x", x}));
+  if (x->ndim() < 2 || x->dim(-1) < 2 || x->dim(-1) % 2 != 0) {
+    return Invalid(kOp, "needs [.., T, hd] with an even head dim hd >= 2",
+                   {{"x", x}});
+  }
+  const int64_t hd = x->dim(-1);
+  if (static_cast<int64_t>(inv_freq.size()) != hd / 2) {
+    return Invalid(
+        kOp,
+        absl::StrCat("has ", inv_freq.size(), " frequencies for head dim ", hd,
+                     " (needs ", hd / 2, ")"),
+        {{"x", x}});
+  }
+  if (backend == nullptr || x->numel() == 0) return absl::OkStatus();
+  return backend->Rope(x, Rows(*x), x->dim(-2), hd, inv_freq.data(), inverse);
+}
+
 absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
                      Tensor* out, Tensor* rstd) {
   constexpr const char* kOp = "RmsNorm";

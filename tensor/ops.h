@@ -12,6 +12,7 @@
 #define FSDPP_TENSOR_OPS_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -103,6 +104,13 @@ absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
                                      const Tensor& lse, const Tensor& dout,
                                      float scale, Tensor* dq, Tensor* dk,
                                      Tensor* dv);
+
+// Rotary position embedding in place on x [.., T, hd] (hd even; a row's
+// position is its index along T): each pair (x[i], x[i + hd/2]) rotates by
+// the angle position * inv_freq[i] (hd/2 frequencies, f32, on the host; see
+// kernels::RopeInvFreqs), or back by it with `inverse` (the backward). The
+// math is tensor/kernels/rope.h's, on every backend.
+absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse);
 
 // x: [.., C]; weight, bias: [C] (bias optional: pass nullptr); out like x;
 // mean, rstd: f32 with one element per row (saved for backward).

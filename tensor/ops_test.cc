@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -453,6 +454,57 @@ TEST(OpsTest, RmsNormForwardAndBackward) {
           << "dweight";
     }
   }
+}
+
+// ------------------------------------------------------------------- RoPE
+
+TEST(OpsTest, RopeRotatesPairsByPositionAndItsInverseUndoesIt) {
+  for (DType dtype : kFloatTypes) {
+    for (int64_t hd : {2, 6, 64, 66}) {
+      SCOPED_TRACE(testing::Message() << DTypeName(dtype) << " hd=" << hd);
+      const int64_t b = 2, n = 3, t = 5, half = hd / 2;
+      std::vector<float> inv_freq(half);
+      for (int64_t i = 0; i < half; ++i) {
+        inv_freq[i] = std::pow(10000.0f, -2.0f * i / hd);
+      }
+      Tensor x = RandomTensor({b, n, t, hd}, dtype, 40, -2, 2);
+      const Vec vx = Values(x);
+      Tensor y = *Tensor::Empty(x.shape(), dtype, Device::Cpu());
+      ASSERT_TRUE(Copy(x, &y).ok());
+      ASSERT_TRUE(Rope(&y, inv_freq, /*inverse=*/false).ok());
+      Vec want(vx.size());
+      for (int64_t r = 0; r < b * n * t; ++r) {
+        const double p = r % t;
+        for (int64_t i = 0; i < half; ++i) {
+          const double angle = p * inv_freq[i];
+          const double a = vx[r * hd + i], c = vx[r * hd + i + half];
+          want[r * hd + i] = a * std::cos(angle) - c * std::sin(angle);
+          want[r * hd + i + half] = c * std::cos(angle) + a * std::sin(angle);
+        }
+      }
+      EXPECT_TRUE(AllClose(Values(y), want, RelTol(dtype),
+                           dtype == DType::kF32 ? 1e-5 : 3e-2));
+      ASSERT_TRUE(Rope(&y, inv_freq, /*inverse=*/true).ok());
+      EXPECT_TRUE(AllClose(Values(y), vx, RelTol(dtype),
+                           dtype == DType::kF32 ? 1e-5 : 6e-2));
+    }
+  }
+}
+
+TEST(OpsTest, RopeRejectsOddHeadDimsWrongFrequencyCountsAndIntegers) {
+  Tensor odd = *Tensor::Zeros({2, 3, 5}, DType::kF32, Device::Cpu());
+  const absl::Status s1 = Rope(&odd, {1.0f, 1.0f}, false);
+  EXPECT_EQ(s1.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s1.message().find("even head dim"), std::string::npos) << s1;
+  Tensor x = *Tensor::Zeros({2, 3, 8}, DType::kF32, Device::Cpu());
+  const absl::Status s2 = Rope(&x, {1.0f, 1.0f}, false);
+  EXPECT_EQ(s2.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s2.message().find("2 frequencies for head dim 8"),
+            std::string::npos)
+      << s2;
+  Tensor ints = *Tensor::Zeros({2, 4}, DType::kI32, Device::Cpu());
+  EXPECT_EQ(Rope(&ints, {1.0f, 1.0f}, false).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------- embedding

@@ -17,8 +17,8 @@
 #include "core/status.h"
 #include "tensor/cpu/attention.h"
 #include "tensor/cpu/onednn_matmul.h"
+#include "tensor/cpu/rowwise.h"
 #include "tensor/cpu/simd.h"
-#include "tensor/kernels/rowwise.h"
 
 namespace fsdpp {
 namespace cpu {
@@ -164,21 +164,10 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status SumRowsAccumulate(const Tensor& x, int64_t rows, int64_t cols,
                                  Tensor* out) override {
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* px = static_cast<const T*>(x.raw_data());
-      (void)DispatchFloat(out->dtype(), [&](auto tag_O) {
-        using O = typename decltype(tag_O)::type;
-        O* po = static_cast<O*>(out->raw_data());
-#pragma omp parallel for schedule(static) if (rows * cols > kParallelElements)
-        for (int64_t j = 0; j < cols; ++j) {
-          float acc = 0.0f;
-          for (int64_t r = 0; r < rows; ++r) acc += ToFloat(px[r * cols + j]);
-          po[j] = FromFloat<O>(ToFloat(po[j]) + acc);
-        }
-      });
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    RETURN_IF_ERROR(CheckFloat(out->dtype()));
+    rowwise::SumRowsAccumulate(x.dtype(), x.raw_data(), rows, cols,
+                               out->dtype(), out->raw_data());
     return absl::OkStatus();
   }
 
@@ -216,34 +205,17 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n, int64_t tq,
                        int64_t causal_offset, Tensor* y) override {
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* px = static_cast<const T*>(x.raw_data());
-      T* py = static_cast<T*>(y->raw_data());
-#pragma omp parallel for schedule(static) if (rows * n > kParallelElements)
-      for (int64_t r = 0; r < rows; ++r) {
-        const int64_t valid =
-            causal_offset < 0 ? n : std::min(n, r % tq + causal_offset + 1);
-        kernels::SoftmaxRowForward(px + r * n, n, valid, py + r * n);
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    rowwise::SoftmaxForward(x.dtype(), x.raw_data(), rows, n, tq, causal_offset,
+                            y->raw_data());
     return absl::OkStatus();
   }
 
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, int64_t rows,
                                int64_t n, Tensor* dx) override {
-    const absl::Status dispatched = DispatchFloat(y.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* py = static_cast<const T*>(y.raw_data());
-      const T* pdy = static_cast<const T*>(dy.raw_data());
-      T* pdx = static_cast<T*>(dx->raw_data());
-#pragma omp parallel for schedule(static) if (rows * n > kParallelElements)
-      for (int64_t r = 0; r < rows; ++r) {
-        kernels::SoftmaxRowBackward(py + r * n, pdy + r * n, n, pdx + r * n);
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(y.dtype()));
+    rowwise::SoftmaxBackward(y.dtype(), y.raw_data(), dy.raw_data(), rows, n,
+                             dx->raw_data());
     return absl::OkStatus();
   }
 
@@ -271,24 +243,22 @@ class CpuBackendImpl final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
+                    const float* inv_freq, bool inverse) override {
+    RETURN_IF_ERROR(CheckFloat(x->dtype()));
+    rowwise::Rope(x->dtype(), x->raw_data(), rows, seq_len, head_dim, inv_freq,
+                  inverse);
+    return absl::OkStatus();
+  }
+
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                          const Tensor* bias, float eps, int64_t rows, int64_t c,
                          Tensor* out, Tensor* mean, Tensor* rstd) override {
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* px = static_cast<const T*>(x.raw_data());
-      const T* pw = static_cast<const T*>(weight.raw_data());
-      const T* pb = bias ? static_cast<const T*>(bias->raw_data()) : nullptr;
-      T* po = static_cast<T*>(out->raw_data());
-      float* pm = mean->data<float>();
-      float* pr = rstd->data<float>();
-#pragma omp parallel for schedule(static) if (rows * c > kParallelElements)
-      for (int64_t r = 0; r < rows; ++r) {
-        kernels::LayerNormRowForward(px + r * c, pw, pb, c, eps, po + r * c,
-                                     pm + r, pr + r);
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    rowwise::LayerNormForward(x.dtype(), x.raw_data(), weight.raw_data(),
+                              bias != nullptr ? bias->raw_data() : nullptr, eps,
+                              rows, c, out->raw_data(), mean->data<float>(),
+                              rstd->data<float>());
     return absl::OkStatus();
   }
 
@@ -297,49 +267,20 @@ class CpuBackendImpl final : public Backend {
                                  const Tensor& rstd, int64_t rows, int64_t c,
                                  Tensor* dx, Tensor* dweight,
                                  Tensor* dbias) override {
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* pdy = static_cast<const T*>(dy.raw_data());
-      const T* px = static_cast<const T*>(x.raw_data());
-      const T* pw = static_cast<const T*>(weight.raw_data());
-      const float* pm = mean.data<float>();
-      const float* pr = rstd.data<float>();
-      T* pdx = static_cast<T*>(dx->raw_data());
-      T* pdw = static_cast<T*>(dweight->raw_data());
-      T* pdb = dbias ? static_cast<T*>(dbias->raw_data()) : nullptr;
-#pragma omp parallel
-      {
-#pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < rows; ++r) {
-          kernels::LayerNormRowBackward(pdy + r * c, px + r * c, pw, pm[r],
-                                        pr[r], c, pdx + r * c);
-        }
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < c; ++j) {
-          kernels::LayerNormColumnBackward(pdy, px, pm, pr, rows, c, j, pdw,
-                                           pdb);
-        }
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    rowwise::LayerNormBackward(
+        x.dtype(), dy.raw_data(), x.raw_data(), weight.raw_data(),
+        mean.data<float>(), rstd.data<float>(), rows, c, dx->raw_data(),
+        dweight->raw_data(), dbias != nullptr ? dbias->raw_data() : nullptr);
     return absl::OkStatus();
   }
 
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
                        int64_t rows, int64_t c, Tensor* out,
                        Tensor* rstd) override {
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* px = static_cast<const T*>(x.raw_data());
-      const T* pw = static_cast<const T*>(weight.raw_data());
-      T* po = static_cast<T*>(out->raw_data());
-      float* pr = rstd->data<float>();
-#pragma omp parallel for schedule(static) if (rows * c > kParallelElements)
-      for (int64_t r = 0; r < rows; ++r) {
-        kernels::RmsNormRowForward(px + r * c, pw, c, eps, po + r * c, pr + r);
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    rowwise::RmsNormForward(x.dtype(), x.raw_data(), weight.raw_data(), eps,
+                            rows, c, out->raw_data(), rstd->data<float>());
     return absl::OkStatus();
   }
 
@@ -347,28 +288,10 @@ class CpuBackendImpl final : public Backend {
                                const Tensor& weight, const Tensor& rstd,
                                int64_t rows, int64_t c, Tensor* dx,
                                Tensor* dweight) override {
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      const T* pdy = static_cast<const T*>(dy.raw_data());
-      const T* px = static_cast<const T*>(x.raw_data());
-      const T* pw = static_cast<const T*>(weight.raw_data());
-      const float* pr = rstd.data<float>();
-      T* pdx = static_cast<T*>(dx->raw_data());
-      T* pdw = static_cast<T*>(dweight->raw_data());
-#pragma omp parallel
-      {
-#pragma omp for schedule(static) nowait
-        for (int64_t r = 0; r < rows; ++r) {
-          kernels::RmsNormRowBackward(pdy + r * c, px + r * c, pw, pr[r], c,
-                                      pdx + r * c);
-        }
-#pragma omp for schedule(static)
-        for (int64_t j = 0; j < c; ++j) {
-          kernels::RmsNormColumnBackward(pdy, px, pr, rows, c, j, pdw);
-        }
-      }
-    });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    rowwise::RmsNormBackward(x.dtype(), dy.raw_data(), x.raw_data(),
+                             weight.raw_data(), rstd.data<float>(), rows, c,
+                             dx->raw_data(), dweight->raw_data());
     return absl::OkStatus();
   }
 
@@ -391,23 +314,26 @@ class CpuBackendImpl final : public Backend {
                                  int64_t n, int64_t v, int64_t c,
                                  Tensor* dtable) override {
     RETURN_IF_ERROR(CheckIds(ids, n, v, false, 0, "EmbeddingBackward"));
-    const absl::Status dispatched =
-        DispatchFloat(dout.dtype(), [&](auto tag_T) {
-          using T = typename decltype(tag_T)::type;
-          const T* pd = static_cast<const T*>(dout.raw_data());
-          T* pt = static_cast<T*>(dtable->raw_data());
-      // Columns are independent: split them across threads, walk rows in
-      // order, so repeated ids add up without races, deterministically.
-#pragma omp parallel for schedule(static) if (n * c > kParallelElements)
-          for (int64_t j = 0; j < c; ++j) {
-            for (int64_t i = 0; i < n; ++i) {
-              const int64_t id = IdAt(ids.raw_data(), ids.dtype(), i);
-              pt[id * c + j] = FromFloat<T>(ToFloat(pt[id * c + j]) +
-                                            ToFloat(pd[i * c + j]));
-            }
-          }
-        });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(dout.dtype()));
+    const DType dt = dout.dtype();
+    const std::vector<int64_t> rows = Ids(ids, n);
+    // Columns are independent: each thread takes a range of them and walks
+    // the rows in order, adding each into its table row with the vector Add,
+    // so repeated ids add up without races, in the scalar loop's order.
+#pragma omp parallel if (n * c > kParallelElements)
+    {
+      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t blocks = (c + 63) / 64;
+      const int64_t begin = std::min(c, blocks * t / nt * 64);
+      const int64_t end = std::min(c, blocks * (t + 1) / nt * 64);
+      if (begin < end) {
+        for (int64_t i = 0; i < n; ++i) {
+          void* row = At(dtable->raw_data(), dt, rows[i] * c + begin);
+          simd::Add(dt, row, At(dout.raw_data(), dt, i * c + begin), row,
+                    end - begin);
+        }
+      }
+    }
     return absl::OkStatus();
   }
 
@@ -416,19 +342,10 @@ class CpuBackendImpl final : public Backend {
                             Tensor* losses) override {
     RETURN_IF_ERROR(
         CheckIds(targets, n, v, true, ignore_index, "CrossEntropy"));
-    const absl::Status dispatched =
-        DispatchFloat(logits.dtype(), [&](auto tag_T) {
-          using T = typename decltype(tag_T)::type;
-          const T* pl = static_cast<const T*>(logits.raw_data());
-          float* po = losses->data<float>();
-#pragma omp parallel for schedule(static) if (n * v > kParallelElements)
-          for (int64_t i = 0; i < n; ++i) {
-            po[i] = kernels::CrossEntropyRowForward(
-                pl + i * v, v, IdAt(targets.raw_data(), targets.dtype(), i),
-                ignore_index);
-          }
-        });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    rowwise::CrossEntropyForward(logits.dtype(), logits.raw_data(),
+                                 Ids(targets, n).data(), n, v, ignore_index,
+                                 losses->data<float>());
     return absl::OkStatus();
   }
 
@@ -438,24 +355,27 @@ class CpuBackendImpl final : public Backend {
                                     Tensor* dlogits) override {
     RETURN_IF_ERROR(
         CheckIds(targets, n, v, true, ignore_index, "CrossEntropyBackward"));
-    const absl::Status dispatched =
-        DispatchFloat(logits.dtype(), [&](auto tag_T) {
-          using T = typename decltype(tag_T)::type;
-          const T* pl = static_cast<const T*>(logits.raw_data());
-          const float* pdl = dlosses.data<float>();
-          T* pd = static_cast<T*>(dlogits->raw_data());
-#pragma omp parallel for schedule(static) if (n * v > kParallelElements)
-          for (int64_t i = 0; i < n; ++i) {
-            kernels::CrossEntropyRowBackward(
-                pl + i * v, v, IdAt(targets.raw_data(), targets.dtype(), i),
-                ignore_index, pdl[i], pd + i * v);
-          }
-        });
-    RETURN_IF_ERROR(dispatched);
+    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    rowwise::CrossEntropyBackward(logits.dtype(), logits.raw_data(),
+                                  Ids(targets, n).data(), dlosses.data<float>(),
+                                  n, v, ignore_index, dlogits->raw_data());
     return absl::OkStatus();
   }
 
  private:
+  // The error DispatchFloat gives for a dtype these kernels do not take.
+  static absl::Status CheckFloat(DType dtype) {
+    return DispatchFloat(dtype, [](auto) {});
+  }
+
+  // The first n ids (i32 or i64) as int64.
+  static std::vector<int64_t> Ids(const Tensor& ids, int64_t n) {
+    std::vector<int64_t> out(n);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = IdAt(ids.raw_data(), ids.dtype(), i);
+    return out;
+  }
+
   // Returns InvalidArgument naming the first id outside [0, v).
   static absl::Status CheckIds(const Tensor& ids, int64_t n, int64_t v,
                                bool allow_ignore, int64_t ignore_index,

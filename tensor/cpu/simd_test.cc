@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "gtest/gtest.h"
 #include "hwy/targets.h"
+#include "tensor/cpu/simd_testing.h"
 #include "tensor/kernels/elementwise.h"
 
 namespace fsdpp {
@@ -26,21 +27,14 @@ namespace cpu {
 namespace simd {
 namespace {
 
-const DType kFloatTypes[] = {DType::kF32, DType::kBF16, DType::kF16};
+using testing_util::Bits;
+using testing_util::Buffer;
+using testing_util::EachTarget;
+using testing_util::kFloatTypes;
+using testing_util::Where;
 
 // Lengths around the vector widths (4, 8, 16 lanes) and a long one.
 const int64_t kLengths[] = {0, 1, 3, 7, 8, 15, 16, 17, 31, 33, 64, 1000};
-
-// Restricts dispatch to one target at a time; restores all on destruction.
-class EachTarget {
- public:
-  EachTarget() : targets_(hwy::SupportedAndGeneratedTargets()) {}
-  ~EachTarget() { hwy::SetSupportedTargetsForTest(0); }
-  const std::vector<int64_t>& targets() const { return targets_; }
-
- private:
-  std::vector<int64_t> targets_;
-};
 
 // Values with hard cases mixed into random ones, as f32.
 std::vector<float> Values(int64_t n, uint32_t seed) {
@@ -71,56 +65,6 @@ std::vector<float> Values(int64_t n, uint32_t seed) {
                       : uniform(rng) * std::pow(2.0f, (i % 11) - 5.0f);
   }
   return v;
-}
-
-// A buffer of `n` elements of `dtype` holding `values` (rounded), starting
-// `offset` elements into its storage (unaligned starts).
-struct Buffer {
-  Buffer(DType dtype, const std::vector<float>& values, int64_t offset)
-      : dtype(dtype),
-        offset(offset),
-        bytes((values.size() + offset + 1) * DTypeSize(dtype), 0xAB) {
-    for (size_t i = 0; i < values.size(); ++i) Set(i, values[i]);
-  }
-  void* data() { return bytes.data() + offset * DTypeSize(dtype); }
-  void Set(size_t i, float v) {
-    char* p = static_cast<char*>(data()) + i * DTypeSize(dtype);
-    if (dtype == DType::kF32) {
-      std::memcpy(p, &v, 4);
-    } else {
-      const uint16_t h = dtype == DType::kBF16 ? FloatToBFloat16(v).bits
-                                               : FloatToFloat16(v).bits;
-      std::memcpy(p, &h, 2);
-    }
-  }
-  float Get(size_t i) {
-    const char* p = static_cast<const char*>(data()) + i * DTypeSize(dtype);
-    if (dtype == DType::kF32) {
-      float v;
-      std::memcpy(&v, p, 4);
-      return v;
-    }
-    uint16_t h;
-    std::memcpy(&h, p, 2);
-    return dtype == DType::kBF16 ? BFloat16ToFloat(BFloat16::FromBits(h))
-                                 : Float16ToFloat(Float16::FromBits(h));
-  }
-  DType dtype;
-  int64_t offset;
-  std::vector<char> bytes;
-};
-
-// The stored bits of element i, for bitwise comparisons.
-uint32_t Bits(Buffer& b, size_t i) {
-  const char* p = static_cast<const char*>(b.data()) + i * DTypeSize(b.dtype);
-  uint32_t bits = 0;
-  std::memcpy(&bits, p, DTypeSize(b.dtype));
-  return bits;
-}
-
-std::string Where(int64_t target, DType dtype, int64_t n, int64_t offset) {
-  return absl::StrCat(hwy::TargetName(target), " ", DTypeName(dtype), " n=", n,
-                      " offset=", offset);
 }
 
 TEST(SimdTest, CastsMatchTheScalarConversionsBitForBit) {

@@ -28,6 +28,7 @@
 #include "tensor/cuda/cuda_backend.h"
 #include "tensor/kernels/attention.h"
 #include "tensor/kernels/elementwise.h"
+#include "tensor/kernels/rope.h"
 #include "tensor/kernels/rowwise.h"
 
 namespace fsdpp {
@@ -150,6 +151,26 @@ __global__ void SoftmaxBackwardKernel(const T* y, const T* dy, int64_t rows,
                                       int64_t n, T* dx) {
   for (int64_t r = FirstIndex(); r < rows; r += GridStride()) {
     kernels::SoftmaxRowBackward(y + r * n, dy + r * n, n, dx + r * n);
+  }
+}
+
+// Rotary embedding: one thread per row, in place; the frequencies travel in
+// the kernel's parameters (head_dim <= 2 * kMaxRopeFrequencies).
+constexpr int64_t kMaxRopeFrequencies = 256;
+struct RopeFrequencies {
+  float inv_freq[kMaxRopeFrequencies];
+};
+
+template <typename T>
+__global__ void RopeKernel(T* x, int64_t rows, int64_t seq_len,
+                           int64_t head_dim, RopeFrequencies f, bool inverse) {
+  for (int64_t r = FirstIndex(); r < rows; r += GridStride()) {
+    T* row = x + r * head_dim;
+    if (inverse) {
+      kernels::RopeRowBackward(row, r % seq_len, f.inv_freq, head_dim, row);
+    } else {
+      kernels::RopeRowForward(row, r % seq_len, f.inv_freq, head_dim, row);
+    }
   }
 }
 
@@ -507,6 +528,24 @@ class CudaBackendImpl final : public Backend {
       return Launch("Softmax", rows, kRowThreads, SoftmaxKernel<T>,
                     static_cast<const T*>(x.raw_data()), rows, n, tq,
                     causal_offset, static_cast<T*>(y->raw_data()));
+    });
+  }
+
+  absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
+                    const float* inv_freq, bool inverse) override {
+    RETURN_IF_ERROR(Prepare());
+    if (head_dim / 2 > kMaxRopeFrequencies) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Rope on CUDA: head dim ", head_dim,
+                       " is above the kernel's ", 2 * kMaxRopeFrequencies));
+    }
+    RopeFrequencies f = {};
+    for (int64_t i = 0; i < head_dim / 2; ++i) f.inv_freq[i] = inv_freq[i];
+    return DispatchFloat(x->dtype(), [&](auto tag_T) {
+      using T = typename decltype(tag_T)::type;
+      return Launch("Rope", rows, kRowThreads, RopeKernel<T>,
+                    static_cast<T*>(x->raw_data()), rows, seq_len, head_dim, f,
+                    inverse);
     });
   }
 
