@@ -1,9 +1,8 @@
 // Causal self-attention forward and backward; see attention.h.
 //
 // Heads are moved between the projections' [B, T, heads, hd] layout and the
-// attention core's [B, heads, T, hd] layout with one CopyBox per head: the
-// destination is viewed as [B, heads * T, 1, hd], so head h's [B, T, 1, hd]
-// box lands at rows [h T, (h + 1) T) of each batch entry. RoPE is the Rope op
+// attention core's [B, heads, T, hd] layout by the SplitHeads / MergeHeads
+// ops (tensor/ops.h, one pass each). RoPE is the Rope op
 // (tensor/ops.h), in place on the tensor's own device.
 #include "nn/attention.h"
 
@@ -18,34 +17,10 @@
 #include "nn/layer_util.h"
 #include "tensor/kernels/rope.h"
 #include "tensor/ops.h"
-#include "tensor/sharding.h"
 
 namespace fsdpp {
 namespace nn {
 namespace {
-
-// dst [B, n, T, hd] = heads [first, first + n) of src [B, T, N, hd].
-absl::Status SplitHeads(const Tensor& src, int64_t first, int64_t n,
-                        Tensor* dst) {
-  const int64_t b = src.dim(0), t = src.dim(1), hd = src.dim(3);
-  ASSIGN_OR_RETURN(Tensor view, dst->Reshape({b, n * t, 1, hd}));
-  for (int64_t h = 0; h < n; ++h) {
-    RETURN_IF_ERROR(CopyBox(src, {0, 0, first + h, 0}, &view, {0, h * t, 0, 0},
-                            {b, t, 1, hd}));
-  }
-  return absl::OkStatus();
-}
-
-// Heads [first, first + n) of dst [B, T, N, hd] = src [B, n, T, hd].
-absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
-  const int64_t b = src.dim(0), n = src.dim(1), t = src.dim(2), hd = src.dim(3);
-  ASSIGN_OR_RETURN(Tensor view, src.Reshape({b, n * t, 1, hd}));
-  for (int64_t h = 0; h < n; ++h) {
-    RETURN_IF_ERROR(CopyBox(view, {0, h * t, 0, 0}, dst, {0, 0, first + h, 0},
-                            {b, t, 1, hd}));
-  }
-  return absl::OkStatus();
-}
 
 // Rotates every [hd] row of t [B, n, T, hd] in place (position = t), or
 // applies the inverse rotation with `backward`.
@@ -175,9 +150,9 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
   if (qkv_ != nullptr) {
     ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(x));
     ASSIGN_OR_RETURN(Tensor qkv4, qkv.Reshape({b, t, h + 2 * kv, hd}));
-    RETURN_IF_ERROR(SplitHeads(qkv4, 0, h, &q));
-    RETURN_IF_ERROR(SplitHeads(qkv4, h, kv, &k));
-    RETURN_IF_ERROR(SplitHeads(qkv4, h + kv, kv, &v));
+    RETURN_IF_ERROR(SplitHeads(qkv4, 0, &q));
+    RETURN_IF_ERROR(SplitHeads(qkv4, h, &k));
+    RETURN_IF_ERROR(SplitHeads(qkv4, h + kv, &v));
   } else {
     ASSIGN_OR_RETURN(Tensor q_flat, q_->Forward(x));
     ASSIGN_OR_RETURN(Tensor k_flat, k_->Forward(x));
@@ -185,9 +160,9 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     ASSIGN_OR_RETURN(Tensor q4, q_flat.Reshape({b, t, h, hd}));
     ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv, hd}));
     ASSIGN_OR_RETURN(Tensor v4, v_flat.Reshape({b, t, kv, hd}));
-    RETURN_IF_ERROR(SplitHeads(q4, 0, h, &q));
-    RETURN_IF_ERROR(SplitHeads(k4, 0, kv, &k));
-    RETURN_IF_ERROR(SplitHeads(v4, 0, kv, &v));
+    RETURN_IF_ERROR(SplitHeads(q4, 0, &q));
+    RETURN_IF_ERROR(SplitHeads(k4, 0, &k));
+    RETURN_IF_ERROR(SplitHeads(v4, 0, &v));
   }
   if (config_.rope) {
     RETURN_IF_ERROR(ApplyRope(&q, config_, /*backward=*/false));
@@ -283,7 +258,7 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   ASSIGN_OR_RETURN(Tensor dmerged, out_->Backward(dy));
   ASSIGN_OR_RETURN(Tensor dmerged4, dmerged.Reshape({b, t, h, hd}));
   ASSIGN_OR_RETURN(Tensor dout, empty({b, h, t, hd}, dtype));
-  RETURN_IF_ERROR(SplitHeads(dmerged4, 0, h, &dout));
+  RETURN_IF_ERROR(SplitHeads(dmerged4, 0, &dout));
   dmerged = dmerged4 = Tensor();
 
   // Through the attention core.

@@ -74,6 +74,11 @@ class Backend {
       const Tensor& lse, const Tensor& dout, int64_t b, int64_t h, int64_t kv,
       int64_t t, int64_t hd, float scale, Tensor* dq, Tensor* dk,
       Tensor* dv) = 0;
+  // Head layouts: the wide tensor is [b, t, heads, hd], the other [b, n, t,
+  // hd] holding heads [first, first + n); merge copies into the wide one.
+  virtual absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b,
+                                 int64_t t, int64_t heads, int64_t first,
+                                 int64_t n, int64_t hd, bool merge) = 0;
   // Rotary embedding in place on `rows` rows of head_dim (row r at position
   // r % seq_len); inv_freq: head_dim / 2 floats on the host.
   virtual absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len,

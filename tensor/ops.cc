@@ -546,6 +546,54 @@ absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
                                           dx, dweight, dbias);
 }
 
+namespace {
+
+// Checks the [B, T, N, hd] / [B, n, T, hd] pair of SplitHeads / MergeHeads.
+absl::Status CheckHeads(const char* op, const Tensor& wide, const Tensor& heads,
+                        int64_t first, std::initializer_list<Named> args) {
+  RETURN_IF_ERROR(SameDType(op, args));
+  if (wide.ndim() != 4 || heads.ndim() != 4) {
+    return Invalid(op, "needs 4-D [B, T, N, hd] and [B, n, T, hd]", args);
+  }
+  if (wide.dim(0) != heads.dim(0) || wide.dim(1) != heads.dim(2) ||
+      wide.dim(3) != heads.dim(3)) {
+    return Invalid(op,
+                   "B, T or hd differ between [B, T, N, hd] and "
+                   "[B, n, T, hd]",
+                   args);
+  }
+  if (first < 0 || first + heads.dim(1) > wide.dim(2)) {
+    return Invalid(
+        op,
+        absl::StrCat("heads [", first, ", ", first + heads.dim(1),
+                     ") are outside the ", wide.dim(2), " there are"),
+        args);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status SplitHeads(const Tensor& src, int64_t first, Tensor* dst) {
+  constexpr const char* kOp = "SplitHeads";
+  std::initializer_list<Named> args = {{"src", &src}, {"dst", dst}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(CheckHeads(kOp, src, *dst, first, args));
+  if (backend == nullptr || dst->numel() == 0) return absl::OkStatus();
+  return backend->CopyHeads(src, dst, src.dim(0), src.dim(1), src.dim(2), first,
+                            dst->dim(1), src.dim(3), /*merge=*/false);
+}
+
+absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
+  constexpr const char* kOp = "MergeHeads";
+  std::initializer_list<Named> args = {{"src", &src}, {"dst", dst}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  RETURN_IF_ERROR(CheckHeads(kOp, *dst, src, first, args));
+  if (backend == nullptr || src.numel() == 0) return absl::OkStatus();
+  return backend->CopyHeads(src, dst, dst->dim(0), dst->dim(1), dst->dim(2),
+                            first, src.dim(1), dst->dim(3), /*merge=*/true);
+}
+
 absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse) {
   constexpr const char* kOp = "Rope";
   FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", x}});

@@ -105,6 +105,13 @@ absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
                                      float scale, Tensor* dq, Tensor* dk,
                                      Tensor* dv);
 
+// Attention's head layouts, one pass each: SplitHeads copies heads
+// [first, first + n) of src [B, T, N, hd] into dst [B, n, T, hd]; MergeHeads
+// copies src [B, n, T, hd] into heads [first, first + n) of dst [B, T, N, hd]
+// (the other heads of dst are left as they are). Any dtype, one device.
+absl::Status SplitHeads(const Tensor& src, int64_t first, Tensor* dst);
+absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst);
+
 // Rotary position embedding in place on x [.., T, hd] (hd even; a row's
 // position is its index along T): each pair (x[i], x[i + hd/2]) rotates by
 // the angle position * inv_freq[i] (hd/2 frequencies, f32, on the host; see

@@ -456,6 +456,67 @@ TEST(OpsTest, RmsNormForwardAndBackward) {
   }
 }
 
+// ------------------------------------------------------------ head layouts
+
+// Element values of a float or i32 tensor, as double.
+Vec AnyValues(const Tensor& t) {
+  if (t.dtype() != DType::kI32) return Values(t);
+  const int32_t* p = t.data<int32_t>();
+  return Vec(p, p + t.numel());
+}
+
+TEST(OpsTest, SplitAndMergeHeadsMoveEachHeadAndLeaveTheOthers) {
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
+    const int64_t b = 2, t = 3, heads = 5, hd = 4, first = 1, n = 3;
+    SCOPED_TRACE(DTypeName(dtype));
+    // Distinct small integers: exact in every dtype.
+    std::vector<int64_t> ints(b * t * heads * hd);
+    for (size_t i = 0; i < ints.size(); ++i) ints[i] = i + 1;
+    const std::vector<float> floats(ints.begin(), ints.end());
+    Tensor wide = dtype == DType::kI32
+                      ? *Tensor::FromInts({b, t, heads, hd}, ints, DType::kI32)
+                      : *Tensor::FromFloats({b, t, heads, hd}, floats, dtype);
+    Tensor narrow = *Tensor::Empty({b, n, t, hd}, dtype, Device::Cpu());
+    ASSERT_TRUE(SplitHeads(wide, first, &narrow).ok());
+    const Vec vw = AnyValues(wide), vn = AnyValues(narrow);
+    for (int64_t bi = 0; bi < b; ++bi) {
+      for (int64_t h = 0; h < n; ++h) {
+        for (int64_t i = 0; i < t; ++i) {
+          for (int64_t j = 0; j < hd; ++j) {
+            ASSERT_EQ(vn[((bi * n + h) * t + i) * hd + j],
+                      vw[((bi * t + i) * heads + first + h) * hd + j]);
+          }
+        }
+      }
+    }
+    // Back into a zeroed wide tensor: heads [first, first + n) return, the
+    // others stay zero.
+    Tensor back = *Tensor::Zeros(wide.shape(), dtype, Device::Cpu());
+    ASSERT_TRUE(MergeHeads(narrow, first, &back).ok());
+    const Vec vb = AnyValues(back);
+    for (int64_t e = 0; e < b * t * heads * hd; ++e) {
+      const int64_t h = (e / hd) % heads;
+      ASSERT_EQ(vb[e], h >= first && h < first + n ? vw[e] : 0.0) << e;
+    }
+  }
+}
+
+TEST(OpsTest, SplitHeadsRejectsMismatchedShapesAndHeadsOutOfRange) {
+  Tensor wide = *Tensor::Zeros({2, 3, 4, 8}, DType::kF32, Device::Cpu());
+  Tensor narrow = *Tensor::Zeros({2, 2, 3, 8}, DType::kF32, Device::Cpu());
+  const absl::Status range = SplitHeads(wide, 3, &narrow);
+  EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(range.message().find("heads [3, 5) are outside the 4"),
+            std::string::npos)
+      << range;
+  Tensor bad_t = *Tensor::Zeros({2, 2, 5, 8}, DType::kF32, Device::Cpu());
+  EXPECT_EQ(SplitHeads(wide, 0, &bad_t).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor bf16 = *Tensor::Zeros({2, 2, 3, 8}, DType::kBF16, Device::Cpu());
+  EXPECT_EQ(MergeHeads(bf16, 0, &wide).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // ------------------------------------------------------------------- RoPE
 
 TEST(OpsTest, RopeRotatesPairsByPositionAndItsInverseUndoesIt) {

@@ -243,6 +243,32 @@ class CpuBackendImpl final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b, int64_t t,
+                         int64_t heads, int64_t first, int64_t n, int64_t hd,
+                         bool merge) override {
+    const int64_t esize = static_cast<int64_t>(DTypeSize(src.dtype()));
+    const int64_t row = hd * esize;
+    const char* s = static_cast<const char*>(src.raw_data());
+    char* d = static_cast<char*>(dst->raw_data());
+    // One row of hd per (batch, head, position): its offsets in the wide
+    // [b, t, heads, hd] and the narrow [b, n, t, hd] tensor.
+#pragma omp parallel for schedule(static) \
+    collapse(2) if (b * n * t * hd > kParallelElements)
+    for (int64_t bh = 0; bh < b * n; ++bh) {
+      for (int64_t i = 0; i < t; ++i) {
+        const int64_t bi = bh / n, h = bh % n;
+        const int64_t wide = ((bi * t + i) * heads + first + h) * row;
+        const int64_t narrow = (bh * t + i) * row;
+        if (merge) {
+          std::memcpy(d + wide, s + narrow, row);
+        } else {
+          std::memcpy(d + narrow, s + wide, row);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
                     const float* inv_freq, bool inverse) override {
     RETURN_IF_ERROR(CheckFloat(x->dtype()));

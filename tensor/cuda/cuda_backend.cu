@@ -154,6 +154,25 @@ __global__ void SoftmaxBackwardKernel(const T* y, const T* dy, int64_t rows,
   }
 }
 
+// Head layouts (see Backend::CopyHeads): one thread per element of the
+// narrow [b, n, t, hd] tensor, E a type of the element's size.
+template <typename E>
+__global__ void CopyHeadsKernel(const E* src, E* dst, int64_t b, int64_t t,
+                                int64_t heads, int64_t first, int64_t n,
+                                int64_t hd, bool merge) {
+  const int64_t total = b * n * t * hd;
+  for (int64_t e = FirstIndex(); e < total; e += GridStride()) {
+    const int64_t j = e % hd, i = (e / hd) % t, h = (e / (hd * t)) % n,
+                  bi = e / (hd * t * n);
+    const int64_t wide = ((bi * t + i) * heads + first + h) * hd + j;
+    if (merge) {
+      dst[wide] = src[e];
+    } else {
+      dst[e] = src[wide];
+    }
+  }
+}
+
 // Rotary embedding: one thread per row, in place; the frequencies travel in
 // the kernel's parameters (head_dim <= 2 * kMaxRopeFrequencies).
 constexpr int64_t kMaxRopeFrequencies = 256;
@@ -529,6 +548,30 @@ class CudaBackendImpl final : public Backend {
                     static_cast<const T*>(x.raw_data()), rows, n, tq,
                     causal_offset, static_cast<T*>(y->raw_data()));
     });
+  }
+
+  absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b, int64_t t,
+                         int64_t heads, int64_t first, int64_t n, int64_t hd,
+                         bool merge) override {
+    RETURN_IF_ERROR(Prepare());
+    const int64_t total = b * n * t * hd;
+    auto launch = [&](auto tag) {
+      using E = decltype(tag);
+      return Launch("CopyHeads", total, kThreads, CopyHeadsKernel<E>,
+                    static_cast<const E*>(src.raw_data()),
+                    static_cast<E*>(dst->raw_data()), b, t, heads, first, n, hd,
+                    merge);
+    };
+    switch (DTypeSize(src.dtype())) {
+      case 1:
+        return launch(uint8_t());
+      case 2:
+        return launch(uint16_t());
+      case 4:
+        return launch(uint32_t());
+      default:
+        return launch(uint64_t());
+    }
   }
 
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
