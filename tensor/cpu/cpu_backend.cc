@@ -33,8 +33,10 @@ inline const void* At(const void* p, DType dtype, int64_t i) {
          i * static_cast<int64_t>(DTypeSize(dtype));
 }
 
-template <typename T>
-double ReduceLoop(const T* x, int64_t n, bool squares) {
+// Sum (or sum of squares) in double: each thread sums a contiguous part with
+// the vectorised kernel, and the parts are added in thread order, so the
+// result depends only on the data and the thread count.
+double ReduceLoop(DType dtype, const void* x, int64_t n, bool squares) {
   const int threads = n > kParallelElements ? omp_get_max_threads() : 1;
   std::vector<double> partial(threads, 0.0);
 #pragma omp parallel num_threads(threads)
@@ -42,12 +44,8 @@ double ReduceLoop(const T* x, int64_t n, bool squares) {
     const int t = omp_get_thread_num();
     const int nt = omp_get_num_threads();
     const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
-    double acc = 0.0;
-    for (int64_t i = begin; i < end; ++i) {
-      const double v = ToFloat(x[i]);
-      acc += squares ? v * v : v;
-    }
-    partial[t] = acc;
+    partial[t] =
+        rowwise::SumF64(dtype, At(x, dtype, begin), end - begin, squares);
   }
   double total = 0.0;
   for (double p : partial) total += p;
@@ -151,14 +149,9 @@ class CpuBackendImpl final : public Backend {
   }
 
   absl::Status Reduce(ReduceKind kind, const Tensor& x, Tensor* out) override {
-    double total = 0.0;
-    const absl::Status dispatched = DispatchFloat(x.dtype(), [&](auto tag_T) {
-      using T = typename decltype(tag_T)::type;
-      total = ReduceLoop(static_cast<const T*>(x.raw_data()), x.numel(),
-                         kind == ReduceKind::kSumOfSquares);
-    });
-    RETURN_IF_ERROR(dispatched);
-    *out->data<float>() = static_cast<float>(total);
+    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    *out->data<float>() = static_cast<float>(ReduceLoop(
+        x.dtype(), x.raw_data(), x.numel(), kind == ReduceKind::kSumOfSquares));
     return absl::OkStatus();
   }
 

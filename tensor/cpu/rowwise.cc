@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "core/dtype.h"
@@ -534,6 +535,59 @@ void CrossEntropyBackwardAll(DType dtype, const void* logits_raw,
   });
 }
 
+// ------------------------------------------------------- double-precision sum
+
+// Chunks of 256 elements go through f32 (converted into a stack buffer
+// unless already f32), then into two f64 accumulators, half an f32 vector
+// at a time; the last partial chunk runs the scalar loop.
+template <typename T>
+double SumF64T(const T* x, size_t n, bool squares) {
+  const DF d;
+  const hn::ScalableTag<double> dd;
+  const hn::Rebind<float, decltype(dd)> dfh;
+  const size_t lanes = hn::Lanes(d), half = hn::Lanes(dd);
+  constexpr size_t kChunk = 256;  // A multiple of every target's lanes.
+  HWY_ALIGN float buf[kChunk];
+  auto a0 = hn::Zero(dd), a1 = hn::Zero(dd);
+  size_t i = 0;
+  for (; i + kChunk <= n; i += kChunk) {
+    const float* p = buf;
+    if constexpr (std::is_same_v<T, float>) {
+      p = x + i;
+    } else {
+      for (size_t j = 0; j < kChunk; j += lanes) {
+        hn::Store(LoadF(d, x + i + j), d, buf + j);
+      }
+    }
+    for (size_t j = 0; j < kChunk; j += 2 * half) {
+      const auto v0 = hn::PromoteTo(dd, hn::LoadU(dfh, p + j));
+      const auto v1 = hn::PromoteTo(dd, hn::LoadU(dfh, p + j + half));
+      if (squares) {
+        a0 = hn::MulAdd(v0, v0, a0);
+        a1 = hn::MulAdd(v1, v1, a1);
+      } else {
+        a0 = hn::Add(a0, v0);
+        a1 = hn::Add(a1, v1);
+      }
+    }
+  }
+  double total = hn::GetLane(hn::SumOfLanes(dd, hn::Add(a0, a1)));
+  for (; i < n; ++i) {
+    const double v = ToFloat(x[i]);
+    total += squares ? v * v : v;
+  }
+  return total;
+}
+
+double SumF64All(DType dtype, const void* x, int64_t n, bool squares) {
+  double total = 0.0;
+  ByDType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    total = SumF64T(static_cast<const T*>(x), n, squares);
+  });
+  return total;
+}
+
 // ------------------------------------------------------------------- RoPE
 
 // One row: (a, b) = (x[i], x[i + half]) -> (a c - b s, b c + a s), or the
@@ -604,6 +658,7 @@ HWY_EXPORT(SoftmaxForwardAll);
 HWY_EXPORT(SoftmaxBackwardAll);
 HWY_EXPORT(SumRowsAccumulateAll);
 HWY_EXPORT(RopeAll);
+HWY_EXPORT(SumF64All);
 HWY_EXPORT(LayerNormForwardAll);
 HWY_EXPORT(LayerNormBackwardAll);
 HWY_EXPORT(RmsNormForwardAll);
@@ -667,6 +722,11 @@ void CrossEntropyBackward(DType dtype, const void* logits,
                           void* dlogits) {
   HWY_DYNAMIC_DISPATCH(rowwise_internal::CrossEntropyBackwardAll)
   (dtype, logits, targets, dlosses, n, v, ignore_index, dlogits);
+}
+
+double SumF64(DType dtype, const void* x, int64_t n, bool squares) {
+  return HWY_DYNAMIC_DISPATCH(rowwise_internal::SumF64All)(dtype, x, n,
+                                                           squares);
 }
 
 void Rope(DType dtype, void* x, int64_t rows, int64_t seq_len, int64_t head_dim,

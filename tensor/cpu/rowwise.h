@@ -78,6 +78,11 @@ void CrossEntropyBackward(DType dtype, const void* logits,
 void Rope(DType dtype, void* x, int64_t rows, int64_t seq_len, int64_t head_dim,
           const float* inv_freq, bool inverse);
 
+// sum of x[i] (or of x[i]^2 with `squares`) over n elements, accumulated in
+// double: lane-wise partial sums, then the lanes (single-threaded; the
+// backend splits long arrays across threads and adds the parts in order).
+double SumF64(DType dtype, const void* x, int64_t n, bool squares);
+
 // out[j] += sum over r of x[r * cols + j] (x of x_dtype, out of out_dtype;
 // bit-exact with the scalar loop: each column summed over rows in order).
 void SumRowsAccumulate(DType x_dtype, const void* x, int64_t rows, int64_t cols,

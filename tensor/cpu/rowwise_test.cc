@@ -397,6 +397,31 @@ TEST(RowwiseTest, RopeMatchesTheReferenceRowsBitForBit) {
   }
 }
 
+TEST(RowwiseTest, SumF64MatchesADoubleLoop) {
+  EachTarget each;
+  ASSERT_FALSE(each.targets().empty());
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType dtype : kFloatTypes) {
+      for (int64_t n : {0, 1, 7, 16, 17, 100, 4099}) {
+        for (bool squares : {false, true}) {
+          Buffer x(dtype, Random(n, 17 + n), n % 2);
+          double want = 0.0;
+          for (int64_t i = 0; i < n; ++i) {
+            const double v = x.Get(i);
+            want += squares ? v * v : v;
+          }
+          // Both in double from the same f32 values: only the order differs.
+          EXPECT_NEAR(SumF64(dtype, x.data(), n, squares), want,
+                      1e-12 * (1.0 + std::fabs(want)) * n)
+              << Where(target, dtype, 1, n, n % 2)
+              << (squares ? " squares" : " sum");
+        }
+      }
+    }
+  }
+}
+
 // Large enough to run on the OpenMP pool: the split by columns and by rows
 // must give the single-threaded result.
 TEST(RowwiseTest, ParallelRunsMatchTheReference) {
