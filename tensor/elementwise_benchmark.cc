@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "benchmark/benchmark.h"
+#include "tensor/dtype_benchmark.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -27,19 +28,6 @@ void BM_Memcpy(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * 2 * a.nbytes());
 }
 BENCHMARK(BM_Memcpy)->Unit(benchmark::kMillisecond)->UseRealTime();
-
-DType DTypeArg(const benchmark::State& state) {
-  return state.range(0) ? DType::kBF16 : DType::kF32;
-}
-
-// Registers a benchmark over f32 (bf16:0) and bf16 (bf16:1).
-#define FSDPP_BENCHMARK_F32_BF16(fn)  \
-  BENCHMARK(fn)                       \
-      ->Arg(0)                        \
-      ->Arg(1)                        \
-      ->ArgName("bf16")               \
-      ->Unit(benchmark::kMillisecond) \
-      ->UseRealTime()
 
 // out = op(a, b): three arrays of traffic.
 template <class Op>

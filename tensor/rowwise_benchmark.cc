@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
+#include "tensor/dtype_benchmark.h"
 #include "tensor/kernels/rowwise.h"
 #include "tensor/ops.h"
 
@@ -16,18 +17,6 @@ namespace fsdpp {
 namespace {
 
 constexpr int64_t kTokens = 1024, kChannels = 768, kVocab = 50257;
-
-DType DTypeArg(const benchmark::State& state) {
-  return state.range(0) ? DType::kBF16 : DType::kF32;
-}
-
-#define FSDPP_BENCHMARK_F32_BF16(fn)  \
-  BENCHMARK(fn)                       \
-      ->Arg(0)                        \
-      ->Arg(1)                        \
-      ->ArgName("bf16")               \
-      ->Unit(benchmark::kMillisecond) \
-      ->UseRealTime()
 
 Tensor Random(std::vector<int64_t> shape, DType dtype, float lo, float hi,
               uint32_t seed) {

@@ -206,6 +206,16 @@ HWY_INLINE void ColumnSums(int64_t rows, int64_t begin, int64_t end, O* out,
   }
 }
 
+// out[j] += sum over r of x[r * cols + j], columns [begin, end).
+template <typename T, typename O>
+HWY_INLINE void PlainColumnSums(const T* x, int64_t rows, int64_t cols,
+                                int64_t begin, int64_t end, O* out) {
+  ColumnSums(
+      rows, begin, end, out,
+      [&](DF d, int64_t r, int64_t j) { return LoadF(d, x + r * cols + j); },
+      [&](int64_t r, int64_t j) { return ToFloat(x[r * cols + j]); });
+}
+
 void SumRowsAccumulateAll(DType x_dtype, const void* x_raw, int64_t rows,
                           int64_t cols, DType out_dtype, void* out_raw) {
   ByDType(x_dtype, [&](auto tag_x) {
@@ -219,12 +229,7 @@ void SumRowsAccumulateAll(DType x_dtype, const void* x_raw, int64_t rows,
         int64_t begin, end;
         ColumnRange(cols, omp_get_thread_num(), omp_get_num_threads(), &begin,
                     &end);
-        ColumnSums(
-            rows, begin, end, out,
-            [&](DF d, int64_t r, int64_t j) {
-              return LoadF(d, x + r * cols + j);
-            },
-            [&](int64_t r, int64_t j) { return ToFloat(x[r * cols + j]); });
+        PlainColumnSums(x, rows, cols, begin, end, out);
       }
     });
   });
@@ -360,12 +365,7 @@ void LayerNormBackwardAll(DType dtype, const void* dy_raw, const void* x_raw,
                    rstd[r];
           });
       if (db != nullptr) {
-        ColumnSums(
-            rows, begin, end, db,
-            [&](DF d, int64_t r, int64_t j) {
-              return LoadF(d, dy + r * c + j);
-            },
-            [&](int64_t r, int64_t j) { return ToFloat(dy[r * c + j]); });
+        PlainColumnSums(dy, rows, c, begin, end, db);
       }
     }
   });
