@@ -303,6 +303,38 @@ TEST_P(CudaOpsTest, CausalAttention) {
   }
 }
 
+TEST_P(CudaOpsTest, Rope) {
+  const DType dtype = GetParam();
+  for (const Shape& shape : {Shape{1, 1, 1, 2}, Shape{2, 3, 17, 64}}) {
+    SCOPED_TRACE(ShapeToString(shape));
+    const int64_t hd = shape.back();
+    std::vector<float> inv_freq(hd / 2);
+    for (int64_t i = 0; i < hd / 2; ++i) {
+      inv_freq[i] = std::pow(10000.0f, -2.0f * i / hd);
+    }
+    for (bool inverse : {false, true}) {
+      Pair x = Random(shape, dtype, 31 + inverse, -2, 2);
+      ASSERT_TRUE(
+          Both([&](bool g) { return Rope(x.ptr(g), inv_freq, inverse); }));
+      EXPECT_TRUE(Match(x, Tol(dtype))) << (inverse ? "inverse" : "forward");
+    }
+  }
+}
+
+TEST_P(CudaOpsTest, SplitAndMergeHeads) {
+  const DType dtype = GetParam();
+  const int64_t b = 2, t = 5, heads = 6, hd = 8, first = 2, n = 3;
+  Pair wide = Random({b, t, heads, hd}, dtype, 33);
+  Pair narrow = Zeros({b, n, t, hd}, dtype);
+  ASSERT_TRUE(Both(
+      [&](bool g) { return SplitHeads(wide.on(g), first, narrow.ptr(g)); }));
+  EXPECT_TRUE(Match(narrow, 0.0)) << "split";
+  Pair back = Zeros({b, t, heads, hd}, dtype);
+  ASSERT_TRUE(Both(
+      [&](bool g) { return MergeHeads(narrow.on(g), first, back.ptr(g)); }));
+  EXPECT_TRUE(Match(back, 0.0)) << "merge";
+}
+
 TEST_P(CudaOpsTest, LayerNorm) {
   const DType dtype = GetParam();
   for (bool with_bias : {false, true}) {
