@@ -198,13 +198,14 @@ absl::Status AdamW::CheckForStep(const Entry& e) const {
   return CheckDevice(e.name, local.device());
 }
 
-absl::Status AdamW::UpdateEntry(const Entry& e) const {
+absl::Status AdamW::UpdateEntry(const Entry& e, float grad_scale) const {
   const Tensor& local = e.param->local();
   const int64_t n = local.numel();
   if (n == 0 || local.is_meta()) return absl::OkStatus();
-  const kernels::AdamWScalars s = kernels::AdamWScalars::Make(
+  kernels::AdamWScalars s = kernels::AdamWScalars::Make(
       options_.lr, options_.beta1, options_.beta2, options_.eps,
       e.decay ? options_.weight_decay : 0.0, step_);
+  s.grad_scale = grad_scale;
   const float* grad = static_cast<const float*>(e.grad->local().raw_data());
   float* param = static_cast<float*>(local.raw_data());
   float* m = static_cast<float*>(e.exp_avg.local().raw_data());
@@ -228,11 +229,15 @@ absl::Status AdamW::UpdateEntry(const Entry& e) const {
   return absl::OkStatus();
 }
 
-absl::Status AdamW::Step() {
+absl::Status AdamW::Step(float grad_scale) {
+  if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdamW: grad_scale must be finite and > 0, got ", grad_scale));
+  }
   RETURN_IF_ERROR(Init());
   for (const Entry& e : entries_) RETURN_IF_ERROR(CheckForStep(e));
   ++step_;
-  for (const Entry& e : entries_) RETURN_IF_ERROR(UpdateEntry(e));
+  for (const Entry& e : entries_) RETURN_IF_ERROR(UpdateEntry(e, grad_scale));
   return absl::OkStatus();
 }
 

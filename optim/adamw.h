@@ -102,8 +102,11 @@ class AdamW {
   // communication): checks every grad first (nothing changes on an argument
   // error), then advances the step counter and updates params, state and
   // compute copies. Kernels on a GPU are enqueued on the legacy default
-  // stream and not waited for.
-  absl::Status Step();
+  // stream and not waited for. Each gradient element is multiplied by
+  // `grad_scale` (finite, > 0) as it is read: gradient clipping's
+  // coefficient (ClipCoefficient in optim/clip.h) without a separate pass
+  // over the gradients; the grads themselves are left as they are.
+  absl::Status Step(float grad_scale = 1.0f);
 
   // Makes `copy` (not owned; a view of this rank's local shard in any float
   // dtype, e.g. bf16, with the local shard's element count, on its device)
@@ -157,7 +160,7 @@ class AdamW {
   // Checks the param, grad, state and copy of `e` before a step.
   absl::Status CheckForStep(const Entry& e) const;
   // The fused update of one entry with `decay`-adjusted scalars.
-  absl::Status UpdateEntry(const Entry& e) const;
+  absl::Status UpdateEntry(const Entry& e, float grad_scale) const;
 
   AdamWOptions options_;
   std::vector<Entry> entries_;

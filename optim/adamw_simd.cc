@@ -37,9 +37,10 @@ HWY_INLINE void StepLoop(const kernels::AdamWScalars& s, const float* grad,
   const auto bias_correction2_sqrt = hn::Set(d, s.bias_correction2_sqrt);
   const auto eps = hn::Set(d, s.eps);
   const auto neg_step_size = hn::Set(d, s.neg_step_size);
+  const auto grad_scale = hn::Set(d, s.grad_scale);
   size_t i = 0;
   for (; i + lanes <= n; i += lanes) {
-    const auto g = hn::LoadU(d, grad + i);
+    const auto g = hn::Mul(hn::LoadU(d, grad + i), grad_scale);
     const auto decayed = hn::Mul(hn::LoadU(d, param + i), decay);
     const auto m = hn::Add(hn::Mul(hn::LoadU(d, exp_avg + i), beta1),
                            hn::Mul(one_minus_beta1, g));

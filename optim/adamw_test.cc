@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
@@ -553,6 +554,43 @@ TEST(AdamWTest, CreateRejectsBadOptionsAndParams) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(opt.SetComputeCopy("x", &wrong).code(),
               absl::StatusCode::kNotFound);
+  });
+}
+
+// Step(grad_scale) is clipping fused into the update: bit for bit the step
+// on grads scaled first (as ClipGradNorm scales them), grads left alone.
+TEST(AdamWTest, GradScaleEqualsScalingTheGradsFirstBitForBit) {
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    Training fused = MakeTraining(mesh, {P::Shard(0)});
+    Training scaled = MakeTraining(mesh, {P::Shard(0)});
+    for (int t = 0; t < 3; ++t) {
+      const float coef = t == 1 ? 1.0f : 0.3f + 0.2f * t;
+      for (size_t i = 0; i < Cases().size(); ++i) {
+        fused.grads[i] =
+            *DTensor::Distribute(GradAt(i, t), &mesh, {P::Shard(0)});
+        scaled.grads[i] =
+            *DTensor::Distribute(GradAt(i, t), &mesh, {P::Shard(0)});
+        ASSERT_TRUE(Scale(scaled.grads[i].local(), coef,
+                          scaled.grads[i].mutable_local())
+                        .ok());
+      }
+      const std::vector<uint32_t> grad_before = Bits(fused.grads[0].local());
+      ASSERT_TRUE(fused.opt.Step(coef).ok());
+      ASSERT_TRUE(scaled.opt.Step().ok());
+      EXPECT_EQ(Bits(fused.grads[0].local()), grad_before) << "step " << t;
+      for (size_t i = 0; i < Cases().size(); ++i) {
+        ASSERT_EQ(Bits(fused.params[i].local()), Bits(scaled.params[i].local()))
+            << Cases()[i].name << " step " << t;
+      }
+    }
+    // Not finite or not positive: rejected, nothing stepped.
+    for (float bad : {0.0f, -1.0f, std::numeric_limits<float>::infinity(),
+                      std::numeric_limits<float>::quiet_NaN()}) {
+      const absl::Status s = fused.opt.Step(bad);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+      EXPECT_NE(s.message().find("grad_scale"), std::string::npos) << s;
+    }
+    EXPECT_EQ(fused.opt.step(), 3);
   });
 }
 

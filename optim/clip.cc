@@ -51,16 +51,11 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
-                                    double max_norm, absl::Duration timeout) {
-  if (!(max_norm > 0.0) || !std::isfinite(max_norm)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ClipGradNorm: max_norm must be finite and > 0, got ", max_norm));
-  }
+// GradNorm, its errors naming `op`.
+absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
+                            absl::Duration timeout) {
   if (grads.empty()) return 0.0;
-  RETURN_IF_ERROR(CheckGrads("ClipGradNorm", grads));
+  RETURN_IF_ERROR(CheckGrads(op, grads));
   DeviceMesh* mesh = grads[0]->mesh();
   const int64_t n = static_cast<int64_t>(grads.size());
 
@@ -118,13 +113,33 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
     total = reduced_total[0];
   }
 
-  const double norm = std::sqrt(total);
-  if (!std::isfinite(norm)) return norm;
+  return std::sqrt(total);
+}
+
+}  // namespace
+
+absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
+                                absl::Duration timeout) {
+  return Norm("GradNorm", grads, timeout);
+}
+
+float ClipCoefficient(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
+                                    double max_norm, absl::Duration timeout) {
+  if (!(max_norm > 0.0) || !std::isfinite(max_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClipGradNorm: max_norm must be finite and > 0, got ", max_norm));
+  }
+  ASSIGN_OR_RETURN(const double norm, Norm("ClipGradNorm", grads, timeout));
+  if (!std::isfinite(norm)) return norm;
+  const float coef = ClipCoefficient(norm, max_norm);
+  if (coef < 1.0f) {
     for (DTensor* g : grads) {
-      RETURN_IF_ERROR(
-          Scale(g->local(), static_cast<float>(coef), g->mutable_local()));
+      RETURN_IF_ERROR(Scale(g->local(), coef, g->mutable_local()));
     }
   }
   return norm;

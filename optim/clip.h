@@ -34,6 +34,17 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
                                     double max_norm,
                                     absl::Duration timeout = absl::Minutes(30));
 
+// The norm ClipGradNorm computes (same arguments, same communication),
+// without scaling anything.
+absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
+                                absl::Duration timeout = absl::Minutes(30));
+
+// The factor ClipGradNorm scales the grads by for `norm`: max_norm /
+// (norm + 1e-6) rounded to f32 when that is below 1, else exactly 1. Pass it
+// to AdamW::Step(grad_scale) to clip inside the optimizer's pass instead of
+// in a pass of its own: the update is bit for bit the same.
+float ClipCoefficient(double norm, double max_norm);
+
 // Sets every element of every grad's local shard to 0.
 absl::Status ZeroGrad(const std::vector<DTensor*>& grads);
 

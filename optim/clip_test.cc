@@ -148,6 +148,34 @@ INSTANTIATE_TEST_SUITE_P(
       return info.param.label;
     });
 
+// GradNorm is ClipGradNorm's norm without the scaling; ClipCoefficient is
+// its factor.
+TEST(ClipTest, GradNormAndClipCoefficient) {
+  testing_util::RunOnMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    DTensor a = *DTensor::Distribute(FullGrad(0, {6, 2}), &mesh, {P::Shard(0)});
+    DTensor b = *DTensor::Distribute(FullGrad(0, {6, 2}), &mesh, {P::Shard(0)});
+    const std::vector<float> before = *a.local().ToFloats();
+    absl::StatusOr<double> norm = GradNorm({&a});
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    EXPECT_EQ(*a.local().ToFloats(), before);  // Not scaled.
+    absl::StatusOr<double> clipped = ClipGradNorm({&b}, *norm / 4);
+    ASSERT_TRUE(clipped.ok()) << clipped.status();
+    EXPECT_EQ(*clipped, *norm);  // Same grads, same norm.
+    const float coef = ClipCoefficient(*norm, *norm / 4);
+    EXPECT_EQ(coef, static_cast<float>((*norm / 4) / (*norm + 1e-6)));
+    const std::vector<float> after = *b.local().ToFloats();
+    for (size_t i = 0; i < before.size(); ++i) {
+      EXPECT_EQ(after[i], coef * before[i]) << i;
+    }
+    EXPECT_EQ(ClipCoefficient(*norm, *norm * 2), 1.0f);
+    DTensor partial =
+        *DTensor::FromLocal(FullGrad(1, {4}), &mesh, {P::Partial()}, {4});
+    const absl::Status s = GradNorm({&partial}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("GradNorm"), std::string::npos) << s;
+  });
+}
+
 TEST(ClipTest, NonFiniteNormLeavesGradsAlone) {
   testing_util::RunOnMesh({{"dp", 2}}, [](int rank, DeviceMesh& mesh) {
     Tensor full = FullGrad(0, {6, 2});

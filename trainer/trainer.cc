@@ -627,11 +627,7 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   }
   {
     TraceSpan s("clip", "optimizer");
-    const double max_norm =
-        tc.grad_clip() > 0
-            ? tc.grad_clip()
-            : std::numeric_limits<double>::max();  // Measure only.
-    ASSIGN_OR_RETURN(log->grad_norm, ClipGradNorm(grads_, max_norm, kTimeout));
+    ASSIGN_OR_RETURN(log->grad_norm, GradNorm(grads_, kTimeout));
   }
   if (!std::isfinite(log->grad_norm)) {
     return absl::InternalError(absl::StrFormat(
@@ -642,7 +638,11 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   TraceSpan s("optimizer", "optimizer");
   log->lr = schedule_->LrAt(adamw_->step());
   RETURN_IF_ERROR(adamw_->SetLr(log->lr));
-  return adamw_->Step();
+  // Clipping (grad_clip > 0) is AdamW's grad_scale: the same update as
+  // scaling the grads first, without a pass of its own over them.
+  return adamw_->Step(tc.grad_clip() > 0
+                          ? ClipCoefficient(log->grad_norm, tc.grad_clip())
+                          : 1.0f);
 }
 
 absl::Status Trainer::LogStep() {

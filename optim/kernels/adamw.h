@@ -43,6 +43,10 @@ struct AdamWScalars {
   float bias_correction2_sqrt = 1.0f;  // sqrt(1 - beta2^step).
   float eps = 1e-8f;
   float neg_step_size = 0.0f;  // -lr / (1 - beta1^step).
+  // Each gradient is first multiplied by this (gradient clipping's
+  // coefficient, fused: g * grad_scale is the product the separate scaling
+  // pass would have stored; 1 leaves g as it is).
+  float grad_scale = 1.0f;
 
   // The scalars for 1-based `step` from double hyper-parameters (host only).
   // Each is computed in double and rounded to f32 once, as torch does.
@@ -66,6 +70,7 @@ struct AdamWScalars {
 // Updates one element in place: p (f32 master), m, v from gradient g.
 FSDPP_INLINE void AdamWElement(const AdamWScalars& s, float g, float* p,
                                float* m, float* v) {
+  g = g * s.grad_scale;
   const float decayed = *p * s.decay;
   const float m_new = *m * s.beta1 + s.one_minus_beta1 * g;
   const float v_new = *v * s.beta2 + s.one_minus_beta2 * g * g;
