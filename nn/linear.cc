@@ -43,14 +43,10 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));
   MatmulOptions options;
   options.transpose_b = true;
+  Tensor b;
   if (bias_ != nullptr) {
-    ASSIGN_OR_RETURN(Tensor ones,
-                     EmptyTemporary({x_rows.dim(0), 1}, dtype, x.device()));
-    RETURN_IF_ERROR(Fill(&ones, 1.0f));
-    ASSIGN_OR_RETURN(Tensor b, CastTo(bias_->data, dtype));
-    ASSIGN_OR_RETURN(Tensor b_row, b.Reshape({1, out_features_}));
-    RETURN_IF_ERROR(Matmul(ones, b_row, &y_rows));
-    options.beta = 1.0f;
+    ASSIGN_OR_RETURN(b, CastTo(bias_->data, dtype));
+    options.bias = &b;  // Added in the matmul's own pass.
   }
   RETURN_IF_ERROR(Matmul(x_rows, w, &y_rows, options));
   saved_x_ = x;

@@ -31,6 +31,8 @@ struct MatmulArgs {
   bool transpose_a, transpose_b;
   bool broadcast_b;  // b is 2-D and shared by every batch entry.
   float alpha, beta;
+  const Tensor* bias;  // [n] of c's dtype, or null (then alpha, beta as given;
+                       // with a bias alpha == 1 and beta == 0).
 };
 
 class Backend {

@@ -2,6 +2,7 @@
 // batched and broadcast weights, alpha/beta accumulation, odd sizes (1,
 // primes), f32 and bf16 (f32 or bf16 output).
 #include <cmath>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -154,6 +155,80 @@ TEST(MatmulTest, ConcurrentThreadsGetCorrectResults) {
   }
   for (auto& th : threads) th.join();
   EXPECT_EQ(failures, std::vector<int>(8, 0));
+}
+
+// A bias is added to every row of every batch entry, in every dtype (f16's
+// path through f32 copies included).
+TEST(MatmulTest, BiasIsAddedToEveryRow) {
+  const Case cases[] = {{1, 1, 1, 1, false},
+                        {1, 7, 31, 13, false},
+                        {3, 5, 33, 11, false},
+                        {2, 17, 9, 64, true}};
+  for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16}) {
+    for (DType out_dtype : {DType::kF32, dtype}) {
+      for (const Case& cs : cases) {
+        for (bool tb : {false, true}) {
+          SCOPED_TRACE(testing::Message()
+                       << DTypeName(dtype) << "->" << DTypeName(out_dtype)
+                       << " batch=" << cs.batch << " m=" << cs.m
+                       << " n=" << cs.n << " k=" << cs.k << " tb=" << tb);
+          Tensor a = RandomTensor({cs.batch, cs.m, cs.k}, dtype, 11);
+          Shape b_shape = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
+          if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
+          Tensor b = RandomTensor(b_shape, dtype, 12);
+          Tensor bias = RandomTensor({cs.n}, out_dtype, 13, -3, 3);
+          Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 14);
+          MatmulOptions options;
+          options.transpose_b = tb;
+          options.bias = &bias;
+          ASSERT_TRUE(Matmul(a, b, &c, options).ok());
+          Vec ref = MatmulRef(Values(a), Values(b), {}, cs.batch, cs.m, cs.n,
+                              cs.k, false, tb, cs.bcast, 1, 0);
+          const Vec vb = Values(bias);
+          for (size_t i = 0; i < ref.size(); ++i) ref[i] += vb[i % cs.n];
+          const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 3e-2
+                                             : out_dtype == DType::kF16 ? 4e-3
+                                                                        : 1e-6);
+          const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
+                              : out_dtype == DType::kF16 ? 1.0 / 1024
+                                                         : 1e-5;
+          EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+        }
+      }
+    }
+  }
+  // An empty inner dimension leaves just the bias.
+  Tensor a = *Tensor::Empty({2, 0}, DType::kF32, Device::Cpu());
+  Tensor b = *Tensor::Empty({0, 3}, DType::kF32, Device::Cpu());
+  Tensor bias = *Tensor::FromFloats({3}, {1, 2, 3});
+  Tensor c = *Tensor::FromFloats({2, 3}, {9, 9, 9, 9, 9, 9});
+  MatmulOptions options;
+  options.bias = &bias;
+  ASSERT_TRUE(Matmul(a, b, &c, options).ok());
+  EXPECT_EQ(Values(c), (Vec{1, 2, 3, 1, 2, 3}));
+}
+
+TEST(MatmulTest, BiasRejectsWrongShapesDtypesAndAccumulation) {
+  Tensor a = RandomTensor({4, 5}, DType::kF32, 15);
+  Tensor b = RandomTensor({5, 6}, DType::kF32, 16);
+  Tensor c = *Tensor::Zeros({4, 6}, DType::kF32, Device::Cpu());
+  Tensor short_bias = *Tensor::Zeros({5}, DType::kF32, Device::Cpu());
+  Tensor bf16_bias = *Tensor::Zeros({6}, DType::kBF16, Device::Cpu());
+  Tensor bias = *Tensor::Zeros({6}, DType::kF32, Device::Cpu());
+  MatmulOptions options;
+  options.bias = &short_bias;
+  absl::Status s = Matmul(a, b, &c, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("bias must be [6]"), std::string::npos) << s;
+  options.bias = &bf16_bias;
+  EXPECT_EQ(Matmul(a, b, &c, options).code(),
+            absl::StatusCode::kInvalidArgument);
+  options.bias = &bias;
+  options.beta = 1.0f;
+  s = Matmul(a, b, &c, options);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("alpha == 1 and beta == 0"), std::string::npos)
+      << s;
 }
 
 TEST(MatmulTest, EmptyInnerDimensionScalesC) {

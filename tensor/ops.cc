@@ -320,16 +320,40 @@ absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
   if (!broadcast_b && batch_b != batch_a) {
     return Invalid(kOp, "b must have a's batch dims or be 2-D", args);
   }
+  if (options.bias != nullptr) {
+    const Tensor& bias = *options.bias;
+    if (!bias.defined() || bias.ndim() != 1 || bias.dim(0) != n ||
+        bias.dtype() != c->dtype() || bias.device() != c->device()) {
+      return Invalid(kOp,
+                     absl::StrCat("bias must be [", n,
+                                  "] of c's dtype on c's "
+                                  "device, got ",
+                                  bias.ToString()),
+                     args);
+    }
+    if (options.alpha != 1.0f || options.beta != 0.0f) {
+      return Invalid(kOp, "a bias needs alpha == 1 and beta == 0", args);
+    }
+  }
   if (backend == nullptr) return absl::OkStatus();
   const int64_t batch = NumElements(batch_a);
   if (batch == 0 || m == 0 || n == 0) return absl::OkStatus();
-  if (k == 0) {  // Empty sum: c = beta * c.
+  if (k == 0) {  // Empty sum: c = beta * c, or the bias in every row.
+    if (options.bias != nullptr) {
+      ASSIGN_OR_RETURN(Tensor rows, c->Reshape({batch * m, n}));
+      for (int64_t r = 0; r < batch * m; ++r) {
+        ASSIGN_OR_RETURN(Tensor row, rows.Narrow(r, 1));
+        ASSIGN_OR_RETURN(Tensor flat, row.Reshape({n}));
+        RETURN_IF_ERROR(Copy(*options.bias, &flat));
+      }
+      return absl::OkStatus();
+    }
     if (options.beta == 0.0f) return Zero(c);
     return Scale(*c, options.beta, c);
   }
-  return backend->Matmul(MatmulArgs{&a, &b, c, batch, m, n, k,
-                                    options.transpose_a, options.transpose_b,
-                                    broadcast_b, options.alpha, options.beta});
+  return backend->Matmul(MatmulArgs{
+      &a, &b, c, batch, m, n, k, options.transpose_a, options.transpose_b,
+      broadcast_b, options.alpha, options.beta, options.bias});
 }
 
 absl::Status Softmax(const Tensor& x, Tensor* y, bool causal) {

@@ -71,6 +71,10 @@ struct MatmulOptions {
   bool transpose_b = false;  // b is stored [.., N, K]
   float alpha = 1.0f;        // c = alpha * op(a) @ op(b) + beta * c
   float beta = 0.0f;         // 1 accumulates into c (gradients)
+  // [N], c's dtype and device: added to every row of c, in the matmul's own
+  // pass (c = op(a) @ op(b) + bias; a Linear's bias). Needs alpha == 1 and
+  // beta == 0.
+  const Tensor* bias = nullptr;
 };
 
 // c[.., M, N] = alpha * op(a)[.., M, K] @ op(b)[.., K, N] + beta * c.

@@ -169,7 +169,8 @@ class CpuBackendImpl final : public Backend {
     return OneDnnMatmul(m.a->raw_data(), m.b->raw_data(), m.c->raw_data(),
                         m.a->dtype(), m.c->dtype(), m.batch, m.m, m.n, m.k,
                         m.transpose_a, m.transpose_b, m.broadcast_b, m.alpha,
-                        m.beta);
+                        m.beta,
+                        m.bias != nullptr ? m.bias->raw_data() : nullptr);
   }
 
   // f16 operands: oneDNN 2.6 has no f16 matmul on CPUs. f16 -> f32 is exact,
@@ -183,15 +184,23 @@ class CpuBackendImpl final : public Backend {
                      Tensor::Empty(m.b->shape(), DType::kF32, Device::Cpu()));
     RETURN_IF_ERROR(Copy(*m.b, &b));
     Tensor c = *m.c;
+    Tensor bias;
     if (m.c->dtype() != DType::kF32) {
       ASSIGN_OR_RETURN(c,
                        Tensor::Empty(m.c->shape(), DType::kF32, Device::Cpu()));
       if (m.beta != 0.0f) RETURN_IF_ERROR(Copy(*m.c, &c));
+      if (m.bias != nullptr) {
+        ASSIGN_OR_RETURN(
+            bias, Tensor::Empty(m.bias->shape(), DType::kF32, Device::Cpu()));
+        RETURN_IF_ERROR(Copy(*m.bias, &bias));
+      }
+    } else if (m.bias != nullptr) {
+      bias = *m.bias;
     }
-    RETURN_IF_ERROR(OneDnnMatmul(a.raw_data(), b.raw_data(), c.raw_data(),
-                                 DType::kF32, DType::kF32, m.batch, m.m, m.n,
-                                 m.k, m.transpose_a, m.transpose_b,
-                                 m.broadcast_b, m.alpha, m.beta));
+    RETURN_IF_ERROR(OneDnnMatmul(
+        a.raw_data(), b.raw_data(), c.raw_data(), DType::kF32, DType::kF32,
+        m.batch, m.m, m.n, m.k, m.transpose_a, m.transpose_b, m.broadcast_b,
+        m.alpha, m.beta, bias.defined() ? bias.raw_data() : nullptr));
     if (m.c->dtype() != DType::kF32) return Copy(c, m.c);
     return absl::OkStatus();
   }

@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <tuple>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -16,7 +17,7 @@ namespace cpu {
 namespace {
 
 using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                       bool, float, float>;
+                       bool, float, float, bool>;
 
 dnnl::engine& Engine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -69,7 +70,7 @@ dnnl::memory::data_type DnnlType(DType dtype) {
 }
 
 struct Descs {
-  dnnl::memory::desc a, b, c;
+  dnnl::memory::desc a, b, c, bias;
 };
 
 Descs MakeDescs(DType ab_dtype, DType c_dtype, int64_t batch, int64_t m,
@@ -84,6 +85,7 @@ Descs MakeDescs(DType ab_dtype, DType c_dtype, int64_t batch, int64_t m,
                            transpose_b ? dims{k * n, 1, k} : dims{k * n, n, 1});
   d.c = dnnl::memory::desc(dims{batch, m, n}, DnnlType(c_dtype),
                            dims{m * n, n, 1});
+  d.bias = dnnl::memory::desc(dims{1, 1, n}, DnnlType(c_dtype), dims{n, n, 1});
   return d;
 }
 
@@ -92,7 +94,8 @@ Descs MakeDescs(DType ab_dtype, DType c_dtype, int64_t batch, int64_t m,
 absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                           DType c_dtype, int64_t batch, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b,
-                          bool broadcast_b, float alpha, float beta) {
+                          bool broadcast_b, float alpha, float beta,
+                          const void* bias) {
   const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,
                                 transpose_b, broadcast_b);
   const Key key{static_cast<int>(ab_dtype),
@@ -105,7 +108,8 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                 transpose_b,
                 broadcast_b,
                 alpha,
-                beta};
+                beta,
+                bias != nullptr};
   Cached cached;
   {
     std::lock_guard<std::mutex> lock(CacheMutex());
@@ -122,7 +126,10 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
           ops.append_sum(beta);
           attr.set_post_ops(ops);
         }
-        dnnl::matmul::desc desc(descs.a, descs.b, descs.c);
+        dnnl::matmul::desc desc =
+            bias != nullptr
+                ? dnnl::matmul::desc(descs.a, descs.b, descs.bias, descs.c)
+                : dnnl::matmul::desc(descs.a, descs.b, descs.c);
         dnnl::matmul::primitive_desc pd(desc, attr, Engine());
         cached.primitive = dnnl::matmul(pd);
         cached.scratchpad_bytes = pd.scratchpad_desc().get_size();
@@ -145,10 +152,16 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
         dnnl::memory::data_type::u8, dnnl::memory::format_tag::a);
     dnnl::memory scratch_mem(scratch_md, Engine(),
                              ThreadScratchpad(cached.scratchpad_bytes));
-    cached.primitive.execute(stream, {{DNNL_ARG_SRC, a_mem},
-                                      {DNNL_ARG_WEIGHTS, b_mem},
-                                      {DNNL_ARG_DST, c_mem},
-                                      {DNNL_ARG_SCRATCHPAD, scratch_mem}});
+    std::unordered_map<int, dnnl::memory> exec_args = {
+        {DNNL_ARG_SRC, a_mem},
+        {DNNL_ARG_WEIGHTS, b_mem},
+        {DNNL_ARG_DST, c_mem},
+        {DNNL_ARG_SCRATCHPAD, scratch_mem}};
+    if (bias != nullptr) {
+      exec_args.emplace(DNNL_ARG_BIAS, dnnl::memory(descs.bias, Engine(),
+                                                    const_cast<void*>(bias)));
+    }
+    cached.primitive.execute(stream, exec_args);
     stream.wait();
   } catch (const dnnl::error& e) {
     return absl::InternalError(

@@ -18,11 +18,13 @@ namespace cpu {
 // Row-major c[bt] = alpha * op(a[bt]) @ op(b[bt or 0]) + beta * c[bt] for bt in
 // [0, batch). a: [batch, M, K] (or [batch, K, M] transposed), b: [batch or 1,
 // K, N] (or [.., N, K] transposed), c: [batch, M, N]. a_dtype == b_dtype, each
-// f32 or bf16; c_dtype f32 or a_dtype.
+// f32 or bf16; c_dtype f32 or a_dtype. `bias` ([n] of c_dtype, or null) is
+// added to every row of c in the same pass (then alpha == 1, beta == 0).
 absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                           DType c_dtype, int64_t batch, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b,
-                          bool broadcast_b, float alpha, float beta);
+                          bool broadcast_b, float alpha, float beta,
+                          const void* bias = nullptr);
 
 // Number of distinct primitives built so far (for tests of the cache).
 int64_t OneDnnMatmulCacheSize();

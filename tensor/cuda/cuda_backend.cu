@@ -154,6 +154,16 @@ __global__ void SoftmaxBackwardKernel(const T* y, const T* dy, int64_t rows,
   }
 }
 
+// c[r, j] = bias[j] for every row r (a matmul's bias, before the product is
+// added with beta = 1).
+template <typename T>
+__global__ void BroadcastRowKernel(const T* bias, T* c, int64_t rows,
+                                   int64_t n) {
+  for (int64_t e = FirstIndex(); e < rows * n; e += GridStride()) {
+    c[e] = bias[e % n];
+  }
+}
+
 // Head layouts (see Backend::CopyHeads): one thread per element of the
 // narrow [b, n, t, hd] tensor, E a type of the element's size.
 template <typename E>
@@ -533,10 +543,24 @@ class CudaBackendImpl final : public Backend {
   }
 
   absl::Status Matmul(const MatmulArgs& m) override {
+    float beta = m.beta;
+    if (m.bias != nullptr) {
+      // The bias in every row of c, then the product added onto it.
+      RETURN_IF_ERROR(Prepare());
+      const int64_t rows = m.batch * m.m;
+      RETURN_IF_ERROR(DispatchFloat(m.c->dtype(), [&](auto tag_T) {
+        using T = typename decltype(tag_T)::type;
+        return Launch("Matmul bias", rows * m.n, kThreads,
+                      BroadcastRowKernel<T>,
+                      static_cast<const T*>(m.bias->raw_data()),
+                      static_cast<T*>(m.c->raw_data()), rows, m.n);
+      }));
+      beta = 1.0f;
+    }
     return CublasLtMatmul(device_, m.a->raw_data(), m.b->raw_data(),
                           m.c->raw_data(), m.a->dtype(), m.c->dtype(), m.batch,
                           m.m, m.n, m.k, m.transpose_a, m.transpose_b,
-                          m.broadcast_b, m.alpha, m.beta);
+                          m.broadcast_b, m.alpha, beta);
   }
 
   absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n, int64_t tq,

@@ -543,6 +543,31 @@ TEST_P(CudaMatmulTest, MatchesCpu) {
   }
 }
 
+TEST_P(CudaMatmulTest, Bias) {
+  const MatmulCase p = GetParam();
+  for (const Shape& batch : {Shape{}, Shape{3}}) {
+    for (bool tb : {false, true}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "batch " << ShapeToString(batch) << " tb" << tb);
+      const int64_t m = 9, n = 33, k = 17;
+      Pair a = Random(AShape(batch, m, k, false), p.ab_dtype, 30);
+      Pair b = Random(BShape(Shape{}, k, n, tb), p.ab_dtype, 31);
+      Pair bias = Random({n}, p.c_dtype, 32, -3, 3);
+      Shape c_shape = batch;
+      c_shape.push_back(m);
+      c_shape.push_back(n);
+      Pair c = Random(c_shape, p.c_dtype, 33);
+      ASSERT_TRUE(Both([&](bool g) {
+        MatmulOptions options;
+        options.transpose_b = tb;
+        options.bias = &bias.on(g);
+        return Matmul(a.on(g), b.on(g), c.ptr(g), options);
+      }));
+      EXPECT_TRUE(Match(c, Tol(p.c_dtype)));
+    }
+  }
+}
+
 TEST_P(CudaMatmulTest, UnalignedViews) {
   const MatmulCase p = GetParam();
   const int64_t m = 9, n = 5, k = 3;
