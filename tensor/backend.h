@@ -117,6 +117,18 @@ class Backend {
                                             const Tensor& dlosses, int64_t n,
                                             int64_t v, int64_t ignore_index,
                                             Tensor* dlogits) = 0;
+  // Loss parallel (ops.h): logits [n, v] are the columns [vocab_offset,
+  // vocab_offset + v) of a vocabulary of vocab_size (targets are checked
+  // against vocab_size).
+  virtual absl::Status CrossEntropyShardStats(
+      const Tensor& logits, const Tensor& targets, int64_t n, int64_t v,
+      int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
+      Tensor* max, Tensor* sumexp, Tensor* target_logit) = 0;
+  virtual absl::Status CrossEntropyShardBackward(
+      const Tensor& logits, const Tensor& targets, const Tensor& max,
+      const Tensor& sumexp, const Tensor& dlosses, int64_t n, int64_t v,
+      int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
+      Tensor* dlogits) = 0;
 };
 
 // A type carried as a value, for generic lambdas: [](auto tag) { using T =

@@ -749,6 +749,76 @@ absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                                      logits.dim(-1), ignore_index, losses);
 }
 
+namespace {
+
+// The slice [vocab_offset, vocab_offset + Vl) of a vocabulary of vocab_size.
+absl::Status CheckVocabSlice(const char* op, const Tensor& logits,
+                             int64_t vocab_offset, int64_t vocab_size) {
+  if (vocab_offset < 0 || vocab_offset + logits.dim(-1) > vocab_size) {
+    return Invalid(op,
+                   absl::StrCat("the slice [", vocab_offset, ", ",
+                                vocab_offset + logits.dim(-1),
+                                ") is outside the vocabulary of ", vocab_size),
+                   {{"logits", &logits}});
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CrossEntropyShardStats(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_offset, int64_t vocab_size,
+                                    int64_t ignore_index, Tensor* max,
+                                    Tensor* sumexp, Tensor* target_logit) {
+  constexpr const char* kOp = "CrossEntropyShardStats";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp,
+                          {{"logits", &logits},
+                           {"targets", &targets},
+                           {"max", max},
+                           {"sumexp", sumexp},
+                           {"target_logit", target_logit}});
+  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  RETURN_IF_ERROR(CheckVocabSlice(kOp, logits, vocab_offset, vocab_size));
+  const int64_t n = targets.numel();
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"max", max}, n));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"sumexp", sumexp}, n));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"target_logit", target_logit}, n));
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->CrossEntropyShardStats(
+                   logits, targets, n, logits.dim(-1), vocab_offset, vocab_size,
+                   ignore_index, max, sumexp, target_logit);
+}
+
+absl::Status CrossEntropyShardBackward(const Tensor& logits,
+                                       const Tensor& targets,
+                                       int64_t vocab_offset, int64_t vocab_size,
+                                       int64_t ignore_index, const Tensor& max,
+                                       const Tensor& sumexp,
+                                       const Tensor& dlosses, Tensor* dlogits) {
+  constexpr const char* kOp = "CrossEntropyShardBackward";
+  FSDPP_BACKEND_OR_RETURN(backend, kOp,
+                          {{"logits", &logits},
+                           {"targets", &targets},
+                           {"max", &max},
+                           {"sumexp", &sumexp},
+                           {"dlosses", &dlosses},
+                           {"dlogits", dlogits}});
+  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  RETURN_IF_ERROR(CheckVocabSlice(kOp, logits, vocab_offset, vocab_size));
+  const int64_t n = targets.numel();
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"max", &max}, n));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"sumexp", &sumexp}, n));
+  RETURN_IF_ERROR(F32WithNumel(kOp, {"dlosses", &dlosses}, n));
+  RETURN_IF_ERROR(SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  RETURN_IF_ERROR(SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->CrossEntropyShardBackward(
+                   logits, targets, max, sumexp, dlosses, n, logits.dim(-1),
+                   vocab_offset, vocab_size, ignore_index, dlogits);
+}
+
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   int64_t ignore_index, const Tensor& dlosses,
                                   Tensor* dlogits) {

@@ -163,6 +163,29 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   int64_t ignore_index, const Tensor& dlosses,
                                   Tensor* dlogits);
 
+// Loss parallel: cross-entropy over a vocabulary of `vocab_size` split across
+// ranks, this rank holding logits [N, Vl] = columns [vocab_offset,
+// vocab_offset + Vl). Per row (f32, N elements each): `max` of this slice,
+// `sumexp` = sum of exp(x - max) over it, `target_logit` = the target's logit
+// if this slice holds it, else 0. Rows whose target is ignore_index get 0 in
+// all three. The full row's loss is log(sum over slices of sumexp_s *
+// exp(max_s - M)) + M - (sum over slices of target_logit_s), M the largest
+// max_s (parallel/ combines them with three all-reduces); no rank ever holds
+// the whole row. Targets must be in [0, vocab_size) or ignore_index.
+absl::Status CrossEntropyShardStats(const Tensor& logits, const Tensor& targets,
+                                    int64_t vocab_offset, int64_t vocab_size,
+                                    int64_t ignore_index, Tensor* max,
+                                    Tensor* sumexp, Tensor* target_logit);
+// This slice's dlogits (like logits) = dlosses[i] * (exp(x - max[i]) /
+// sumexp[i] - onehot(target - vocab_offset)), with the whole row's max and
+// sumexp (f32, N each); zero rows where the target is ignored.
+absl::Status CrossEntropyShardBackward(const Tensor& logits,
+                                       const Tensor& targets,
+                                       int64_t vocab_offset, int64_t vocab_size,
+                                       int64_t ignore_index, const Tensor& max,
+                                       const Tensor& sumexp,
+                                       const Tensor& dlosses, Tensor* dlogits);
+
 }  // namespace fsdpp
 
 #endif  // FSDPP_TENSOR_OPS_H_

@@ -4,9 +4,11 @@
 // differences of the double reference forward.
 #include "tensor/ops.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -639,6 +641,112 @@ TEST(OpsTest, CrossEntropyForwardAndBackward) {
                            BackwardAtol(dtype, g)));
     }
   }
+}
+
+// Loss parallel: the vocabulary split into uneven slices; each slice's
+// statistics, combined as parallel/ combines them across ranks, give the
+// full row's loss, and each slice's backward is its columns of the full
+// backward.
+TEST(OpsTest, CrossEntropyShardsCombineToTheFullLoss) {
+  const int64_t kIgnore = -100, n = 7, v = 37;
+  const std::vector<std::pair<int64_t, int64_t>> slices = {
+      {0, 10}, {10, 25}, {25, 37}};
+  for (DType dtype : kFloatTypes) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Tensor logits = RandomTensor({n, v}, dtype, 41, -6, 6);
+    // Targets in every slice, on its edges, and one ignored row.
+    const std::vector<int64_t> tv = {0, 9, 10, kIgnore, 24, 25, 36};
+    Tensor targets = *Tensor::FromInts({n}, tv, DType::kI64);
+    Tensor losses = F32({n});
+    ASSERT_TRUE(CrossEntropy(logits, targets, kIgnore, &losses).ok());
+    Tensor dlosses = RandomTensor({n}, DType::kF32, 42, 0.1, 1.0);
+    Tensor full_grad = EmptyLike(logits);
+    ASSERT_TRUE(
+        CrossEntropyBackward(logits, targets, kIgnore, dlosses, &full_grad)
+            .ok());
+    const Vec vl = Values(logits), vg = Values(full_grad);
+    std::vector<Vec> maxes, sums, tlogits;
+    std::vector<Tensor> parts;
+    for (auto [begin, end] : slices) {
+      const int64_t w = end - begin;
+      std::vector<float> part_values(n * w);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < w; ++j) {
+          part_values[i * w + j] = static_cast<float>(vl[i * v + begin + j]);
+        }
+      }
+      Tensor part = *Tensor::FromFloats({n, w}, part_values, dtype);
+      Tensor mx = F32({n}), se = F32({n}), tl = F32({n});
+      ASSERT_TRUE(CrossEntropyShardStats(part, targets, begin, v, kIgnore, &mx,
+                                         &se, &tl)
+                      .ok());
+      maxes.push_back(Values(mx));
+      sums.push_back(Values(se));
+      tlogits.push_back(Values(tl));
+      parts.push_back(part);
+    }
+    // Combine: M = max of maxes, S = sum of sumexp * exp(max - M).
+    std::vector<float> gmax(n), gsum(n);
+    Vec combined(n);
+    for (int64_t i = 0; i < n; ++i) {
+      double m = -INFINITY, sum = 0, t = 0;
+      for (size_t s = 0; s < slices.size(); ++s) m = std::max(m, maxes[s][i]);
+      for (size_t s = 0; s < slices.size(); ++s) {
+        sum += sums[s][i] * std::exp(maxes[s][i] - m);
+        t += tlogits[s][i];
+      }
+      gmax[i] = static_cast<float>(m);
+      gsum[i] = static_cast<float>(sum);
+      combined[i] = tv[i] == kIgnore ? 0.0 : std::log(sum) + m - t;
+      if (tv[i] == kIgnore) {
+        for (size_t s = 0; s < slices.size(); ++s) {
+          EXPECT_EQ(maxes[s][i], 0.0);
+          EXPECT_EQ(sums[s][i], 0.0);
+          EXPECT_EQ(tlogits[s][i], 0.0);
+        }
+      }
+    }
+    EXPECT_TRUE(AllClose(combined, Values(losses), 2e-6, 2e-6));
+    Tensor max_t = *Tensor::FromFloats({n}, gmax);
+    Tensor sum_t = *Tensor::FromFloats({n}, gsum);
+    for (size_t s = 0; s < slices.size(); ++s) {
+      const auto [begin, end] = slices[s];
+      const int64_t w = end - begin;
+      Tensor dpart = EmptyLike(parts[s]);
+      ASSERT_TRUE(CrossEntropyShardBackward(parts[s], targets, begin, v,
+                                            kIgnore, max_t, sum_t, dlosses,
+                                            &dpart)
+                      .ok());
+      Vec want(n * w);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < w; ++j) want[i * w + j] = vg[i * v + begin + j];
+      }
+      EXPECT_TRUE(AllClose(Values(dpart), want, RelTol(dtype),
+                           dtype == DType::kF32 ? 1e-6 : 1e-2))
+          << "slice " << begin;
+    }
+  }
+}
+
+TEST(OpsTest, CrossEntropyShardsRejectSlicesOutsideTheVocabularyAndBadTargets) {
+  Tensor logits = RandomTensor({2, 5}, DType::kF32, 43);
+  Tensor mx = F32({2}), se = F32({2}), tl = F32({2});
+  Tensor targets = *Tensor::FromInts({2}, {1, 7}, DType::kI32);
+  absl::Status s =
+      CrossEntropyShardStats(logits, targets, 6, 10, -100, &mx, &se, &tl);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("[6, 11) is outside the vocabulary of 10"),
+            std::string::npos)
+      << s;
+  Tensor far = *Tensor::FromInts({2}, {1, 10}, DType::kI32);
+  s = CrossEntropyShardStats(logits, far, 5, 10, -100, &mx, &se, &tl);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("id 10 at position 1"), std::string::npos) << s;
+  Tensor short_max = F32({1});
+  EXPECT_EQ(CrossEntropyShardBackward(logits, targets, 5, 10, -100, short_max,
+                                      se, se, &logits)
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 // ------------------------------------------------------------- meta

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +20,7 @@
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cpu/rowwise.h"
 #include "tensor/cpu/simd.h"
+#include "tensor/kernels/rowwise.h"
 
 namespace fsdpp {
 namespace cpu {
@@ -390,11 +392,59 @@ class CpuBackendImpl final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status CrossEntropyShardStats(const Tensor& logits,
+                                      const Tensor& targets, int64_t n,
+                                      int64_t v, int64_t vocab_offset,
+                                      int64_t vocab_size, int64_t ignore_index,
+                                      Tensor* max, Tensor* sumexp,
+                                      Tensor* target_logit) override {
+    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
+                             "CrossEntropyShardStats"));
+    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    const ShardTargets st(targets, n, v, vocab_offset, ignore_index);
+    rowwise::CrossEntropyShardStats(logits.dtype(), logits.raw_data(),
+                                    st.local.data(), st.ignored.get(), n, v,
+                                    max->data<float>(), sumexp->data<float>(),
+                                    target_logit->data<float>());
+    return absl::OkStatus();
+  }
+
+  absl::Status CrossEntropyShardBackward(
+      const Tensor& logits, const Tensor& targets, const Tensor& max,
+      const Tensor& sumexp, const Tensor& dlosses, int64_t n, int64_t v,
+      int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
+      Tensor* dlogits) override {
+    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
+                             "CrossEntropyShardBackward"));
+    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    const ShardTargets st(targets, n, v, vocab_offset, ignore_index);
+    rowwise::CrossEntropyShardBackward(
+        logits.dtype(), logits.raw_data(), st.local.data(), st.ignored.get(),
+        max.data<float>(), sumexp.data<float>(), dlosses.data<float>(), n, v,
+        dlogits->raw_data());
+    return absl::OkStatus();
+  }
+
  private:
   // The error DispatchFloat gives for a dtype these kernels do not take.
   static absl::Status CheckFloat(DType dtype) {
     return DispatchFloat(dtype, [](auto) {});
   }
+
+  // Loss parallel's per-row targets within a vocabulary slice.
+  struct ShardTargets {
+    ShardTargets(const Tensor& targets, int64_t n, int64_t v, int64_t offset,
+                 int64_t ignore_index)
+        : local(n), ignored(new bool[n]) {
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t t = IdAt(targets.raw_data(), targets.dtype(), i);
+        local[i] = kernels::LocalTarget(t, ignore_index, offset, v);
+        ignored[i] = t == ignore_index;
+      }
+    }
+    std::vector<int64_t> local;
+    std::unique_ptr<bool[]> ignored;
+  };
 
   // The first n ids (i32 or i64) as int64.
   static std::vector<int64_t> Ids(const Tensor& ids, int64_t n) {

@@ -495,6 +495,30 @@ void CrossEntropyForwardAll(DType dtype, const void* logits_raw,
   });
 }
 
+// out = dloss * (exp(x - max) * inv - onehot(target)) over a row of v (no
+// one-hot term when target < 0).
+template <typename T>
+HWY_INLINE void SoftmaxGradRow(const T* row, int64_t v, float max, float inv,
+                               float dloss, int64_t target, T* out) {
+  const DF d;
+  const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
+  const VF vmax = hn::Set(d, max);
+  const VF vscale = hn::Set(d, inv * dloss);
+  int64_t j = 0;
+  for (; j + lanes <= v; j += lanes) {
+    StoreF(d, hn::Mul(Exp(d, hn::Sub(LoadF(d, row + j), vmax)), vscale),
+           out + j);
+  }
+  for (; j < v; ++j) {
+    out[j] =
+        FromFloat<T>(kernels::ExpApprox(ToFloat(row[j]) - max) * (inv * dloss));
+  }
+  if (target >= 0) {  // The target's entry: dloss * (p - 1).
+    const float p = kernels::ExpApprox(ToFloat(row[target]) - max) * inv;
+    out[target] = FromFloat<T>(dloss * (p - 1.0f));
+  }
+}
+
 void CrossEntropyBackwardAll(DType dtype, const void* logits_raw,
                              const int64_t* targets, const float* dlosses,
                              int64_t n, int64_t v, int64_t ignore_index,
@@ -511,26 +535,53 @@ void CrossEntropyBackwardAll(DType dtype, const void* logits_raw,
         std::memset(static_cast<void*>(out), 0, v * sizeof(T));
         continue;
       }
-      const DF d;
-      const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
       const float max = RowMax(row, v);
       const float inv = 1.0f / RowSumExp(row, v, max);
-      const float dloss = dlosses[i];
-      const VF vmax = hn::Set(d, max);
-      const VF vscale = hn::Set(d, inv * dloss);
-      int64_t j = 0;
-      for (; j + lanes <= v; j += lanes) {
-        StoreF(d, hn::Mul(Exp(d, hn::Sub(LoadF(d, row + j), vmax)), vscale),
-               out + j);
+      SoftmaxGradRow(row, v, max, inv, dlosses[i], targets[i], out);
+    }
+  });
+}
+
+void CrossEntropyShardStatsAll(DType dtype, const void* logits_raw,
+                               const int64_t* local_targets,
+                               const bool* ignored, int64_t n, int64_t v,
+                               float* max, float* sumexp, float* target_logit) {
+  ByDType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* logits = static_cast<const T*>(logits_raw);
+#pragma omp parallel for schedule(static) if (n * v > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) {
+      if (ignored[i]) {
+        max[i] = sumexp[i] = target_logit[i] = 0.0f;
+        continue;
       }
-      for (; j < v; ++j) {
-        out[j] = FromFloat<T>(kernels::ExpApprox(ToFloat(row[j]) - max) *
-                              (inv * dloss));
+      const T* row = logits + i * v;
+      max[i] = RowMax(row, v);
+      sumexp[i] = RowSumExp(row, v, max[i]);
+      target_logit[i] =
+          local_targets[i] >= 0 ? ToFloat(row[local_targets[i]]) : 0.0f;
+    }
+  });
+}
+
+void CrossEntropyShardBackwardAll(DType dtype, const void* logits_raw,
+                                  const int64_t* local_targets,
+                                  const bool* ignored, const float* max,
+                                  const float* sumexp, const float* dlosses,
+                                  int64_t n, int64_t v, void* dlogits_raw) {
+  ByDType(dtype, [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    const T* logits = static_cast<const T*>(logits_raw);
+    T* dlogits = static_cast<T*>(dlogits_raw);
+#pragma omp parallel for schedule(static) if (n * v > kParallelElements)
+    for (int64_t i = 0; i < n; ++i) {
+      T* out = dlogits + i * v;
+      if (ignored[i]) {
+        std::memset(static_cast<void*>(out), 0, v * sizeof(T));
+        continue;
       }
-      // The target's entry: dloss * (p - 1).
-      const int64_t t = targets[i];
-      const float p = kernels::ExpApprox(ToFloat(row[t]) - max) * inv;
-      out[t] = FromFloat<T>(dloss * (p - 1.0f));
+      SoftmaxGradRow(logits + i * v, v, max[i], 1.0f / sumexp[i], dlosses[i],
+                     local_targets[i], out);
     }
   });
 }
@@ -665,6 +716,8 @@ HWY_EXPORT(RmsNormForwardAll);
 HWY_EXPORT(RmsNormBackwardAll);
 HWY_EXPORT(CrossEntropyForwardAll);
 HWY_EXPORT(CrossEntropyBackwardAll);
+HWY_EXPORT(CrossEntropyShardStatsAll);
+HWY_EXPORT(CrossEntropyShardBackwardAll);
 }  // namespace rowwise_internal
 
 namespace rowwise {
@@ -722,6 +775,23 @@ void CrossEntropyBackward(DType dtype, const void* logits,
                           void* dlogits) {
   HWY_DYNAMIC_DISPATCH(rowwise_internal::CrossEntropyBackwardAll)
   (dtype, logits, targets, dlosses, n, v, ignore_index, dlogits);
+}
+
+void CrossEntropyShardStats(DType dtype, const void* logits,
+                            const int64_t* local_targets, const bool* ignored,
+                            int64_t n, int64_t v, float* max, float* sumexp,
+                            float* target_logit) {
+  HWY_DYNAMIC_DISPATCH(rowwise_internal::CrossEntropyShardStatsAll)
+  (dtype, logits, local_targets, ignored, n, v, max, sumexp, target_logit);
+}
+
+void CrossEntropyShardBackward(DType dtype, const void* logits,
+                               const int64_t* local_targets,
+                               const bool* ignored, const float* max,
+                               const float* sumexp, const float* dlosses,
+                               int64_t n, int64_t v, void* dlogits) {
+  HWY_DYNAMIC_DISPATCH(rowwise_internal::CrossEntropyShardBackwardAll)
+  (dtype, logits, local_targets, ignored, max, sumexp, dlosses, n, v, dlogits);
 }
 
 double SumF64(DType dtype, const void* x, int64_t n, bool squares) {

@@ -83,6 +83,19 @@ void Rope(DType dtype, void* x, int64_t rows, int64_t seq_len, int64_t head_dim,
 // backend splits long arrays across threads and adds the parts in order).
 double SumF64(DType dtype, const void* x, int64_t n, bool squares);
 
+// Loss parallel (ops.h's CrossEntropyShardStats / Backward): local_targets[i]
+// is row i's target index in this slice, -1 when another slice holds it;
+// `ignored` rows get zeros.
+void CrossEntropyShardStats(DType dtype, const void* logits,
+                            const int64_t* local_targets, const bool* ignored,
+                            int64_t n, int64_t v, float* max, float* sumexp,
+                            float* target_logit);
+void CrossEntropyShardBackward(DType dtype, const void* logits,
+                               const int64_t* local_targets,
+                               const bool* ignored, const float* max,
+                               const float* sumexp, const float* dlosses,
+                               int64_t n, int64_t v, void* dlogits);
+
 // out[j] += sum over r of x[r * cols + j] (x of x_dtype, out of out_dtype;
 // bit-exact with the scalar loop: each column summed over rows in order).
 void SumRowsAccumulate(DType x_dtype, const void* x, int64_t rows, int64_t cols,

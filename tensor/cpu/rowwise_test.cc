@@ -313,6 +313,65 @@ TEST(RowwiseTest, CrossEntropyMatchesTheReferenceWithIgnoredRows) {
   }
 }
 
+// Loss parallel's per-slice statistics and backward against the scalar
+// rows of tensor/kernels/rowwise.h.
+TEST(RowwiseTest, CrossEntropyShardsMatchTheReference) {
+  EachTarget each;
+  ASSERT_FALSE(each.targets().empty());
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType dtype : kFloatTypes) {
+      for (int64_t v : {1, 7, 17, 100, 5003}) {
+        const int64_t n = 6, offset = v % 2;
+        const std::string where = Where(target, dtype, n, v, offset);
+        Buffer logits(dtype, Random(n * v, 19 + v, -8.0f, 8.0f), offset);
+        // Here, elsewhere (-1), ignored, and the slice's last column.
+        const std::vector<int64_t> local = {0, -1, v - 1, -1, v / 2, v - 1};
+        const bool ignored[] = {false, false, false, true, false, false};
+        std::vector<float> mx(n), se(n), tl(n);
+        CrossEntropyShardStats(dtype, logits.data(), local.data(), ignored, n,
+                               v, mx.data(), se.data(), tl.data());
+        std::vector<float> dlosses = Random(n, 20 + v, 0.1f, 2.0f);
+        // The whole row's statistics: this slice's, widened a little.
+        std::vector<float> gmax(n), gsum(n);
+        for (int64_t i = 0; i < n; ++i) {
+          gmax[i] = mx[i] + 0.5f;
+          gsum[i] = se[i] * std::exp(-0.5f) + 3.0f;
+        }
+        Buffer dlogits(dtype, std::vector<float>(n * v, 5.0f), 1);
+        Buffer want(dtype, std::vector<float>(n * v), 0);
+        CrossEntropyShardBackward(dtype, logits.data(), local.data(), ignored,
+                                  gmax.data(), gsum.data(), dlosses.data(), n,
+                                  v, dlogits.data());
+        WithType(dtype, [&](auto t) {
+          using T = decltype(t);
+          for (int64_t i = 0; i < n; ++i) {
+            const T* row = Typed<T>(logits) + i * v;
+            if (ignored[i]) {
+              ASSERT_EQ(mx[i], 0.0f) << where;
+              ASSERT_EQ(se[i], 0.0f) << where;
+              ASSERT_EQ(tl[i], 0.0f) << where;
+              continue;
+            }
+            float rmx, rse, rtl;
+            kernels::CrossEntropyShardRowStats(row, v, local[i], &rmx, &rse,
+                                               &rtl);
+            ASSERT_EQ(mx[i], rmx) << where << " row " << i;
+            // Lane-wise against sequential f32 sums of up to 5003 terms.
+            ASSERT_NEAR(se[i], rse, 2e-5 * rse) << where << " row " << i;
+            ASSERT_EQ(tl[i], rtl) << where << " row " << i;
+            kernels::CrossEntropyShardRowBackward(row, v, local[i], gmax[i],
+                                                  gsum[i], dlosses[i],
+                                                  Typed<T>(want) + i * v);
+          }
+          for (int64_t j = 0; j < v; ++j) want.Set(3 * v + j, 0.0f);
+        });
+        ExpectClose(dlogits, want, n * v, 2.0, where + " backward");
+      }
+    }
+  }
+}
+
 TEST(RowwiseTest, CrossEntropyOfANanLogitIsNan) {
   const std::vector<float> row = {1.0f, std::numeric_limits<float>::quiet_NaN(),
                                   2.0f};

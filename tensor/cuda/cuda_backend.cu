@@ -352,6 +352,40 @@ __global__ void CrossEntropyBackwardKernel(const T* logits, const I* targets,
   }
 }
 
+// Loss parallel: one thread per row of this rank's vocabulary slice.
+template <typename T, typename I>
+__global__ void CrossEntropyShardStatsKernel(
+    const T* logits, const I* targets, int64_t n, int64_t v, int64_t offset,
+    int64_t ignore_index, float* max, float* sumexp, float* target_logit) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const int64_t t = static_cast<int64_t>(targets[i]);
+    if (t == ignore_index) {
+      max[i] = sumexp[i] = target_logit[i] = 0.0f;
+      continue;
+    }
+    kernels::CrossEntropyShardRowStats(
+        logits + i * v, v, kernels::LocalTarget(t, ignore_index, offset, v),
+        max + i, sumexp + i, target_logit + i);
+  }
+}
+
+template <typename T, typename I>
+__global__ void CrossEntropyShardBackwardKernel(
+    const T* logits, const I* targets, const float* max, const float* sumexp,
+    const float* dlosses, int64_t n, int64_t v, int64_t offset,
+    int64_t ignore_index, T* dlogits) {
+  for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
+    const int64_t t = static_cast<int64_t>(targets[i]);
+    if (t == ignore_index) {
+      for (int64_t j = 0; j < v; ++j) dlogits[i * v + j] = FromFloat<T>(0.0f);
+      continue;
+    }
+    kernels::CrossEntropyShardRowBackward(
+        logits + i * v, v, kernels::LocalTarget(t, ignore_index, offset, v),
+        max[i], sumexp[i], dlosses[i], dlogits + i * v);
+  }
+}
+
 // -------------------------------------------------------------- embedding
 
 // out[i, j] = table[ids[i], j], one thread per output element.
@@ -821,6 +855,52 @@ class CudaBackendImpl final : public Backend {
                       static_cast<const T*>(logits.raw_data()),
                       static_cast<const I*>(targets.raw_data()),
                       dlosses.data<float>(), n, v, ignore_index,
+                      static_cast<T*>(dlogits->raw_data()));
+      });
+    });
+  }
+
+  absl::Status CrossEntropyShardStats(const Tensor& logits,
+                                      const Tensor& targets, int64_t n,
+                                      int64_t v, int64_t vocab_offset,
+                                      int64_t vocab_size, int64_t ignore_index,
+                                      Tensor* max, Tensor* sumexp,
+                                      Tensor* target_logit) override {
+    RETURN_IF_ERROR(Prepare());
+    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
+                             "CrossEntropyShardStats"));
+    return DispatchFloat(logits.dtype(), [&](auto tag_T) {
+      using T = typename decltype(tag_T)::type;
+      return DispatchId(targets.dtype(), [&](auto tag_I) {
+        using I = typename decltype(tag_I)::type;
+        return Launch("CrossEntropyShardStats", n, kRowThreads,
+                      CrossEntropyShardStatsKernel<T, I>,
+                      static_cast<const T*>(logits.raw_data()),
+                      static_cast<const I*>(targets.raw_data()), n, v,
+                      vocab_offset, ignore_index, max->data<float>(),
+                      sumexp->data<float>(), target_logit->data<float>());
+      });
+    });
+  }
+
+  absl::Status CrossEntropyShardBackward(
+      const Tensor& logits, const Tensor& targets, const Tensor& max,
+      const Tensor& sumexp, const Tensor& dlosses, int64_t n, int64_t v,
+      int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
+      Tensor* dlogits) override {
+    RETURN_IF_ERROR(Prepare());
+    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
+                             "CrossEntropyShardBackward"));
+    return DispatchFloat(logits.dtype(), [&](auto tag_T) {
+      using T = typename decltype(tag_T)::type;
+      return DispatchId(targets.dtype(), [&](auto tag_I) {
+        using I = typename decltype(tag_I)::type;
+        return Launch("CrossEntropyShardBackward", n, kRowThreads,
+                      CrossEntropyShardBackwardKernel<T, I>,
+                      static_cast<const T*>(logits.raw_data()),
+                      static_cast<const I*>(targets.raw_data()),
+                      max.data<float>(), sumexp.data<float>(),
+                      dlosses.data<float>(), n, v, vocab_offset, ignore_index,
                       static_cast<T*>(dlogits->raw_data()));
       });
     });

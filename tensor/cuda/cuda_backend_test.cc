@@ -453,6 +453,33 @@ TEST_P(CudaOpsTest, CrossEntropy) {
   }
 }
 
+TEST_P(CudaOpsTest, CrossEntropyShards) {
+  const DType dtype = GetParam();
+  const int64_t n = 5, v = 301, offset = 100, vocab = 1000, kIgnore = -100;
+  Pair logits = Random({n, v}, dtype, 41, -6, 6);
+  Pair targets = Ids({n}, {100, 400, kIgnore, 250, 999}, DType::kI64);
+  Pair mx = Zeros({n}, DType::kF32), se = Zeros({n}, DType::kF32),
+       tl = Zeros({n}, DType::kF32);
+  ASSERT_TRUE(Both([&](bool g) {
+    return CrossEntropyShardStats(logits.on(g), targets.on(g), offset, vocab,
+                                  kIgnore, mx.ptr(g), se.ptr(g), tl.ptr(g));
+  }));
+  EXPECT_TRUE(Match(mx, 1e-6)) << "max";
+  EXPECT_TRUE(Match(se, 1e-4)) << "sumexp";
+  EXPECT_TRUE(Match(tl, 1e-6)) << "target logit";
+  // The backward from the CPU's statistics on both sides.
+  se.cpu = *Tensor::FromFloats({n}, {9, 8, 7, 6, 5});
+  se.gpu = ToGpu(se.cpu);
+  Pair dlosses = Random({n}, DType::kF32, 42, 0.1, 1.0);
+  Pair dlogits = Zeros({n, v}, dtype);
+  ASSERT_TRUE(Both([&](bool g) {
+    return CrossEntropyShardBackward(logits.on(g), targets.on(g), offset, vocab,
+                                     kIgnore, mx.on(g), se.on(g), dlosses.on(g),
+                                     dlogits.ptr(g));
+  }));
+  EXPECT_TRUE(Match(dlogits, Tol(dtype))) << "dlogits";
+}
+
 TEST_P(CudaOpsTest, EmptyTensors) {
   const DType dtype = GetParam();
   Pair x = Zeros({0, 5}, dtype);

@@ -197,6 +197,51 @@ FSDPP_INLINE void CrossEntropyRowBackward(const T* logits, int64_t v,
   }
 }
 
+// ------------------------------------------------ cross-entropy, loss parallel
+
+// One rank's slice of a row of logits (loss parallel: the vocabulary is split
+// across ranks). local_target: the target's index in this slice, or -1 when
+// another rank holds it. Writes the slice's max, the sum of exp(x - max) over
+// it and the target's logit (0 when not here).
+template <typename T>
+FSDPP_INLINE void CrossEntropyShardRowStats(const T* logits, int64_t v,
+                                            int64_t local_target,
+                                            float* max_out, float* sumexp_out,
+                                            float* target_out) {
+  float max = ToFloat(logits[0]);
+  for (int64_t j = 1; j < v; ++j) max = fmaxf(max, ToFloat(logits[j]));
+  float sum = 0.0f;
+  for (int64_t j = 0; j < v; ++j) sum += expf(ToFloat(logits[j]) - max);
+  *max_out = max;
+  *sumexp_out = sum;
+  *target_out = local_target >= 0 ? ToFloat(logits[local_target]) : 0.0f;
+}
+
+// The slice's dlogits = dloss * (exp(x - max) / sumexp - onehot(local_target)),
+// max and sumexp being the whole row's (all slices combined).
+template <typename T>
+FSDPP_INLINE void CrossEntropyShardRowBackward(const T* logits, int64_t v,
+                                               int64_t local_target, float max,
+                                               float sumexp, float dloss,
+                                               T* dlogits) {
+  const float inv = 1.0f / sumexp;
+  for (int64_t j = 0; j < v; ++j) {
+    float p = expf(ToFloat(logits[j]) - max) * inv;
+    if (j == local_target) p -= 1.0f;
+    dlogits[j] = FromFloat<T>(dloss * p);
+  }
+}
+
+// The slice-local target index of `target` for a slice [offset, offset + v):
+// -1 when ignored or outside.
+FSDPP_INLINE int64_t LocalTarget(int64_t target, int64_t ignore_index,
+                                 int64_t offset, int64_t v) {
+  if (target == ignore_index || target < offset || target >= offset + v) {
+    return -1;
+  }
+  return target - offset;
+}
+
 }  // namespace kernels
 }  // namespace fsdpp
 
