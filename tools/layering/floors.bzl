@@ -26,6 +26,7 @@ FLOORS = [
     ["formats/safetensors"],
     ["nn"],
     ["fsdp"],
+    ["parallel"],
     ["optim", "checkpoint"],
     ["models"],
     ["models/testing"],

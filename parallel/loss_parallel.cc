@@ -1,0 +1,208 @@
+// Loss parallel; see loss_parallel.h.
+#include "parallel/loss_parallel.h"
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "comm/process_group.h"
+#include "core/memcpy.h"
+#include "core/status.h"
+#include "mesh/device_mesh.h"
+#include "tensor/ops.h"
+#include "tensor/placement.h"
+
+namespace fsdpp {
+namespace parallel {
+namespace {
+
+constexpr char kName[] = "LossParallelCrossEntropy";
+
+absl::Status Invalid(const DTensor& logits, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(kName, ": ", what, " (logits ", logits.ToString(), ")"));
+}
+
+// The mesh axis the vocabulary (the last dim) is sharded on.
+absl::StatusOr<int> VocabAxis(const DTensor& logits) {
+  const int last = static_cast<int>(logits.shape().size()) - 1;
+  const std::vector<Placement>& placements = logits.placements();
+  const auto& axes = logits.mesh()->axes();
+  int axis = -1;
+  for (int a = 0; a < static_cast<int>(placements.size()); ++a) {
+    const Placement& p = placements[a];
+    if (p.is_partial()) {
+      return Invalid(logits,
+                     absl::StrCat("Partial on mesh axis '", axes[a].name,
+                                  "': reduce the logits first"));
+    }
+    if (p.is_shard(last)) {
+      if (axis >= 0) {
+        return Invalid(logits, absl::StrCat("the vocabulary is sharded over "
+                                            "two mesh axes ('",
+                                            axes[axis].name, "' and '",
+                                            axes[a].name, "')"));
+      }
+      axis = a;
+    } else if (p.is_shard()) {
+      return Invalid(
+          logits, absl::StrCat("dim ", p.dim(), " is sharded over mesh axis '",
+                               axes[a].name,
+                               "': only the vocabulary (last) dim may be"));
+    }
+  }
+  if (axis < 0) {
+    return Invalid(logits,
+                   "the vocabulary (last) dim is not sharded: use "
+                   "nn::CrossEntropyLoss on the local logits");
+  }
+  return axis;
+}
+
+// In-place blocking all-reduce of an f32 tensor over `group`.
+absl::Status AllReduceF32(ProcessGroup* group, Tensor* t, ReduceOp op,
+                          absl::Duration timeout) {
+  CollectiveOptions blocking;
+  blocking.async_op = false;
+  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                   group->AllReduce(Buffer{t->raw_data(), t->numel(),
+                                           DType::kF32, t->device()},
+                                    op, blocking));
+  return work->Wait(timeout);
+}
+
+// Which targets are ignore_index (targets copied to the host).
+absl::StatusOr<std::vector<bool>> IgnoredRows(const Tensor& targets,
+                                              int64_t ignore_index) {
+  const int64_t n = targets.numel();
+  std::vector<char> host(targets.nbytes());
+  RETURN_IF_ERROR(CopyBytes(host.data(), Device::Cpu(), targets.raw_data(),
+                            targets.device(), targets.nbytes()));
+  std::vector<bool> ignored(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t t = targets.dtype() == DType::kI32
+                          ? reinterpret_cast<const int32_t*>(host.data())[i]
+                          : reinterpret_cast<const int64_t*>(host.data())[i];
+    ignored[i] = t == ignore_index;
+  }
+  return ignored;
+}
+
+}  // namespace
+
+absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
+                                                        const Tensor& targets) {
+  saved_ = false;
+  logits_ = DTensor();
+  targets_ = max_ = sumexp_ = Tensor();
+  if (logits.mesh() == nullptr || !logits.local().defined()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kName, ": undefined logits"));
+  }
+  if (!targets.defined()) {
+    return Invalid(logits, "undefined targets");
+  }
+  if (targets.dtype() != DType::kI32 && targets.dtype() != DType::kI64) {
+    return Invalid(logits, absl::StrCat("targets ", targets.ToString(),
+                                        " must be i32 or i64"));
+  }
+  ASSIGN_OR_RETURN(const int axis, VocabAxis(logits));
+  DeviceMesh* mesh = logits.mesh();
+  ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[axis].name));
+  const Tensor& local = logits.local();
+  const Device device = local.device();
+  const int64_t vocab = logits.shape().back();
+  const int64_t offset = logits.local_box().offset.back();
+  const int64_t n = targets.numel();
+
+  // This slice's statistics, then the whole rows' max.
+  ASSIGN_OR_RETURN(Tensor max, Tensor::Empty({n}, DType::kF32, device));
+  ASSIGN_OR_RETURN(Tensor sumexp, Tensor::Empty({n}, DType::kF32, device));
+  ASSIGN_OR_RETURN(Tensor target, Tensor::Empty({n}, DType::kF32, device));
+  RETURN_IF_ERROR(
+      Annotate(CrossEntropyShardStats(local, targets, offset, vocab,
+                                      ignore_index_, &max, &sumexp, &target),
+               kName));
+  ASSIGN_OR_RETURN(Tensor global_max, Tensor::Empty({n}, DType::kF32, device));
+  RETURN_IF_ERROR(Copy(max, &global_max));
+  RETURN_IF_ERROR(AllReduceF32(group, &global_max, ReduceOp::kMax, timeout_));
+
+  // Rescaled sums and target logits, summed over the slices in one go.
+  ASSIGN_OR_RETURN(std::vector<float> m, max.ToFloats());
+  ASSIGN_OR_RETURN(std::vector<float> s, sumexp.ToFloats());
+  ASSIGN_OR_RETURN(std::vector<float> t, target.ToFloats());
+  ASSIGN_OR_RETURN(std::vector<float> gm, global_max.ToFloats());
+  std::vector<float> packed(2 * n);
+  for (int64_t i = 0; i < n; ++i) {
+    packed[i] = s[i] == 0.0f ? 0.0f : s[i] * std::exp(m[i] - gm[i]);
+    packed[n + i] = t[i];
+  }
+  ASSIGN_OR_RETURN(Tensor sums,
+                   Tensor::FromFloats({2 * n}, packed, DType::kF32, device));
+  RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
+  ASSIGN_OR_RETURN(std::vector<float> summed, sums.ToFloats());
+
+  // Per-row losses as CrossEntropy computes them, their sum as Sum does (in
+  // double, rounded to f32), the mean as nn::CrossEntropyLoss takes it.
+  ASSIGN_OR_RETURN(std::vector<bool> ignored,
+                   IgnoredRows(targets, ignore_index_));
+  std::vector<float> row_sum(summed.begin(), summed.begin() + n);
+  double total = 0.0;
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ignored[i]) {
+      row_sum[i] = 1.0f;  // Unused by Backward (zero rows); keeps 1/sum finite.
+      continue;
+    }
+    total += std::log(row_sum[i]) + gm[i] - summed[n + i];
+    ++count;
+  }
+  float loss = 0.0f;
+  if (count > 0) {
+    loss = static_cast<float>(static_cast<double>(static_cast<float>(total)) /
+                              count);
+  }
+  ASSIGN_OR_RETURN(sumexp_,
+                   Tensor::FromFloats({n}, row_sum, DType::kF32, device));
+  logits_ = logits;
+  targets_ = targets;
+  max_ = global_max;
+  vocab_offset_ = offset;
+  count_ = count;
+  saved_ = true;
+  return loss;
+}
+
+absl::StatusOr<DTensor> LossParallelCrossEntropy::Backward(float scale) {
+  if (!saved_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kName, ": Backward without a Forward"));
+  }
+  if (!std::isfinite(scale) || scale <= 0.0f) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kName, ": Backward scale must be finite and > 0, got ", scale));
+  }
+  const Tensor& local = logits_.local();
+  const int64_t n = targets_.numel();
+  ASSIGN_OR_RETURN(Tensor dlosses,
+                   Tensor::Empty({n}, DType::kF32, local.device()));
+  RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
+  ASSIGN_OR_RETURN(Tensor dlocal,
+                   Tensor::Empty(local.shape(), local.dtype(), local.device()));
+  RETURN_IF_ERROR(
+      Annotate(CrossEntropyShardBackward(local, targets_, vocab_offset_,
+                                         logits_.shape().back(), ignore_index_,
+                                         max_, sumexp_, dlosses, &dlocal),
+               absl::StrCat(kName, " backward")));
+  ASSIGN_OR_RETURN(DTensor dlogits,
+                   DTensor::FromLocal(std::move(dlocal), logits_.mesh(),
+                                      logits_.placements(), logits_.shape()));
+  saved_ = false;
+  logits_ = DTensor();
+  targets_ = max_ = sumexp_ = Tensor();
+  return dlogits;
+}
+
+}  // namespace parallel
+}  // namespace fsdpp
