@@ -11,9 +11,12 @@
 //  * sums along a row (mean, variance, softmax denominators, dot products)
 //    add lane-wise partial sums and then the lanes, not left to right;
 //  * exp is kernels::ExpApprox (measured 7.9e-8 relative), not libm's expf.
-// Each row's result depends only on that row and its length (never on the
-// alignment, the thread count or the split), so runs stay deterministic and
-// every data-parallel layout computes the same numbers.
+// Each row's result depends only on that row, its length and the SIMD target
+// the CPU dispatches to (its vector width sets the lanes): never on the
+// alignment, the thread count or the split, so runs stay deterministic and
+// every data-parallel layout on one kind of CPU computes the same numbers.
+// (Machines with different vector widths agree to the tolerance, not the
+// bit.)
 //
 // Column sums (SumRowsAccumulate, and the weight / bias gradients of the
 // norms) are vectorised across columns, each column still summed over rows in
