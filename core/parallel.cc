@@ -4,19 +4,28 @@
 
 namespace fsdpp {
 
-void ParallelChunks(int64_t n,
+void ThreadChunk(int64_t n, int t, int nt, int64_t* begin, int64_t* end) {
+  *begin = (n * t / nt) & ~int64_t{63};
+  *end = t + 1 == nt ? n : (n * (t + 1) / nt) & ~int64_t{63};
+}
+
+void ParallelChunks(int64_t n, int64_t work,
                     absl::FunctionRef<void(int64_t begin, int64_t end)> chunk) {
-  if (n <= kParallelElements) {
+  if (work <= kParallelElements) {
     if (n > 0) chunk(0, n);
     return;
   }
 #pragma omp parallel
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t begin = (n * t / nt) & ~int64_t{63};
-    const int64_t end = t + 1 == nt ? n : (n * (t + 1) / nt) & ~int64_t{63};
+    int64_t begin, end;
+    ThreadChunk(n, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
     if (end > begin) chunk(begin, end);
   }
+}
+
+void ParallelChunks(int64_t n,
+                    absl::FunctionRef<void(int64_t begin, int64_t end)> chunk) {
+  ParallelChunks(n, n, chunk);
 }
 
 }  // namespace fsdpp

@@ -20,6 +20,16 @@ constexpr int64_t kParallelElements = 1 << 15;
 void ParallelChunks(int64_t n,
                     absl::FunctionRef<void(int64_t begin, int64_t end)> chunk);
 
+// The same split of [0, n), parallel when `work` (the elements the chunks
+// touch in all, e.g. rows x columns when the chunks are column ranges)
+// exceeds kParallelElements.
+void ParallelChunks(int64_t n, int64_t work,
+                    absl::FunctionRef<void(int64_t begin, int64_t end)> chunk);
+
+// The part of [0, n) thread t of nt takes in ParallelChunks ([begin, end),
+// possibly empty), for a split inside a parallel region already open.
+void ThreadChunk(int64_t n, int t, int nt, int64_t* begin, int64_t* end);
+
 }  // namespace fsdpp
 
 #endif  // FSDPP_CORE_PARALLEL_H_

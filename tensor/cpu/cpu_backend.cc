@@ -327,15 +327,14 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status Embedding(const Tensor& ids, const Tensor& table, int64_t n,
                          int64_t v, int64_t c, Tensor* out) override {
-    RETURN_IF_ERROR(CheckIds(ids, n, v, false, 0, "Embedding"));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
+                     CheckedIds(ids, n, v, false, 0, "Embedding"));
     const size_t row_bytes = c * DTypeSize(table.dtype());
     const char* pt = static_cast<const char*>(table.raw_data());
     char* po = static_cast<char*>(out->raw_data());
 #pragma omp parallel for schedule(static) if (n * c > kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(po + i * row_bytes,
-                  pt + IdAt(ids.raw_data(), ids.dtype(), i) * row_bytes,
-                  row_bytes);
+      std::memcpy(po + i * row_bytes, pt + rows[i] * row_bytes, row_bytes);
     }
     return absl::OkStatus();
   }
@@ -343,39 +342,32 @@ class CpuBackendImpl final : public Backend {
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
                                  int64_t n, int64_t v, int64_t c,
                                  Tensor* dtable) override {
-    RETURN_IF_ERROR(CheckIds(ids, n, v, false, 0, "EmbeddingBackward"));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
+                     CheckedIds(ids, n, v, false, 0, "EmbeddingBackward"));
     RETURN_IF_ERROR(CheckFloat(dout.dtype()));
     const DType dt = dout.dtype();
-    const std::vector<int64_t> rows = Ids(ids, n);
     // Columns are independent: each thread takes a range of them and walks
     // the rows in order, adding each into its table row with the vector Add,
     // so repeated ids add up without races, in the scalar loop's order.
-#pragma omp parallel if (n * c > kParallelElements)
-    {
-      const int t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t blocks = (c + 63) / 64;
-      const int64_t begin = std::min(c, blocks * t / nt * 64);
-      const int64_t end = std::min(c, blocks * (t + 1) / nt * 64);
-      if (begin < end) {
-        for (int64_t i = 0; i < n; ++i) {
-          void* row = At(dtable->raw_data(), dt, rows[i] * c + begin);
-          simd::Add(dt, row, At(dout.raw_data(), dt, i * c + begin), row,
-                    end - begin);
-        }
+    ParallelChunks(c, n * c, [&](int64_t begin, int64_t end) {
+      for (int64_t i = 0; i < n; ++i) {
+        void* row = At(dtable->raw_data(), dt, rows[i] * c + begin);
+        simd::Add(dt, row, At(dout.raw_data(), dt, i * c + begin), row,
+                  end - begin);
       }
-    }
+    });
     return absl::OkStatus();
   }
 
   absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                             int64_t n, int64_t v, int64_t ignore_index,
                             Tensor* losses) override {
-    RETURN_IF_ERROR(
-        CheckIds(targets, n, v, true, ignore_index, "CrossEntropy"));
+    ASSIGN_OR_RETURN(
+        const std::vector<int64_t> ids,
+        CheckedIds(targets, n, v, true, ignore_index, "CrossEntropy"));
     RETURN_IF_ERROR(CheckFloat(logits.dtype()));
-    rowwise::CrossEntropyForward(logits.dtype(), logits.raw_data(),
-                                 Ids(targets, n).data(), n, v, ignore_index,
-                                 losses->data<float>());
+    rowwise::CrossEntropyForward(logits.dtype(), logits.raw_data(), ids.data(),
+                                 n, v, ignore_index, losses->data<float>());
     return absl::OkStatus();
   }
 
@@ -383,12 +375,13 @@ class CpuBackendImpl final : public Backend {
                                     const Tensor& dlosses, int64_t n, int64_t v,
                                     int64_t ignore_index,
                                     Tensor* dlogits) override {
-    RETURN_IF_ERROR(
-        CheckIds(targets, n, v, true, ignore_index, "CrossEntropyBackward"));
+    ASSIGN_OR_RETURN(
+        const std::vector<int64_t> ids,
+        CheckedIds(targets, n, v, true, ignore_index, "CrossEntropyBackward"));
     RETURN_IF_ERROR(CheckFloat(logits.dtype()));
-    rowwise::CrossEntropyBackward(logits.dtype(), logits.raw_data(),
-                                  Ids(targets, n).data(), dlosses.data<float>(),
-                                  n, v, ignore_index, dlogits->raw_data());
+    rowwise::CrossEntropyBackward(logits.dtype(), logits.raw_data(), ids.data(),
+                                  dlosses.data<float>(), n, v, ignore_index,
+                                  dlogits->raw_data());
     return absl::OkStatus();
   }
 
@@ -398,10 +391,11 @@ class CpuBackendImpl final : public Backend {
                                       int64_t vocab_size, int64_t ignore_index,
                                       Tensor* max, Tensor* sumexp,
                                       Tensor* target_logit) override {
-    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
-                             "CrossEntropyShardStats"));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                     CheckedIds(targets, n, vocab_size, true, ignore_index,
+                                "CrossEntropyShardStats"));
     RETURN_IF_ERROR(CheckFloat(logits.dtype()));
-    const ShardTargets st(targets, n, v, vocab_offset, ignore_index);
+    const ShardTargets st(ids, v, vocab_offset, ignore_index);
     rowwise::CrossEntropyShardStats(logits.dtype(), logits.raw_data(),
                                     st.local.data(), st.ignored.get(), n, v,
                                     max->data<float>(), sumexp->data<float>(),
@@ -414,10 +408,11 @@ class CpuBackendImpl final : public Backend {
       const Tensor& sumexp, const Tensor& dlosses, int64_t n, int64_t v,
       int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
       Tensor* dlogits) override {
-    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
-                             "CrossEntropyShardBackward"));
+    ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                     CheckedIds(targets, n, vocab_size, true, ignore_index,
+                                "CrossEntropyShardBackward"));
     RETURN_IF_ERROR(CheckFloat(logits.dtype()));
-    const ShardTargets st(targets, n, v, vocab_offset, ignore_index);
+    const ShardTargets st(ids, v, vocab_offset, ignore_index);
     rowwise::CrossEntropyShardBackward(
         logits.dtype(), logits.raw_data(), st.local.data(), st.ignored.get(),
         max.data<float>(), sumexp.data<float>(), dlosses.data<float>(), n, v,
@@ -433,40 +428,35 @@ class CpuBackendImpl final : public Backend {
 
   // Loss parallel's per-row targets within a vocabulary slice.
   struct ShardTargets {
-    ShardTargets(const Tensor& targets, int64_t n, int64_t v, int64_t offset,
+    ShardTargets(const std::vector<int64_t>& targets, int64_t v, int64_t offset,
                  int64_t ignore_index)
-        : local(n), ignored(new bool[n]) {
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t t = IdAt(targets.raw_data(), targets.dtype(), i);
-        local[i] = kernels::LocalTarget(t, ignore_index, offset, v);
-        ignored[i] = t == ignore_index;
+        : local(targets.size()), ignored(new bool[targets.size()]) {
+      for (size_t i = 0; i < targets.size(); ++i) {
+        local[i] = kernels::LocalTarget(targets[i], ignore_index, offset, v);
+        ignored[i] = targets[i] == ignore_index;
       }
     }
     std::vector<int64_t> local;
     std::unique_ptr<bool[]> ignored;
   };
 
-  // The first n ids (i32 or i64) as int64.
-  static std::vector<int64_t> Ids(const Tensor& ids, int64_t n) {
+  // The first n ids (i32 or i64) as int64, read once; InvalidArgument
+  // naming the first id outside [0, v) (ignore_index allowed if asked).
+  static absl::StatusOr<std::vector<int64_t>> CheckedIds(const Tensor& ids,
+                                                         int64_t n, int64_t v,
+                                                         bool allow_ignore,
+                                                         int64_t ignore_index,
+                                                         const char* op) {
     std::vector<int64_t> out(n);
-    for (int64_t i = 0; i < n; ++i)
-      out[i] = IdAt(ids.raw_data(), ids.dtype(), i);
-    return out;
-  }
-
-  // Returns InvalidArgument naming the first id outside [0, v).
-  static absl::Status CheckIds(const Tensor& ids, int64_t n, int64_t v,
-                               bool allow_ignore, int64_t ignore_index,
-                               const char* op) {
     for (int64_t i = 0; i < n; ++i) {
       const int64_t id = IdAt(ids.raw_data(), ids.dtype(), i);
-      if (allow_ignore && id == ignore_index) continue;
-      if (id < 0 || id >= v) {
+      if (!(allow_ignore && id == ignore_index) && (id < 0 || id >= v)) {
         return absl::InvalidArgumentError(absl::StrCat(
             op, ": id ", id, " at position ", i, " is outside [0, ", v, ")"));
       }
+      out[i] = id;
     }
-    return absl::OkStatus();
+    return out;
   }
 };
 

@@ -177,15 +177,6 @@ void SoftmaxBackwardAll(DType dtype, const void* y_raw, const void* dy_raw,
 
 // ----------------------------------------------------------- column sums
 
-// The range of columns [begin, end) of thread t of nt: boundaries at
-// multiples of 64 elements, so no two threads write one cache line.
-HWY_INLINE void ColumnRange(int64_t c, int t, int nt, int64_t* begin,
-                            int64_t* end) {
-  const int64_t blocks = (c + 63) / 64;
-  *begin = std::min(c, blocks * t / nt * 64);
-  *end = std::min(c, blocks * (t + 1) / nt * 64);
-}
-
 // Columns [begin, end): out[j] += sum over r of term(r, j), rows in order,
 // `term` as a vector over lanes columns (vterm) and for one column (sterm).
 template <typename O, class VTerm, class STerm>
@@ -224,13 +215,9 @@ void SumRowsAccumulateAll(DType x_dtype, const void* x_raw, int64_t rows,
     ByDType(out_dtype, [&](auto tag_o) {
       using O = typename decltype(tag_o)::type;
       O* out = static_cast<O*>(out_raw);
-#pragma omp parallel if (rows * cols > kParallelElements)
-      {
-        int64_t begin, end;
-        ColumnRange(cols, omp_get_thread_num(), omp_get_num_threads(), &begin,
-                    &end);
+      ParallelChunks(cols, rows * cols, [&](int64_t begin, int64_t end) {
         PlainColumnSums(x, rows, cols, begin, end, out);
-      }
+      });
     });
   });
 }
@@ -350,7 +337,7 @@ void LayerNormBackwardAll(DType dtype, const void* dy_raw, const void* x_raw,
                              dx + r * c);
       }
       int64_t begin, end;
-      ColumnRange(c, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
+      ThreadChunk(c, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
       // kernels::LayerNormColumnBackward's terms: dy * (x - mean) * rstd.
       ColumnSums(
           rows, begin, end, dw,
@@ -458,7 +445,7 @@ void RmsNormBackwardAll(DType dtype, const void* dy_raw, const void* x_raw,
         RmsNormRowBackward(dy + r * c, x + r * c, w, rstd[r], c, dx + r * c);
       }
       int64_t begin, end;
-      ColumnRange(c, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
+      ThreadChunk(c, omp_get_thread_num(), omp_get_num_threads(), &begin, &end);
       // kernels::RmsNormColumnBackward's terms: dy * x * rstd.
       ColumnSums(
           rows, begin, end, dw,
