@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/memcpy.h"
 #include "core/status.h"
 #include "nn/layer_util.h"
 #include "tensor/ops.h"
@@ -17,18 +16,9 @@ namespace {
 // Targets that are not `ignore_index` (targets is i32 or i64, not meta).
 absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
                                      int64_t ignore_index) {
-  const int64_t n = targets.numel();
-  std::vector<char> host(targets.nbytes());
-  RETURN_IF_ERROR(CopyBytes(host.data(), Device::Cpu(), targets.raw_data(),
-                            targets.device(), targets.nbytes()));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
   int64_t count = 0;
-  if (targets.dtype() == DType::kI32) {
-    const int32_t* t = reinterpret_cast<const int32_t*>(host.data());
-    for (int64_t i = 0; i < n; ++i) count += t[i] != ignore_index;
-  } else {
-    const int64_t* t = reinterpret_cast<const int64_t*>(host.data());
-    for (int64_t i = 0; i < n; ++i) count += t[i] != ignore_index;
-  }
+  for (int64_t id : ids) count += id != ignore_index;
   return count;
 }
 

@@ -7,7 +7,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
-#include "core/memcpy.h"
 #include "core/status.h"
 #include "mesh/device_mesh.h"
 #include "tensor/ops.h"
@@ -72,23 +71,6 @@ absl::Status AllReduceF32(ProcessGroup* group, Tensor* t, ReduceOp op,
   return work->Wait(timeout);
 }
 
-// Which targets are ignore_index (targets copied to the host).
-absl::StatusOr<std::vector<bool>> IgnoredRows(const Tensor& targets,
-                                              int64_t ignore_index) {
-  const int64_t n = targets.numel();
-  std::vector<char> host(targets.nbytes());
-  RETURN_IF_ERROR(CopyBytes(host.data(), Device::Cpu(), targets.raw_data(),
-                            targets.device(), targets.nbytes()));
-  std::vector<bool> ignored(n);
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t t = targets.dtype() == DType::kI32
-                          ? reinterpret_cast<const int32_t*>(host.data())[i]
-                          : reinterpret_cast<const int64_t*>(host.data())[i];
-    ignored[i] = t == ignore_index;
-  }
-  return ignored;
-}
-
 }  // namespace
 
 absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
@@ -145,13 +127,12 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
 
   // Per-row losses as CrossEntropy computes them, their sum as Sum does (in
   // double, rounded to f32), the mean as nn::CrossEntropyLoss takes it.
-  ASSIGN_OR_RETURN(std::vector<bool> ignored,
-                   IgnoredRows(targets, ignore_index_));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
   std::vector<float> row_sum(summed.begin(), summed.begin() + n);
   double total = 0.0;
   int64_t count = 0;
   for (int64_t i = 0; i < n; ++i) {
-    if (ignored[i]) {
+    if (ids[i] == ignore_index_) {
       row_sum[i] = 1.0f;  // Unused by Backward (zero rows); keeps 1/sum finite.
       continue;
     }

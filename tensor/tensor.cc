@@ -210,6 +210,24 @@ Tensor Tensor::Flatten() const {
   return Tensor(storage_, offset_, Shape{numel()}, dtype_, device_);
 }
 
+absl::StatusOr<std::vector<int64_t>> Tensor::ToInts() const {
+  if (!defined_ || is_meta() ||
+      (dtype_ != DType::kI32 && dtype_ != DType::kI64)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ToInts: needs i32 or i64 data, got ", ToString()));
+  }
+  std::vector<char> host(nbytes());
+  RETURN_IF_ERROR(
+      CopyBytes(host.data(), Device::Cpu(), raw_data(), device_, nbytes()));
+  std::vector<int64_t> out(numel());
+  for (size_t i = 0; i < out.size(); ++i) {
+    out[i] = dtype_ == DType::kI32
+                 ? reinterpret_cast<const int32_t*>(host.data())[i]
+                 : reinterpret_cast<const int64_t*>(host.data())[i];
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<float>> Tensor::ToFloats() const {
   if (!defined_ || is_meta()) {
     return absl::InvalidArgumentError(

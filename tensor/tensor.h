@@ -125,6 +125,9 @@ class Tensor {
 
   // Copies the elements to a host vector, converted to float (any dtype).
   absl::StatusOr<std::vector<float>> ToFloats() const;
+  // Copies the ids of an i32 or i64 tensor to a host vector (FromInts'
+  // inverse); InvalidArgument for other dtypes.
+  absl::StatusOr<std::vector<int64_t>> ToInts() const;
 
   // "f32[2, 3] cpu" (or "undefined").
   std::string ToString() const;

@@ -102,6 +102,10 @@ TEST_F(TensorTest, ZerosAndConversions) {
   EXPECT_EQ(*b.ToFloats(), (std::vector<float>{1.0f, 1.0f, -2.5f}));
   Tensor ids = *Tensor::FromInts({2}, {7, -3}, DType::kI64);
   EXPECT_EQ(*ids.ToFloats(), (std::vector<float>{7.0f, -3.0f}));
+  EXPECT_EQ(*ids.ToInts(), (std::vector<int64_t>{7, -3}));
+  Tensor ids32 = *Tensor::FromInts({3}, {0, 2147483647, -100}, DType::kI32);
+  EXPECT_EQ(*ids32.ToInts(), (std::vector<int64_t>{0, 2147483647, -100}));
+  EXPECT_FALSE(b.ToInts().ok());  // Not ids.
   EXPECT_FALSE(Tensor::FromInts({1}, {1}, DType::kF32).ok());
 }
 
