@@ -24,13 +24,10 @@ namespace {
 
 // Rotates every [hd] row of t [B, n, T, hd] in place (position = t), or
 // applies the inverse rotation with `backward`.
-absl::Status ApplyRope(Tensor* t, const AttentionConfig& config,
+absl::Status ApplyRope(Tensor* t, const std::vector<float>& inv_freq,
                        bool backward) {
   if (t->is_meta() || t->numel() == 0) return absl::OkStatus();
-  return Rope(
-      t,
-      kernels::RopeInvFreqs(config.rope_theta, t->dim(3), config.rope_scaling),
-      backward);
+  return Rope(t, inv_freq, backward);
 }
 
 }  // namespace
@@ -103,6 +100,10 @@ CausalSelfAttention::Create(const AttentionConfig& config) {
 CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config)
     : Module("CausalSelfAttention"), config_(config) {
   const int64_t c = config.dim, hd = config.head_dim();
+  if (config.rope) {
+    rope_inv_freq_ =
+        kernels::RopeInvFreqs(config.rope_theta, hd, config.rope_scaling);
+  }
   const int64_t q_width = config.n_heads * hd,
                 kv_width = config.kv_heads() * hd;
   const DType dtype = config.param_dtype;
@@ -165,8 +166,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     RETURN_IF_ERROR(SplitHeads(v4, 0, &v));
   }
   if (config_.rope) {
-    RETURN_IF_ERROR(ApplyRope(&q, config_, /*backward=*/false));
-    RETURN_IF_ERROR(ApplyRope(&k, config_, /*backward=*/false));
+    RETURN_IF_ERROR(ApplyRope(&q, rope_inv_freq_, /*backward=*/false));
+    RETURN_IF_ERROR(ApplyRope(&k, rope_inv_freq_, /*backward=*/false));
   }
   q_heads_ = std::move(q);
   k_heads_ = std::move(k);
@@ -276,8 +277,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   ReleaseSavedTensorsImpl();
 
   if (config_.rope) {
-    RETURN_IF_ERROR(ApplyRope(&dq, config_, /*backward=*/true));
-    RETURN_IF_ERROR(ApplyRope(&dk, config_, /*backward=*/true));
+    RETURN_IF_ERROR(ApplyRope(&dq, rope_inv_freq_, /*backward=*/true));
+    RETURN_IF_ERROR(ApplyRope(&dk, rope_inv_freq_, /*backward=*/true));
   }
 
   // Heads back to the projections' layout, then through the projections

@@ -31,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
@@ -108,6 +109,8 @@ class CausalSelfAttention : public Module {
                                Tensor* dv);
 
   AttentionConfig config_;
+  // RoPE's frequencies (head_dim / 2), computed once from the config.
+  std::vector<float> rope_inv_freq_;
   // Fused layout: qkv_ = c_attn. Separate layout: q_, k_, v_ = wq, wk, wv.
   Linear* qkv_ = nullptr;
   Linear* q_ = nullptr;
