@@ -127,9 +127,52 @@ CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config)
   }
 }
 
-absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
-  const int64_t c = config_.dim, h = config_.n_heads, kv = config_.kv_heads(),
+absl::StatusOr<CausalSelfAttention::LocalHeads>
+CausalSelfAttention::ComputeLocalHeads() const {
+  const int64_t h = config_.n_heads, kv = config_.kv_heads(),
                 hd = config_.head_dim();
+  LocalHeads l;
+  const auto invalid = [&](const std::string& why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the projections' pieces do not split whole heads (", why, "; n_heads ",
+        h, ", n_kv_heads ", kv, ", head_dim ", hd, ")"));
+  };
+  if (qkv_ != nullptr) {
+    const int64_t width = qkv_->local_out_features(), units = width / hd;
+    if (width % hd != 0 || units * h % (h + 2 * kv) != 0 ||
+        units * kv % (h + 2 * kv) != 0) {
+      return invalid(absl::StrCat("c_attn computes ", width, " features"));
+    }
+    l.h = units * h / (h + 2 * kv);
+    l.kv = l.kv_proj = units * kv / (h + 2 * kv);
+  } else {
+    const int64_t q_width = q_->local_out_features(),
+                  kv_width = k_->local_out_features();
+    if (q_width % hd != 0 || kv_width % hd != 0 ||
+        v_->local_out_features() != kv_width) {
+      return invalid(absl::StrCat("q computes ", q_width, " features, k ",
+                                  kv_width, ", v ", v_->local_out_features()));
+    }
+    l.h = q_width / hd;
+    l.kv = l.kv_proj = kv_width / hd;
+    // Fewer kv heads than ranks: every rank projects all of them and uses
+    // the one its query heads share.
+    if (!k_->weight()->has_piece() && l.h < h) {
+      const int64_t group = h / kv;
+      const int64_t first_q =
+          q_->weight()->has_piece() ? q_->weight()->piece.offset[0] / hd : 0;
+      l.kv_first = first_q / group;
+      l.kv = (first_q + l.h - 1) / group - l.kv_first + 1;
+    }
+  }
+  if (l.h == 0 || l.kv == 0 || l.h % l.kv != 0) {
+    return invalid(absl::StrCat(l.h, " query heads over ", l.kv, " kv heads"));
+  }
+  return l;
+}
+
+absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
+  const int64_t c = config_.dim, hd = config_.head_dim();
   if (x.ndim() != 3 || x.dim(2) != c || x.dim(0) < 1 || x.dim(1) < 1 ||
       x.dim(1) > config_.max_seq_len) {
     return absl::InvalidArgumentError(
@@ -140,6 +183,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     return absl::InvalidArgumentError(
         absl::StrCat("x ", x.ToString(), " must be f32, bf16 or f16"));
   }
+  ASSIGN_OR_RETURN(heads_, ComputeLocalHeads());
+  const int64_t h = heads_.h, kv = heads_.kv;
   const int64_t b = x.dim(0), t = x.dim(1);
   const DType dtype = x.dtype();
   const Device device = x.device();
@@ -155,15 +200,16 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     RETURN_IF_ERROR(SplitHeads(qkv4, h, &k));
     RETURN_IF_ERROR(SplitHeads(qkv4, h + kv, &v));
   } else {
+    const int64_t kv_proj = heads_.kv_proj;
     ASSIGN_OR_RETURN(Tensor q_flat, q_->Forward(x));
     ASSIGN_OR_RETURN(Tensor k_flat, k_->Forward(x));
     ASSIGN_OR_RETURN(Tensor v_flat, v_->Forward(x));
     ASSIGN_OR_RETURN(Tensor q4, q_flat.Reshape({b, t, h, hd}));
-    ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv, hd}));
-    ASSIGN_OR_RETURN(Tensor v4, v_flat.Reshape({b, t, kv, hd}));
+    ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv_proj, hd}));
+    ASSIGN_OR_RETURN(Tensor v4, v_flat.Reshape({b, t, kv_proj, hd}));
     RETURN_IF_ERROR(SplitHeads(q4, 0, &q));
-    RETURN_IF_ERROR(SplitHeads(k4, 0, &k));
-    RETURN_IF_ERROR(SplitHeads(v4, 0, &v));
+    RETURN_IF_ERROR(SplitHeads(k4, heads_.kv_first, &k));
+    RETURN_IF_ERROR(SplitHeads(v4, heads_.kv_first, &v));
   }
   if (config_.rope) {
     RETURN_IF_ERROR(ApplyRope(&q, rope_inv_freq_, /*backward=*/false));
@@ -183,12 +229,13 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
                    EmptyActivation({b, t, h * hd}, dtype, device));
   ASSIGN_OR_RETURN(Tensor merged4, merged.Reshape({b, t, h, hd}));
   RETURN_IF_ERROR(MergeHeads(heads_out, 0, &merged4));
-  return out_->Forward(merged);
+  ASSIGN_OR_RETURN(Tensor y, out_->Forward(merged));
+  out_shape_ = y.shape();
+  return y;
 }
 
 absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
-  const int64_t b = batch_, h = config_.n_heads, t = seq_len_,
-                hd = config_.head_dim();
+  const int64_t b = batch_, h = heads_.h, t = seq_len_, hd = config_.head_dim();
   const Device device = q_heads_.device();
   ASSIGN_OR_RETURN(heads_out_, Tensor::Empty({b, h, t, hd}, q_heads_.dtype(),
                                              device, MemoryTag::kAttention));
@@ -200,8 +247,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
 }
 
 absl::StatusOr<Tensor> CausalSelfAttention::AttendUnfused() {
-  const int64_t b = batch_, h = config_.n_heads, kv = config_.kv_heads(),
-                t = seq_len_, hd = config_.head_dim(), rep = h / kv;
+  const int64_t b = batch_, h = heads_.h, kv = heads_.kv, t = seq_len_,
+                hd = config_.head_dim(), rep = h / kv;
   const DType dtype = q_heads_.dtype();
   const Device device = q_heads_.device();
   const auto empty = [&](Shape shape, DType d) {
@@ -242,12 +289,12 @@ float CausalSelfAttention::Scale() const {
 
 absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   if (!q_heads_.defined()) return NoSavedForward(kind());
-  const int64_t h = config_.n_heads, kv = config_.kv_heads(),
-                hd = config_.head_dim(), b = batch_, t = seq_len_;
-  if (dy.shape() != Shape{b, t, config_.dim}) {
+  const int64_t h = heads_.h, kv = heads_.kv, hd = config_.head_dim(),
+                b = batch_, t = seq_len_;
+  if (dy.shape() != out_shape_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dy ", dy.ToString(), " must be [", b, ", ", t, ", ",
-                     config_.dim, "] like the forward output"));
+        absl::StrCat("dy ", dy.ToString(), " must be ",
+                     ShapeToString(out_shape_), " like the forward output"));
   }
   const DType dtype = q_heads_.dtype();
   const Device device = q_heads_.device();
@@ -291,19 +338,26 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
     RETURN_IF_ERROR(MergeHeads(dv, h + kv, &dqkv4));
     return qkv_->Backward(dqkv);
   }
-  const auto merged = [&](const Tensor& heads) -> absl::StatusOr<Tensor> {
-    const int64_t n = heads.dim(1);
-    ASSIGN_OR_RETURN(Tensor flat, empty({b, t, n * hd}, dtype));
+  // Into [B, T, n hd] at head `first` (zeros for the other heads).
+  const auto merged = [&](const Tensor& heads, int64_t n,
+                          int64_t first) -> absl::StatusOr<Tensor> {
+    Tensor flat;
+    if (n == heads.dim(1)) {
+      ASSIGN_OR_RETURN(flat, empty({b, t, n * hd}, dtype));
+    } else {
+      ASSIGN_OR_RETURN(flat, Tensor::Zeros({b, t, n * hd}, dtype, device,
+                                           MemoryTag::kOther));
+    }
     ASSIGN_OR_RETURN(Tensor flat4, flat.Reshape({b, t, n, hd}));
-    RETURN_IF_ERROR(MergeHeads(heads, 0, &flat4));
+    RETURN_IF_ERROR(MergeHeads(heads, first, &flat4));
     return flat;
   };
-  ASSIGN_OR_RETURN(Tensor dv_flat, merged(dv));
+  ASSIGN_OR_RETURN(Tensor dv_flat, merged(dv, heads_.kv_proj, heads_.kv_first));
   ASSIGN_OR_RETURN(Tensor dx, v_->Backward(dv_flat));
-  ASSIGN_OR_RETURN(Tensor dk_flat, merged(dk));
+  ASSIGN_OR_RETURN(Tensor dk_flat, merged(dk, heads_.kv_proj, heads_.kv_first));
   ASSIGN_OR_RETURN(Tensor dx_k, k_->Backward(dk_flat));
   RETURN_IF_ERROR(Add(dx, dx_k, &dx));
-  ASSIGN_OR_RETURN(Tensor dq_flat, merged(dq));
+  ASSIGN_OR_RETURN(Tensor dq_flat, merged(dq, h, 0));
   ASSIGN_OR_RETURN(Tensor dx_q, q_->Backward(dq_flat));
   RETURN_IF_ERROR(Add(dx, dx_q, &dx));
   return dx;
@@ -312,8 +366,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
 absl::Status CausalSelfAttention::UnfusedBackward(const Tensor& dout,
                                                   Tensor* dq, Tensor* dk,
                                                   Tensor* dv) {
-  const int64_t h = config_.n_heads, kv = config_.kv_heads(),
-                hd = config_.head_dim(), rep = h / kv, b = batch_, t = seq_len_;
+  const int64_t h = heads_.h, kv = heads_.kv, hd = config_.head_dim(),
+                rep = h / kv, b = batch_, t = seq_len_;
   const DType dtype = q_heads_.dtype();
   const Device device = q_heads_.device();
   const auto empty = [&](Shape shape, DType d) {

@@ -98,6 +98,17 @@ class CausalSelfAttention : public Module {
  private:
   explicit CausalSelfAttention(const AttentionConfig& config);
 
+  // The heads this process computes: all of them, or under tensor
+  // parallelism those of its projections' pieces (query heads split across
+  // the ranks; kv heads split too, or, with fewer kv heads than ranks, all
+  // projected on every rank and the ones its query heads share used).
+  struct LocalHeads {
+    int64_t h = 0;         // query heads
+    int64_t kv = 0;        // kv heads the attention core uses
+    int64_t kv_proj = 0;   // kv heads the k and v projections compute
+    int64_t kv_first = 0;  // the first used one among those
+  };
+  absl::StatusOr<LocalHeads> ComputeLocalHeads() const;
   // 1 / sqrt(head_dim).
   float Scale() const;
   // The attention core on the saved q_heads_, k_heads_, v_heads_: the heads'
@@ -119,6 +130,8 @@ class CausalSelfAttention : public Module {
   Linear* out_ = nullptr;  // c_proj or wo.
 
   // Saved by Forward for Backward (undefined otherwise).
+  LocalHeads heads_;
+  Shape out_shape_;  // The output's shape (the output projection's layout).
   int64_t batch_ = 0;
   int64_t seq_len_ = 0;
   Tensor q_heads_;  // [B, H, T, hd], after RoPE.

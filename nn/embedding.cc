@@ -16,6 +16,11 @@ Embedding::Embedding(int64_t num_embeddings, int64_t dim, float init_std,
                          InitSpec::Normal(init_std), dtype);
 }
 
+EmbeddingRows Embedding::Rows() const {
+  if (!weight_->has_piece()) return {};
+  return {weight_->piece.offset[0], num_embeddings_};
+}
+
 absl::StatusOr<Tensor> Embedding::ForwardImpl(const Tensor& ids) {
   if (!ids.defined() ||
       (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64)) {
@@ -23,10 +28,10 @@ absl::StatusOr<Tensor> Embedding::ForwardImpl(const Tensor& ids) {
         absl::StrCat("ids must be i32 or i64, got ", ids.ToString()));
   }
   Shape out_shape = ids.shape();
-  out_shape.push_back(dim_);
+  out_shape.push_back(weight_->LocalShape()[1]);
   ASSIGN_OR_RETURN(Tensor y, EmptyActivation(out_shape, weight_->data.dtype(),
                                              ids.device()));
-  RETURN_IF_ERROR(fsdpp::Embedding(ids, weight_->data, &y));
+  RETURN_IF_ERROR(fsdpp::Embedding(ids, weight_->data, &y, Rows()));
   saved_ids_ = ids;
   return y;
 }
@@ -34,14 +39,14 @@ absl::StatusOr<Tensor> Embedding::ForwardImpl(const Tensor& ids) {
 absl::StatusOr<Tensor> Embedding::BackwardImpl(const Tensor& dy) {
   if (!saved_ids_.defined()) return NoSavedForward(kind());
   Shape out_shape = saved_ids_.shape();
-  out_shape.push_back(dim_);
+  out_shape.push_back(weight_->LocalShape()[1]);
   if (!dy.defined() || dy.shape() != out_shape) {
     return absl::InvalidArgumentError(absl::StrCat(
         "dy must be ", ShapeToString(out_shape), ", got ", dy.ToString()));
   }
   if (weight_->requires_grad) {
     ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, dy.dtype(), false));
-    RETURN_IF_ERROR(EmbeddingBackward(saved_ids_, dy, dw.target()));
+    RETURN_IF_ERROR(EmbeddingBackward(saved_ids_, dy, dw.target(), Rows()));
     RETURN_IF_ERROR(dw.Commit());
   }
   saved_ids_ = Tensor();

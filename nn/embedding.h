@@ -15,12 +15,16 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "nn/module.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
 namespace nn {
 
-// y[.., :] = weight[ids[..], :].
+// y[.., :] = weight[ids[..], :]. Under tensor parallelism the table may be
+// a piece (Parameter::SetPiece): rows [r0, r1) give y = weight row for ids in
+// range and zeros otherwise (the ranks' outputs sum to the whole lookup);
+// all rows and a range of columns give those columns of y.
 class Embedding : public Module {
  public:
   // Table weight [num_embeddings, dim] ~ Normal(0, init_std), of `dtype`.
@@ -41,6 +45,11 @@ class Embedding : public Module {
   void ReleaseSavedTensorsImpl() override { saved_ids_ = Tensor(); }
 
  private:
+  // The table rows this process holds (a piece under tensor parallelism:
+  // vocabulary-parallel rows give zeros for the other rows' ids, and a
+  // column piece narrows the output to its columns).
+  EmbeddingRows Rows() const;
+
   int64_t num_embeddings_;
   int64_t dim_;
   Parameter* weight_;

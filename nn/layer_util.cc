@@ -74,8 +74,8 @@ absl::StatusOr<GradSink> GradSink::For(Parameter* p, DType compute_dtype,
     }
   }
   ASSIGN_OR_RETURN(sink.temporary_,
-                   Tensor::Zeros(p->shape, compute_dtype, p->data.device(),
-                                 MemoryTag::kOther));
+                   Tensor::Zeros(p->LocalShape(), compute_dtype,
+                                 p->data.device(), MemoryTag::kOther));
   return sink;
 }
 

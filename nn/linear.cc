@@ -34,17 +34,18 @@ Linear::Linear(Parameter* shared_weight, bool bias)
 }
 
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in_features_, "input"));
+  const int64_t in = local_in_features(), out = local_out_features();
+  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
   const DType dtype = x.dtype();
   Shape out_shape = x.shape();
-  out_shape.back() = out_features_;
+  out_shape.back() = out;
   ASSIGN_OR_RETURN(Tensor y, EmptyActivation(out_shape, dtype, x.device()));
-  ASSIGN_OR_RETURN(Tensor y_rows, y.Reshape({x_rows.dim(0), out_features_}));
+  ASSIGN_OR_RETURN(Tensor y_rows, y.Reshape({x_rows.dim(0), out}));
   ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));
   MatmulOptions options;
   options.transpose_b = true;
   Tensor b;
-  if (bias_ != nullptr) {
+  if (bias_ != nullptr && add_bias_in_forward_) {
     ASSIGN_OR_RETURN(b, CastTo(bias_->data, dtype));
     options.bias = &b;  // Added in the matmul's own pass.
   }
@@ -57,8 +58,9 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor& dy_in) {
   if (!saved_x_.defined()) return NoSavedForward(kind());
   const Tensor x = saved_x_;
   const DType dtype = x.dtype();
+  const int64_t in = local_in_features(), out = local_out_features();
   Shape out_shape = x.shape();
-  out_shape.back() = out_features_;
+  out_shape.back() = out;
   if (!dy_in.defined() || dy_in.shape() != out_shape) {
     return absl::InvalidArgumentError(absl::StrCat("dy must be ",
                                                    ShapeToString(out_shape),
@@ -67,8 +69,8 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor& dy_in) {
                                                    dy_in.ToString()));
   }
   ASSIGN_OR_RETURN(Tensor dy, CastTo(dy_in, dtype));
-  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in_features_, "input"));
-  ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, out_features_, "dy"));
+  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
+  ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, out, "dy"));
 
   // dx = dy W.
   ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));

@@ -44,6 +44,14 @@ class Linear : public Module {
   Parameter* bias() const { return bias_; }
   // False when the weight is shared from another module.
   bool owns_weight() const { return owns_weight_; }
+  // The widths this process computes with: the weight piece's under tensor
+  // parallelism (Parameter::LocalShape), otherwise the whole.
+  int64_t local_in_features() const { return weight_->LocalShape()[1]; }
+  int64_t local_out_features() const { return weight_->LocalShape()[0]; }
+  // Whether Forward adds the bias (default true). Row-wise tensor
+  // parallelism sums the ranks' outputs, so only one rank adds it; Backward
+  // computes the bias gradient either way.
+  void set_add_bias_in_forward(bool add) { add_bias_in_forward_ = add; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
@@ -56,6 +64,7 @@ class Linear : public Module {
   Parameter* weight_ = nullptr;
   Parameter* bias_ = nullptr;
   bool owns_weight_ = true;
+  bool add_bias_in_forward_ = true;
   Tensor saved_x_;  // Forward's input (undefined outside forward..backward).
 };
 

@@ -5,10 +5,12 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/memcpy.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "tensor/ops.h"
+#include "tensor/sharding.h"
 
 namespace fsdpp {
 
@@ -60,9 +62,115 @@ absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
 
 absl::Status Parameter::EnsureGrad() {
   if (grad.defined()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(
-      grad, Tensor::Zeros(shape, dtype, data.device(), MemoryTag::kGrads));
+  ASSIGN_OR_RETURN(grad, Tensor::Zeros(LocalShape(), dtype, data.device(),
+                                       MemoryTag::kGrads));
   return absl::OkStatus();
+}
+
+namespace {
+
+std::string ShapeString(const Shape& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
+}
+
+// Calls fn(flat index in `layout`, element index in the box, run length) for
+// every run of the box [offset, offset + size) along its last dim, in
+// row-major order.
+void ForEachRun(const Shape& layout, const Shape& offset, const Shape& size,
+                const std::function<void(int64_t, int64_t, int64_t)>& fn) {
+  const int nd = static_cast<int>(layout.size());
+  if (nd == 0) {
+    fn(0, 0, 1);
+    return;
+  }
+  for (int64_t d : size) {
+    if (d == 0) return;
+  }
+  std::vector<int64_t> index(nd, 0);  // Within the box, last dim unused.
+  int64_t local = 0;
+  while (true) {
+    int64_t flat = 0;
+    for (int d = 0; d < nd; ++d) {
+      flat = flat * layout[d] + offset[d] + (d + 1 < nd ? index[d] : 0);
+    }
+    fn(flat, local, size[nd - 1]);
+    local += size[nd - 1];
+    int d = nd - 2;
+    for (; d >= 0; --d) {
+      if (++index[d] < size[d]) break;
+      index[d] = 0;
+    }
+    if (d < 0) return;
+  }
+}
+
+}  // namespace
+
+absl::Status Parameter::SetPiece(ParameterPiece p) {
+  auto invalid = [&](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", ShapeString(shape), ": piece ", ShapeString(p.offset),
+        " + ", ShapeString(p.size), " of layout ", ShapeString(p.layout),
+        " stored as ", ShapeString(p.local_shape), ": ", what));
+  };
+  if (has_piece()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter ", ShapeString(shape), " already holds a piece (",
+        ShapeString(piece.offset), " + ", ShapeString(piece.size), ")"));
+  }
+  if (grad.defined()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "parameter ", ShapeString(shape),
+        " already has a gradient: cut it before the first backward"));
+  }
+  if (NumElements(p.layout) != NumElements(shape)) {
+    return invalid("the layout does not have the parameter's elements");
+  }
+  if (p.offset.size() != p.layout.size() || p.size.size() != p.layout.size() ||
+      p.size.empty()) {
+    return invalid("offset and size need one entry per layout dim");
+  }
+  for (size_t d = 0; d < p.layout.size(); ++d) {
+    if (p.offset[d] < 0 || p.size[d] < 0 ||
+        p.offset[d] + p.size[d] > p.layout[d]) {
+      return invalid(absl::StrCat("dim ", d, " is outside the layout"));
+    }
+  }
+  if (NumElements(p.local_shape) != NumElements(p.size)) {
+    return invalid("the local shape does not have the box's elements");
+  }
+  Tensor local;
+  if (data.is_meta()) {
+    ASSIGN_OR_RETURN(local, Tensor::Empty(p.local_shape, dtype, Device::Meta(),
+                                          MemoryTag::kParams));
+  } else {
+    ASSIGN_OR_RETURN(local, Tensor::Empty(p.local_shape, dtype, data.device(),
+                                          MemoryTag::kParams));
+    ASSIGN_OR_RETURN(Tensor whole, data.Reshape(p.layout));
+    ASSIGN_OR_RETURN(Tensor box, local.Reshape(p.size));
+    RETURN_IF_ERROR(
+        CopyBox(whole, p.offset, &box, Shape(p.size.size(), 0), p.size));
+  }
+  data = std::move(local);
+  piece = std::move(p);
+  return absl::OkStatus();
+}
+
+absl::Status InitParameter(const Parameter& p, uint64_t seed, uint64_t stream,
+                           Tensor* out) {
+  if (!p.has_piece()) return InitSlice(p.init, seed, stream, 0, out);
+  if (out->is_meta()) return absl::OkStatus();
+  Tensor flat = out->Flatten();
+  absl::Status status;
+  ForEachRun(p.piece.layout, p.piece.offset, p.piece.size,
+             [&](int64_t global, int64_t local, int64_t length) {
+               if (!status.ok()) return;
+               absl::StatusOr<Tensor> run = flat.Narrow(local, length);
+               status = run.ok()
+                            ? InitSlice(p.init, seed, stream, global, &*run)
+                            : run.status();
+             });
+  return status;
 }
 
 Parameter* Module::AddParameter(const std::string& name, Shape shape,
@@ -149,8 +257,8 @@ int64_t Module::NumParameters() const {
 absl::Status Module::ToEmpty(Device device) {
   for (const auto& [name, p] : NamedParameters()) {
     if (!p->data.is_meta()) continue;
-    ASSIGN_OR_RETURN(
-        p->data, Tensor::Empty(p->shape, p->dtype, device, MemoryTag::kParams));
+    ASSIGN_OR_RETURN(p->data, Tensor::Empty(p->LocalShape(), p->dtype, device,
+                                            MemoryTag::kParams));
   }
   return absl::OkStatus();
 }
@@ -163,7 +271,7 @@ absl::Status Module::InitWeights(uint64_t seed) {
                        "' is still on the meta device (call ToEmpty first)"));
     }
     RETURN_IF_ERROR(
-        Annotate(InitSlice(p->init, seed, InitStreamId(name), 0, &p->data),
+        Annotate(InitParameter(*p, seed, InitStreamId(name), &p->data),
                  absl::StrCat("initialising '", name, "'")));
   }
   return absl::OkStatus();
@@ -187,16 +295,52 @@ absl::Status Module::RunHooks(std::vector<Hook>& hooks, Module& m) {
 
 absl::StatusOr<Tensor> Module::Forward(const Tensor& x) {
   RETURN_IF_ERROR(RunHooks(pre_forward_, *this));
-  absl::StatusOr<Tensor> y = ForwardImpl(x);
+  Tensor in = x;
+  for (Transform& t : input_transforms_) {
+    if (!t.forward) continue;
+    absl::StatusOr<Tensor> mapped = t.forward(in);
+    if (!mapped.ok()) {
+      return Annotate(mapped.status(), absl::StrCat(kind_, " input layout"));
+    }
+    in = *std::move(mapped);
+  }
+  absl::StatusOr<Tensor> y = ForwardImpl(in);
   if (!y.ok()) return Annotate(y.status(), absl::StrCat(kind_, " forward"));
+  for (Transform& t : output_transforms_) {
+    if (!t.forward) continue;
+    y = t.forward(*y);
+    if (!y.ok()) {
+      return Annotate(y.status(), absl::StrCat(kind_, " output layout"));
+    }
+  }
   RETURN_IF_ERROR(RunHooks(post_forward_, *this));
   return y;
 }
 
 absl::StatusOr<Tensor> Module::Backward(const Tensor& dy) {
   RETURN_IF_ERROR(RunHooks(pre_backward_, *this));
-  absl::StatusOr<Tensor> dx = BackwardImpl(dy);
+  Tensor d = dy;
+  for (auto t = output_transforms_.rbegin(); t != output_transforms_.rend();
+       ++t) {
+    if (!t->backward) continue;
+    absl::StatusOr<Tensor> mapped = t->backward(d);
+    if (!mapped.ok()) {
+      return Annotate(mapped.status(),
+                      absl::StrCat(kind_, " output gradient layout"));
+    }
+    d = *std::move(mapped);
+  }
+  absl::StatusOr<Tensor> dx = BackwardImpl(d);
   if (!dx.ok()) return Annotate(dx.status(), absl::StrCat(kind_, " backward"));
+  for (auto t = input_transforms_.rbegin(); t != input_transforms_.rend();
+       ++t) {
+    if (!t->backward || !dx->defined()) continue;
+    dx = t->backward(*dx);
+    if (!dx.ok()) {
+      return Annotate(dx.status(),
+                      absl::StrCat(kind_, " input gradient layout"));
+    }
+  }
   RETURN_IF_ERROR(RunHooks(post_backward_, *this));
   return dx;
 }

@@ -78,21 +78,60 @@ uint64_t InitStreamId(const std::string& fully_qualified_name);
 absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
                        int64_t element_offset, Tensor* out);
 
+// The part of a parameter one process holds under tensor parallelism: the
+// box [offset, offset + size) of the parameter viewed as `layout`, stored as
+// a tensor of `local_shape`. `layout` is the parameter's shape itself or a
+// view of it with the same elements in the same row-major order (GPT-2's
+// fused c_attn [3 C, C] viewed as [3, C, C], so that each rank's q, k and v
+// rows form one box); `local_shape` has the box's elements in the box's
+// row-major order, shaped as the layer computes with them ([3 C / tp, C]).
+struct ParameterPiece {
+  Shape layout;
+  Shape offset;
+  Shape size;
+  Shape local_shape;
+};
+
 struct Parameter {
   Shape shape;
   DType dtype = DType::kF32;
   InitSpec init;
   bool requires_grad = true;
   // The value forward/backward read (meta until materialised; FSDP points it
-  // at the unsharded view of its all-gather buffer).
+  // at the unsharded view of its all-gather buffer). Its shape is
+  // LocalShape().
   Tensor data;
   // Accumulated gradient (same shape and dtype as data); undefined until the
   // first backward or ZeroGrad.
   Tensor grad;
+  // Set by tensor parallelism (SetPiece); empty size = the whole parameter.
+  ParameterPiece piece;
 
+  // True when this process holds only a piece of the parameter.
+  bool has_piece() const { return !piece.size.empty(); }
+  // The shape of data and grad: piece.local_shape, or `shape`.
+  const Shape& LocalShape() const {
+    return has_piece() ? piece.local_shape : shape;
+  }
+  // The global tensor the piece is a box of: piece.layout, or `shape`.
+  const Shape& Layout() const { return has_piece() ? piece.layout : shape; }
   // Makes `grad` (zeros, tagged kGrads, on data's device) if undefined.
   absl::Status EnsureGrad();
+  // Keeps only `piece` of the parameter. Checks that the layout has the
+  // parameter's elements, that the box lies inside it and that local_shape
+  // has the box's elements; a parameter may be cut once, before it has a
+  // gradient. On the meta device the data becomes a meta tensor of
+  // local_shape; materialised data is replaced by a copy of the box.
+  // InvalidArgument / FailedPrecondition naming what is wrong; the parameter
+  // is unchanged on error.
+  absl::Status SetPiece(ParameterPiece piece);
 };
+
+// Fills `out` (LocalShape() of `p`) with the values InitSlice gives the
+// elements of p's piece (or of the whole parameter): bitwise the same as the
+// box of the whole parameter initialised at once.
+absl::Status InitParameter(const Parameter& p, uint64_t seed, uint64_t stream,
+                           Tensor* out);
 
 class Module {
  public:
@@ -156,6 +195,27 @@ class Module {
 
   // ---------------------------------------------------------------- hooks
 
+  // A change of layout at the module's boundary (tensor parallelism's
+  // collectives): `forward` maps a tensor as it crosses in forward,
+  // `backward` maps its gradient as it crosses back. Either may be empty
+  // (identity).
+  struct Transform {
+    std::function<absl::StatusOr<Tensor>(const Tensor&)> forward;
+    std::function<absl::StatusOr<Tensor>(const Tensor&)> backward;
+  };
+  // Input transforms run on x after the pre-forward hooks, in the order
+  // added; their backward runs on dx after BackwardImpl (an undefined dx,
+  // e.g. an embedding's, is passed through untouched), in reverse order.
+  void AddInputTransform(Transform t) {
+    input_transforms_.push_back(std::move(t));
+  }
+  // Output transforms run on y after ForwardImpl, before the post-forward
+  // hooks; their backward runs on dy after the pre-backward hooks, before
+  // BackwardImpl, in reverse order.
+  void AddOutputTransform(Transform t) {
+    output_transforms_.push_back(std::move(t));
+  }
+
   using Hook = std::function<absl::Status(Module&)>;
   void AddPreForwardHook(Hook hook) { pre_forward_.push_back(std::move(hook)); }
   void AddPostForwardHook(Hook hook) {
@@ -170,10 +230,12 @@ class Module {
 
   // -------------------------------------------------- forward / backward
 
-  // Runs the hooks around ForwardImpl. Errors name the module kind.
+  // Runs the hooks and transforms around ForwardImpl. Errors name the module
+  // kind.
   absl::StatusOr<Tensor> Forward(const Tensor& x);
-  // Runs the hooks around BackwardImpl: adds this call's parameter gradients
-  // to Parameter::grad and returns dLoss/dx. Must follow a Forward.
+  // Runs the hooks and transforms around BackwardImpl: adds this call's
+  // parameter gradients to Parameter::grad and returns dLoss/dx. Must follow
+  // a Forward.
   absl::StatusOr<Tensor> Backward(const Tensor& dy);
 
   // Drops every tensor this module and its descendants saved for backward
@@ -198,6 +260,7 @@ class Module {
   std::vector<std::pair<std::string, Parameter*>> shared_;
   std::vector<std::pair<std::string, std::unique_ptr<Module>>> children_;
   std::vector<Hook> pre_forward_, post_forward_, pre_backward_, post_backward_;
+  std::vector<Transform> input_transforms_, output_transforms_;
 };
 
 }  // namespace fsdpp

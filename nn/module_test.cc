@@ -20,6 +20,7 @@
 #include "nn/mlp.h"
 #include "nn/sequential.h"
 #include "tensor/ops.h"
+#include "tensor/sharding.h"
 #include "tensor/test_tensors.h"
 
 namespace fsdpp {
@@ -254,6 +255,205 @@ TEST(ModuleTest, InitWeightsEqualsInitSliceOfAnyRowRange) {
         }
       }
     }
+  }
+}
+
+// Values of the box [offset, offset + size) of `whole` (row-major `layout`).
+std::vector<double> BoxValues(const Tensor& whole, const Shape& layout,
+                              const Shape& offset, const Shape& size) {
+  Tensor w = *whole.Reshape(layout);
+  Tensor box = *Tensor::Empty(size, whole.dtype(), Device::Cpu());
+  CHECK_OK(CopyBox(w, offset, &box, Shape(size.size(), 0), size));
+  return Values(box);
+}
+
+// A piece initialised on its own (meta, then ToEmpty + InitWeights) equals
+// that box of the whole parameter bitwise, for row, column and 3-D view
+// boxes; a materialised parameter cut later keeps the box's values.
+TEST(ModuleTest, PiecesInitialiseAsTheBoxOfTheWhole) {
+  struct Case {
+    Shape layout, offset, size, local;
+  };
+  const std::vector<Case> cases = {
+      {{12, 5}, {4, 0}, {4, 5}, {4, 5}},          // rows (column-wise TP)
+      {{12, 5}, {0, 2}, {12, 2}, {12, 2}},        // columns (row-wise TP)
+      {{3, 4, 5}, {0, 2, 0}, {3, 2, 5}, {6, 5}},  // fused q/k/v view
+  };
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    nn::Linear whole(5, 12, true, 0.5f, dtype);
+    ASSERT_OK(whole.ToEmpty(Device::Cpu()));
+    ASSERT_OK(whole.InitWeights(9));
+    for (const Case& c : cases) {
+      nn::Linear cut(5, 12, true, 0.5f, dtype);
+      ASSERT_OK(cut.weight()->SetPiece({c.layout, c.offset, c.size, c.local}));
+      EXPECT_TRUE(cut.weight()->data.is_meta());
+      EXPECT_EQ(cut.weight()->LocalShape(), c.local);
+      ASSERT_OK(cut.ToEmpty(Device::Cpu()));
+      EXPECT_EQ(cut.weight()->data.shape(), c.local);
+      ASSERT_OK(cut.InitWeights(9));
+      const auto want =
+          BoxValues(whole.weight()->data, c.layout, c.offset, c.size);
+      EXPECT_EQ(Values(cut.weight()->data), want);
+      // Materialised first, cut afterwards.
+      nn::Linear late(5, 12, true, 0.5f, dtype);
+      ASSERT_OK(late.ToEmpty(Device::Cpu()));
+      ASSERT_OK(late.InitWeights(9));
+      ASSERT_OK(late.weight()->SetPiece({c.layout, c.offset, c.size, c.local}));
+      EXPECT_EQ(Values(late.weight()->data), want);
+      ASSERT_OK(late.weight()->EnsureGrad());
+      EXPECT_EQ(late.weight()->grad.shape(), c.local);
+    }
+  }
+}
+
+TEST(ModuleTest, BadPiecesAreRejectedAndChangeNothing) {
+  nn::Linear linear(5, 12);
+  Parameter* w = linear.weight();
+  const std::vector<ParameterPiece> bad = {
+      {{13, 5}, {0, 0}, {4, 5}, {4, 5}},   // layout has other elements
+      {{12, 5}, {10, 0}, {4, 5}, {4, 5}},  // outside the layout
+      {{12, 5}, {0}, {4}, {4, 5}},         // offset / size rank
+      {{12, 5}, {0, 0}, {4, 5}, {4, 4}},   // local shape's elements
+  };
+  for (const ParameterPiece& p : bad) {
+    const absl::Status s = w->SetPiece(p);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_FALSE(w->has_piece());
+    EXPECT_EQ(w->data.shape(), (Shape{12, 5}));
+  }
+  ASSERT_OK(w->SetPiece({{12, 5}, {0, 0}, {6, 5}, {6, 5}}));
+  EXPECT_EQ(w->SetPiece({{12, 5}, {6, 0}, {6, 5}, {6, 5}}).code(),
+            absl::StatusCode::kFailedPrecondition);  // cut once
+  nn::Linear trained(5, 12);
+  ASSERT_OK(trained.ToEmpty(Device::Cpu()));
+  ASSERT_OK(trained.weight()->EnsureGrad());
+  EXPECT_EQ(
+      trained.weight()->SetPiece({{12, 5}, {0, 0}, {6, 5}, {6, 5}}).code(),
+      absl::StatusCode::kFailedPrecondition);  // has a gradient
+}
+
+// Column pieces of a Linear compute the matching columns of the whole
+// output, row pieces (with the bias on one piece only) partial sums that add
+// up to it; an embedding's row pieces give zeros for the other rows' ids.
+TEST(ModuleTest, LayersComputeWithTheirPieces) {
+  nn::Linear whole(6, 8);
+  whole.bias()->init = InitSpec::Uniform(-1, 1);
+  ASSERT_OK(whole.ToEmpty(Device::Cpu()));
+  ASSERT_OK(whole.InitWeights(3));
+  const Tensor x = RandomTensor({3, 6}, DType::kF32, 4);
+  ASSERT_OK_AND_ASSIGN(Tensor y, whole.Forward(x));
+  const std::vector<double> vy = Values(y);
+  std::vector<double> sum(vy.size(), 0.0);
+  for (int r = 0; r < 2; ++r) {
+    nn::Linear col(6, 8);
+    col.bias()->init = InitSpec::Uniform(-1, 1);
+    ASSERT_OK(col.weight()->SetPiece({{8, 6}, {4 * r, 0}, {4, 6}, {4, 6}}));
+    ASSERT_OK(col.bias()->SetPiece({{8}, {4 * r}, {4}, {4}}));
+    ASSERT_OK(col.ToEmpty(Device::Cpu()));
+    ASSERT_OK(col.InitWeights(3));
+    ASSERT_OK_AND_ASSIGN(Tensor yc, col.Forward(x));
+    EXPECT_EQ(Values(yc), BoxValues(y, {3, 8}, {0, 4 * r}, {3, 4}));
+
+    nn::Linear row(6, 8);
+    row.bias()->init = InitSpec::Uniform(-1, 1);
+    ASSERT_OK(row.weight()->SetPiece({{8, 6}, {0, 3 * r}, {8, 3}, {8, 3}}));
+    row.set_add_bias_in_forward(r == 0);
+    ASSERT_OK(row.ToEmpty(Device::Cpu()));
+    ASSERT_OK(row.InitWeights(3));
+    const Tensor xr = *Tensor::FromFloats(
+        {3, 3},
+        [&] {
+          std::vector<float> v;
+          const auto vx = Values(x);
+          for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j) v.push_back(vx[i * 6 + 3 * r + j]);
+          return v;
+        }(),
+        DType::kF32);
+    ASSERT_OK_AND_ASSIGN(Tensor yr, row.Forward(xr));
+    const auto vr = Values(yr);
+    for (size_t i = 0; i < sum.size(); ++i) sum[i] += vr[i];
+  }
+  for (size_t i = 0; i < sum.size(); ++i) EXPECT_NEAR(sum[i], vy[i], 1e-6);
+
+  nn::Embedding table(10, 4);
+  ASSERT_OK(table.ToEmpty(Device::Cpu()));
+  ASSERT_OK(table.InitWeights(5));
+  const Tensor ids = *Tensor::FromInts({5}, {0, 9, 4, 5, 3}, DType::kI64);
+  ASSERT_OK_AND_ASSIGN(Tensor e, table.Forward(ids));
+  nn::Embedding piece(10, 4);
+  ASSERT_OK(piece.weight()->SetPiece({{10, 4}, {5, 0}, {5, 4}, {5, 4}}));
+  ASSERT_OK(piece.ToEmpty(Device::Cpu()));
+  ASSERT_OK(piece.InitWeights(5));
+  ASSERT_OK_AND_ASSIGN(Tensor ep, piece.Forward(ids));
+  const auto ve = Values(e), vp = Values(ep);
+  for (int i = 0; i < 5; ++i) {
+    const bool mine = i == 1 || i == 3;  // ids 9 and 5
+    for (int j = 0; j < 4; ++j) {
+      EXPECT_EQ(vp[i * 4 + j], mine ? ve[i * 4 + j] : 0.0) << i << "," << j;
+    }
+  }
+}
+
+// Input and output transforms wrap ForwardImpl inside the hooks, and their
+// backwards run in reverse around BackwardImpl.
+TEST(ModuleTest, TransformsWrapTheLayerInsideTheHooks) {
+  nn::Linear linear(3, 3, false);
+  ASSERT_OK(linear.ToEmpty(Device::Cpu()));
+  ASSERT_OK(linear.InitWeights(1));
+  std::vector<std::string> log;
+  auto scale = [](float a) {
+    return [a](const Tensor& t) -> absl::StatusOr<Tensor> {
+      Tensor out = *Tensor::Empty(t.shape(), t.dtype(), t.device());
+      RETURN_IF_ERROR(Scale(t, a, &out));
+      return out;
+    };
+  };
+  auto logged = [&](std::string what,
+                    std::function<absl::StatusOr<Tensor>(const Tensor&)> f) {
+    return [&log, what, f](const Tensor& t) -> absl::StatusOr<Tensor> {
+      log.push_back(what);
+      return f(t);
+    };
+  };
+  linear.AddPreForwardHook([&](Module&) {
+    log.push_back("pre-forward");
+    return absl::OkStatus();
+  });
+  linear.AddPostForwardHook([&](Module&) {
+    log.push_back("post-forward");
+    return absl::OkStatus();
+  });
+  linear.AddPreBackwardHook([&](Module&) {
+    log.push_back("pre-backward");
+    return absl::OkStatus();
+  });
+  linear.AddPostBackwardHook([&](Module&) {
+    log.push_back("post-backward");
+    return absl::OkStatus();
+  });
+  linear.AddInputTransform({logged("in1", scale(2)), logged("din1", scale(3))});
+  linear.AddInputTransform({logged("in2", scale(5)), logged("din2", scale(7))});
+  linear.AddOutputTransform(
+      {logged("out", scale(11)), logged("dout", scale(13))});
+  const Tensor x = RandomTensor({2, 3}, DType::kF32, 2);
+  ASSERT_OK_AND_ASSIGN(Tensor y, linear.Forward(x));
+  const Tensor dy = RandomTensor({2, 3}, DType::kF32, 3);
+  ASSERT_OK_AND_ASSIGN(Tensor dx, linear.Backward(dy));
+  EXPECT_EQ(log, (std::vector<std::string>{
+                     "pre-forward", "in1", "in2", "out", "post-forward",
+                     "pre-backward", "dout", "din2", "din1", "post-backward"}));
+  // y = 11 (10 x) W^T; dx = 21 (13 dy) W.
+  nn::Linear plain(3, 3, false);
+  ASSERT_OK(plain.ToEmpty(Device::Cpu()));
+  ASSERT_OK(plain.InitWeights(1));
+  ASSERT_OK_AND_ASSIGN(Tensor y0, plain.Forward(x));
+  ASSERT_OK_AND_ASSIGN(Tensor dx0, plain.Backward(dy));
+  const auto vy = Values(y), vy0 = Values(y0), vdx = Values(dx),
+             vdx0 = Values(dx0);
+  for (size_t i = 0; i < vy.size(); ++i) {
+    EXPECT_NEAR(vy[i], 110 * vy0[i], 1e-4);
+    EXPECT_NEAR(vdx[i], 273 * vdx0[i], 1e-3);
   }
 }
 

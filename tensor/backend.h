@@ -103,11 +103,14 @@ class Backend {
                                        int64_t rows, int64_t c, Tensor* dx,
                                        Tensor* dweight) = 0;
   // Ids are range-checked by the backend (it can read them cheaply).
+  // The table holds rows [row_offset, row_offset + v) of a `vocab`-row one.
   virtual absl::Status Embedding(const Tensor& ids, const Tensor& table,
                                  int64_t n, int64_t v, int64_t c,
+                                 int64_t row_offset, int64_t vocab,
                                  Tensor* out) = 0;
   virtual absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
                                          int64_t n, int64_t v, int64_t c,
+                                         int64_t row_offset, int64_t vocab,
                                          Tensor* dtable) = 0;
   virtual absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                                     int64_t n, int64_t v, int64_t ignore_index,

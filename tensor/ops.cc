@@ -693,29 +693,48 @@ absl::Status EmbeddingDims(const char* op, const Tensor& ids,
   return absl::OkStatus();
 }
 
+// Resolves rows.vocab = -1 to the table's rows and checks that the table's
+// rows lie inside the vocabulary.
+absl::Status CheckEmbeddingRows(const char* op, const Tensor& table,
+                                EmbeddingRows* rows) {
+  if (rows->vocab == -1) rows->vocab = table.dim(0);
+  if (rows->row_offset < 0 || rows->vocab < 0 ||
+      rows->row_offset + table.dim(0) > rows->vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": table ", table.ToString(), " at row offset ", rows->row_offset,
+        " does not fit a vocabulary of ", rows->vocab, " rows"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
-absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out) {
+absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out,
+                       EmbeddingRows rows) {
   constexpr const char* kOp = "Embedding";
   FSDPP_BACKEND_OR_RETURN(backend, kOp,
                           {{"ids", &ids}, {"table", &table}, {"out", out}});
   RETURN_IF_ERROR(EmbeddingDims(kOp, ids, table, "out", *out));
+  RETURN_IF_ERROR(CheckEmbeddingRows(kOp, table, &rows));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->Embedding(ids, table, ids.numel(), table.dim(0),
-                                  table.dim(1), out);
+                                  table.dim(1), rows.row_offset, rows.vocab,
+                                  out);
 }
 
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
-                               Tensor* dtable) {
+                               Tensor* dtable, EmbeddingRows rows) {
   constexpr const char* kOp = "EmbeddingBackward";
   FSDPP_BACKEND_OR_RETURN(backend, kOp,
                           {{"ids", &ids}, {"dout", &dout}, {"dtable", dtable}});
   RETURN_IF_ERROR(EmbeddingDims(kOp, ids, *dtable, "dout", dout));
-  return backend == nullptr ? absl::OkStatus()
-                            : backend->EmbeddingBackward(
-                                  ids, dout, ids.numel(), dtable->dim(0),
-                                  dtable->dim(1), dtable);
+  RETURN_IF_ERROR(CheckEmbeddingRows(kOp, *dtable, &rows));
+  return backend == nullptr
+             ? absl::OkStatus()
+             : backend->EmbeddingBackward(ids, dout, ids.numel(),
+                                          dtable->dim(0), dtable->dim(1),
+                                          rows.row_offset, rows.vocab, dtable);
 }
 
 namespace {

@@ -144,12 +144,24 @@ absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x,
 
 // ------------------------------------------------------------- embedding
 
+// Which rows of the whole table a table argument holds: rows [row_offset,
+// row_offset + table rows) of a `vocab`-row table (vocabulary-parallel
+// embeddings). The default is the whole table (vocab = -1: the table's rows).
+struct EmbeddingRows {
+  int64_t row_offset = 0;
+  int64_t vocab = -1;
+};
+
 // out[i, :] = table[ids[i], :]. ids: i32 or i64, any shape with N elements;
 // table [V, C]; out [.., C] with N rows. Ids outside [0, V) are an error.
-absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out);
-// dtable[ids[i], :] += dout[i, :] (scatter-add; repeated ids add up).
+// With `rows`, ids are checked against rows.vocab and those outside the held
+// rows give zero rows.
+absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out,
+                       EmbeddingRows rows = {});
+// dtable[ids[i], :] += dout[i, :] (scatter-add; repeated ids add up). With
+// `rows`, ids outside the held rows add nothing.
 absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
-                               Tensor* dtable);
+                               Tensor* dtable, EmbeddingRows rows = {});
 
 // --------------------------------------------------------- cross-entropy
 

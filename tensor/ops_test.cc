@@ -602,6 +602,54 @@ TEST(OpsTest, EmbeddingGatherAndScatterAdd) {
   }
 }
 
+// A vocabulary-parallel table: each piece looks up only its rows (zeros for
+// the others) and scatters only into them, so the pieces' outputs add up to
+// the whole table's, and their gradients are the whole gradient's rows.
+TEST(OpsTest, EmbeddingRowsOfAShardedTable) {
+  for (DType dtype : kFloatTypes) {
+    const int64_t v = 11, c = 9;
+    const std::vector<int64_t> id_values = {3, 0, 10, 3, 7, 5, 0};
+    const int64_t n = id_values.size();
+    Tensor ids = *Tensor::FromInts({n}, id_values, DType::kI64);
+    Tensor table = RandomTensor({v, c}, dtype, 31);
+    Tensor dout = RandomTensor({n, c}, dtype, 32);
+    Tensor full = *Tensor::Empty({n, c}, dtype, Device::Cpu());
+    ASSERT_TRUE(Embedding(ids, table, &full).ok());
+    Tensor dfull = *Tensor::Zeros({v, c}, dtype, Device::Cpu());
+    ASSERT_TRUE(EmbeddingBackward(ids, dout, &dfull).ok());
+    Vec sum(n * c, 0.0), vfull = Values(full), vdfull = Values(dfull);
+    for (auto [begin, rows] :
+         {std::pair<int64_t, int64_t>{0, 4}, {4, 4}, {8, 3}}) {
+      Tensor piece = *table.Narrow(begin, rows);
+      Tensor out = *Tensor::Empty({n, c}, dtype, Device::Cpu());
+      ASSERT_TRUE(Embedding(ids, piece, &out, {begin, v}).ok());
+      Vec vo = Values(out);
+      for (int64_t i = 0; i < n; ++i) {
+        const bool mine = id_values[i] >= begin && id_values[i] < begin + rows;
+        for (int64_t j = 0; j < c; ++j) {
+          if (!mine) {
+            ASSERT_EQ(vo[i * c + j], 0.0);
+          }
+          sum[i * c + j] += vo[i * c + j];
+        }
+      }
+      Tensor dpiece = *Tensor::Zeros({rows, c}, dtype, Device::Cpu());
+      ASSERT_TRUE(EmbeddingBackward(ids, dout, &dpiece, {begin, v}).ok());
+      const Vec vd = Values(dpiece);
+      EXPECT_EQ(vd, Vec(vdfull.begin() + begin * c,
+                        vdfull.begin() + (begin + rows) * c));
+    }
+    EXPECT_EQ(sum, vfull);
+    // Ids are checked against the whole vocabulary, and the piece must fit.
+    Tensor piece = *table.Narrow(4, 4);
+    Tensor out = *Tensor::Empty({n, c}, dtype, Device::Cpu());
+    EXPECT_EQ(Embedding(ids, piece, &out, {4, 10}).code(),
+              absl::StatusCode::kInvalidArgument);  // id 10 >= vocab 10
+    EXPECT_EQ(Embedding(ids, piece, &out, {8, 11}).code(),
+              absl::StatusCode::kInvalidArgument);  // rows 8..12 > 11
+  }
+}
+
 // ------------------------------------------------------ cross-entropy
 
 TEST(OpsTest, CrossEntropyForwardAndBackward) {

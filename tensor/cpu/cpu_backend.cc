@@ -326,24 +326,31 @@ class CpuBackendImpl final : public Backend {
   }
 
   absl::Status Embedding(const Tensor& ids, const Tensor& table, int64_t n,
-                         int64_t v, int64_t c, Tensor* out) override {
+                         int64_t v, int64_t c, int64_t row_offset,
+                         int64_t vocab, Tensor* out) override {
     ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
-                     CheckedIds(ids, n, v, false, 0, "Embedding"));
+                     CheckedIds(ids, n, vocab, false, 0, "Embedding"));
     const size_t row_bytes = c * DTypeSize(table.dtype());
     const char* pt = static_cast<const char*>(table.raw_data());
     char* po = static_cast<char*>(out->raw_data());
 #pragma omp parallel for schedule(static) if (n * c > kParallelElements)
     for (int64_t i = 0; i < n; ++i) {
-      std::memcpy(po + i * row_bytes, pt + rows[i] * row_bytes, row_bytes);
+      const int64_t row = rows[i] - row_offset;
+      if (row >= 0 && row < v) {
+        std::memcpy(po + i * row_bytes, pt + row * row_bytes, row_bytes);
+      } else {
+        std::memset(po + i * row_bytes, 0, row_bytes);
+      }
     }
     return absl::OkStatus();
   }
 
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
                                  int64_t n, int64_t v, int64_t c,
+                                 int64_t row_offset, int64_t vocab,
                                  Tensor* dtable) override {
     ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
-                     CheckedIds(ids, n, v, false, 0, "EmbeddingBackward"));
+                     CheckedIds(ids, n, vocab, false, 0, "EmbeddingBackward"));
     RETURN_IF_ERROR(CheckFloat(dout.dtype()));
     const DType dt = dout.dtype();
     // Columns are independent: each thread takes a range of them and walks
@@ -351,7 +358,9 @@ class CpuBackendImpl final : public Backend {
     // so repeated ids add up without races, in the scalar loop's order.
     ParallelChunks(c, n * c, [&](int64_t begin, int64_t end) {
       for (int64_t i = 0; i < n; ++i) {
-        void* row = At(dtable->raw_data(), dt, rows[i] * c + begin);
+        const int64_t r = rows[i] - row_offset;
+        if (r < 0 || r >= v) continue;  // Another rank's row.
+        void* row = At(dtable->raw_data(), dt, r * c + begin);
         simd::Add(dt, row, At(dout.raw_data(), dt, i * c + begin), row,
                   end - begin);
       }

@@ -391,11 +391,13 @@ __global__ void CrossEntropyShardBackwardKernel(
 // out[i, j] = table[ids[i], j], one thread per output element.
 template <typename T, typename I>
 __global__ void EmbeddingKernel(const I* ids, const T* table, int64_t n,
-                                int64_t c, T* out) {
+                                int64_t v, int64_t c, int64_t row_offset,
+                                T* out) {
   const int64_t total = n * c;
   for (int64_t e = FirstIndex(); e < total; e += GridStride()) {
     const int64_t i = e / c, j = e % c;
-    out[e] = table[static_cast<int64_t>(ids[i]) * c + j];
+    const int64_t row = static_cast<int64_t>(ids[i]) - row_offset;
+    out[e] = row >= 0 && row < v ? table[row * c + j] : FromFloat<T>(0.0f);
   }
 }
 
@@ -403,10 +405,13 @@ __global__ void EmbeddingKernel(const I* ids, const T* table, int64_t n,
 // repeated ids add up without atomics, deterministically.
 template <typename T, typename I>
 __global__ void EmbeddingBackwardKernel(const I* ids, const T* dout, int64_t n,
-                                        int64_t c, T* dtable) {
+                                        int64_t v, int64_t c,
+                                        int64_t row_offset, T* dtable) {
   for (int64_t j = FirstIndex(); j < c; j += GridStride()) {
     for (int64_t i = 0; i < n; ++i) {
-      T* slot = dtable + static_cast<int64_t>(ids[i]) * c + j;
+      const int64_t row = static_cast<int64_t>(ids[i]) - row_offset;
+      if (row < 0 || row >= v) continue;  // Another rank's row.
+      T* slot = dtable + row * c + j;
       *slot = FromFloat<T>(ToFloat(*slot) + ToFloat(dout[i * c + j]));
     }
   }
@@ -787,26 +792,28 @@ class CudaBackendImpl final : public Backend {
   }
 
   absl::Status Embedding(const Tensor& ids, const Tensor& table, int64_t n,
-                         int64_t v, int64_t c, Tensor* out) override {
+                         int64_t v, int64_t c, int64_t row_offset,
+                         int64_t vocab, Tensor* out) override {
     RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckIds(ids, n, v, false, 0, "Embedding"));
+    RETURN_IF_ERROR(CheckIds(ids, n, vocab, false, 0, "Embedding"));
     return DispatchFloat(table.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return DispatchId(ids.dtype(), [&](auto tag_I) {
         using I = typename decltype(tag_I)::type;
         return Launch("Embedding", n * c, kThreads, EmbeddingKernel<T, I>,
                       static_cast<const I*>(ids.raw_data()),
-                      static_cast<const T*>(table.raw_data()), n, c,
-                      static_cast<T*>(out->raw_data()));
+                      static_cast<const T*>(table.raw_data()), n, v, c,
+                      row_offset, static_cast<T*>(out->raw_data()));
       });
     });
   }
 
   absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
                                  int64_t n, int64_t v, int64_t c,
+                                 int64_t row_offset, int64_t vocab,
                                  Tensor* dtable) override {
     RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckIds(ids, n, v, false, 0, "EmbeddingBackward"));
+    RETURN_IF_ERROR(CheckIds(ids, n, vocab, false, 0, "EmbeddingBackward"));
     if (n == 0) return absl::OkStatus();
     return DispatchFloat(dout.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
@@ -815,8 +822,8 @@ class CudaBackendImpl final : public Backend {
         return Launch("EmbeddingBackward", c, kThreads,
                       EmbeddingBackwardKernel<T, I>,
                       static_cast<const I*>(ids.raw_data()),
-                      static_cast<const T*>(dout.raw_data()), n, c,
-                      static_cast<T*>(dtable->raw_data()));
+                      static_cast<const T*>(dout.raw_data()), n, v, c,
+                      row_offset, static_cast<T*>(dtable->raw_data()));
       });
     });
   }

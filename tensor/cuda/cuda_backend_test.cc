@@ -422,6 +422,17 @@ TEST_P(CudaOpsTest, Embedding) {
       return EmbeddingBackward(pids.on(g), dout.on(g), dtable.ptr(g));
     }));
     EXPECT_TRUE(Match(dtable, Tol(dtype))) << "EmbeddingBackward";
+    // A vocabulary-parallel piece: rows [4, 9) of the table.
+    const EmbeddingRows rows{4, v};
+    Pair piece = Random({5, c}, dtype, 24);
+    ASSERT_TRUE(Both([&](bool g) {
+      return Embedding(pids.on(g), piece.on(g), out.ptr(g), rows);
+    }));
+    EXPECT_TRUE(Match(out, 0.0)) << "Embedding of a piece";
+    ASSERT_TRUE(Both([&](bool g) {
+      return EmbeddingBackward(pids.on(g), dout.on(g), piece.ptr(g), rows);
+    }));
+    EXPECT_TRUE(Match(piece, Tol(dtype))) << "EmbeddingBackward of a piece";
   }
 }
 
