@@ -274,11 +274,11 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& ids,
                                                const Tensor& targets) {
   RETURN_IF_ERROR(CheckTargets(ids, targets, "ForwardLoss"));
   ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
-  return loss_.Forward(logits, targets);
+  return loss_->Forward(logits, targets);
 }
 
 absl::Status Transformer::Backward(float loss_scale) {
-  ASSIGN_OR_RETURN(Tensor dlogits, loss_.Backward(loss_scale));
+  ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
   return Module::Backward(dlogits).status();
 }
 
@@ -292,8 +292,8 @@ absl::StatusOr<float> Transformer::EvalLoss(const Tensor& ids,
                                             const Tensor& targets) {
   RETURN_IF_ERROR(CheckTargets(ids, targets, "EvalLoss"));
   ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
-  nn::CrossEntropyLoss loss(loss_.ignore_index());
-  return loss.Forward(logits, targets);
+  std::unique_ptr<nn::LossFunction> loss = loss_->Clone();
+  return loss->Forward(logits, targets);
 }
 
 }  // namespace models

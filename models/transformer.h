@@ -111,10 +111,19 @@ class Transformer : public Module {
   absl::Status Backward(float loss_scale = 1.0f);
   using Module::Backward;
   // Targets counted by the last ForwardLoss (the mean's denominator).
-  int64_t last_target_count() const { return loss_.count(); }
+  int64_t last_target_count() const { return loss_->count(); }
+
+  // The loss ForwardLoss, Backward() and EvalLoss use (default: mean
+  // cross-entropy with ignore index -100). Tensor parallelism's loss
+  // parallel sets one that reads vocabulary-sharded logits.
+  void set_loss(std::unique_ptr<nn::LossFunction> loss) {
+    loss_ = std::move(loss);
+  }
+  const nn::LossFunction& loss() const { return *loss_; }
 
   // Logits [B, T, Vp] (parameter dtype) for ids [B, T], keeping nothing for a
-  // backward (an evaluation-only forward).
+  // backward (an evaluation-only forward). Under loss parallel (a column-wise
+  // head left sharded) this rank's vocabulary slice of them.
   absl::StatusOr<Tensor> Logits(const Tensor& ids);
   // The mean cross-entropy of ForwardLoss, keeping nothing for a backward
   // (evaluation: under FSDP a forward-only pass, see fsdp/fully_shard.h).
@@ -156,7 +165,8 @@ class Transformer : public Module {
   std::vector<TransformerBlock*> blocks_;
   Module* final_norm_ = nullptr;
   nn::Linear* lm_head_ = nullptr;
-  nn::CrossEntropyLoss loss_;
+  std::unique_ptr<nn::LossFunction> loss_ =
+      std::make_unique<nn::CrossEntropyLoss>();
 };
 
 }  // namespace models

@@ -10,6 +10,7 @@
 #define FSDPP_NN_LOSS_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "absl/status/statusor.h"
 #include "tensor/tensor.h"
@@ -17,8 +18,30 @@
 namespace fsdpp {
 namespace nn {
 
+// A loss on a model's output: the mean of a per-target loss over the
+// targets that are not ignore_index, and its gradient. A model holds one and
+// can be given another (tensor parallelism's loss parallel computes it on
+// vocabulary-sharded logits).
+class LossFunction {
+ public:
+  virtual ~LossFunction() = default;
+  // The mean loss of `logits` against `targets`; saves what Backward needs.
+  virtual absl::StatusOr<float> Forward(const Tensor& logits,
+                                        const Tensor& targets) = 0;
+  // dLoss/dlogits of the last Forward, times `scale`; releases the saved
+  // tensors.
+  virtual absl::StatusOr<Tensor> Backward(float scale = 1.0f) = 0;
+  // The target value that is left out of the mean.
+  virtual int64_t ignore_index() const = 0;
+  // Non-ignored targets in the last Forward.
+  virtual int64_t count() const = 0;
+  // A new loss of the same kind and settings with nothing saved (e.g. for an
+  // evaluation pass that must not disturb a pending Backward).
+  virtual std::unique_ptr<LossFunction> Clone() const = 0;
+};
+
 // mean over i with targets[i] != ignore_index of -log softmax(logits[i])[t].
-class CrossEntropyLoss {
+class CrossEntropyLoss : public LossFunction {
  public:
   explicit CrossEntropyLoss(int64_t ignore_index = -100)
       : ignore_index_(ignore_index) {}
@@ -26,18 +49,20 @@ class CrossEntropyLoss {
   // logits [.., V] (f32/bf16/f16) with one row per element of targets
   // (i32/i64, in [0, V) or ignore_index). Saves logits and targets for
   // Backward. On meta tensors it only validates shapes and returns 0.
-  absl::StatusOr<float> Forward(const Tensor& logits, const Tensor& targets);
+  absl::StatusOr<float> Forward(const Tensor& logits,
+                                const Tensor& targets) override;
   // dLoss/dlogits of the last Forward's mean, times `scale` (logits' shape
   // and dtype; the scale is applied in f32 before the cast, so a loss scale
   // for fp16 or a 1/micro-batches factor costs no extra pass); then releases
   // the saved tensors (a second Backward needs another Forward).
   // InvalidArgument unless scale is finite and > 0.
-  absl::StatusOr<Tensor> Backward(float scale = 1.0f);
+  absl::StatusOr<Tensor> Backward(float scale = 1.0f) override;
 
-  // The target value that is left out of the mean.
-  int64_t ignore_index() const { return ignore_index_; }
-  // Non-ignored targets in the last Forward.
-  int64_t count() const { return count_; }
+  int64_t ignore_index() const override { return ignore_index_; }
+  int64_t count() const override { return count_; }
+  std::unique_ptr<LossFunction> Clone() const override {
+    return std::make_unique<CrossEntropyLoss>(ignore_index_);
+  }
 
  private:
   int64_t ignore_index_;

@@ -185,5 +185,41 @@ absl::StatusOr<DTensor> LossParallelCrossEntropy::Backward(float scale) {
   return dlogits;
 }
 
+LossParallel::LossParallel(DeviceMesh* mesh, std::string tp_axis,
+                           int64_t ignore_index, absl::Duration timeout)
+    : mesh_(mesh),
+      tp_axis_(std::move(tp_axis)),
+      timeout_(timeout),
+      loss_(ignore_index, timeout) {}
+
+absl::StatusOr<float> LossParallel::Forward(const Tensor& logits,
+                                            const Tensor& targets) {
+  if (mesh_ == nullptr) {
+    return absl::FailedPreconditionError("LossParallel: null mesh");
+  }
+  if (!logits.defined() || logits.ndim() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LossParallel: logits must be [.., V / tp], got ", logits.ToString()));
+  }
+  ASSIGN_OR_RETURN(DeviceMesh * axis, mesh_->SubMesh({tp_axis_}));
+  Shape global = logits.shape();
+  global.back() *= axis->size();
+  ASSIGN_OR_RETURN(
+      DTensor sharded,
+      DTensor::FromLocal(logits, axis, {Placement::Shard(logits.ndim() - 1)},
+                         std::move(global)));
+  return loss_.Forward(sharded, targets);
+}
+
+absl::StatusOr<Tensor> LossParallel::Backward(float scale) {
+  ASSIGN_OR_RETURN(DTensor dlogits, loss_.Backward(scale));
+  return dlogits.local();
+}
+
+std::unique_ptr<nn::LossFunction> LossParallel::Clone() const {
+  return std::make_unique<LossParallel>(mesh_, tp_axis_, loss_.ignore_index(),
+                                        timeout_);
+}
+
 }  // namespace parallel
 }  // namespace fsdpp

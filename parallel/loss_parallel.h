@@ -17,6 +17,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "mesh/device_mesh.h"
+#include "nn/loss.h"
 #include "tensor/dtensor.h"
 #include "tensor/tensor.h"
 
@@ -44,6 +46,8 @@ class LossParallelCrossEntropy {
   absl::StatusOr<DTensor> Backward(float scale = 1.0f);
 
   int64_t ignore_index() const { return ignore_index_; }
+  // Non-ignored targets in the last Forward.
+  int64_t count() const { return count_; }
 
  private:
   int64_t ignore_index_;
@@ -53,6 +57,32 @@ class LossParallelCrossEntropy {
   Tensor targets_, max_, sumexp_;
   int64_t vocab_offset_ = 0, count_ = 0;
   bool saved_ = false;
+};
+
+// Loss parallel as a model's nn::LossFunction: Forward takes this rank's
+// vocabulary slice of the logits [.., V / tp] (what a column-wise LM head
+// leaves when its output stays sharded), wraps it as a DTensor sharded on its
+// last dim over the tp axis of `mesh` (V = the slice's width x tp) and runs
+// LossParallelCrossEntropy; Backward returns this rank's slice of dlogits.
+class LossParallel : public nn::LossFunction {
+ public:
+  // `mesh` must outlive the loss and have an axis `tp_axis`.
+  LossParallel(DeviceMesh* mesh, std::string tp_axis = "tp",
+               int64_t ignore_index = -100,
+               absl::Duration timeout = absl::Minutes(5));
+
+  absl::StatusOr<float> Forward(const Tensor& logits,
+                                const Tensor& targets) override;
+  absl::StatusOr<Tensor> Backward(float scale = 1.0f) override;
+  int64_t ignore_index() const override { return loss_.ignore_index(); }
+  int64_t count() const override { return loss_.count(); }
+  std::unique_ptr<nn::LossFunction> Clone() const override;
+
+ private:
+  DeviceMesh* mesh_;
+  std::string tp_axis_;
+  absl::Duration timeout_;
+  LossParallelCrossEntropy loss_;
 };
 
 }  // namespace parallel
