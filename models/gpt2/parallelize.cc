@@ -12,6 +12,12 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFsdp(
   return ApplyBlockPlan(model, ModelFamily::kGpt2, "gpt2::ApplyFsdp", options);
 }
 
+absl::Status ApplyTensorParallel(Transformer* model, DeviceMesh* mesh,
+                                 const TensorParallelOptions& options) {
+  return ApplyTensorParallelPlan(model, ModelFamily::kGpt2,
+                                 "gpt2::ApplyTensorParallel", mesh, options);
+}
+
 }  // namespace gpt2
 }  // namespace models
 }  // namespace fsdpp

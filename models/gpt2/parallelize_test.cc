@@ -35,6 +35,23 @@ TEST(Gpt2PlanTest, RejectsOtherFamilies) {
   testing_util::ExpectRejectsOtherFamilies(Gpt2Plan());
 }
 
+absl::Status TensorParallelWith(Transformer* model, DeviceMesh* mesh,
+                                bool sequence_parallel, bool loss_parallel) {
+  TensorParallelOptions options;
+  options.sequence_parallel = sequence_parallel;
+  options.loss_parallel = loss_parallel;
+  return ApplyTensorParallel(model, mesh, options);
+}
+
+TEST(Gpt2PlanTest, TensorParallelParity) {
+  testing_util::ExpectTensorParallelParity("gpt2_debug", TensorParallelWith);
+}
+
+TEST(Gpt2PlanTest, TensorParallelRefusesWhatDoesNotDivide) {
+  testing_util::ExpectTensorParallelRefusals("gpt2_debug", "llama_debug",
+                                             TensorParallelWith);
+}
+
 }  // namespace
 }  // namespace gpt2
 }  // namespace models

@@ -13,6 +13,12 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFsdp(
                         options);
 }
 
+absl::Status ApplyTensorParallel(Transformer* model, DeviceMesh* mesh,
+                                 const TensorParallelOptions& options) {
+  return ApplyTensorParallelPlan(model, ModelFamily::kLlama,
+                                 "llama::ApplyTensorParallel", mesh, options);
+}
+
 }  // namespace llama
 }  // namespace models
 }  // namespace fsdpp

@@ -13,6 +13,8 @@
 #include "absl/status/statusor.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
+#include "mesh/device_mesh.h"
+#include "models/parallelize/tensor_parallel_plan.h"
 #include "models/transformer.h"
 
 namespace fsdpp {
@@ -29,6 +31,14 @@ using FsdpPlanOptions = fsdp::FsdpPlanOptions;
 // already sharded) otherwise.
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFsdp(
     Transformer* model, const FsdpPlanOptions& options);
+
+// Tensor parallelism on the tp axis of `mesh` with the shared plan
+// (models/parallelize/tensor_parallel_plan.h); apply it before FSDP and
+// before materialising. InvalidArgument for a model of another family or
+// sizes that do not divide (naming the module); the model is then unchanged.
+using TensorParallelOptions = TensorParallelPlanOptions;
+absl::Status ApplyTensorParallel(Transformer* model, DeviceMesh* mesh,
+                                 const TensorParallelOptions& options = {});
 
 }  // namespace llama
 }  // namespace models

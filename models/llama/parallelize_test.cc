@@ -64,6 +64,56 @@ TEST(LlamaPlanTest, RejectsOtherFamilies) {
   testing_util::ExpectRejectsOtherFamilies(LlamaPlan());
 }
 
+absl::Status TensorParallelWith(Transformer* model, DeviceMesh* mesh,
+                                bool sequence_parallel, bool loss_parallel) {
+  TensorParallelOptions options;
+  options.sequence_parallel = sequence_parallel;
+  options.loss_parallel = loss_parallel;
+  return ApplyTensorParallel(model, mesh, options);
+}
+
+TEST(LlamaPlanTest, TensorParallelParity) {
+  testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith);
+}
+
+TEST(LlamaPlanTest, TensorParallelRefusesWhatDoesNotDivide) {
+  testing_util::ExpectTensorParallelRefusals("llama_debug", "gpt2_debug",
+                                             TensorParallelWith);
+}
+
+// GQA: 2 kv heads over tp 4 keep each kv head whole on the two ranks whose
+// query heads share it; 3 kv heads over tp 2 neither divide nor are divided.
+TEST(LlamaPlanTest, KvHeadsAreSplitOrKeptWhole) {
+  testing_util::RunOnMesh({{"tp", 4}}, [](int, DeviceMesh& mesh) {
+    auto model = *Transformer::Create(*ConfigByName(kConfig));
+    ASSERT_TRUE(ApplyTensorParallel(model.get(), &mesh).ok());
+    for (auto& [name, p] : model->NamedParameters()) {
+      if (name == "layers.0.attention.wk.weight") {
+        EXPECT_FALSE(p->has_piece());
+      }
+      if (name == "layers.0.attention.wq.weight") {
+        EXPECT_EQ(p->LocalShape(), (Shape{16, 64}));
+      }
+    }
+  });
+  testing_util::RunOnMesh({{"tp", 2}}, [](int, DeviceMesh& mesh) {
+    TransformerConfig config = *ConfigByName(kConfig);
+    config.n_heads = 6;
+    config.n_kv_heads = 3;
+    config.dim = 48;
+    auto model = *Transformer::Create(config);
+    const absl::Status s = ApplyTensorParallel(model.get(), &mesh);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("module 'layers.0.attention': n_kv_heads (3) "
+                               "must be divisible by the tp size 2"),
+              std::string::npos)
+        << s;
+    for (auto& [name, p] : model->NamedParameters()) {
+      EXPECT_FALSE(p->has_piece()) << name;
+    }
+  });
+}
+
 }  // namespace
 }  // namespace llama
 }  // namespace models

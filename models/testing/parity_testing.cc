@@ -15,6 +15,7 @@
 #include "models/config.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "parallel/tensor_parallel.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
 #include "tensor/test_tensors.h"
@@ -328,6 +329,28 @@ Setup ReplicateSetup(bool bucket_per_block) {
   };
 }
 
+Setup TensorParallelSetup(TensorParallelPlanFn plan) {
+  return [plan](Transformer* model, DeviceMesh* mesh,
+                uint64_t seed) -> absl::StatusOr<TrainableModel> {
+    RETURN_IF_ERROR(plan(model, mesh));
+    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+    RETURN_IF_ERROR(model->InitWeights(seed));
+    ASSIGN_OR_RETURN(std::vector<parallel::TensorParallelParameter> params,
+                     parallel::TensorParallelParameters(model, mesh));
+    auto storage =
+        std::make_shared<std::vector<parallel::TensorParallelParameter>>(
+            std::move(params));
+    TrainableModel out;
+    for (parallel::TensorParallelParameter& p : *storage) {
+      out.params.push_back({p.name, &p.param, &p.grad});
+    }
+    out.storage = storage;
+    out.data_rank = 0;
+    out.data_ranks = 1;
+    return out;
+  };
+}
+
 TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
                      const Setup& setup,
                      const models::TransformerOptions& model_options) {
@@ -353,7 +376,17 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
       AdamWOptions options;
       options.lr = run.lr;
       options.weight_decay = run.weight_decay;
-      options.decay_filter = DecayMatricesOnly;
+      options.eps = run.adam_eps;
+      // Matrices by the parameters' own shapes: a tensor-parallel piece's
+      // DTensor may be a view with more dims (GPT-2's fused c_attn bias is
+      // [3, C] there).
+      std::map<std::string, size_t> ndim;
+      for (auto& [name, p] : (*model)->NamedParameters()) {
+        ndim[name] = p->shape.size();
+      }
+      options.decay_filter = [ndim](const std::string& name, const DTensor&) {
+        return ndim.at(name) >= 2;
+      };
       absl::StatusOr<AdamW> created =
           AdamW::Create(std::move(adamw_params), options);
       ASSERT_TRUE(created.ok()) << created.status();
@@ -361,7 +394,10 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
     }
     absl::StatusOr<ProcessGroup*> flat = mesh.FlatGroup();
     ASSERT_TRUE(flat.ok()) << flat.status();
-    const int world = mesh.size();
+    const int world =
+        trainable->data_ranks > 0 ? trainable->data_ranks : mesh.size();
+    const int data_rank =
+        trainable->data_rank >= 0 ? trainable->data_rank : rank;
     ASSERT_TRUE(run.emulated_ranks == 1 || world == 1)
         << "emulated_ranks is for the single-process reference";
     ASSERT_EQ(run.batch % (world * run.emulated_ranks * run.micro_batches), 0);
@@ -371,7 +407,7 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
       absl::StatusOr<double> loss =
           run.emulated_ranks > 1
               ? EmulatedRanksGradients(run, batch, model->get(), grads)
-              : LocalGradients(run, batch, rank, world, model->get(),
+              : LocalGradients(run, batch, data_rank, world, model->get(),
                                *trainable, grads);
       ASSERT_TRUE(loss.ok()) << loss.status();
       float l32 = static_cast<float>(*loss);

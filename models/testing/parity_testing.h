@@ -42,7 +42,12 @@ struct TrainingRun {
   Optimizer optimizer = Optimizer::kSgd;
   double lr = 0.05;
   double weight_decay = 0.1;  // AdamW only, matrices only.
-  double max_grad_norm = 0;   // > 0: ClipGradNorm before every step.
+  // AdamW's epsilon. The first steps move every element by about lr whatever
+  // its gradient's size, so elements whose gradients are rounding noise
+  // (cancellations, e.g. a key bias's) follow the noise's sign; a larger
+  // epsilon damps those for comparisons across summation orders.
+  double adam_eps = 1e-8;
+  double max_grad_norm = 0;  // > 0: ClipGradNorm before every step.
   // Micro-batches per step (gradient accumulation), and whether the ones
   // before the last sync their gradients.
   int micro_batches = 1;
@@ -84,6 +89,11 @@ struct TrainableModel {
   std::function<void(bool)> set_gradient_sync;
   // Keeps whatever the setup made for `params` alive (may be null).
   std::shared_ptr<void> storage;
+  // Which rows of the global batch this rank trains: its index among
+  // data_ranks equal parts (-1: the mesh rank among all ranks; tensor
+  // parallel ranks share one part).
+  int data_rank = -1;
+  int data_ranks = -1;
 };
 
 // Prepares `model` (built on the meta device) on `mesh`: shards or
@@ -109,6 +119,17 @@ Setup FsdpPlanSetup(FsdpPlan plan, fsdp::FsdpPlanOptions options);
 // initialised the same weights) with one gradient bucket per block when
 // `bucket_per_block`, else one flat bucket.
 Setup ReplicateSetup(bool bucket_per_block);
+
+// Applies a tensor-parallel plan to a model on a mesh (e.g.
+// models::gpt2::ApplyTensorParallel with its options bound).
+using TensorParallelPlanFn =
+    std::function<absl::Status(models::Transformer*, DeviceMesh*)>;
+
+// Tensor parallelism over the whole mesh (a 1-D "tp" mesh): `plan`, then
+// ToEmpty + InitWeights (each rank initialises its pieces); the loop trains
+// the pieces as DTensors on the tp axis (parallel::TensorParallelParameters),
+// and every rank trains on the whole batch.
+Setup TensorParallelSetup(TensorParallelPlanFn plan);
 
 // Trains `run` on the mesh `axes` with `setup`; the result as rank 0 saw it.
 // Fails the current test (and returns what it has) on any error.

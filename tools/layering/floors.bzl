@@ -62,8 +62,10 @@ FORBIDDEN = [
 
 # (user, used) pairs that FORBIDDEN would catch but the design allows.
 FORBIDDEN_EXCEPT = [
-    # The plans are where models meet FSDP (and, later, tensor parallelism).
+    # The plans are where models meet FSDP and tensor parallelism (whose
+    # mesh axis they name).
     ["models/parallelize", "fsdp"],
+    ["models/parallelize", "mesh"],
     ["models/gpt2", "fsdp"],
     ["models/llama", "fsdp"],
     # The parity harness trains a model under FSDP / DDP layouts with AdamW.
