@@ -216,6 +216,12 @@ absl::StatusOr<std::vector<FsdpUnit*>> FsdpUnit::ClaimParameters() {
         }
         continue;  // Taken by an inner unit.
       }
+      if (p->has_piece()) {
+        return absl::UnimplementedError(absl::StrCat(
+            "FullyShard: parameter '", fqn, "' of ", m->kind(),
+            " is a tensor-parallel piece; FSDP over a tensor-parallel model "
+            "(a [dp, tp] mesh) is not available yet: use one or the other"));
+      }
       ShardedParameter sp;
       sp.name = fqn;
       sp.parameter = p;

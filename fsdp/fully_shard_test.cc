@@ -409,6 +409,18 @@ TEST(FullyShardTest, ErrorsNameTheProblem) {
                 "needs a 1-D (shard) or 2-D (replicate, shard) mesh");
     ExpectError(ShardedStateDict(MakeStack().get()).status(),
                 "parameter '0.weight' is in no FSDP unit");
+    // A tensor-parallel piece (FSDP over a [dp, tp] mesh is not built yet).
+    auto cut = MakeStack();
+    Parameter* w = cut->at(1)->NamedParameters()[0].second;
+    const Shape whole = w->shape;
+    ASSERT_TRUE(w->SetPiece({whole,
+                             Shape(whole.size(), 0),
+                             {whole[0] / 2, whole[1]},
+                             {whole[0] / 2, whole[1]}})
+                    .ok());
+    ExpectError(FullyShard({cut->at(1)}, options).status(),
+                "is a tensor-parallel piece");
+    EXPECT_EQ(UnitOf(cut->at(1)), nullptr);
   });
 }
 

@@ -203,6 +203,14 @@ ReplicatedModule::ReplicateParameters() {
   const auto named = root_->NamedParameters();
   params_.reserve(named.size());
   for (auto& [fqn, p] : named) {
+    if (p->has_piece()) {
+      return absl::UnimplementedError(
+          absl::StrCat("Replicate: parameter '", fqn,
+                       "' is a tensor-parallel piece; data parallelism over a "
+                       "tensor-parallel model is not available yet"));
+    }
+  }
+  for (auto& [fqn, p] : named) {
     if (options_.broadcast_parameters) {
       ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
                        group_->Broadcast(AsBuffer(p->data), /*root=*/0));
