@@ -41,10 +41,50 @@ Buffer AsBuffer(const Tensor& t) {
   return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
 }
 
-int64_t Rows(const Shape& shape) { return shape.empty() ? 1 : shape[0]; }
-int64_t RowElements(const Shape& shape) {
-  return shape.empty() ? 1
-                       : NumElements(shape) / std::max<int64_t>(1, shape[0]);
+using SplitView = FsdpSplitView;
+
+SplitView MakeSplitView(const Parameter& p) {
+  SplitView v;
+  if (p.has_piece()) {
+    v.view = p.piece.size;
+    if (p.piece.layout.size() != p.shape.size()) {
+      for (size_t d = 0; d < v.view.size(); ++d) {
+        if (p.piece.size[d] != p.piece.layout[d]) {
+          v.dim = static_cast<int>(d);
+          break;
+        }
+      }
+    }
+  } else {
+    v.view = p.shape.empty() ? Shape{1} : p.shape;
+  }
+  for (int d = 0; d < static_cast<int>(v.view.size()); ++d) {
+    if (d < v.dim) v.outer *= v.view[d];
+    if (d > v.dim) v.inner *= v.view[d];
+  }
+  v.rows = v.view[v.dim];
+  return v;
+}
+
+// Elements of one rank's (padded) segment of a parameter.
+int64_t PaddedElements(const SplitView& v, int world) {
+  return v.outer * ChunkSize(v.rows, world) * v.inner;
+}
+
+// Copies rows `range` of the split dim of `whole` (the view, flattened) to
+// `compact` ([outer, range.length, inner] flattened), casting between
+// dtypes.
+absl::Status CopyRows(const SplitView& v, Range range, const Tensor& whole,
+                      const Tensor& compact) {
+  const int64_t run = range.length * v.inner;
+  if (run == 0) return absl::OkStatus();
+  for (int64_t o = 0; o < v.outer; ++o) {
+    ASSIGN_OR_RETURN(Tensor w,
+                     whole.Narrow((o * v.rows + range.begin) * v.inner, run));
+    ASSIGN_OR_RETURN(Tensor c, compact.Narrow(o * run, run));
+    RETURN_IF_ERROR(Copy(w, &c));
+  }
+  return absl::OkStatus();
 }
 
 // True if `inner` is `outer` or one of its descendants.
@@ -117,10 +157,14 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
   if (modules.empty())
     return absl::InvalidArgumentError("FullyShard: no modules");
   DeviceMesh* mesh = options.mesh;
-  if (mesh == nullptr || mesh->ndim() < 1 || mesh->ndim() > 2) {
+  const int tp_axes = options.tp_axis.empty() ? 0 : 1;
+  if (mesh == nullptr || mesh->ndim() - tp_axes < 1 ||
+      mesh->ndim() - tp_axes > 2) {
     return absl::InvalidArgumentError(
-        "FullyShard: needs a 1-D (shard) or 2-D (replicate, shard) mesh");
+        "FullyShard: needs a 1-D (shard) or 2-D (replicate, shard) mesh, "
+        "plus the tp axis when tp_axis is set");
   }
+  if (tp_axes > 0) RETURN_IF_ERROR(mesh->AxisIndex(options.tp_axis).status());
   const std::string name =
       absl::StrCat(modules[0]->kind(), modules.size() > 1 ? "+..." : "");
   // (An empty unit is allowed: e.g. a root whose parameters all sit in
@@ -150,10 +194,25 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
 
 absl::Status FsdpUnit::InitGroups() {
   DeviceMesh* mesh = options_.mesh;
-  const MeshAxis& shard_axis = mesh->axes().back();
-  ASSIGN_OR_RETURN(shard_group_, mesh->Group(shard_axis.name));
-  if (mesh->ndim() == 2) {
-    ASSIGN_OR_RETURN(replicate_group_, mesh->Group(mesh->axes()[0].name));
+  std::vector<std::string> data_axes;  // [replicate,] shard
+  for (const MeshAxis& a : mesh->axes()) {
+    if (a.name != options_.tp_axis) data_axes.push_back(a.name);
+  }
+  const std::string& shard_axis = data_axes.back();
+  ASSIGN_OR_RETURN(shard_group_, mesh->Group(shard_axis));
+  if (data_axes.size() == 2) {
+    ASSIGN_OR_RETURN(replicate_group_, mesh->Group(data_axes[0]));
+  }
+  // The masters' mesh: with tensor parallelism the tp axis comes before the
+  // shard axis, so a dim both split is split by tp first (each rank's
+  // piece), then by FSDP (rows of that piece), in mesh-axis order.
+  master_mesh_ = mesh;
+  if (!options_.tp_axis.empty()) {
+    std::vector<std::string> order;
+    if (data_axes.size() == 2) order.push_back(data_axes[0]);
+    order.push_back(options_.tp_axis);
+    order.push_back(data_axes.back());
+    ASSIGN_OR_RETURN(master_mesh_, mesh->SubMesh(order));
   }
   world_ = shard_group_->size();
   rank_ = shard_group_->rank();
@@ -169,12 +228,12 @@ absl::Status FsdpUnit::InitGroups() {
       return absl::InvalidArgumentError(
           absl::StrCat("FullyShard: hpz_degree ", options_.hpz_degree,
                        " does not divide the size ", world_, " of shard axis '",
-                       shard_axis.name, "'"));
+                       shard_axis, "'"));
     }
     // Without resharding after forward there is nothing to keep a piece of.
     if (options_.reshard_after_forward) {
       ASSIGN_OR_RETURN(hpz_group_,
-                       mesh->Subgroup(shard_axis.name, options_.hpz_degree));
+                       mesh->Subgroup(shard_axis, options_.hpz_degree));
     }
   }
   return absl::OkStatus();
@@ -216,11 +275,11 @@ absl::StatusOr<std::vector<FsdpUnit*>> FsdpUnit::ClaimParameters() {
         }
         continue;  // Taken by an inner unit.
       }
-      if (p->has_piece()) {
-        return absl::UnimplementedError(absl::StrCat(
+      if (p->has_piece() && options_.tp_axis.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
             "FullyShard: parameter '", fqn, "' of ", m->kind(),
-            " is a tensor-parallel piece; FSDP over a tensor-parallel model "
-            "(a [dp, tp] mesh) is not available yet: use one or the other"));
+            " is a tensor-parallel piece: set FullyShardOptions::tp_axis to "
+            "the mesh axis it was split over"));
       }
       ShardedParameter sp;
       sp.name = fqn;
@@ -233,46 +292,58 @@ absl::StatusOr<std::vector<FsdpUnit*>> FsdpUnit::ClaimParameters() {
 }
 
 absl::Status FsdpUnit::ShardParameters() {
-  // Shard each parameter: fp32 master and grad, Shard(0) on the shard axis.
-  DeviceMesh* mesh = options_.mesh;
-  std::vector<Placement> placements;
-  if (mesh->ndim() == 2) placements.push_back(Placement::Replicate());
-  placements.push_back(Placement::Shard(0));
+  // Shard each parameter: fp32 master and grad, Shard(0) on the shard axis
+  // (Replicate on the replicate axis; the tensor-parallel split on the tp
+  // axis).
   bool all_materialised = true;
   int64_t offset = 0;
   for (ShardedParameter& sp : params_) {
-    Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
-    const int64_t rows = Rows(global), row = RowElements(global);
-    const Range mine = ChunkRange(rows, world_, rank_);
-    Shape local_shape = global;
-    local_shape[0] = mine.length;
+    Parameter* p = sp.parameter;
+    const SplitView v = MakeSplitView(*p);
+    const Range mine = ChunkRange(v.rows, world_, rank_);
+    std::vector<Placement> placements;
+    if (replicate_group_ != nullptr)
+      placements.push_back(Placement::Replicate());
+    Shape global = v.view;
+    if (!options_.tp_axis.empty()) {
+      Placement tp = Placement::Replicate();
+      if (p->has_piece()) {
+        global = p->piece.layout;
+        for (size_t d = 0; d < global.size(); ++d) {
+          if (p->piece.size[d] != global[d]) {
+            tp = Placement::Shard(static_cast<int>(d));
+            break;
+          }
+        }
+      }
+      placements.push_back(tp);
+    }
+    placements.push_back(Placement::Shard(v.dim));
+    Shape local_shape = v.view;
+    local_shape[v.dim] = mine.length;
     ASSIGN_OR_RETURN(Tensor master,
                      Tensor::Zeros(local_shape, DType::kF32, state_device_,
                                    MemoryTag::kParams));
     ASSIGN_OR_RETURN(Tensor grad,
                      Tensor::Zeros(local_shape, DType::kF32, state_device_,
                                    MemoryTag::kGrads));
-    Parameter* p = sp.parameter;
     if (p->data.is_meta()) {
       all_materialised = false;
     } else {
       // Materialised already: keep our rows (as f32), then drop the full copy.
-      ASSIGN_OR_RETURN(Tensor flat_full, p->data.Reshape({rows * row}));
-      ASSIGN_OR_RETURN(Tensor rows_view,
-                       flat_full.Narrow(mine.begin * row, mine.length * row));
-      Tensor master_flat = master.Flatten();
-      RETURN_IF_ERROR(Copy(rows_view, &master_flat));
+      RETURN_IF_ERROR(CopyRows(v, mine, p->data.Flatten(), master.Flatten()));
     }
-    ASSIGN_OR_RETURN(sp.master,
-                     DTensor::FromLocal(master, mesh, placements, global));
-    ASSIGN_OR_RETURN(sp.grad,
-                     DTensor::FromLocal(grad, mesh, placements, global));
+    ASSIGN_OR_RETURN(sp.master, DTensor::FromLocal(master, master_mesh_,
+                                                   placements, global));
+    ASSIGN_OR_RETURN(
+        sp.grad, DTensor::FromLocal(grad, master_mesh_, placements, global));
     offsets_.push_back(offset);
-    offset += ChunkSize(rows, world_) * row;
+    offset += PaddedElements(v, world_);
+    views_.push_back(v);
     // The module now computes in param dtype from unsharded views we install.
     p->dtype = options_.mp_policy.param_dtype;
     ASSIGN_OR_RETURN(p->data,
-                     Tensor::Empty(p->shape, p->dtype, Device::Meta()));
+                     Tensor::Empty(p->LocalShape(), p->dtype, Device::Meta()));
     p->grad = Tensor();
   }
   segment_ = offset;
@@ -318,13 +389,12 @@ absl::Status InitShardedWeights(Module* root, uint64_t seed) {
     for (ShardedParameter& sp : unit->params_) {
       if (sp.parameter != p) continue;
       sp.name = fqn;
-      const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
-      const int64_t row = RowElements(global);
-      const Range mine = ChunkRange(Rows(global), unit->world_, unit->rank_);
+      const Box box = sp.master.local_box();
       Tensor local = *sp.master.mutable_local();
-      RETURN_IF_ERROR(Annotate(
-          InitSlice(p->init, seed, InitStreamId(fqn), mine.begin * row, &local),
-          absl::StrCat("initialising the shard of '", fqn, "'")));
+      RETURN_IF_ERROR(
+          Annotate(InitBox(p->init, seed, InitStreamId(fqn), sp.master.shape(),
+                           box.offset, box.shape, &local),
+                   absl::StrCat("initialising the shard of '", fqn, "'")));
     }
     touched[unit] = true;
   }
@@ -373,9 +443,7 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
   char* base = static_cast<char*>(stage.raw_data());
   for (size_t i = 0; i < params_.size(); ++i) {
     const Tensor& local = params_[i].master.local();
-    const Shape global = params_[i].shape.empty() ? Shape{1} : params_[i].shape;
-    const int64_t padded =
-        ChunkSize(Rows(global), world_) * RowElements(global);
+    const int64_t padded = PaddedElements(views_[i], world_);
     const int64_t n = local.numel();
     if (n > 0) {
       ASSIGN_OR_RETURN(Tensor dst, stage.Narrow(offsets_[i], n));
@@ -451,18 +519,21 @@ absl::Status FsdpUnit::FinishUnshard() {
   const char* gathered = static_cast<const char*>(gather_out_.raw_data());
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
-    const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
-    const int64_t rows = Rows(global), row = RowElements(global);
+    const SplitView& v = views_[i];
     ASSIGN_OR_RETURN(Tensor full,
-                     Tensor::Empty(sp.parameter->shape, dtype, compute_device_,
-                                   MemoryTag::kCommBuffers));
+                     Tensor::Empty(sp.parameter->LocalShape(), dtype,
+                                   compute_device_, MemoryTag::kCommBuffers));
     char* dst = static_cast<char*>(full.raw_data());
     for (int r = 0; r < world_; ++r) {
-      const Range range = ChunkRange(rows, world_, r);
-      RETURN_IF_ERROR(CopyBytes(dst + range.begin * row * esize,
-                                compute_device_,
-                                gathered + (r * segment_ + offsets_[i]) * esize,
-                                compute_device_, range.length * row * esize));
+      const Range range = ChunkRange(v.rows, world_, r);
+      const int64_t run = range.length * v.inner;
+      const char* src = gathered + (r * segment_ + offsets_[i]) * esize;
+      for (int64_t o = 0; o < v.outer; ++o) {
+        RETURN_IF_ERROR(
+            CopyBytes(dst + ((o * v.rows + range.begin) * v.inner) * esize,
+                      compute_device_, src + o * run * esize, compute_device_,
+                      run * esize));
+      }
     }
     sp.parameter->data = full;
   }
@@ -480,8 +551,8 @@ absl::Status FsdpUnit::FreeUnsharded() {
   if (gather_work_ != nullptr) RETURN_IF_ERROR(FinishUnshard());
   for (ShardedParameter& sp : params_) {
     ASSIGN_OR_RETURN(sp.parameter->data,
-                     Tensor::Empty(sp.parameter->shape, sp.parameter->dtype,
-                                   Device::Meta()));
+                     Tensor::Empty(sp.parameter->LocalShape(),
+                                   sp.parameter->dtype, Device::Meta()));
   }
   unsharded_ = false;
   return absl::OkStatus();
@@ -586,17 +657,15 @@ absl::Status FsdpUnit::ReduceGradients() {
     ShardedParameter& sp = params_[i];
     Parameter* p = sp.parameter;
     if (!p->grad.defined()) continue;  // Unused this step: contributes zeros.
-    const Shape global = sp.shape.empty() ? Shape{1} : sp.shape;
-    const int64_t rows = Rows(global), row = RowElements(global);
+    const SplitView& v = views_[i];
     const Tensor flat = p->grad.Flatten();
     for (int r = 0; r < world_; ++r) {
-      const Range range = ChunkRange(rows, world_, r);
+      const Range range = ChunkRange(v.rows, world_, r);
       if (range.length == 0) continue;
-      ASSIGN_OR_RETURN(Tensor src,
-                       flat.Narrow(range.begin * row, range.length * row));
-      ASSIGN_OR_RETURN(Tensor dst, input.Narrow(r * segment_ + offsets_[i],
-                                                range.length * row));
-      RETURN_IF_ERROR(Copy(src, &dst));
+      ASSIGN_OR_RETURN(Tensor dst,
+                       input.Narrow(r * segment_ + offsets_[i],
+                                    v.outer * range.length * v.inner));
+      RETURN_IF_ERROR(CopyRows(v, range, flat, dst));
     }
     p->grad = Tensor();  // Free the unsharded gradient.
   }

@@ -125,15 +125,25 @@ struct FullyShardOptions {
   // Gradients are divided by this instead of averaged (0 = average over all
   // data-parallel ranks).
   float gradient_divide_factor = 0.0f;
+  // FSDP + tensor parallelism: the mesh axis the model's parameters were
+  // split over (parallel::ParallelizeModule; empty: none, and pieces are
+  // refused). The mesh is then [shard, tp] or [replicate, shard, tp] (the
+  // axes in any order; the other axes are the data-parallel ones as above).
+  // Each rank shards its tensor-parallel piece: all-gathers run over the
+  // shard axis only, and the masters are DTensors on the mesh [tp, shard]
+  // ([replicate, tp, shard]) placed (the tp split, Shard) with the piece's
+  // layout as global shape, so a dim split by both is split by tp first.
+  std::string tp_axis;
 };
 
 // One parameter under FSDP.
 struct ShardedParameter {
   std::string name;      // fully qualified, from the unit's root module
   Parameter* parameter;  // the module's parameter (data = unsharded view)
-  DTensor master;        // fp32 values, Shard(0) (+ Replicate for HSDP)
+  DTensor master;        // fp32 values, Shard(0) (+ Replicate for HSDP,
+                         // + the tp split with tensor parallelism)
   DTensor grad;          // fp32, same layout
-  Shape shape;           // global shape
+  Shape shape;           // the parameter's global shape
 };
 
 // Collectives a unit issued since FullyShard (for tests and debugging).
@@ -148,6 +158,19 @@ struct FsdpUnitStats {
 };
 
 class FsdpUnit;
+
+// How FSDP splits one parameter over the shard ranks (internal to a unit):
+// the tensor it gathers (the parameter, or this rank's tensor-parallel piece
+// of it) viewed as `view`, split on `dim`; `outer` / `inner` count the
+// elements before / after that dim. Dim 0 of the tensor itself, except for a
+// piece that is a box of a view with other dims (GPT-2's c_attn [3, C / tp, C]
+// of [3, C, C]): there the dim tensor parallelism splits, so that each rank's
+// rows of each block stay one box of the view.
+struct FsdpSplitView {
+  Shape view;
+  int dim = 0;
+  int64_t outer = 1, rows = 1, inner = 1;
+};
 
 // Shards `modules` (their parameters not owned by inner units) as one unit.
 // Errors: a module already sharded, a parameter shared with a unit that is
@@ -263,6 +286,9 @@ class FsdpUnit {
   std::vector<Module*> modules_;
   FullyShardOptions options_;
   std::vector<ShardedParameter> params_;
+  // How each of params_ is split over the shard ranks (fully_shard.cc).
+  std::vector<FsdpSplitView> views_;
+  DeviceMesh* master_mesh_ = nullptr;  // the masters' DTensor mesh
   ProcessGroup* shard_group_ = nullptr;
   ProcessGroup* replicate_group_ = nullptr;  // HSDP only
   ProcessGroup* hpz_group_ = nullptr;        // hpZ only

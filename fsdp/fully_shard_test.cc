@@ -409,7 +409,7 @@ TEST(FullyShardTest, ErrorsNameTheProblem) {
                 "needs a 1-D (shard) or 2-D (replicate, shard) mesh");
     ExpectError(ShardedStateDict(MakeStack().get()).status(),
                 "parameter '0.weight' is in no FSDP unit");
-    // A tensor-parallel piece (FSDP over a [dp, tp] mesh is not built yet).
+    // A tensor-parallel piece without the tp axis named.
     auto cut = MakeStack();
     Parameter* w = cut->at(1)->NamedParameters()[0].second;
     const Shape whole = w->shape;
@@ -419,7 +419,7 @@ TEST(FullyShardTest, ErrorsNameTheProblem) {
                              {whole[0] / 2, whole[1]}})
                     .ok());
     ExpectError(FullyShard({cut->at(1)}, options).status(),
-                "is a tensor-parallel piece");
+                "is a tensor-parallel piece: set FullyShardOptions::tp_axis");
     EXPECT_EQ(UnitOf(cut->at(1)), nullptr);
   });
 }

@@ -74,28 +74,35 @@ std::string ShapeString(const Shape& s) {
 }
 
 // Calls fn(flat index in `layout`, element index in the box, run length) for
-// every run of the box [offset, offset + size) along its last dim, in
-// row-major order.
+// every contiguous run of the box [offset, offset + size) of `layout`, in
+// row-major order: the dims after the last one the box does not span whole
+// join their predecessor's run, so a box of whole rows is one run.
 void ForEachRun(const Shape& layout, const Shape& offset, const Shape& size,
                 const std::function<void(int64_t, int64_t, int64_t)>& fn) {
   const int nd = static_cast<int>(layout.size());
-  if (nd == 0) {
-    fn(0, 0, 1);
-    return;
-  }
   for (int64_t d : size) {
     if (d == 0) return;
   }
-  std::vector<int64_t> index(nd, 0);  // Within the box, last dim unused.
+  int split = -1;  // The last dim the box does not span whole.
+  for (int d = 0; d < nd; ++d) {
+    if (size[d] != layout[d]) split = d;
+  }
+  if (split < 0) {
+    fn(0, 0, NumElements(layout));
+    return;
+  }
+  int64_t run = 1;
+  for (int d = split; d < nd; ++d) run *= size[d];
+  std::vector<int64_t> index(split, 0);  // Over the dims before `split`.
   int64_t local = 0;
   while (true) {
     int64_t flat = 0;
     for (int d = 0; d < nd; ++d) {
-      flat = flat * layout[d] + offset[d] + (d + 1 < nd ? index[d] : 0);
+      flat = flat * layout[d] + offset[d] + (d < split ? index[d] : 0);
     }
-    fn(flat, local, size[nd - 1]);
-    local += size[nd - 1];
-    int d = nd - 2;
+    fn(flat, local, run);
+    local += run;
+    int d = split - 1;
     for (; d >= 0; --d) {
       if (++index[d] < size[d]) break;
       index[d] = 0;
@@ -156,21 +163,33 @@ absl::Status Parameter::SetPiece(ParameterPiece p) {
   return absl::OkStatus();
 }
 
-absl::Status InitParameter(const Parameter& p, uint64_t seed, uint64_t stream,
-                           Tensor* out) {
-  if (!p.has_piece()) return InitSlice(p.init, seed, stream, 0, out);
+absl::Status InitBox(const InitSpec& spec, uint64_t seed, uint64_t stream,
+                     const Shape& layout, const Shape& offset,
+                     const Shape& size, Tensor* out) {
+  if (offset.size() != layout.size() || size.size() != layout.size() ||
+      NumElements(size) != out->numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "InitBox: box ", ShapeString(offset), " + ", ShapeString(size), " of ",
+        ShapeString(layout), " does not fit ", out->ToString()));
+  }
   if (out->is_meta()) return absl::OkStatus();
   Tensor flat = out->Flatten();
   absl::Status status;
-  ForEachRun(p.piece.layout, p.piece.offset, p.piece.size,
+  ForEachRun(layout, offset, size,
              [&](int64_t global, int64_t local, int64_t length) {
                if (!status.ok()) return;
                absl::StatusOr<Tensor> run = flat.Narrow(local, length);
-               status = run.ok()
-                            ? InitSlice(p.init, seed, stream, global, &*run)
-                            : run.status();
+               status = run.ok() ? InitSlice(spec, seed, stream, global, &*run)
+                                 : run.status();
              });
   return status;
+}
+
+absl::Status InitParameter(const Parameter& p, uint64_t seed, uint64_t stream,
+                           Tensor* out) {
+  if (!p.has_piece()) return InitSlice(p.init, seed, stream, 0, out);
+  return InitBox(p.init, seed, stream, p.piece.layout, p.piece.offset,
+                 p.piece.size, out);
 }
 
 Parameter* Module::AddParameter(const std::string& name, Shape shape,

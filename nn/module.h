@@ -127,6 +127,13 @@ struct Parameter {
   absl::Status SetPiece(ParameterPiece piece);
 };
 
+// Fills `out` (any shape with the box's elements) with the values InitSlice
+// gives the box [offset, offset + size) of a parameter of row-major shape
+// `layout`, in the box's row-major order: bitwise the box of the whole.
+absl::Status InitBox(const InitSpec& spec, uint64_t seed, uint64_t stream,
+                     const Shape& layout, const Shape& offset,
+                     const Shape& size, Tensor* out);
+
 // Fills `out` (LocalShape() of `p`) with the values InitSlice gives the
 // elements of p's piece (or of the whole parameter): bitwise the same as the
 // box of the whole parameter initialised at once.

@@ -73,7 +73,8 @@ absl::Status TensorParallelWith(Transformer* model, DeviceMesh* mesh,
 }
 
 TEST(LlamaPlanTest, TensorParallelParity) {
-  testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith);
+  testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith,
+                                           ApplyFsdp);
 }
 
 TEST(LlamaPlanTest, TensorParallelRefusesWhatDoesNotDivide) {

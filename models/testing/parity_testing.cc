@@ -351,6 +351,36 @@ Setup TensorParallelSetup(TensorParallelPlanFn plan) {
   };
 }
 
+Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
+                              fsdp::FsdpPlanOptions options) {
+  return [tp_plan, plan, options](
+             Transformer* model, DeviceMesh* mesh,
+             uint64_t seed) -> absl::StatusOr<TrainableModel> {
+    RETURN_IF_ERROR(tp_plan(model, mesh));
+    fsdp::FsdpPlanOptions o = options;
+    o.shard.mesh = mesh;
+    o.shard.tp_axis = "tp";
+    ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units, plan(model, o));
+    RETURN_IF_ERROR(fsdp::InitShardedWeights(model, seed));
+    TrainableModel out;
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
+      out.params.push_back({sp->name, &sp->master, &sp->grad});
+    }
+    out.set_gradient_sync = [units](bool sync) {
+      for (fsdp::FsdpUnit* u : units) u->SetRequiresGradientSync(sync);
+    };
+    out.data_rank = 0;
+    out.data_ranks = 1;
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (mesh->axes()[a].name == "tp") continue;
+      out.data_rank =
+          out.data_rank * mesh->axes()[a].size + mesh->coordinate()[a];
+      out.data_ranks *= mesh->axes()[a].size;
+    }
+    return out;
+  };
+}
+
 TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
                      const Setup& setup,
                      const models::TransformerOptions& model_options) {

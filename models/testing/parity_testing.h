@@ -131,6 +131,14 @@ using TensorParallelPlanFn =
 // and every rank trains on the whole batch.
 Setup TensorParallelSetup(TensorParallelPlanFn plan);
 
+// FSDP + tensor parallelism on a mesh with a "tp" axis and one or two
+// data-parallel axes ([dp, tp] or [replicate, shard, tp]): `tp_plan` first,
+// then the FSDP `plan` with options.shard.mesh = the mesh and tp_axis "tp",
+// then fsdp::InitShardedWeights; the loop trains the 2-D (3-D) masters, and
+// the tp ranks of one data-parallel rank share its rows of the batch.
+Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
+                              fsdp::FsdpPlanOptions options);
+
 // Trains `run` on the mesh `axes` with `setup`; the result as rank 0 saw it.
 // Fails the current test (and returns what it has) on any error.
 TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,

@@ -10,6 +10,7 @@
 #define FSDPP_MODELS_TESTING_PLAN_CHECKS_H_
 
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -90,11 +91,13 @@ using TensorParallelPlanWith =
     std::function<absl::Status(models::Transformer*, DeviceMesh*,
                                bool sequence_parallel, bool loss_parallel)>;
 
-// Training under tensor parallelism on tp = 2 and 4, with and without
-// sequence parallelism, with and without loss parallel, against the
-// single-rank run (the tp ranks all train on the whole batch, so the
-// reference is the plain single-process run), f32, 20 steps with gradient
-// clipping that engages:
+// Training under tensor parallelism against the single-rank run, f32, 20
+// steps with gradient clipping that engages, on: tp 2 and 4 alone (with and
+// without sequence parallelism, with and without loss parallel), FSDP 2 x
+// tp 2 (with and without sequence parallelism) and HSDP 2 x FSDP 1 x tp 2.
+// The tp ranks all train on their data-parallel rank's rows; the reference
+// reduces the data-parallel ranks' gradients as the FSDP run does
+// (emulated_ranks). Tolerances:
 //   * SGD: every step's loss and the final parameters within 1e-5;
 //   * AdamW (epsilon 1e-3): losses within 1e-5, final parameters within
 //     1e-4. Row-wise layers sum partial products across ranks and the
@@ -106,10 +109,22 @@ using TensorParallelPlanWith =
 //     ranks do that for data parallelism; there is none for tensor
 //     parallelism yet). Measured: parameters within 2e-5.
 inline void ExpectTensorParallelParity(const std::string& config,
-                                       const TensorParallelPlanWith& plan) {
+                                       const TensorParallelPlanWith& plan,
+                                       const FsdpPlan& fsdp_plan) {
   struct Layout {
-    int tp;
+    std::vector<MeshAxis> axes;
     bool sp, loss_parallel;
+    int data_ranks;
+  };
+  const std::vector<Layout> layouts = {
+      {{{"tp", 2}}, false, true, 1},
+      {{{"tp", 2}}, true, true, 1},
+      {{{"tp", 4}}, false, false, 1},
+      {{{"tp", 4}}, true, true, 1},
+      {{{"tp", 2}}, true, false, 1},
+      {{{"dp", 2}, {"tp", 2}}, false, true, 2},
+      {{{"dp", 2}, {"tp", 2}}, true, true, 2},
+      {{{"replicate", 2}, {"shard", 1}, {"tp", 2}}, true, true, 2},
   };
   for (TrainingRun::Optimizer optimizer :
        {TrainingRun::Optimizer::kSgd, TrainingRun::Optimizer::kAdamW}) {
@@ -121,23 +136,36 @@ inline void ExpectTensorParallelParity(const std::string& config,
     run.lr = adamw ? 0.01 : 0.05;
     run.adam_eps = 1e-3;
     run.max_grad_norm = 0.5;
-    const TrainingResult ref = TrainReference(run);
-    int clipped = 0;
-    for (double n : ref.grad_norms) clipped += n > run.max_grad_norm;
-    ASSERT_GT(clipped, 0) << "the run must exercise clipping";
-    for (const Layout& l : {Layout{2, false, true}, Layout{2, true, true},
-                            Layout{4, false, false}, Layout{4, true, true},
-                            Layout{2, true, false}}) {
+    std::map<int, TrainingResult> refs;
+    for (int d : {1, 2}) {
+      TrainingRun r = run;
+      r.emulated_ranks = d;
+      refs[d] = TrainReference(r);
+      int clipped = 0;
+      for (double n : refs[d].grad_norms) clipped += n > run.max_grad_norm;
+      ASSERT_GT(clipped, 0) << "the run must exercise clipping";
+    }
+    for (const Layout& l : layouts) {
+      std::string mesh;
+      for (const MeshAxis& a : l.axes) {
+        absl::StrAppend(&mesh, mesh.empty() ? "" : " x ", a.name, " ", a.size);
+      }
       SCOPED_TRACE(testing::Message()
-                   << config << (adamw ? " AdamW" : " SGD") << " tp " << l.tp
+                   << config << (adamw ? " AdamW " : " SGD ") << mesh
                    << (l.sp ? " sp" : "")
                    << (l.loss_parallel ? " loss-parallel" : ""));
+      const TensorParallelPlanFn tp = [&](models::Transformer* m,
+                                          DeviceMesh* d) {
+        return plan(m, d, l.sp, l.loss_parallel);
+      };
       const TrainingResult got =
-          Train(run, {{"tp", l.tp}},
-                TensorParallelSetup([&](models::Transformer* m, DeviceMesh* d) {
-                  return plan(m, d, l.sp, l.loss_parallel);
-                }));
-      const ParityReport r = Compare(ref, got);
+          Train(run, l.axes,
+                l.axes.size() == 1
+                    ? TensorParallelSetup(tp)
+                    : FsdpTensorParallelSetup(tp, fsdp_plan,
+                                              fsdp::FsdpPlanOptions{}));
+      ASSERT_EQ(got.losses.size(), static_cast<size_t>(run.steps));
+      const ParityReport r = Compare(refs.at(l.data_ranks), got);
       EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
       EXPECT_LE(r.max_param_rel, adamw ? 1e-4 : 1e-5) << r.ToString();
     }
