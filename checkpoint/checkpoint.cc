@@ -976,6 +976,106 @@ std::string KeyList(const std::vector<std::string>& keys) {
   return absl::StrCat("[", absl::StrJoin(quoted, ", "), "]");
 }
 
+// When `fine` is `coarse` with dim `*dim` split in two (fine[dim] x
+// fine[dim + 1] = coarse[dim], the other dims equal), sets *dim.
+bool SplitOf(const Shape& coarse, const Shape& fine, int* dim) {
+  if (fine.size() != coarse.size() + 1) return false;
+  for (size_t d = 0; d < coarse.size(); ++d) {
+    bool ok = fine[d] * fine[d + 1] == coarse[d];
+    for (size_t e = 0; ok && e < d; ++e) ok = fine[e] == coarse[e];
+    for (size_t e = d + 1; ok && e < coarse.size(); ++e) {
+      ok = fine[e + 1] == coarse[e];
+    }
+    if (ok) {
+      *dim = static_cast<int>(d);
+      return true;
+    }
+  }
+  return false;
+}
+
+// True when a DTensor of `shape` can be loaded from an entry of `stored`
+// (equal, or one a split of the other).
+bool LoadableShape(const Shape& stored, const Shape& shape) {
+  int dim = 0;
+  return stored == shape || SplitOf(stored, shape, &dim) ||
+         SplitOf(shape, stored, &dim);
+}
+
+// Reads `box` of a tensor of `shape` from an entry of `stored` shape, one
+// dim of which is split or merged relative to `shape` (LoadableShape), into
+// `local` (box.shape): block by block of the split dim, each block a box of
+// the entry read into a scratch tensor and copied into place.
+absl::Status ReadReshapedBox(CheckpointReader* reader, const std::string& key,
+                             const Shape& stored, const Shape& shape,
+                             const Box& box, Tensor* local) {
+  int dim = 0;
+  const bool merged = SplitOf(shape, stored, &dim);  // shape is the coarse
+  if (!merged && !SplitOf(stored, shape, &dim)) {
+    return absl::InternalError("ReadReshapedBox: shapes are not a split");
+  }
+  if (IsEmptyBox(box)) return absl::OkStatus();
+  // Reads `stored_box` of the entry into `local` at `local_offset`, where
+  // it is the sub-box `local_sub_shape` (the same elements).
+  auto read = [&](const Box& stored_box, const Shape& local_sub_shape,
+                  const Shape& local_offset) -> absl::Status {
+    ASSIGN_OR_RETURN(Tensor scratch,
+                     Tensor::Empty(stored_box.shape, local->dtype(),
+                                   local->device(), MemoryTag::kOther));
+    RETURN_IF_ERROR(reader->ReadBox(key, stored_box, &scratch));
+    ASSIGN_OR_RETURN(Tensor as_local, scratch.Reshape(local_sub_shape));
+    return CopyBox(as_local, Shape(local_sub_shape.size(), 0), local,
+                   local_offset, local_sub_shape);
+  };
+  if (merged) {
+    // The state is coarse: its dim `dim` = blocks x inner of the entry's.
+    const int64_t inner = stored[dim + 1];
+    const int64_t lo = box.offset[dim], hi = lo + box.shape[dim];
+    for (int64_t i = lo / inner; i * inner < hi; ++i) {
+      const int64_t a = std::max(lo, i * inner),
+                    b = std::min(hi, (i + 1) * inner);
+      Box fine;
+      for (int d = 0; d < static_cast<int>(box.offset.size()); ++d) {
+        if (d == dim) {
+          fine.offset.push_back(i);
+          fine.shape.push_back(1);
+          fine.offset.push_back(a - i * inner);
+          fine.shape.push_back(b - a);
+        } else {
+          fine.offset.push_back(box.offset[d]);
+          fine.shape.push_back(box.shape[d]);
+        }
+      }
+      Shape sub = box.shape, at(box.shape.size(), 0);
+      sub[dim] = b - a;
+      at[dim] = a - lo;
+      RETURN_IF_ERROR(read(fine, sub, at));
+    }
+    return absl::OkStatus();
+  }
+  // The state is fine: its dims `dim`, `dim + 1` are the entry's dim `dim`.
+  const int64_t inner = shape[dim + 1];
+  for (int64_t i = 0; i < box.shape[dim]; ++i) {
+    const int64_t block = box.offset[dim] + i;
+    Box coarse;
+    for (int d = 0; d < static_cast<int>(box.offset.size()); ++d) {
+      if (d == dim) {
+        coarse.offset.push_back(block * inner + box.offset[dim + 1]);
+        coarse.shape.push_back(box.shape[dim + 1]);
+        ++d;
+      } else {
+        coarse.offset.push_back(box.offset[d]);
+        coarse.shape.push_back(box.shape[d]);
+      }
+    }
+    Shape sub = box.shape, at(box.shape.size(), 0);
+    sub[dim] = 1;
+    at[dim] = i;
+    RETURN_IF_ERROR(read(coarse, sub, at));
+  }
+  return absl::OkStatus();
+}
+
 // The state's view of one item: kind, dtype and global shape.
 absl::Status CheckCompatible(const std::string& key,
                              const StateDict::Item& item,
@@ -993,9 +1093,12 @@ absl::Status CheckCompatible(const std::string& key,
   const Shape& shape = item.kind == StateDict::Kind::kDTensor
                            ? item.dtensor.shape()
                            : item.tensor.shape();
-  if (shape != entry.shape || dtype != entry.dtype) {
+  const bool shape_ok = item.kind == StateDict::Kind::kDTensor
+                            ? LoadableShape(entry.shape, shape)
+                            : shape == entry.shape;
+  if (!shape_ok || dtype != entry.dtype) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "key ", Quote(key), ": ", shape != entry.shape ? "shape" : "dtype",
+        "key ", Quote(key), ": ", !shape_ok ? "shape" : "dtype",
         " mismatch: the checkpoint has ", Describe(entry.dtype, entry.shape),
         ", the state has ", Describe(dtype, shape)));
   }
@@ -1064,8 +1167,15 @@ absl::StatusOr<LoadResult> Load(StateDict* state,
         const DTensor& t = item->dtensor;
         const Box box = LocalBox(t.shape(), MeshShape(*t.mesh()),
                                  t.mesh()->coordinate(), t.placements());
-        RETURN_IF_ERROR(
-            reader->ReadBox(key, box, item->dtensor.mutable_local()));
+        if (t.shape() == entry.shape) {
+          RETURN_IF_ERROR(
+              reader->ReadBox(key, box, item->dtensor.mutable_local()));
+        } else {
+          ASSIGN_OR_RETURN(Tensor local,
+                           item->dtensor.mutable_local()->Reshape(box.shape));
+          RETURN_IF_ERROR(ReadReshapedBox(reader.get(), key, entry.shape,
+                                          t.shape(), box, &local));
+        }
         break;
       }
       case StateDict::Kind::kTensor:

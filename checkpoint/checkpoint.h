@@ -197,7 +197,11 @@ struct LoadResult {
 
 // Loads the committed checkpoint `checkpoint_dir` (a `step-N` directory)
 // into `state`, in place: each DTensor receives its LocalBox under its own
-// placements and mesh, plain tensors and byte values the whole value. Every
+// placements and mesh, plain tensors and byte values the whole value. A
+// DTensor may also be loaded from an entry of the same elements in the same
+// row-major order with one dim split in two (or two adjacent dims merged):
+// the views tensor parallelism uses (GPT-2's fused c_attn [3 C, C] is
+// [3, C, C] under tp), so checkpoints move between any (dp, tp) layouts. Every
 // key is checked before anything is written. Errors: NotFound listing missing
 // keys and InvalidArgument listing unexpected ones (strict), InvalidArgument
 // naming the key and both shapes or dtypes on a mismatch, and the reader's

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/test_checkpoints.h"
@@ -161,6 +162,74 @@ INSTANTIATE_TEST_SUITE_P(SavedBy, ReshardTest, ::testing::Range(0, 5),
                                       ? absl::StrCat("Fsdp", info.param + 1)
                                       : std::string("Mixed2x2");
                          });
+
+// Tensor parallelism's views: a [12, 5] tensor saved row-sharded over 3
+// ranks loads as its [3, 4, 5] view split on dim 1 over a [tp 2, dp 2] mesh
+// (each rank's rows of each block), and that view saved so loads back as
+// [12, 5] over 4 ranks and whole on one; the same for a vector [12] <->
+// [3, 4]. A split that is not one of the entry's dims is still refused.
+TEST(ReshardViewsTest, SplitAndMergedDimsLoadBothWays) {
+  struct Case {
+    Shape coarse, fine;
+  };
+  for (const Case& c : {Case{{12, 5}, {3, 4, 5}}, Case{{12}, {3, 4}}}) {
+    const Tensor coarse = BitPattern(c.coarse, DType::kF32, 11);
+    const Tensor fine = *coarse.Reshape(c.fine);
+    const std::string a = FreshDir("views_coarse"), b = FreshDir("views_fine");
+    RunOnMesh({{"dp", 3}}, [&](int, DeviceMesh& mesh) {
+      StateDict state;
+      ASSERT_TRUE(state.AddDTensor("w", MakeDTensor(coarse, &mesh, {S0})).ok());
+      SaveOptions options;
+      options.mesh = &mesh;
+      ASSERT_TRUE(Save(state, a, 1, options).ok());
+    });
+    RunOnMesh({{"tp", 2}, {"dp", 2}}, [&](int, DeviceMesh& mesh) {
+      StateDict state;
+      ASSERT_TRUE(
+          state
+              .AddDTensor("w", MakeDTensor(ZerosLike(c.fine, DType::kF32),
+                                           &mesh, {S1, S1}))
+              .ok());
+      absl::StatusOr<LoadResult> loaded = Load(&state, a + "/step-1");
+      ASSERT_TRUE(loaded.ok()) << loaded.status();
+      EXPECT_TRUE(BitwiseEqual(state.Find("w")->dtensor.local(),
+                               Slice(fine, BoxOn(c.fine, mesh, {S1, S1}))));
+      SaveOptions options;
+      options.mesh = &mesh;
+      ASSERT_TRUE(Save(state, b, 1, options).ok());
+    });
+    for (int w : {4, 1}) {
+      RunOnMesh({{"dp", w}}, [&](int, DeviceMesh& mesh) {
+        StateDict state;
+        ASSERT_TRUE(
+            state
+                .AddDTensor("w", MakeDTensor(ZerosLike(c.coarse, DType::kF32),
+                                             &mesh, {S0}))
+                .ok());
+        absl::StatusOr<LoadResult> loaded = Load(&state, b + "/step-1");
+        ASSERT_TRUE(loaded.ok()) << loaded.status();
+        EXPECT_TRUE(BitwiseEqual(state.Find("w")->dtensor.local(),
+                                 Slice(coarse, BoxOn(c.coarse, mesh, {S0}))))
+            << "W=" << w;
+      });
+    }
+  }
+  // [12, 5] is not [5, 12] split.
+  const std::string dir = FreshDir("views_bad");
+  StateDict saved;
+  ASSERT_TRUE(saved.AddTensor("w", BitPattern({12, 5}, DType::kF32, 1)).ok());
+  ASSERT_TRUE(Save(saved, dir, 1, SaveOptions()).ok());
+  RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
+    StateDict state;
+    ASSERT_TRUE(
+        state
+            .AddDTensor("w", MakeDTensor(ZerosLike({5, 3, 4}, DType::kF32),
+                                         &mesh, {S0}))
+            .ok());
+    absl::Status s = Load(&state, dir + "/step-1").status();
+    EXPECT_TRUE(absl::StrContains(s.message(), "shape mismatch")) << s;
+  });
+}
 
 // A resharded load reads only the blocks covering each rank's rows.
 TEST(ReshardReadsTest, EachRankReadsOnlyItsShare) {
