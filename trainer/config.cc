@@ -336,23 +336,31 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   RETURN_IF_ERROR(
       CheckPositive("parallelism.dp_replicate", config.dp_replicate()));
   const int replicate = config.dp_replicate();
+  RETURN_IF_ERROR(CheckPositive("parallelism.tp", config.tp()));
+  const int tp = config.tp();
   int shard = config.dp_shard();
   if (shard == 0 || shard < -1) {
     return Invalid(absl::StrCat(
         "parallelism.dp_shard must be positive or -1 (inferred), got ", shard));
   }
+  const int64_t others = static_cast<int64_t>(replicate) * tp;
   if (shard == -1) {
-    if (world_size % replicate != 0) {
+    if (world_size % others != 0) {
       return Invalid(absl::StrCat(
           "parallelism: cannot infer dp_shard: the world size ", world_size,
-          " is not divisible by dp_replicate ", replicate));
+          " is not divisible by dp_replicate ", replicate, " x tp ", tp));
     }
-    shard = world_size / replicate;
-  } else if (static_cast<int64_t>(replicate) * shard != world_size) {
+    shard = static_cast<int>(world_size / others);
+  } else if (others * shard != world_size) {
     return Invalid(absl::StrCat("parallelism: dp_replicate ", replicate,
-                                " x dp_shard ", shard, " = ",
-                                static_cast<int64_t>(replicate) * shard,
+                                " x dp_shard ", shard, " x tp ", tp, " = ",
+                                others * shard,
                                 " ranks, but the world size is ", world_size));
+  }
+  if (tp == 1 && config.sequence_parallel()) {
+    return Invalid(
+        "parallelism.sequence_parallel needs parallelism.tp > 1 (it shards "
+        "the tensor-parallel activations)");
   }
   const int hpz = config.hpz_degree();
   RETURN_IF_ERROR(
@@ -371,7 +379,39 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   out->world_size = world_size;
   out->dp_replicate = replicate;
   out->dp_shard = shard;
+  out->tp = tp;
   out->hpz_degree = hpz > 1 ? hpz : 1;
+  return absl::OkStatus();
+}
+
+// What tensor parallelism splits must divide by tp (the plan checks the
+// same on the model; here the message names the config fields).
+absl::Status CheckTensorParallel(const ParallelismConfig& config,
+                                 const ResolvedTrainConfig& rc) {
+  const int tp = rc.tp;
+  if (tp == 1) return absl::OkStatus();
+  const models::TransformerConfig& m = rc.model;
+  const auto not_divisible = [&](absl::string_view what, int64_t n) {
+    return Invalid(absl::StrCat("parallelism.tp ", tp, " does not divide ",
+                                what, " (", n, ")"));
+  };
+  if (m.n_heads % tp != 0) return not_divisible("model.n_heads", m.n_heads);
+  if (m.kv_heads() % tp != 0 && tp % m.kv_heads() != 0) {
+    return Invalid(absl::StrCat("parallelism.tp ", tp,
+                                " must divide model.n_kv_heads (", m.kv_heads(),
+                                ") or be a multiple of it"));
+  }
+  if (m.ffn_hidden % tp != 0) {
+    return not_divisible("model.ffn_hidden", m.ffn_hidden);
+  }
+  if (m.padded_vocab_size() % tp != 0) {
+    return not_divisible(
+        "the padded vocabulary (model.vocab_pad_multiple pads it)",
+        m.padded_vocab_size());
+  }
+  if (config.sequence_parallel() && rc.seq_len % tp != 0) {
+    return not_divisible("training.seq_len with sequence_parallel", rc.seq_len);
+  }
   return absl::OkStatus();
 }
 
@@ -696,6 +736,7 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(
       ResolveParallelism(config.parallelism(), world_size, &resolved));
   RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
+  RETURN_IF_ERROR(CheckTensorParallel(config.parallelism(), resolved));
   RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
   RETURN_IF_ERROR(CheckMetrics(config.metrics()));

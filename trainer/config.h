@@ -54,6 +54,7 @@ struct ResolvedTrainConfig {
   int world_size = 1;
   int dp_replicate = 1;
   int dp_shard = 1;     // Inferred when the config says -1.
+  int tp = 1;           // Tensor-parallel degree (1 = off).
   int hpz_degree = 1;   // 1 = off (0 in the config also means off).
   int64_t seq_len = 0;  // The model's context length when the config says 0.
   int64_t micro_batch = 1;

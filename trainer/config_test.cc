@@ -387,11 +387,35 @@ TEST(ValidateTest, ParallelismErrorMessages) {
       {{"parallelism.dp_replicate=4"},
        6,
        "parallelism: cannot infer dp_shard: the world size 6 is not divisible "
-       "by dp_replicate 4"},
+       "by dp_replicate 4 x tp 1"},
       {{"parallelism.dp_replicate=2", "parallelism.dp_shard=3"},
        4,
-       "parallelism: dp_replicate 2 x dp_shard 3 = 6 ranks, but the world "
-       "size is 4"},
+       "parallelism: dp_replicate 2 x dp_shard 3 x tp 1 = 6 ranks, but the "
+       "world size is 4"},
+      {{"parallelism.tp=0"}, 2, "parallelism.tp must be positive, got 0"},
+      {{"parallelism.tp=4"},
+       2,
+       "parallelism: cannot infer dp_shard: the world size 2 is not divisible "
+       "by dp_replicate 1 x tp 4"},
+      {{"parallelism.sequence_parallel=true"},
+       2,
+       "parallelism.sequence_parallel needs parallelism.tp > 1 (it shards "
+       "the tensor-parallel activations)"},
+      {{"parallelism.tp=3"},
+       3,
+       "parallelism.tp 3 does not divide model.n_heads (4)"},
+      {{"parallelism.tp=2", "model.ffn_hidden=255"},
+       2,
+       "parallelism.tp 2 does not divide model.ffn_hidden (255)"},
+      {{"parallelism.tp=2", "model.vocab_size=511"},
+       2,
+       "parallelism.tp 2 does not divide the padded vocabulary "
+       "(model.vocab_pad_multiple pads it) (511)"},
+      {{"parallelism.tp=2", "parallelism.sequence_parallel=true",
+        "training.seq_len=31"},
+       2,
+       "parallelism.tp 2 does not divide training.seq_len with "
+       "sequence_parallel (31)"},
       {{"parallelism.hpz_degree=-1"},
        2,
        "parallelism.hpz_degree must be >= 0 (0 or 1 = off), got -1"},

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 
@@ -161,6 +162,19 @@ absl::StatusOr<std::pair<Tensor, Tensor>> BatchTensors(const Batch& batch) {
   return std::make_pair(std::move(i), std::move(t));
 }
 
+// The model's tensor-parallel plan by family, on the mesh's "tp" axis.
+absl::Status ApplyTensorParallelPlan(
+    models::Transformer* model, DeviceMesh* mesh,
+    const models::TensorParallelPlanOptions& options) {
+  switch (model->config().family) {
+    case models::ModelFamily::kGpt2:
+      return models::gpt2::ApplyTensorParallel(model, mesh, options);
+    case models::ModelFamily::kLlama:
+      return models::llama::ApplyTensorParallel(model, mesh, options);
+  }
+  return absl::InvalidArgumentError("unknown model family");
+}
+
 // The model's FSDP plan by family; the units, root last.
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyPlan(
     models::Transformer* model, const fsdp::FsdpPlanOptions& options) {
@@ -252,11 +266,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   return trainer;
 }
 
-// Mesh: {shard} or {replicate, shard} (HSDP); then the trace recorder.
+// Mesh: {shard} or {replicate, shard} (HSDP), then tp when tensor
+// parallelism is on; then the trace recorder.
 absl::Status Trainer::BuildMesh() {
   std::vector<MeshAxis> axes;
   if (rc_.dp_replicate > 1) axes.push_back({"replicate", rc_.dp_replicate});
   axes.push_back({"shard", rc_.dp_shard});
+  if (rc_.tp > 1) axes.push_back({"tp", rc_.tp});
   ASSIGN_OR_RETURN(mesh_,
                    Context(DeviceMesh::Create(axes, env_.rank, env_.world_size,
                                               env_.group_factory, "train"),
@@ -280,8 +296,15 @@ absl::Status Trainer::BuildData() {
   LoaderOptions lo;
   lo.seq_len = rc_.seq_len;
   lo.batch_size = rc_.micro_batch;
-  lo.dp_rank = mesh_->rank();
-  lo.dp_world = env_.world_size;
+  // The data-parallel rank: the coordinate over the replicate and shard
+  // axes (the tp ranks of one data-parallel rank read the same batches).
+  lo.dp_rank = 0;
+  lo.dp_world = 1;
+  for (int a = 0; a < mesh_->ndim(); ++a) {
+    if (mesh_->axes()[a].name == "tp") continue;
+    lo.dp_rank = lo.dp_rank * mesh_->axes()[a].size + mesh_->coordinate()[a];
+    lo.dp_world *= mesh_->axes()[a].size;
+  }
   lo.seed = tc.seed();
   lo.shuffle = config_.data().shuffle();
   ASSIGN_OR_RETURN(loader_, Context(MakeLoader(data_, data_.train, lo),
@@ -305,6 +328,16 @@ absl::Status Trainer::BuildModel() {
   mo.fused_attention = tc.fused_attention();
   ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
   fsdp::FsdpPlanOptions plan;
+  if (rc_.tp > 1) {
+    models::TensorParallelPlanOptions tpo;
+    tpo.tp_axis = "tp";
+    tpo.sequence_parallel = config_.parallelism().sequence_parallel();
+    tpo.loss_parallel = config_.parallelism().loss_parallel();
+    RETURN_IF_ERROR(
+        Annotate(ApplyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
+                 "trainer: applying the tensor-parallel plan"));
+    plan.shard.tp_axis = "tp";
+  }
   plan.shard.mesh = mesh_.get();
   plan.shard.reshard_after_forward =
       config_.parallelism().reshard_after_forward();
@@ -333,7 +366,16 @@ absl::Status Trainer::BuildOptimizer() {
   ao.beta2 = tc.adam_beta2();
   ao.eps = tc.adam_eps();
   ao.weight_decay = tc.weight_decay();
-  ao.decay_filter = DecayMatricesOnly;
+  // Matrices by the parameters' own shapes (a tensor-parallel master may be
+  // a view with more dims: GPT-2's fused c_attn bias is [3, C] there).
+  std::map<std::string, size_t> ndim;
+  for (fsdp::ShardedParameter* sp : params_) {
+    ndim[sp->name] = sp->shape.size();
+  }
+  ao.decay_filter = [ndim](const std::string& name, const DTensor&) {
+    auto it = ndim.find(name);
+    return it != ndim.end() && it->second >= 2;
+  };
   ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam_params), ao));
   adamw_.emplace(std::move(adamw));
   RETURN_IF_ERROR(adamw_->Init());

@@ -19,6 +19,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
@@ -215,6 +216,64 @@ TEST(TrainerTest, ResumeAtOtherWorldSizesMatchesWithinParityTolerance) {
     EXPECT_LE(worst, 1e-5) << "W=" << world;
     std::cout << "resumed at W=" << world << ": max relative loss difference "
               << worst << std::endl;
+  }
+}
+
+// With the overrides added to SmallConfig.
+TrainConfig WithOverrides(TrainConfig config,
+                          const std::vector<std::string>& overrides) {
+  CHECK_OK(ApplyOverrides(overrides, &config));
+  return config;
+}
+
+// Tensor parallelism: 2 data-parallel x 2 tensor-parallel ranks (with and
+// without sequence parallelism) train like the 2-rank data-parallel run, and
+// a checkpoint saved at (dp 2, tp 2) resumes at (4, 1), (1, 4) and (1, 1)
+// with the uninterrupted run's losses.
+TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
+  const std::string straight = TestDir("straight_dp2");
+  auto full = RunRanks(SmallConfig(straight), 2);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  const std::vector<double> want = Losses(*full[0]);
+  auto worst_from = [&](const std::vector<double>& got, size_t first) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst = std::max(worst,
+                       std::fabs(got[i] - want[first + i]) / want[first + i]);
+    }
+    return worst;
+  };
+  for (bool sp : {false, true}) {
+    const std::string dir = TestDir(absl::StrCat("tp2_sp", sp));
+    auto run = RunRanks(
+        WithOverrides(
+            SmallConfig(dir),
+            {"parallelism.tp=2", absl::StrCat("parallelism.sequence_parallel=",
+                                              sp ? "true" : "false")}),
+        4);
+    ASSERT_TRUE(run[0].ok()) << run[0].status();
+    ASSERT_EQ(Losses(*run[0]).size(), want.size());
+    EXPECT_LE(worst_from(Losses(*run[0]), 0), 1e-5) << "sp " << sp;
+  }
+  struct Layout {
+    int world;
+    std::vector<std::string> overrides;
+  };
+  for (const Layout& l : {Layout{4, {"training.micro_batch=1"}},
+                          Layout{4, {"parallelism.tp=4"}}, Layout{1, {}}}) {
+    const std::string dir = TestDir(
+        absl::StrCat("from_tp2_w", l.world, l.overrides.empty() ? "" : "x"));
+    auto first = RunRanks(WithOverrides(SmallConfig(dir), {"parallelism.tp=2"}),
+                          4, /*stop_after_steps=*/4);
+    ASSERT_TRUE(first[0].ok()) << first[0].status();
+    auto second =
+        RunRanks(WithOverrides(SmallConfig(dir), l.overrides), l.world);
+    ASSERT_TRUE(second[0].ok()) << second[0].status();
+    EXPECT_EQ(second[0]->start_step, 4);
+    const std::vector<double> got = Losses(*second[0]);
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_LE(worst_from(got, 4), 1e-5)
+        << "W=" << l.world << " " << absl::StrJoin(l.overrides, " ");
   }
 }
 
