@@ -171,6 +171,12 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
           "ExportHfTensors: model has no parameter '", entry.ours, "'"));
     }
     const Parameter* p = it->second;
+    if (p->has_piece()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "ExportHfTensors: ", entry.ours,
+          " holds only a tensor-parallel piece (export from a checkpoint, "
+          "which loads into any layout, or from an unsharded model)"));
+    }
     Tensor t = source == HfExportSource::kValues ? p->data : p->grad;
     if (!t.defined() || t.is_meta()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -221,6 +227,13 @@ absl::Status ImportSafetensors(const std::string& path, Transformer* model) {
     }
     used.insert(name);
     Parameter* p = params.at(entry.ours);
+    if (p->has_piece()) {
+      return error(absl::FailedPreconditionError(
+          absl::StrCat(entry.ours,
+                       " holds only a tensor-parallel piece (import into an "
+                       "unsharded model and save a checkpoint, which loads "
+                       "into any layout)")));
+    }
     if (!p->data.defined() || p->data.is_meta()) {
       return error(absl::FailedPreconditionError(absl::StrCat(
           entry.ours, " is not materialised (call ToEmpty first)")));
