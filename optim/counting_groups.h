@@ -1,6 +1,7 @@
 // Test helpers for optim: meshes whose process groups count the collectives
 // issued through them, so tests can assert how much an API communicates
-// (e.g. "exactly one all-reduce per sharding axis", "Step sends nothing").
+// (e.g. "exactly one all-reduce per sharding axis", "Step sends nothing") and
+// how many bytes.
 //
 // Same setup as mesh/run_on_mesh.h RunOnMesh (thread ranks over real Gloo on
 // loopback and one in-memory store) with the group factory wrapped, and one
@@ -46,6 +47,21 @@ struct OpCounts {
   }
 };
 
+// Payload bytes of the collectives issued on one group, by kind: an
+// all-gather's output, a reduce-scatter's input, an all-reduce's buffer.
+struct OpBytes {
+  int64_t all_gather = 0;
+  int64_t reduce_scatter = 0;
+  int64_t all_reduce = 0;
+  // What each rank sends with ring algorithms on `ranks` ranks: (n - 1) / n
+  // of an all-gather's output or a reduce-scatter's input, twice that of an
+  // all-reduce's buffer.
+  double RingBytesSent(int ranks) const {
+    const double f = ranks <= 1 ? 0.0 : (ranks - 1.0) / ranks;
+    return f * (all_gather + reduce_scatter + 2.0 * all_reduce);
+  }
+};
+
 // Forwards every op to `inner` and counts it (successfully issued or not).
 class CountingProcessGroup final : public ProcessGroup {
  public:
@@ -64,6 +80,15 @@ class CountingProcessGroup final : public ProcessGroup {
     return c;
   }
 
+  // The payload bytes so far.
+  OpBytes bytes() const {
+    OpBytes b;
+    b.all_gather = all_gather_bytes_;
+    b.reduce_scatter = reduce_scatter_bytes_;
+    b.all_reduce = all_reduce_bytes_;
+    return b;
+  }
+
   // ProcessGroup: every call is forwarded; collectives are counted first.
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -75,18 +100,21 @@ class CountingProcessGroup final : public ProcessGroup {
       const Buffer& input, const Buffer& output,
       const CollectiveOptions& options = {}) override {
     ++all_gather_;
+    all_gather_bytes_ += static_cast<int64_t>(output.nbytes());
     return inner_->AllGather(input, output, options);
   }
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override {
     ++reduce_scatter_;
+    reduce_scatter_bytes_ += static_cast<int64_t>(input.nbytes());
     return inner_->ReduceScatter(input, output, op, options);
   }
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(
       const Buffer& buffer, ReduceOp op,
       const CollectiveOptions& options = {}) override {
     ++all_reduce_;
+    all_reduce_bytes_ += static_cast<int64_t>(buffer.nbytes());
     return inner_->AllReduce(buffer, op, options);
   }
   absl::StatusOr<std::shared_ptr<Work>> Broadcast(
@@ -111,6 +139,8 @@ class CountingProcessGroup final : public ProcessGroup {
   std::unique_ptr<ProcessGroup> inner_;
   std::atomic<int> all_gather_{0}, reduce_scatter_{0}, all_reduce_{0},
       broadcast_{0}, all_to_all_{0}, barrier_{0};
+  std::atomic<int64_t> all_gather_bytes_{0}, reduce_scatter_bytes_{0},
+      all_reduce_bytes_{0};
 };
 
 // The counts of the group along `axis` of `mesh` (built by
@@ -122,6 +152,17 @@ inline OpCounts AxisCounts(const DeviceMesh& mesh, const std::string& axis) {
   auto* counting = dynamic_cast<CountingProcessGroup*>(*group);
   EXPECT_NE(counting, nullptr) << axis << " is not a counting group";
   return counting != nullptr ? counting->counts() : OpCounts{};
+}
+
+// The payload bytes of the group along `axis` of `mesh` (built by
+// RunOnCountingMesh).
+inline OpBytes AxisBytes(const DeviceMesh& mesh, const std::string& axis) {
+  absl::StatusOr<ProcessGroup*> group = mesh.Group(axis);
+  EXPECT_TRUE(group.ok()) << group.status();
+  if (!group.ok()) return {};
+  auto* counting = dynamic_cast<CountingProcessGroup*>(*group);
+  EXPECT_NE(counting, nullptr) << axis << " is not a counting group";
+  return counting != nullptr ? counting->bytes() : OpBytes{};
 }
 
 // Collectives issued on every axis group of `mesh` together.

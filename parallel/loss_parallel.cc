@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "comm/process_group.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "mesh/device_mesh.h"
 #include "tensor/ops.h"
 #include "tensor/placement.h"
@@ -62,6 +63,7 @@ absl::StatusOr<int> VocabAxis(const DTensor& logits) {
 // In-place blocking all-reduce of an f32 tensor over `group`.
 absl::Status AllReduceF32(ProcessGroup* group, Tensor* t, ReduceOp op,
                           absl::Duration timeout) {
+  TraceSpan span("loss parallel all-reduce", "comm_wait");
   CollectiveOptions blocking;
   blocking.async_op = false;
   ASSIGN_OR_RETURN(std::shared_ptr<Work> work,

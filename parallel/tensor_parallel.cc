@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "comm/process_group.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
 #include "tensor/ops.h"
@@ -35,6 +36,9 @@ struct Axis {
 // `local` placed `from` over the axis, laid out `to`; this rank's tensor.
 absl::StatusOr<Tensor> Relayout(const Axis& axis, const Tensor& local,
                                 Placement from, Placement to, Shape global) {
+  // The tp collectives block the compute thread: all of their time is
+  // exposed communication (the trainer's "comm_wait").
+  TraceSpan span("tp relayout", "comm_wait");
   ASSIGN_OR_RETURN(DTensor d, DTensor::FromLocal(local, axis.mesh, {from},
                                                  std::move(global)));
   ASSIGN_OR_RETURN(DTensor r, d.Redistribute({to}, axis.timeout));
@@ -139,6 +143,7 @@ void ReduceGradientsAfterBackward(Module* module,
     for (size_t i = 0; i < params.size(); ++i) {
       Parameter* p = params[i];
       if (!p->grad.defined()) continue;
+      TraceSpan span("tp gradient all-reduce", "comm_wait");
       ASSIGN_OR_RETURN(
           std::shared_ptr<Work> work,
           axis.group->AllReduce({p->grad.raw_data(), p->grad.numel(),

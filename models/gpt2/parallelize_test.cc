@@ -36,16 +36,13 @@ TEST(Gpt2PlanTest, RejectsOtherFamilies) {
   testing_util::ExpectRejectsOtherFamilies(Gpt2Plan());
 }
 
-absl::Status TensorParallelWith(Transformer* model, DeviceMesh* mesh,
-                                bool sequence_parallel, bool loss_parallel) {
-  TensorParallelOptions options;
-  options.sequence_parallel = sequence_parallel;
-  options.loss_parallel = loss_parallel;
-  return ApplyTensorParallel(model, mesh, options);
+testing_util::TensorParallelPlanWith TensorParallelWith() {
+  return testing_util::TensorParallelWith<TensorParallelOptions>(
+      ApplyTensorParallel);
 }
 
 TEST(Gpt2PlanTest, TensorParallelParity) {
-  testing_util::ExpectTensorParallelParity("gpt2_debug", TensorParallelWith,
+  testing_util::ExpectTensorParallelParity("gpt2_debug", TensorParallelWith(),
                                            ApplyFsdp);
 }
 
@@ -89,7 +86,7 @@ TEST(Gpt2PlanTest, FsdpOnTheDpAxisOfATwoDimensionalMesh) {
 
 TEST(Gpt2PlanTest, TensorParallelRefusesWhatDoesNotDivide) {
   testing_util::ExpectTensorParallelRefusals("gpt2_debug", "llama_debug",
-                                             TensorParallelWith);
+                                             TensorParallelWith());
 }
 
 }  // namespace

@@ -64,22 +64,19 @@ TEST(LlamaPlanTest, RejectsOtherFamilies) {
   testing_util::ExpectRejectsOtherFamilies(LlamaPlan());
 }
 
-absl::Status TensorParallelWith(Transformer* model, DeviceMesh* mesh,
-                                bool sequence_parallel, bool loss_parallel) {
-  TensorParallelOptions options;
-  options.sequence_parallel = sequence_parallel;
-  options.loss_parallel = loss_parallel;
-  return ApplyTensorParallel(model, mesh, options);
+testing_util::TensorParallelPlanWith TensorParallelWith() {
+  return testing_util::TensorParallelWith<TensorParallelOptions>(
+      ApplyTensorParallel);
 }
 
 TEST(LlamaPlanTest, TensorParallelParity) {
-  testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith,
+  testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith(),
                                            ApplyFsdp);
 }
 
 TEST(LlamaPlanTest, TensorParallelRefusesWhatDoesNotDivide) {
   testing_util::ExpectTensorParallelRefusals("llama_debug", "gpt2_debug",
-                                             TensorParallelWith);
+                                             TensorParallelWith());
 }
 
 // GQA: 2 kv heads over tp 4 keep each kv head whole on the two ranks whose

@@ -353,22 +353,12 @@ Setup TensorParallelSetup(TensorParallelPlanFn plan) {
 
 Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
                               fsdp::FsdpPlanOptions options) {
-  return [tp_plan, plan, options](
-             Transformer* model, DeviceMesh* mesh,
-             uint64_t seed) -> absl::StatusOr<TrainableModel> {
+  options.shard.tp_axis = "tp";
+  Setup fsdp = FsdpPlanSetup(std::move(plan), options);
+  return [tp_plan, fsdp](Transformer* model, DeviceMesh* mesh,
+                         uint64_t seed) -> absl::StatusOr<TrainableModel> {
     RETURN_IF_ERROR(tp_plan(model, mesh));
-    fsdp::FsdpPlanOptions o = options;
-    o.shard.mesh = mesh;
-    o.shard.tp_axis = "tp";
-    ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units, plan(model, o));
-    RETURN_IF_ERROR(fsdp::InitShardedWeights(model, seed));
-    TrainableModel out;
-    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
-      out.params.push_back({sp->name, &sp->master, &sp->grad});
-    }
-    out.set_gradient_sync = [units](bool sync) {
-      for (fsdp::FsdpUnit* u : units) u->SetRequiresGradientSync(sync);
-    };
+    ASSIGN_OR_RETURN(TrainableModel out, fsdp(model, mesh, seed));
     out.data_rank = 0;
     out.data_ranks = 1;
     for (int a = 0; a < mesh->ndim(); ++a) {

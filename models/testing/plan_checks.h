@@ -91,10 +91,24 @@ using TensorParallelPlanWith =
     std::function<absl::Status(models::Transformer*, DeviceMesh*,
                                bool sequence_parallel, bool loss_parallel)>;
 
+// A family's ApplyTensorParallel(model, mesh, options) as a
+// TensorParallelPlanWith (`Options` has sequence_parallel and loss_parallel).
+template <typename Options, typename Apply>
+TensorParallelPlanWith TensorParallelWith(Apply apply) {
+  return [apply](models::Transformer* model, DeviceMesh* mesh,
+                 bool sequence_parallel, bool loss_parallel) {
+    Options options;
+    options.sequence_parallel = sequence_parallel;
+    options.loss_parallel = loss_parallel;
+    return apply(model, mesh, options);
+  };
+}
+
 // Training under tensor parallelism against the single-rank run, f32, 20
 // steps with gradient clipping that engages, on: tp 2 and 4 alone (with and
 // without sequence parallelism, with and without loss parallel), FSDP 2 x
-// tp 2 (with and without sequence parallelism) and HSDP 2 x FSDP 1 x tp 2.
+// tp 2 and HSDP 2 x FSDP 1 x tp 2 (each with and without sequence
+// parallelism).
 // The tp ranks all train on their data-parallel rank's rows; the reference
 // reduces the data-parallel ranks' gradients as the FSDP run does
 // (emulated_ranks). Tolerances:
@@ -124,6 +138,7 @@ inline void ExpectTensorParallelParity(const std::string& config,
       {{{"tp", 2}}, true, false, 1},
       {{{"dp", 2}, {"tp", 2}}, false, true, 2},
       {{{"dp", 2}, {"tp", 2}}, true, true, 2},
+      {{{"replicate", 2}, {"shard", 1}, {"tp", 2}}, false, true, 2},
       {{{"replicate", 2}, {"shard", 1}, {"tp", 2}}, true, true, 2},
   };
   for (TrainingRun::Optimizer optimizer :
@@ -158,12 +173,11 @@ inline void ExpectTensorParallelParity(const std::string& config,
                                           DeviceMesh* d) {
         return plan(m, d, l.sp, l.loss_parallel);
       };
-      const TrainingResult got =
-          Train(run, l.axes,
-                l.axes.size() == 1
-                    ? TensorParallelSetup(tp)
-                    : FsdpTensorParallelSetup(tp, fsdp_plan,
-                                              fsdp::FsdpPlanOptions{}));
+      const TrainingResult got = Train(
+          run, l.axes,
+          l.axes.size() == 1 ? TensorParallelSetup(tp)
+                             : FsdpTensorParallelSetup(
+                                   tp, fsdp_plan, fsdp::FsdpPlanOptions{}));
       ASSERT_EQ(got.losses.size(), static_cast<size_t>(run.steps));
       const ParityReport r = Compare(refs.at(l.data_ranks), got);
       EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
