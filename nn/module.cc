@@ -5,7 +5,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "core/memcpy.h"
 #include "core/rng.h"
 #include "core/status.h"
@@ -69,10 +68,6 @@ absl::Status Parameter::EnsureGrad() {
 
 namespace {
 
-std::string ShapeString(const Shape& s) {
-  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
-}
-
 // Calls fn(flat index in `layout`, element index in the box, run length) for
 // every contiguous run of the box [offset, offset + size) of `layout`, in
 // row-major order: the dims after the last one the box does not span whole
@@ -116,18 +111,18 @@ void ForEachRun(const Shape& layout, const Shape& offset, const Shape& size,
 absl::Status Parameter::SetPiece(ParameterPiece p) {
   auto invalid = [&](const std::string& what) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "parameter ", ShapeString(shape), ": piece ", ShapeString(p.offset),
-        " + ", ShapeString(p.size), " of layout ", ShapeString(p.layout),
-        " stored as ", ShapeString(p.local_shape), ": ", what));
+        "parameter ", ShapeToString(shape), ": piece ", ShapeToString(p.offset),
+        " + ", ShapeToString(p.size), " of layout ", ShapeToString(p.layout),
+        " stored as ", ShapeToString(p.local_shape), ": ", what));
   };
   if (has_piece()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "parameter ", ShapeString(shape), " already holds a piece (",
-        ShapeString(piece.offset), " + ", ShapeString(piece.size), ")"));
+        "parameter ", ShapeToString(shape), " already holds a piece (",
+        ShapeToString(piece.offset), " + ", ShapeToString(piece.size), ")"));
   }
   if (grad.defined()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "parameter ", ShapeString(shape),
+        "parameter ", ShapeToString(shape),
         " already has a gradient: cut it before the first backward"));
   }
   if (NumElements(p.layout) != NumElements(shape)) {
@@ -169,8 +164,8 @@ absl::Status InitBox(const InitSpec& spec, uint64_t seed, uint64_t stream,
   if (offset.size() != layout.size() || size.size() != layout.size() ||
       NumElements(size) != out->numel()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "InitBox: box ", ShapeString(offset), " + ", ShapeString(size), " of ",
-        ShapeString(layout), " does not fit ", out->ToString()));
+        "InitBox: box ", ShapeToString(offset), " + ", ShapeToString(size),
+        " of ", ShapeToString(layout), " does not fit ", out->ToString()));
   }
   if (out->is_meta()) return absl::OkStatus();
   Tensor flat = out->Flatten();

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "comm/process_group.h"
 #include "core/status.h"
 #include "core/trace.h"
@@ -169,10 +168,6 @@ struct Step {
   std::vector<Module::Transform> inputs, outputs;
   nn::Linear* bias_on_rank0 = nullptr;
 };
-
-std::string ShapeString(const Shape& s) {
-  return absl::StrCat("[", absl::StrJoin(s, ", "), "]");
-}
 
 // The piece of `p` split on `dim` of `layout` into axis.size parts.
 ParameterPiece SplitPiece(const Shape& layout, int dim, const Shape& local,
@@ -548,7 +543,7 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
         return absl::InvalidArgumentError(
             absl::StrCat("tensor parallel plan: modules '", it->second.second,
                          "' and '", s.path, "' share a parameter ",
-                         ShapeString(p->shape), " but split it differently"));
+                         ShapeToString(p->shape), " but split it differently"));
       }
     }
   }
@@ -590,8 +585,8 @@ absl::StatusOr<Placement> PieceSplit(const Parameter& p) {
     if (p.piece.size[d] == p.piece.layout[d]) continue;
     if (dim >= 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", ShapeString(p.shape), ": its piece ",
-          ShapeString(p.piece.size), " of ", ShapeString(p.piece.layout),
+          "parameter ", ShapeToString(p.shape), ": its piece ",
+          ShapeToString(p.piece.size), " of ", ShapeToString(p.piece.layout),
           " is split on more than one dim"));
     }
     dim = static_cast<int>(d);
