@@ -37,6 +37,8 @@ namespace {
 
 // Slot prefix of our ring reduce-scatter (Gloo's own prefixes are 0x01-0x08).
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
+// Point-to-point transfers (their own per-pair numbering).
+constexpr uint8_t kP2PSlotPrefix = 0x41;
 
 // Carries a Status through Gloo's exception-based rendezvous code.
 struct StoreError : public std::exception {
@@ -424,6 +426,31 @@ GlooProcessGroup::StreamScratch* GlooProcessGroup::ScratchFor(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
     const char* op, std::string detail, const CollectiveOptions& options,
     int sequential_waits, OpBody body) {
+  const uint64_t seq = next_seq_++;
+  return IssueOn(
+      op, seq, /*collective=*/true,
+      absl::StrCat(op, " #", seq, " on group '", name_, "' (rank ", rank_,
+                   " of ", size_, detail.empty() ? "" : ", ", detail, ")"),
+      options, sequential_waits, std::move(body));
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::IssueP2P(
+    std::string detail, const CollectiveOptions& options, int sequential_waits,
+    OpBody body) {
+  uint64_t batch = 0;
+  {
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    batch = p2p_batches_++;
+  }
+  return IssueOn("p2p", batch, /*collective=*/false,
+                 absl::StrCat("p2p #", batch, " on group '", name_, "' (rank ",
+                              rank_, " of ", size_, ": ", detail, ")"),
+                 options, sequential_waits, std::move(body));
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::IssueOn(
+    const char* op, uint64_t seq, bool collective, std::string description,
+    const CollectiveOptions& options, int sequential_waits, OpBody body) {
   CpuStream* stream = stream_.get();
   if (options.stream != nullptr) {
     stream = dynamic_cast<CpuStream*>(options.stream);
@@ -433,10 +460,6 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
           options.stream->name()));
     }
   }
-  const uint64_t seq = next_seq_++;
-  std::string description =
-      absl::StrCat(op, " #", seq, " on group '", name_, "' (rank ", rank_,
-                   " of ", size_, detail.empty() ? "" : ", ", detail, ")");
   const absl::Duration timeout = options.timeout > absl::ZeroDuration()
                                      ? options.timeout
                                      : options_.timeout;
@@ -450,15 +473,16 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
   // The issuing thread's trace records the op where it runs (the stream).
   TraceRecorder* trace = CurrentTrace();
   std::shared_ptr<Event> event = stream->EnqueueAndRecord(
-      [this, seq, timeout, description, trace, op, track = stream->name(),
-       scratch = ScratchFor(stream), body = std::move(body)]() {
+      [this, seq, collective, timeout, description, trace, op,
+       track = stream->name(), scratch = ScratchFor(stream),
+       body = std::move(body)]() {
         if (crashed_) {
           return absl::AbortedError(
               absl::StrCat(description, ": this rank crashed"));
         }
         TraceSpan span(op, "comm", trace, track.c_str());
         if (trace != nullptr) span.set_detail(description);
-        heartbeat_.MarkStarted(seq);
+        if (collective) heartbeat_.MarkStarted(seq);
         absl::Status status;
         try {
           status =
@@ -473,7 +497,10 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Issue(
                 : absl::StatusCode::kUnavailable,
             absl::StrCat(description, " failed (timeout ",
                          absl::FormatDuration(timeout), "): ", status.message(),
-                         "; ", heartbeat_.DiagnosePeers(seq)));
+                         "; ",
+                         // Point-to-point: every live peer has "reached" 0,
+                         // so only the dead ones are named.
+                         heartbeat_.DiagnosePeers(collective ? seq : 0)));
       },
       max_runtime, /*wake_worker=*/options.async_op);
   if (!options.async_op) {
@@ -672,6 +699,65 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(
         o.setTag(tag);
         o.setTimeout(timeout);
         gloo::barrier(o);
+        return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::BatchP2P(
+    const std::vector<P2POp>& ops, const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateP2P(*this, ops));
+  // Slots are assigned here, in program order: the n-th transfer between a
+  // pair of ranks in each direction gets slot n on both sides.
+  std::vector<uint64_t> slots;
+  {
+    std::lock_guard<std::mutex> lock(p2p_mu_);
+    if (sends_to_.empty()) {
+      sends_to_.assign(size_, 0);
+      recvs_from_.assign(size_, 0);
+    }
+    for (const P2POp& op : ops) {
+      uint64_t& n = op.kind == P2POp::Kind::kSend ? sends_to_[op.peer]
+                                                  : recvs_from_[op.peer];
+      slots.push_back(gloo::Slot::build(kP2PSlotPrefix, n++));
+    }
+  }
+  return IssueP2P(
+      P2PDetail(ops), options, static_cast<int>(ops.size()),
+      [this, ops, slots](uint32_t, std::chrono::milliseconds timeout,
+                         StreamScratch&) -> absl::Status {
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        auto left = [&deadline] {
+          return std::max(std::chrono::milliseconds(1),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(
+                              deadline - std::chrono::steady_clock::now()));
+        };
+        std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> ub(
+            ops.size());
+        for (size_t i = 0; i < ops.size(); ++i) {
+          const size_t bytes = ops[i].buffer.nbytes();
+          if (bytes == 0) continue;
+          ub[i] = context_->createUnboundBuffer(ops[i].buffer.data, bytes);
+          if (ops[i].kind == P2POp::Kind::kSend) {
+            ub[i]->send(ops[i].peer, slots[i]);
+          } else {
+            ub[i]->recv(ops[i].peer, slots[i]);
+          }
+        }
+        for (size_t i = 0; i < ops.size(); ++i) {
+          if (ub[i] == nullptr) continue;
+          const bool send = ops[i].kind == P2POp::Kind::kSend;
+          const std::string what =
+              absl::StrCat(send ? "send to" : "receive from", " rank ",
+                           ops[i].peer, " did not complete");
+          try {
+            const bool ok = send ? ub[i]->waitSend(nullptr, left())
+                                 : ub[i]->waitRecv(nullptr, left());
+            if (!ok) return absl::DeadlineExceededError(what);
+          } catch (const std::exception& e) {
+            return absl::DeadlineExceededError(
+                absl::StrCat(what, ": ", e.what()));
+          }
+        }
         return absl::OkStatus();
       });
 }

@@ -78,6 +78,9 @@ class GlooProcessGroup final : public ProcessGroup {
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> BatchP2P(
+      const std::vector<P2POp>& ops,
+      const CollectiveOptions& options = {}) override;
 
   // Stops this rank's heartbeat and fails its future ops, as if the process
   // had died: the other ranks' pending ops time out and name this rank. Used
@@ -108,6 +111,16 @@ class GlooProcessGroup final : public ProcessGroup {
                                               const CollectiveOptions& options,
                                               int sequential_waits,
                                               OpBody body);
+  // The same for a point-to-point batch: no group sequence number (the
+  // other ranks issue nothing), a failure names the peers that are dead.
+  absl::StatusOr<std::shared_ptr<Work>> IssueP2P(
+      std::string detail, const CollectiveOptions& options,
+      int sequential_waits, OpBody body);
+  // Common part: `seq` names the op; `collective` ops mark the heartbeat and
+  // diagnose peers against it.
+  absl::StatusOr<std::shared_ptr<Work>> IssueOn(
+      const char* op, uint64_t seq, bool collective, std::string description,
+      const CollectiveOptions& options, int sequential_waits, OpBody body);
   // The scratch area of ops on `stream` (created on first use).
   StreamScratch* ScratchFor(const CpuStream* stream);
 
@@ -123,6 +136,11 @@ class GlooProcessGroup final : public ProcessGroup {
   std::mutex scratch_mu_;
   std::map<const CpuStream*, std::unique_ptr<StreamScratch>> scratch_;
   std::atomic<uint64_t> next_seq_{0};  // Issue order.
+  // Point-to-point: transfers issued to / from each peer (they match in
+  // order), and batches issued (for messages).
+  std::mutex p2p_mu_;
+  std::vector<uint64_t> sends_to_, recvs_from_;
+  uint64_t p2p_batches_ = 0;
   std::atomic<bool> crashed_{false};
   Heartbeat heartbeat_;
 };

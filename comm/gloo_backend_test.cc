@@ -331,6 +331,118 @@ TEST(GlooBackendTest, BlockingOpsAreCompleteOnReturnAndOrdered) {
   }
 }
 
+// Point-to-point: every dtype and size (zero too) from rank 0 to rank 1,
+// several transfers between a pair matched in order, a ring exchange (each
+// rank sends to its successor and receives from its predecessor in one batch)
+// and collectives of the whole group after transfers between two of its
+// ranks only (they must not disturb the collectives' order).
+TEST(GlooBackendTest, PointToPointTransfers) {
+  RunRanks(3, [&](int rank, GlooProcessGroup& group) {
+    for (DType dtype : {DType::kF32, DType::kBF16, DType::kF16, DType::kI32,
+                        DType::kI64, DType::kU8}) {
+      for (int64_t n : kCounts) {
+        HostBuffer b(n, dtype);
+        if (rank == 0) {
+          for (int64_t i = 0; i < n; ++i) b.Set(i, std::abs(Value(5, i)));
+          ASSERT_TRUE((*group.Send(b.buffer, 1))->Wait(kWait).ok());
+        } else if (rank == 1) {
+          ASSERT_TRUE((*group.Recv(b.buffer, 0))->Wait(kWait).ok());
+          for (int64_t i = 0; i < n; ++i) {
+            ASSERT_EQ(b.Get(i), std::abs(Value(5, i)))
+                << DTypeName(dtype) << " n " << n << " [" << i << "]";
+          }
+        }
+      }
+    }
+    // Three sends 0 -> 2 issued before the receives are posted: matched in
+    // order.
+    std::vector<HostBuffer> bufs;
+    bufs.reserve(3);  // Each buffer points into its own bytes.
+    for (int k = 0; k < 3; ++k) bufs.emplace_back(5, DType::kI32);
+    if (rank == 0) {
+      std::vector<std::shared_ptr<Work>> works;
+      for (int k = 0; k < 3; ++k) {
+        for (int i = 0; i < 5; ++i) bufs[k].Set(i, 10 * k + i);
+        works.push_back(*group.Send(bufs[k].buffer, 2));
+      }
+      for (auto& w : works) ASSERT_TRUE(w->Wait(kWait).ok());
+    } else if (rank == 2) {
+      for (int k = 0; k < 3; ++k) {
+        ASSERT_TRUE((*group.Recv(bufs[k].buffer, 0))->Wait(kWait).ok());
+        for (int i = 0; i < 5; ++i) ASSERT_EQ(bufs[k].Get(i), 10 * k + i);
+      }
+    }
+    // Ring: send to the next rank, receive from the previous, together.
+    HostBuffer out(9, DType::kF32), in(9, DType::kF32);
+    for (int i = 0; i < 9; ++i) out.Set(i, Value(rank, i));
+    const int next = (rank + 1) % 3, prev = (rank + 2) % 3;
+    ASSERT_TRUE((*group.BatchP2P({P2POp::Send(out.buffer, next),
+                                  P2POp::Recv(in.buffer, prev)}))
+                    ->Wait(kWait)
+                    .ok());
+    for (int i = 0; i < 9; ++i) ASSERT_EQ(in.Get(i), Value(prev, i));
+    // A collective of all three after transfers that involved two.
+    HostBuffer sum(4, DType::kF32);
+    for (int i = 0; i < 4; ++i) sum.Set(i, Value(rank, i));
+    ASSERT_TRUE(
+        (*group.AllReduce(sum.buffer, ReduceOp::kSum))->Wait(kWait).ok());
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_EQ(sum.Get(i), Reduced(3, i, ReduceOp::kSum, DType::kF32));
+    }
+  });
+}
+
+// A send whose receiver never posts, and a receive from a rank that died,
+// fail after their timeout naming the op and the peer (the dead one named as
+// such); a peer outside the group or the rank itself is refused at issue.
+TEST(GlooBackendTest, PointToPointFailuresNameThePeer) {
+  GlooOptions o = FastOptions();
+  o.heartbeat_interval = absl::Milliseconds(100);
+  std::vector<absl::Status> results(3);
+  RunRanks(
+      3,
+      [&](int rank, GlooProcessGroup& group) {
+        HostBuffer b(4096, DType::kF32);
+        ASSERT_TRUE(
+            (*group.AllReduce(b.buffer, ReduceOp::kSum))->Wait(kWait).ok());
+        EXPECT_EQ(group.Send(b.buffer, rank).status().code(),
+                  absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(group.Recv(b.buffer, 3).status().code(),
+                  absl::StatusCode::kInvalidArgument);
+        EXPECT_EQ(group.BatchP2P({}).status().code(),
+                  absl::StatusCode::kInvalidArgument);
+        CollectiveOptions co;
+        co.timeout = absl::Seconds(1);
+        if (rank == 2) {
+          group.SimulateCrash();
+          return;
+        }
+        if (rank == 0) {  // Rank 1 never receives; rank 2 is dead.
+          results[0] = (*group.Recv(b.buffer, 2, co))->Wait(kWait);
+        } else {
+          const absl::Time start = absl::Now();
+          results[1] = (*group.Recv(b.buffer, 0, co))->Wait(kWait);
+          EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+        }
+      },
+      "p2p_faulty", o);
+  EXPECT_FALSE(results[0].ok());
+  EXPECT_NE(results[0].message().find("p2p #0 on group 'p2p_faulty' (rank 0 "
+                                      "of 3: recv 4096 x f32 on cpu from 2)"),
+            absl::string_view::npos)
+      << results[0];
+  EXPECT_NE(results[0].message().find("receive from rank 2"),
+            absl::string_view::npos)
+      << results[0];
+  EXPECT_NE(results[0].message().find("2 (heartbeat stopped"),
+            absl::string_view::npos)
+      << results[0];
+  EXPECT_FALSE(results[1].ok());
+  EXPECT_NE(results[1].message().find("receive from rank 0"),
+            absl::string_view::npos)
+      << results[1];
+}
+
 TEST(GlooBackendTest, BadArgumentsAreRejectedAtIssue) {
   RunRanks(2, [](int rank, GlooProcessGroup& group) {
     HostBuffer in(4, DType::kF32), out(7, DType::kF32);

@@ -530,9 +530,10 @@ absl::Status NcclProcessGroup::OrderAfter(CudaStream* stream,
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(
     const char* op, std::string detail, const CollectiveOptions& options,
-    OpBody body) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   IssueAsync(op, std::move(detail), options, std::move(body)));
+    OpBody body, bool collective) {
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      IssueAsync(op, std::move(detail), options, std::move(body), collective));
   if (!options.async_op) {
     const absl::Duration timeout = options.timeout > absl::ZeroDuration()
                                        ? options.timeout
@@ -544,7 +545,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::IssueAsync(
     const char* op, std::string detail, const CollectiveOptions& options,
-    OpBody body) {
+    OpBody body, bool collective) {
   CudaStream* stream = stream_.get();
   if (options.stream != nullptr) {
     stream = dynamic_cast<CudaStream*>(options.stream);
@@ -559,10 +560,13 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::IssueAsync(
                                      ? options.timeout
                                      : options_.timeout;
   std::lock_guard<std::mutex> comm_lock(comm_mu_);
-  const uint64_t seq = next_seq_++;
+  // Point-to-point ops are numbered apart and diagnosed against op 0 (every
+  // live peer has reached it, so only dead ones are named).
+  const uint64_t number = collective ? next_seq_++ : p2p_batches_++;
+  const uint64_t seq = collective ? number : 0;
   auto record = std::make_shared<NcclOpRecord>(
       seq,
-      absl::StrCat(op, " #", seq, " on group '", name_, "' (rank ", rank_,
+      absl::StrCat(op, " #", number, " on group '", name_, "' (rank ", rank_,
                    " of ", size_, detail.empty() ? "" : ", ", detail, ")"),
       timeout);
   auto work = std::make_shared<Work>(record->description,
@@ -578,7 +582,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::IssueAsync(
     record->Fail(broken);
     return work;
   }
-  heartbeat_.MarkStarted(seq);
+  if (collective) heartbeat_.MarkStarted(seq);
   absl::Status status;
   {
     DeviceGuard guard(cuda_device_);
@@ -592,7 +596,8 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::IssueAsync(
     // Marks the end of whatever reached the stream, even if the op failed
     // halfway, so its scratch outlives its kernels.
     absl::StatusOr<std::shared_ptr<CudaEvent>> done = CudaEvent::RecordOn(
-        stream->get(), cuda_device_, absl::StrCat(stream->name(), "#", seq));
+        stream->get(), cuda_device_,
+        absl::StrCat(stream->name(), collective ? "#" : "#p2p", number));
     record->Enqueued(done.ok() ? *done : nullptr);
     if (status.ok()) status = done.status();
   }
@@ -918,6 +923,34 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(
         "ncclAllReduce"));
     return absl::OkStatus();
   });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::BatchP2P(
+    const std::vector<P2POp>& ops, const CollectiveOptions& options) {
+  RETURN_IF_ERROR(ValidateP2P(*this, ops));
+  return Issue(
+      "p2p", P2PDetail(ops), options,
+      [ops](OpContext& ctx) -> absl::Status {
+        // One NCCL group: the transfers progress together, matched with the
+        // peers' in the order each pair issues them.
+        RETURN_IF_ERROR(ctx.Check(ncclGroupStart(), "ncclGroupStart"));
+        absl::Status status;
+        for (const P2POp& op : ops) {
+          const size_t bytes = op.buffer.nbytes();
+          if (bytes == 0 || !status.ok()) continue;
+          status = op.kind == P2POp::Kind::kSend
+                       ? ctx.Check(ncclSend(op.buffer.data, bytes, ncclUint8,
+                                            op.peer, ctx.comm, ctx.stream),
+                                   "ncclSend")
+                       : ctx.Check(ncclRecv(op.buffer.data, bytes, ncclUint8,
+                                            op.peer, ctx.comm, ctx.stream),
+                                   "ncclRecv");
+        }
+        // The group is closed even after an error inside it.
+        absl::Status end = ctx.Check(ncclGroupEnd(), "ncclGroupEnd");
+        return status.ok() ? end : status;
+      },
+      /*collective=*/false);
 }
 
 ProcessGroupFactory NcclGroupFactory(Store* store, int cuda_device,

@@ -133,6 +133,9 @@ class NcclProcessGroup final : public ProcessGroup {
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override;
+  absl::StatusOr<std::shared_ptr<Work>> BatchP2P(
+      const std::vector<P2POp>& ops,
+      const CollectiveOptions& options = {}) override;
 
   // The error that broke the group (OK while it is healthy).
   absl::Status status() const;
@@ -152,13 +155,17 @@ class NcclProcessGroup final : public ProcessGroup {
   // a failure while enqueuing breaks the group.
   // Blocking ops (options.async_op false) are waited for on the host after
   // comm_mu_ is released.
+  // `collective` false (point-to-point): the op takes no group sequence
+  // number (the other ranks issue nothing) and does not mark the heartbeat;
+  // a failure names the dead peers.
   absl::StatusOr<std::shared_ptr<Work>> Issue(const char* op,
                                               std::string detail,
                                               const CollectiveOptions& options,
-                                              OpBody body);
+                                              OpBody body,
+                                              bool collective = true);
   absl::StatusOr<std::shared_ptr<Work>> IssueAsync(
       const char* op, std::string detail, const CollectiveOptions& options,
-      OpBody body);
+      OpBody body, bool collective);
   // Makes `stream` wait for `after`, or by default for the legacy default
   // stream; returns the stream's sticky error.
   absl::Status OrderAfter(CudaStream* stream,
@@ -189,8 +196,9 @@ class NcclProcessGroup final : public ProcessGroup {
   // Serializes every NCCL call on comm_ (issue, async-error polls, abort,
   // finalize): NCCL communicators are not thread-safe.
   std::mutex comm_mu_;
-  ncclComm* comm_;         // Guarded by comm_mu_; null once aborted.
-  uint64_t next_seq_ = 0;  // Guarded by comm_mu_.
+  ncclComm* comm_;            // Guarded by comm_mu_; null once aborted.
+  uint64_t next_seq_ = 0;     // Guarded by comm_mu_.
+  uint64_t p2p_batches_ = 0;  // Guarded by comm_mu_.
   // Set before the watchdog takes comm_mu_ to break the group, so an issuer
   // polling ncclInProgress gives the lock up.
   std::atomic<bool> abort_requested_{false};

@@ -321,6 +321,44 @@ TEST_F(NcclBackendTest, AllToAll) {
   });
 }
 
+// Point-to-point: sends and receives of every size between the two ranks,
+// a batched exchange (each sends to the other and receives from it in one
+// op), and a collective after them.
+TEST_F(NcclBackendTest, PointToPoint) {
+  RunRanks([](int rank, NcclProcessGroup& group) {
+    const int peer = 1 - rank;
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int64_t count : kCounts) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " count ", count));
+        DeviceBuffer b(rank, count, dtype);
+        if (rank == 0) {
+          b.Upload(Values(0, count, dtype));
+          ASSERT_TRUE(Finish(group.Send(b.buffer(), 1)).ok());
+        } else {
+          b.Upload(std::vector<double>(count, 99));
+          ASSERT_TRUE(Finish(group.Recv(b.buffer(), 0)).ok());
+          std::vector<double> got = b.Download();
+          for (int64_t i = 0; i < count; ++i) {
+            ASSERT_EQ(got[i], Value(0, i, dtype));
+          }
+        }
+        DeviceBuffer out(rank, count, dtype), in(rank, count, dtype);
+        out.Upload(Values(rank, count, dtype));
+        ASSERT_TRUE(Finish(group.BatchP2P({P2POp::Send(out.buffer(), peer),
+                                           P2POp::Recv(in.buffer(), peer)}))
+                        .ok());
+        std::vector<double> got = in.Download();
+        for (int64_t i = 0; i < count; ++i) {
+          ASSERT_EQ(got[i], Value(peer, i, dtype));
+        }
+      }
+    }
+    DeviceBuffer b(rank, 4, DType::kF32);
+    b.Upload(Values(rank, 4, DType::kF32));
+    ASSERT_TRUE(Finish(group.AllReduce(b.buffer(), ReduceOp::kSum)).ok());
+  });
+}
+
 TEST_F(NcclBackendTest, BarrierStreamsAndEvents) {
   RunRanks([](int rank, NcclProcessGroup& group) {
     EXPECT_EQ(group.device(), Device::Cuda(rank));

@@ -2,6 +2,7 @@
 #include "comm/process_group.h"
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 namespace fsdpp {
 
@@ -158,6 +159,35 @@ absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,
     return Invalid(group, kOp, absl::StrCat("root ", root, " is not a rank"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateP2P(const ProcessGroup& group,
+                         const std::vector<P2POp>& ops) {
+  constexpr const char* kOp = "p2p";
+  if (ops.empty()) return Invalid(group, kOp, "no sends or receives");
+  for (const P2POp& op : ops) {
+    const char* what = op.kind == P2POp::Kind::kSend ? "send" : "recv";
+    if (absl::Status s = CheckBuffer(group, kOp, what, op.buffer); !s.ok()) {
+      return s;
+    }
+    if (op.peer < 0 || op.peer >= group.size() || op.peer == group.rank()) {
+      return Invalid(group, kOp,
+                     absl::StrCat(what, " peer ", op.peer,
+                                  " is not another rank of the group"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string P2PDetail(const std::vector<P2POp>& ops) {
+  std::vector<std::string> parts;
+  for (const P2POp& op : ops) {
+    parts.push_back(
+        op.kind == P2POp::Kind::kSend
+            ? absl::StrCat("send ", op.buffer.ToString(), " to ", op.peer)
+            : absl::StrCat("recv ", op.buffer.ToString(), " from ", op.peer));
+  }
+  return absl::StrJoin(parts, ", ");
 }
 
 absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,

@@ -67,6 +67,21 @@ struct CollectiveOptions {
   bool async_op = true;
 };
 
+// One transfer of a point-to-point batch (ProcessGroup::BatchP2P).
+struct P2POp {
+  enum class Kind { kSend, kRecv };
+  Kind kind = Kind::kSend;
+  Buffer buffer;
+  int peer = 0;  // the destination of a send, the source of a receive
+
+  static P2POp Send(const Buffer& buffer, int dst) {
+    return {Kind::kSend, buffer, dst};
+  }
+  static P2POp Recv(const Buffer& buffer, int src) {
+    return {Kind::kRecv, buffer, src};
+  }
+};
+
 // The handle of an issued collective.
 class Work {
  public:
@@ -135,6 +150,27 @@ class ProcessGroup {
   // Completes once every rank has reached it.
   virtual absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) = 0;
+
+  // Point-to-point (pipeline parallelism): the sends and receives of `ops`
+  // as one op, all in flight together (so a rank can send to its successor
+  // while receiving from its predecessor), complete when all are. Only the
+  // ranks named take part; the other ranks of the group issue nothing, and
+  // the collectives' order is not affected. The n-th send from rank a to
+  // rank b matches the n-th receive on b from a, which must have the same
+  // byte size; zero-size transfers move nothing. A peer that is dead or
+  // never posts its side fails the op after the timeout, naming it. Peers
+  // must be other ranks of the group.
+  virtual absl::StatusOr<std::shared_ptr<Work>> BatchP2P(
+      const std::vector<P2POp>& ops, const CollectiveOptions& options = {}) = 0;
+  // One send / one receive.
+  absl::StatusOr<std::shared_ptr<Work>> Send(
+      const Buffer& buffer, int dst, const CollectiveOptions& options = {}) {
+    return BatchP2P({P2POp::Send(buffer, dst)}, options);
+  }
+  absl::StatusOr<std::shared_ptr<Work>> Recv(
+      const Buffer& buffer, int src, const CollectiveOptions& options = {}) {
+    return BatchP2P({P2POp::Recv(buffer, src)}, options);
+  }
 };
 
 // Makes (and connects) the process group `name` with this rank at position
@@ -161,6 +197,10 @@ absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,
                                int root);
 absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,
                               const Buffer& output);
+absl::Status ValidateP2P(const ProcessGroup& group,
+                         const std::vector<P2POp>& ops);
+// "send 4 x f32 to 1, recv 4 x f32 from 2".
+std::string P2PDetail(const std::vector<P2POp>& ops);
 
 }  // namespace fsdpp
 

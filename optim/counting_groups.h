@@ -40,10 +40,11 @@ struct OpCounts {
   int broadcast = 0;
   int all_to_all = 0;
   int barrier = 0;
+  int p2p = 0;  // point-to-point batches
   // All of them.
   int total() const {
     return all_gather + reduce_scatter + all_reduce + broadcast + all_to_all +
-           barrier;
+           barrier + p2p;
   }
 };
 
@@ -77,6 +78,7 @@ class CountingProcessGroup final : public ProcessGroup {
     c.broadcast = broadcast_;
     c.all_to_all = all_to_all_;
     c.barrier = barrier_;
+    c.p2p = p2p_;
     return c;
   }
 
@@ -134,11 +136,17 @@ class CountingProcessGroup final : public ProcessGroup {
     ++barrier_;
     return inner_->Barrier(options);
   }
+  absl::StatusOr<std::shared_ptr<Work>> BatchP2P(
+      const std::vector<P2POp>& ops,
+      const CollectiveOptions& options = {}) override {
+    ++p2p_;
+    return inner_->BatchP2P(ops, options);
+  }
 
  private:
   std::unique_ptr<ProcessGroup> inner_;
   std::atomic<int> all_gather_{0}, reduce_scatter_{0}, all_reduce_{0},
-      broadcast_{0}, all_to_all_{0}, barrier_{0};
+      broadcast_{0}, all_to_all_{0}, barrier_{0}, p2p_{0};
   std::atomic<int64_t> all_gather_bytes_{0}, reduce_scatter_bytes_{0},
       all_reduce_bytes_{0};
 };
