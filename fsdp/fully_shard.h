@@ -4,7 +4,9 @@
 // parameters of `modules` not already taken by an inner unit: each becomes a
 // Shard(0) DTensor of fp32 master values on the mesh's shard axis (Replicate
 // on the replicate axis of a 2-D mesh: HSDP), with an fp32 sharded gradient
-// of the same layout. The unit hooks its first module:
+// of the same layout. With tensor parallelism (FullyShardOptions::tp_axis)
+// what a unit shards, gathers and reduces is each rank's tensor-parallel
+// piece, over the shard axis only. The unit hooks its first module:
 //   pre-forward   all-gather the unit (one flat buffer in param dtype, cast
 //                 fused into the copy-in, dim-0 padding at the tail; the
 //                 all-gather is in place: this rank's segment is written
@@ -175,15 +177,16 @@ struct FsdpSplitView {
 // Shards `modules` (their parameters not owned by inner units) as one unit.
 // Errors: a module already sharded, a parameter shared with a unit that is
 // neither inner nor this one (put tied modules in one call), a mesh that is
-// not 1-D or 2-D, an hpz_degree that is negative or does not divide the
-// shard axis size. Parameters may be on the meta
-// device (materialise with InitShardedWeights) or materialised (their values
-// are sharded and the full copies freed).
+// not 1-D or 2-D (besides the tp axis), a tensor-parallel piece without
+// tp_axis, an hpz_degree that is negative or does not divide the shard axis
+// size. Parameters may be on the meta device (materialise with
+// InitShardedWeights) or materialised (their values, or their tensor-parallel
+// pieces, are sharded and the full copies freed).
 absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
                                      const FullyShardOptions& options);
 
 // Fills every sharded master of `root`'s units from its parameter's InitSpec,
-// each rank only its rows: bitwise equal to Module::InitWeights of the whole
+// each rank only its box: bitwise equal to Module::InitWeights of the whole
 // model with the same seed.
 absl::Status InitShardedWeights(Module* root, uint64_t seed);
 
