@@ -261,5 +261,51 @@ absl::StatusOr<PipelineSimulation> Simulate(const PipelineSchedule& s,
   return sim;
 }
 
+absl::StatusOr<std::vector<StageBlocks>> SplitStages(
+    int blocks, int stages, const std::vector<int>& cuts) {
+  if (stages < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SplitStages: ", stages, " stages; at least one"));
+  }
+  if (blocks < stages) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SplitStages: ", blocks, " blocks cannot fill ", stages,
+                     " stages (each needs at least one block)"));
+  }
+  std::vector<int> first;  // The first block of each stage.
+  if (cuts.empty()) {
+    const int base = blocks / stages, extra = blocks % stages;
+    for (int s = 0, b = 0; s < stages; ++s) {
+      first.push_back(b);
+      b += base + (s < extra ? 1 : 0);
+    }
+  } else {
+    if (static_cast<int>(cuts.size()) != stages - 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("SplitStages: ", cuts.size(), " cut points for ", stages,
+                       " stages; give ", stages - 1,
+                       " (the first block of stages 1 .. ", stages - 1, ")"));
+    }
+    first.push_back(0);
+    for (size_t i = 0; i < cuts.size(); ++i) {
+      if (cuts[i] <= first.back() || cuts[i] >= blocks) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "SplitStages: cut point ", i, " (block ", cuts[i],
+            ") must be after ", first.back(), " and before ", blocks,
+            " so that every stage keeps at least one block"));
+      }
+      first.push_back(cuts[i]);
+    }
+  }
+  std::vector<StageBlocks> out(stages);
+  for (int s = 0; s < stages; ++s) {
+    out[s].first = first[s];
+    out[s].count = (s + 1 < stages ? first[s + 1] : blocks) - first[s];
+    out[s].embedding = s == 0;
+    out[s].head = s + 1 == stages;
+  }
+  return out;
+}
+
 }  // namespace parallel
 }  // namespace fsdpp

@@ -1,4 +1,5 @@
-// Pipeline-parallel schedules as data ([pp]): for each pipeline rank, the
+// Pipeline-parallel schedules as data ([pp]), and how a model's blocks are
+// split into stages: for each pipeline rank, the
 // ordered list of forward / backward actions it runs on which micro-batch and
 // which stage, so that a runner executes them and a test can print and check
 // them.
@@ -91,6 +92,25 @@ struct PipelineSimulation {
 absl::StatusOr<PipelineSimulation> Simulate(const PipelineSchedule& schedule,
                                             double forward_time,
                                             double backward_time);
+
+// Which transformer blocks a pipeline stage runs: a contiguous range; stage
+// 0 also runs the embeddings, the last stage the final norm, the head and the
+// loss.
+struct StageBlocks {
+  int first = 0;  // first block
+  int count = 0;  // blocks
+  bool embedding = false;
+  bool head = false;
+};
+
+// Splits `blocks` blocks into `stages` contiguous stages: evenly when `cuts`
+// is empty (the first blocks % stages stages get one block more), else at
+// `cuts` (the first block of stages 1 .. stages - 1, increasing, each stage
+// keeping at least one block). InvalidArgument naming what is wrong:
+// fewer blocks than stages, a cut count other than stages - 1, cuts out of
+// order or out of range.
+absl::StatusOr<std::vector<StageBlocks>> SplitStages(
+    int blocks, int stages, const std::vector<int>& cuts = {});
 
 }  // namespace parallel
 }  // namespace fsdpp

@@ -115,6 +115,32 @@ TEST(PipelineScheduleTest, BadSizesAndListsAreRejected) {
       << sim.status();
 }
 
+std::string Describe(const std::vector<StageBlocks>& stages) {
+  std::string out;
+  for (const StageBlocks& s : stages) {
+    out += "[" + std::string(s.embedding ? "E " : "") +
+           std::to_string(s.first) + "+" + std::to_string(s.count) +
+           std::string(s.head ? " H" : "") + "]";
+  }
+  return out;
+}
+
+TEST(PipelineScheduleTest, StagesSplitTheBlocks) {
+  EXPECT_EQ(Describe(*SplitStages(12, 4)), "[E 0+3][3+3][6+3][9+3 H]");
+  EXPECT_EQ(Describe(*SplitStages(10, 4)), "[E 0+3][3+3][6+2][8+2 H]");
+  EXPECT_EQ(Describe(*SplitStages(5, 1)), "[E 0+5 H]");
+  EXPECT_EQ(Describe(*SplitStages(12, 3, {2, 10})), "[E 0+2][2+8][10+2 H]");
+  EXPECT_TRUE(absl::StrContains(SplitStages(3, 4).status().message(),
+                                "3 blocks cannot fill 4 stages"));
+  EXPECT_TRUE(absl::StrContains(SplitStages(12, 3, {4}).status().message(),
+                                "1 cut points for 3 stages; give 2"));
+  EXPECT_TRUE(absl::StrContains(SplitStages(12, 3, {6, 6}).status().message(),
+                                "cut point 1 (block 6) must be after 6"));
+  EXPECT_TRUE(absl::StrContains(SplitStages(12, 3, {4, 12}).status().message(),
+                                "before 12"));
+  EXPECT_FALSE(SplitStages(4, 0).ok());
+}
+
 }  // namespace
 }  // namespace parallel
 }  // namespace fsdpp
