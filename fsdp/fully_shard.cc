@@ -47,13 +47,9 @@ SplitView MakeSplitView(const Parameter& p) {
   SplitView v;
   if (p.has_piece()) {
     v.view = p.piece.size;
-    if (p.piece.layout.size() != p.shape.size()) {
-      for (size_t d = 0; d < v.view.size(); ++d) {
-        if (p.piece.size[d] != p.piece.layout[d]) {
-          v.dim = static_cast<int>(d);
-          break;
-        }
-      }
+    const std::vector<int> split = p.piece.SplitDims();
+    if (p.piece.layout.size() != p.shape.size() && !split.empty()) {
+      v.dim = split[0];
     }
   } else {
     v.view = p.shape.empty() ? Shape{1} : p.shape;
@@ -309,12 +305,8 @@ absl::Status FsdpUnit::ShardParameters() {
       Placement tp = Placement::Replicate();
       if (p->has_piece()) {
         global = p->piece.layout;
-        for (size_t d = 0; d < global.size(); ++d) {
-          if (p->piece.size[d] != global[d]) {
-            tp = Placement::Shard(static_cast<int>(d));
-            break;
-          }
-        }
+        const std::vector<int> split = p->piece.SplitDims();
+        if (!split.empty()) tp = Placement::Shard(split[0]);
       }
       placements.push_back(tp);
     }

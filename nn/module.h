@@ -90,6 +90,16 @@ struct ParameterPiece {
   Shape offset;
   Shape size;
   Shape local_shape;
+
+  // The dims of `layout` the box does not span whole, in order (tensor
+  // parallelism splits one).
+  std::vector<int> SplitDims() const {
+    std::vector<int> dims;
+    for (size_t d = 0; d < size.size() && d < layout.size(); ++d) {
+      if (size[d] != layout[d]) dims.push_back(static_cast<int>(d));
+    }
+    return dims;
+  }
 };
 
 struct Parameter {

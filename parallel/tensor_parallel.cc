@@ -580,18 +580,14 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
 
 absl::StatusOr<Placement> PieceSplit(const Parameter& p) {
   if (!p.has_piece()) return Placement::Replicate();
-  int dim = -1;
-  for (size_t d = 0; d < p.piece.layout.size(); ++d) {
-    if (p.piece.size[d] == p.piece.layout[d]) continue;
-    if (dim >= 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "parameter ", ShapeToString(p.shape), ": its piece ",
-          ShapeToString(p.piece.size), " of ", ShapeToString(p.piece.layout),
-          " is split on more than one dim"));
-    }
-    dim = static_cast<int>(d);
+  const std::vector<int> split = p.piece.SplitDims();
+  if (split.size() > 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "parameter ", ShapeToString(p.shape), ": its piece ",
+        ShapeToString(p.piece.size), " of ", ShapeToString(p.piece.layout),
+        " is split on more than one dim"));
   }
-  return dim < 0 ? Placement::Replicate() : Placement::Shard(dim);
+  return split.empty() ? Placement::Replicate() : Placement::Shard(split[0]);
 }
 
 absl::StatusOr<std::vector<TensorParallelParameter>> TensorParallelParameters(
