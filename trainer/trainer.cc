@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 
@@ -296,15 +295,15 @@ absl::Status Trainer::BuildData() {
   LoaderOptions lo;
   lo.seq_len = rc_.seq_len;
   lo.batch_size = rc_.micro_batch;
-  // The data-parallel rank: the coordinate over the replicate and shard
+  // The data-parallel rank: this rank's place on the replicate and shard
   // axes (the tp ranks of one data-parallel rank read the same batches).
-  lo.dp_rank = 0;
-  lo.dp_world = 1;
-  for (int a = 0; a < mesh_->ndim(); ++a) {
-    if (mesh_->axes()[a].name == "tp") continue;
-    lo.dp_rank = lo.dp_rank * mesh_->axes()[a].size + mesh_->coordinate()[a];
-    lo.dp_world *= mesh_->axes()[a].size;
+  std::vector<std::string> data_axes;
+  for (const MeshAxis& a : mesh_->axes()) {
+    if (a.name != "tp") data_axes.push_back(a.name);
   }
+  ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh_->SubMesh(data_axes));
+  lo.dp_rank = data_mesh->rank();
+  lo.dp_world = data_mesh->size();
   lo.seed = tc.seed();
   lo.shuffle = config_.data().shuffle();
   ASSIGN_OR_RETURN(loader_, Context(MakeLoader(data_, data_.train, lo),
@@ -356,9 +355,13 @@ absl::Status Trainer::BuildModel() {
 // AdamW on the sharded masters, the loss scaler (f16), the LR schedule.
 absl::Status Trainer::BuildOptimizer() {
   const TrainingConfig& tc = config_.training();
+  // Weight decay for matrices, by the parameters' own shapes (the nanoGPT
+  // rule; a tensor-parallel master may be a view with more dims: GPT-2's
+  // fused c_attn bias is [3, C] there).
   std::vector<AdamWParam> adam_params;
   for (fsdp::ShardedParameter* sp : params_) {
-    adam_params.emplace_back(sp->name, &sp->master, &sp->grad);
+    adam_params.emplace_back(sp->name, &sp->master, &sp->grad,
+                             /*weight_decay=*/sp->shape.size() >= 2);
   }
   AdamWOptions ao;
   ao.lr = tc.lr();
@@ -366,16 +369,6 @@ absl::Status Trainer::BuildOptimizer() {
   ao.beta2 = tc.adam_beta2();
   ao.eps = tc.adam_eps();
   ao.weight_decay = tc.weight_decay();
-  // Matrices by the parameters' own shapes (a tensor-parallel master may be
-  // a view with more dims: GPT-2's fused c_attn bias is [3, C] there).
-  std::map<std::string, size_t> ndim;
-  for (fsdp::ShardedParameter* sp : params_) {
-    ndim[sp->name] = sp->shape.size();
-  }
-  ao.decay_filter = [ndim](const std::string& name, const DTensor&) {
-    auto it = ndim.find(name);
-    return it != ndim.end() && it->second >= 2;
-  };
   ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam_params), ao));
   adamw_.emplace(std::move(adamw));
   RETURN_IF_ERROR(adamw_->Init());

@@ -359,14 +359,14 @@ Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
                          uint64_t seed) -> absl::StatusOr<TrainableModel> {
     RETURN_IF_ERROR(tp_plan(model, mesh));
     ASSIGN_OR_RETURN(TrainableModel out, fsdp(model, mesh, seed));
-    out.data_rank = 0;
-    out.data_ranks = 1;
-    for (int a = 0; a < mesh->ndim(); ++a) {
-      if (mesh->axes()[a].name == "tp") continue;
-      out.data_rank =
-          out.data_rank * mesh->axes()[a].size + mesh->coordinate()[a];
-      out.data_ranks *= mesh->axes()[a].size;
+    // The tp ranks of one data-parallel rank share its rows.
+    std::vector<std::string> data_axes;
+    for (const MeshAxis& a : mesh->axes()) {
+      if (a.name != "tp") data_axes.push_back(a.name);
     }
+    ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
+    out.data_rank = data_mesh->rank();
+    out.data_ranks = data_mesh->size();
     return out;
   };
 }
@@ -385,11 +385,19 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
     absl::StatusOr<TrainableModel> trainable =
         setup(model->get(), &mesh, run.seed);
     ASSERT_TRUE(trainable.ok()) << trainable.status();
+    // Weight decay for matrices by the parameters' own shapes: a
+    // tensor-parallel piece's DTensor may be a view with more dims (GPT-2's
+    // fused c_attn bias is [3, C] there).
+    std::map<std::string, size_t> ndim;
+    for (auto& [name, p] : (*model)->NamedParameters()) {
+      ndim[name] = p->shape.size();
+    }
     std::vector<DTensor*> grads;
     std::vector<AdamWParam> adamw_params;
     for (const TrainableParameter& p : trainable->params) {
       grads.push_back(p.grad);
-      adamw_params.emplace_back(p.name, p.param, p.grad);
+      adamw_params.emplace_back(p.name, p.param, p.grad,
+                                /*weight_decay=*/ndim.at(p.name) >= 2);
     }
     std::optional<AdamW> adamw;
     if (run.optimizer == TrainingRun::Optimizer::kAdamW) {
@@ -397,16 +405,6 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
       options.lr = run.lr;
       options.weight_decay = run.weight_decay;
       options.eps = run.adam_eps;
-      // Matrices by the parameters' own shapes: a tensor-parallel piece's
-      // DTensor may be a view with more dims (GPT-2's fused c_attn bias is
-      // [3, C] there).
-      std::map<std::string, size_t> ndim;
-      for (auto& [name, p] : (*model)->NamedParameters()) {
-        ndim[name] = p->shape.size();
-      }
-      options.decay_filter = [ndim](const std::string& name, const DTensor&) {
-        return ndim.at(name) >= 2;
-      };
       absl::StatusOr<AdamW> created =
           AdamW::Create(std::move(adamw_params), options);
       ASSERT_TRUE(created.ok()) << created.status();
