@@ -18,15 +18,14 @@
 #include <utility>
 #include <vector>
 
-#include "absl/time/time.h"
 #include "benchmark/benchmark.h"
-#include "comm/gloo_backend.h"
 #include "comm/lock_step.h"
 #include "comm/store.h"
 #include "core/dtype.h"
 #include "core/logging.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/device_mesh.h"
+#include "mesh/lock_step_meshes.h"
 #include "nn/attention.h"
 #include "nn/block.h"
 #include "nn/layer_norm.h"
@@ -94,16 +93,10 @@ Tensor Activations(DType dtype, float scale, uint64_t seed) {
 template <typename Step>
 void RunInLockstep(benchmark::State& state, const Step& step) {
   InMemoryStore store;
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  std::unique_ptr<DeviceMesh> meshes[kWorld];
+  const auto meshes = testing_util::LockStepMeshes({{"dp", kWorld}}, &store);
   ShardedStack stacks[kWorld];  // Destroyed before the meshes.
   {
     testing_util::LockStep setup([&](int rank) -> std::shared_ptr<void> {
-      auto mesh = DeviceMesh::Create({{"dp", kWorld}}, rank, kWorld,
-                                     GlooGroupFactory(&store, options));
-      CHECK_OK(mesh.status());
-      meshes[rank] = *std::move(mesh);
       stacks[rank] = BuildSharded(*meshes[rank], DTypeArg(state));
       step(stacks[rank], rank);
       return nullptr;

@@ -14,13 +14,12 @@
 #include <memory>
 #include <vector>
 
-#include "absl/time/time.h"
 #include "benchmark/benchmark.h"
-#include "comm/gloo_backend.h"
 #include "comm/lock_step.h"
 #include "comm/store.h"
 #include "core/logging.h"
 #include "mesh/device_mesh.h"
+#include "mesh/lock_step_meshes.h"
 #include "nn/loss.h"
 #include "parallel/loss_parallel.h"
 #include "tensor/dtensor.h"
@@ -45,24 +44,12 @@ Tensor Targets() {
 template <typename Step>
 void RunInLockstep(benchmark::State& state, const Step& step) {
   InMemoryStore store;
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  std::unique_ptr<DeviceMesh> meshes[kWorld];
-  {
-    testing_util::LockStep setup([&](int rank) -> std::shared_ptr<void> {
-      auto mesh = DeviceMesh::Create({{"tp", kWorld}}, rank, kWorld,
-                                     GlooGroupFactory(&store, options));
-      CHECK_OK(mesh.status());
-      meshes[rank] = *std::move(mesh);
-      step(rank, *meshes[rank]);
-      return nullptr;
-    });
-    setup.Step();
-  }
+  const auto meshes = testing_util::LockStepMeshes({{"tp", kWorld}}, &store);
   testing_util::LockStep ranks([&](int rank) -> std::shared_ptr<void> {
     step(rank, *meshes[rank]);
     return nullptr;
   });
+  ranks.Step();  // Warm-up, untimed.
   for (auto _ : state) ranks.Step();
   state.SetItemsProcessed(state.iterations() * kRows * kWorld);
 }

@@ -16,12 +16,12 @@
 #include <vector>
 
 #include "benchmark/benchmark.h"
-#include "comm/gloo_backend.h"
 #include "comm/lock_step.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "core/logging.h"
 #include "mesh/device_mesh.h"
+#include "mesh/lock_step_meshes.h"
 #include "tensor/dtensor.h"
 #include "tensor/ops.h"
 #include "tensor/placement.h"
@@ -38,16 +38,10 @@ constexpr int64_t kCols = 1024;
 void RunRedistribute(benchmark::State& state, Placement from, Placement to) {
   const int64_t rows = state.range(0) / kCols;
   InMemoryStore store;
-  GlooOptions options;
-  options.timeout = absl::Seconds(60);
-  std::unique_ptr<DeviceMesh> meshes[kWorld];
+  const auto meshes = testing_util::LockStepMeshes({{"dp", kWorld}}, &store);
   DTensor sources[kWorld];
   {
     testing_util::LockStep setup([&](int rank) -> std::shared_ptr<void> {
-      auto mesh = DeviceMesh::Create({{"dp", kWorld}}, rank, kWorld,
-                                     GlooGroupFactory(&store, options));
-      CHECK_OK(mesh.status());
-      meshes[rank] = *std::move(mesh);
       const Shape local_shape = {from.is_shard() ? rows / kWorld : rows, kCols};
       absl::StatusOr<Tensor> local =
           Tensor::Empty(local_shape, DType::kF32, Device::Cpu());
