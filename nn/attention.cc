@@ -321,7 +321,7 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
     RETURN_IF_ERROR(UnfusedBackward(dout, &dq, &dk, &dv));
   }
   dout = Tensor();
-  ReleaseSavedTensorsImpl();
+  ReleaseOwnSavedTensors();
 
   if (config_.rope) {
     RETURN_IF_ERROR(ApplyRope(&dq, rope_inv_freq_, /*backward=*/true));
@@ -414,10 +414,6 @@ absl::Status CausalSelfAttention::UnfusedBackward(const Tensor& dout,
   atb_scaled.transpose_a = true;
   atb_scaled.alpha = Scale();
   return Matmul(dscores_grouped, q_grouped, dk, atb_scaled);
-}
-
-void CausalSelfAttention::ReleaseSavedTensorsImpl() {
-  q_heads_ = k_heads_ = v_heads_ = probs_ = heads_out_ = lse_ = Tensor();
 }
 
 }  // namespace nn

@@ -93,7 +93,9 @@ class CausalSelfAttention : public Module {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override;
+  std::vector<Tensor*> SavedTensorSlots() override {
+    return {&q_heads_, &k_heads_, &v_heads_, &probs_, &heads_out_, &lse_};
+  }
 
  private:
   explicit CausalSelfAttention(const AttentionConfig& config);

@@ -108,6 +108,57 @@ TEST(BlockTest, ChildErrorsPropagate) {
       absl::StatusCode::kFailedPrecondition);
 }
 
+// Two forwards in flight: the first's saved tensors stashed while the second
+// runs forward and backward, then restored for the first's backward. The
+// gradients equal the two forward/backward pairs run one after the other,
+// bitwise, in the order the backwards ran; a restore onto a block that holds
+// another forward's tensors, or from another block, is refused.
+TEST(BlockTest, StashedForwardsBackwardLikeSequentialOnes) {
+  for (bool llama : {false, true}) {
+    SCOPED_TRACE(llama ? "llama" : "gpt2");
+    std::unique_ptr<Block> a = llama ? LlamaBlock(5, 7) : Gpt2Block(5, 7);
+    std::unique_ptr<Block> b = llama ? LlamaBlock(5, 7) : Gpt2Block(5, 7);
+    ASSERT_OK(Materialize(*a, 7));
+    ASSERT_OK(Materialize(*b, 7));
+    const Tensor x0 = RandomTensor({2, 3, 5}, DType::kF32, 8);
+    const Tensor x1 = RandomTensor({2, 3, 5}, DType::kF32, 9);
+    const Tensor dy0 = RandomTensor({2, 3, 5}, DType::kF32, 10);
+    const Tensor dy1 = RandomTensor({2, 3, 5}, DType::kF32, 11);
+
+    ASSERT_OK(a->Forward(x0).status());
+    Module::SavedTensors first = a->StashSavedTensors();
+    EXPECT_GT(first.bytes(), 0);
+    ASSERT_OK(a->Forward(x1).status());
+    EXPECT_EQ(a->RestoreSavedTensors(std::move(first)).code(),
+              absl::StatusCode::kFailedPrecondition);
+    ASSERT_OK_AND_ASSIGN(Tensor dx1, a->Backward(dy1));
+    // `first` was refused and is gone: stash again from a fresh forward.
+    ASSERT_OK(a->Forward(x0).status());
+    first = a->StashSavedTensors();
+    EXPECT_EQ(b->RestoreSavedTensors(a->StashSavedTensors()).code(),
+              absl::StatusCode::kOk);  // empty: nothing to restore
+    ASSERT_OK(a->RestoreSavedTensors(std::move(first)));
+    ASSERT_OK_AND_ASSIGN(Tensor dx0, a->Backward(dy0));
+
+    ASSERT_OK(b->Forward(x1).status());
+    ASSERT_OK_AND_ASSIGN(Tensor ref_dx1, b->Backward(dy1));
+    ASSERT_OK(b->Forward(x0).status());
+    ASSERT_OK_AND_ASSIGN(Tensor ref_dx0, b->Backward(dy0));
+    EXPECT_EQ(Values(dx0), Values(ref_dx0));
+    EXPECT_EQ(Values(dx1), Values(ref_dx1));
+    const auto pa = a->NamedParameters(), pb = b->NamedParameters();
+    ASSERT_EQ(pa.size(), pb.size());
+    for (size_t i = 0; i < pa.size(); ++i) {
+      EXPECT_EQ(Values(pa[i].second->grad), Values(pb[i].second->grad))
+          << pa[i].first;
+    }
+    // Tensors stashed from one block do not restore into another.
+    ASSERT_OK(a->Forward(x0).status());
+    EXPECT_EQ(b->RestoreSavedTensors(a->StashSavedTensors()).code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+}
+
 }  // namespace
 }  // namespace nn
 }  // namespace fsdpp

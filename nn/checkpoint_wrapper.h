@@ -40,7 +40,7 @@ class ActivationCheckpoint : public Module {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override { saved_x_ = Tensor(); }
+  std::vector<Tensor*> SavedTensorSlots() override { return {&saved_x_}; }
 
  private:
   Module* inner_;

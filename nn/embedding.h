@@ -42,7 +42,7 @@ class Embedding : public Module {
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& ids) override;
   // Adds dy's rows into the table gradient; returns an undefined Tensor.
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override { saved_ids_ = Tensor(); }
+  std::vector<Tensor*> SavedTensorSlots() override { return {&saved_ids_}; }
 
  private:
   // The table rows this process holds (a piece under tensor parallelism:

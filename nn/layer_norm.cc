@@ -51,14 +51,8 @@ absl::StatusOr<Tensor> LayerNorm::BackwardImpl(const Tensor& dy_in) {
                                       dw.target(), nullptr));
   }
   RETURN_IF_ERROR(dw.Commit());
-  ReleaseSavedTensorsImpl();
+  ReleaseOwnSavedTensors();
   return dx;
-}
-
-void LayerNorm::ReleaseSavedTensorsImpl() {
-  saved_x_ = Tensor();
-  saved_mean_ = Tensor();
-  saved_rstd_ = Tensor();
 }
 
 }  // namespace nn

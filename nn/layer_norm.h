@@ -36,7 +36,9 @@ class LayerNorm : public Module {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override;
+  std::vector<Tensor*> SavedTensorSlots() override {
+    return {&saved_x_, &saved_mean_, &saved_rstd_};
+  }
 
  private:
   int64_t dim_;

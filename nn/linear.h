@@ -56,7 +56,7 @@ class Linear : public Module {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override { saved_x_ = Tensor(); }
+  std::vector<Tensor*> SavedTensorSlots() override { return {&saved_x_}; }
 
  private:
   int64_t in_features_;

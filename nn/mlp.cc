@@ -74,17 +74,12 @@ absl::StatusOr<Tensor> SwiGlu::BackwardImpl(const Tensor& dy) {
   RETURN_IF_ERROR(Mul(dp, db, &db));
   RETURN_IF_ERROR(Mul(dp, b, &dp));
   RETURN_IF_ERROR(SiluBackward(a, dp, &dp));
-  ReleaseSavedTensorsImpl();
+  ReleaseOwnSavedTensors();
   // Children's backward in reverse registration order: down, up, gate.
   ASSIGN_OR_RETURN(Tensor dx, up_->Backward(db));
   ASSIGN_OR_RETURN(Tensor dx_gate, gate_->Backward(dp));
   RETURN_IF_ERROR(Add(dx, dx_gate, &dx));
   return dx;
-}
-
-void SwiGlu::ReleaseSavedTensorsImpl() {
-  saved_gate_ = Tensor();
-  saved_up_ = Tensor();
 }
 
 }  // namespace nn

@@ -35,7 +35,7 @@ class Mlp : public Module {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override { saved_h_ = Tensor(); }
+  std::vector<Tensor*> SavedTensorSlots() override { return {&saved_h_}; }
 
  private:
   Linear* fc_;
@@ -60,7 +60,9 @@ class SwiGlu : public Module {
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
-  void ReleaseSavedTensorsImpl() override;
+  std::vector<Tensor*> SavedTensorSlots() override {
+    return {&saved_gate_, &saved_up_};
+  }
 
  private:
   Linear* gate_;

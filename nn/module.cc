@@ -359,9 +359,53 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& dy) {
   return dx;
 }
 
+void Module::ReleaseOwnSavedTensors() {
+  for (Tensor* slot : SavedTensorSlots()) *slot = Tensor();
+}
+
 void Module::ReleaseSavedTensors() {
-  ReleaseSavedTensorsImpl();
+  ReleaseOwnSavedTensors();
   for (const auto& [name, child] : children_) child->ReleaseSavedTensors();
+}
+
+int64_t Module::SavedTensors::bytes() const {
+  int64_t total = 0;
+  for (const auto& [slot, tensor] : slots_) total += tensor.nbytes();
+  return total;
+}
+
+Module::SavedTensors Module::StashSavedTensors() {
+  SavedTensors saved;
+  saved.owner_ = this;
+  for (auto& [name, m] : NamedModules()) {
+    for (Tensor* slot : m->SavedTensorSlots()) {
+      if (!slot->defined()) continue;
+      saved.slots_.emplace_back(slot, std::move(*slot));
+      *slot = Tensor();
+    }
+  }
+  return saved;
+}
+
+absl::Status Module::RestoreSavedTensors(SavedTensors saved) {
+  if (saved.owner_ != this && !saved.slots_.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kind_,
+                     "::RestoreSavedTensors: the tensors were stashed from "
+                     "another module"));
+  }
+  for (auto& [name, m] : NamedModules()) {
+    for (Tensor* slot : m->SavedTensorSlots()) {
+      if (slot->defined()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            kind_, "::RestoreSavedTensors: ", m->kind(), " '", name,
+            "' holds the tensors of a forward whose backward has not run; "
+            "stash or release them first"));
+      }
+    }
+  }
+  for (auto& [slot, tensor] : saved.slots_) *slot = std::move(tensor);
+  return absl::OkStatus();
 }
 
 }  // namespace fsdpp

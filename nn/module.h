@@ -262,12 +262,45 @@ class Module {
   // forward, and an evaluation-only forward can free them too. Runs no hooks.
   void ReleaseSavedTensors();
 
+  // What a subtree saved for backward, moved out of its modules, so that
+  // another forward can run before this one's backward (pipeline
+  // parallelism keeps one per micro-batch in flight). The tensors keep their
+  // memory (and its activation tag) until restored and released.
+  class SavedTensors {
+   public:
+    SavedTensors() = default;
+    SavedTensors(SavedTensors&&) = default;
+    SavedTensors& operator=(SavedTensors&&) = default;
+    // Bytes held.
+    int64_t bytes() const;
+    bool empty() const { return slots_.empty(); }
+
+   private:
+    friend class Module;
+    const Module* owner_ = nullptr;
+    std::vector<std::pair<Tensor*, Tensor>> slots_;
+  };
+  // Moves every tensor the subtree saved into the result; the subtree is
+  // left as after ReleaseSavedTensors. Runs no hooks. Non-tensor state a
+  // forward records (shapes) must be the same for the forwards whose saved
+  // tensors are swapped: equal micro-batch shapes.
+  SavedTensors StashSavedTensors();
+  // Puts back what StashSavedTensors of this module returned, so that the
+  // next Backward is that forward's. FailedPrecondition (nothing changed)
+  // when `saved` came from another module or the subtree holds saved
+  // tensors of another forward.
+  absl::Status RestoreSavedTensors(SavedTensors saved);
+
  protected:
   virtual absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) = 0;
   virtual absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) = 0;
-  // Drops this module's own saved tensors (not its children's, which
-  // ReleaseSavedTensors visits itself). Modules that save tensors override it.
-  virtual void ReleaseSavedTensorsImpl() {}
+  // The members where this module itself (not its children) keeps what its
+  // forward saved for backward: the one list ReleaseSavedTensors,
+  // StashSavedTensors and RestoreSavedTensors work through. Modules that
+  // save tensors override it.
+  virtual std::vector<Tensor*> SavedTensorSlots() { return {}; }
+  // Clears SavedTensorSlots() (layers call it at the end of their Backward).
+  void ReleaseOwnSavedTensors();
 
  private:
   static absl::Status RunHooks(std::vector<Hook>& hooks, Module& m);

@@ -33,13 +33,8 @@ absl::StatusOr<Tensor> RmsNorm::BackwardImpl(const Tensor& dy_in) {
   ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
   RETURN_IF_ERROR(RmsNormBackward(dy, x, w, saved_rstd_, &dx, dw.target()));
   RETURN_IF_ERROR(dw.Commit());
-  ReleaseSavedTensorsImpl();
+  ReleaseOwnSavedTensors();
   return dx;
-}
-
-void RmsNorm::ReleaseSavedTensorsImpl() {
-  saved_x_ = Tensor();
-  saved_rstd_ = Tensor();
 }
 
 }  // namespace nn
