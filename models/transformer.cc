@@ -55,10 +55,11 @@ class BlockStack : public Module {
   BlockStack() : Module("BlockStack") {}
 
   // Appends `block`, wrapped; returns it.
-  TransformerBlock* Append(std::unique_ptr<TransformerBlock> block) {
+  TransformerBlock* Append(int64_t index,
+                           std::unique_ptr<TransformerBlock> block) {
     TransformerBlock* raw = block.get();
     wrappers_.push_back(AddModule(
-        std::to_string(blocks_.size()),
+        std::to_string(index),
         std::make_unique<nn::ActivationCheckpoint>(std::move(block))));
     blocks_.push_back(raw);
     return raw;
@@ -112,7 +113,25 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
         absl::StrCat("Transformer: param_dtype must be f32, bf16 or f16, got ",
                      DTypeName(options.param_dtype)));
   }
-  auto model = absl::WrapUnique(new Transformer(config, options));
+  const int64_t n = config.n_layers;
+  if (options.first_block < 0 || options.first_block > n ||
+      options.num_blocks < -1 ||
+      (options.num_blocks >= 0 &&
+       options.first_block + options.num_blocks > n) ||
+      (options.num_blocks == -1 && options.first_block == n && n > 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Transformer: part with blocks from ", options.first_block, " (",
+        options.num_blocks, " blocks, -1 = to the end) does not fit the ", n,
+        " blocks of ", config.name));
+  }
+  TransformerOptions resolved = options;
+  if (resolved.num_blocks == -1) resolved.num_blocks = n - options.first_block;
+  if (resolved.num_blocks == 0 && !resolved.embedding && !resolved.head) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transformer: a part of ", config.name,
+                     " with no blocks, no embeddings and no head is empty"));
+  }
+  auto model = absl::WrapUnique(new Transformer(config, resolved));
   RETURN_IF_ERROR(model->Build());
   return model;
 }
@@ -127,10 +146,15 @@ absl::Status Transformer::Build() {
       gpt2 ? init_std / std::sqrt(2.0f * static_cast<float>(c.n_layers))
            : init_std;
 
-  token_embedding_ =
-      AddModule(gpt2 ? "wte" : "tok_embeddings",
-                std::make_unique<nn::Embedding>(vocab, c.dim, init_std, dtype));
-  if (gpt2) {
+  const TransformerOptions& o = options_;
+  // A tied head reads the token embedding's weight: a part with the head
+  // keeps the embedding module as that weight's holder.
+  if (o.embedding || (o.head && c.tied_embeddings)) {
+    token_embedding_ = AddModule(
+        gpt2 ? "wte" : "tok_embeddings",
+        std::make_unique<nn::Embedding>(vocab, c.dim, init_std, dtype));
+  }
+  if (gpt2 && o.embedding) {
     position_embedding_ =
         AddModule("wpe", std::make_unique<nn::Embedding>(
                              c.context_length, c.dim, init_std, dtype));
@@ -149,7 +173,7 @@ absl::Status Transformer::Build() {
 
   stack_ = AddModule(gpt2 ? "h" : "layers", std::make_unique<BlockStack>());
   stack_->set_checkpointing(options_.activation_checkpointing);
-  for (int64_t i = 0; i < c.n_layers; ++i) {
+  for (int64_t i = o.first_block; i < o.first_block + o.num_blocks; ++i) {
     nn::AttentionConfig ac;
     ac.dim = c.dim;
     ac.n_heads = c.n_heads;
@@ -175,19 +199,23 @@ absl::Status Transformer::Build() {
       mlp = std::make_unique<nn::SwiGlu>(c.dim, c.ffn_hidden, init_std,
                                          residual_std, dtype);
     }
-    blocks_.push_back(stack_->Append(std::make_unique<TransformerBlock>(
-        names, make_norm(), std::move(attention), make_norm(),
-        std::move(mlp))));
+    blocks_.push_back(stack_->Append(
+        i, std::make_unique<TransformerBlock>(names, make_norm(),
+                                              std::move(attention), make_norm(),
+                                              std::move(mlp))));
   }
 
-  final_norm_ = AddModule(gpt2 ? "ln_f" : "norm", make_norm());
-  const std::string head_name = gpt2 ? "lm_head" : "output";
-  if (c.tied_embeddings) {
-    lm_head_ = AddModule(head_name, std::make_unique<nn::Linear>(
-                                        token_embedding_->weight(), false));
-  } else {
-    lm_head_ = AddModule(head_name, std::make_unique<nn::Linear>(
-                                        c.dim, vocab, false, init_std, dtype));
+  if (o.head) {
+    final_norm_ = AddModule(gpt2 ? "ln_f" : "norm", make_norm());
+    const std::string head_name = gpt2 ? "lm_head" : "output";
+    if (c.tied_embeddings) {
+      lm_head_ = AddModule(head_name, std::make_unique<nn::Linear>(
+                                          token_embedding_->weight(), false));
+    } else {
+      lm_head_ = AddModule(
+          head_name,
+          std::make_unique<nn::Linear>(c.dim, vocab, false, init_std, dtype));
+    }
   }
 
   if (!gpt2) {
@@ -207,7 +235,25 @@ bool Transformer::activation_checkpointing() const {
   return stack_->checkpointing();
 }
 
-absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& ids) {
+bool Transformer::is_whole() const {
+  return options_.embedding && options_.head && options_.first_block == 0 &&
+         options_.num_blocks == config_.n_layers;
+}
+
+absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
+  if (!options_.embedding) {
+    if (!input.defined() || input.ndim() != 3 || input.dim(0) < 1 ||
+        input.dim(1) < 1 || input.dim(1) > config_.context_length ||
+        input.dim(2) != config_.dim || !IsFloatingPoint(input.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden states ", input.ToString(), " into the part from block ",
+          options_.first_block, " must be float [B, T, ", config_.dim,
+          "] with 1 <= T <= ", config_.context_length));
+    }
+    ASSIGN_OR_RETURN(Tensor x, stack_->Forward(input));
+    return Head(x);
+  }
+  const Tensor& ids = input;
   if (!ids.defined() || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1 ||
       ids.dim(1) > config_.context_length ||
       (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64)) {
@@ -239,14 +285,23 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& ids) {
     RETURN_IF_ERROR(Add(x, pos, &x));
   }
   ASSIGN_OR_RETURN(x, stack_->Forward(x));
-  ASSIGN_OR_RETURN(x, final_norm_->Forward(x));
-  return lm_head_->Forward(x);
+  return Head(x);
 }
 
-absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& dlogits) {
-  ASSIGN_OR_RETURN(Tensor dx, lm_head_->Backward(dlogits));
-  ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
+absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
+  if (!options_.head) return x;
+  ASSIGN_OR_RETURN(Tensor h, final_norm_->Forward(x));
+  return lm_head_->Forward(h);
+}
+
+absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
+  Tensor dx = doutput;
+  if (options_.head) {
+    ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));
+    ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
+  }
   ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
+  if (!options_.embedding) return dx;
   // x = wte(ids) + wpe(positions): both tables get dx.
   RETURN_IF_ERROR(token_embedding_->Backward(dx).status());
   if (position_embedding_ != nullptr) {
@@ -258,22 +313,29 @@ absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& dlogits) {
 namespace {
 
 // Targets must be given with the shape of the ids.
-absl::Status CheckTargets(const Tensor& ids, const Tensor& targets,
-                          absl::string_view caller) {
-  if (targets.defined() && targets.shape() == ids.shape()) {
+absl::Status CheckTargets(const Tensor& input, const Tensor& targets,
+                          bool has_head, absl::string_view caller) {
+  if (!has_head) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Transformer::", caller,
+                     ": this pipeline part has no head to compute a loss"));
+  }
+  if (targets.defined() && input.defined() && input.ndim() >= 2 &&
+      targets.ndim() == 2 && targets.dim(0) == input.dim(0) &&
+      targets.dim(1) == input.dim(1)) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(
       absl::StrCat("Transformer::", caller, ": targets ", targets.ToString(),
-                   " must have the shape of ids ", ids.ToString()));
+                   " must be [B, T] like the input ", input.ToString()));
 }
 
 }  // namespace
 
-absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& ids,
+absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
                                                const Tensor& targets) {
-  RETURN_IF_ERROR(CheckTargets(ids, targets, "ForwardLoss"));
-  ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
+  RETURN_IF_ERROR(CheckTargets(input, targets, options_.head, "ForwardLoss"));
+  ASSIGN_OR_RETURN(Tensor logits, Forward(input));
   return loss_->Forward(logits, targets);
 }
 
@@ -290,7 +352,7 @@ absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {
 
 absl::StatusOr<float> Transformer::EvalLoss(const Tensor& ids,
                                             const Tensor& targets) {
-  RETURN_IF_ERROR(CheckTargets(ids, targets, "EvalLoss"));
+  RETURN_IF_ERROR(CheckTargets(ids, targets, options_.head, "EvalLoss"));
   ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
   std::unique_ptr<nn::LossFunction> loss = loss_->Clone();
   return loss->Forward(logits, targets);

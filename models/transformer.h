@@ -83,6 +83,21 @@ struct TransformerOptions {
   // query row); false: the unfused Matmul + Softmax path that saves the
   // [B, H, T, T] probabilities (nn::AttentionConfig::fused_attention).
   bool fused_attention = true;
+
+  // Pipeline parallelism: build only a contiguous part of the model (one
+  // stage), with the whole model's parameter names. Blocks first_block ..
+  // first_block + num_blocks - 1 (num_blocks -1: to the last block), keeping
+  // their global indices in their names ("h.5...."); the embeddings when
+  // `embedding` (the part then maps ids [B, T] to its output, else hidden
+  // states [B, T, C] to its output); the final norm and head when `head`
+  // (the output is then logits [B, T, Vp], else hidden states [B, T, C]).
+  // A part with the head of a tied model but not the embedding keeps its own
+  // copy of the token embedding's weight (same name, same initial values),
+  // which its head reads: the pipeline keeps the copies' gradients summed.
+  int first_block = 0;
+  int num_blocks = -1;
+  bool embedding = true;
+  bool head = true;
 };
 
 class BlockStack;
@@ -101,10 +116,20 @@ class Transformer : public Module {
 
   const TransformerConfig& config() const { return config_; }
 
-  // Mean cross-entropy of Forward(ids) against `targets` (same shape as ids,
-  // i32/i64, -100 = ignored) over the non-ignored targets. Keeps the
-  // activations and logits for Backward().
-  absl::StatusOr<float> ForwardLoss(const Tensor& ids, const Tensor& targets);
+  // Whether this is the whole model or a pipeline stage's part of it
+  // (TransformerOptions::first_block ..).
+  bool is_whole() const;
+  // Whether Forward takes ids (the part has the embeddings) and gives logits
+  // (the part has the head).
+  bool has_embedding() const { return options_.embedding; }
+  bool has_head() const { return options_.head; }
+
+  // Mean cross-entropy of Forward(input) against `targets` ([B, T] like
+  // ids, i32/i64, -100 = ignored) over the non-ignored targets; input is ids
+  // [B, T] or, for a part without the embeddings, hidden states [B, T, C].
+  // Keeps the activations and logits for Backward(). FailedPrecondition on a
+  // part without the head.
+  absl::StatusOr<float> ForwardLoss(const Tensor& input, const Tensor& targets);
   // Accumulates loss_scale x d(last ForwardLoss)/d(parameter) into every
   // Parameter::grad (loss_scale: e.g. 1 / micro-batches for gradient
   // accumulation, times a LossScaler's scale for fp16; finite and > 0).
@@ -120,6 +145,7 @@ class Transformer : public Module {
     loss_ = std::move(loss);
   }
   const nn::LossFunction& loss() const { return *loss_; }
+  nn::LossFunction* mutable_loss() { return loss_.get(); }
 
   // Logits [B, T, Vp] (parameter dtype) for ids [B, T], keeping nothing for a
   // backward (an evaluation-only forward). Under loss parallel (a column-wise
@@ -129,15 +155,21 @@ class Transformer : public Module {
   // (evaluation: under FSDP a forward-only pass, see fsdp/fully_shard.h).
   absl::StatusOr<float> EvalLoss(const Tensor& ids, const Tensor& targets);
 
-  // The n_layers blocks, in order (units for FSDP plans).
+  // The n_layers blocks (a part's blocks), in order (units for FSDP plans).
   const std::vector<TransformerBlock*>& blocks() const { return blocks_; }
-  // Token embedding (wte / tok_embeddings).
+  // Index in the whole model of blocks()[0].
+  int first_block() const { return options_.first_block; }
+  // Token embedding (wte / tok_embeddings); nullptr for a part without it
+  // (a tied part with the head keeps it as the holder of the head's weight,
+  // never run).
   nn::Embedding* token_embedding() const { return token_embedding_; }
-  // Position embedding (wpe); nullptr for Llama.
+  // Position embedding (wpe); nullptr for Llama and parts without the
+  // embeddings.
   nn::Embedding* position_embedding() const { return position_embedding_; }
-  // Final norm (ln_f / norm).
+  // Final norm (ln_f / norm); nullptr for a part without the head.
   Module* final_norm() const { return final_norm_; }
-  // LM head (lm_head / output); shares the token embedding when tied.
+  // LM head (lm_head / output); shares the token embedding when tied;
+  // nullptr for a part without the head.
   nn::Linear* lm_head() const { return lm_head_; }
 
   // Whether forwards recompute each block's activations in backward
@@ -147,15 +179,20 @@ class Transformer : public Module {
   bool activation_checkpointing() const;
 
  protected:
-  // ids [B, T] (i32/i64, 1 <= T <= context_length) -> logits [B, T, Vp].
-  absl::StatusOr<Tensor> ForwardImpl(const Tensor& ids) override;
-  // dlogits [B, T, Vp] -> undefined (ids have no gradient).
-  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dlogits) override;
+  // ids [B, T] (i32/i64, 1 <= T <= context_length) -> logits [B, T, Vp]
+  // (a part: hidden states in or out instead, see TransformerOptions).
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& input) override;
+  // dlogits [B, T, Vp] -> undefined (ids have no gradient); a part: the
+  // gradient of its output -> that of its input.
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& doutput) override;
 
  private:
   Transformer(const TransformerConfig& config,
               const TransformerOptions& options);
   absl::Status Build();
+  // The final norm and head on the blocks' output x (x itself for a part
+  // without the head).
+  absl::StatusOr<Tensor> Head(const Tensor& x);
 
   TransformerConfig config_;
   TransformerOptions options_;

@@ -19,6 +19,7 @@
 #include "core/dtype.h"
 #include "gtest/gtest.h"
 #include "models/config.h"
+#include "nn/loss.h"
 #include "nn/module.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
@@ -345,7 +346,7 @@ TEST(TransformerTest, EvalLossIsTheTrainingLossAndKeepsNothing) {
     EXPECT_EQ(*eval, *train) << name;
     absl::Status bad = model->EvalLoss(ids, Ids(2, 8, 512, 4)).status();
     EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-    EXPECT_NE(bad.message().find("must have the shape of ids"),
+    EXPECT_NE(bad.message().find("must be [B, T] like the input"),
               absl::string_view::npos)
         << bad;
   }
@@ -395,6 +396,127 @@ TEST(TransformerTest, MetaForwardChecksShapesWithoutMemory) {
     model->ReleaseSavedTensors();
     EXPECT_EQ(GetAllocator(Device::Cpu())->Stats().total_current, before);
   }
+}
+
+// Pipeline parts: chained forward gives the whole model's logits and
+// chained backward its gradients, bitwise (the tied embedding's two copies
+// add up to the whole model's gradient up to summation order), with the
+// whole model's names and initial values; bad parts are refused.
+TEST(TransformerTest, PartsChainToTheWholeModel) {
+  for (const std::string name : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(name);
+    TransformerConfig c = Named(name);
+    c.n_layers = 4;
+    std::unique_ptr<Transformer> whole = Build(c);
+    TransformerOptions first, middle, last;
+    first.num_blocks = 1;
+    first.head = false;
+    middle.first_block = 1;
+    middle.num_blocks = 2;
+    middle.embedding = middle.head = false;
+    last.first_block = 3;
+    last.embedding = false;
+    std::vector<std::unique_ptr<Transformer>> parts;
+    for (const TransformerOptions& o : {first, middle, last}) {
+      parts.push_back(Build(c, o));
+      EXPECT_FALSE(parts.back()->is_whole());
+    }
+    EXPECT_TRUE(whole->is_whole());
+    EXPECT_EQ(parts[1]->first_block(), 1);
+    EXPECT_EQ(parts[1]->token_embedding(), nullptr);
+    EXPECT_EQ(parts[1]->lm_head(), nullptr);
+    EXPECT_EQ(parts[2]->token_embedding() != nullptr, c.tied_embeddings);
+
+    // Every part parameter is the whole model's, with the same values.
+    std::map<std::string, Parameter*> all;
+    for (auto& [n, p] : whole->NamedParameters()) all[n] = p;
+    std::map<std::string, int> seen;
+    for (const auto& part : parts) {
+      for (auto& [n, p] : part->NamedParameters()) {
+        ASSERT_TRUE(all.count(n)) << n;
+        EXPECT_EQ(Floats(p->data), Floats(all[n]->data)) << n;
+        ++seen[n];
+      }
+    }
+    EXPECT_EQ(seen.size(), all.size());
+
+    const Tensor ids = Ids(2, 8, c.vocab_size, 3);
+    const Tensor targets = Ids(2, 8, c.vocab_size, 4);
+    auto or1 = whole->ForwardLoss(ids, targets);
+    ASSERT_TRUE(or1.ok()) << or1.status();
+    float loss = *std::move(or1);
+    ASSERT_TRUE(whole->Backward().ok());
+    auto or2 = parts[0]->Forward(ids);
+    ASSERT_TRUE(or2.ok()) << or2.status();
+    Tensor h = *std::move(or2);
+    EXPECT_EQ(h.shape(), (Shape{2, 8, c.dim}));
+    EXPECT_EQ(parts[1]->ForwardLoss(h, targets).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    auto or4 = parts[1]->Forward(h);
+    ASSERT_TRUE(or4.ok()) << or4.status();
+    h = *std::move(or4);
+    auto or5 = parts[2]->ForwardLoss(h, targets);
+    ASSERT_TRUE(or5.ok()) << or5.status();
+    float part_loss = *std::move(or5);
+    EXPECT_EQ(part_loss, loss);
+    // Backward by hand through the chain, as a pipeline runs it.
+    auto or6 = parts[2]->mutable_loss()->Backward(1);
+    ASSERT_TRUE(or6.ok()) << or6.status();
+    Tensor dlogits = *std::move(or6);
+    auto or7 = parts[2]->Module::Backward(dlogits);
+    ASSERT_TRUE(or7.ok()) << or7.status();
+    Tensor d = *std::move(or7);
+    EXPECT_EQ(d.shape(), (Shape{2, 8, c.dim}));
+    auto or8 = parts[1]->Module::Backward(d);
+    ASSERT_TRUE(or8.ok()) << or8.status();
+    d = *std::move(or8);
+    auto or9 = parts[0]->Module::Backward(d);
+    ASSERT_TRUE(or9.ok()) << or9.status();
+    d = *std::move(or9);
+    EXPECT_FALSE(d.defined());
+    const std::string tied =
+        c.family == ModelFamily::kGpt2 ? "wte.weight" : "tok_embeddings.weight";
+    for (const auto& part : parts) {
+      for (auto& [n, p] : part->NamedParameters()) {
+        if (c.tied_embeddings && n == tied) continue;
+        EXPECT_EQ(Floats(p->grad), Floats(all[n]->grad)) << n;
+      }
+    }
+    if (c.tied_embeddings) {
+      std::vector<float> sum =
+          Floats(parts[0]->token_embedding()->weight()->grad);
+      const std::vector<float> head =
+          Floats(parts[2]->token_embedding()->weight()->grad);
+      const std::vector<float> ref = Floats(all[tied]->grad);
+      for (size_t i = 0; i < sum.size(); ++i) {
+        EXPECT_NEAR(sum[i] + head[i], ref[i], 1e-6f * (1 + std::fabs(ref[i])))
+            << i;
+      }
+    }
+  }
+  TransformerConfig c = Named("gpt2_debug");
+  TransformerOptions bad;
+  bad.first_block = 1;
+  bad.num_blocks = 2;
+  EXPECT_EQ(Transformer::Create(c, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad = {};
+  bad.num_blocks = 0;
+  bad.embedding = bad.head = false;
+  EXPECT_EQ(Transformer::Create(c, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  TransformerOptions later;
+  later.first_block = 1;
+  later.embedding = false;
+  auto or10 = Transformer::Create(c, later);
+  ASSERT_TRUE(or10.ok()) << or10.status();
+  std::unique_ptr<Transformer> part = *std::move(or10);
+  EXPECT_EQ(part->blocks().size(), 1u);
+  ASSERT_TRUE((part->ToEmpty(Device::Cpu())).ok());
+  const absl::Status wrong = part->Forward(Ids(2, 8, c.vocab_size, 3)).status();
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.message().find("part from block 1"), std::string::npos)
+      << wrong;
 }
 
 TEST(TransformerTest, RejectsBadArguments) {
