@@ -711,14 +711,15 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::BatchP2P(
   std::vector<uint64_t> slots;
   {
     std::lock_guard<std::mutex> lock(p2p_mu_);
-    if (sends_to_.empty()) {
-      sends_to_.assign(size_, 0);
-      recvs_from_.assign(size_, 0);
-    }
     for (const P2POp& op : ops) {
-      uint64_t& n = op.kind == P2POp::Kind::kSend ? sends_to_[op.peer]
-                                                  : recvs_from_[op.peer];
-      slots.push_back(gloo::Slot::build(kP2PSlotPrefix, n++));
+      uint64_t& n = op.kind == P2POp::Kind::kSend
+                        ? sends_to_[{op.peer, op.tag}]
+                        : recvs_from_[{op.peer, op.tag}];
+      // The prefix in the top 8 bits (as gloo::Slot lays collectives out),
+      // then the tag (20 bits) above the transfer's number (36 bits).
+      slots.push_back((uint64_t{kP2PSlotPrefix} << 56) |
+                      (static_cast<uint64_t>(op.tag) << 36) |
+                      (n++ & ((uint64_t{1} << 36) - 1)));
     }
   }
   return IssueP2P(

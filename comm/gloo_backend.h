@@ -136,10 +136,10 @@ class GlooProcessGroup final : public ProcessGroup {
   std::mutex scratch_mu_;
   std::map<const CpuStream*, std::unique_ptr<StreamScratch>> scratch_;
   std::atomic<uint64_t> next_seq_{0};  // Issue order.
-  // Point-to-point: transfers issued to / from each peer (they match in
-  // order), and batches issued (for messages).
+  // Point-to-point: transfers issued to / from each (peer, tag) (they match
+  // in order), and batches issued (for messages).
   std::mutex p2p_mu_;
-  std::vector<uint64_t> sends_to_, recvs_from_;
+  std::map<std::pair<int, int>, uint64_t> sends_to_, recvs_from_;
   uint64_t p2p_batches_ = 0;
   std::atomic<bool> crashed_{false};
   Heartbeat heartbeat_;

@@ -372,6 +372,43 @@ TEST(GlooBackendTest, PointToPointTransfers) {
         for (int i = 0; i < 5; ++i) ASSERT_EQ(bufs[k].Get(i), 10 * k + i);
       }
     }
+    // Tagged: two sends 0 -> 1 with tags 7 then 3, each on its own stream
+    // (the second issued while the first still waits for its receiver),
+    // received tag 3 first: each receive gets its tag's message.
+    {
+      HostBuffer a(6, DType::kI32), b(6, DType::kI32);
+      if (rank == 0) {
+        for (int i = 0; i < 6; ++i) {
+          a.Set(i, 70 + i);
+          b.Set(i, 30 + i);
+        }
+        CpuStream s1("tag7"), s2("tag3");
+        CollectiveOptions o1, o2;
+        o1.stream = &s1;
+        o2.stream = &s2;
+        std::shared_ptr<Work> w7 =
+            *group.BatchP2P({P2POp::Send(a.buffer, 1, /*tag=*/7)}, o1);
+        std::shared_ptr<Work> w3 =
+            *group.BatchP2P({P2POp::Send(b.buffer, 1, /*tag=*/3)}, o2);
+        ASSERT_TRUE(w3->Wait(kWait).ok());
+        ASSERT_TRUE(w7->Wait(kWait).ok());
+      } else if (rank == 1) {
+        ASSERT_TRUE(
+            (*group.BatchP2P({P2POp::Recv(b.buffer, 0, 3)}))->Wait(kWait).ok());
+        ASSERT_TRUE(
+            (*group.BatchP2P({P2POp::Recv(a.buffer, 0, 7)}))->Wait(kWait).ok());
+        for (int i = 0; i < 6; ++i) {
+          ASSERT_EQ(a.Get(i), 70 + i);
+          ASSERT_EQ(b.Get(i), 30 + i);
+        }
+      }
+      EXPECT_EQ(group
+                    .BatchP2P({P2POp::Recv(a.buffer, (rank + 1) % 3,
+                                           P2POp::kMaxP2PTag + 1)})
+                    .status()
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+    }
     // Ring: send to the next rank, receive from the previous, together.
     HostBuffer out(9, DType::kF32), in(9, DType::kF32);
     for (int i = 0; i < 9; ++i) out.Set(i, Value(rank, i));

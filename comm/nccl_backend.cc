@@ -928,6 +928,13 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::BatchP2P(
     const std::vector<P2POp>& ops, const CollectiveOptions& options) {
   RETURN_IF_ERROR(ValidateP2P(*this, ops));
+  for (const P2POp& op : ops) {
+    if (op.tag != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          "p2p on NCCL group '", name(), "': tag ", op.tag,
+          ": NCCL matches transfers in issue order, tags are not supported"));
+    }
+  }
   return Issue(
       "p2p", P2PDetail(ops), options,
       [ops](OpContext& ctx) -> absl::Status {

@@ -175,6 +175,11 @@ absl::Status ValidateP2P(const ProcessGroup& group,
                      absl::StrCat(what, " peer ", op.peer,
                                   " is not another rank of the group"));
     }
+    if (op.tag < 0 || op.tag > P2POp::kMaxP2PTag) {
+      return Invalid(group, kOp,
+                     absl::StrCat(what, " tag ", op.tag, " is outside 0 .. ",
+                                  P2POp::kMaxP2PTag));
+    }
   }
   return absl::OkStatus();
 }
@@ -186,6 +191,7 @@ std::string P2PDetail(const std::vector<P2POp>& ops) {
         op.kind == P2POp::Kind::kSend
             ? absl::StrCat("send ", op.buffer.ToString(), " to ", op.peer)
             : absl::StrCat("recv ", op.buffer.ToString(), " from ", op.peer));
+    if (op.tag != 0) absl::StrAppend(&parts.back(), " tag ", op.tag);
   }
   return absl::StrJoin(parts, ", ");
 }

@@ -73,12 +73,19 @@ struct P2POp {
   Kind kind = Kind::kSend;
   Buffer buffer;
   int peer = 0;  // the destination of a send, the source of a receive
+  // Transfers between two ranks match in order per tag (0 .. kMaxP2PTag):
+  // the n-th send from a to b with tag t matches the n-th receive on b from
+  // a with tag t, whatever the transfers with other tags do in between
+  // (pipeline stages keep activations and gradients apart this way). The
+  // NCCL backend matches in issue order and takes tag 0 only.
+  int tag = 0;
+  static constexpr int kMaxP2PTag = (1 << 20) - 1;
 
-  static P2POp Send(const Buffer& buffer, int dst) {
-    return {Kind::kSend, buffer, dst};
+  static P2POp Send(const Buffer& buffer, int dst, int tag = 0) {
+    return {Kind::kSend, buffer, dst, tag};
   }
-  static P2POp Recv(const Buffer& buffer, int src) {
-    return {Kind::kRecv, buffer, src};
+  static P2POp Recv(const Buffer& buffer, int src, int tag = 0) {
+    return {Kind::kRecv, buffer, src, tag};
   }
 };
 
@@ -162,7 +169,7 @@ class ProcessGroup {
   // must be other ranks of the group.
   virtual absl::StatusOr<std::shared_ptr<Work>> BatchP2P(
       const std::vector<P2POp>& ops, const CollectiveOptions& options = {}) = 0;
-  // One send / one receive.
+  // One send / one receive (tag 0).
   absl::StatusOr<std::shared_ptr<Work>> Send(
       const Buffer& buffer, int dst, const CollectiveOptions& options = {}) {
     return BatchP2P({P2POp::Send(buffer, dst)}, options);
