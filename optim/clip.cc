@@ -53,8 +53,18 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
 
 // GradNorm, its errors naming `op`.
 absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
+                            const PipelineNormOptions& pipeline,
                             absl::Duration timeout) {
-  if (grads.empty()) return 0.0;
+  if (!pipeline.counts.empty() && pipeline.counts.size() != grads.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", pipeline.counts.size(), " count flags for ",
+                     grads.size(), " grads"));
+  }
+  if (grads.empty() && pipeline.pipeline == nullptr) return 0.0;
+  if (grads.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": a pipeline rank without grads"));
+  }
   RETURN_IF_ERROR(CheckGrads(op, grads));
   DeviceMesh* mesh = grads[0]->mesh();
   const int64_t n = static_cast<int64_t>(grads.size());
@@ -80,7 +90,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   // on that axis' coordinate 0 (its other coordinates hold copies).
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
-    bool counts = true;
+    bool counts = pipeline.counts.empty() || pipeline.counts[i];
     for (int a = 0; a < mesh->ndim(); ++a) {
       if (reduced[a] && !grads[i]->placements()[a].is_shard() &&
           mesh->coordinate()[a] != 0) {
@@ -90,11 +100,9 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     if (counts) total += local_sums[i];
   }
 
-  // One all-reduce of one scalar per reduced axis.
+  // One all-reduce of one scalar per reduced axis, then over the pipeline.
   Tensor scalar;
-  for (int a = 0; a < mesh->ndim(); ++a) {
-    if (!reduced[a]) continue;
-    ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[a].name));
+  const auto reduce_over = [&](ProcessGroup* group) -> absl::Status {
     if (!scalar.defined()) {
       ASSIGN_OR_RETURN(scalar,
                        Tensor::FromFloats({1}, {static_cast<float>(total)},
@@ -106,7 +114,15 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
                      group->AllReduce(Buffer{scalar.raw_data(), 1, DType::kF32,
                                              scalar.device()},
                                       ReduceOp::kSum, blocking));
-    RETURN_IF_ERROR(work->Wait(timeout));
+    return work->Wait(timeout);
+  };
+  for (int a = 0; a < mesh->ndim(); ++a) {
+    if (!reduced[a]) continue;
+    ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[a].name));
+    RETURN_IF_ERROR(reduce_over(group));
+  }
+  if (pipeline.pipeline != nullptr) {
+    RETURN_IF_ERROR(reduce_over(pipeline.pipeline));
   }
   if (scalar.defined()) {
     ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());
@@ -120,7 +136,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
 
 absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
                                 absl::Duration timeout) {
-  return Norm("GradNorm", grads, timeout);
+  return Norm("GradNorm", grads, {}, timeout);
 }
 
 float ClipCoefficient(double norm, double max_norm) {
@@ -130,11 +146,19 @@ float ClipCoefficient(double norm, double max_norm) {
 
 absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
                                     double max_norm, absl::Duration timeout) {
+  return ClipGradNorm(grads, max_norm, PipelineNormOptions{}, timeout);
+}
+
+absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
+                                    double max_norm,
+                                    const PipelineNormOptions& pipeline,
+                                    absl::Duration timeout) {
   if (!(max_norm > 0.0) || !std::isfinite(max_norm)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ClipGradNorm: max_norm must be finite and > 0, got ", max_norm));
   }
-  ASSIGN_OR_RETURN(const double norm, Norm("ClipGradNorm", grads, timeout));
+  ASSIGN_OR_RETURN(const double norm,
+                   Norm("ClipGradNorm", grads, pipeline, timeout));
   if (!std::isfinite(norm)) return norm;
   const float coef = ClipCoefficient(norm, max_norm);
   if (coef < 1.0f) {

@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "comm/process_group.h"
 #include "tensor/dtensor.h"
 
 namespace fsdpp {
@@ -38,6 +39,22 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
 // without scaling anything.
 absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
                                 absl::Duration timeout = absl::Minutes(30));
+
+// Pipeline parallelism: each rank holds the grads of its own stages, so the
+// model's norm adds the ranks' totals over the pipeline group too.
+struct PipelineNormOptions {
+  // The pipeline ranks (each rank's total is all-reduced over it after the
+  // grads' own mesh axes); null: none.
+  ProcessGroup* pipeline = nullptr;
+  // Per grad: whether it counts in the norm (empty: all). A tied weight's
+  // copy on another stage is scaled but not counted, so that the weight
+  // counts once.
+  std::vector<bool> counts;
+};
+absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
+                                    double max_norm,
+                                    const PipelineNormOptions& pipeline,
+                                    absl::Duration timeout = absl::Minutes(30));
 
 // The factor ClipGradNorm scales the grads by for `norm`: max_norm /
 // (norm + 1e-6) rounded to f32 when that is below 1, else exactly 1. Pass it

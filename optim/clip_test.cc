@@ -211,6 +211,47 @@ TEST(ClipTest, EmptyListAndErrors) {
   });
 }
 
+// Pipeline stages on [pp 2, dp 2]: each rank's grads live on its dp
+// sub-mesh; the norm adds both stages' totals (one more all-reduce, over
+// pp), a grad flagged as not counting (a tied weight's second copy) is
+// scaled but left out, and every rank gets the same norm.
+TEST(ClipTest, PipelineStagesShareOneNorm) {
+  testing_util::RunOnCountingMesh({{"pp", 2}, {"dp", 2}}, [](int,
+                                                             DeviceMesh& mesh) {
+    DeviceMesh* dp = *mesh.SubMesh({"dp"});
+    const int stage = mesh.coordinate()[0];
+    // Stage 0: grads 10 + stage and 20; stage 1: its own and a copy of
+    // one of stage 0's (grad 20), not counted.
+    std::vector<Tensor> full = {FullGrad(10 + stage, {6}), FullGrad(20, {4})};
+    std::vector<DTensor> g;
+    for (const Tensor& t : full) {
+      g.push_back(*DTensor::Distribute(t, dp, {P::Shard(0)}));
+    }
+    std::vector<Tensor> counted = {FullGrad(10, {6}), FullGrad(11, {6}),
+                                   FullGrad(20, {4})};
+    const double want = ReferenceNorm(counted);
+    PipelineNormOptions pipeline;
+    pipeline.pipeline = *mesh.Group("pp");
+    pipeline.counts = {true, stage == 0};
+    absl::StatusOr<double> norm =
+        ClipGradNorm({&g[0], &g[1]}, want / 2, pipeline);
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    EXPECT_NEAR(*norm, want, 1e-5 * want);
+    const float coef = ClipCoefficient(*norm, want / 2);
+    for (size_t i = 0; i < g.size(); ++i) {
+      const std::vector<float> got = *g[i].FullTensor()->ToFloats();
+      const std::vector<float> orig = *full[i].ToFloats();
+      for (size_t k = 0; k < got.size(); ++k) {
+        EXPECT_EQ(got[k], orig[k] * coef);
+      }
+    }
+    EXPECT_EQ(testing_util::AxisCounts(mesh, "pp").all_reduce, 1);
+    pipeline.counts = {true};
+    EXPECT_EQ(ClipGradNorm({&g[0], &g[1]}, 1.0, pipeline).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
 TEST(ClipTest, ZeroGrad) {
   // Sends nothing: see optim/counting_groups.h.
   testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
