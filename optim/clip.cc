@@ -6,6 +6,7 @@
 #include "optim/clip.h"
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -100,7 +101,36 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     if (counts) total += local_sums[i];
   }
 
-  // One all-reduce of one scalar per reduced axis, then over the pipeline.
+  // Pipeline: the stages' totals gathered in double (as 64-bit words) and
+  // added in pipeline-rank order on every rank, so that splitting the model
+  // into stages changes only how the squares associate, in double.
+  if (pipeline.pipeline != nullptr) {
+    ProcessGroup* group = pipeline.pipeline;
+    int64_t bits = 0;
+    std::memcpy(&bits, &total, sizeof(bits));
+    ASSIGN_OR_RETURN(Tensor mine, Tensor::FromInts({1}, {bits}, DType::kI64,
+                                                   group->device()));
+    ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({group->size()}, DType::kI64,
+                                               group->device()));
+    CollectiveOptions blocking;
+    blocking.async_op = false;
+    ASSIGN_OR_RETURN(
+        std::shared_ptr<Work> work,
+        group->AllGather(
+            Buffer{mine.raw_data(), 1, DType::kI64, mine.device()},
+            Buffer{all.raw_data(), group->size(), DType::kI64, all.device()},
+            blocking));
+    RETURN_IF_ERROR(work->Wait(timeout));
+    ASSIGN_OR_RETURN(std::vector<int64_t> words, all.ToInts());
+    total = 0.0;
+    for (int64_t w : words) {
+      double stage_total = 0.0;
+      std::memcpy(&stage_total, &w, sizeof(stage_total));
+      total += stage_total;
+    }
+  }
+
+  // One all-reduce of one scalar per reduced axis.
   Tensor scalar;
   const auto reduce_over = [&](ProcessGroup* group) -> absl::Status {
     if (!scalar.defined()) {
@@ -120,9 +150,6 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     if (!reduced[a]) continue;
     ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[a].name));
     RETURN_IF_ERROR(reduce_over(group));
-  }
-  if (pipeline.pipeline != nullptr) {
-    RETURN_IF_ERROR(reduce_over(pipeline.pipeline));
   }
   if (scalar.defined()) {
     ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());

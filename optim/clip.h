@@ -43,8 +43,9 @@ absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
 // Pipeline parallelism: each rank holds the grads of its own stages, so the
 // model's norm adds the ranks' totals over the pipeline group too.
 struct PipelineNormOptions {
-  // The pipeline ranks (each rank's total is all-reduced over it after the
-  // grads' own mesh axes); null: none.
+  // The pipeline ranks: each rank's total (in double) is gathered over it
+  // and added up before the grads' own mesh axes are reduced over; null:
+  // none.
   ProcessGroup* pipeline = nullptr;
   // Per grad: whether it counts in the norm (empty: all). A tied weight's
   // copy on another stage is scaled but not counted, so that the weight

@@ -212,8 +212,8 @@ TEST(ClipTest, EmptyListAndErrors) {
 }
 
 // Pipeline stages on [pp 2, dp 2]: each rank's grads live on its dp
-// sub-mesh; the norm adds both stages' totals (one more all-reduce, over
-// pp), a grad flagged as not counting (a tied weight's second copy) is
+// sub-mesh; the norm adds both stages' totals (one all-gather of the
+// totals in double over pp), a grad flagged as not counting (a tied weight's second copy) is
 // scaled but left out, and every rank gets the same norm.
 TEST(ClipTest, PipelineStagesShareOneNorm) {
   testing_util::RunOnCountingMesh({{"pp", 2}, {"dp", 2}}, [](int,
@@ -245,7 +245,8 @@ TEST(ClipTest, PipelineStagesShareOneNorm) {
         EXPECT_EQ(got[k], orig[k] * coef);
       }
     }
-    EXPECT_EQ(testing_util::AxisCounts(mesh, "pp").all_reduce, 1);
+    EXPECT_EQ(testing_util::AxisCounts(mesh, "pp").all_gather, 1);
+    EXPECT_EQ(testing_util::AxisCounts(mesh, "pp").total(), 1);
     pipeline.counts = {true};
     EXPECT_EQ(ClipGradNorm({&g[0], &g[1]}, 1.0, pipeline).status().code(),
               absl::StatusCode::kInvalidArgument);

@@ -48,14 +48,21 @@ absl::StatusOr<std::vector<PlanEntry>> TensorParallelPlan(
       options.sequence_parallel ? Layout::kShardSequence : Layout::kReplicate;
   std::vector<PlanEntry> plan;
 
-  nn::Embedding* tok = model->token_embedding();
-  if (tok->num_embeddings() % tp != 0) {
-    return NotDivisible(path(tok),
-                        "the vocabulary rows (padded vocabulary size; pad it "
-                        "with vocab_pad_multiple)",
-                        tok->num_embeddings(), tp);
+  // A pipeline part may lack the embeddings or the head; a tied part with
+  // the head keeps the embedding as its weight's holder, split like it.
+  const int64_t vocab = model->config().padded_vocab_size();
+  if (vocab % tp != 0) {
+    return NotDivisible(
+        path(model->token_embedding() != nullptr
+                 ? static_cast<const Module*>(model->token_embedding())
+                 : model->lm_head()),
+        "the vocabulary rows (padded vocabulary size; pad it with "
+        "vocab_pad_multiple)",
+        vocab, tp);
   }
-  plan.push_back({path(tok), Style::Rowwise(Layout::kReplicate, stream)});
+  if (nn::Embedding* tok = model->token_embedding(); tok != nullptr) {
+    plan.push_back({path(tok), Style::Rowwise(Layout::kReplicate, stream)});
+  }
   if (nn::Embedding* pos = model->position_embedding();
       pos != nullptr && options.sequence_parallel) {
     plan.push_back({path(pos), Style::PrepareOutput(Layout::kReplicate,
@@ -132,6 +139,7 @@ absl::StatusOr<std::vector<PlanEntry>> TensorParallelPlan(
                        mlp->kind(), ", not an Mlp or SwiGlu"));
     }
   }
+  if (!model->has_head()) return plan;
   if (options.sequence_parallel) {
     plan.push_back({path(model->final_norm()), Style::SequenceParallel()});
   }

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cmath>
 #include <deque>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <utility>
 
@@ -13,8 +15,11 @@
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
+#include "models/parallelize/pipeline.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "parallel/pipeline_runner.h"
+#include "parallel/pipeline_schedule.h"
 #include "parallel/tensor_parallel.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
@@ -174,6 +179,36 @@ void AddRingAverage(const std::vector<DTensor*>& grads,
   }
 }
 
+// The norm ClipGradNorm computes for `grads` sharded on `ranks` data-parallel
+// ranks (TrainingRun::emulated_norm).
+absl::StatusOr<double> EmulatedShardedNorm(const std::vector<DTensor*>& grads,
+                                           int ranks) {
+  float total = 0.0f;
+  for (int r = 0; r < ranks; ++r) {
+    double rank_total = 0.0;
+    for (const DTensor* g : grads) {
+      const Tensor& t = g->local();
+      if (t.shape().empty()) {
+        if (r != 0) continue;  // a replicated scalar counts on rank 0
+        ASSIGN_OR_RETURN(Tensor slot,
+                         Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
+        RETURN_IF_ERROR(SumOfSquares(t, &slot));
+        rank_total += slot.data<float>()[0];
+        continue;
+      }
+      const Range range = ChunkRange(t.dim(0), ranks, r);
+      if (range.length == 0) continue;
+      ASSIGN_OR_RETURN(Tensor chunk, t.Narrow(range.begin, range.length));
+      ASSIGN_OR_RETURN(Tensor slot,
+                       Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
+      RETURN_IF_ERROR(SumOfSquares(chunk, &slot));
+      rank_total += slot.data<float>()[0];
+    }
+    total += static_cast<float>(rank_total);
+  }
+  return std::sqrt(static_cast<double>(total));
+}
+
 // The single-process reference of a data-parallel step on
 // run.emulated_ranks ranks (see TrainingRun::emulated_ranks): the step's
 // gradient left in `grads`, the ranks' mean loss returned.
@@ -252,34 +287,47 @@ ParityReport Compare(const TrainingResult& ref, const TrainingResult& got) {
   return r;
 }
 
+// Materialises `model` whole on a one-rank `mesh` and hands its parameters
+// over as Shard(0) DTensors kept in `storage`.
+absl::Status WrapWholeParameters(Transformer* model, DeviceMesh* mesh,
+                                 uint64_t seed, std::deque<DTensor>* storage,
+                                 TrainableModel* out) {
+  if (mesh->size() != 1) {
+    return absl::InvalidArgumentError(
+        "whole parameters (no FSDP, no tensor parallelism) need a mesh of one "
+        "rank");
+  }
+  RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+  RETURN_IF_ERROR(model->InitWeights(seed));
+  for (auto& [name, p] : model->NamedParameters()) {
+    RETURN_IF_ERROR(p->EnsureGrad());
+    // Shard(0) over one rank is the whole tensor, laid out like FSDP's
+    // masters, so the optimizer code takes the same paths on both
+    // (ClipGradNorm rounds the squared norm to f32 for its all-reduce on
+    // sharded gradients only).
+    const std::vector<Placement> placements(
+        mesh->ndim(),
+        p->shape.empty() ? Placement::Replicate() : Placement::Shard(0));
+    ASSIGN_OR_RETURN(DTensor param,
+                     DTensor::FromLocal(p->data, mesh, placements, p->shape));
+    ASSIGN_OR_RETURN(DTensor grad,
+                     DTensor::FromLocal(p->grad, mesh, placements, p->shape));
+    storage->push_back(std::move(param));
+    DTensor* param_ptr = &storage->back();
+    storage->push_back(std::move(grad));
+    out->params.push_back({name, param_ptr, &storage->back()});
+  }
+  return absl::OkStatus();
+}
+
 Setup ReferenceSetup() {
   return [](Transformer* model, DeviceMesh* mesh,
             uint64_t seed) -> absl::StatusOr<TrainableModel> {
-    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
-    RETURN_IF_ERROR(model->InitWeights(seed));
     auto storage = std::make_shared<std::deque<DTensor>>();
     TrainableModel out;
-    if (mesh->size() != 1) {
-      return absl::InvalidArgumentError("ReferenceSetup: needs one rank");
-    }
-    for (auto& [name, p] : model->NamedParameters()) {
-      RETURN_IF_ERROR(p->EnsureGrad());
-      // Shard(0) over one rank is the whole tensor, laid out like FSDP's
-      // masters, so the optimizer code takes the same paths on both
-      // (ClipGradNorm rounds the squared norm to f32 for its all-reduce on
-      // sharded gradients only).
-      const std::vector<Placement> placements(
-          mesh->ndim(),
-          p->shape.empty() ? Placement::Replicate() : Placement::Shard(0));
-      ASSIGN_OR_RETURN(DTensor param,
-                       DTensor::FromLocal(p->data, mesh, placements, p->shape));
-      ASSIGN_OR_RETURN(DTensor grad,
-                       DTensor::FromLocal(p->grad, mesh, placements, p->shape));
-      storage->push_back(std::move(param));
-      DTensor* param_ptr = &storage->back();
-      storage->push_back(std::move(grad));
-      out.params.push_back({name, param_ptr, &storage->back()});
-    }
+    RETURN_IF_ERROR(
+        Annotate(WrapWholeParameters(model, mesh, seed, storage.get(), &out),
+                 "ReferenceSetup"));
     out.storage = storage;
     return out;
   };
@@ -371,14 +419,171 @@ Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
   };
 }
 
+Setup PipelineSetup(PipelineLayout layout) {
+  return [layout](Transformer* model, DeviceMesh* mesh,
+                  uint64_t seed) -> absl::StatusOr<TrainableModel> {
+    ASSIGN_OR_RETURN(ProcessGroup * pp, mesh->Group("pp"));
+    std::vector<std::string> stage_axes, data_axes;
+    for (const MeshAxis& a : mesh->axes()) {
+      if (a.name == "pp") continue;
+      stage_axes.push_back(a.name);
+      if (a.name != "tp") data_axes.push_back(a.name);
+    }
+    if (data_axes.empty()) {
+      return absl::InvalidArgumentError(
+          "PipelineSetup: the mesh needs a data-parallel axis besides pp (of "
+          "size 1 for a pipeline alone)");
+    }
+    ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh->SubMesh(stage_axes));
+    ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
+    struct State {
+      parallel::PipelineSchedule schedule;
+      std::vector<models::PipelineStagePart> parts;
+      std::map<int, std::vector<fsdp::FsdpUnit*>> units;  // by stage
+      std::deque<DTensor> whole;
+      std::vector<std::vector<parallel::TensorParallelParameter>> pieces;
+      std::unique_ptr<parallel::PipelineRunner> runner;
+      Tensor* tied_first = nullptr;
+      Tensor* tied_last = nullptr;
+      std::vector<DTensor*> grads;
+    };
+    auto state = std::make_shared<State>();
+    ASSIGN_OR_RETURN(state->schedule,
+                     models::MakePipelineSchedule(layout.schedule, pp->size(),
+                                                  layout.virtual_stages,
+                                                  layout.microbatches));
+    ASSIGN_OR_RETURN(
+        state->parts,
+        models::BuildPipelineParts(model->config(), layout.model_options,
+                                   state->schedule, pp->rank(), layout.cuts));
+    TrainableModel out;
+    const std::string tied = models::TiedWeightName(model->config());
+    for (models::PipelineStagePart& part : state->parts) {
+      Transformer* m = part.model.get();
+      const size_t first_param = out.params.size();
+      if (layout.tp_plan) RETURN_IF_ERROR(layout.tp_plan(m, stage_mesh));
+      if (layout.fsdp_plan) {
+        fsdp::FsdpPlanOptions o = layout.fsdp_options;
+        o.shard.mesh = stage_mesh;
+        if (layout.tp_plan) o.shard.tp_axis = "tp";
+        ASSIGN_OR_RETURN(state->units[part.stage], layout.fsdp_plan(m, o));
+        RETURN_IF_ERROR(fsdp::InitShardedWeights(m, seed));
+        for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(m)) {
+          out.params.push_back({sp->name, &sp->master, &sp->grad});
+        }
+      } else if (layout.tp_plan) {
+        RETURN_IF_ERROR(m->ToEmpty(Device::Cpu()));
+        RETURN_IF_ERROR(m->InitWeights(seed));
+        ASSIGN_OR_RETURN(state->pieces.emplace_back(),
+                         parallel::TensorParallelParameters(m, stage_mesh));
+        for (parallel::TensorParallelParameter& p : state->pieces.back()) {
+          out.params.push_back({p.name, &p.param, &p.grad});
+        }
+      } else {
+        RETURN_IF_ERROR(Annotate(
+            WrapWholeParameters(m, stage_mesh, seed, &state->whole, &out),
+            "PipelineSetup"));
+      }
+      for (size_t i = first_param; i < out.params.size(); ++i) {
+        const TrainableParameter& p = out.params[i];
+        out.norm.counts.push_back(models::CountsInNorm(*m, p.name));
+        // The tied weight has two copies only when the embedding and the
+        // head are on different stages.
+        if (p.name != tied || (m->has_embedding() && m->has_head())) continue;
+        if (m->has_embedding()) {
+          state->tied_first = p.grad->mutable_local();
+        } else {
+          state->tied_last = p.grad->mutable_local();
+        }
+      }
+    }
+    for (const TrainableParameter& p : out.params) {
+      state->grads.push_back(p.grad);
+    }
+    out.norm.pipeline = pp;
+    out.data_rank = data_mesh->rank();
+    out.data_ranks = data_mesh->size();
+    const int tp =
+        layout.tp_plan && layout.sequence_parallel ? *mesh->AxisSize("tp") : 1;
+    const int64_t dim = model->config().dim;
+    const DType dtype = layout.model_options.param_dtype;
+    out.storage = state;
+    out.pipeline_step =
+        [state, pp, tp, dim, dtype](
+            const std::vector<Tensor>& ids,
+            const std::vector<Tensor>& targets) -> absl::StatusOr<double> {
+      if (ids.empty()) {
+        return absl::InvalidArgumentError("pipeline step: no micro-batches");
+      }
+      const parallel::PipelineSchedule& schedule = state->schedule;
+      if (state->runner == nullptr) {
+        const Shape hidden = {ids[0].dim(0), ids[0].dim(1) / tp, dim};
+        parallel::PipelineRunnerOptions options;
+        options.timeout = absl::Seconds(60);
+        options.on_last_backward = [state](int stage) {
+          for (fsdp::FsdpUnit* u : state->units[stage]) {
+            u->SetRequiresGradientSync(true);
+          }
+          return absl::OkStatus();
+        };
+        ASSIGN_OR_RETURN(state->runner,
+                         models::MakePipelineRunner(pp, schedule, state->parts,
+                                                    hidden, dtype, options));
+      }
+      RETURN_IF_ERROR(ZeroGrad(state->grads));
+      for (auto& [stage, units] : state->units) {
+        for (fsdp::FsdpUnit* u : units) u->SetRequiresGradientSync(false);
+      }
+      ASSIGN_OR_RETURN(parallel::PipelineStepStats stats,
+                       state->runner->Step(ids, targets));
+      const int m = schedule.microbatches;
+      if (m > 1) {
+        for (DTensor* g : state->grads) {
+          RETURN_IF_ERROR(Scale(g->local(), 1.0f / m, g->mutable_local()));
+        }
+      }
+      RETURN_IF_ERROR(models::SumTiedGradients(pp, schedule, state->tied_first,
+                                               state->tied_last));
+      // The loss as the single-rank loop adds it up, sent from the last
+      // stage's rank to the others.
+      double loss = 0;
+      for (float l : stats.losses) loss += l / m;
+      float l32 = static_cast<float>(loss);
+      CollectiveOptions blocking;
+      blocking.async_op = false;
+      ASSIGN_OR_RETURN(
+          std::shared_ptr<Work> work,
+          pp->Broadcast({&l32, 1, DType::kF32, Device::Cpu()},
+                        schedule.RankOf(schedule.stages() - 1), blocking));
+      RETURN_IF_ERROR(work->Wait(absl::Seconds(60)));
+      return l32;
+    };
+    return out;
+  };
+}
+
 TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
                      const Setup& setup,
                      const models::TransformerOptions& model_options) {
   TrainingResult result;
+  // Every rank records the full tensors it holds (a pipeline rank holds only
+  // its stages'); the ranks holding one tensor must agree on it exactly
+  // (replicas, or the tied embedding's copies on two stages).
+  std::mutex record_mu;
+  const auto Record = [&](const std::string& name, std::vector<double> values,
+                          std::map<std::string, std::vector<double>>* into) {
+    std::lock_guard<std::mutex> lock(record_mu);
+    auto [it, inserted] = into->emplace(name, values);
+    if (!inserted) {
+      EXPECT_TRUE(it->second == values)
+          << name << " differs between the ranks that hold it";
+    }
+  };
   RunOnMesh(axes, [&](int rank, DeviceMesh& mesh) {
     absl::StatusOr<models::TransformerConfig> config =
         models::ConfigByName(run.config);
     ASSERT_TRUE(config.ok()) << config.status();
+    if (run.n_layers > 0) config->n_layers = run.n_layers;
     absl::StatusOr<std::unique_ptr<Transformer>> model =
         Transformer::Create(*config, model_options);
     ASSERT_TRUE(model.ok()) << model.status();
@@ -419,14 +624,61 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
     ASSERT_TRUE(run.emulated_ranks == 1 || world == 1)
         << "emulated_ranks is for the single-process reference";
     ASSERT_EQ(run.batch % (world * run.emulated_ranks * run.micro_batches), 0);
+    // tied_copies: the tied weight's head and embedding gradients in two
+    // extra gradients (the hooks move each use's contribution there), which
+    // the reduction and averaging treat like the others.
+    std::vector<DTensor*> computed = grads;
+    std::deque<DTensor> tied_parts;
+    Parameter* tied = nullptr;
+    if (run.tied_copies) {
+      ASSERT_TRUE(world == 1 && config->tied_embeddings)
+          << "tied_copies is for the single-process reference of a tied model";
+      tied = (*model)->token_embedding()->weight();
+      for (Module* use : {static_cast<Module*>((*model)->lm_head()),
+                          static_cast<Module*>((*model)->token_embedding())}) {
+        absl::StatusOr<Tensor> part =
+            Tensor::Zeros(tied->shape, DType::kF32, Device::Cpu());
+        ASSERT_TRUE(part.ok()) << part.status();
+        absl::StatusOr<DTensor> d = DTensor::FromLocal(
+            *part, &mesh, {Placement::Shard(0)}, tied->shape);
+        ASSERT_TRUE(d.ok()) << d.status();
+        tied_parts.push_back(*std::move(d));
+        DTensor* into = &tied_parts.back();
+        computed.push_back(into);
+        use->AddPostBackwardHook([tied, into](Module&) -> absl::Status {
+          RETURN_IF_ERROR(
+              Add(into->local(), tied->grad, into->mutable_local()));
+          return Zero(&tied->grad);
+        });
+      }
+    }
     for (int step = 0; step < run.steps; ++step) {
       const Batch batch =
           MakeBatch(config->vocab_size, step, run.batch, run.seq);
-      absl::StatusOr<double> loss =
-          run.emulated_ranks > 1
-              ? EmulatedRanksGradients(run, batch, model->get(), grads)
-              : LocalGradients(run, batch, data_rank, world, model->get(),
-                               *trainable, grads);
+      absl::StatusOr<double> loss;
+      if (trainable->pipeline_step) {
+        const int64_t rows = run.batch / world;
+        const int64_t micro_rows = rows / run.micro_batches;
+        std::vector<Tensor> ids, targets;
+        for (int m = 0; m < run.micro_batches; ++m) {
+          auto [i, t] = Slice(batch, data_rank * rows + m * micro_rows,
+                              micro_rows, run.seq);
+          ids.push_back(i);
+          targets.push_back(t);
+        }
+        loss = trainable->pipeline_step(ids, targets);
+      } else if (run.emulated_ranks > 1) {
+        loss = EmulatedRanksGradients(run, batch, model->get(), computed);
+      } else {
+        loss = LocalGradients(run, batch, data_rank, world, model->get(),
+                              *trainable, computed);
+      }
+      if (tied != nullptr && loss.ok()) {
+        // embedding + head, as the first stage adds them.
+        ASSERT_TRUE(
+            Add(tied_parts[1].local(), tied_parts[0].local(), &tied->grad)
+                .ok());
+      }
       ASSERT_TRUE(loss.ok()) << loss.status();
       float l32 = static_cast<float>(*loss);
       absl::StatusOr<std::shared_ptr<Work>> reduced = (*flat)->AllReduce(
@@ -435,7 +687,20 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
       ASSERT_TRUE((*reduced)->Wait().ok());
       // Without clipping, a max_norm no norm reaches only measures.
       const double max_norm = run.max_grad_norm > 0 ? run.max_grad_norm : 1e30;
-      absl::StatusOr<double> norm = ClipGradNorm(grads, max_norm);
+      absl::StatusOr<double> norm;
+      if (run.emulated_norm) {
+        ASSERT_TRUE(world == 1 && run.emulated_ranks > 1)
+            << "emulated_norm is for the reference with emulated_ranks";
+        norm = EmulatedShardedNorm(grads, run.emulated_ranks);
+        const float coef = norm.ok() ? ClipCoefficient(*norm, max_norm) : 1.0f;
+        for (DTensor* g : grads) {
+          if (coef < 1.0f) {
+            ASSERT_TRUE(Scale(g->local(), coef, g->mutable_local()).ok());
+          }
+        }
+      } else {
+        norm = ClipGradNorm(grads, max_norm, trainable->norm);
+      }
       ASSERT_TRUE(norm.ok()) << norm.status();
       if (rank == 0) {
         result.losses.push_back(l32);
@@ -445,7 +710,7 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
         for (const TrainableParameter& p : trainable->params) {
           absl::StatusOr<Tensor> full = p.grad->FullTensor();
           ASSERT_TRUE(full.ok()) << full.status();
-          if (rank == 0) result.grads[p.name] = Values(*full);
+          Record(p.name, Values(*full), &result.grads);
         }
       }
       if (adamw.has_value()) {
@@ -462,7 +727,7 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
     for (const TrainableParameter& p : trainable->params) {
       absl::StatusOr<Tensor> full = p.param->FullTensor();
       ASSERT_TRUE(full.ok()) << full.status();
-      if (rank == 0) result.params[p.name] = Values(*full);
+      Record(p.name, Values(*full), &result.params);
     }
   });
   return result;

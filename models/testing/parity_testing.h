@@ -26,6 +26,7 @@
 #include "fsdp/fully_shard.h"
 #include "mesh/device_mesh.h"
 #include "models/transformer.h"
+#include "optim/clip.h"
 #include "tensor/dtensor.h"
 
 namespace fsdpp {
@@ -34,6 +35,9 @@ namespace testing_util {
 // What to train and how.
 struct TrainingRun {
   std::string config = "gpt2_debug";
+  // > 0: the config with this many blocks (pipeline stages need at least as
+  // many blocks as stages).
+  int64_t n_layers = 0;
   int steps = 3;
   int64_t batch = 12;  // Rows of the global batch (divisible by the world).
   int64_t seq = 8;
@@ -62,6 +66,20 @@ struct TrainingRun {
   // and added to the accumulated gradient once per synced micro-batch (once
   // per step when the micro-batches before the last do not sync).
   int emulated_ranks = 1;
+  // The single-process reference only: the tied embedding weight's two uses
+  // (the head's and the embedding's) accumulate their gradients apart over
+  // the micro-batches, are reduced (emulated_ranks) and averaged like any
+  // gradient, and are added once per step (embedding + head): the order in
+  // which a pipeline's two copies of the weight (first and last stage) get
+  // their summed gradient (models/parallelize/pipeline.h).
+  bool tied_copies = false;
+  // The single-process reference with emulated_ranks > 1 only: the
+  // clipping norm as a data-parallel run on that many ranks computes it
+  // (each rank's sums of squares of its dim-0 chunks, added in double and
+  // rounded to f32, then the ranks' f32 totals added; optim/clip.h), so that
+  // the clip coefficient is the same to the last bit (exact for 2 ranks,
+  // whose f32 sum has one order).
+  bool emulated_norm = false;
 };
 
 // What the parity tests compare.
@@ -94,6 +112,16 @@ struct TrainableModel {
   // parallel ranks share one part).
   int data_rank = -1;
   int data_ranks = -1;
+  // Pipeline parallelism (PipelineSetup): this rank's part of a step on its
+  // micro-batches (ids and targets [rows, seq] each): zeroes the gradients,
+  // runs the schedule, averages over the micro-batches, sums the tied
+  // embedding's copies; returns the step's loss (the mean over the
+  // micro-batches, the same on every pipeline rank). Empty otherwise.
+  std::function<absl::StatusOr<double>(const std::vector<Tensor>& ids,
+                                       const std::vector<Tensor>& targets)>
+      pipeline_step;
+  // The gradient norm across pipeline stages (ClipGradNorm).
+  PipelineNormOptions norm;
 };
 
 // Prepares `model` (built on the meta device) on `mesh`: shards or
@@ -138,6 +166,27 @@ Setup TensorParallelSetup(TensorParallelPlanFn plan);
 // the tp ranks of one data-parallel rank share its rows of the batch.
 Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
                               fsdp::FsdpPlanOptions options);
+
+// Pipeline parallelism on a mesh with a "pp" axis and a data-parallel one
+// ([pp, dp] or [pp, dp, tp]; dp may have size 1): each rank builds its
+// stages' Transformer parts (models::BuildPipelineParts), applies `tp_plan`
+// (if any) and the FSDP `fsdp_plan` (if any; else whole parameters, the
+// stage mesh then one rank) to each on the stage mesh (the mesh without
+// pp), and trains them with a models::MakePipelineRunner over the pp group.
+// The model the loop builds gives the config; `model_options` the parts'
+// options.
+struct PipelineLayout {
+  std::string schedule = "1f1b";  // gpipe, 1f1b, interleaved
+  int virtual_stages = 1;
+  int microbatches = 2;  // must equal TrainingRun::micro_batches
+  std::vector<int> cuts;
+  models::TransformerOptions model_options;
+  FsdpPlan fsdp_plan;  // empty: no FSDP
+  fsdp::FsdpPlanOptions fsdp_options;
+  TensorParallelPlanFn tp_plan;    // empty: no tensor parallelism
+  bool sequence_parallel = false;  // what tp_plan does (the hidden shape)
+};
+Setup PipelineSetup(PipelineLayout layout);
 
 // Trains `run` on the mesh `axes` with `setup`; the result as rank 0 saw it.
 // Fails the current test (and returns what it has) on any error.

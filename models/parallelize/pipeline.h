@@ -1,0 +1,97 @@
+// Pipeline parallelism for the model zoo's Transformer ([pp]): which stages
+// a pipeline rank holds, the stage models themselves (Transformer parts with
+// the whole model's names, so FSDP and tensor-parallel plans, checkpoints and
+// the HF adapter see the usual names), the runner over them, and the tied
+// embedding's two copies kept in step.
+//
+// A model of n blocks on P pipeline ranks with V stages per rank has S = P V
+// stages: the blocks split into S contiguous runs (evenly, or at cut points;
+// parallel::SplitStages), stage 0 with the embeddings, stage S - 1 with the
+// final norm, the head and the loss; rank r holds stages r, r + P, ...
+// (parallel::PipelineSchedule::RankOf).
+//
+// Tied embeddings (GPT-2, tied Llama configs): when the first and last
+// stages are on different ranks, the last stage keeps its own copy of the
+// token-embedding weight for its head (same name, same initial values);
+// after each backward SumTiedGradients adds the two copies' gradients on
+// both ranks (bitwise the same sum: a + b == b + a), so both copies take the
+// same optimizer steps and stay equal. ClipGradNorm counts the weight once
+// (CountsInNorm); a checkpoint holds the copies under one name.
+#ifndef FSDPP_MODELS_PARALLELIZE_PIPELINE_H_
+#define FSDPP_MODELS_PARALLELIZE_PIPELINE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "models/config.h"
+#include "models/transformer.h"
+#include "parallel/pipeline_runner.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace fsdpp {
+namespace models {
+
+// The schedule named `name` ("gpipe", "1f1b", "interleaved"; V must be 1
+// except for "interleaved", which needs V >= 2) for `ranks` pipeline ranks
+// and `microbatches` micro-batches. InvalidArgument naming the option.
+absl::StatusOr<parallel::PipelineSchedule> MakePipelineSchedule(
+    const std::string& name, int ranks, int virtual_stages, int microbatches);
+
+// One stage of this rank: its global index and its model (a Transformer
+// part, built on the meta device).
+struct PipelineStagePart {
+  int stage = 0;
+  std::unique_ptr<Transformer> model;
+};
+
+// The parts `schedule` gives pipeline rank `pp_rank`, with `options`
+// (dtype, checkpointing, attention) for each, split at `cuts` (empty: even).
+// InvalidArgument from SplitStages for a bad split (more stages than blocks,
+// cuts out of order) naming the model.
+absl::StatusOr<std::vector<PipelineStagePart>> BuildPipelineParts(
+    const TransformerConfig& config, const TransformerOptions& options,
+    const parallel::PipelineSchedule& schedule, int pp_rank,
+    const std::vector<int>& cuts = {});
+
+// A runner over `parts` on the pipeline group: the hidden states between
+// stages are `hidden_shape` (per micro-batch: [rows, T, C], or [rows, T /
+// tp, C] under sequence parallelism) of `hidden_dtype`; the last stage's
+// loss is its model's (loss parallel included).
+absl::StatusOr<std::unique_ptr<parallel::PipelineRunner>> MakePipelineRunner(
+    ProcessGroup* pipeline, const parallel::PipelineSchedule& schedule,
+    std::vector<PipelineStagePart>& parts, const Shape& hidden_shape,
+    DType hidden_dtype, parallel::PipelineRunnerOptions options = {});
+
+// The fully qualified name of the token-embedding weight of a tied model
+// ("wte.weight", "tok_embeddings.weight"); empty for an untied one.
+std::string TiedWeightName(const TransformerConfig& config);
+
+// The fully qualified name of the token-embedding weight when `part` holds
+// the last stage's copy of a tied weight (it has the head but not the
+// embedding), else empty.
+std::string TiedCopyName(const Transformer& part);
+
+// Whether parameter `name` of `part` counts in the gradient norm (false for
+// the tied weight's last-stage copy).
+bool CountsInNorm(const Transformer& part, const std::string& name);
+
+// Adds the tied weight's gradient copies: `first` is this rank's gradient
+// (local shard) of the token-embedding weight on stage 0 and `last` that of
+// its copy on the last stage, either null when this rank does not hold that
+// stage (both null: nothing to do; both set: one rank holds both, added
+// locally). The two ranks exchange their shards over `pipeline` (tag
+// P2POp::kMaxP2PTag) and both keep the sum. A no-op for untied models.
+absl::Status SumTiedGradients(ProcessGroup* pipeline,
+                              const parallel::PipelineSchedule& schedule,
+                              Tensor* first, Tensor* last,
+                              absl::Duration timeout = absl::Minutes(5));
+
+}  // namespace models
+}  // namespace fsdpp
+
+#endif  // FSDPP_MODELS_PARALLELIZE_PIPELINE_H_
