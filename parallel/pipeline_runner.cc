@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/status.h"
 #include "core/trace.h"
+#include "tensor/ops.h"
 
 namespace fsdpp {
 namespace parallel {
@@ -336,6 +337,44 @@ void PipelineRunner::Release() {
   stashes_.clear();
   loss_grads_.clear();
   held_bytes_ = 0;
+}
+
+absl::Status SumSharedGradients(ProcessGroup* pipeline,
+                                const PipelineSchedule& schedule, Tensor* first,
+                                Tensor* last, absl::Duration timeout) {
+  if (first == nullptr && last == nullptr) return absl::OkStatus();
+  if (first != nullptr && last != nullptr) {
+    RETURN_IF_ERROR(Add(*first, *last, first));
+    return Copy(*first, last);
+  }
+  if (pipeline == nullptr) {
+    return absl::InvalidArgumentError("SumSharedGradients: no pipeline group");
+  }
+  Tensor* mine = first != nullptr ? first : last;
+  const int peer = first != nullptr ? schedule.RankOf(schedule.stages() - 1)
+                                    : schedule.RankOf(0);
+  if (peer == pipeline->rank()) {
+    return absl::InvalidArgumentError(
+        "SumSharedGradients: this rank holds the first and the last stage but "
+        "only one copy of the shared weight's gradient was given");
+  }
+  ASSIGN_OR_RETURN(Tensor theirs,
+                   Tensor::Empty(mine->shape(), mine->dtype(), mine->device(),
+                                 MemoryTag::kGrads));
+  CollectiveOptions o;
+  o.timeout = timeout;
+  ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      pipeline->BatchP2P({P2POp::Send({mine->raw_data(), mine->numel(),
+                                       mine->dtype(), mine->device()},
+                                      peer, P2POp::kMaxP2PTag),
+                          P2POp::Recv({theirs.raw_data(), theirs.numel(),
+                                       theirs.dtype(), theirs.device()},
+                                      peer, P2POp::kMaxP2PTag)},
+                         o));
+  RETURN_IF_ERROR(Annotate(work->Wait(timeout + absl::Minutes(1)),
+                           "summing a shared weight's gradient copies"));
+  return Add(*mine, theirs, mine);
 }
 
 }  // namespace parallel

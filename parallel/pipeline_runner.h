@@ -160,6 +160,20 @@ class PipelineRunner {
   int64_t held_bytes_ = 0;
 };
 
+// A weight the first and the last stage both use (a tied embedding and
+// head) is held twice, once per stage; after a step's backward its two
+// gradient copies are added on both ranks (bitwise the same sum: a + b ==
+// b + a), so the copies take the same optimizer steps and stay equal.
+// `first` is this rank's gradient (local shard) of stage 0's copy, `last` of
+// the last stage's, either null when this rank does not hold that stage
+// (both null: nothing to do; both set: one rank holds both stages, added
+// locally). The two ranks exchange their shards over `pipeline` (tag
+// P2POp::kMaxP2PTag, outside the runner's).
+absl::Status SumSharedGradients(ProcessGroup* pipeline,
+                                const PipelineSchedule& schedule, Tensor* first,
+                                Tensor* last,
+                                absl::Duration timeout = absl::Minutes(5));
+
 }  // namespace parallel
 }  // namespace fsdpp
 

@@ -15,7 +15,7 @@
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
-#include "models/parallelize/pipeline.h"
+#include "models/pipeline.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "parallel/pipeline_runner.h"
@@ -526,9 +526,12 @@ Setup PipelineSetup(PipelineLayout layout) {
           }
           return absl::OkStatus();
         };
-        ASSIGN_OR_RETURN(state->runner,
-                         models::MakePipelineRunner(pp, schedule, state->parts,
-                                                    hidden, dtype, options));
+        models::PipelineStageModules stages =
+            models::StageModules(state->parts, hidden, dtype);
+        ASSIGN_OR_RETURN(
+            state->runner,
+            parallel::PipelineRunner::Create(
+                pp, schedule, std::move(stages.stages), stages.loss, options));
       }
       RETURN_IF_ERROR(ZeroGrad(state->grads));
       for (auto& [stage, units] : state->units) {
@@ -542,8 +545,8 @@ Setup PipelineSetup(PipelineLayout layout) {
           RETURN_IF_ERROR(Scale(g->local(), 1.0f / m, g->mutable_local()));
         }
       }
-      RETURN_IF_ERROR(models::SumTiedGradients(pp, schedule, state->tied_first,
-                                               state->tied_last));
+      RETURN_IF_ERROR(parallel::SumSharedGradients(
+          pp, schedule, state->tied_first, state->tied_last));
       // The loss as the single-rank loop adds it up, sent from the last
       // stage's rank to the others.
       double loss = 0;

@@ -13,12 +13,13 @@
 // Tied embeddings (GPT-2, tied Llama configs): when the first and last
 // stages are on different ranks, the last stage keeps its own copy of the
 // token-embedding weight for its head (same name, same initial values);
-// after each backward SumTiedGradients adds the two copies' gradients on
-// both ranks (bitwise the same sum: a + b == b + a), so both copies take the
-// same optimizer steps and stay equal. ClipGradNorm counts the weight once
-// (CountsInNorm); a checkpoint holds the copies under one name.
-#ifndef FSDPP_MODELS_PARALLELIZE_PIPELINE_H_
-#define FSDPP_MODELS_PARALLELIZE_PIPELINE_H_
+// after each step's backward the two copies' gradients are added on both
+// ranks (bitwise the same sum: a + b == b + a), so both copies take the
+// same optimizer steps and stay equal (parallel::SumSharedGradients adds
+// them). ClipGradNorm counts the weight once (CountsInNorm); a checkpoint
+// holds the copies under one name.
+#ifndef FSDPP_MODELS_PIPELINE_H_
+#define FSDPP_MODELS_PIPELINE_H_
 
 #include <memory>
 #include <string>
@@ -26,10 +27,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/time/time.h"
-#include "comm/process_group.h"
 #include "models/config.h"
 #include "models/transformer.h"
+#include "nn/loss.h"
 #include "parallel/pipeline_runner.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -58,14 +58,18 @@ absl::StatusOr<std::vector<PipelineStagePart>> BuildPipelineParts(
     const parallel::PipelineSchedule& schedule, int pp_rank,
     const std::vector<int>& cuts = {});
 
-// A runner over `parts` on the pipeline group: the hidden states between
-// stages are `hidden_shape` (per micro-batch: [rows, T, C], or [rows, T /
-// tp, C] under sequence parallelism) of `hidden_dtype`; the last stage's
-// loss is its model's (loss parallel included).
-absl::StatusOr<std::unique_ptr<parallel::PipelineRunner>> MakePipelineRunner(
-    ProcessGroup* pipeline, const parallel::PipelineSchedule& schedule,
-    std::vector<PipelineStagePart>& parts, const Shape& hidden_shape,
-    DType hidden_dtype, parallel::PipelineRunnerOptions options = {});
+// What a parallel::PipelineRunner needs of `parts`: each part as a stage
+// module, the hidden states between stages being `hidden_shape` (per
+// micro-batch: [rows, T, C], or [rows, T / tp, C] under sequence
+// parallelism) of `hidden_dtype`; and the last stage's loss (its model's,
+// loss parallel included), null when this rank lacks that stage.
+struct PipelineStageModules {
+  std::vector<parallel::PipelineStageModule> stages;
+  nn::LossFunction* loss = nullptr;
+};
+PipelineStageModules StageModules(std::vector<PipelineStagePart>& parts,
+                                  const Shape& hidden_shape,
+                                  DType hidden_dtype);
 
 // The fully qualified name of the token-embedding weight of a tied model
 // ("wte.weight", "tok_embeddings.weight"); empty for an untied one.
@@ -80,18 +84,7 @@ std::string TiedCopyName(const Transformer& part);
 // the tied weight's last-stage copy).
 bool CountsInNorm(const Transformer& part, const std::string& name);
 
-// Adds the tied weight's gradient copies: `first` is this rank's gradient
-// (local shard) of the token-embedding weight on stage 0 and `last` that of
-// its copy on the last stage, either null when this rank does not hold that
-// stage (both null: nothing to do; both set: one rank holds both, added
-// locally). The two ranks exchange their shards over `pipeline` (tag
-// P2POp::kMaxP2PTag) and both keep the sum. A no-op for untied models.
-absl::Status SumTiedGradients(ProcessGroup* pipeline,
-                              const parallel::PipelineSchedule& schedule,
-                              Tensor* first, Tensor* last,
-                              absl::Duration timeout = absl::Minutes(5));
-
 }  // namespace models
 }  // namespace fsdpp
 
-#endif  // FSDPP_MODELS_PARALLELIZE_PIPELINE_H_
+#endif  // FSDPP_MODELS_PIPELINE_H_

@@ -1,11 +1,9 @@
-#include "models/parallelize/pipeline.h"
+#include "models/pipeline.h"
 
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/allocator.h"
 #include "core/status.h"
-#include "tensor/ops.h"
 
 namespace fsdpp {
 namespace models {
@@ -67,12 +65,10 @@ absl::StatusOr<std::vector<PipelineStagePart>> BuildPipelineParts(
   return parts;
 }
 
-absl::StatusOr<std::unique_ptr<parallel::PipelineRunner>> MakePipelineRunner(
-    ProcessGroup* pipeline, const parallel::PipelineSchedule& schedule,
-    std::vector<PipelineStagePart>& parts, const Shape& hidden_shape,
-    DType hidden_dtype, parallel::PipelineRunnerOptions options) {
-  std::vector<parallel::PipelineStageModule> stages;
-  nn::LossFunction* loss = nullptr;
+PipelineStageModules StageModules(std::vector<PipelineStagePart>& parts,
+                                  const Shape& hidden_shape,
+                                  DType hidden_dtype) {
+  PipelineStageModules out;
   for (PipelineStagePart& part : parts) {
     parallel::PipelineStageModule st;
     st.stage = part.stage;
@@ -85,12 +81,11 @@ absl::StatusOr<std::unique_ptr<parallel::PipelineRunner>> MakePipelineRunner(
       st.output_shape = hidden_shape;
       st.output_dtype = hidden_dtype;
     } else {
-      loss = part.model->mutable_loss();
+      out.loss = part.model->mutable_loss();
     }
-    stages.push_back(st);
+    out.stages.push_back(st);
   }
-  return parallel::PipelineRunner::Create(pipeline, schedule, std::move(stages),
-                                          loss, std::move(options));
+  return out;
 }
 
 std::string TiedWeightName(const TransformerConfig& config) {
@@ -106,45 +101,6 @@ std::string TiedCopyName(const Transformer& part) {
 
 bool CountsInNorm(const Transformer& part, const std::string& name) {
   return name != TiedCopyName(part);
-}
-
-absl::Status SumTiedGradients(ProcessGroup* pipeline,
-                              const parallel::PipelineSchedule& schedule,
-                              Tensor* first, Tensor* last,
-                              absl::Duration timeout) {
-  if (first == nullptr && last == nullptr) return absl::OkStatus();
-  if (first != nullptr && last != nullptr) {
-    RETURN_IF_ERROR(Add(*first, *last, first));
-    return Copy(*first, last);
-  }
-  if (pipeline == nullptr) {
-    return absl::InvalidArgumentError("SumTiedGradients: no pipeline group");
-  }
-  Tensor* mine = first != nullptr ? first : last;
-  const int peer = first != nullptr ? schedule.RankOf(schedule.stages() - 1)
-                                    : schedule.RankOf(0);
-  if (peer == pipeline->rank()) {
-    return absl::InvalidArgumentError(
-        "SumTiedGradients: this rank holds the first and the last stage but "
-        "only one copy of the tied weight's gradient was given");
-  }
-  ASSIGN_OR_RETURN(Tensor theirs,
-                   Tensor::Empty(mine->shape(), mine->dtype(), mine->device(),
-                                 MemoryTag::kGrads));
-  CollectiveOptions o;
-  o.timeout = timeout;
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<Work> work,
-      pipeline->BatchP2P({P2POp::Send({mine->raw_data(), mine->numel(),
-                                       mine->dtype(), mine->device()},
-                                      peer, P2POp::kMaxP2PTag),
-                          P2POp::Recv({theirs.raw_data(), theirs.numel(),
-                                       theirs.dtype(), theirs.device()},
-                                      peer, P2POp::kMaxP2PTag)},
-                         o));
-  RETURN_IF_ERROR(Annotate(work->Wait(timeout + absl::Minutes(1)),
-                           "summing the tied embedding's gradient copies"));
-  return Add(*mine, theirs, mine);
 }
 
 }  // namespace models
