@@ -166,6 +166,12 @@ absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
   return Norm("GradNorm", grads, {}, timeout);
 }
 
+absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
+                                const PipelineNormOptions& pipeline,
+                                absl::Duration timeout) {
+  return Norm("GradNorm", grads, pipeline, timeout);
+}
+
 float ClipCoefficient(double norm, double max_norm) {
   const double coef = max_norm / (norm + 1e-6);
   return coef < 1.0 ? static_cast<float>(coef) : 1.0f;

@@ -56,6 +56,9 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
                                     double max_norm,
                                     const PipelineNormOptions& pipeline,
                                     absl::Duration timeout = absl::Minutes(30));
+absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
+                                const PipelineNormOptions& pipeline,
+                                absl::Duration timeout = absl::Minutes(30));
 
 // The factor ClipGradNorm scales the grads by for `norm`: max_norm /
 // (norm + 1e-6) rounded to f32 when that is below 1, else exactly 1. Pass it

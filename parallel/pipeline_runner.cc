@@ -167,6 +167,62 @@ absl::StatusOr<PipelineStepStats> PipelineRunner::Step(
   return stats;
 }
 
+absl::StatusOr<std::vector<float>> PipelineRunner::Evaluate(
+    int microbatches, const std::vector<Tensor>& inputs,
+    const std::vector<Tensor>& targets) {
+  const bool first = stages_.front().stage == 0;
+  const bool last = stages_.back().stage + 1 == schedule_.stages();
+  if (microbatches < 1 ||
+      (first && static_cast<int>(inputs.size()) != microbatches) ||
+      (last && static_cast<int>(targets.size()) != microbatches)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PipelineRunner::Evaluate: ", inputs.size(), " inputs and ",
+        targets.size(), " targets for ", microbatches, " micro-batches"));
+  }
+  std::unique_ptr<nn::LossFunction> loss =
+      last ? loss_->Clone() : std::unique_ptr<nn::LossFunction>();
+  std::vector<float> losses;
+  PipelineStepStats unused;
+  for (int mb = 0; mb < microbatches; ++mb) {
+    for (const PipelineStageModule& st : stages_) {
+      const bool is_last = st.stage + 1 == schedule_.stages();
+      Tensor input;
+      if (st.stage == 0) {
+        input = inputs[mb];
+      } else {
+        absl::StatusOr<Tensor> received = Receive(
+            st.input_shape, st.input_dtype, schedule_.RankOf(st.stage - 1),
+            ActivationTag(st.stage), &unused);
+        if (!received.ok()) {
+          WaitForSends().IgnoreError();
+          return Annotate(received.status(),
+                          absl::StrCat("pipeline rank ", group_->rank(),
+                                       " evaluating micro-batch ", mb));
+        }
+        input = *std::move(received);
+      }
+      absl::StatusOr<Tensor> output = st.module->Forward(input);
+      st.module->ReleaseSavedTensors();
+      if (!output.ok()) {
+        WaitForSends().IgnoreError();
+        return Annotate(
+            output.status(),
+            absl::StrCat("pipeline rank ", group_->rank(), " evaluating stage ",
+                         st.stage, " micro-batch ", mb));
+      }
+      if (is_last) {
+        ASSIGN_OR_RETURN(float l, loss->Forward(*output, targets[mb]));
+        losses.push_back(l);
+      } else {
+        RETURN_IF_ERROR(Send(*output, schedule_.RankOf(st.stage + 1),
+                             ActivationTag(st.stage + 1)));
+      }
+    }
+  }
+  RETURN_IF_ERROR(WaitForSends());
+  return losses;
+}
+
 absl::Status PipelineRunner::Run(const PipelineAction& action,
                                  const std::vector<Tensor>& inputs,
                                  const std::vector<Tensor>& targets,

@@ -115,6 +115,16 @@ class PipelineRunner {
                                          const std::vector<Tensor>& targets,
                                          float loss_scale = 1.0f);
 
+  // A forward-only pass (evaluation): every micro-batch through this rank's
+  // stages in order, nothing kept for backward (the modules' saved tensors
+  // are released after each forward); the losses on the last stage's rank
+  // (a copy of the loss, so a pending backward's is untouched), empty
+  // elsewhere. Any number `microbatches` >= 1, the same on every rank;
+  // inputs and targets as for Step.
+  absl::StatusOr<std::vector<float>> Evaluate(
+      int microbatches, const std::vector<Tensor>& inputs,
+      const std::vector<Tensor>& targets);
+
   const PipelineSchedule& schedule() const { return schedule_; }
   int pipeline_rank() const { return group_->rank(); }
 

@@ -192,6 +192,46 @@ TEST(PipelineRunnerTest, EverySchedulesGradientsEqualTheSequentialRun) {
   }
 }
 
+// Evaluate: forward only, any micro-batch count; the losses equal the
+// sequential forwards', nothing stays saved, and a Step afterwards still
+// matches (the tags' transfer counts stay in step on both sides).
+TEST(PipelineRunnerTest, EvaluateIsTheForwardOnly) {
+  const PipelineSchedule schedule = *Interleaved1F1BSchedule(2, 2, 2);
+  const Outcome want = Reference(schedule.stages(), 3);
+  RunOnMesh({{"pp", 2}}, [&](int rank, DeviceMesh& mesh) {
+    std::vector<std::unique_ptr<Stage>> owned;
+    std::vector<PipelineStageModule> specs = StageSpecs(schedule, rank, &owned);
+    nn::CrossEntropyLoss loss;
+    auto runner =
+        PipelineRunner::Create(*mesh.Group("pp"), schedule, specs, &loss);
+    ASSERT_TRUE(runner.ok()) << runner.status();
+    std::vector<Tensor> inputs, targets;
+    for (int i = 0; i < 3; ++i) {
+      inputs.push_back(Input(i));
+      targets.push_back(Targets(i));
+    }
+    absl::StatusOr<std::vector<float>> losses =
+        (*runner)->Evaluate(3, inputs, targets);
+    ASSERT_TRUE(losses.ok()) << losses.status();
+    if (rank == 1) {
+      EXPECT_EQ(*losses, want.losses);
+    } else {
+      EXPECT_TRUE(losses->empty());
+    }
+    for (auto& st : owned) EXPECT_TRUE(st->StashSavedTensors().empty());
+    EXPECT_EQ((*runner)->Evaluate(0, inputs, targets).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    inputs.pop_back();
+    targets.pop_back();
+    absl::StatusOr<PipelineStepStats> step = (*runner)->Step(inputs, targets);
+    ASSERT_TRUE(step.ok()) << step.status();
+    if (rank == 1) {
+      EXPECT_EQ(step->losses,
+                std::vector<float>(want.losses.begin(), want.losses.end() - 1));
+    }
+  });
+}
+
 // Activation memory: 1F1B holds at most ranks - rank micro-batches (their
 // stashed tensors) whatever the micro-batch count; GPipe holds all m.
 TEST(PipelineRunnerTest, OneFOneBActivationsAreBoundedByStagesNotMicroBatches) {
