@@ -21,6 +21,8 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
+#include "models/pipeline.h"
+#include "parallel/pipeline_schedule.h"
 #include "trainer/data/tokenizers.h"
 
 namespace fsdpp {
@@ -338,23 +340,27 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   const int replicate = config.dp_replicate();
   RETURN_IF_ERROR(CheckPositive("parallelism.tp", config.tp()));
   const int tp = config.tp();
+  RETURN_IF_ERROR(CheckPositive("parallelism.pp", config.pp()));
+  const int pp = config.pp();
   int shard = config.dp_shard();
   if (shard == 0 || shard < -1) {
     return Invalid(absl::StrCat(
         "parallelism.dp_shard must be positive or -1 (inferred), got ", shard));
   }
-  const int64_t others = static_cast<int64_t>(replicate) * tp;
+  const int64_t others = static_cast<int64_t>(replicate) * tp * pp;
+  const std::string pp_text = pp > 1 ? absl::StrCat("pp ", pp, " x ") : "";
   if (shard == -1) {
     if (world_size % others != 0) {
-      return Invalid(absl::StrCat(
-          "parallelism: cannot infer dp_shard: the world size ", world_size,
-          " is not divisible by dp_replicate ", replicate, " x tp ", tp));
+      return Invalid(
+          absl::StrCat("parallelism: cannot infer dp_shard: the world size ",
+                       world_size, " is not divisible by ", pp_text,
+                       "dp_replicate ", replicate, " x tp ", tp));
     }
     shard = static_cast<int>(world_size / others);
   } else if (others * shard != world_size) {
-    return Invalid(absl::StrCat("parallelism: dp_replicate ", replicate,
-                                " x dp_shard ", shard, " x tp ", tp, " = ",
-                                others * shard,
+    return Invalid(absl::StrCat("parallelism: ", pp_text, "dp_replicate ",
+                                replicate, " x dp_shard ", shard, " x tp ", tp,
+                                " = ", others * shard,
                                 " ranks, but the world size is ", world_size));
   }
   if (tp == 1 && config.sequence_parallel()) {
@@ -380,7 +386,87 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   out->dp_replicate = replicate;
   out->dp_shard = shard;
   out->tp = tp;
+  out->pp = pp;
   out->hpz_degree = hpz > 1 ? hpz : 1;
+  return absl::OkStatus();
+}
+
+// Pipeline parallelism: the micro-batch count (pp_microbatches sets the
+// micro batch), the schedule and the split of the blocks into stages, each
+// error naming the field.
+absl::Status ResolvePipeline(const ParallelismConfig& config,
+                             const TrainingConfig& training,
+                             ResolvedTrainConfig* out) {
+  const bool defaults =
+      config.pp_schedule() == "1f1b" && config.pp_microbatches() == 0 &&
+      config.pp_virtual_stages() == 1 && config.pp_cuts().empty();
+  if (out->pp == 1) {
+    if (!defaults) {
+      return Invalid(
+          "parallelism.pp_schedule, pp_microbatches, pp_virtual_stages and "
+          "pp_cuts need parallelism.pp > 1");
+    }
+    return absl::OkStatus();
+  }
+  RETURN_IF_ERROR(CheckNonNegative("parallelism.pp_microbatches",
+                                   config.pp_microbatches(),
+                                   " (0 = the accumulation steps)"));
+  RETURN_IF_ERROR(CheckPositive("parallelism.pp_virtual_stages",
+                                config.pp_virtual_stages()));
+  const int64_t dp = static_cast<int64_t>(out->dp_replicate) * out->dp_shard;
+  if (config.pp_microbatches() > 0) {
+    const int64_t per_step = dp * config.pp_microbatches();
+    if (training.global_batch() % per_step != 0) {
+      return Invalid(
+          absl::StrCat("parallelism.pp_microbatches ", config.pp_microbatches(),
+                       ": training.global_batch ", training.global_batch(),
+                       " is not divisible by the data-parallel degree ", dp,
+                       " x ", config.pp_microbatches(), " micro-batches"));
+    }
+    out->micro_batch = training.global_batch() / per_step;
+    out->grad_accumulation_steps = config.pp_microbatches();
+  }
+  if (out->param_dtype == DType::kF16) {
+    return Invalid(
+        "parallelism.pp > 1 with training.mixed_precision.param_dtype f16: "
+        "the loss scaler's overflow check does not span pipeline stages yet; "
+        "use bf16");
+  }
+  std::vector<int> cuts;
+  for (absl::string_view piece :
+       absl::StrSplit(config.pp_cuts(), ',', absl::SkipWhitespace())) {
+    int cut = 0;
+    if (!absl::SimpleAtoi(piece, &cut)) {
+      return Invalid(absl::StrCat("parallelism.pp_cuts \"", config.pp_cuts(),
+                                  "\": \"", piece, "\" is not a block index"));
+    }
+    cuts.push_back(cut);
+  }
+  const int m = static_cast<int>(out->grad_accumulation_steps);
+  absl::StatusOr<parallel::PipelineSchedule> schedule =
+      models::MakePipelineSchedule(config.pp_schedule(), out->pp,
+                                   config.pp_virtual_stages(), m);
+  if (!schedule.ok()) {
+    return Invalid(absl::StrCat(
+        "parallelism (pp ", out->pp, ", ", m,
+        " micro-batches per step): ", schedule.status().message()));
+  }
+  absl::StatusOr<std::vector<parallel::StageBlocks>> split =
+      parallel::SplitStages(static_cast<int>(out->model.n_layers),
+                            schedule->stages(), cuts);
+  if (!split.ok()) {
+    return Invalid(absl::StrCat(
+        "parallelism: splitting the ", out->model.n_layers, " blocks of model ",
+        out->model.name, " into pp ", out->pp, " x pp_virtual_stages ",
+        config.pp_virtual_stages(), " stages",
+        config.pp_cuts().empty()
+            ? ""
+            : absl::StrCat(" at pp_cuts \"", config.pp_cuts(), "\""),
+        ": ", split.status().message()));
+  }
+  out->pp_schedule = config.pp_schedule();
+  out->pp_virtual_stages = config.pp_virtual_stages();
+  out->pp_cuts = std::move(cuts);
   return absl::OkStatus();
 }
 
@@ -736,6 +822,8 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(
       ResolveParallelism(config.parallelism(), world_size, &resolved));
   RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
+  RETURN_IF_ERROR(
+      ResolvePipeline(config.parallelism(), config.training(), &resolved));
   RETURN_IF_ERROR(CheckTensorParallel(config.parallelism(), resolved));
   RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,12 +54,18 @@ struct ResolvedTrainConfig {
   models::TransformerConfig model;  // The named config with the overrides.
   int world_size = 1;
   int dp_replicate = 1;
-  int dp_shard = 1;     // Inferred when the config says -1.
-  int tp = 1;           // Tensor-parallel degree (1 = off).
+  int dp_shard = 1;  // Inferred when the config says -1.
+  int tp = 1;        // Tensor-parallel degree (1 = off).
+  int pp = 1;        // Pipeline-parallel degree (1 = off).
+  // With pp > 1: the schedule's name, stages per rank and the cut points.
+  std::string pp_schedule;
+  int pp_virtual_stages = 1;
+  std::vector<int> pp_cuts;
   int hpz_degree = 1;   // 1 = off (0 in the config also means off).
   int64_t seq_len = 0;  // The model's context length when the config says 0.
   int64_t micro_batch = 1;
-  // global_batch / (dp_replicate x dp_shard x micro_batch).
+  // global_batch / (dp_replicate x dp_shard x micro_batch): the
+  // micro-batches of a step (through the pipeline when pp > 1).
   int64_t grad_accumulation_steps = 1;
   int64_t tokens_per_step = 0;  // global_batch x seq_len.
   DType param_dtype = DType::kF32;

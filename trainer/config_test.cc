@@ -429,6 +429,58 @@ TEST(ValidateTest, ParallelismErrorMessages) {
   });
 }
 
+TEST(ValidateTest, PipelineErrorMessages) {
+  ExpectValidateErrors({
+      {{"parallelism.pp=0"}, 2, "parallelism.pp must be positive, got 0"},
+      {{"parallelism.pp=4"},
+       2,
+       "parallelism: cannot infer dp_shard: the world size 2 is not divisible "
+       "by pp 4 x dp_replicate 1 x tp 1"},
+      {{"parallelism.pp_schedule=gpipe"},
+       2,
+       "parallelism.pp_schedule, pp_microbatches, pp_virtual_stages and "
+       "pp_cuts need parallelism.pp > 1"},
+      {{"parallelism.pp=2", "parallelism.pp_schedule=zb"},
+       2,
+       "parallelism (pp 2, 8 micro-batches per step): pipeline schedule 'zb' "
+       "is not one of gpipe, 1f1b, interleaved"},
+      {{"parallelism.pp=2", "parallelism.pp_microbatches=1"},
+       2,
+       "parallelism (pp 2, 1 micro-batches per step): 1F1B: 1 micro-batches "
+       "for 2 pipeline ranks; it needs at least one per rank"},
+      {{"parallelism.pp=2", "parallelism.pp_microbatches=3"},
+       2,
+       "parallelism.pp_microbatches 3: training.global_batch 8 is not "
+       "divisible by the data-parallel degree 1 x 3 micro-batches"},
+      {{"parallelism.pp=2", "parallelism.pp_cuts=0"},
+       2,
+       "parallelism: splitting the 2 blocks of model gpt2_debug into pp 2 x "
+       "pp_virtual_stages 1 stages at pp_cuts \"0\": SplitStages: cut point 0 "
+       "(block 0) must be after 0 and before 2 so that every stage keeps at "
+       "least one block"},
+      {{"parallelism.pp=2", "parallelism.pp_cuts=a"},
+       2,
+       "parallelism.pp_cuts \"a\": \"a\" is not a block index"},
+      {{"parallelism.pp=4", "training.global_batch=8"},
+       4,
+       "parallelism: splitting the 2 blocks of model gpt2_debug into pp 4 x "
+       "pp_virtual_stages 1 stages: SplitStages: 2 blocks cannot fill 4 "
+       "stages (each needs at least one block)"},
+      {{"parallelism.pp=2", "parallelism.pp_schedule=interleaved",
+        "parallelism.pp_virtual_stages=2", "model.n_layers=4",
+        "parallelism.pp_microbatches=3", "training.global_batch=6"},
+       2,
+       "parallelism (pp 2, 3 micro-batches per step): Interleaved1F1B: 3 "
+       "micro-batches must be a multiple of the 2 pipeline ranks (they go "
+       "through each rank's stages in groups)"},
+      {{"parallelism.pp=2", "training.mixed_precision.param_dtype=f16"},
+       2,
+       "parallelism.pp > 1 with training.mixed_precision.param_dtype f16: the "
+       "loss scaler's overflow check does not span pipeline stages yet; use "
+       "bf16"},
+  });
+}
+
 TEST(ValidateTest, TrainingErrorMessages) {
   ExpectValidateErrors({
       {{"training.steps=0"}, 2, "training.steps must be positive, got 0"},

@@ -5,10 +5,13 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <set>
+#include <string>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
@@ -269,6 +272,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 // parallelism is on; then the trace recorder.
 absl::Status Trainer::BuildMesh() {
   std::vector<MeshAxis> axes;
+  if (rc_.pp > 1) axes.push_back({"pp", rc_.pp});
   if (rc_.dp_replicate > 1) axes.push_back({"replicate", rc_.dp_replicate});
   axes.push_back({"shard", rc_.dp_shard});
   if (rc_.tp > 1) axes.push_back({"tp", rc_.tp});
@@ -277,6 +281,9 @@ absl::Status Trainer::BuildMesh() {
                                               env_.group_factory, "train"),
                            "trainer: creating the device mesh"));
   ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
+  if (rc_.pp > 1) {
+    ASSIGN_OR_RETURN(pp_group_, mesh_->Group("pp"));
+  }
 
   trace_ = std::make_unique<TraceRecorder>(env_.rank,
                                            absl::StrCat("rank ", env_.rank));
@@ -296,10 +303,11 @@ absl::Status Trainer::BuildData() {
   lo.seq_len = rc_.seq_len;
   lo.batch_size = rc_.micro_batch;
   // The data-parallel rank: this rank's place on the replicate and shard
-  // axes (the tp ranks of one data-parallel rank read the same batches).
+  // axes (the tp ranks and the pipeline stages of one data-parallel rank
+  // read the same batches).
   std::vector<std::string> data_axes;
   for (const MeshAxis& a : mesh_->axes()) {
-    if (a.name != "tp") data_axes.push_back(a.name);
+    if (a.name != "tp" && a.name != "pp") data_axes.push_back(a.name);
   }
   ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh_->SubMesh(data_axes));
   lo.dp_rank = data_mesh->rank();
@@ -325,18 +333,12 @@ absl::Status Trainer::BuildModel() {
   models::TransformerOptions mo;
   mo.activation_checkpointing = tc.activation_checkpointing();
   mo.fused_attention = tc.fused_attention();
-  ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
   fsdp::FsdpPlanOptions plan;
-  if (rc_.tp > 1) {
-    models::TensorParallelPlanOptions tpo;
-    tpo.tp_axis = "tp";
-    tpo.sequence_parallel = config_.parallelism().sequence_parallel();
-    tpo.loss_parallel = config_.parallelism().loss_parallel();
-    RETURN_IF_ERROR(
-        Annotate(ApplyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
-                 "trainer: applying the tensor-parallel plan"));
-    plan.shard.tp_axis = "tp";
-  }
+  models::TensorParallelPlanOptions tpo;
+  tpo.tp_axis = "tp";
+  tpo.sequence_parallel = config_.parallelism().sequence_parallel();
+  tpo.loss_parallel = config_.parallelism().loss_parallel();
+  if (rc_.tp > 1) plan.shard.tp_axis = "tp";
   plan.shard.mesh = mesh_.get();
   plan.shard.reshard_after_forward =
       config_.parallelism().reshard_after_forward();
@@ -344,11 +346,90 @@ absl::Status Trainer::BuildModel() {
   plan.shard.mp_policy.param_dtype = rc_.param_dtype;
   plan.shard.mp_policy.reduce_dtype = rc_.reduce_dtype;
   plan.shard.offload_policy.offload_params = config_.parallelism().offload();
+  if (rc_.pp > 1) return BuildPipeline(mo, plan, tpo);
+  ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
+  if (rc_.tp > 1) {
+    RETURN_IF_ERROR(
+        Annotate(ApplyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
+                 "trainer: applying the tensor-parallel plan"));
+  }
   ASSIGN_OR_RETURN(units_, Context(ApplyPlan(model_.get(), plan),
                                    "trainer: applying the FSDP plan"));
   RETURN_IF_ERROR(fsdp::InitShardedWeights(model_.get(), tc.seed()));
   params_ = fsdp::ShardedParameters(model_.get());
   for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
+  return absl::OkStatus();
+}
+
+// Pipeline parallelism: this rank's stages as model parts, each with the
+// tensor-parallel and FSDP plans on the mesh without "pp", and the runner.
+absl::Status Trainer::BuildPipeline(
+    const models::TransformerOptions& mo, fsdp::FsdpPlanOptions plan,
+    const models::TensorParallelPlanOptions& tpo) {
+  const TrainingConfig& tc = config_.training();
+  ASSIGN_OR_RETURN(parallel::PipelineSchedule schedule,
+                   models::MakePipelineSchedule(
+                       rc_.pp_schedule, rc_.pp, rc_.pp_virtual_stages,
+                       static_cast<int>(rc_.grad_accumulation_steps)));
+  std::vector<std::string> stage_axes;
+  for (const MeshAxis& a : mesh_->axes()) {
+    if (a.name != "pp") stage_axes.push_back(a.name);
+  }
+  ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh_->SubMesh(stage_axes));
+  plan.shard.mesh = stage_mesh;
+  ASSIGN_OR_RETURN(parts_, Context(models::BuildPipelineParts(
+                                       rc_.model, mo, schedule,
+                                       pp_group_->rank(), rc_.pp_cuts),
+                                   "trainer: building the pipeline stages"));
+  const std::string tied = models::TiedWeightName(rc_.model);
+  for (models::PipelineStagePart& part : parts_) {
+    models::Transformer* m = part.model.get();
+    const std::string stage = absl::StrCat(" of pipeline stage ", part.stage);
+    if (rc_.tp > 1) {
+      RETURN_IF_ERROR(
+          Annotate(ApplyTensorParallelPlan(m, stage_mesh, tpo),
+                   "trainer: applying the tensor-parallel plan" + stage));
+    }
+    ASSIGN_OR_RETURN(
+        std::vector<fsdp::FsdpUnit*> units,
+        Context(ApplyPlan(m, plan), "trainer: applying the FSDP plan" + stage));
+    RETURN_IF_ERROR(fsdp::InitShardedWeights(m, tc.seed()));
+    units_.insert(units_.end(), units.begin(), units.end());
+    stage_units_[part.stage] = std::move(units);
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(m)) {
+      params_.push_back(sp);
+      grads_.push_back(&sp->grad);
+      norm_options_.counts.push_back(models::CountsInNorm(*m, sp->name));
+      // Two copies of the tied weight only when its embedding and head are
+      // on different stages.
+      if (sp->name != tied || (m->has_embedding() && m->has_head())) continue;
+      (m->has_embedding() ? tied_first_ : tied_last_) =
+          sp->grad.mutable_local();
+    }
+  }
+  norm_options_.pipeline = pp_group_;
+  // The hidden states between stages: [micro batch, seq (/ tp with sequence
+  // parallelism), dim] in the compute dtype.
+  const int64_t seq =
+      tpo.sequence_parallel && rc_.tp > 1 ? rc_.seq_len / rc_.tp : rc_.seq_len;
+  models::PipelineStageModules stages = models::StageModules(
+      parts_, {rc_.micro_batch, seq, rc_.model.dim}, rc_.param_dtype);
+  parallel::PipelineRunnerOptions ro;
+  ro.timeout = kTimeout;
+  ro.on_last_backward = [this](int stage) {
+    for (fsdp::FsdpUnit* u : stage_units_[stage]) {
+      u->SetRequiresGradientSync(true);
+    }
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(runner_,
+                   Context(parallel::PipelineRunner::Create(
+                               pp_group_, std::move(schedule),
+                               std::move(stages.stages), stages.loss, ro),
+                           "trainer: the pipeline runner"));
+  ASSIGN_OR_RETURN(parallel::PipelineSimulation sim,
+                   parallel::Simulate(runner_->schedule(), 1.0, 2.0));
+  result_.pipeline_bubble_schedule = sim.bubble;
   return absl::OkStatus();
 }
 
@@ -418,8 +499,14 @@ absl::Status Trainer::BuildCheckpointState() {
 }
 
 absl::Status Trainer::Resume(const std::string& latest) {
+  // A pipeline rank holds only its stages' keys: the others' are expected
+  // in the checkpoint (checked by name against the whole model), its own
+  // must all be there.
+  LoadOptions lo;
+  lo.strict = runner_ == nullptr;
   ASSIGN_OR_RETURN(LoadResult loaded,
-                   Context(Load(&state_, latest), "trainer: resuming"));
+                   Context(Load(&state_, latest, lo), "trainer: resuming"));
+  if (runner_ != nullptr) RETURN_IF_ERROR(CheckPipelineLoad(loaded));
   ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
   int64_t done = 0;
   if (!absl::SimpleAtoi(steps_text, &done) || done < 0) {
@@ -451,6 +538,35 @@ absl::Status Trainer::Resume(const std::string& latest) {
   }
   result_.start_step = done;
   result_.resumed_from = latest;
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CheckPipelineLoad(const LoadResult& loaded) const {
+  if (!loaded.missing_keys.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "trainer: resuming: ", loaded.path,
+        ": the checkpoint lacks keys of this pipeline stage's state: ",
+        absl::StrJoin(loaded.missing_keys, ", ")));
+  }
+  models::TransformerOptions whole;
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
+                   models::Transformer::Create(rc_.model, whole));
+  std::set<std::string> others;
+  for (const auto& [name, p] : meta->NamedParameters()) {
+    others.insert("model/" + name);
+    others.insert("optim/" + name + ".exp_avg");
+    others.insert("optim/" + name + ".exp_avg_sq");
+  }
+  std::vector<std::string> foreign;
+  for (const std::string& key : loaded.unexpected_keys) {
+    if (!others.count(key)) foreign.push_back(key);
+  }
+  if (!foreign.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer: resuming: ", loaded.path,
+                     ": the checkpoint has keys no pipeline stage of ",
+                     rc_.model.name, " holds: ", absl::StrJoin(foreign, ", ")));
+  }
   return absl::OkStatus();
 }
 
@@ -518,6 +634,16 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
       data_.description, tc.global_batch(), rc_.seq_len, rc_.tokens_per_step,
       rc_.micro_batch, rc_.grad_accumulation_steps, result_.unigram_loss,
       result_.peak_tflops_per_rank, peak_source, flops_per_token_));
+  if (runner_ != nullptr) {
+    const parallel::PipelineSchedule& s = runner_->schedule();
+    print_->Line(absl::StrFormat(
+        "  pipeline: %s over %d stage(s) (%d per rank), %d micro-batches, "
+        "stages start at blocks %s; bubble with equal stage times %.1f%%",
+        s.name, s.stages(), s.virtual_stages, s.microbatches,
+        rc_.pp_cuts.empty() ? std::string("(even split)")
+                            : absl::StrJoin(rc_.pp_cuts, ","),
+        100 * result_.pipeline_bubble_schedule));
+  }
   if (!result_.resumed_from.empty()) {
     print_->Line(absl::StrFormat("resumed from %s: %d step(s) done",
                                  result_.resumed_from, result_.start_step));
@@ -563,8 +689,44 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   return result_;
 }
 
+absl::StatusOr<double> Trainer::PipelineForwardBackward(int64_t step,
+                                                        double loss_scale) {
+  const int64_t accumulation = rc_.grad_accumulation_steps;
+  std::vector<Tensor> ids, targets;
+  {
+    TraceSpan s("data", "data");
+    for (int64_t m = 0; m < accumulation; ++m) {
+      ASSIGN_OR_RETURN(auto tensors, BatchTensors(loader_->Next()));
+      ids.push_back(std::move(tensors.first));
+      targets.push_back(std::move(tensors.second));
+    }
+  }
+  // FSDP syncs each stage's gradients once, on its last backward.
+  for (fsdp::FsdpUnit* u : units_) u->SetRequiresGradientSync(false);
+  ASSIGN_OR_RETURN(
+      parallel::PipelineStepStats stats,
+      Context(runner_->Step(ids, targets,
+                            static_cast<float>(loss_scale / accumulation)),
+              absl::StrCat("step ", step, " pipeline")));
+  RETURN_IF_ERROR(
+      Annotate(parallel::SumSharedGradients(pp_group_, runner_->schedule(),
+                                            tied_first_, tied_last_, kTimeout),
+               absl::StrCat("step ", step)));
+  pp_step_compute_s_ = stats.compute_seconds;
+  pp_step_wait_s_ = stats.wait_seconds;
+  result_.pipeline_peak_held_bytes =
+      std::max(result_.pipeline_peak_held_bytes, stats.peak_held_bytes);
+  // The loss lives on the last stage's rank: the others add zeros.
+  double loss = 0;
+  for (float l : stats.losses) loss += static_cast<double>(l) / accumulation;
+  std::vector<double> v = {loss};
+  RETURN_IF_ERROR(AllReduce(pp_group_, &v, ReduceOp::kSum));
+  return v[0];
+}
+
 absl::StatusOr<double> Trainer::ForwardBackward(int64_t step,
                                                 double loss_scale) {
+  if (runner_ != nullptr) return PipelineForwardBackward(step, loss_scale);
   const int64_t accumulation = rc_.grad_accumulation_steps;
   const float backward_scale = 1.0f / static_cast<float>(accumulation);
   double loss = 0;
@@ -640,6 +802,8 @@ absl::Status Trainer::TrainStep() {
   if (!warmup_) {
     comm_wait_us_ += trace_->TotalMicros("comm_wait") - wait_before_;
     ++comm_steps_;
+    pp_compute_s_ += pp_step_compute_s_;
+    pp_wait_s_ += pp_step_wait_s_;
   }
   return absl::OkStatus();
 }
@@ -662,7 +826,7 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   }
   {
     TraceSpan s("clip", "optimizer");
-    ASSIGN_OR_RETURN(log->grad_norm, GradNorm(grads_, kTimeout));
+    ASSIGN_OR_RETURN(log->grad_norm, GradNorm(grads_, norm_options_, kTimeout));
   }
   if (!std::isfinite(log->grad_norm)) {
     return absl::InternalError(absl::StrFormat(
@@ -744,10 +908,27 @@ absl::Status Trainer::Validate() {
   TraceSpan span("validation", "compute");
   val_loader_->Reset();
   double sum = 0;
-  for (int64_t b = 0; b < vc.batches(); ++b) {
-    ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
-    ASSIGN_OR_RETURN(float l, model_->EvalLoss(tensors.first, tensors.second));
-    sum += l;
+  if (runner_ != nullptr) {
+    std::vector<Tensor> ids, targets;
+    for (int64_t b = 0; b < vc.batches(); ++b) {
+      ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
+      ids.push_back(std::move(tensors.first));
+      targets.push_back(std::move(tensors.second));
+    }
+    ASSIGN_OR_RETURN(
+        std::vector<float> losses,
+        runner_->Evaluate(static_cast<int>(vc.batches()), ids, targets));
+    std::vector<double> v = {0.0};
+    for (float l : losses) v[0] += l;
+    RETURN_IF_ERROR(AllReduce(pp_group_, &v, ReduceOp::kSum));
+    sum = v[0];
+  } else {
+    for (int64_t b = 0; b < vc.batches(); ++b) {
+      ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
+      ASSIGN_OR_RETURN(float l,
+                       model_->EvalLoss(tensors.first, tensors.second));
+      sum += l;
+    }
   }
   // Free what the forward-only passes left gathered (the next training
   // forward would, but the memory between now and then is not needed).
@@ -853,12 +1034,43 @@ absl::Status Trainer::Summarize() {
   ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
   std::vector<double> comm = {result_.exposed_comm_s_per_step};
   RETURN_IF_ERROR(AllReduce(world_, &comm, ReduceOp::kMax));
+  // Pipeline: this rank's waiting fraction; the table gathers every rank's.
+  std::vector<double> pipeline(2 * env_.world_size, 0.0);
+  if (runner_ != nullptr) {
+    result_.pipeline_bubble = pp_compute_s_ + pp_wait_s_ > 0
+                                  ? pp_wait_s_ / (pp_compute_s_ + pp_wait_s_)
+                                  : 0;
+    pipeline[2 * env_.rank] = result_.pipeline_bubble;
+    pipeline[2 * env_.rank + 1] =
+        static_cast<double>(result_.pipeline_peak_held_bytes);
+    RETURN_IF_ERROR(AllReduce(world_, &pipeline, ReduceOp::kSum));
+  }
   if (result_.steps.empty()) {
     print_->Line(absl::StrFormat("nothing to do: %d of %d steps already done",
                                  result_.start_step, tc.steps()));
     return absl::OkStatus();
   }
-  return PrintResults(mem, comm[0]);
+  RETURN_IF_ERROR(PrintResults(mem, comm[0]));
+  if (runner_ == nullptr) return absl::OkStatus();
+  std::string table = absl::StrFormat(
+      "Pipeline (%s, %d micro-batches; bubble with equal stage times %.1f%%):\n"
+      "  rank  stage(s)  waiting  held for backward",
+      runner_->schedule().name, runner_->schedule().microbatches,
+      100 * result_.pipeline_bubble_schedule);
+  for (int r = 0; r < env_.world_size; ++r) {
+    const int p = mesh_->axes()[0].size;  // "pp" is the first axis
+    const int pp_rank = r / (env_.world_size / p);
+    std::vector<std::string> stages;
+    for (int s = pp_rank; s < runner_->schedule().stages(); s += p) {
+      stages.push_back(absl::StrCat(s));
+    }
+    absl::StrAppend(&table, absl::StrFormat("\n  %4d  %-8s  %6.1f%%  %.1f MiB",
+                                            r, absl::StrJoin(stages, ","),
+                                            100 * pipeline[2 * r],
+                                            pipeline[2 * r + 1] / 1048576.0));
+  }
+  print_->Line(table);
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,

@@ -30,11 +30,21 @@
 // "train/config" (the run's config, for inspection). Resuming at the same
 // world size reproduces the uninterrupted run bitwise; at another world size
 // within the data-parallel parity tolerance (the loader position is global).
+//
+// Pipeline parallelism (parallelism.pp > 1): each rank builds only its
+// stages' parts of the model (models/pipeline.h) and applies the tensor-
+// parallel and FSDP plans to each on the mesh without the "pp" axis; a
+// step's micro-batches go through the schedule (parallel::PipelineRunner)
+// with FSDP's gradient sync only on each stage's last backward, the tied
+// embedding's two copies are summed across the first and last stage, and
+// the clipping norm spans the stages. Names stay the model's own, so
+// checkpoints load at any pp (and pp 1).
 #ifndef FSDPP_TRAINER_TRAINER_H_
 #define FSDPP_TRAINER_TRAINER_H_
 
 #include <cstdint>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -50,12 +60,17 @@
 #include "comm/store.h"
 #include "core/allocator.h"
 #include "core/trace.h"
+#include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/device_mesh.h"
+#include "models/parallelize/tensor_parallel_plan.h"
+#include "models/pipeline.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "parallel/pipeline_runner.h"
 #include "tensor/dtensor.h"
 #include "trainer/config.h"
 #include "trainer/config.pb.h"
@@ -123,6 +138,14 @@ struct TrainResult {
   std::string resumed_from;            // checkpoint directory, or empty
   std::string last_checkpoint;         // directory of the last save, or empty
   MemoryStats memory;                  // this rank's allocator at the end
+  // Pipeline parallelism (pp > 1), this rank over the measured steps: the
+  // fraction of its pipeline time spent waiting for activations and
+  // gradients (the bubble, transfers included), the bubble the schedule
+  // gives with equal stage times, and the most bytes held for backward at
+  // once (the stashed activations of the micro-batches in flight).
+  double pipeline_bubble = 0;
+  double pipeline_bubble_schedule = 0;
+  int64_t pipeline_peak_held_bytes = 0;
 };
 
 // One rank's share of a TrainConfig run, in torchtitan's shape: Create
@@ -202,11 +225,17 @@ class Trainer {
   absl::Status BuildMesh();
   absl::Status BuildData();
   absl::Status BuildModel();
+  absl::Status BuildPipeline(const models::TransformerOptions& mo,
+                             fsdp::FsdpPlanOptions plan,
+                             const models::TensorParallelPlanOptions& tpo);
   absl::Status BuildOptimizer();
   absl::Status BuildCheckpointState();
   // Loads the checkpoint directory `latest` into the state (in place), the
   // loader, the optimizer's step count and the loss scaler.
   absl::Status Resume(const std::string& latest);
+  // After a pipeline rank's non-strict load: all of its keys were there, and
+  // the checkpoint's others are the model's (other stages').
+  absl::Status CheckPipelineLoad(const LoadResult& loaded) const;
   absl::Status BuildCheckpointWriter();
   absl::Status BuildMetrics();
   absl::Status PrintHeader(const std::string& peak_source);
@@ -215,6 +244,9 @@ class Trainer {
   // and `loss_scale` folded into the backward), returning this rank's mean
   // loss; then unscale, clip and AdamW.
   absl::StatusOr<double> ForwardBackward(int64_t step, double loss_scale);
+  // ForwardBackward through the pipeline (pp > 1).
+  absl::StatusOr<double> PipelineForwardBackward(int64_t step,
+                                                 double loss_scale);
   absl::Status OptimizerStep(StepLog* log);
   // Saves the current step.
   absl::Status Save();
@@ -237,8 +269,20 @@ class Trainer {
   Dataset data_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> val_loader_;  // Null without validation.
-  // Model, optimizer, schedule, loss scaler (f16 only).
+  // Model, optimizer, schedule, loss scaler (f16 only). With pp > 1,
+  // model_ is null and parts_ hold this rank's stages.
   std::unique_ptr<models::Transformer> model_;
+  std::vector<models::PipelineStagePart> parts_;
+  ProcessGroup* pp_group_ = nullptr;
+  std::map<int, std::vector<fsdp::FsdpUnit*>> stage_units_;  // by stage
+  std::unique_ptr<parallel::PipelineRunner> runner_;
+  Tensor* tied_first_ = nullptr;  // the tied weight's gradient copies here
+  Tensor* tied_last_ = nullptr;
+  PipelineNormOptions norm_options_;
+  double pp_compute_s_ = 0;  // over the measured steps
+  double pp_wait_s_ = 0;
+  double pp_step_compute_s_ = 0;  // the last step's
+  double pp_step_wait_s_ = 0;
   std::vector<fsdp::FsdpUnit*> units_;  // Root last.
   std::vector<fsdp::ShardedParameter*> params_;
   std::vector<DTensor*> grads_;

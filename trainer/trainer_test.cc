@@ -277,6 +277,75 @@ TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
   }
 }
 
+// Pipeline parallelism: pp 2 x dp 2 (1F1B, the tied embedding on both end
+// stages) trains like the 2-rank data-parallel run; pp 2 with GPipe and 4
+// micro-batches too (dp 1, 1-rank run); a checkpoint saved at (pp 2, dp 2)
+// resumes at pp 1 on 4 and 1 ranks and at pp 2 x dp 1 with the
+// uninterrupted run's losses; validation runs through the pipeline.
+TEST(TrainerTest, PipelineLayoutsTrainAndResumeAcrossLayouts) {
+  const std::string straight = TestDir("straight_pp_dp2");
+  auto full = RunRanks(SmallConfig(straight), 2);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  const std::vector<double> want = Losses(*full[0]);
+  auto worst_from = [](const std::vector<double>& got,
+                       const std::vector<double>& ref, size_t first) {
+    double worst = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      worst =
+          std::max(worst, std::fabs(got[i] - ref[first + i]) / ref[first + i]);
+    }
+    return worst;
+  };
+  {
+    const std::string dir = TestDir("pp2_dp2");
+    auto run =
+        RunRanks(WithOverrides(SmallConfig(dir), {"parallelism.pp=2"}), 4);
+    for (int r = 0; r < 4; ++r) ASSERT_TRUE(run[r].ok()) << run[r].status();
+    ASSERT_EQ(Losses(*run[0]).size(), want.size());
+    EXPECT_LE(worst_from(Losses(*run[0]), want, 0), 1e-5);
+    ASSERT_EQ(run[0]->validation.size(), full[0]->validation.size());
+    EXPECT_NEAR(run[0]->validation.back().second,
+                full[0]->validation.back().second,
+                1e-5 * full[0]->validation.back().second);
+    EXPECT_GT(run[0]->pipeline_peak_held_bytes, 0);
+    EXPECT_NEAR(run[0]->pipeline_bubble_schedule, 1.0 / 3, 1e-9);
+  }
+  {
+    const std::string one = TestDir("straight_mb4");
+    auto ref = RunRanks(
+        WithOverrides(SmallConfig(one), {"training.micro_batch=2"}), 1);
+    ASSERT_TRUE(ref[0].ok()) << ref[0].status();
+    const std::string dir = TestDir("pp2_gpipe");
+    auto run = RunRanks(
+        WithOverrides(SmallConfig(dir),
+                      {"parallelism.pp=2", "parallelism.pp_schedule=gpipe",
+                       "parallelism.pp_microbatches=4"}),
+        2);
+    ASSERT_TRUE(run[0].ok()) << run[0].status();
+    EXPECT_LE(worst_from(Losses(*run[0]), Losses(*ref[0]), 0), 1e-5);
+  }
+  struct Layout {
+    int world;
+    std::vector<std::string> overrides;
+  };
+  for (const Layout& l : {Layout{4, {"training.micro_batch=1"}}, Layout{1, {}},
+                          Layout{2, {"parallelism.pp=2"}}}) {
+    const std::string dir = TestDir(
+        absl::StrCat("from_pp2_w", l.world, l.overrides.empty() ? "" : "x"));
+    auto first = RunRanks(WithOverrides(SmallConfig(dir), {"parallelism.pp=2"}),
+                          4, /*stop_after_steps=*/4);
+    ASSERT_TRUE(first[0].ok()) << first[0].status();
+    auto second =
+        RunRanks(WithOverrides(SmallConfig(dir), l.overrides), l.world);
+    ASSERT_TRUE(second[0].ok()) << second[0].status();
+    EXPECT_EQ(second[0]->start_step, 4);
+    const std::vector<double> got = Losses(*second[0]);
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_LE(worst_from(got, want, 4), 1e-5)
+        << "W=" << l.world << " " << absl::StrJoin(l.overrides, " ");
+  }
+}
+
 TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
   const std::string dir = TestDir("diverge");
   TrainConfig config = SmallConfig(dir);
