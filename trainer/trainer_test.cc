@@ -346,6 +346,52 @@ TEST(TrainerTest, PipelineLayoutsTrainAndResumeAcrossLayouts) {
   }
 }
 
+// Pipeline checkpoints across cut points and depths: a 4-block GPT-2 saved
+// at pp 2 cut at block 1 (stage 1 holds blocks 1-3) resumes at pp 2 cut at
+// block 3, at pp 4, at pp 2 with HSDP inside the stages (dp_replicate 2),
+// and at pp 1, each with the uninterrupted run's losses.
+TEST(TrainerTest, PipelineCheckpointsLoadAtOtherCutsAndDepths) {
+  const std::vector<std::string> deeper = {"model.n_layers=4"};
+  const std::string straight = TestDir("straight_4blocks");
+  auto full = RunRanks(WithOverrides(SmallConfig(straight), deeper), 1);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  const std::vector<double> want = Losses(*full[0]);
+  struct Layout {
+    int world;
+    std::vector<std::string> overrides;
+  };
+  for (const Layout& l :
+       {Layout{2, {"parallelism.pp=2", "parallelism.pp_cuts=3"}},
+        Layout{4, {"parallelism.pp=4"}},
+        Layout{4,
+               {"parallelism.pp=2", "parallelism.dp_replicate=2",
+                "training.micro_batch=1"}},
+        Layout{1, {}}}) {
+    const std::string what = absl::StrJoin(l.overrides, " ");
+    const std::string dir = TestDir(absl::StrCat(
+        "from_pp2_cut1_", l.world, "_", l.overrides.size(),
+        l.overrides.empty() ? "" : l.overrides.back().substr(12, 2)));
+    std::vector<std::string> first_overrides = deeper;
+    first_overrides.push_back("parallelism.pp=2");
+    first_overrides.push_back("parallelism.pp_cuts=1");
+    auto first = RunRanks(WithOverrides(SmallConfig(dir), first_overrides), 2,
+                          /*stop_after_steps=*/4);
+    ASSERT_TRUE(first[0].ok()) << first[0].status();
+    std::vector<std::string> second_overrides = deeper;
+    second_overrides.insert(second_overrides.end(), l.overrides.begin(),
+                            l.overrides.end());
+    auto second =
+        RunRanks(WithOverrides(SmallConfig(dir), second_overrides), l.world);
+    ASSERT_TRUE(second[0].ok()) << what << ": " << second[0].status();
+    EXPECT_EQ(second[0]->start_step, 4);
+    const std::vector<double> got = Losses(*second[0]);
+    ASSERT_EQ(got.size(), 4u);
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[4 + i], 1e-5 * want[4 + i]) << what;
+    }
+  }
+}
+
 TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
   const std::string dir = TestDir("diverge");
   TrainConfig config = SmallConfig(dir);
