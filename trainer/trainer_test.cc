@@ -226,6 +226,54 @@ TrainConfig WithOverrides(TrainConfig config,
   return config;
 }
 
+// max_i |got[i] - want[i]| / want[i].
+double WorstRelative(const std::vector<double>& got,
+                     const std::vector<double>& want) {
+  double worst = 0;
+  for (size_t i = 0; i < got.size() && i < want.size(); ++i) {
+    worst = std::max(worst, std::fabs(got[i] - want[i]) / want[i]);
+  }
+  return worst;
+}
+
+// A layout to resume on: the world size and its overrides.
+struct ResumeLayout {
+  int world;
+  std::vector<std::string> overrides;
+};
+
+// For each of `layouts`: trains `base` + `first` on `first_world` ranks for
+// 4 steps (stopping there, with a checkpoint at step 4), resumes it with
+// `base` + the layout's overrides and expects steps 5-8 within 1e-5
+// (relative) of `want` (the uninterrupted run's 8 losses).
+void ExpectResumesOnLayouts(const std::string& name,
+                            const std::vector<std::string>& base,
+                            const std::vector<std::string>& first,
+                            int first_world,
+                            const std::vector<ResumeLayout>& layouts,
+                            const std::vector<double>& want) {
+  for (size_t k = 0; k < layouts.size(); ++k) {
+    const ResumeLayout& l = layouts[k];
+    const std::string what =
+        absl::StrCat("W=", l.world, " ", absl::StrJoin(l.overrides, " "));
+    const std::string dir = TestDir(absl::StrCat(name, "_", k));
+    std::vector<std::string> a = base, b = base;
+    a.insert(a.end(), first.begin(), first.end());
+    b.insert(b.end(), l.overrides.begin(), l.overrides.end());
+    auto stopped = RunRanks(WithOverrides(SmallConfig(dir), a), first_world,
+                            /*stop_after_steps=*/4);
+    ASSERT_TRUE(stopped[0].ok()) << stopped[0].status();
+    auto resumed = RunRanks(WithOverrides(SmallConfig(dir), b), l.world);
+    ASSERT_TRUE(resumed[0].ok()) << what << ": " << resumed[0].status();
+    EXPECT_EQ(resumed[0]->start_step, 4) << what;
+    const std::vector<double> got = Losses(*resumed[0]);
+    ASSERT_EQ(got.size(), 4u) << what;
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_NEAR(got[i], want[4 + i], 1e-5 * want[4 + i]) << what;
+    }
+  }
+}
+
 // Tensor parallelism: 2 data-parallel x 2 tensor-parallel ranks (with and
 // without sequence parallelism) train like the 2-rank data-parallel run, and
 // a checkpoint saved at (dp 2, tp 2) resumes at (4, 1), (1, 4) and (1, 1)
@@ -235,14 +283,6 @@ TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
   auto full = RunRanks(SmallConfig(straight), 2);
   ASSERT_TRUE(full[0].ok()) << full[0].status();
   const std::vector<double> want = Losses(*full[0]);
-  auto worst_from = [&](const std::vector<double>& got, size_t first) {
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      worst = std::max(worst,
-                       std::fabs(got[i] - want[first + i]) / want[first + i]);
-    }
-    return worst;
-  };
   for (bool sp : {false, true}) {
     const std::string dir = TestDir(absl::StrCat("tp2_sp", sp));
     auto run = RunRanks(
@@ -253,28 +293,12 @@ TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
         4);
     ASSERT_TRUE(run[0].ok()) << run[0].status();
     ASSERT_EQ(Losses(*run[0]).size(), want.size());
-    EXPECT_LE(worst_from(Losses(*run[0]), 0), 1e-5) << "sp " << sp;
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5) << "sp " << sp;
   }
-  struct Layout {
-    int world;
-    std::vector<std::string> overrides;
-  };
-  for (const Layout& l : {Layout{4, {"training.micro_batch=1"}},
-                          Layout{4, {"parallelism.tp=4"}}, Layout{1, {}}}) {
-    const std::string dir = TestDir(
-        absl::StrCat("from_tp2_w", l.world, l.overrides.empty() ? "" : "x"));
-    auto first = RunRanks(WithOverrides(SmallConfig(dir), {"parallelism.tp=2"}),
-                          4, /*stop_after_steps=*/4);
-    ASSERT_TRUE(first[0].ok()) << first[0].status();
-    auto second =
-        RunRanks(WithOverrides(SmallConfig(dir), l.overrides), l.world);
-    ASSERT_TRUE(second[0].ok()) << second[0].status();
-    EXPECT_EQ(second[0]->start_step, 4);
-    const std::vector<double> got = Losses(*second[0]);
-    ASSERT_EQ(got.size(), 4u);
-    EXPECT_LE(worst_from(got, 4), 1e-5)
-        << "W=" << l.world << " " << absl::StrJoin(l.overrides, " ");
-  }
+  ExpectResumesOnLayouts(
+      "from_tp2", {}, {"parallelism.tp=2"}, 4,
+      {{4, {"training.micro_batch=1"}}, {4, {"parallelism.tp=4"}}, {1, {}}},
+      want);
 }
 
 // Pipeline parallelism: pp 2 x dp 2 (1F1B, the tied embedding on both end
@@ -287,22 +311,13 @@ TEST(TrainerTest, PipelineLayoutsTrainAndResumeAcrossLayouts) {
   auto full = RunRanks(SmallConfig(straight), 2);
   ASSERT_TRUE(full[0].ok()) << full[0].status();
   const std::vector<double> want = Losses(*full[0]);
-  auto worst_from = [](const std::vector<double>& got,
-                       const std::vector<double>& ref, size_t first) {
-    double worst = 0;
-    for (size_t i = 0; i < got.size(); ++i) {
-      worst =
-          std::max(worst, std::fabs(got[i] - ref[first + i]) / ref[first + i]);
-    }
-    return worst;
-  };
   {
     const std::string dir = TestDir("pp2_dp2");
     auto run =
         RunRanks(WithOverrides(SmallConfig(dir), {"parallelism.pp=2"}), 4);
     for (int r = 0; r < 4; ++r) ASSERT_TRUE(run[r].ok()) << run[r].status();
     ASSERT_EQ(Losses(*run[0]).size(), want.size());
-    EXPECT_LE(worst_from(Losses(*run[0]), want, 0), 1e-5);
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5);
     ASSERT_EQ(run[0]->validation.size(), full[0]->validation.size());
     EXPECT_NEAR(run[0]->validation.back().second,
                 full[0]->validation.back().second,
@@ -322,28 +337,12 @@ TEST(TrainerTest, PipelineLayoutsTrainAndResumeAcrossLayouts) {
                        "parallelism.pp_microbatches=4"}),
         2);
     ASSERT_TRUE(run[0].ok()) << run[0].status();
-    EXPECT_LE(worst_from(Losses(*run[0]), Losses(*ref[0]), 0), 1e-5);
+    EXPECT_LE(WorstRelative(Losses(*run[0]), Losses(*ref[0])), 1e-5);
   }
-  struct Layout {
-    int world;
-    std::vector<std::string> overrides;
-  };
-  for (const Layout& l : {Layout{4, {"training.micro_batch=1"}}, Layout{1, {}},
-                          Layout{2, {"parallelism.pp=2"}}}) {
-    const std::string dir = TestDir(
-        absl::StrCat("from_pp2_w", l.world, l.overrides.empty() ? "" : "x"));
-    auto first = RunRanks(WithOverrides(SmallConfig(dir), {"parallelism.pp=2"}),
-                          4, /*stop_after_steps=*/4);
-    ASSERT_TRUE(first[0].ok()) << first[0].status();
-    auto second =
-        RunRanks(WithOverrides(SmallConfig(dir), l.overrides), l.world);
-    ASSERT_TRUE(second[0].ok()) << second[0].status();
-    EXPECT_EQ(second[0]->start_step, 4);
-    const std::vector<double> got = Losses(*second[0]);
-    ASSERT_EQ(got.size(), 4u);
-    EXPECT_LE(worst_from(got, want, 4), 1e-5)
-        << "W=" << l.world << " " << absl::StrJoin(l.overrides, " ");
-  }
+  ExpectResumesOnLayouts(
+      "from_pp2", {}, {"parallelism.pp=2"}, 4,
+      {{4, {"training.micro_batch=1"}}, {1, {}}, {2, {"parallelism.pp=2"}}},
+      want);
 }
 
 // Pipeline checkpoints across cut points and depths: a 4-block GPT-2 saved
@@ -356,40 +355,15 @@ TEST(TrainerTest, PipelineCheckpointsLoadAtOtherCutsAndDepths) {
   auto full = RunRanks(WithOverrides(SmallConfig(straight), deeper), 1);
   ASSERT_TRUE(full[0].ok()) << full[0].status();
   const std::vector<double> want = Losses(*full[0]);
-  struct Layout {
-    int world;
-    std::vector<std::string> overrides;
-  };
-  for (const Layout& l :
-       {Layout{2, {"parallelism.pp=2", "parallelism.pp_cuts=3"}},
-        Layout{4, {"parallelism.pp=4"}},
-        Layout{4,
-               {"parallelism.pp=2", "parallelism.dp_replicate=2",
-                "training.micro_batch=1"}},
-        Layout{1, {}}}) {
-    const std::string what = absl::StrJoin(l.overrides, " ");
-    const std::string dir = TestDir(absl::StrCat(
-        "from_pp2_cut1_", l.world, "_", l.overrides.size(),
-        l.overrides.empty() ? "" : l.overrides.back().substr(12, 2)));
-    std::vector<std::string> first_overrides = deeper;
-    first_overrides.push_back("parallelism.pp=2");
-    first_overrides.push_back("parallelism.pp_cuts=1");
-    auto first = RunRanks(WithOverrides(SmallConfig(dir), first_overrides), 2,
-                          /*stop_after_steps=*/4);
-    ASSERT_TRUE(first[0].ok()) << first[0].status();
-    std::vector<std::string> second_overrides = deeper;
-    second_overrides.insert(second_overrides.end(), l.overrides.begin(),
-                            l.overrides.end());
-    auto second =
-        RunRanks(WithOverrides(SmallConfig(dir), second_overrides), l.world);
-    ASSERT_TRUE(second[0].ok()) << what << ": " << second[0].status();
-    EXPECT_EQ(second[0]->start_step, 4);
-    const std::vector<double> got = Losses(*second[0]);
-    ASSERT_EQ(got.size(), 4u);
-    for (size_t i = 0; i < got.size(); ++i) {
-      EXPECT_NEAR(got[i], want[4 + i], 1e-5 * want[4 + i]) << what;
-    }
-  }
+  ExpectResumesOnLayouts("from_pp2_cut1", deeper,
+                         {"parallelism.pp=2", "parallelism.pp_cuts=1"}, 2,
+                         {{2, {"parallelism.pp=2", "parallelism.pp_cuts=3"}},
+                          {4, {"parallelism.pp=4"}},
+                          {4,
+                           {"parallelism.pp=2", "parallelism.dp_replicate=2",
+                            "training.micro_batch=1"}},
+                          {1, {}}},
+                         want);
 }
 
 TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
