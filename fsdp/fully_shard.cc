@@ -14,6 +14,7 @@
 #if defined(FSDPP_WITH_CUDA)
 #include "core/cuda_runtime.h"
 #endif
+#include "tensor/comm_buffer.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
 
@@ -35,10 +36,6 @@ std::map<Module*, FsdpUnit*>& ModuleUnits() {
 std::map<Parameter*, FsdpUnit*>& ParamOwners() {
   static auto* m = new std::map<Parameter*, FsdpUnit*>;
   return *m;
-}
-
-Buffer AsBuffer(const Tensor& t) {
-  return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
 }
 
 using SplitView = FsdpSplitView;

@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/trace.h"
 #include "fsdp/auto_wrap.h"
+#include "tensor/comm_buffer.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -17,10 +18,6 @@ namespace fsdp {
 namespace {
 
 constexpr absl::Duration kWaitTimeout = absl::Minutes(10);
-
-Buffer AsBuffer(const Tensor& t) {
-  return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
-}
 
 // Roots already replicated (a second Replicate would double the hooks).
 std::mutex& RegistryMutex() {

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "fsdp/fully_shard.h"
+#include "tensor/comm_buffer.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
 
@@ -18,10 +19,6 @@ namespace fsdp {
 namespace {
 
 constexpr absl::Duration kTimeout = absl::Minutes(30);
-
-Buffer AsBuffer(const Tensor& t) {
-  return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
-}
 
 // What a load expects under one name.
 struct Expected {

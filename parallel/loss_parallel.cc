@@ -10,6 +10,7 @@
 #include "core/status.h"
 #include "core/trace.h"
 #include "mesh/device_mesh.h"
+#include "tensor/comm_buffer.h"
 #include "tensor/ops.h"
 #include "tensor/placement.h"
 
@@ -67,9 +68,7 @@ absl::Status AllReduceF32(ProcessGroup* group, Tensor* t, ReduceOp op,
   CollectiveOptions blocking;
   blocking.async_op = false;
   ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group->AllReduce(Buffer{t->raw_data(), t->numel(),
-                                           DType::kF32, t->device()},
-                                    op, blocking));
+                   group->AllReduce(AsBuffer(*t), op, blocking));
   return work->Wait(timeout);
 }
 

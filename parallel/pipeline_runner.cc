@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/status.h"
 #include "core/trace.h"
+#include "tensor/comm_buffer.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -23,16 +24,8 @@ namespace {
 int ActivationTag(int stage) { return 2 * stage; }
 int GradientTag(int stage) { return 2 * stage + 1; }
 
-Buffer BufferOf(const Tensor& t) {
-  return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
-}
-
 std::string ShapeText(const Shape& s, DType dtype) {
-  std::string out = absl::StrCat(DTypeName(dtype), "[");
-  for (size_t i = 0; i < s.size(); ++i) {
-    absl::StrAppend(&out, i ? ", " : "", s[i]);
-  }
-  return out + "]";
+  return absl::StrCat(DTypeName(dtype), ShapeToString(s));
 }
 
 }  // namespace
@@ -352,7 +345,7 @@ absl::StatusOr<Tensor> PipelineRunner::Receive(const Shape& shape, DType dtype,
   o.timeout = options_.timeout;
   o.stream = recv_stream_.get();
   ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group_->BatchP2P({P2POp::Recv(BufferOf(t), peer, tag)}, o));
+                   group_->BatchP2P({P2POp::Recv(AsBuffer(t), peer, tag)}, o));
   // The op's own timeout ends it; the diagnosis of the peers comes on top.
   RETURN_IF_ERROR(work->Wait(options_.timeout + absl::Minutes(1)));
   stats->wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
@@ -364,7 +357,7 @@ absl::Status PipelineRunner::Send(const Tensor& t, int peer, int tag) {
   o.timeout = options_.timeout;
   o.stream = send_streams_.at(tag).get();
   ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group_->BatchP2P({P2POp::Send(BufferOf(t), peer, tag)}, o));
+                   group_->BatchP2P({P2POp::Send(AsBuffer(t), peer, tag)}, o));
   sends_.push_back({t, std::move(work)});
   // Drop the sends already done (their tensors' memory with them).
   sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
@@ -419,15 +412,11 @@ absl::Status SumSharedGradients(ProcessGroup* pipeline,
                                  MemoryTag::kGrads));
   CollectiveOptions o;
   o.timeout = timeout;
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<Work> work,
-      pipeline->BatchP2P({P2POp::Send({mine->raw_data(), mine->numel(),
-                                       mine->dtype(), mine->device()},
-                                      peer, P2POp::kMaxP2PTag),
-                          P2POp::Recv({theirs.raw_data(), theirs.numel(),
-                                       theirs.dtype(), theirs.device()},
-                                      peer, P2POp::kMaxP2PTag)},
-                         o));
+  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                   pipeline->BatchP2P(
+                       {P2POp::Send(AsBuffer(*mine), peer, P2POp::kMaxP2PTag),
+                        P2POp::Recv(AsBuffer(theirs), peer, P2POp::kMaxP2PTag)},
+                       o));
   RETURN_IF_ERROR(Annotate(work->Wait(timeout + absl::Minutes(1)),
                            "summing a shared weight's gradient copies"));
   return Add(*mine, theirs, mine);

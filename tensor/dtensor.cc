@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/memcpy.h"
 #include "core/status.h"
+#include "tensor/comm_buffer.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -18,10 +19,6 @@ std::vector<int> MeshShape(const DeviceMesh& mesh) {
   std::vector<int> shape;
   for (const MeshAxis& a : mesh.axes()) shape.push_back(a.size);
   return shape;
-}
-
-Buffer AsBuffer(const Tensor& t) {
-  return Buffer{t.raw_data(), t.numel(), t.dtype(), t.device()};
 }
 
 absl::Status ValidatePlacements(const char* op, const DeviceMesh& mesh,
