@@ -897,9 +897,15 @@ absl::StatusOr<std::shared_ptr<PendingSave>> AsyncSaver::Save(
     const StateDict& state, int64_t step) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(ValidateSaveOptions(step, options_));
+  // A failed save is not forgotten: the caller learns of it here at the
+  // latest (every rank alike: the commit's outcome is agreed), and decides.
+  const int64_t previous_step = pending_ != nullptr ? pending_->step() : -1;
   absl::Status previous = Wait();
   if (!previous.ok()) {
-    LOG(ERROR) << "the previous asynchronous checkpoint failed: " << previous;
+    return Annotate(
+        previous,
+        absl::StrCat("the asynchronous checkpoint of step ", previous_step,
+                     " failed; not saving step ", step));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
                    MakeCoordinator(options_, /*background=*/true));
@@ -935,10 +941,10 @@ std::string CheckpointDirName(int64_t step) {
   return absl::StrCat("step-", step);
 }
 
-absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(
+absl::StatusOr<std::vector<CheckpointDir>> ScanCheckpoints(
     const std::string& root) {
   ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
-  std::vector<std::pair<int64_t, std::string>> out;
+  std::vector<CheckpointDir> out;
   for (const std::string& name : names) {
     int64_t step;
     if (!absl::StartsWith(name, "step-") ||
@@ -947,11 +953,23 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(
       continue;
     }
     const std::string path = absl::StrCat(root, "/", name);
-    if (PathExists(absl::StrCat(path, "/", kMetadataFileName))) {
-      out.emplace_back(step, path);
-    }
+    out.push_back(
+        {step, path, PathExists(absl::StrCat(path, "/", kMetadataFileName))});
   }
-  std::sort(out.begin(), out.end());
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointDir& a, const CheckpointDir& b) {
+              return a.step < b.step;
+            });
+  return out;
+}
+
+absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(
+    const std::string& root) {
+  ASSIGN_OR_RETURN(std::vector<CheckpointDir> all, ScanCheckpoints(root));
+  std::vector<std::pair<int64_t, std::string>> out;
+  for (const CheckpointDir& d : all) {
+    if (d.committed) out.emplace_back(d.step, d.path);
+  }
   return out;
 }
 

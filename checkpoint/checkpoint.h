@@ -155,7 +155,8 @@ class AsyncSaver {
   // Waits for the previous save, plans this one with the other ranks,
   // stages this rank's shards and starts writing them in the background.
   // Errors of planning and staging are returned here; write and commit
-  // errors by PendingSave::Wait. Every rank must call it.
+  // errors by PendingSave::Wait, and again by the next Save (which then saves
+  // nothing). Every rank must call it.
   absl::StatusOr<std::shared_ptr<PendingSave>> Save(const StateDict& state,
                                                     int64_t step);
   // Waits for the save in flight, if any; its result (OK without one).
@@ -221,6 +222,18 @@ absl::Status WaitForCheckpointCleanup(
 
 // "step-<step>".
 std::string CheckpointDirName(int64_t step);
+
+// Every `step-N` directory under `root`, by increasing step, and whether it
+// is committed (holds metadata.pb; a directory without it is an interrupted
+// copy or a damaged checkpoint, never loaded). NotFound if `root` is
+// missing.
+struct CheckpointDir {
+  int64_t step = 0;
+  std::string path;
+  bool committed = false;
+};
+absl::StatusOr<std::vector<CheckpointDir>> ScanCheckpoints(
+    const std::string& root);
 
 // The committed checkpoints under `root` (directories `step-N` holding
 // metadata.pb), by increasing step: (step, path). NotFound if `root` is

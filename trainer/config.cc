@@ -632,6 +632,9 @@ absl::Status CheckCheckpoint(const CheckpointConfig& config) {
         "checkpoint.folder is required when checkpoint.interval > 0 or "
         "checkpoint.resume is true");
   }
+  if (config.resume_required() && !config.resume()) {
+    return Invalid("checkpoint.resume_required needs checkpoint.resume: true");
+  }
   return absl::OkStatus();
 }
 

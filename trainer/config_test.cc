@@ -481,6 +481,14 @@ TEST(ValidateTest, PipelineErrorMessages) {
   });
 }
 
+TEST(ValidateTest, ResumeRequiredNeedsResume) {
+  ExpectValidateErrors({{{"checkpoint.resume=false",
+                          "checkpoint.resume_required=true"},
+                         2,
+                         "checkpoint.resume_required needs checkpoint.resume: "
+                         "true"}});
+}
+
 TEST(ValidateTest, TrainingErrorMessages) {
   ExpectValidateErrors({
       {{"training.steps=0"}, 2, "training.steps must be positive, got 0"},

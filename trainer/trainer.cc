@@ -487,11 +487,39 @@ absl::Status Trainer::BuildCheckpointState() {
   RETURN_IF_ERROR(state_.AddBytes("train/config", FormatTrainConfig(config_)));
   const CheckpointConfig& cc = config_.checkpoint();
   if (cc.resume() && !cc.folder().empty()) {
-    absl::StatusOr<std::string> latest = LatestCheckpoint(cc.folder());
-    if (latest.ok()) {
-      RETURN_IF_ERROR(Resume(*latest));
-    } else if (!absl::IsNotFound(latest.status())) {
-      return latest.status();
+    absl::StatusOr<std::vector<CheckpointDir>> dirs =
+        ScanCheckpoints(cc.folder());
+    if (!dirs.ok() && !absl::IsNotFound(dirs.status())) return dirs.status();
+    std::string latest;
+    std::vector<std::string> skipped;
+    for (const CheckpointDir& d :
+         dirs.ok() ? *dirs : std::vector<CheckpointDir>{}) {
+      if (d.committed) {
+        latest = d.path;
+        skipped.clear();  // only the ones newer than the latest matter
+      } else {
+        skipped.push_back(d.path);
+      }
+    }
+    if (!skipped.empty()) {
+      resume_notes_.push_back(absl::StrCat(
+          "resume: skipped ", absl::StrJoin(skipped, ", "),
+          ": no committed metadata (an interrupted copy or a damaged "
+          "checkpoint)",
+          latest.empty() ? "" : absl::StrCat("; using ", latest)));
+    }
+    if (latest.empty()) {
+      if (cc.resume_required()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "trainer: checkpoint.resume_required, but ", cc.folder(),
+            " holds no committed checkpoint",
+            skipped.empty() ? "" : " (only uncommitted step directories)"));
+      }
+      resume_notes_.push_back(
+          absl::StrCat("resume: no committed checkpoint in ", cc.folder(),
+                       "; starting from step 0"));
+    } else {
+      RETURN_IF_ERROR(Resume(latest));
     }
   }
   result_.end_step = result_.start_step;
@@ -644,6 +672,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
                             : absl::StrJoin(rc_.pp_cuts, ","),
         100 * result_.pipeline_bubble_schedule));
   }
+  for (const std::string& note : resume_notes_) print_->Line(note);
   if (!result_.resumed_from.empty()) {
     print_->Line(absl::StrFormat("resumed from %s: %d step(s) done",
                                  result_.resumed_from, result_.start_step));
@@ -773,6 +802,7 @@ absl::Status Trainer::TrainStep() {
   StepLog log;
   log.step = step;
   if (scaler_.has_value()) log.loss_scale = scaler_->scale();
+  RETURN_IF_ERROR(CheckPendingSave(step));
   {
     TraceSpan step_span("step", "step");
     RETURN_IF_ERROR(ZeroGrad(grads_));
@@ -805,6 +835,32 @@ absl::Status Trainer::TrainStep() {
     pp_compute_s_ += pp_step_compute_s_;
     pp_wait_s_ += pp_step_wait_s_;
   }
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::CheckPendingSave(int64_t step) {
+  if (pending_save_ == nullptr) return absl::OkStatus();
+  // Every rank stops at the same step: whether any rank's save failed, and
+  // whether any is still writing.
+  const bool done = pending_save_->IsDone();
+  absl::Status failed =
+      done ? pending_save_->Wait().status() : absl::OkStatus();
+  std::vector<double> v = {failed.ok() ? 0.0 : 1.0, done ? 0.0 : 1.0};
+  RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kMax));
+  if (v[0] > 0) {
+    const int64_t saved = pending_save_->step();
+    pending_save_.reset();
+    absl::StatusOr<std::string> committed =
+        LatestCheckpoint(config_.checkpoint().folder());
+    return absl::DataLossError(absl::StrFormat(
+        "step %d: the asynchronous checkpoint of step %d failed (%s); "
+        "stopping so that no interval of work goes unprotected. The latest "
+        "committed checkpoint is %s; fix the cause (disk space?) and resume.",
+        step, saved,
+        failed.ok() ? std::string("on another rank") : failed.ToString(),
+        committed.ok() ? *committed : std::string("none")));
+  }
+  if (v[1] == 0) pending_save_.reset();  // committed on every rank
   return absl::OkStatus();
 }
 
@@ -970,6 +1026,7 @@ absl::Status Trainer::Save() {
   if (async_saver_ != nullptr) {
     ASSIGN_OR_RETURN(std::shared_ptr<PendingSave> pending,
                      async_saver_->Save(state_, step));
+    pending_save_ = pending;
     result_.last_checkpoint =
         absl::StrCat(cc.folder(), "/", CheckpointDirName(step));
     print_->Line(absl::StrFormat(

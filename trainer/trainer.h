@@ -17,7 +17,10 @@
 // Failure semantics: a non-finite loss or gradient norm (the same on every
 // rank: both are reduced first) stops the run before the optimizer step,
 // with an error naming the step; nothing is saved after it, so the latest
-// checkpoint stays the last good state. Every collective has a timeout.
+// checkpoint stays the last good state. A failed asynchronous checkpoint
+// stops the run on every rank before the next step (DataLoss naming the
+// save's step and the latest committed checkpoint): work never goes on
+// unprotected. Every collective has a timeout.
 //
 // With f16 parameters a dynamic loss scaler (optim/loss_scaler.h) scales
 // the backward; a step whose gradients overflow on any rank is skipped (the
@@ -186,7 +189,8 @@ class Trainer {
   // backward, the loss averaged over the ranks, unscaling (f16), clipping,
   // the schedule and AdamW. Appends its StepLog to result(). Internal error
   // for a non-finite loss or gradient norm (before the optimizer step);
-  // FailedPrecondition when done().
+  // DataLoss when the asynchronous checkpoint in flight failed on any rank
+  // (before anything of the step); FailedPrecondition when done().
   absl::Status TrainStep();
   // Prints (rank 0) and writes to the metrics JSONL the last step's line.
   absl::Status LogStep();
@@ -248,6 +252,9 @@ class Trainer {
   absl::StatusOr<double> PipelineForwardBackward(int64_t step,
                                                  double loss_scale);
   absl::Status OptimizerStep(StepLog* log);
+  // DataLoss on every rank when the asynchronous save in flight failed on
+  // any: the run stops before `step` instead of training on unprotected.
+  absl::Status CheckPendingSave(int64_t step);
   // Saves the current step.
   absl::Status Save();
   // Prints and logs the results block (Summarize, when steps were taken).
@@ -291,8 +298,13 @@ class Trainer {
   std::optional<LrSchedule> schedule_;
   // Checkpoints: views of the masters and the optimizer state.
   StateDict state_;
+  // What resuming found, for the header: skipped directories, or none.
+  std::vector<std::string> resume_notes_;
   SaveOptions save_options_;
   std::unique_ptr<AsyncSaver> async_saver_;
+  // The asynchronous save in flight until every rank committed it; checked
+  // before each step (CheckPendingSave).
+  std::shared_ptr<PendingSave> pending_save_;
   // Metrics.
   std::unique_ptr<JsonlWriter> jsonl_;  // Rank 0 with a jsonl_path only.
   double flops_per_token_ = 0;

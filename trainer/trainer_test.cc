@@ -6,6 +6,9 @@
 // one, repeat Run.
 #include "trainer/trainer.h"
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
@@ -364,6 +367,115 @@ TEST(TrainerTest, PipelineCheckpointsLoadAtOtherCutsAndDepths) {
                             "training.micro_batch=1"}},
                           {1, {}}},
                          want);
+}
+
+// A failed asynchronous save (its files fail to write as on a full disk:
+// RLIMIT_FSIZE makes writes past 64 KiB fail with EFBIG) stops the run on
+// every rank at the same step with an error naming the save's step, instead
+// of training on without checkpoints; the checkpoint before it stays the
+// latest committed one.
+TEST(TrainerTest, FailedAsyncSaveStopsTheRunOnEveryRank) {
+  const std::string dir = TestDir("async_fail");
+  const TrainConfig config = WithOverrides(
+      SmallConfig(dir), {"checkpoint.async=true", "checkpoint.interval=2",
+                         "training.steps=40", "validation.interval=0"});
+  signal(SIGXFSZ, SIG_IGN);
+  struct rlimit original;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &original), 0);
+  std::vector<int64_t> stopped_at(2, -1);
+  auto results =
+      OnRanks(2, 0, [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
+        ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                         Trainer::Create(config, env));
+        while (!trainer->done()) {
+          absl::Status s = trainer->TrainStep();
+          if (s.ok()) s = trainer->LogStep();
+          if (s.ok() && trainer->step() == 4 && env.rank == 0) {
+            // Step 2's checkpoint committed, then the disk "fills up".
+            const absl::Time deadline = absl::Now() + absl::Seconds(30);
+            while (ListCheckpoints(dir + "/ckpt")->empty() &&
+                   absl::Now() < deadline) {
+              absl::SleepFor(absl::Milliseconds(5));
+            }
+            struct rlimit small = original;
+            small.rlim_cur = 64 << 10;
+            if (setrlimit(RLIMIT_FSIZE, &small) != 0) {
+              return absl::InternalError("setrlimit failed");
+            }
+          }
+          if (s.ok()) s = trainer->MaybeSave();
+          if (!s.ok()) {
+            stopped_at[env.rank] = trainer->step();
+            return s;
+          }
+        }
+        return trainer->result();
+      });
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &original), 0);
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(results[r].ok()) << "rank " << r << " trained on";
+    EXPECT_NE(results[r].status().message().find(
+                  "asynchronous checkpoint of step 4 failed"),
+              std::string::npos)
+        << results[r].status();
+  }
+  std::cout << "stopped after step " << stopped_at[0] << ": "
+            << results[0].status() << std::endl;
+  EXPECT_EQ(stopped_at[0], stopped_at[1]);
+  EXPECT_GE(stopped_at[0], 4);
+  EXPECT_LT(stopped_at[0], 40);
+  EXPECT_EQ(*LatestCheckpoint(dir + "/ckpt"), dir + "/ckpt/step-2");
+}
+
+// What resuming found is said: a newer step directory without committed
+// metadata is named and skipped; no checkpoint at all says "starting from
+// step 0", or fails with checkpoint.resume_required.
+TEST(TrainerTest, ResumeSaysWhatItFoundAndCanBeRequired) {
+  const std::string dir = TestDir("resume_notes");
+  const TrainConfig config = SmallConfig(dir);
+  // One rank, the header into a file.
+  auto header = [&](const TrainConfig& c) -> absl::StatusOr<std::string> {
+    const std::string path = dir + "/out.txt";
+    std::FILE* out = std::fopen(path.c_str(), "w");
+    if (out == nullptr) return absl::InternalError("fopen");
+    InMemoryStore store;
+    TrainerEnv env;
+    env.group_factory = GlooGroupFactory(&store);
+    env.out = out;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = Trainer::Create(c, env);
+    std::fclose(out);
+    if (!trainer.ok()) return trainer.status();
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  absl::StatusOr<std::string> fresh = header(config);
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_NE(fresh->find("resume: no committed checkpoint in " + dir +
+                        "/ckpt; starting from step 0"),
+            std::string::npos)
+      << *fresh;
+  TrainConfig required = config;
+  required.mutable_checkpoint()->set_resume_required(true);
+  absl::Status refused = header(required).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_NE(refused.message().find("holds no committed checkpoint"),
+            std::string::npos)
+      << refused;
+
+  auto first = RunRanks(config, 1, /*stop_after_steps=*/5);  // saves step 4
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  ASSERT_TRUE(MakeDirs(dir + "/ckpt/step-8").ok());  // no metadata
+  absl::StatusOr<std::string> resumed = header(required);
+  ASSERT_TRUE(resumed.ok()) << resumed.status();
+  EXPECT_NE(resumed->find("resume: skipped " + dir +
+                          "/ckpt/step-8: no committed metadata"),
+            std::string::npos)
+      << *resumed;
+  EXPECT_NE(resumed->find("resumed from " + dir + "/ckpt/step-4"),
+            std::string::npos)
+      << *resumed;
 }
 
 TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
