@@ -832,6 +832,12 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
   RETURN_IF_ERROR(CheckMetrics(config.metrics()));
   RETURN_IF_ERROR(CheckValidation(config.validation(), config.data()));
+  const double timeout_s = config.comm().timeout_s();
+  if (!(timeout_s >= 1.0 && timeout_s <= 86400.0)) {
+    return Invalid(absl::StrCat(
+        "comm.timeout_s must be between 1 and 86400 seconds, got ", timeout_s));
+  }
+  resolved.comm_timeout = absl::Seconds(timeout_s);
   return resolved;
 }
 

@@ -20,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "core/dtype.h"
 #include "models/config.h"
@@ -71,6 +72,8 @@ struct ResolvedTrainConfig {
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
   int32_t tokenizer_vocab_size = 0;
+  // comm.timeout_s.
+  absl::Duration comm_timeout = absl::Minutes(5);
 };
 
 // Checks `config` for a run on `world_size` ranks and resolves the derived

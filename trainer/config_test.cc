@@ -152,7 +152,7 @@ TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
   EXPECT_EQ(Message(unknown_section),
             "run.textproto:2:3: unknown section \"optimizer\" (sections: "
             "model, parallelism, training, data, checkpoint, metrics, "
-            "validation)");
+            "validation, comm)");
 }
 
 TEST(ParseTrainConfigTest, SyntaxAndTypeErrors) {
@@ -210,10 +210,10 @@ TEST(ApplyOverrideTest, Errors) {
        "--set \"training.steps\": expected SECTION.FIELD=VALUE"},
       {"optim.lr=1",
        "--set optim.lr=1: unknown section \"optim\" (sections: model, "
-       "parallelism, training, data, checkpoint, metrics, validation)"},
+       "parallelism, training, data, checkpoint, metrics, validation, comm)"},
       {"=1",
        "--set =1: unknown section \"\" (sections: model, parallelism, "
-       "training, data, checkpoint, metrics, validation)"},
+       "training, data, checkpoint, metrics, validation, comm)"},
       {"data.path=x",
        "--set data.path=x: unknown field \"path\" in data (fields: dataset, "
        "tokenizer, tokenizer_dir, validation_fraction, shuffle)"},
@@ -481,12 +481,23 @@ TEST(ValidateTest, PipelineErrorMessages) {
   });
 }
 
+TEST(ValidateTest, CommTimeoutBounds) {
+  ExpectValidateErrors(
+      {{{"comm.timeout_s=0.5"},
+        2,
+        "comm.timeout_s must be between 1 and 86400 seconds, got 0.5"},
+       {{"comm.timeout_s=1e6"},
+        2,
+        "comm.timeout_s must be between 1 and 86400 seconds, got 1e+06"}});
+  EXPECT_TRUE(ValidateWith({"comm.timeout_s=3"}).ok());
+}
+
 TEST(ValidateTest, ResumeRequiredNeedsResume) {
-  ExpectValidateErrors({{{"checkpoint.resume=false",
-                          "checkpoint.resume_required=true"},
-                         2,
-                         "checkpoint.resume_required needs checkpoint.resume: "
-                         "true"}});
+  ExpectValidateErrors(
+      {{{"checkpoint.resume=false", "checkpoint.resume_required=true"},
+        2,
+        "checkpoint.resume_required needs checkpoint.resume: "
+        "true"}});
 }
 
 TEST(ValidateTest, TrainingErrorMessages) {

@@ -2,7 +2,8 @@
 # End-to-end tests of the `train` binary as users run it: 2 processes started
 # by the binary itself through tools/launch (TCP store, Gloo), a preemption
 # drill (--stop_after_steps) and resume whose losses equal the uninterrupted
-# run's digit for digit, a resume on 1 process, config errors, and the plot.
+# run's digit for digit, a resume on 1 process, config errors, the plot, and
+# a stopped rank (SIGSTOP) named within comm.timeout_s + a few seconds.
 set -euo pipefail
 train=trainer/train
 work="${TEST_TMPDIR:-$(mktemp -d)}/e2e"
@@ -109,5 +110,40 @@ grep -q "training.global_batch" "$work/bad.log" || { cat "$work/bad.log"; fail "
 grep -q "starting" "$work/bad.log" && fail "ranks started for a bad config"
 if "$cd_back/$train" --sett x=1 >"$work/flag.log" 2>&1; then fail "bad flag accepted"; fi
 grep -q "unknown flag --sett" "$work/flag.log" || fail "no flag error"
+
+# 5. A rank stopped mid-run (SIGSTOP) with comm.timeout_s=3: rank 0's next
+# collective fails after 3 s naming rank 1 as the rank whose heartbeat
+# stopped, and the launcher ends the job (SIGKILL after its 5 s grace
+# period): no hang, nothing left behind.
+mkdir -p stopped
+"$cd_back/$train" "${common[@]}" --set training.steps=100000 \
+  --set checkpoint.interval=0 --set validation.interval=0 \
+  --set metrics.trace_steps=0 --set comm.timeout_s=3 \
+  --set "checkpoint.folder=$work/stopped/ckpt" >"$work/stopped.log" 2>&1 &
+launcher=$!
+for _ in $(seq 600); do
+  grep -qE "step +3/100000" "$work/stopped.log" && break
+  sleep 0.1
+done
+grep -qE "step +3/100000" "$work/stopped.log" ||
+  { kill -9 "$launcher"; cat "$work/stopped.log"; fail "no step 3"; }
+rank1=""
+for p in $(pgrep -P "$launcher"); do
+  if tr '\0' '\n' <"/proc/$p/environ" | grep -qx "RANK=1"; then rank1=$p; fi
+done
+[[ -n "$rank1" ]] || { kill -9 "$launcher"; fail "rank 1's process not found"; }
+start=$(date +%s.%N)
+kill -STOP "$rank1"
+code=0
+wait "$launcher" || code=$?
+elapsed=$(echo "$(date +%s.%N) - $start" | bc)
+[[ $code != 0 ]] || fail "the job succeeded with a stopped rank"
+grep -q "1 (heartbeat stopped" "$work/stopped.log" ||
+  { cat "$work/stopped.log"; fail "rank 1 not named"; }
+# 3 s timeout + diagnosis + 5 s grace, with slack for a loaded machine.
+(( $(echo "$elapsed < 20" | bc) )) || fail "took ${elapsed}s to end"
+! kill -0 "$rank1" 2>/dev/null || fail "rank 1 left behind"
+echo "stopped rank: job ended after ${elapsed}s (exit $code):"
+grep -m1 "heartbeat stopped" "$work/stopped.log"
 
 echo "PASS"

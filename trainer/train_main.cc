@@ -248,7 +248,7 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
     return 1;
   }
   GlooOptions gloo;
-  gloo.timeout = absl::Minutes(5);
+  gloo.timeout = absl::Seconds(config.comm().timeout_s());
   TrainerEnv env;
   env.rank = info.rank;
   env.world_size = info.world_size;
@@ -275,7 +275,9 @@ int RunSingle(const TrainConfig& config, const char* argv0,
   SetUpAllocator(config);
   InMemoryStore store;
   TrainerEnv env;
-  env.group_factory = GlooGroupFactory(&store);
+  GlooOptions gloo;
+  gloo.timeout = absl::Seconds(config.comm().timeout_s());
+  env.group_factory = GlooGroupFactory(&store, gloo);
   env.store = &store;
   env.progress = isatty(fileno(stdout)) ? TrainerEnv::Progress::kTerminal
                                         : TrainerEnv::Progress::kLines;

@@ -47,7 +47,10 @@ absl::StatusOr<T> Context(absl::StatusOr<T> value, absl::string_view context) {
 }
 
 // Bound of every wait on the other ranks in the loop's own collectives.
-constexpr absl::Duration kTimeout = absl::Minutes(10);
+// Host-side backstop on waits whose ops end by the groups' own timeout
+// (comm.timeout_s) and the peers' diagnosis: only reached if a comm thread
+// itself hangs.
+constexpr absl::Duration kBackstop = absl::Minutes(10);
 // The unigram baseline is estimated on at most this many tokens.
 constexpr int64_t kUnigramTokens = 16 << 20;
 // Matmul size and time budget of the CPU peak measurement.
@@ -70,11 +73,10 @@ absl::Status AllReduce(ProcessGroup* group, std::vector<double>* values,
   std::vector<float> f(values->begin(), values->end());
   Buffer b{f.data(), static_cast<int64_t>(f.size()), DType::kF32,
            Device::Cpu()};
-  CollectiveOptions o;
-  o.timeout = kTimeout;
-  o.async_op = false;  // Waited for at once: no comm-thread hand-offs.
+  CollectiveOptions o;  // the group's op timeout (comm.timeout_s)
+  o.async_op = false;   // Waited for at once: no comm-thread hand-offs.
   ASSIGN_OR_RETURN(std::shared_ptr<Work> work, group->AllReduce(b, op, o));
-  RETURN_IF_ERROR(work->Wait(kTimeout));
+  RETURN_IF_ERROR(work->Wait(kBackstop));
   for (size_t i = 0; i < f.size(); ++i) (*values)[i] = f[i];
   return absl::OkStatus();
 }
@@ -84,9 +86,8 @@ absl::Status AllReduce(ProcessGroup* group, std::vector<double>* values,
 absl::StatusOr<std::vector<int64_t>> AllGatherInts(
     ProcessGroup* group, std::vector<int64_t> values) {
   std::vector<int64_t> out(values.size() * group->size());
-  CollectiveOptions o;
-  o.timeout = kTimeout;
-  o.async_op = false;  // Waited for at once: no comm-thread hand-offs.
+  CollectiveOptions o;  // the group's op timeout (comm.timeout_s)
+  o.async_op = false;   // Waited for at once: no comm-thread hand-offs.
   ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       group->AllGather(
@@ -95,7 +96,7 @@ absl::StatusOr<std::vector<int64_t>> AllGatherInts(
           Buffer{out.data(), static_cast<int64_t>(out.size()), DType::kI64,
                  Device::Cpu()},
           o));
-  RETURN_IF_ERROR(work->Wait(kTimeout));
+  RETURN_IF_ERROR(work->Wait(kBackstop));
   return out;
 }
 
@@ -109,9 +110,8 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(
   std::vector<uint8_t> in(std::max<int64_t>(longest, 1), 0);
   std::copy(mine.begin(), mine.end(), in.begin());
   std::vector<uint8_t> out(in.size() * group->size());
-  CollectiveOptions o;
-  o.timeout = kTimeout;
-  o.async_op = false;  // Waited for at once: no comm-thread hand-offs.
+  CollectiveOptions o;  // the group's op timeout (comm.timeout_s)
+  o.async_op = false;   // Waited for at once: no comm-thread hand-offs.
   ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       group->AllGather(Buffer{in.data(), static_cast<int64_t>(in.size()),
@@ -119,7 +119,7 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(
                        Buffer{out.data(), static_cast<int64_t>(out.size()),
                               DType::kU8, Device::Cpu()},
                        o));
-  RETURN_IF_ERROR(work->Wait(kTimeout));
+  RETURN_IF_ERROR(work->Wait(kBackstop));
   std::vector<std::string> result;
   for (int r = 0; r < group->size(); ++r) {
     const char* begin =
@@ -338,6 +338,7 @@ absl::Status Trainer::BuildModel() {
   tpo.tp_axis = "tp";
   tpo.sequence_parallel = config_.parallelism().sequence_parallel();
   tpo.loss_parallel = config_.parallelism().loss_parallel();
+  tpo.timeout = rc_.comm_timeout;
   if (rc_.tp > 1) plan.shard.tp_axis = "tp";
   plan.shard.mesh = mesh_.get();
   plan.shard.reshard_after_forward =
@@ -415,7 +416,7 @@ absl::Status Trainer::BuildPipeline(
   models::PipelineStageModules stages = models::StageModules(
       parts_, {rc_.micro_batch, seq, rc_.model.dim}, rc_.param_dtype);
   parallel::PipelineRunnerOptions ro;
-  ro.timeout = kTimeout;
+  ro.timeout = rc_.comm_timeout;
   ro.on_last_backward = [this](int stage) {
     for (fsdp::FsdpUnit* u : stage_units_[stage]) {
       u->SetRequiresGradientSync(true);
@@ -602,6 +603,7 @@ absl::Status Trainer::CheckPipelineLoad(const LoadResult& loaded) const {
 absl::Status Trainer::BuildCheckpointWriter() {
   const CheckpointConfig& cc = config_.checkpoint();
   save_options_.mesh = mesh_.get();
+  save_options_.timeout = rc_.comm_timeout;
   save_options_.keep_last = cc.keep_latest_k();
   save_options_.store_prefix = "fsdpp/trainer/checkpoint";
   if (cc.interval() > 0 && cc.async()) {
@@ -737,10 +739,10 @@ absl::StatusOr<double> Trainer::PipelineForwardBackward(int64_t step,
       Context(runner_->Step(ids, targets,
                             static_cast<float>(loss_scale / accumulation)),
               absl::StrCat("step ", step, " pipeline")));
-  RETURN_IF_ERROR(
-      Annotate(parallel::SumSharedGradients(pp_group_, runner_->schedule(),
-                                            tied_first_, tied_last_, kTimeout),
-               absl::StrCat("step ", step)));
+  RETURN_IF_ERROR(Annotate(
+      parallel::SumSharedGradients(pp_group_, runner_->schedule(), tied_first_,
+                                   tied_last_, rc_.comm_timeout),
+      absl::StrCat("step ", step)));
   pp_step_compute_s_ = stats.compute_seconds;
   pp_step_wait_s_ = stats.wait_seconds;
   result_.pipeline_peak_held_bytes =
@@ -868,7 +870,7 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   const TrainingConfig& tc = config_.training();
   if (scaler_.has_value()) {
     TraceSpan s("unscale", "optimizer");
-    ASSIGN_OR_RETURN(bool finite, scaler_->UnscaleAndCheck(grads_, kTimeout));
+    ASSIGN_OR_RETURN(bool finite, scaler_->UnscaleAndCheck(grads_, kBackstop));
     scaler_->Update(!finite);
     log->skipped = !finite;
   }
@@ -882,7 +884,8 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   }
   {
     TraceSpan s("clip", "optimizer");
-    ASSIGN_OR_RETURN(log->grad_norm, GradNorm(grads_, norm_options_, kTimeout));
+    ASSIGN_OR_RETURN(log->grad_norm,
+                     GradNorm(grads_, norm_options_, kBackstop));
   }
   if (!std::isfinite(log->grad_norm)) {
     return absl::InternalError(absl::StrFormat(
