@@ -1,7 +1,17 @@
 // Rendezvous from launcher environment variables; see rendezvous.h.
 #include "comm/rendezvous.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <optional>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -260,6 +270,81 @@ absl::StatusOr<std::unique_ptr<Store>> StoreFromRendezvous(
                                  info.rank, " of ", info.world_size, ")"));
   }
   return std::unique_ptr<Store>(std::move(*store));
+}
+
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) {
+    return absl::InternalError(
+        absl::StrCat("getifaddrs: ", std::strerror(errno)));
+  }
+  std::string found;
+  std::set<std::string> with_ipv4;
+  for (ifaddrs* a = list; a != nullptr; a = a->ifa_next) {
+    if (a->ifa_addr == nullptr || a->ifa_addr->sa_family != AF_INET) continue;
+    with_ipv4.insert(a->ifa_name);
+    if (name == a->ifa_name && found.empty()) {
+      char text[INET_ADDRSTRLEN] = {};
+      const auto* in = reinterpret_cast<const sockaddr_in*>(a->ifa_addr);
+      inet_ntop(AF_INET, &in->sin_addr, text, sizeof(text));
+      found = text;
+    }
+  }
+  freeifaddrs(list);
+  if (found.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "network interface '", name,
+        "' does not exist or has no IPv4 address (interfaces with one: ",
+        absl::StrJoin(with_ipv4, ", "), ")"));
+  }
+  return found;
+}
+
+absl::StatusOr<std::string> ListenAddress(const RendezvousInfo& info,
+                                          const GetEnv& getenv) {
+  for (const char* var : {"FSDPP_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME"}) {
+    const char* name = getenv(var);
+    if (name != nullptr && name[0] != '\0') {
+      absl::StatusOr<std::string> address = InterfaceAddress(name);
+      if (!address.ok()) return Annotate(address.status(), var);
+      return address;
+    }
+  }
+  if (info.world_size == info.local_world_size) return std::string("127.0.0.1");
+  // The local end of the route to the master: a UDP "connect" sends
+  // nothing, it only picks the route and the source address.
+  addrinfo hints = {};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* resolved = nullptr;
+  const std::string port =
+      absl::StrCat(info.master_port > 0 ? info.master_port : 9);
+  if (getaddrinfo(info.master_addr.c_str(), port.c_str(), &hints, &resolved) !=
+          0 ||
+      resolved == nullptr) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot resolve MASTER_ADDR '", info.master_addr,
+                     "' to pick this node's address; set FSDPP_SOCKET_IFNAME"));
+  }
+  const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+  std::string out;
+  if (fd >= 0 && connect(fd, resolved->ai_addr, resolved->ai_addrlen) == 0) {
+    sockaddr_in local = {};
+    socklen_t length = sizeof(local);
+    if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &length) == 0) {
+      char text[INET_ADDRSTRLEN] = {};
+      inet_ntop(AF_INET, &local.sin_addr, text, sizeof(text));
+      out = text;
+    }
+  }
+  if (fd >= 0) close(fd);
+  freeaddrinfo(resolved);
+  if (out.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("no route to MASTER_ADDR '", info.master_addr,
+                     "' to pick this node's address; set FSDPP_SOCKET_IFNAME"));
+  }
+  return out;
 }
 
 }  // namespace fsdpp

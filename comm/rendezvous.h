@@ -58,6 +58,24 @@ absl::StatusOr<RendezvousInfo> RendezvousFromEnv(
 absl::StatusOr<std::unique_ptr<Store>> StoreFromRendezvous(
     const RendezvousInfo& info, absl::Duration timeout);
 
+// The IPv4 address this rank's collectives listen on (GlooOptions::hostname):
+//   FSDPP_SOCKET_IFNAME (or Gloo's GLOO_SOCKET_IFNAME) names the network
+//     interface whose address to use (e.g. a node's "eth1" or a veth);
+//   otherwise 127.0.0.1 when the job is one node (world size = local world
+//     size);
+//   otherwise the local address of the route to info.master_addr (the
+//     interface the other nodes reach this one through).
+// InvalidArgument naming the interface (and the ones there are) when it
+// does not exist or has no IPv4 address; Unavailable when master_addr has no
+// route.
+absl::StatusOr<std::string> ListenAddress(
+    const RendezvousInfo& info,
+    const std::function<const char*(const char*)>& getenv = ::getenv);
+
+// The IPv4 address of network interface `name`; InvalidArgument listing the
+// interfaces with one when it has none.
+absl::StatusOr<std::string> InterfaceAddress(const std::string& name);
+
 }  // namespace fsdpp
 
 #endif  // FSDPP_COMM_RENDEZVOUS_H_

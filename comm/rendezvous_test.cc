@@ -274,5 +274,38 @@ TEST(RendezvousTest, StoreFromRendezvousConnectsRanks) {
   ::close(fd);
 }
 
+// The address the collectives listen on: an interface named by
+// FSDPP_SOCKET_IFNAME (or GLOO_SOCKET_IFNAME), loopback for one node, the
+// route to the master for several.
+TEST(RendezvousTest, ListenAddress) {
+  auto env = [](const Env& e) {
+    return [e](const char* name) -> const char* {
+      auto it = e.find(name);
+      return it == e.end() ? nullptr : it->second.c_str();
+    };
+  };
+  RendezvousInfo one;
+  one.world_size = one.local_world_size = 2;
+  one.master_addr = "127.0.0.1";
+  EXPECT_EQ(*ListenAddress(one, env({})), "127.0.0.1");
+  EXPECT_EQ(*ListenAddress(one, env({{"FSDPP_SOCKET_IFNAME", "lo"}})),
+            "127.0.0.1");
+  EXPECT_EQ(*ListenAddress(one, env({{"GLOO_SOCKET_IFNAME", "lo"}})),
+            "127.0.0.1");
+  absl::Status bad =
+      ListenAddress(one, env({{"FSDPP_SOCKET_IFNAME", "nosuch0"}})).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.message(), AllOf(HasSubstr("FSDPP_SOCKET_IFNAME"),
+                                   HasSubstr("'nosuch0'"), HasSubstr("lo")));
+  // Two nodes: the local end of the route to the master (loopback here).
+  RendezvousInfo two = one;
+  two.world_size = 4;
+  two.master_port = 29500;
+  EXPECT_EQ(*ListenAddress(two, env({})), "127.0.0.1");
+  two.master_addr = "no-such-host.invalid";
+  EXPECT_EQ(ListenAddress(two, env({})).status().code(),
+            absl::StatusCode::kUnavailable);
+}
+
 }  // namespace
 }  // namespace fsdpp

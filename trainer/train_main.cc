@@ -65,6 +65,15 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "SECTION.FIELD=VALUE: override a config field (repeatable)");
 ABSL_FLAG(int, nproc_per_node, 2,
           "local ranks to start when not launched by a launcher");
+ABSL_FLAG(int, nnodes, 1,
+          "nodes in the job: run this binary on each with its --node_rank "
+          "and the same --master_addr / --master_port (torchrun's static "
+          "multi-node launch)");
+ABSL_FLAG(int, node_rank, 0, "this node's index in [0, nnodes)");
+ABSL_FLAG(std::string, master_addr, "127.0.0.1",
+          "node 0's address, where the rendezvous store listens");
+ABSL_FLAG(int, master_port, 0,
+          "the rendezvous port; 0 = a free one (one node only)");
 ABSL_FLAG(int64_t, stop_after_steps, 0,
           "preemption drill: stop after N steps of this run as if killed "
           "(checkpoints up to then are kept); 0: off");
@@ -86,6 +95,10 @@ struct Flags {
   std::string config_path;
   std::vector<std::string> overrides;
   int nproc_per_node = 2;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
   int64_t stop_after_steps = 0;
   bool print_config = false;
 };
@@ -106,6 +119,23 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   flags.config_path = absl::GetFlag(FLAGS_config);
   flags.overrides = line.repeated["set"];
   flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
+  flags.nnodes = absl::GetFlag(FLAGS_nnodes);
+  flags.node_rank = absl::GetFlag(FLAGS_node_rank);
+  flags.master_addr = absl::GetFlag(FLAGS_master_addr);
+  flags.master_port = absl::GetFlag(FLAGS_master_port);
+  if (flags.nnodes < 1 || flags.node_rank < 0 ||
+      flags.node_rank >= flags.nnodes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--nnodes must be >= 1 and --node_rank in [0, nnodes), got nnodes ",
+        flags.nnodes, " node_rank ", flags.node_rank));
+  }
+  if (flags.master_port < 0 || flags.master_port > 65535 ||
+      (flags.nnodes > 1 && flags.master_port == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--master_port must be in [1, 65535] (required with --nnodes > 1), "
+        "got ",
+        flags.master_port));
+  }
   flags.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
   flags.print_config = absl::GetFlag(FLAGS_print_config);
   if (flags.stop_after_steps < 0) {
@@ -249,6 +279,12 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
   }
   GlooOptions gloo;
   gloo.timeout = absl::Seconds(config.comm().timeout_s());
+  absl::StatusOr<std::string> address = ListenAddress(info);
+  if (!address.ok()) {
+    std::fprintf(stderr, "train: %s\n", address.status().ToString().c_str());
+    return 1;
+  }
+  gloo.hostname = *address;
   TrainerEnv env;
   env.rank = info.rank;
   env.world_size = info.world_size;
@@ -319,19 +355,25 @@ int Main(int argc, char** argv) {
   }
   // Not launched: validate for the local job, then start it.
   const int nproc = flags->nproc_per_node;
-  if (absl::Status s = Validate(*config, nproc); !s.ok()) {
-    std::fprintf(stderr, "train: %s (for --nproc_per_node=%d)\n",
-                 s.ToString().c_str(), nproc);
+  const int world = nproc * flags->nnodes;
+  if (absl::Status s = Validate(*config, world); !s.ok()) {
+    std::fprintf(stderr,
+                 "train: %s (for %d rank(s): --nproc_per_node=%d x "
+                 "--nnodes=%d)\n",
+                 s.ToString().c_str(), world, nproc, flags->nnodes);
     return 2;
   }
   // Two spinning OpenMP pools on two cores cost a third of the speed.
   setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
-  if (nproc == 1) {
+  if (world == 1) {
     return RunSingle(*config, argv[0], flags->stop_after_steps);
   }
   launch::LaunchOptions lo;
   lo.nproc_per_node = nproc;
-  lo.master_port = FreePort();
+  lo.nnodes = flags->nnodes;
+  lo.node_rank = flags->node_rank;
+  lo.master_addr = flags->master_addr;
+  lo.master_port = flags->master_port > 0 ? flags->master_port : FreePort();
   // The children are this binary with the same flags (they see RANK).
   lo.program.push_back("/proc/self/exe");
   for (int i = 1; i < argc; ++i) lo.program.push_back(argv[i]);
@@ -340,6 +382,7 @@ int Main(int argc, char** argv) {
   std::fflush(stdout);
   const int rc = launch::RunLaunch(lo);
   if (rc != 0) return rc;
+  if (flags->node_rank != 0) return 0;  // rank 0's outputs are on node 0
   std::string png;
   if (!config->metrics().jsonl_path().empty()) {
     png = Plot(argv[0], config->metrics().jsonl_path());

@@ -1,0 +1,163 @@
+#!/usr/bin/env bash
+# Two "nodes" made of Linux network namespaces on a bridge, each with one
+# veth (eth0, 10.77.0.1 and .2) running `train --nnodes=2 --node_rank=k
+# --master_addr=10.77.0.1` (its own launcher, as torchrun), the ranks
+# binding eth0 through FSDPP_SOCKET_IFNAME: 2 nodes x 2 ranks train GPT-2 debug with FSDP over 4
+# and with HSDP (replicate 2 across the nodes x shard 2 within), and
+#  * every step's loss equals the single-host 4-rank run's of the same
+#    layout (f32, within 1e-5 relative);
+#  * the bytes each node sends over its link per step (the interface
+#    counters) are reported for both, and HSDP's are <= 0.6x FSDP's (the
+#    shard groups' all-gathers and reduce-scatters stay inside a node; only
+#    the replicas' gradient all-reduce crosses).
+# Needs root and `ip netns` (iproute2); skips, saying so, where namespaces
+# cannot be made.
+set -euo pipefail
+train=$PWD/trainer/train
+work="${TEST_TMPDIR:-$(mktemp -d)}/multinode"
+rm -rf "$work"
+mkdir -p "$work"
+
+fail() {
+  echo "FAIL: $*" >&2
+  exit 1
+}
+
+tag=$$
+ns=("fsdpp_n0_$tag" "fsdpp_n1_$tag")
+br="fbr$tag"
+if [[ $(id -u) != 0 ]] || ! command -v ip >/dev/null ||
+  ! ip netns add "${ns[0]}" 2>/dev/null; then
+  echo "SKIP: network namespaces need root and iproute2 (ip netns)"
+  exit 0
+fi
+cleanup() {
+  for n in "${ns[@]}"; do ip netns del "$n" 2>/dev/null || true; done
+  ip link del "$br" 2>/dev/null || true
+}
+trap cleanup EXIT
+ip netns add "${ns[1]}"
+ip link add "$br" type bridge
+ip link set "$br" up
+for k in 0 1; do
+  host="fv${k}h$tag"
+  ip link add "$host" type veth peer name "fv${k}n$tag"
+  ip link set "fv${k}n$tag" netns "${ns[$k]}"
+  ip -n "${ns[$k]}" link set "fv${k}n$tag" name eth0
+  ip -n "${ns[$k]}" addr add "10.77.0.$((k + 1))/24" dev eth0
+  ip -n "${ns[$k]}" link set eth0 up
+  ip -n "${ns[$k]}" link set lo up
+  ip link set "$host" master "$br" up
+done
+
+steps=10
+common=(
+  --set training.steps=$steps --set training.global_batch=8
+  --set training.micro_batch=2 --set training.seq_len=32
+  --set training.warmup_steps=2 --set checkpoint.interval=0
+  --set checkpoint.resume=false --set validation.interval=0
+  --set metrics.log_interval=1 --set metrics.peak_tflops=1
+  --set comm.timeout_s=60
+)
+
+tx_bytes() {  # tx_bytes NS: bytes sent by the namespace's eth0
+  ip netns exec "$1" cat /sys/class/net/eth0/statistics/tx_bytes
+}
+
+# "step loss" lines of a metrics JSONL.
+losses() {
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    d = json.loads(line)
+    if d.get("kind") == "train":
+        print(d["step"], repr(d["loss"]))
+PY
+}
+
+# two_nodes NAME FLAGS...: the job on the two namespaces; sets $sent to the
+# bytes per step each node sent (average of the two).
+two_nodes() {
+  local name=$1
+  shift
+  local before=($(tx_bytes "${ns[0]}") $(tx_bytes "${ns[1]}"))
+  local pids=()
+  for k in 0 1; do
+    ip netns exec "${ns[$k]}" env FSDPP_SOCKET_IFNAME=eth0 \
+      "$train" --nnodes=2 --node_rank=$k --nproc_per_node=2 \
+      --master_addr=10.77.0.1 --master_port=29517 "${common[@]}" "$@" \
+      --set "checkpoint.folder=$work/$name/ckpt$k" \
+      --set "metrics.jsonl_path=$work/$name/node$k.jsonl" \
+      >"$work/$name.node$k.log" 2>&1 &
+    pids+=($!)
+  done
+  for k in 0 1; do
+    wait "${pids[$k]}" || { cat "$work/$name.node$k.log"; fail "$name: node $k exited $?"; }
+  done
+  local after=($(tx_bytes "${ns[0]}") $(tx_bytes "${ns[1]}"))
+  sent=$(( (after[0] - before[0] + after[1] - before[1]) / 2 / steps ))
+}
+
+one_host() {  # one_host NAME FLAGS...: 4 ranks on this host
+  local name=$1
+  shift
+  "$train" --nproc_per_node=4 "${common[@]}" "$@" \
+    --set "checkpoint.folder=$work/$name/ckpt" \
+    --set "metrics.jsonl_path=$work/$name/host.jsonl" >"$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; fail "$name exited $?"; }
+}
+
+compare() {  # compare REF GOT: every step's loss within 1e-5 relative
+  /usr/bin/python3 - "$1" "$2" <<'PY'
+import sys
+ref = [float(l.split()[1]) for l in open(sys.argv[1])]
+got = [float(l.split()[1]) for l in open(sys.argv[2])]
+assert len(ref) == len(got) > 0, (len(ref), len(got))
+worst = max(abs(g - r) / abs(r) for r, g in zip(ref, got))
+print("max relative loss difference %.3g" % worst)
+assert worst <= 1e-5, worst
+PY
+}
+
+mkdir -p "$work/fsdp" "$work/hsdp" "$work/fsdp_host" "$work/hsdp_host"
+two_nodes fsdp
+fsdp_sent=$sent
+grep -q "mesh train{shard: 4}" "$work/fsdp.node0.log" || fail "fsdp: wrong mesh"
+two_nodes hsdp --set parallelism.dp_replicate=2
+hsdp_sent=$sent
+grep -q "mesh train{replicate: 2, shard: 2}" "$work/hsdp.node0.log" ||
+  fail "hsdp: wrong mesh"
+one_host fsdp_host
+one_host hsdp_host --set parallelism.dp_replicate=2
+
+losses "$work/fsdp/node0.jsonl" >"$work/fsdp.losses"
+losses "$work/fsdp_host/host.jsonl" >"$work/fsdp_host.losses"
+losses "$work/hsdp/node0.jsonl" >"$work/hsdp.losses"
+losses "$work/hsdp_host/host.jsonl" >"$work/hsdp_host.losses"
+echo -n "FSDP 4, 2 nodes vs 1 host: "
+compare "$work/fsdp_host.losses" "$work/fsdp.losses" || fail "fsdp losses"
+echo -n "HSDP 2 x 2, 2 nodes vs 1 host: "
+compare "$work/hsdp_host.losses" "$work/hsdp.losses" || fail "hsdp losses"
+
+ratio=$(echo "scale=3; $hsdp_sent / $fsdp_sent" | bc)
+echo "bytes sent per node per step over its link: FSDP $fsdp_sent, HSDP" \
+  "$hsdp_sent (HSDP / FSDP = $ratio)"
+(( $(echo "$ratio <= 0.6" | bc) )) || fail "HSDP sends $ratio x FSDP's"
+# Against the analytic volume, S = the f32 parameters' bytes. FSDP 4: the
+# ring of each all-gather (forward, backward) and reduce-scatter crosses from
+# node 0 to node 1 once, carrying 3/4 S: 2.25 S per step. HSDP: the shard
+# collectives stay inside a node; each of its 2 ranks all-reduces its S / 2
+# shard with its replica (sending S / 2): S per step.
+params=$(grep -oP 'gpt2_debug \(\K[0-9.]+(?=M parameters)' \
+  "$work/fsdp.node0.log" | head -1)
+[[ -n "$params" ]] || fail "no parameter count in the header"
+/usr/bin/python3 - "$params" "$fsdp_sent" "$hsdp_sent" <<'PY' || fail "bytes"
+import sys
+s = float(sys.argv[1]) * 1e6 * 4
+fsdp, hsdp = int(sys.argv[2]), int(sys.argv[3])
+print("analytic: FSDP %.0f, HSDP %.0f; measured / analytic: %.2f, %.2f"
+      % (2.25 * s, s, fsdp / (2.25 * s), hsdp / s))
+assert 0.75 <= fsdp / (2.25 * s) <= 1.25, "FSDP bytes off the analytic volume"
+assert 0.75 <= hsdp / s <= 1.25, "HSDP bytes off the analytic volume"
+PY
+echo "PASS"
