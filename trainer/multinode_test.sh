@@ -139,10 +139,9 @@ compare "$work/fsdp_host.losses" "$work/fsdp.losses" || fail "fsdp losses"
 echo -n "HSDP 2 x 2, 2 nodes vs 1 host: "
 compare "$work/hsdp_host.losses" "$work/hsdp.losses" || fail "hsdp losses"
 
-ratio=$(echo "scale=3; $hsdp_sent / $fsdp_sent" | bc)
 echo "bytes sent per node per step over its link: FSDP $fsdp_sent, HSDP" \
-  "$hsdp_sent (HSDP / FSDP = $ratio)"
-(( $(echo "$ratio <= 0.6" | bc) )) || fail "HSDP sends $ratio x FSDP's"
+  "$hsdp_sent (HSDP / FSDP = $(( 100 * hsdp_sent / fsdp_sent ))%)"
+(( 10 * hsdp_sent <= 6 * fsdp_sent )) || fail "HSDP sends more than 0.6x FSDP's"
 # Against the analytic volume, S = the f32 parameters' bytes. FSDP 4: the
 # ring of each all-gather (forward, backward) and reduce-scatter crosses from
 # node 0 to node 1 once, carrying 3/4 S: 2.25 S per step. HSDP: the shard
