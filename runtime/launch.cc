@@ -132,6 +132,9 @@ absl::Status ParseFlag(absl::string_view name, const std::string& value,
     options->master_addr = value;
     return absl::OkStatus();
   }
+  if (name == "max_restarts") {
+    return ParseIntFlag(name, value, &options->max_restarts);
+  }
   if (name == "grace_period_s") {
     if (!absl::SimpleAtod(value, &options->grace_period_s)) {
       return absl::InvalidArgumentError(
@@ -145,7 +148,7 @@ absl::Status ParseFlag(absl::string_view name, const std::string& value,
 bool IsKnownFlag(absl::string_view name) {
   return name == "nproc_per_node" || name == "nnodes" || name == "node_rank" ||
          name == "master_addr" || name == "master_port" ||
-         name == "grace_period_s";
+         name == "grace_period_s" || name == "max_restarts";
 }
 
 absl::Status Validate(const LaunchOptions& options) {
@@ -178,6 +181,10 @@ absl::Status Validate(const LaunchOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("--grace_period_s=", options.grace_period_s,
                      " must be in [0, ", kMaxGracePeriodS, "]"));
+  }
+  if (options.max_restarts < 0 || options.max_restarts > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_restarts=", options.max_restarts, " must be in [0, 1000]"));
   }
   if (options.program.empty()) {
     return absl::InvalidArgumentError("missing PROGRAM");
@@ -268,6 +275,8 @@ class Launcher {
   int wake_write_fd_ = -1;
   Phase phase_ = Phase::kRunning;
   int exit_code_ = 0;
+  bool interrupted_ = false;  // SIGINT / SIGTERM to the launcher
+  int restart_count_ = 0;
   std::optional<Clock::time_point> deadline_;
   sig_atomic_t seen_sigint_ = 0;
   sig_atomic_t seen_sigterm_ = 0;
@@ -283,7 +292,10 @@ absl::Status Launcher::SetUp() {
   EnsureStandardFds();
   num_cpus_ = AvailableCpus();
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
-    if (absl::StartsWith(*e, "FSDPP_LIVE_STATUS=")) continue;
+    if (absl::StartsWith(*e, "FSDPP_LIVE_STATUS=") ||
+        absl::StartsWith(*e, "TORCHELASTIC_RESTART_COUNT=")) {
+      continue;
+    }
     base_env_.emplace_back(*e);
   }
   live_status_ = isatty(STDOUT_FILENO);
@@ -358,6 +370,7 @@ absl::Status Launcher::Spawn(Rank& rank) {
   // Everything the child needs is built before fork().
   std::vector<std::string> env =
       RankEnvironment(options_, rank.local_rank, base_env_, num_cpus_);
+  env.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restart_count_));
   std::vector<char*> envp;
   for (std::string& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
@@ -518,6 +531,7 @@ void Launcher::HandleSignals() {
 }
 
 void Launcher::OnLauncherSignal(int signo) {
+  interrupted_ = true;  // never restart after the launcher was told to stop
   if (phase_ == Phase::kRunning) {
     exit_code_ = 128 + signo;
     Message(
@@ -671,27 +685,42 @@ int Launcher::Run() {
     return 1;
   }
   const int world_offset = options_.node_rank * options_.nproc_per_node;
-  ranks_.reserve(options_.nproc_per_node);
-  for (int local = 0; local < options_.nproc_per_node; ++local) {
-    // stderr lines erase a status line only on the same terminal.
-    ranks_.emplace_back(
-        local, world_offset + local, live_status_ ? &terminal_ : nullptr,
-        live_status_ && isatty(STDERR_FILENO) ? &terminal_ : nullptr);
-  }
-  for (Rank& rank : ranks_) {
-    if (absl::Status status = Spawn(rank); !status.ok()) {
-      Message(absl::StrCat("cannot start rank ", rank.global_rank, ": ",
-                           status.message()));
-      exit_code_ = 1;
-      Stop();
+  while (true) {
+    ranks_.clear();
+    ranks_.reserve(options_.nproc_per_node);
+    for (int local = 0; local < options_.nproc_per_node; ++local) {
+      // stderr lines erase a status line only on the same terminal.
+      ranks_.emplace_back(
+          local, world_offset + local, live_status_ ? &terminal_ : nullptr,
+          live_status_ && isatty(STDERR_FILENO) ? &terminal_ : nullptr);
+    }
+    bool spawned = true;
+    for (Rank& rank : ranks_) {
+      if (absl::Status status = Spawn(rank); !status.ok()) {
+        Message(absl::StrCat("cannot start rank ", rank.global_rank, ": ",
+                             status.message()));
+        exit_code_ = 1;
+        spawned = false;
+        Stop();
+        break;
+      }
+    }
+    while (true) {
+      HandleSignals();
+      Reap();
+      if (!Advance()) break;
+      PollOnce();
+    }
+    if (exit_code_ == 0 || interrupted_ || !spawned ||
+        restart_count_ >= options_.max_restarts) {
       break;
     }
-  }
-  while (true) {
-    HandleSignals();
-    Reap();
-    if (!Advance()) break;
-    PollOnce();
+    ++restart_count_;
+    Message(absl::StrCat("restarting the local ranks (restart ", restart_count_,
+                         " of ", options_.max_restarts, ")"));
+    phase_ = Phase::kRunning;
+    exit_code_ = 0;
+    deadline_.reset();
   }
   TearDown();
   return exit_code_;
@@ -761,7 +790,8 @@ std::string LinePrefixer::Finish() {
 std::string LaunchUsage() {
   return "Usage: launch [--nproc_per_node=N] [--nnodes=M] [--node_rank=K]\n"
          "              [--master_addr=HOST] [--master_port=PORT]\n"
-         "              [--grace_period_s=S] [--] PROGRAM [ARGS...]\n"
+         "              [--grace_period_s=S] [--max_restarts=R]\n"
+         "              [--] PROGRAM [ARGS...]\n"
          "\n"
          "Starts N copies of PROGRAM (looked up in PATH unless it contains a\n"
          "'/') with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,\n"
@@ -776,6 +806,9 @@ std::string LaunchUsage() {
          "  --master_addr=HOST   rendezvous host (default 127.0.0.1)\n"
          "  --master_port=PORT   rendezvous port (default 29500)\n"
          "  --grace_period_s=S   SIGTERM-to-SIGKILL delay (default 5)\n"
+         "  --max_restarts=R     after a rank fails, stop the local ranks and\n"
+         "                       start them again, up to R times (default 0;\n"
+         "                       the ranks see TORCHELASTIC_RESTART_COUNT)\n"
          "\n"
          "Exit status: 0 if all ranks exit 0; else that of the first failing\n"
          "rank (128 + signal if it was killed), 130/143 after SIGINT/SIGTERM,\n"

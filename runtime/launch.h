@@ -35,6 +35,11 @@ struct LaunchOptions {
   int master_port = 29500;
   // Time between SIGTERM and SIGKILL when the job is stopped.
   double grace_period_s = 5.0;
+  // After a rank fails, stop the local ranks and start them all again, up
+  // to this many times (torchrun's --max_restarts; not after SIGINT /
+  // SIGTERM to the launcher). The ranks see TORCHELASTIC_RESTART_COUNT; a
+  // trainer resumes from its latest checkpoint on its own.
+  int max_restarts = 0;
   // --help was given: print the usage and exit 0; nothing else is checked.
   bool help = false;
   // PROGRAM and its arguments (program[0] is looked up in PATH unless it

@@ -150,4 +150,10 @@ grep -q "1 (heartbeat stopped" "$work/stopped.log" ||
 echo "stopped rank: job ended after ${elapsed}s (exit $code):"
 grep -m1 "heartbeat stopped" "$work/stopped.log"
 
+# 6. Kill -9 drill under --max_restarts=3 (trainer/kill_drill.sh, 2
+# trials): a random rank killed at a random step, the ranks restarted and
+# resumed, every final loss equal to the uninterrupted run's.
+bash "$cd_back/trainer/kill_drill.sh" 2 "$cd_back/$train" "$work/drill" ||
+  fail "kill -9 drill"
+
 echo "PASS"

@@ -74,6 +74,10 @@ ABSL_FLAG(std::string, master_addr, "127.0.0.1",
           "node 0's address, where the rendezvous store listens");
 ABSL_FLAG(int, master_port, 0,
           "the rendezvous port; 0 = a free one (one node only)");
+ABSL_FLAG(int, max_restarts, 0,
+          "after a rank fails, restart this node's ranks up to N times; "
+          "they resume from the latest checkpoint (torchrun's "
+          "--max_restarts)");
 ABSL_FLAG(int64_t, stop_after_steps, 0,
           "preemption drill: stop after N steps of this run as if killed "
           "(checkpoints up to then are kept); 0: off");
@@ -99,6 +103,7 @@ struct Flags {
   int node_rank = 0;
   std::string master_addr;
   int master_port = 0;
+  int max_restarts = 0;
   int64_t stop_after_steps = 0;
   bool print_config = false;
 };
@@ -123,6 +128,11 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   flags.node_rank = absl::GetFlag(FLAGS_node_rank);
   flags.master_addr = absl::GetFlag(FLAGS_master_addr);
   flags.master_port = absl::GetFlag(FLAGS_master_port);
+  flags.max_restarts = absl::GetFlag(FLAGS_max_restarts);
+  if (flags.max_restarts < 0 || flags.max_restarts > 1000) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--max_restarts must be in [0, 1000], got ", flags.max_restarts));
+  }
   if (flags.nnodes < 1 || flags.node_rank < 0 ||
       flags.node_rank >= flags.nnodes) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -374,6 +384,7 @@ int Main(int argc, char** argv) {
   lo.node_rank = flags->node_rank;
   lo.master_addr = flags->master_addr;
   lo.master_port = flags->master_port > 0 ? flags->master_port : FreePort();
+  lo.max_restarts = flags->max_restarts;
   // The children are this binary with the same flags (they see RANK).
   lo.program.push_back("/proc/self/exe");
   for (int i = 1; i < argc; ++i) lo.program.push_back(argv[i]);
