@@ -529,6 +529,47 @@ TEST(TcpStoreTest, MalformedClientIsDroppedOthersKeepWorking) {
   EXPECT_EQ(*v, "fine");
 }
 
+// A server that accepts but never answers (a node cut off): a Get with a
+// short timeout (a heartbeat diagnosis) gives up at its own deadline, both
+// when it is the only request and when another thread's request holds the
+// connection until the I/O timeout.
+TEST(TcpStoreTest, GetDoesNotWaitBehindAStuckRequestPastItsTimeout) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  ASSERT_EQ(::listen(listener, 4), 0);
+  socklen_t length = sizeof(addr);
+  ASSERT_EQ(
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length), 0);
+  // Alone: the exchange itself gives up at the Get's deadline.
+  {
+    absl::StatusOr<std::unique_ptr<TcpStore>> alone = TcpStore::Create(
+        "127.0.0.1", ntohs(addr.sin_port), false, absl::Seconds(30));
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    const absl::Time start = absl::Now();
+    EXPECT_EQ((*alone)->Get("x", absl::Milliseconds(200)).status().code(),
+              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  }
+  absl::StatusOr<std::unique_ptr<TcpStore>> client = TcpStore::Create(
+      "127.0.0.1", ntohs(addr.sin_port), false, absl::Seconds(3));
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::thread stuck([&] { EXPECT_FALSE((*client)->Set("k", "v").ok()); });
+  absl::SleepFor(absl::Milliseconds(100));  // the Set holds the connection
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> v =
+      (*client)->Get("heartbeat/1", absl::Milliseconds(200));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(1));
+  EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(v.status().message().find("stayed busy"), std::string::npos)
+      << v.status();
+  stuck.join();
+  ::close(listener);
+}
+
 TEST(TcpStoreTest, ManyClientsConnectConcurrently) {
   absl::StatusOr<std::unique_ptr<TcpStore>> server =
       TcpStore::Create("127.0.0.1", 0, true, kLong);

@@ -612,15 +612,31 @@ class TcpStore::Client {
 
   // Sends one request payload and returns the reply payload. After any
   // failure the connection is closed and later calls fail at once.
-  absl::StatusOr<std::string> RoundTrip(absl::string_view request) {
+  // `call_deadline` bounds the whole call: the wait for the connection
+  // while another thread's exchange holds it (a heartbeat write to a server
+  // that went unreachable holds it until io_timeout) and the exchange,
+  // which is also bounded by io_timeout. An exchange cut short leaves the
+  // connection broken (as any failed exchange does).
+  absl::StatusOr<std::string> RoundTrip(
+      absl::string_view request,
+      absl::Time call_deadline = absl::InfiniteFuture()) {
     if (request.size() > kMaxFrameBytes) {
       return absl::InvalidArgumentError(
           absl::StrCat("tcp store ", where_, ": request of ", request.size(),
                        " bytes exceeds the ", kMaxFrameBytes, "-byte limit"));
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::timed_mutex> lock(mu_, std::defer_lock);
+    if (call_deadline == absl::InfiniteFuture()) {
+      lock.lock();
+    } else if (!lock.try_lock_until(absl::ToChronoTime(call_deadline))) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "tcp store ", where_,
+          ": the connection stayed busy with another request (the server "
+          "may be unreachable)"));
+    }
     if (!broken_.ok()) return broken_;
-    const absl::Time deadline = absl::Now() + io_timeout_;
+    const absl::Time deadline =
+        std::min(absl::Now() + io_timeout_, call_deadline);
     absl::StatusOr<std::string> reply = Exchange(request, deadline);
     if (!reply.ok()) {
       CloseFd(fd_);
@@ -713,7 +729,7 @@ class TcpStore::Client {
     return absl::OkStatus();
   }
 
-  std::mutex mu_;
+  std::timed_mutex mu_;
   int fd_;  // -1 once broken.
   const std::string where_;
   const absl::Duration io_timeout_;
@@ -752,8 +768,9 @@ TcpStore::~TcpStore() = default;
 
 std::string TcpStore::Where() const { return absl::StrCat(host_, ":", port_); }
 
-absl::StatusOr<std::string> TcpStore::Call(const std::string& request) {
-  return client_->RoundTrip(request);
+absl::StatusOr<std::string> TcpStore::Call(const std::string& request,
+                                           absl::Time call_deadline) {
+  return client_->RoundTrip(request, call_deadline);
 }
 
 absl::Status TcpStore::Set(absl::string_view key, absl::string_view value) {
@@ -771,7 +788,7 @@ absl::StatusOr<std::string> TcpStore::Get(absl::string_view key,
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = kMinPollBackoff;
   for (;;) {
-    ASSIGN_OR_RETURN(const std::string reply, Call(req));
+    ASSIGN_OR_RETURN(const std::string reply, Call(req, deadline));
     Reader in(reply);
     ASSIGN_OR_RETURN(const uint8_t status, ReadReplyStatus(&in, Where()));
     if (status == kOk) {

@@ -72,7 +72,9 @@ class TcpStore final : public Store {
            std::unique_ptr<Client> client);
 
   // Sends a request payload, returns the reply payload.
-  absl::StatusOr<std::string> Call(const std::string& request);
+  absl::StatusOr<std::string> Call(
+      const std::string& request,
+      absl::Time call_deadline = absl::InfiniteFuture());
   // "host:port", for messages.
   std::string Where() const;
 

@@ -310,7 +310,12 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
   absl::StatusOr<TrainResult> result = TrainRank(config, env);
   if (!result.ok()) {
     std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
-    return 1;
+    // Exit at once: the store's and the sockets' destructors would wait on
+    // peers that may be dead or cut off (a node whose link is down), turning
+    // a clean, named failure into minutes of waiting. The OS closes them.
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(1);
   }
   return 0;
 }
