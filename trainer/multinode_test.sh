@@ -10,11 +10,10 @@
 #    counters) are reported for both, and HSDP's are <= 0.6x FSDP's (the
 #    shard groups' all-gathers and reduce-scatters stay inside a node; only
 #    the replicas' gradient all-reduce crosses).
-# Then a fault drill on the same nodes under comm.timeout_s=3: node 1 lost
-# (its launcher and ranks killed with SIGKILL): node 0's ranks fail naming
-# ranks 2 and 3 within the timeout + 5 s, both launchers end, and no process
-# is left in either namespace. (A link set down is not drilled here yet: the
-# cut-off node's ranks only fail after about 120 s, see docs/PERFORMANCE.md.)
+# Then two fault drills on the same nodes, each under comm.timeout_s=3: node
+# 1's link set down mid-run, and node 1 lost (its launcher and ranks killed
+# with SIGKILL): node 0's ranks fail naming ranks 2 and 3 within the timeout
+# + 5 s, both nodes' jobs end, and no process is left in either namespace.
 # Needs root and `ip netns` (iproute2); skips, saying so, where namespaces
 # cannot be made.
 set -euo pipefail
@@ -230,6 +229,12 @@ PY
   echo "$name: node 1's ranks named by node 0, both nodes ended after" \
     "${elapsed_ms} ms, nothing left behind"
 }
+
+start_job link_down
+t0=$(date +%s%N)
+ip -n "${ns[1]}" link set eth0 down
+end_job link_down "$t0"
+ip -n "${ns[1]}" link set eth0 up
 
 start_job node_lost
 t0=$(date +%s%N)

@@ -307,16 +307,22 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
     env.progress = TrainerEnv::Progress::kStatusLines;
   }
   env.stop_after_steps = stop_after_steps;
-  absl::StatusOr<TrainResult> result = TrainRank(config, env);
-  if (!result.ok()) {
-    std::fprintf(stderr, "train: %s\n", result.status().ToString().c_str());
-    // Exit at once: the store's and the sockets' destructors would wait on
-    // peers that may be dead or cut off (a node whose link is down), turning
-    // a clean, named failure into minutes of waiting. The OS closes them.
+  // On failure, report and exit at once, with the trainer still alive: its
+  // process groups' and the store's destructors would wait on peers that may
+  // be dead or cut off (a heartbeat write to an unreachable store blocks for
+  // the store's I/O timeout), turning a clean, named failure into minutes of
+  // waiting. The OS closes the sockets.
+  const auto fail = [](const absl::Status& status) {
+    std::fprintf(stderr, "train: %s\n", status.ToString().c_str());
     std::fflush(stdout);
     std::fflush(stderr);
     std::_Exit(1);
-  }
+  };
+  absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+      Trainer::Create(config, env);
+  if (!trainer.ok()) fail(trainer.status());
+  absl::StatusOr<TrainResult> result = (*trainer)->Run();
+  if (!result.ok()) fail(result.status());
   return 0;
 }
 
