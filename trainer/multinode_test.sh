@@ -10,10 +10,12 @@
 #    counters) are reported for both, and HSDP's are <= 0.6x FSDP's (the
 #    shard groups' all-gathers and reduce-scatters stay inside a node; only
 #    the replicas' gradient all-reduce crosses).
-# Then two fault drills on the same nodes, each under comm.timeout_s=3: node
-# 1's link set down mid-run, and node 1 lost (its launcher and ranks killed
-# with SIGKILL): node 0's ranks fail naming ranks 2 and 3 within the timeout
-# + 5 s, both nodes' jobs end, and no process is left in either namespace.
+# Then fault drills on the same nodes, each under comm.timeout_s=3: rank 3
+# (on node 1) stopped with SIGSTOP, node 1's link set down mid-run, and node
+# 1 lost (its launcher and ranks killed with SIGKILL): node 0's ranks fail
+# naming the culprit (rank 3, or ranks 2 and 3) within the timeout + 5 s,
+# both nodes' jobs end, and no process is left in either namespace.
+# DRILL_TRIALS=5 repeats each drill 5 times (the docs' figures).
 # Needs root and `ip netns` (iproute2); skips, saying so, where namespaces
 # cannot be made.
 set -euo pipefail
@@ -230,15 +232,28 @@ PY
     "${elapsed_ms} ms, nothing left behind"
 }
 
-start_job link_down
-t0=$(date +%s%N)
-ip -n "${ns[1]}" link set eth0 down
-end_job link_down "$t0"
-ip -n "${ns[1]}" link set eth0 up
+# DRILL_TRIALS (default 1) rounds of each drill: a rank of node 1 stopped
+# (SIGSTOP), node 1's link set down, node 1 lost.
+for trial in $(seq "${DRILL_TRIALS:-1}"); do
+  start_job "rank_stopped$trial"
+  t0=$(date +%s%N)
+  for p in $(processes_in "${ns[1]}"); do
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=3"; then
+      kill -STOP "$p"
+    fi
+  done
+  end_job "rank_stopped$trial" "$t0"
 
-start_job node_lost
-t0=$(date +%s%N)
-for p in $(processes_in "${ns[1]}"); do kill -9 "$p" 2>/dev/null || true; done
-end_job node_lost "$t0"
+  start_job "link_down$trial"
+  t0=$(date +%s%N)
+  ip -n "${ns[1]}" link set eth0 down
+  end_job "link_down$trial" "$t0"
+  ip -n "${ns[1]}" link set eth0 up
+
+  start_job "node_lost$trial"
+  t0=$(date +%s%N)
+  for p in $(processes_in "${ns[1]}"); do kill -9 "$p" 2>/dev/null || true; done
+  end_job "node_lost$trial" "$t0"
+done
 
 echo "PASS"
