@@ -67,7 +67,7 @@ for trial in $(seq "$trials"); do
     p=${status#/proc/}
     p=${p%/status}
     grep -qx "PPid:[[:space:]]*$launcher" "$status" 2>/dev/null || continue
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=$victim"; then
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "RANK=$victim" >/dev/null; then
       kill -9 "$p" && killed=1
     fi
   done

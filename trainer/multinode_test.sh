@@ -183,8 +183,11 @@ start_job() {
     grep -qE "step +3/100000" "$work/$name.node0.log" && return 0
     sleep 0.1
   done
-  cat "$work/$name.node0.log"
-  fail "$name: the job did not reach step 3"
+  for j in 0 1; do
+    for p in $(processes_in "${ns[$j]}"); do kill -9 "$p" 2>/dev/null || true; done
+  done
+  tail -5 "$work/$name.node0.log" "$work/$name.node1.log" | cut -c1-300
+  fail "$name: the job did not reach step 3 within 90 s"
 }
 
 # processes_in NS: pids of the processes in namespace NS.
@@ -198,6 +201,23 @@ end_job() {
   local name=$1 start=$2
   local ended=()
   for k in 0 1; do
+    # Bounded: a job that does not end within 60 s is a hang (the bug this
+    # drill looks for); show where it stands and fail.
+    for _ in $(seq 600); do
+      kill -0 "${job_pids[$k]}" 2>/dev/null || break
+      sleep 0.1
+    done
+    if kill -0 "${job_pids[$k]}" 2>/dev/null; then
+      for j in 0 1; do
+        echo "--- node $j:"
+        grep -v "step .*/100000" "$work/$name.node$j.log" | tail -6 | cut -c1-300
+        echo "processes: $(processes_in "${ns[$j]}")"
+      done
+      for j in 0 1; do
+        for p in $(processes_in "${ns[$j]}"); do kill -9 "$p" 2>/dev/null || true; done
+      done
+      fail "$name: node $k's job did not end within 60 s"
+    fi
     wait "${job_pids[$k]}" 2>/dev/null || true
     ended+=($(( ($(date +%s%N) - start) / 1000000 )))
   done
@@ -237,11 +257,13 @@ PY
 for trial in $(seq "${DRILL_TRIALS:-1}"); do
   start_job "rank_stopped$trial"
   t0=$(date +%s%N)
+  stopped=0
   for p in $(processes_in "${ns[1]}"); do
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "RANK=3"; then
-      kill -STOP "$p"
+    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "RANK=3" >/dev/null; then
+      kill -STOP "$p" && stopped=1
     fi
   done
+  (( stopped )) || fail "rank_stopped$trial: rank 3's process not found"
   end_job "rank_stopped$trial" "$t0"
 
   start_job "link_down$trial"

@@ -132,7 +132,7 @@ for status in /proc/[0-9]*/status; do  # the launcher's children
   p=${status#/proc/}
   p=${p%/status}
   grep -qx "PPid:[[:space:]]*$launcher" "$status" 2>/dev/null || continue
-  if tr '\0' '\n' <"/proc/$p/environ" | grep -qx "RANK=1"; then rank1=$p; fi
+  if tr '\0' '\n' <"/proc/$p/environ" | grep -x "RANK=1" >/dev/null; then rank1=$p; fi
 done
 [[ -n "$rank1" ]] || { kill -9 "$launcher"; fail "rank 1's process not found"; }
 start=$(date +%s%N)
