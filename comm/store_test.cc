@@ -315,6 +315,10 @@ TEST_P(StoreTest, ZeroTimeoutChecksOnce) {
   EXPECT_EQ(*v, "1");
   v = rank(2).Get("never", absl::ZeroDuration());
   EXPECT_EQ(v.status().code(), absl::StatusCode::kDeadlineExceeded);
+  // The store still works afterwards (a zero timeout checks, it does not
+  // cut the exchange short).
+  ASSERT_TRUE(rank(2).Set("after", "2").ok());
+  EXPECT_EQ(*rank(1).Get("after", absl::Seconds(5)), "2");
 }
 
 INSTANTIATE_TEST_SUITE_P(AllStores, StoreTest,

@@ -47,6 +47,8 @@ enum Reply : uint8_t { kOk = 0, kNotFound = 1, kError = 2 };
 constexpr uint32_t kMaxFrameBytes = 64u << 20;
 constexpr size_t kReadChunkBytes = 64 << 10;
 constexpr absl::Duration kMinPollBackoff = absl::Milliseconds(1);
+// The least time a request/reply exchange gets, whatever the call's deadline.
+constexpr absl::Duration kMinExchangeTime = absl::Milliseconds(100);
 constexpr absl::Duration kMaxPollBackoff = absl::Milliseconds(50);
 constexpr absl::Duration kMinConnectBackoff = absl::Milliseconds(10);
 constexpr absl::Duration kMaxConnectBackoff = absl::Milliseconds(500);
@@ -614,9 +616,9 @@ class TcpStore::Client {
   // failure the connection is closed and later calls fail at once.
   // `call_deadline` bounds the whole call: the wait for the connection
   // while another thread's exchange holds it (a heartbeat write to a server
-  // that went unreachable holds it until io_timeout) and the exchange,
-  // which is also bounded by io_timeout. An exchange cut short leaves the
-  // connection broken (as any failed exchange does).
+  // that went unreachable holds it until io_timeout) and the exchange (given
+  // at least kMinExchangeTime, and at most io_timeout). An exchange cut
+  // short leaves the connection broken (as any failed exchange does).
   absl::StatusOr<std::string> RoundTrip(
       absl::string_view request,
       absl::Time call_deadline = absl::InfiniteFuture()) {
@@ -635,8 +637,12 @@ class TcpStore::Client {
           "may be unreachable)"));
     }
     if (!broken_.ok()) return broken_;
-    const absl::Time deadline =
-        std::min(absl::Now() + io_timeout_, call_deadline);
+    // A call whose deadline is (nearly) past still gets a short exchange
+    // (a zero-timeout Get checks once): cutting a healthy exchange short
+    // would break the connection.
+    const absl::Time now = absl::Now();
+    const absl::Time deadline = std::min(
+        now + io_timeout_, std::max(call_deadline, now + kMinExchangeTime));
     absl::StatusOr<std::string> reply = Exchange(request, deadline);
     if (!reply.ok()) {
       CloseFd(fd_);
