@@ -213,8 +213,8 @@ TEST(ClipTest, EmptyListAndErrors) {
 
 // Pipeline stages on [pp 2, dp 2]: each rank's grads live on its dp
 // sub-mesh; the norm adds both stages' totals (one all-gather of the
-// totals in double over pp), a grad flagged as not counting (a tied weight's second copy) is
-// scaled but left out, and every rank gets the same norm.
+// totals in double over pp), a grad flagged as not counting (a tied weight's
+// second copy) is scaled but left out, and every rank gets the same norm.
 TEST(ClipTest, PipelineStagesShareOneNorm) {
   testing_util::RunOnCountingMesh({{"pp", 2}, {"dp", 2}}, [](int,
                                                              DeviceMesh& mesh) {
