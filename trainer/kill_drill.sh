@@ -30,20 +30,7 @@ flags=(
   --set metrics.log_interval=1 --set metrics.trace_steps=0
 )
 
-# The final loss of every step (a resumed run repeats the steps after its
-# checkpoint; the last line of a step wins).
-losses() {
-  /usr/bin/python3 - "$1" <<'PY'
-import json, sys
-last = {}
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    if d.get("kind") == "train":
-        last[d["step"]] = d["loss"]
-for step in sorted(last):
-    print(step, repr(last[step]))
-PY
-}
+source "$(dirname "$0")/drill_helpers.sh"  # losses, rank_pid
 
 "$train" "${flags[@]}" --set "checkpoint.folder=$work/ref/ckpt" \
   --set "metrics.jsonl_path=$work/ref/metrics.jsonl" >"$work/ref.log" 2>&1 ||
@@ -63,14 +50,8 @@ for trial in $(seq "$trials"); do
     sleep 0.02
   done
   killed=0
-  for status in /proc/[0-9]*/status; do  # the launcher's children
-    p=${status#/proc/}
-    p=${p%/status}
-    grep -qx "PPid:[[:space:]]*$launcher" "$status" 2>/dev/null || continue
-    if tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -x "RANK=$victim" >/dev/null; then
-      kill -9 "$p" && killed=1
-    fi
-  done
+  p=$(rank_pid "$launcher" "$victim")
+  [[ -n "$p" ]] && kill -9 "$p" && killed=1
   wait "$launcher" || { cat "$dir.log"; fail "trial $trial: the job failed"; }
   (( killed )) || fail "trial $trial: rank $victim not found at step $at"
   grep -q "restarting the local ranks (restart 1 of 3)" "$dir.log" ||

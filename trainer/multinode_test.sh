@@ -70,16 +70,7 @@ tx_bytes() {  # tx_bytes NS: bytes sent by the namespace's eth0
   ip netns exec "$1" cat /sys/class/net/eth0/statistics/tx_bytes
 }
 
-# "step loss" lines of a metrics JSONL.
-losses() {
-  /usr/bin/python3 - "$1" <<'PY'
-import json, sys
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    if d.get("kind") == "train":
-        print(d["step"], repr(d["loss"]))
-PY
-}
+source "$PWD/trainer/drill_helpers.sh"  # losses
 
 # two_nodes NAME FLAGS...: the job on the two namespaces; sets $sent to the
 # bytes per step each node sent (average of the two).

@@ -38,20 +38,7 @@ run() {  # run DIR [extra flags...]; output in DIR.log
   cat "$dir.log"
 }
 
-# "step loss" per step of the train lines (the last line of a step wins:
-# a resumed run appends and repeats steps after its checkpoint).
-losses() {
-  /usr/bin/python3 - "$1" <<'PY'
-import json, sys
-last = {}
-for line in open(sys.argv[1]):
-    d = json.loads(line)
-    if d.get("kind") == "train":
-        last[d["step"]] = d["loss"]
-for step in sorted(last):
-    print(step, repr(last[step]))
-PY
-}
+source "$cd_back/trainer/drill_helpers.sh"  # losses, rank_pid
 
 cd "$work"
 
@@ -127,13 +114,7 @@ for _ in $(seq 600); do
 done
 grep -qE "step +3/100000" "$work/stopped.log" ||
   { kill -9 "$launcher"; cat "$work/stopped.log"; fail "no step 3"; }
-rank1=""
-for status in /proc/[0-9]*/status; do  # the launcher's children
-  p=${status#/proc/}
-  p=${p%/status}
-  grep -qx "PPid:[[:space:]]*$launcher" "$status" 2>/dev/null || continue
-  if tr '\0' '\n' <"/proc/$p/environ" | grep -x "RANK=1" >/dev/null; then rank1=$p; fi
-done
+rank1=$(rank_pid "$launcher" 1)
 [[ -n "$rank1" ]] || { kill -9 "$launcher"; fail "rank 1's process not found"; }
 start=$(date +%s%N)
 kill -STOP "$rank1"
