@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <set>
@@ -155,14 +156,24 @@ std::optional<int> SlurmTasksOnNode(absl::string_view spec, int node) {
   return std::nullopt;
 }
 
-// The part shared by every launcher: MASTER_PORT and the range checks.
+}  // namespace
+
+int SlurmPort(int job_id, int step_id) {
+  const int64_t mix = static_cast<int64_t>(job_id) * 31 + step_id;
+  return 10000 + static_cast<int>(mix % 20000);
+}
+
+namespace {
+
+// The part shared by every launcher: the range checks. `port` is
+// MASTER_PORT's value unless the launcher derived it (Slurm).
 absl::StatusOr<RendezvousInfo> Finish(
     EnvReader& env, const char* rank_name, const std::optional<int>& rank,
     const char* size_name, const std::optional<int>& size,
     const char* local_rank_name, const std::optional<int>& local_rank,
     const std::string& local_size_name, const std::optional<int>& local_size,
-    const std::optional<std::string>& addr, const char* source) {
-  const std::optional<int> port = env.Int("MASTER_PORT");
+    const std::optional<std::string>& addr, const std::optional<int>& port,
+    const char* source) {
   env.CheckAtLeast(size, size_name, 1);
   env.CheckRange(rank, rank_name, 0, size, size_name, false);
   env.CheckRange(local_size, local_size_name, 1, size, size_name, true);
@@ -189,7 +200,8 @@ absl::StatusOr<RendezvousInfo> FromTorchrun(const GetEnv& getenv) {
   const std::optional<int> local_size = env.Int("LOCAL_WORLD_SIZE");
   const std::optional<std::string> addr = env.Str("MASTER_ADDR");
   return Finish(env, "RANK", rank, "WORLD_SIZE", size, "LOCAL_RANK", local_rank,
-                "LOCAL_WORLD_SIZE", local_size, addr, "torchrun");
+                "LOCAL_WORLD_SIZE", local_size, addr, env.Int("MASTER_PORT"),
+                "torchrun");
 }
 
 absl::StatusOr<RendezvousInfo> FromOpenMpi(const GetEnv& getenv) {
@@ -201,7 +213,8 @@ absl::StatusOr<RendezvousInfo> FromOpenMpi(const GetEnv& getenv) {
   const std::optional<std::string> addr = env.Str("MASTER_ADDR");
   return Finish(env, "OMPI_COMM_WORLD_RANK", rank, "OMPI_COMM_WORLD_SIZE", size,
                 "OMPI_COMM_WORLD_LOCAL_RANK", local_rank,
-                "OMPI_COMM_WORLD_LOCAL_SIZE", local_size, addr, "openmpi");
+                "OMPI_COMM_WORLD_LOCAL_SIZE", local_size, addr,
+                env.Int("MASTER_PORT"), "openmpi");
 }
 
 absl::StatusOr<RendezvousInfo> FromSlurm(const GetEnv& getenv) {
@@ -239,9 +252,28 @@ absl::StatusOr<RendezvousInfo> FromSlurm(const GetEnv& getenv) {
   } else {
     env.AddMissing("MASTER_ADDR (or SLURM_LAUNCH_NODE_IPADDR)");
   }
+
+  // Slurm sets no port: one derived from the job and step ids, the same in
+  // every task of a step and different for the steps and jobs that may
+  // share a node, unless MASTER_PORT says otherwise.
+  std::optional<int> port;
+  if (env.IsSet("MASTER_PORT")) {
+    port = env.Int("MASTER_PORT");
+  } else if (env.IsSet("SLURM_JOB_ID")) {
+    const std::optional<int> job = env.Int("SLURM_JOB_ID");
+    std::optional<int> step = 0;
+    if (env.IsSet("SLURM_STEP_ID")) step = env.Int("SLURM_STEP_ID");
+    env.CheckAtLeast(job, "SLURM_JOB_ID", 0);
+    env.CheckAtLeast(step, "SLURM_STEP_ID", 0);
+    if (job.has_value() && step.has_value() && *job >= 0 && *step >= 0) {
+      port = SlurmPort(*job, *step);
+    }
+  } else {
+    env.AddMissing("MASTER_PORT (or SLURM_JOB_ID)");
+  }
   return Finish(env, "SLURM_PROCID", rank, "SLURM_NTASKS", size,
                 "SLURM_LOCALID", local_rank, local_size_name, local_size, addr,
-                "slurm");
+                port, "slurm");
 }
 
 }  // namespace
@@ -257,7 +289,7 @@ absl::StatusOr<RendezvousInfo> RendezvousFromEnv(const GetEnv& getenv) {
       "OMPI_COMM_WORLD_LOCAL_RANK, OMPI_COMM_WORLD_LOCAL_SIZE, MASTER_ADDR, "
       "MASTER_PORT) and Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID, "
       "SLURM_NTASKS_PER_NODE or SLURM_TASKS_PER_NODE, MASTER_ADDR or "
-      "SLURM_LAUNCH_NODE_IPADDR, MASTER_PORT)");
+      "SLURM_LAUNCH_NODE_IPADDR, MASTER_PORT or SLURM_JOB_ID)");
 }
 
 absl::StatusOr<std::unique_ptr<Store>> StoreFromRendezvous(

@@ -45,13 +45,19 @@ struct RendezvousInfo {
 //   slurm: SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID; local world size from
 //     SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE (e.g. "4(x2),3": the
 //     entry for node SLURM_NODEID when that is set, else the first); master
-//     from MASTER_ADDR, else SLURM_LAUNCH_NODE_IPADDR; port from MASTER_PORT.
-//     Chosen if SLURM_PROCID or SLURM_NTASKS is set.
+//     from MASTER_ADDR, else SLURM_LAUNCH_NODE_IPADDR; port from MASTER_PORT,
+//     else SlurmPort(SLURM_JOB_ID, SLURM_STEP_ID or 0), so that `srun` alone
+//     starts a job. Chosen if SLURM_PROCID or SLURM_NTASKS is set.
 // InvalidArgument lists every missing, malformed or out-of-range variable of
 // the chosen launcher; NotFound (listing what was looked for) if no launcher's
 // variables are set at all.
 absl::StatusOr<RendezvousInfo> RendezvousFromEnv(
     const std::function<const char*(const char*)>& getenv = ::getenv);
+
+// The store port of Slurm job step (job_id, step_id) when MASTER_PORT is
+// unset: in [10000, 30000), below Linux's ephemeral range, the same for every
+// task of the step.
+int SlurmPort(int job_id, int step_id);
 
 // A TcpStore at info.master_addr:info.master_port, served by rank 0 and
 // connected to by the others (retrying until `timeout`).

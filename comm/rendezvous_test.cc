@@ -198,7 +198,41 @@ TEST(RendezvousTest, SlurmMissingEverythingButProcId) {
   EXPECT_EQ(info.status().message(),
             "rendezvous (slurm env): missing SLURM_NTASKS, SLURM_LOCALID, "
             "SLURM_NTASKS_PER_NODE (or SLURM_TASKS_PER_NODE), MASTER_ADDR (or "
-            "SLURM_LAUNCH_NODE_IPADDR), MASTER_PORT");
+            "SLURM_LAUNCH_NODE_IPADDR), MASTER_PORT (or SLURM_JOB_ID)");
+}
+
+TEST(RendezvousTest, SlurmPortFromTheJobAndStep) {
+  Env env = {{"SLURM_PROCID", "1"},
+             {"SLURM_NTASKS", "2"},
+             {"SLURM_LOCALID", "1"},
+             {"SLURM_TASKS_PER_NODE", "2"},
+             {"SLURM_LAUNCH_NODE_IPADDR", "10.1.2.3"},
+             {"SLURM_JOB_ID", "4711"},
+             {"SLURM_STEP_ID", "2"}};
+  absl::StatusOr<RendezvousInfo> info = FromEnv(env);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->master_port, SlurmPort(4711, 2));
+  EXPECT_GE(info->master_port, 10000);
+  EXPECT_LT(info->master_port, 30000);
+  // Another step of the job, and another job, get other ports.
+  EXPECT_NE(SlurmPort(4711, 2), SlurmPort(4711, 3));
+  EXPECT_NE(SlurmPort(4711, 2), SlurmPort(4712, 2));
+  EXPECT_EQ(SlurmPort(4711, 2), 10000 + (4711 * 31 + 2) % 20000);
+  // The largest job ids stay in range.
+  EXPECT_GE(SlurmPort(2147483647, 0), 10000);
+  EXPECT_LT(SlurmPort(2147483647, 0), 30000);
+
+  env["MASTER_PORT"] = "29500";  // MASTER_PORT wins.
+  info = FromEnv(env);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->master_port, 29500);
+
+  env.erase("MASTER_PORT");
+  env["SLURM_JOB_ID"] = "x";
+  info = FromEnv(env);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(info.status().message(),
+              HasSubstr("SLURM_JOB_ID='x' is not an integer"));
 }
 
 TEST(RendezvousTest, NoLauncherSaysWhatWasLookedFor) {

@@ -29,6 +29,7 @@ packages=(
   clang               # clang++ for the libFuzzer runs (checkpoint/fuzz/run_fuzzers.sh)
   libclang-rt-dev     # libFuzzer + ASan/UBSan runtimes (libclang-rt-14-dev on bookworm)
   iproute2            # ip netns: trainer/multinode_test's two nodes (skips without)
+  slurm-wlm           # slurmctld + slurmd + srun: trainer/slurm_test (skips without)
 )
 # Extra packages: FSDPP_SETUP_EXTRA="clang ...".
 if [[ -n "${FSDPP_SETUP_EXTRA:-}" ]]; then

@@ -287,6 +287,12 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
                  store.status().ToString().c_str());
     return 1;
   }
+  std::fprintf(stderr,
+               "train: rank %d of %d (local %d of %d), rendezvous from %s "
+               "%s:%d\n",
+               info.rank, info.world_size, info.local_rank,
+               info.local_world_size, info.source.c_str(),
+               info.master_addr.c_str(), info.master_port);
   GlooOptions gloo;
   gloo.timeout = absl::Seconds(config.comm().timeout_s());
   absl::StatusOr<std::string> address = ListenAddress(info);
