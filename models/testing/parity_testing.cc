@@ -520,8 +520,10 @@ Setup PipelineSetup(PipelineLayout layout) {
         const Shape hidden = {ids[0].dim(0), ids[0].dim(1) / tp, dim};
         parallel::PipelineRunnerOptions options;
         options.timeout = absl::Seconds(60);
-        options.on_last_backward = [state](int stage) {
-          for (fsdp::FsdpUnit* u : state->units[stage]) {
+        // Not the shared pointer: the runner lives in the state, and a copy
+        // in its callback would keep both alive forever.
+        options.on_last_backward = [units = &state->units](int stage) {
+          for (fsdp::FsdpUnit* u : (*units)[stage]) {
             u->SetRequiresGradientSync(true);
           }
           return absl::OkStatus();
