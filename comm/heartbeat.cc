@@ -68,6 +68,15 @@ void Heartbeat::Loop() {
 namespace {
 // Bound on each store read of a peer's heartbeat while diagnosing.
 constexpr absl::Duration kDiagnosisReadTimeout = absl::Milliseconds(200);
+
+// The diagnosis when the store itself is gone.
+std::string StoreUnreachable(const absl::Status& status) {
+  return absl::StrCat(
+      "the store cannot be reached, so no peer can be checked (its host, "
+      "where rank 0 runs, is down or cut off?): ",
+      status.message());
+}
+
 }  // namespace
 
 absl::Duration Heartbeat::MaxDiagnosisTime() const {
@@ -81,13 +90,21 @@ std::string Heartbeat::DiagnosePeers(uint64_t seq) {
     bool present = false;
     uint64_t started = 0, beat = 0;
   };
+  // A store that cannot be reached (its host down or cut off) says nothing
+  // about the peers: that is the diagnosis then.
+  absl::Status unreachable;
   auto read = [&]() {
     std::vector<Beat> beats(size_);
     for (int r = 0; r < size_; ++r) {
       if (r == rank_) continue;
       absl::StatusOr<std::string> v =
           store_->Get(absl::StrCat("heartbeat/", r), kDiagnosisReadTimeout);
-      if (!v.ok()) continue;
+      if (!v.ok()) {
+        if (absl::IsUnavailable(v.status()) && unreachable.ok()) {
+          unreachable = v.status();
+        }
+        continue;
+      }
       std::vector<std::string> parts = absl::StrSplit(*v, ',');
       if (parts.size() == 2 && absl::SimpleAtoi(parts[0], &beats[r].started) &&
           absl::SimpleAtoi(parts[1], &beats[r].beat)) {
@@ -97,8 +114,10 @@ std::string Heartbeat::DiagnosePeers(uint64_t seq) {
     return beats;
   };
   std::vector<Beat> first = read();
+  if (!unreachable.ok()) return StoreUnreachable(unreachable);
   absl::SleepFor(interval_ * 3);
   std::vector<Beat> second = read();
+  if (!unreachable.ok()) return StoreUnreachable(unreachable);
   std::vector<std::string> culprits;
   for (int r = 0; r < size_; ++r) {
     if (r == rank_) continue;

@@ -36,7 +36,11 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/time.h"
+#include "comm/tcp_store.h"
 #include "core/status.h"
+#include "runtime/elastic.h"
 
 extern char** environ;
 
@@ -61,6 +65,12 @@ constexpr int kStopTickMs = 50;
 
 // Upper bound on --grace_period_s (a day) so deadlines cannot overflow.
 constexpr double kMaxGracePeriodS = 86400.0;
+
+// Elastic: how often a running launcher asks the rendezvous store whether
+// its round must restart, and the deadline of one store exchange (a store
+// host that stopped answering is given up on after it).
+constexpr std::chrono::milliseconds kRendezvousTick(500);
+constexpr absl::Duration kStoreExchangeTimeout = absl::Seconds(10);
 
 // Set by the signal handlers; read (never written) by the event loop, which
 // compares them with the counts it has already handled.
@@ -121,7 +131,18 @@ absl::Status ParseFlag(absl::string_view name, const std::string& value,
   if (name == "nproc_per_node") {
     return ParseIntFlag(name, value, &options->nproc_per_node);
   }
-  if (name == "nnodes") return ParseIntFlag(name, value, &options->nnodes);
+  if (name == "nnodes") return ParseNnodes(value, options);
+  if (name == "rdzv_last_call_s" || name == "rdzv_timeout_s") {
+    double* out = name == "rdzv_last_call_s" ? &options->rdzv_last_call_s
+                                             : &options->rdzv_timeout_s;
+    if (!absl::SimpleAtod(value, out) || !std::isfinite(*out) || *out < 0 ||
+        *out > kMaxGracePeriodS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", name, "=", value, " is not a number of seconds in [0, ",
+          kMaxGracePeriodS, "]"));
+    }
+    return absl::OkStatus();
+  }
   if (name == "node_rank") {
     return ParseIntFlag(name, value, &options->node_rank);
   }
@@ -148,7 +169,8 @@ absl::Status ParseFlag(absl::string_view name, const std::string& value,
 bool IsKnownFlag(absl::string_view name) {
   return name == "nproc_per_node" || name == "nnodes" || name == "node_rank" ||
          name == "master_addr" || name == "master_port" ||
-         name == "grace_period_s" || name == "max_restarts";
+         name == "grace_period_s" || name == "max_restarts" ||
+         name == "rdzv_last_call_s" || name == "rdzv_timeout_s";
 }
 
 absl::Status Validate(const LaunchOptions& options) {
@@ -171,6 +193,12 @@ absl::Status Validate(const LaunchOptions& options) {
   }
   if (options.master_addr.empty()) {
     return absl::InvalidArgumentError("--master_addr must not be empty");
+  }
+  if (options.elastic() && options.master_port > 65534) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--master_port=", options.master_port,
+                     " leaves no port for the ranks' store (port + 1) of an "
+                     "elastic job"));
   }
   if (options.master_port < 1 || options.master_port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -261,8 +289,19 @@ class Launcher {
   void Kill(bool after_grace);
   bool Advance();
   void PollOnce();
+  // Elastic: connects to (node 0: serves) the rendezvous store.
+  absl::Status StartRendezvous();
+  // Elastic, while the ranks run: tells the other nodes about a local
+  // failure, and stops the local ranks when a restart was asked for or the
+  // store is lost.
+  void CheckRendezvous();
+  // Elastic, after the ranks of a round ended: true to run another round.
+  bool NextRound();
 
   const LaunchOptions& options_;
+  // This round's view of the options: nnodes, node_rank and master_port of
+  // the ranks (the same as options_ unless elastic).
+  LaunchOptions round_options_;
   const Clock::duration grace_;
   std::vector<Rank> ranks_;
   // Status lines of the ranks (LinePrefixer), when stdout is a terminal.
@@ -286,6 +325,14 @@ class Launcher {
   sigset_t old_mask_;
   int old_subreaper_ = 0;
   std::vector<char> read_buffer_ = std::vector<char>(kReadChunk);
+  // Elastic state.
+  std::unique_ptr<TcpStore> rdzv_store_;
+  std::unique_ptr<ElasticRendezvous> rdzv_;
+  Clock::time_point next_rdzv_check_;
+  std::string failure_;        // "rank R exited ..." of this round
+  bool failure_told_ = false;  // the other nodes were asked to restart
+  std::string peer_reason_;    // why another node asked to restart
+  bool rdzv_lost_ = false;     // the rendezvous store stopped answering
 };
 
 absl::Status Launcher::SetUp() {
@@ -369,7 +416,7 @@ void Launcher::TearDown() {
 absl::Status Launcher::Spawn(Rank& rank) {
   // Everything the child needs is built before fork().
   std::vector<std::string> env =
-      RankEnvironment(options_, rank.local_rank, base_env_, num_cpus_);
+      RankEnvironment(round_options_, rank.local_rank, base_env_, num_cpus_);
   env.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restart_count_));
   std::vector<char*> envp;
   for (std::string& entry : env) envp.push_back(entry.data());
@@ -400,8 +447,9 @@ absl::Status Launcher::Spawn(Rank& rank) {
   sigprocmask(SIG_BLOCK, &all_signals, &saved_mask);
   const pid_t pid = fork();
   if (pid == 0) {
-    // Child. The launcher is single-threaded, so after fork() any call is
-    // safe; still, only plain system calls (and strerror) are made here.
+    // Child. Only plain system calls (and strerror on the way out) are made
+    // here: an elastic launcher's store thread may hold locks that fork()
+    // copied.
     setpgid(0, 0);
     // If the launcher itself is SIGKILLed, its ranks must not live on. The
     // getppid() check closes the race with a launcher that died before this.
@@ -511,6 +559,7 @@ void Launcher::OnRankExit(Rank& rank, int wait_status) {
     what = absl::StrCat("exited with status ", exit_code_);
   }
   Message(absl::StrCat("rank ", rank.global_rank, " ", what));
+  failure_ = absl::StrCat("rank ", rank.global_rank, " ", what);
   Stop();
 }
 
@@ -656,6 +705,13 @@ void Launcher::PollOnce() {
     timeout_ms =
         static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, INT_MAX));
   }
+  if (rdzv_ != nullptr && phase_ == Phase::kRunning) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        next_rdzv_check_ - Clock::now());
+    const int tick = static_cast<int>(
+        std::clamp<int64_t>(left.count() + 1, 0, kRendezvousTick.count()));
+    timeout_ms = timeout_ms < 0 ? tick : std::min(timeout_ms, tick);
+  }
   if (phase_ != Phase::kRunning) {
     // While stopping, group members that are not our children can die
     // without waking us; look again at least this often.
@@ -684,8 +740,39 @@ int Launcher::Run() {
     TearDown();
     return 1;
   }
-  const int world_offset = options_.node_rank * options_.nproc_per_node;
+  round_options_ = options_;
+  if (options_.elastic()) {
+    if (absl::Status status = StartRendezvous(); !status.ok()) {
+      Message(status.message());
+      TearDown();
+      return 1;
+    }
+  }
   while (true) {
+    if (rdzv_ != nullptr) {
+      absl::StatusOr<ElasticRound> round = rdzv_->Join();
+      if (!round.ok()) {
+        Message(absl::StrCat("elastic rendezvous at ", options_.master_addr,
+                             ":", options_.master_port,
+                             " failed: ", round.status().message()));
+        exit_code_ = 1;
+        break;
+      }
+      round_options_.nnodes = static_cast<int>(round->members.size());
+      round_options_.node_rank = round->group_rank;
+      round_options_.master_port = options_.master_port + 1;
+      Message(absl::StrCat("elastic round ", round->round, ": nodes [",
+                           absl::StrJoin(round->members, ","), "], world size ",
+                           round->world_size, "; node ", options_.node_rank,
+                           " runs ranks ", round->rank_offset, "-",
+                           round->rank_offset + options_.nproc_per_node - 1));
+      failure_.clear();
+      failure_told_ = false;
+      peer_reason_.clear();
+      next_rdzv_check_ = Clock::now() + kRendezvousTick;
+    }
+    const int world_offset =
+        round_options_.node_rank * round_options_.nproc_per_node;
     ranks_.clear();
     ranks_.reserve(options_.nproc_per_node);
     for (int local = 0; local < options_.nproc_per_node; ++local) {
@@ -708,8 +795,16 @@ int Launcher::Run() {
     while (true) {
       HandleSignals();
       Reap();
+      if (rdzv_ != nullptr) CheckRendezvous();
       if (!Advance()) break;
       PollOnce();
+    }
+    if (rdzv_ != nullptr) {
+      if (!spawned || !NextRound()) break;
+      phase_ = Phase::kRunning;
+      exit_code_ = 0;
+      deadline_.reset();
+      continue;
     }
     if (exit_code_ == 0 || interrupted_ || !spawned ||
         restart_count_ >= options_.max_restarts) {
@@ -724,6 +819,112 @@ int Launcher::Run() {
   }
   TearDown();
   return exit_code_;
+}
+
+absl::Status Launcher::StartRendezvous() {
+  const bool host = options_.node_rank == 0;
+  const absl::Duration timeout = absl::Seconds(options_.rdzv_timeout_s);
+  const absl::Time deadline = absl::Now() + timeout;
+  // Short connection attempts up to the rendezvous timeout, so the store's
+  // exchanges keep their short deadline (a lost host is noticed in seconds).
+  while (true) {
+    absl::StatusOr<std::unique_ptr<TcpStore>> store =
+        TcpStore::Create(options_.master_addr, options_.master_port, host,
+                         std::min(kStoreExchangeTimeout, timeout));
+    if (store.ok()) {
+      rdzv_store_ = std::move(*store);
+      break;
+    }
+    if (host || absl::Now() >= deadline) {
+      return absl::UnavailableError(absl::StrCat(
+          host ? "cannot serve" : "cannot reach",
+          " the elastic rendezvous store at ", options_.master_addr, ":",
+          options_.master_port, " (node 0): ", store.status().message()));
+    }
+    if (interrupted_ || g_sigint_count != 0 || g_sigterm_count != 0) {
+      return absl::CancelledError("interrupted while waiting for node 0");
+    }
+  }
+  ElasticOptions eo;
+  eo.node_id = options_.node_rank;
+  eo.nproc_per_node = options_.nproc_per_node;
+  eo.min_nodes = options_.min_nodes;
+  eo.max_nodes = options_.max_nodes;
+  eo.last_call = absl::Seconds(options_.rdzv_last_call_s);
+  eo.timeout = timeout;
+  rdzv_ = std::make_unique<ElasticRendezvous>(rdzv_store_.get(), eo);
+  return absl::OkStatus();
+}
+
+void Launcher::CheckRendezvous() {
+  if (rdzv_lost_) return;
+  const std::string where =
+      absl::StrCat(options_.master_addr, ":", options_.master_port);
+  if (!failure_.empty() && !failure_told_) {
+    failure_told_ = true;
+    const absl::Status told = rdzv_->RequestRestart(
+        absl::StrCat("fail: node ", options_.node_rank, ": ", failure_));
+    if (!told.ok()) {
+      rdzv_lost_ = true;
+      Message(absl::StrCat("elastic rendezvous store at ", where,
+                           " (node 0) lost: ", told.message()));
+    }
+    return;
+  }
+  if (phase_ != Phase::kRunning || Clock::now() < next_rdzv_check_) return;
+  next_rdzv_check_ = Clock::now() + kRendezvousTick;
+  absl::StatusOr<std::optional<std::string>> reason = rdzv_->RestartRequested();
+  if (!reason.ok()) {
+    rdzv_lost_ = true;
+    Message(absl::StrCat("elastic rendezvous store at ", where,
+                         " (node 0) lost: ", reason.status().message(),
+                         "; stopping the local ranks"));
+    exit_code_ = 1;
+    Stop();
+    return;
+  }
+  if (!reason->has_value()) return;
+  peer_reason_ = **reason;
+  Message(absl::StrCat("restart of the round asked for (", peer_reason_,
+                       "); stopping the local ranks"));
+  Stop();
+}
+
+bool Launcher::NextRound() {
+  if (rdzv_lost_) {
+    exit_code_ = std::max(exit_code_, 1);
+    return false;
+  }
+  if (interrupted_) return false;
+  if (failure_.empty() && peer_reason_.empty()) {
+    // Every local rank finished: say so; node 0 keeps the store up until
+    // every node did.
+    absl::Status done = rdzv_->MarkFinished();
+    if (done.ok() && options_.node_rank == 0) {
+      done = rdzv_->WaitAllFinished(absl::Seconds(options_.rdzv_timeout_s));
+    }
+    if (!done.ok())
+      Message(absl::StrCat("elastic rendezvous: ", done.message()));
+    return false;
+  }
+  // A failure anywhere (ours or another node's) uses up a restart; a node
+  // that asked to join does not.
+  const bool failed =
+      !failure_.empty() || absl::StartsWith(peer_reason_, "fail");
+  if (failed) {
+    if (restart_count_ >= options_.max_restarts) {
+      Message(absl::StrCat(
+          "no restarts left (--max_restarts=", options_.max_restarts, ")"));
+      exit_code_ = std::max(exit_code_, 1);
+      return false;
+    }
+    ++restart_count_;
+  }
+  Message(absl::StrCat("restarting the local ranks in the next elastic round",
+                       failed ? absl::StrCat(" (restart ", restart_count_,
+                                             " of ", options_.max_restarts, ")")
+                              : std::string(" (not counted: a node joins)")));
+  return true;
 }
 
 }  // namespace
@@ -788,7 +989,9 @@ std::string LinePrefixer::Finish() {
 }
 
 std::string LaunchUsage() {
-  return "Usage: launch [--nproc_per_node=N] [--nnodes=M] [--node_rank=K]\n"
+  return "Usage: launch [--nproc_per_node=N] [--nnodes=M|MIN:MAX]\n"
+         "              [--node_rank=K] [--rdzv_last_call_s=S]\n"
+         "              [--rdzv_timeout_s=S]\n"
          "              [--master_addr=HOST] [--master_port=PORT]\n"
          "              [--grace_period_s=S] [--max_restarts=R]\n"
          "              [--] PROGRAM [ARGS...]\n"
@@ -801,7 +1004,15 @@ std::string LaunchUsage() {
          "grace period, SIGKILL.\n"
          "\n"
          "  --nproc_per_node=N   ranks on this node (default 1)\n"
-         "  --nnodes=M           nodes in the job (default 1)\n"
+         "  --nnodes=M           nodes in the job (default 1); MIN:MAX for an\n"
+         "                       elastic job: the launchers meet at node 0's\n"
+         "                       MASTER_ADDR:MASTER_PORT, every failure or\n"
+         "                       node joining restarts all nodes' ranks at\n"
+         "                       the world size of the nodes there (ranks'\n"
+         "                       store at MASTER_PORT + 1)\n"
+         "  --rdzv_last_call_s=S an elastic round closes S after the last\n"
+         "                       node joined, once MIN are in (default 10)\n"
+         "  --rdzv_timeout_s=S   longest wait for a round (default 300)\n"
          "  --node_rank=K        this node's index in [0, M) (default 0)\n"
          "  --master_addr=HOST   rendezvous host (default 127.0.0.1)\n"
          "  --master_port=PORT   rendezvous port (default 29500)\n"
@@ -813,6 +1024,25 @@ std::string LaunchUsage() {
          "Exit status: 0 if all ranks exit 0; else that of the first failing\n"
          "rank (128 + signal if it was killed), 130/143 after SIGINT/SIGTERM,\n"
          "2 for usage errors.\n";
+}
+
+absl::Status ParseNnodes(absl::string_view value, LaunchOptions* options) {
+  const size_t colon = value.find(':');
+  if (colon == absl::string_view::npos) {
+    options->min_nodes = options->max_nodes = 0;
+    return ParseIntFlag("nnodes", value, &options->nnodes);
+  }
+  if (!absl::SimpleAtoi(value.substr(0, colon), &options->min_nodes) ||
+      !absl::SimpleAtoi(value.substr(colon + 1), &options->max_nodes)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes=", value, " is not N or MIN:MAX"));
+  }
+  if (options->min_nodes < 1 || options->max_nodes < options->min_nodes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--nnodes=", value, ": need 1 <= MIN <= MAX"));
+  }
+  options->nnodes = options->max_nodes;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(

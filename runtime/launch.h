@@ -40,6 +40,22 @@ struct LaunchOptions {
   // SIGTERM to the launcher). The ranks see TORCHELASTIC_RESTART_COUNT; a
   // trainer resumes from its latest checkpoint on its own.
   int max_restarts = 0;
+  // Elastic (`--nnodes=MIN:MAX`, max_nodes > 0): the launchers agree on the
+  // nodes of each run through an elastic rendezvous (runtime/elastic.h)
+  // whose store node 0's launcher serves at master_addr:master_port; the
+  // ranks' own store is at master_port + 1. After a failure (within
+  // max_restarts) or when a node asks to join, every node's ranks are
+  // stopped and the next round starts them again at the world size of the
+  // nodes that are there: min_nodes to max_nodes of nproc_per_node ranks.
+  // nnodes is max_nodes then; node_rank is the node's identity.
+  int min_nodes = 0;
+  int max_nodes = 0;
+  // A round closes this long after the last node joined, once min_nodes are
+  // in (torchrun's last call).
+  double rdzv_last_call_s = 10.0;
+  // Longest wait for a round to close or for the rendezvous store.
+  double rdzv_timeout_s = 300.0;
+  bool elastic() const { return max_nodes > 0; }
   // --help was given: print the usage and exit 0; nothing else is checked.
   bool help = false;
   // PROGRAM and its arguments (program[0] is looked up in PATH unless it
@@ -57,6 +73,10 @@ std::string LaunchUsage();
 // out-of-range values and a missing program.
 absl::StatusOr<LaunchOptions> ParseLaunchArgs(
     const std::vector<std::string>& args);
+
+// Sets options->nnodes from "N", or min_nodes / max_nodes (and nnodes = MAX)
+// from "MIN:MAX"; InvalidArgument naming the value otherwise.
+absl::Status ParseNnodes(absl::string_view value, LaunchOptions* options);
 
 // Number of CPUs this process may run on (its affinity mask), at least 1.
 int AvailableCpus();
@@ -121,14 +141,15 @@ class LinePrefixer {
 
 // Runs the job described by `options` (which must come from a successful
 // ParseLaunchArgs without `help`) to completion and returns the launcher's
-// exit status: 0 when every rank exited 0; the exit status of the first
-// failing rank (128 + signal number if it was killed by a signal); 130 / 143
-// after SIGINT / SIGTERM to the launcher; 1 if a rank could not be started.
-// Installs signal handlers and the child-subreaper flag for its duration and
-// restores them on return. Call it from a single-threaded process (it forks,
-// and it reaps every child of the process) and not concurrently with itself.
-// Ranks get SIGKILL (PR_SET_PDEATHSIG) if the launcher dies without cleaning
-// up.
+// exit status (elastic: of the last round, or 1 when the rendezvous failed): 0
+// when every rank exited 0; the exit status of the first failing rank (128 +
+// signal number if it was killed by a signal); 130 / 143 after SIGINT / SIGTERM
+// to the launcher; 1 if a rank could not be started. Installs signal handlers
+// and the child-subreaper flag for its duration and restores them on return.
+// Call it from a process with no other threads than its own store's (it forks,
+// and it reaps every child of the process; the child only makes system calls
+// before exec) and not concurrently with itself. Ranks get SIGKILL
+// (PR_SET_PDEATHSIG) if the launcher dies without cleaning up.
 int RunLaunch(const LaunchOptions& options);
 
 }  // namespace launch

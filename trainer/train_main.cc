@@ -65,10 +65,14 @@ ABSL_FLAG(std::vector<std::string>, set, {},
           "SECTION.FIELD=VALUE: override a config field (repeatable)");
 ABSL_FLAG(int, nproc_per_node, 2,
           "local ranks to start when not launched by a launcher");
-ABSL_FLAG(int, nnodes, 1,
+ABSL_FLAG(std::string, nnodes, "1",
           "nodes in the job: run this binary on each with its --node_rank "
           "and the same --master_addr / --master_port (torchrun's static "
-          "multi-node launch)");
+          "multi-node launch); MIN:MAX for an elastic job (the ranks restart "
+          "at the world size of the nodes there after a failure or when a "
+          "node joins, resuming from the latest checkpoint resharded)");
+ABSL_FLAG(double, rdzv_last_call_s, 10,
+          "elastic: a round closes this long after the last node joined");
 ABSL_FLAG(int, node_rank, 0, "this node's index in [0, nnodes)");
 ABSL_FLAG(std::string, master_addr, "127.0.0.1",
           "node 0's address, where the rendezvous store listens");
@@ -100,6 +104,9 @@ struct Flags {
   std::vector<std::string> overrides;
   int nproc_per_node = 2;
   int nnodes = 1;
+  // Elastic (--nnodes=MIN:MAX): min_nodes >= 1, nnodes = max.
+  int min_nodes = 0;
+  double rdzv_last_call_s = 10;
   int node_rank = 0;
   std::string master_addr;
   int master_port = 0;
@@ -124,7 +131,16 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   flags.config_path = absl::GetFlag(FLAGS_config);
   flags.overrides = line.repeated["set"];
   flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
-  flags.nnodes = absl::GetFlag(FLAGS_nnodes);
+  launch::LaunchOptions nodes;
+  RETURN_IF_ERROR(launch::ParseNnodes(absl::GetFlag(FLAGS_nnodes), &nodes));
+  flags.nnodes = nodes.nnodes;
+  flags.min_nodes = nodes.min_nodes;
+  flags.rdzv_last_call_s = absl::GetFlag(FLAGS_rdzv_last_call_s);
+  if (!(flags.rdzv_last_call_s >= 0 && flags.rdzv_last_call_s <= 3600)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--rdzv_last_call_s must be in [0, 3600], got ",
+                     flags.rdzv_last_call_s));
+  }
   flags.node_rank = absl::GetFlag(FLAGS_node_rank);
   flags.master_addr = absl::GetFlag(FLAGS_master_addr);
   flags.master_port = absl::GetFlag(FLAGS_master_port);
@@ -389,21 +405,30 @@ int Main(int argc, char** argv) {
   // Not launched: validate for the local job, then start it.
   const int nproc = flags->nproc_per_node;
   const int world = nproc * flags->nnodes;
-  if (absl::Status s = Validate(*config, world); !s.ok()) {
-    std::fprintf(stderr,
-                 "train: %s (for %d rank(s): --nproc_per_node=%d x "
-                 "--nnodes=%d)\n",
-                 s.ToString().c_str(), world, nproc, flags->nnodes);
-    return 2;
+  // Elastic: every world size the job may run at.
+  for (int nodes = flags->min_nodes > 0 ? flags->min_nodes : flags->nnodes;
+       nodes <= flags->nnodes; ++nodes) {
+    if (absl::Status s = Validate(*config, nproc * nodes); !s.ok()) {
+      std::fprintf(stderr,
+                   "train: %s (for %d rank(s): --nproc_per_node=%d x "
+                   "%d node(s))\n",
+                   s.ToString().c_str(), nproc * nodes, nproc, nodes);
+      return 2;
+    }
   }
   // Two spinning OpenMP pools on two cores cost a third of the speed.
   setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);
-  if (world == 1) {
+  if (world == 1 && flags->min_nodes == 0) {
     return RunSingle(*config, argv[0], flags->stop_after_steps);
   }
   launch::LaunchOptions lo;
   lo.nproc_per_node = nproc;
   lo.nnodes = flags->nnodes;
+  if (flags->min_nodes > 0) {
+    lo.min_nodes = flags->min_nodes;
+    lo.max_nodes = flags->nnodes;
+    lo.rdzv_last_call_s = flags->rdzv_last_call_s;
+  }
   lo.node_rank = flags->node_rank;
   lo.master_addr = flags->master_addr;
   lo.master_port = flags->master_port > 0 ? flags->master_port : FreePort();
