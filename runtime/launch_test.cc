@@ -82,6 +82,26 @@ TEST(ParseLaunchArgsTest, SeparateValuesSingleDashAndDoubleDash) {
   EXPECT_THAT(options->program, ElementsAre("--prog", "a"));
 }
 
+TEST(ParseLaunchArgsTest, ElasticNodes) {
+  auto options = ParseLaunchArgs({"--nnodes=1:3", "--node_rank=2",
+                                  "--rdzv_last_call_s=2.5",
+                                  "--rdzv_timeout_s=60", "prog"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_TRUE(options->elastic());
+  EXPECT_EQ(options->min_nodes, 1);
+  EXPECT_EQ(options->max_nodes, 3);
+  EXPECT_EQ(options->nnodes, 3);
+  EXPECT_EQ(options->node_rank, 2);
+  EXPECT_EQ(options->rdzv_last_call_s, 2.5);
+  EXPECT_EQ(options->rdzv_timeout_s, 60);
+
+  // A plain count after MIN:MAX makes the job static again.
+  options = ParseLaunchArgs({"--nnodes=1:3", "--nnodes=2", "prog"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_FALSE(options->elastic());
+  EXPECT_EQ(options->nnodes, 2);
+}
+
 TEST(ParseLaunchArgsTest, Help) {
   auto options = ParseLaunchArgs({"--help"});
   ASSERT_TRUE(options.ok()) << options.status();
@@ -113,6 +133,13 @@ TEST(ParseLaunchArgsTest, RejectsBadArguments) {
       {{"--bogus=1", "p"}, "unknown flag --bogus=1"},
       {{"--verbose", "p"}, "unknown flag --verbose"},
       {{"--nnodes"}, "needs a value"},
+      {{"--nnodes=2:1", "p"}, "need 1 <= MIN <= MAX"},
+      {{"--nnodes=0:2", "p"}, "need 1 <= MIN <= MAX"},
+      {{"--nnodes=1:x", "p"}, "is not N or MIN:MAX"},
+      {{"--nnodes=1:2", "--node_rank=2", "p"}, "--node_rank=2"},
+      {{"--nnodes=1:2", "--master_port=65535", "p"}, "port + 1"},
+      {{"--rdzv_last_call_s=-1", "p"}, "--rdzv_last_call_s=-1"},
+      {{"--rdzv_timeout_s=inf", "p"}, "--rdzv_timeout_s=inf"},
   };
   for (const Case& c : cases) {
     auto options = ParseLaunchArgs(c.args);
