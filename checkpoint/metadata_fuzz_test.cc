@@ -101,14 +101,20 @@ void MutateBytes(std::string* file, std::mt19937_64* rng) {
   }
 }
 
+// a + b wrapped to 64 bits (two's complement) without signed overflow.
+int64_t WrappingAdd(int64_t a, int64_t b) {
+  return static_cast<int64_t>(static_cast<uint64_t>(a) +
+                              static_cast<uint64_t>(b));
+}
+
 // A value near the interesting edges.
 int64_t Edge(std::mt19937_64* rng, int64_t current) {
   const int64_t choices[] = {0,
                              -1,
                              1,
-                             current + 1,
-                             current - 1,
-                             current * 2,
+                             WrappingAdd(current, 1),
+                             WrappingAdd(current, -1),
+                             WrappingAdd(current, current),
                              int64_t{1} << 31,
                              int64_t{1} << 62,
                              INT64_MAX,

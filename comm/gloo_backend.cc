@@ -212,7 +212,11 @@ void LoadAs(const void* in, DType dtype, int64_t begin, int64_t n, Acc* out) {
       return;
     }
   }
-  std::memcpy(out, static_cast<const Acc*>(in) + begin, n * sizeof(Acc));
+  // memcpy's pointers must be valid even for 0 bytes (an empty op's
+  // buffers may be null).
+  if (n > 0) {
+    std::memcpy(out, static_cast<const Acc*>(in) + begin, n * sizeof(Acc));
+  }
 }
 
 // out = combine(acc, in[begin, begin + n)) with `in` of dtype `dtype`

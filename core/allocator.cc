@@ -2,6 +2,8 @@
 #include "core/allocator.h"
 
 #include <cstdlib>
+#include <mutex>
+#include <new>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -123,9 +125,19 @@ std::mutex& RegistryMutex() {
   return *mu;
 }
 
+// The default CPU allocator: built once in static storage and never
+// destroyed (storage may be freed through it until the process ends), and
+// not a heap object, so a program that replaces it (SetAllocator) does not
+// leak it.
+Allocator* DefaultCpuAllocator() {
+  alignas(CpuAllocator) static unsigned char storage[sizeof(CpuAllocator)];
+  static CpuAllocator* allocator = new (storage) CpuAllocator();
+  return allocator;
+}
+
 absl::flat_hash_map<Device, Allocator*>& Registry() {
   static auto* registry = new absl::flat_hash_map<Device, Allocator*>{
-      {Device::Cpu(), new CpuAllocator()}};
+      {Device::Cpu(), DefaultCpuAllocator()}};
   return *registry;
 }
 

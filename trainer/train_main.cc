@@ -276,15 +276,10 @@ void PrintOutputs(const TrainConfig& config, const std::string& png) {
 
 // Installs the caching CPU allocator when the config asks for it (before
 // anything is allocated; process-wide, never removed).
-// The CPU allocator the caching one replaced: both stay for the life of the
-// process (and reachable), since storage the first handed out before the
-// switch is freed through it.
-Allocator* g_replaced_allocator = nullptr;
-
 void SetUpAllocator(const TrainConfig& config) {
   if (config.training().cpu_caching_allocator()) {
-    g_replaced_allocator =
-        SetAllocator(new CachingAllocator(CpuRawAllocator()));
+    // For the life of the process, reachable from the registry.
+    SetAllocator(new CachingAllocator(CpuRawAllocator()));
   }
 }
 
