@@ -10,7 +10,11 @@ unparsable one, or one without test cases, counts as one failed case. Prints
 "N passed, N failed, N skipped" as the last line.
 
 Usage: python3 count_tests.py TEST_LOG CUDA_BUILD_FAILED(0|1)
+           [--testlogs DIR] [--extra-log LABEL:LOG:TESTLOGS]...
            [--extra-xml PATH]...
+
+--extra-log adds another `bazel test` run's cases (a sanitizer build, whose
+test.xml files live in its own output tree), failures marked with LABEL.
 """
 
 import argparse
@@ -39,14 +43,9 @@ def count_xml(path):
     return passed, failed, skipped
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("test_log")
-    parser.add_argument("cuda_failed", type=int, choices=(0, 1))
-    parser.add_argument("--extra-xml", action="append", default=[],
-                        metavar="PATH")
-    args = parser.parse_args()
-    log_path, cuda_failed = args.test_log, args.cuda_failed
+def count_log(log_path, testlogs, label):
+    """(passed, failed, skipped, targets seen) of one `bazel test` log whose
+    test.xml files are under `testlogs`."""
     passed = failed = skipped = 0
     seen = set()
     with open(log_path, errors="replace") as log:
@@ -60,7 +59,7 @@ def main():
                 continue
             package, name = target[2:].split(":")
             # One test.xml, or one per shard (shard_K_of_N/test.xml).
-            base = os.path.join("bazel-testlogs", package, name)
+            base = os.path.join(testlogs, package, name)
             xmls = [os.path.join(base, "test.xml")]
             if not os.path.exists(xmls[0]):
                 xmls = sorted(glob.glob(os.path.join(base, "shard_*", "test.xml")))
@@ -81,10 +80,33 @@ def main():
             failed += counts[1]
             skipped += counts[2]
             if result not in ("PASSED", "FLAKY"):
-                print(f"failed: {target} ({result})")
+                print(f"failed{label}: {target} ({result})")
     if not seen:
-        print("no test results found in the log")
+        print(f"no test results found in {log_path}")
         failed += 1
+    return passed, failed, skipped
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("test_log")
+    parser.add_argument("cuda_failed", type=int, choices=(0, 1))
+    parser.add_argument("--testlogs", default="bazel-testlogs",
+                        help="bazel-testlogs of the test_log's run")
+    parser.add_argument("--extra-log", action="append", default=[],
+                        metavar="LABEL:LOG:TESTLOGS",
+                        help="another bazel test run (e.g. a sanitizer's)")
+    parser.add_argument("--extra-xml", action="append", default=[],
+                        metavar="PATH")
+    args = parser.parse_args()
+    cuda_failed = args.cuda_failed
+    passed, failed, skipped = count_log(args.test_log, args.testlogs, "")
+    for spec in args.extra_log:
+        label, log_path, testlogs = spec.split(":", 2)
+        counts = count_log(log_path, testlogs, f" ({label})")
+        passed += counts[0]
+        failed += counts[1]
+        skipped += counts[2]
     if cuda_failed:
         print("failed: bazel build --config=cuda //...")
         failed += 1

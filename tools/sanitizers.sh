@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The test suite under the sanitizers (CI runs this; so can anyone):
+#   asan: every test under AddressSanitizer + UndefinedBehaviorSanitizer
+#         (--config=asan: leaks and undefined behaviour fail the test);
+#   tsan: the tests of the concurrency code (core streams, comm backends and
+#         stores, the launcher and its elastic rendezvous, fsdp, the
+#         pipeline runner, the asynchronous checkpoint saver) under
+#         ThreadSanitizer (--config=tsan), except those tagged no_tsan.
+# Each sanitizer builds in its own output tree (.bazelrc's platform_suffix),
+# so the plain build's cache stays warm.
+#
+# Usage: tools/sanitizers.sh [--out=DIR] [asan] [tsan]   (default: both)
+# Writes DIR/<name>.log (the `bazel test` output) and DIR/<name>.testlogs
+# (the path of its test.xml folder) for .ci/count_tests.py --extra-log.
+# Exit status: 0 when every selected run passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+out=""
+runs=()
+for arg in "$@"; do
+  case "$arg" in
+    --out=*) out=${arg#--out=} ;;
+    asan | tsan) runs+=("$arg") ;;
+    *)
+      echo "sanitizers: unknown argument '$arg'" >&2
+      echo "usage: tools/sanitizers.sh [--out=DIR] [asan] [tsan]" >&2
+      exit 2
+      ;;
+  esac
+done
+[[ ${#runs[@]} -gt 0 ]] || runs=(asan tsan)
+[[ -n "$out" ]] || out=$(mktemp -d)
+mkdir -p "$out"
+
+tsan_targets=(//core/... //comm/... //runtime/... //fsdp/... //parallel/...
+  //checkpoint/...)
+
+status=0
+for run in "${runs[@]}"; do
+  start=$SECONDS
+  case "$run" in
+    asan) args=(--config=asan -- //...) ;;
+    tsan) args=(--config=tsan --test_tag_filters=-no_tsan -- "${tsan_targets[@]}") ;;
+  esac
+  echo "sanitizers: bazel test --keep_going ${args[*]}"
+  bazel test --keep_going "${args[@]}" 2>&1 | grep -v '^INFO:' |
+    tee "$out/$run.log" | grep -E '^//|FAIL|ERROR' | grep -v ' PASSED in '
+  rc=${PIPESTATUS[0]}
+  # The folder of this run's test.xml files (bazel-testlogs points there now).
+  readlink -f bazel-testlogs >"$out/$run.testlogs"
+  echo "sanitizers: $run finished in $((SECONDS - start)) s (bazel exit $rc)"
+  [[ $rc -eq 0 ]] || status=1
+done
+exit $status
