@@ -203,41 +203,56 @@ absl::Status ExportSafetensors(const Transformer& model,
   return WriteSafetensors(path, tensors, {{"format", "pt"}});
 }
 
+namespace {
+
+// One safetensors file as an HfTensorSource.
+class SingleFileSource final : public HfTensorSource {
+ public:
+  explicit SingleFileSource(std::unique_ptr<SafetensorsFile> file)
+      : file_(std::move(file)) {}
+  const SafetensorsFile* Find(const std::string& name) const override {
+    return file_->Contains(name) ? file_.get() : nullptr;
+  }
+  std::vector<std::string> names() const override { return file_->names(); }
+  std::string where() const override { return file_->path(); }
+
+ private:
+  std::unique_ptr<SafetensorsFile> file_;
+};
+
+}  // namespace
+
 absl::Status ImportSafetensors(const std::string& path, Transformer* model) {
-  const TransformerConfig& c = model->config();
-  ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
                    SafetensorsFile::Open(path));
-  const std::map<std::string, Parameter*> params = ParameterMap(*model);
+  return ImportHfTensors(SingleFileSource(std::move(file)), model);
+}
+
+absl::StatusOr<std::vector<HfImportItem>> PlanHfImport(
+    const HfTensorSource& source, const Transformer& model) {
+  const TransformerConfig& c = model.config();
+  ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
+  const std::map<std::string, Parameter*> params = ParameterMap(model);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const auto error = [&](absl::Status status) {
-    return Annotate(status, absl::StrCat("ImportSafetensors(", path, ")"));
+    return Annotate(status, absl::StrCat("import from ", source.where()));
   };
-
+  std::vector<HfImportItem> items;
   std::set<std::string> used;
   std::vector<std::string> missing;
   for (const HfNameEntry& entry : mapping) {
     std::string name = entry.hf;
-    if (gpt2 && !file->Contains(name) && absl::StartsWith(name, kGpt2Prefix)) {
+    if (gpt2 && source.Find(name) == nullptr &&
+        absl::StartsWith(name, kGpt2Prefix)) {
       name = name.substr(std::strlen(kGpt2Prefix));
     }
-    if (!file->Contains(name)) {
+    const SafetensorsFile* file = source.Find(name);
+    if (file == nullptr) {
       missing.push_back(entry.hf);
       continue;
     }
     used.insert(name);
-    Parameter* p = params.at(entry.ours);
-    if (p->has_piece()) {
-      return error(absl::FailedPreconditionError(
-          absl::StrCat(entry.ours,
-                       " holds only a tensor-parallel piece (import into an "
-                       "unsharded model and save a checkpoint, which loads "
-                       "into any layout)")));
-    }
-    if (!p->data.defined() || p->data.is_meta()) {
-      return error(absl::FailedPreconditionError(absl::StrCat(
-          entry.ours, " is not materialised (call ToEmpty first)")));
-    }
+    const Parameter* p = params.at(entry.ours);
     ASSIGN_OR_RETURN(SafetensorsTensorInfo info, file->Info(name));
     const Shape expected = HfShape(entry, p->shape, c.vocab_size);
     if (info.shape != expected) {
@@ -249,6 +264,57 @@ absl::Status ImportSafetensors(const std::string& path, Transformer* model) {
       return error(absl::InvalidArgumentError(absl::StrCat(
           name, " has dtype ", info.dtype_name, ", expected a float dtype")));
     }
+    items.push_back({entry, name, file});
+  }
+  if (!missing.empty()) {
+    return error(absl::NotFoundError(
+        absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", "))));
+  }
+  std::vector<std::string> unknown;
+  for (const std::string& name : source.names()) {
+    if (used.count(name) != 0) continue;
+    if (c.tied_embeddings && name == "lm_head.weight") continue;
+    if (gpt2 && (absl::EndsWith(name, ".attn.bias") ||
+                 absl::EndsWith(name, ".attn.masked_bias"))) {
+      continue;
+    }
+    unknown.push_back(name);
+  }
+  if (!unknown.empty()) {
+    return error(absl::InvalidArgumentError(
+        absl::StrCat("unknown tensors: ", absl::StrJoin(unknown, ", "))));
+  }
+  return items;
+}
+
+absl::Status ImportHfTensors(const HfTensorSource& source, Transformer* model) {
+  const TransformerConfig& c = model->config();
+  const std::map<std::string, Parameter*> params = ParameterMap(*model);
+  const auto error = [&](absl::Status status) {
+    return Annotate(status, absl::StrCat("import from ", source.where()));
+  };
+  // Everything is checked before the first parameter is written.
+  ASSIGN_OR_RETURN(std::vector<HfImportItem> items,
+                   PlanHfImport(source, *model));
+  for (const HfImportItem& item : items) {
+    const Parameter* p = params.at(item.entry.ours);
+    if (p->has_piece()) {
+      return error(absl::FailedPreconditionError(
+          absl::StrCat(item.entry.ours,
+                       " holds only a tensor-parallel piece (import into an "
+                       "unsharded model and save a checkpoint, which loads "
+                       "into any layout)")));
+    }
+    if (!p->data.defined() || p->data.is_meta()) {
+      return error(absl::FailedPreconditionError(absl::StrCat(
+          item.entry.ours, " is not materialised (call ToEmpty first)")));
+    }
+  }
+  for (const HfImportItem& item : items) {
+    const HfNameEntry& entry = item.entry;
+    const std::string& name = item.name;
+    const SafetensorsFile* file = item.file;
+    Parameter* p = params.at(entry.ours);
     ASSIGN_OR_RETURN(Tensor host, file->Load(name));
     if (entry.transpose) {
       ASSIGN_OR_RETURN(host, Transpose2D(host));
@@ -262,24 +328,6 @@ absl::Status ImportSafetensors(const std::string& path, Transformer* model) {
       ASSIGN_OR_RETURN(dst, p->data.Narrow(0, c.vocab_size));
     }
     RETURN_IF_ERROR(error(Copy(host, &dst)));
-  }
-  if (!missing.empty()) {
-    return error(absl::NotFoundError(
-        absl::StrCat("missing tensors: ", absl::StrJoin(missing, ", "))));
-  }
-  std::vector<std::string> unknown;
-  for (const std::string& name : file->names()) {
-    if (used.count(name) != 0) continue;
-    if (c.tied_embeddings && name == "lm_head.weight") continue;
-    if (gpt2 && (absl::EndsWith(name, ".attn.bias") ||
-                 absl::EndsWith(name, ".attn.masked_bias"))) {
-      continue;
-    }
-    unknown.push_back(name);
-  }
-  if (!unknown.empty()) {
-    return error(absl::InvalidArgumentError(
-        absl::StrCat("unknown tensors: ", absl::StrJoin(unknown, ", "))));
   }
   return absl::OkStatus();
 }

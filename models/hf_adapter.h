@@ -46,6 +46,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "formats/safetensors/safetensors.h"
 #include "models/config.h"
 #include "models/transformer.h"
 #include "tensor/tensor.h"
@@ -83,10 +84,41 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
 absl::Status ExportSafetensors(const Transformer& model,
                                const std::string& path);
 
-// Loads the HF-named tensors of `path` into `model`'s parameters, which must
-// be materialised (ToEmpty). Shapes must match HF's exactly; float dtypes are
-// converted. NotFound lists missing tensors, InvalidArgument unknown ones or
-// a shape / dtype mismatch; `model` may be partly overwritten on error.
+// Where an import finds HF tensors by name: one safetensors file, or the
+// shards of a model directory (models/hf_directory.h).
+class HfTensorSource {
+ public:
+  virtual ~HfTensorSource() = default;
+  // The file holding tensor `name`, or null when there is none.
+  virtual const SafetensorsFile* Find(const std::string& name) const = 0;
+  // Every tensor name the source holds.
+  virtual std::vector<std::string> names() const = 0;
+  // The path, for messages.
+  virtual std::string where() const = 0;
+};
+
+// One parameter's tensor in a source: its names and the file holding it.
+struct HfImportItem {
+  HfNameEntry entry;
+  std::string name;  // In the file ("transformer." dropped for hub GPT-2).
+  const SafetensorsFile* file = nullptr;
+};
+
+// Checks that `source` holds exactly `model`'s parameters (shapes as HF's,
+// float dtypes) and says where each is, in parameter order. NotFound lists
+// missing tensors, InvalidArgument unknown ones or a shape / dtype mismatch.
+// Nothing is read but the headers.
+absl::StatusOr<std::vector<HfImportItem>> PlanHfImport(
+    const HfTensorSource& source, const Transformer& model);
+
+// Loads the HF-named tensors of `source` into `model`'s parameters, which
+// must be materialised (ToEmpty). Shapes must match HF's exactly; float
+// dtypes are converted. Every check (PlanHfImport, materialised, unsharded)
+// runs before the first parameter is written, so on those errors `model` is
+// untouched.
+absl::Status ImportHfTensors(const HfTensorSource& source, Transformer* model);
+
+// ImportHfTensors from the safetensors file `path`.
 absl::Status ImportSafetensors(const std::string& path, Transformer* model);
 
 }  // namespace models
