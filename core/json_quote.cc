@@ -1,5 +1,8 @@
 #include "core/json_quote.h"
 
+#include <cmath>
+#include <cstdlib>
+
 #include "absl/strings/str_format.h"
 
 namespace fsdpp {
@@ -42,6 +45,19 @@ std::string JsonQuote(absl::string_view s) {
   }
   out.push_back('"');
   return out;
+}
+
+std::string JsonFloat(float v) {
+  if (!std::isfinite(v)) return "null";
+  // Whole numbers as integers (500000, not 5e+05).
+  if (v == std::floor(v) && std::fabs(v) < 1e9f) {
+    return absl::StrFormat("%.0f", v);
+  }
+  for (int digits = 1; digits < 9; ++digits) {
+    std::string text = absl::StrFormat("%.*g", digits, v);
+    if (std::strtof(text.c_str(), nullptr) == v) return text;
+  }
+  return absl::StrFormat("%.9g", v);
 }
 
 }  // namespace fsdpp

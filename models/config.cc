@@ -4,7 +4,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "core/json_quote.h"
+#include "core/status.h"
+#include "formats/json.h"
 
 namespace fsdpp {
 namespace models {
@@ -118,6 +122,115 @@ const char* ActivationName(Activation activation) {
       return "swiglu";
   }
   return "unknown";
+}
+
+std::string ModelConfigJson(const TransformerConfig& c) {
+  const auto f = [](float v) { return JsonFloat(v); };
+  return absl::StrCat(
+      "{\"name\": ", JsonQuote(c.name), ", \"family\": \"",
+      ModelFamilyName(c.family), "\", \"vocab_size\": ", c.vocab_size,
+      ", \"vocab_pad_multiple\": ", c.vocab_pad_multiple,
+      ", \"context_length\": ", c.context_length, ", \"dim\": ", c.dim,
+      ", \"n_layers\": ", c.n_layers, ", \"n_heads\": ", c.n_heads,
+      ", \"n_kv_heads\": ", c.n_kv_heads, ", \"ffn_hidden\": ", c.ffn_hidden,
+      ", \"norm_eps\": ", f(c.norm_eps), ", \"rope_theta\": ", f(c.rope_theta),
+      ", \"rope_scaling\": [", f(c.rope_scaling.factor), ", ",
+      f(c.rope_scaling.low_freq_factor), ", ",
+      f(c.rope_scaling.high_freq_factor), ", ",
+      f(c.rope_scaling.original_context),
+      "], \"no_rope_every\": ", c.no_rope_every,
+      ", \"tied_embeddings\": ", c.tied_embeddings ? "true" : "false",
+      ", \"bias\": ", c.bias ? "true" : "false", ", \"activation\": \"",
+      ActivationName(c.activation), "\", \"init_std\": ", f(c.init_std), "}");
+}
+
+absl::StatusOr<TransformerConfig> ParseModelConfigJson(
+    absl::string_view json, const std::string& where) {
+  const auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(where, ": model config: ", what));
+  };
+  absl::StatusOr<Json> parsed = ParseJson(json);
+  if (!parsed.ok()) return bad(parsed.status().message());
+  if (!parsed->is_object()) return bad("not a JSON object");
+  const Json& o = *parsed;
+  const auto field = [&](const char* key) -> absl::StatusOr<const Json*> {
+    const Json* v = o.Find(key);
+    if (v == nullptr) return bad(absl::StrCat("no \"", key, "\""));
+    return v;
+  };
+  const auto integer = [&](const char* key, int64_t* out) -> absl::Status {
+    ASSIGN_OR_RETURN(const Json* v, field(key));
+    if (!v->is_int64()) return bad(absl::StrCat(key, " is not an integer"));
+    *out = v->int64_value();
+    return absl::OkStatus();
+  };
+  const auto number = [&](const Json& v, const std::string& key,
+                          float* out) -> absl::Status {
+    if (!v.is_number()) return bad(absl::StrCat(key, " is not a number"));
+    *out = static_cast<float>(v.number_value());
+    return absl::OkStatus();
+  };
+  const auto boolean = [&](const char* key, bool* out) -> absl::Status {
+    ASSIGN_OR_RETURN(const Json* v, field(key));
+    if (!v->is_bool()) return bad(absl::StrCat(key, " is not true or false"));
+    *out = v->bool_value();
+    return absl::OkStatus();
+  };
+  const auto text = [&](const char* key) -> absl::StatusOr<std::string> {
+    ASSIGN_OR_RETURN(const Json* v, field(key));
+    if (!v->is_string()) return bad(absl::StrCat(key, " is not a string"));
+    return v->string_value();
+  };
+  TransformerConfig c;
+  ASSIGN_OR_RETURN(c.name, text("name"));
+  ASSIGN_OR_RETURN(const std::string family, text("family"));
+  if (family == "gpt2") {
+    c.family = ModelFamily::kGpt2;
+  } else if (family == "llama") {
+    c.family = ModelFamily::kLlama;
+  } else {
+    return bad(absl::StrCat("unknown family \"", family, "\""));
+  }
+  RETURN_IF_ERROR(integer("vocab_size", &c.vocab_size));
+  RETURN_IF_ERROR(integer("vocab_pad_multiple", &c.vocab_pad_multiple));
+  RETURN_IF_ERROR(integer("context_length", &c.context_length));
+  RETURN_IF_ERROR(integer("dim", &c.dim));
+  RETURN_IF_ERROR(integer("n_layers", &c.n_layers));
+  RETURN_IF_ERROR(integer("n_heads", &c.n_heads));
+  RETURN_IF_ERROR(integer("n_kv_heads", &c.n_kv_heads));
+  RETURN_IF_ERROR(integer("ffn_hidden", &c.ffn_hidden));
+  RETURN_IF_ERROR(integer("no_rope_every", &c.no_rope_every));
+  ASSIGN_OR_RETURN(const Json* eps, field("norm_eps"));
+  RETURN_IF_ERROR(number(*eps, "norm_eps", &c.norm_eps));
+  ASSIGN_OR_RETURN(const Json* theta, field("rope_theta"));
+  RETURN_IF_ERROR(number(*theta, "rope_theta", &c.rope_theta));
+  ASSIGN_OR_RETURN(const Json* init_std, field("init_std"));
+  RETURN_IF_ERROR(number(*init_std, "init_std", &c.init_std));
+  ASSIGN_OR_RETURN(const Json* scaling, field("rope_scaling"));
+  if (!scaling->is_array() || scaling->array_value().size() != 4) {
+    return bad("rope_scaling is not an array of 4 numbers");
+  }
+  float* const parts[] = {
+      &c.rope_scaling.factor, &c.rope_scaling.low_freq_factor,
+      &c.rope_scaling.high_freq_factor, &c.rope_scaling.original_context};
+  for (int i = 0; i < 4; ++i) {
+    RETURN_IF_ERROR(number(scaling->array_value()[i],
+                           absl::StrCat("rope_scaling[", i, "]"), parts[i]));
+  }
+  RETURN_IF_ERROR(boolean("tied_embeddings", &c.tied_embeddings));
+  RETURN_IF_ERROR(boolean("bias", &c.bias));
+  ASSIGN_OR_RETURN(const std::string activation, text("activation"));
+  if (activation == "gelu") {
+    c.activation = Activation::kGelu;
+  } else if (activation == "swiglu") {
+    c.activation = Activation::kSwiGlu;
+  } else {
+    return bad(absl::StrCat("unknown activation \"", activation, "\""));
+  }
+  const absl::Status valid = ValidateConfig(c);
+  if (!valid.ok()) return bad(valid.message());
+  return c;
 }
 
 int64_t TransformerConfig::padded_vocab_size() const {

@@ -86,6 +86,19 @@ struct TransformerConfig {
 // the config and the problem otherwise.
 absl::Status ValidateConfig(const TransformerConfig& config);
 
+// The checkpoint key (a byte value) under which the trainer keeps
+// ModelConfigJson of the run's model.
+inline constexpr char kModelConfigKey[] = "train/model";
+
+// Every field of `config` as one JSON object (what a checkpoint keeps so that
+// tools can rebuild the model without the run's config file).
+std::string ModelConfigJson(const TransformerConfig& config);
+
+// The config ModelConfigJson wrote, validated (ValidateConfig).
+// InvalidArgument naming `where` and the field that is missing or malformed.
+absl::StatusOr<TransformerConfig> ParseModelConfigJson(
+    absl::string_view json, const std::string& where);
+
 // The names ConfigByName accepts, in a stable order.
 std::vector<std::string> ConfigNames();
 

@@ -32,6 +32,53 @@ TEST(ConfigTest, EveryNamedConfigIsValidAndKnowsItsName) {
   }
 }
 
+TEST(ConfigTest, ModelConfigJsonRoundTripsEveryField) {
+  for (const std::string& name : ConfigNames()) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<TransformerConfig> c = ConfigByName(name);
+    ASSERT_TRUE(c.ok());
+    c->vocab_pad_multiple = 64;
+    c->init_std = 0.0125f;
+    const std::string json = ModelConfigJson(*c);
+    absl::StatusOr<TransformerConfig> back = ParseModelConfigJson(json, "x");
+    ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+    EXPECT_EQ(ModelConfigJson(*back), json);
+    EXPECT_EQ(back->name, c->name);
+    EXPECT_EQ(back->family, c->family);
+    EXPECT_EQ(back->norm_eps, c->norm_eps);
+    EXPECT_EQ(back->rope_theta, c->rope_theta);
+    EXPECT_EQ(back->rope_scaling.factor, c->rope_scaling.factor);
+    EXPECT_EQ(back->rope_scaling.original_context,
+              c->rope_scaling.original_context);
+    EXPECT_EQ(back->no_rope_every, c->no_rope_every);
+    EXPECT_EQ(back->tied_embeddings, c->tied_embeddings);
+    EXPECT_EQ(back->init_std, c->init_std);
+    EXPECT_EQ(back->padded_vocab_size(), c->padded_vocab_size());
+  }
+}
+
+TEST(ConfigTest, ParseModelConfigJsonSaysWhatIsWrong) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName("gpt2_debug");
+  ASSERT_TRUE(c.ok());
+  const std::string json = ModelConfigJson(*c);
+  const auto error = [](const std::string& text) {
+    return std::string(
+        ParseModelConfigJson(text, "ckpt/train/model").status().message());
+  };
+  EXPECT_TRUE(
+      absl::StartsWith(error("[1"), "ckpt/train/model: model config: "));
+  std::string no_dim = json;
+  no_dim.replace(no_dim.find("\"dim\""), 5, "\"dum\"");
+  EXPECT_TRUE(absl::StrContains(error(no_dim), "no \"dim\"")) << error(no_dim);
+  std::string bad_family = json;
+  bad_family.replace(bad_family.find("gpt2\""), 5, "gpt9\"");
+  EXPECT_TRUE(absl::StrContains(error(bad_family), "unknown family \"gpt9\""));
+  std::string bad_heads = json;
+  bad_heads.replace(bad_heads.find("\"n_heads\": 4"), 12, "\"n_heads\": 5");
+  EXPECT_TRUE(absl::StrContains(error(bad_heads), "n_heads"))
+      << error(bad_heads);
+}
+
 TEST(ConfigTest, UnknownNameListsTheKnownOnes) {
   absl::StatusOr<TransformerConfig> c = ConfigByName("gpt3");
   ASSERT_EQ(c.status().code(), absl::StatusCode::kNotFound);

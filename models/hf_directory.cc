@@ -39,9 +39,6 @@ const char* TorchDtype(DType dtype) {
   }
 }
 
-// A float as JSON, with enough digits to read back the same float.
-std::string JsonFloat(float v) { return absl::StrFormat("%.9g", v); }
-
 // Builds a JSON object text from (key, raw JSON value) pairs.
 std::string JsonObject(
     const std::vector<std::pair<std::string, std::string>>& fields,

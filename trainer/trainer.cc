@@ -486,6 +486,10 @@ absl::Status Trainer::BuildCheckpointState() {
   RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
   RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));
   RETURN_IF_ERROR(state_.AddBytes("train/config", FormatTrainConfig(config_)));
+  // The resolved model config, for tools that rebuild the model from the
+  // checkpoint alone (tools/ckpt export --format=hf).
+  RETURN_IF_ERROR(state_.AddBytes(models::kModelConfigKey,
+                                  models::ModelConfigJson(rc_.model)));
   const CheckpointConfig& cc = config_.checkpoint();
   if (cc.resume() && !cc.folder().empty()) {
     absl::StatusOr<std::vector<CheckpointDir>> dirs =
@@ -533,6 +537,8 @@ absl::Status Trainer::Resume(const std::string& latest) {
   // must all be there.
   LoadOptions lo;
   lo.strict = runner_ == nullptr;
+  // Checkpoints written before the key existed resume too.
+  lo.optional_prefixes = {models::kModelConfigKey};
   ASSIGN_OR_RETURN(LoadResult loaded,
                    Context(Load(&state_, latest, lo), "trainer: resuming"));
   if (runner_ != nullptr) RETURN_IF_ERROR(CheckPipelineLoad(loaded));

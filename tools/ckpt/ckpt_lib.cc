@@ -23,6 +23,11 @@
 #include "core/status.h"
 #include "formats/json.h"
 #include "formats/safetensors/safetensors.h"
+#include "models/config.h"
+#include "models/hf_adapter.h"
+#include "models/hf_directory.h"
+#include "models/transformer.h"
+#include "tensor/ops.h"
 
 namespace fsdpp {
 namespace ckpt {
@@ -34,7 +39,13 @@ constexpr char kStepKey[] = "fsdpp.step";
 constexpr char kUsage[] =
     "usage: ckpt inspect [--verify] DIR\n"
     "       ckpt convert CHECKPOINT_DIR OUT.safetensors\n"
-    "       ckpt convert IN.safetensors ROOT [--step=N]\n";
+    "       ckpt convert IN.safetensors ROOT [--step=N]\n"
+    "       ckpt export CHECKPOINT_DIR OUT_DIR --format=hf "
+    "[--dtype=f32|bf16|f16]\n"
+    "            [--max_shard_mb=N] [--model=NAME]\n"
+    "         a Hugging Face model directory (config.json, safetensors "
+    "shards,\n"
+    "         index); --model only for checkpoints without train/model\n";
 
 std::string Hex8(uint32_t v) {
   return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad8));
@@ -169,6 +180,79 @@ absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
   return saved.path;
 }
 
+namespace {
+
+// The model config a checkpoint records, or the zoo's `model_name` for one
+// that does not.
+absl::StatusOr<models::TransformerConfig> CheckpointModelConfig(
+    CheckpointReader& reader, const std::string& model_name) {
+  const auto& entries = reader.metadata().entries;
+  if (entries.count(models::kModelConfigKey) != 0) {
+    if (!model_name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          reader.dir(), " records its model (", models::kModelConfigKey,
+          "); --model applies only to checkpoints without it"));
+    }
+    ASSIGN_OR_RETURN(std::string json,
+                     reader.ReadBytes(models::kModelConfigKey));
+    return models::ParseModelConfigJson(
+        json, absl::StrCat(reader.dir(), ":", models::kModelConfigKey));
+  }
+  if (model_name.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(reader.dir(), " does not record its model (no ",
+                     models::kModelConfigKey,
+                     ": written before fsdpp kept it); pass --model=NAME (",
+                     absl::StrJoin(models::ConfigNames(), ", "), ")"));
+  }
+  return models::ConfigByName(model_name);
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::string>> ExportHf(
+    const std::string& dir, const std::string& out_dir,
+    const HfExportOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                   CheckpointReader::Open(dir));
+  ASSIGN_OR_RETURN(const models::TransformerConfig config,
+                   CheckpointModelConfig(*reader, options.model));
+  // Header checks first (the HF layout exists for this model).
+  RETURN_IF_ERROR(models::HfConfigJson(config, options.dtype).status());
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                   models::Transformer::Create(config));
+  RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+  const auto& entries = reader->metadata().entries;
+  std::vector<std::string> missing;
+  for (const auto& [name, p] : model->NamedParameters()) {
+    if (entries.count("model/" + name) == 0) missing.push_back("model/" + name);
+  }
+  if (!missing.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(dir, " lacks the model's parameters ",
+                     absl::StrJoin(missing, ", "), " (is it a checkpoint of ",
+                     config.name.empty() ? "this model" : config.name, "?)"));
+  }
+  for (const auto& [name, p] : model->NamedParameters()) {
+    const std::string key = "model/" + name;
+    ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
+    if (t.numel() != p->data.numel()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": ", key, " is ", ShapeToString(t.shape()), ", the model's ",
+          name, " is ", ShapeToString(p->data.shape())));
+    }
+    // Tensor-parallel checkpoints may hold a view with one dim split in two
+    // (the same elements in the same order).
+    ASSIGN_OR_RETURN(t, t.Reshape(p->data.shape()));
+    RETURN_IF_ERROR(Copy(t, &p->data));
+  }
+  ASSIGN_OR_RETURN(auto tensors, models::ExportHfTensors(*model));
+  models::HfWriteOptions wo;
+  wo.dtype = options.dtype;
+  wo.max_shard_bytes = options.max_shard_bytes;
+  return models::WriteHfDirectory(out_dir, config, tensors, wo);
+}
+
 const char* Usage() { return kUsage; }
 
 int Run(const std::vector<std::string>& args, const Flags& flags,
@@ -199,6 +283,34 @@ int Run(const std::vector<std::string>& args, const Flags& flags,
           ConvertFromSafetensors(args[1], args[2], step);
       status = dir.status();
       if (dir.ok()) out << "wrote " << *dir << "\n";
+    }
+  } else if (command == "export") {
+    if (flags.verify || flags.step != -1) {
+      return usage("--verify and --step do not apply to export");
+    }
+    if (args.size() != 3) return usage("export takes CHECKPOINT_DIR OUT_DIR");
+    if (flags.format != "hf") {
+      return usage(absl::StrCat("export needs --format=hf (got \"",
+                                flags.format, "\")"));
+    }
+    HfExportOptions options;
+    options.model = flags.model;
+    absl::StatusOr<DType> dtype = ParseDType(flags.dtype);
+    if (!dtype.ok() || !IsFloatingPoint(*dtype)) {
+      return usage(
+          absl::StrCat("--dtype=", flags.dtype, " is not f32, bf16 or f16"));
+    }
+    options.dtype = *dtype;
+    if (flags.max_shard_mb <= 0) {
+      return usage(absl::StrCat("--max_shard_mb=", flags.max_shard_mb,
+                                " must be positive"));
+    }
+    options.max_shard_bytes = static_cast<uint64_t>(flags.max_shard_mb) << 20;
+    absl::StatusOr<std::vector<std::string>> files =
+        ExportHf(args[1], args[2], options);
+    status = files.status();
+    if (files.ok()) {
+      out << "wrote " << args[2] << ": " << absl::StrJoin(*files, ", ") << "\n";
     }
   } else {
     return usage(absl::StrCat("unknown command '", command, "'"));

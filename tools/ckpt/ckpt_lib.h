@@ -18,6 +18,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/dtype.h"
 
 namespace fsdpp {
 namespace ckpt {
@@ -38,10 +39,29 @@ absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
                                                    const std::string& root,
                                                    int64_t step = -1);
 
+struct HfExportOptions {
+  // The zoo config, for checkpoints that do not record their model
+  // (models::kModelConfigKey); must be empty for the ones that do.
+  std::string model;
+  DType dtype = DType::kF32;
+  uint64_t max_shard_bytes = uint64_t{5} << 30;
+};
+
+// Writes the model of checkpoint `dir` (its "model/<name>" values, in any
+// layout the checkpoint was saved from) as the Hugging Face model directory
+// `out_dir` (models/hf_directory.h); returns the files written.
+absl::StatusOr<std::vector<std::string>> ExportHf(
+    const std::string& dir, const std::string& out_dir,
+    const HfExportOptions& options);
+
 // The command's flags (tools/ckpt/main.cc defines them as absl flags).
 struct Flags {
   bool verify = false;  // inspect: read every chunk and check its CRC-32C.
   int64_t step = -1;    // convert safetensors -> checkpoint: the step.
+  std::string format;   // export: "hf".
+  std::string dtype = "f32";    // export: the written float dtype.
+  int64_t max_shard_mb = 5120;  // export: shard size limit.
+  std::string model;            // export: zoo config of an old checkpoint.
 };
 
 // The usage text.

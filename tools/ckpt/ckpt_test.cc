@@ -4,6 +4,7 @@
 // for bit, byte values included), and the real `ckpt` binary's command line
 // (found at tools/ckpt/ckpt relative to the runfiles working directory).
 #include <cstdio>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -18,6 +19,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
+#include "models/config.h"
+#include "models/hf_directory.h"
+#include "models/transformer.h"
 #include "tools/ckpt/ckpt_lib.h"
 
 namespace fsdpp {
@@ -163,6 +167,114 @@ TEST(CkptTest, CommandLine) {
   std::tie(code, out) = RunCkpt(absl::StrCat("convert ", st, " x --step=x"));
   EXPECT_EQ(code, 2);
   EXPECT_THAT(out, HasSubstr("bad value \"x\" for --step"));
+}
+
+// A gpt2_debug model's parameters saved by two ranks (sharded on dim 0),
+// with (or, as older checkpoints, without) the model config record.
+std::string SaveModel(const std::string& name, const models::Transformer& m,
+                      bool record_config) {
+  const std::string root = FreshDir(name);
+  InMemoryStore store;
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
+    StateDict state;
+    for (const auto& [pname, p] : m.NamedParameters()) {
+      CHECK_OK(
+          state.AddDTensor("model/" + pname,
+                           MakeDTensor(p->data, &mesh, {Placement::Shard(0)})));
+    }
+    if (record_config) {
+      CHECK_OK(state.AddBytes(models::kModelConfigKey,
+                              models::ModelConfigJson(m.config())));
+    }
+    SaveOptions options;
+    options.mesh = &mesh;
+    options.store = &store;
+    CHECK_OK(Save(state, root, 5, options).status());
+  });
+  return root + "/step-5";
+}
+
+std::unique_ptr<models::Transformer> DebugModel(uint64_t seed) {
+  absl::StatusOr<models::TransformerConfig> c =
+      models::ConfigByName("gpt2_debug");
+  CHECK_OK(c.status());
+  absl::StatusOr<std::unique_ptr<models::Transformer>> m =
+      models::Transformer::Create(*c);
+  CHECK_OK(m.status());
+  CHECK_OK((*m)->ToEmpty(Device::Cpu()));
+  if (seed != 0) CHECK_OK((*m)->InitWeights(seed));
+  return std::move(*m);
+}
+
+TEST(CkptTest, ExportsAShardedCheckpointAsAnHfDirectory) {
+  std::unique_ptr<models::Transformer> model = DebugModel(11);
+  const std::string dir = SaveModel("export_src", *model, true);
+  const std::string out = FreshDir("export_out") + "/hf";
+  HfExportOptions options;
+  options.max_shard_bytes = 200 << 10;
+  absl::StatusOr<std::vector<std::string>> files = ExportHf(dir, out, options);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(files->back(), "model.safetensors.index.json");
+
+  absl::StatusOr<std::unique_ptr<models::HfDirectory>> opened =
+      models::HfDirectory::Open(out);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  std::unique_ptr<models::Transformer> loaded = DebugModel(0);
+  ASSERT_TRUE(models::ImportHfDirectory(**opened, loaded.get()).ok());
+  const auto a = model->NamedParameters();
+  const auto b = loaded->NamedParameters();
+  ASSERT_EQ(a.size(), b.size());
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_TRUE(BitwiseEqual(a[i].second->data, b[i].second->data))
+        << a[i].first;
+  }
+
+  // Through the binary, in bf16.
+  const std::string out16 = FreshDir("export_cli") + "/hf16";
+  auto [code, text] = RunCkpt(absl::StrCat("export ", dir, " ", out16,
+                                           " --format=hf "
+                                           "--dtype=bf16"));
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_THAT(text, HasSubstr("config.json, model.safetensors"));
+  absl::StatusOr<std::string> config = ReadFileToString(out16 + "/config.json");
+  ASSERT_TRUE(config.ok());
+  EXPECT_THAT(*config, HasSubstr("\"torch_dtype\": \"bfloat16\""));
+  std::tie(code, text) =
+      RunCkpt(absl::StrCat("export ", dir, " ", out16, " --format=hf"));
+  EXPECT_EQ(code, 1);
+  EXPECT_THAT(text, HasSubstr("exists and is not empty"));
+  std::tie(code, text) = RunCkpt(absl::StrCat("export ", dir, " x"));
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(text, HasSubstr("export needs --format=hf"));
+  std::tie(code, text) =
+      RunCkpt(absl::StrCat("export ", dir, " x --format=hf --dtype=i32"));
+  EXPECT_EQ(code, 2);
+  EXPECT_THAT(text, HasSubstr("--dtype=i32 is not f32, bf16 or f16"));
+}
+
+TEST(CkptTest, ExportOfACheckpointWithoutItsModelNeedsTheName) {
+  std::unique_ptr<models::Transformer> model = DebugModel(12);
+  const std::string dir = SaveModel("export_old", *model, false);
+  HfExportOptions options;
+  absl::StatusOr<std::vector<std::string>> files =
+      ExportHf(dir, FreshDir("export_old_out") + "/a", options);
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(files.status().message(), HasSubstr("pass --model=NAME"));
+  options.model = "gpt2_debug";
+  files = ExportHf(dir, FreshDir("export_old_out2") + "/b", options);
+  EXPECT_TRUE(files.ok()) << files.status();
+  // The wrong model: its parameters are not in the checkpoint.
+  options.model = "llama_debug";
+  files = ExportHf(dir, FreshDir("export_old_out3") + "/c", options);
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(files.status().message(),
+              HasSubstr("lacks the model's parameters"));
+
+  const std::string recorded = SaveModel("export_new", *model, true);
+  files = ExportHf(recorded, FreshDir("export_new_out") + "/d", options);
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(files.status().message(),
+              HasSubstr("--model applies only to checkpoints without it"));
 }
 
 }  // namespace

@@ -3,8 +3,10 @@
 //   ckpt inspect [--verify] CKPT/step-N
 //   ckpt convert CKPT/step-N out.safetensors
 //   ckpt convert in.safetensors CKPT [--step=N]
+//   ckpt export CKPT/step-N OUT_DIR --format=hf [--dtype=bf16]
 #include <cstdint>
 #include <iostream>
+#include <string>
 
 #include "absl/flags/flag.h"
 #include "core/cli.h"
@@ -16,11 +18,24 @@ ABSL_FLAG(int64_t, step, -1,
           "convert IN.safetensors ROOT: save as ROOT/step-N (default: the "
           "file's fsdpp.step, else 0)");
 
+ABSL_FLAG(std::string, format, "",
+          "export: the output format (hf: a Hugging Face model directory)");
+ABSL_FLAG(std::string, dtype, "f32", "export: f32, bf16 or f16 tensors");
+ABSL_FLAG(int64_t, max_shard_mb, 5120,
+          "export: shard the safetensors files above this many MiB");
+ABSL_FLAG(std::string, model, "",
+          "export: the zoo config of a checkpoint that does not record its "
+          "model");
+
 int main(int argc, char** argv) {
   const fsdpp::CommandLine line =
       fsdpp::ParseCommandLineOrExit(argc, argv, fsdpp::ckpt::Usage());
   fsdpp::ckpt::Flags flags;
   flags.verify = absl::GetFlag(FLAGS_verify);
   flags.step = absl::GetFlag(FLAGS_step);
+  flags.format = absl::GetFlag(FLAGS_format);
+  flags.dtype = absl::GetFlag(FLAGS_dtype);
+  flags.max_shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
+  flags.model = absl::GetFlag(FLAGS_model);
   return fsdpp::ckpt::Run(line.positional, flags, std::cout, std::cerr);
 }
