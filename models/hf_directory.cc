@@ -494,6 +494,73 @@ std::vector<std::string> HfDirectory::files() const {
   return out;
 }
 
+absl::StatusOr<Tensor> ReadHfBox(const HfImportItem& item, const Shape& ours,
+                                 const Box& box, MemoryTag tag) {
+  const auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(item.file->path(), ": ", item.name, " (", item.entry.ours,
+                     "): ", what));
+  };
+  if (ours.empty() || ours.size() > 2 || box.offset.size() != ours.size() ||
+      box.shape.size() != ours.size()) {
+    return bad(absl::StrCat("cannot read box ", ShapeToString(box.shape), "@",
+                            ShapeToString(box.offset), " of a ",
+                            ShapeToString(ours), " parameter"));
+  }
+  for (size_t d = 0; d < ours.size(); ++d) {
+    if (box.offset[d] < 0 || box.shape[d] < 0 ||
+        box.offset[d] + box.shape[d] > ours[d]) {
+      return bad(absl::StrCat("box ", ShapeToString(box.shape), "@",
+                              ShapeToString(box.offset), " is outside ",
+                              ShapeToString(ours)));
+    }
+  }
+  ASSIGN_OR_RETURN(SafetensorsTensorInfo info, item.file->Info(item.name));
+  if (!info.dtype.has_value()) return bad("dtype fsdpp has none for");
+  ASSIGN_OR_RETURN(absl::Span<const char> bytes, item.file->Bytes(item.name));
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::Empty(box.shape, *info.dtype, Device::Cpu(), tag));
+  char* dst = static_cast<char*>(out.raw_data());
+  const size_t es = info.element_size;
+  if (ours.size() == 1) {
+    // Vocabulary rows are 2-D; a 1-D parameter is the file's tensor.
+    if (box.shape[0] > 0) {
+      std::memcpy(dst, bytes.data() + box.offset[0] * es, box.shape[0] * es);
+    }
+    return out;
+  }
+  const int64_t rows = box.shape[0];
+  const int64_t cols = box.shape[1];
+  if (!item.entry.transpose) {
+    // File [file_rows, C] (file_rows < R: the unpadded vocabulary).
+    const int64_t file_rows = info.shape[0];
+    const int64_t width = info.shape[1];
+    for (int64_t r = 0; r < rows; ++r) {
+      char* row = dst + r * cols * es;
+      const int64_t src = box.offset[0] + r;
+      if (src >= file_rows) {
+        std::memset(row, 0, cols * es);
+        continue;
+      }
+      std::memcpy(row, bytes.data() + (src * width + box.offset[1]) * es,
+                  cols * es);
+    }
+    return out;
+  }
+  // Ours [R, C] is the file's [C, R] transposed: out[i][j] =
+  // file[offset1 + j][offset0 + i]; each file row j gives one run of `rows`
+  // elements, scattered down column j.
+  const int64_t width = info.shape[1];  // R
+  for (int64_t j = 0; j < cols; ++j) {
+    const char* run =
+        bytes.data() + ((box.offset[1] + j) * width + box.offset[0]) * es;
+    for (int64_t i = 0; i < rows; ++i) {
+      std::memcpy(dst + (i * cols + j) * es, run + i * es, es);
+    }
+  }
+  return out;
+}
+
 absl::Status ImportHfDirectory(const HfDirectory& dir, Transformer* model) {
   if (dir.config_json().empty()) {
     return absl::NotFoundError(absl::StrCat("HF model directory ", dir.where(),

@@ -38,6 +38,7 @@
 #include "formats/safetensors/safetensors.h"
 #include "models/config.h"
 #include "models/hf_adapter.h"
+#include "tensor/sharding.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -102,6 +103,15 @@ class HfDirectory final : public HfTensorSource {
   std::map<std::string, std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> tensors_;
 };
+
+// Box `box` (offset and shape in our layout) of `item`'s parameter, whose
+// global shape is `ours`, read from its file: only the bytes the box covers
+// (a transposed GPT-2 weight, one run per file row of the box), rows of a
+// padded vocabulary past the file's as zeros. 1-D and 2-D parameters; a host
+// tensor of the file's dtype allocated under `tag`, the only buffer used.
+absl::StatusOr<Tensor> ReadHfBox(const HfImportItem& item, const Shape& ours,
+                                 const Box& box,
+                                 MemoryTag tag = MemoryTag::kOther);
 
 // Checks the directory's config.json (required) against the model's config,
 // then imports every parameter (ImportHfTensors).

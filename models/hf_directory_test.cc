@@ -7,8 +7,10 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -27,6 +29,7 @@
 #include "models/hf_adapter.h"
 #include "models/transformer.h"
 #include "nn/module.h"
+#include "tensor/sharding.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -169,6 +172,87 @@ TEST_P(HfDirectoryTest, IndependentReaderSeesTheSameModel) {
       dir, reference, batch, *loss));
   std::cout << "=== " << GetParam() << " ===\n" << output << std::flush;
   EXPECT_EQ(status, 0) << output;
+}
+
+// Every box ReadHfBox reads equals that box of the model's own parameter:
+// thirds of dim 0 (as FSDP over 3 ranks cuts them), a column window, rows
+// of the padded vocabulary past the file's (zeros), empty boxes.
+TEST_P(HfDirectoryTest, ReadHfBoxReadsExactlyTheBox) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName(GetParam());
+  ASSERT_TRUE(c.ok());
+  c->vocab_size = 500;  // Padded to 512.
+  c->vocab_pad_multiple = 64;
+  absl::StatusOr<std::unique_ptr<Transformer>> made = Transformer::Create(*c);
+  ASSERT_TRUE(made.ok());
+  Transformer& model = **made;
+  ASSERT_TRUE(model.ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE(model.InitWeights(21).ok());
+  const std::string dir = TempDir(GetParam() + "_boxes");
+  Export(model, dir, uint64_t{1} << 40);
+  absl::StatusOr<std::unique_ptr<HfDirectory>> opened = HfDirectory::Open(dir);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  absl::StatusOr<std::vector<HfImportItem>> items =
+      PlanHfImport(**opened, model);
+  ASSERT_TRUE(items.ok()) << items.status();
+  std::map<std::string, Parameter*> params;
+  for (const auto& [name, p] : model.NamedParameters()) params[name] = p;
+  int boxes = 0;
+  for (const HfImportItem& item : *items) {
+    SCOPED_TRACE(item.entry.ours);
+    const Tensor& full = params.at(item.entry.ours)->data;
+    const Shape& shape = full.shape();
+    std::vector<Box> cases;
+    const int64_t third = (shape[0] + 2) / 3;
+    for (int64_t r0 = 0; r0 < shape[0]; r0 += third) {
+      Box b;
+      b.offset = Shape(shape.size(), 0);
+      b.shape = shape;
+      b.offset[0] = r0;
+      b.shape[0] = std::min(third, shape[0] - r0);
+      cases.push_back(b);
+    }
+    Box empty = cases[0];
+    empty.shape[0] = 0;
+    cases.push_back(empty);
+    if (shape.size() == 2) {
+      Box window;
+      window.offset = {shape[0] - 5, 3};
+      window.shape = {5, shape[1] - 7};
+      cases.push_back(window);
+    }
+    for (const Box& box : cases) {
+      absl::StatusOr<Tensor> got = ReadHfBox(item, shape, box);
+      ASSERT_TRUE(got.ok()) << got.status();
+      absl::StatusOr<Tensor> want =
+          Tensor::Empty(box.shape, full.dtype(), Device::Cpu());
+      ASSERT_TRUE(want.ok());
+      ASSERT_TRUE(
+          CopyBox(full, box.offset, &*want, Shape(shape.size(), 0), box.shape)
+              .ok());
+      // The padded vocabulary's rows are not in the file: zeros.
+      if (item.entry.vocab_rows) {
+        const int64_t row_bytes = box.shape[1] * 4;
+        for (int64_t r = 0; r < box.shape[0]; ++r) {
+          if (box.offset[0] + r >= c->vocab_size) {
+            std::memset(static_cast<char*>(want->raw_data()) + r * row_bytes,
+                        0, row_bytes);
+          }
+        }
+      }
+      ASSERT_EQ(got->shape(), want->shape());
+      EXPECT_EQ(std::memcmp(got->raw_data(), want->raw_data(), want->nbytes()),
+                0)
+          << ShapeToString(box.shape) << "@" << ShapeToString(box.offset);
+      ++boxes;
+    }
+  }
+  EXPECT_GT(boxes, 50);
+  // A box outside the parameter is refused.
+  Box outside;
+  outside.offset = {1};
+  outside.shape = {64};
+  EXPECT_THAT(ReadHfBox((*items)[0], {64}, outside).status().message(),
+              HasSubstr("is outside [64]"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfDirectoryTest,

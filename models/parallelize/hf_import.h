@@ -1,0 +1,44 @@
+// Initialising an FSDP-sharded model from a Hugging Face model directory
+// without ever holding the whole model: each rank reads, from the
+// memory-mapped safetensors shards, only the box of each parameter its
+// master holds (DTensor::local_box: FSDP's rows, HSDP's replicas, tensor
+// parallelism's pieces, GPT-2's fused c_attn as its [3, C, C] view), one
+// read buffer at a time, and converts it into the master in place.
+//
+// Everything is checked before the first value is written: config.json
+// against the model's config (models::CheckHfConfig), every tensor's
+// presence, shape and dtype (models::PlanHfImport), and that every master's
+// layout is one this reader handles.
+#ifndef FSDPP_MODELS_PARALLELIZE_HF_IMPORT_H_
+#define FSDPP_MODELS_PARALLELIZE_HF_IMPORT_H_
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "models/hf_directory.h"
+#include "models/transformer.h"
+
+namespace fsdpp {
+namespace models {
+
+// What one rank's import did.
+struct HfShardedImportStats {
+  int64_t tensors = 0;
+  // Bytes copied out of the files by this rank (its boxes, in the files'
+  // dtypes).
+  uint64_t bytes_read = 0;
+  // The largest read buffer this rank held (one at a time).
+  uint64_t largest_buffer_bytes = 0;
+};
+
+// Initialises the masters of the sharded `model` (fsdp::FullyShard applied,
+// sharded weights materialised) from `dir`. Errors: config.json missing or
+// mismatching, PlanHfImport's, Unimplemented for a master layout other than
+// the parameter's shape or its one-dim-split view; nothing is written then.
+absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
+                                                     Transformer* model);
+
+}  // namespace models
+}  // namespace fsdpp
+
+#endif  // FSDPP_MODELS_PARALLELIZE_HF_IMPORT_H_

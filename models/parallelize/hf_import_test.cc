@@ -1,0 +1,235 @@
+// ImportHfSharded: on FSDP 1, 2 and 3 ranks, HSDP 2 x 2 and FSDP 2 x TP 2
+// every rank's masters equal its boxes of the exported model (bitwise;
+// padded vocabulary rows zero), each rank reads only its boxes (bytes
+// counted), one buffer at a time (memory accounting), and a mismatching
+// directory is refused with nothing written.
+#include "models/parallelize/hf_import.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "formats/file_util.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "mesh/run_on_mesh.h"
+#include "models/config.h"
+#include "models/hf_adapter.h"
+#include "models/hf_directory.h"
+#include "models/parallelize/block_plan.h"
+#include "models/parallelize/tensor_parallel_plan.h"
+#include "models/transformer.h"
+#include "tensor/sharding.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace models {
+namespace {
+
+using ::testing::HasSubstr;
+
+TransformerConfig PaddedConfig(const std::string& name) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName(name);
+  EXPECT_TRUE(c.ok());
+  c->vocab_size = 500;  // Rows 500..511 are padding.
+  c->vocab_pad_multiple = 64;
+  return *c;
+}
+
+// The reference model (seed 17) and its sharded export.
+struct Exported {
+  std::unique_ptr<Transformer> model;
+  std::string dir;
+};
+Exported Export(const std::string& name) {
+  Exported e;
+  auto made = Transformer::Create(PaddedConfig(name));
+  EXPECT_TRUE(made.ok());
+  e.model = std::move(*made);
+  EXPECT_TRUE(e.model->ToEmpty(Device::Cpu()).ok());
+  EXPECT_TRUE(e.model->InitWeights(17).ok());
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  e.dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/", name, "_hf");
+  EXPECT_TRUE(RemoveTree(e.dir).ok());
+  auto tensors = ExportHfTensors(*e.model);
+  EXPECT_TRUE(tensors.ok());
+  HfWriteOptions options;
+  options.max_shard_bytes = 100 << 10;
+  EXPECT_TRUE(
+      WriteHfDirectory(e.dir, e.model->config(), *tensors, options).ok());
+  return e;
+}
+
+// `box` of `t` (row-major, any shape holding the box) as a new tensor.
+Tensor BoxOf(const Tensor& t, const Box& box) {
+  Tensor out = *Tensor::Empty(box.shape, t.dtype(), Device::Cpu());
+  EXPECT_TRUE(
+      CopyBox(t, box.offset, &out, Shape(box.shape.size(), 0), box.shape).ok());
+  return out;
+}
+
+// Builds the sharded model on `mesh`, imports, and checks every master.
+void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp) {
+  auto made = Transformer::Create(e.model->config());
+  ASSERT_TRUE(made.ok());
+  Transformer* model = made->get();
+  const ModelFamily family = model->config().family;
+  if (tp) {
+    TensorParallelPlanOptions tpo;
+    tpo.loss_parallel = false;
+    ASSERT_TRUE(
+        ApplyTensorParallelPlan(model, family, "test", &mesh, tpo).ok());
+  }
+  fsdp::FsdpPlanOptions options;
+  options.shard.mesh = &mesh;
+  if (tp) options.shard.tp_axis = "tp";
+  ASSERT_TRUE(ApplyBlockPlan(model, family, "test", options).ok());
+  ASSERT_TRUE(fsdp::InitShardedWeights(model, 99).ok());
+
+  absl::StatusOr<std::unique_ptr<HfDirectory>> dir = HfDirectory::Open(e.dir);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  absl::StatusOr<HfShardedImportStats> stats = ImportHfSharded(**dir, model);
+  ASSERT_TRUE(stats.ok()) << stats.status();
+
+  std::map<std::string, Parameter*> reference;
+  for (const auto& [name, p] : e.model->NamedParameters()) reference[name] = p;
+  uint64_t expected_bytes = 0;
+  uint64_t largest = 0;
+  for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
+    SCOPED_TRACE(sp->name);
+    const Box box = sp->master.local_box();
+    // The reference, seen as the master's view, with the padded vocabulary
+    // rows zeroed (they are not in the file).
+    Tensor full = *reference.at(sp->name)->data.Reshape(sp->master.shape());
+    Tensor want = BoxOf(full, box);
+    if (sp->name == "wte.weight" || sp->name == "tok_embeddings.weight" ||
+        sp->name == "output.weight") {
+      const int64_t width = box.shape[1];
+      for (int64_t r = 0; r < box.shape[0]; ++r) {
+        if (box.offset[0] + r >= 500) {
+          std::memset(static_cast<char*>(want.raw_data()) + r * width * 4, 0,
+                      width * 4);
+        }
+      }
+    }
+    Tensor got =
+        BoxOf(sp->master.local(), Box{Shape(box.shape.size(), 0), box.shape});
+    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
+    expected_bytes += want.nbytes();
+    // A one-dim-split view is read one block at a time.
+    uint64_t buffer = want.nbytes();
+    if (sp->master.shape().size() > sp->shape.size() && box.shape[0] > 0) {
+      buffer /= box.shape[0];
+    }
+    largest = std::max(largest, buffer);
+  }
+  EXPECT_EQ(stats->bytes_read, expected_bytes);
+  EXPECT_EQ(stats->largest_buffer_bytes, largest);
+  EXPECT_GT(stats->tensors, 0);
+}
+
+class HfImportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfImportTest, EveryRankReadsExactlyItsBoxes) {
+  const Exported e = Export(GetParam());
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("FSDP ", world));
+    testing_util::RunOnMesh({{"dp", world}}, [&](int, DeviceMesh& mesh) {
+      ImportAndCheck(e, mesh, /*tp=*/false);
+    });
+  }
+  SCOPED_TRACE("HSDP 2 x 2");
+  testing_util::RunOnMesh(
+      {{"replicate", 2}, {"shard", 2}},
+      [&](int, DeviceMesh& mesh) { ImportAndCheck(e, mesh, /*tp=*/false); });
+}
+
+TEST_P(HfImportTest, TensorParallelPiecesToo) {
+  const Exported e = Export(GetParam());
+  testing_util::RunOnMesh({{"dp", 2}, {"tp", 2}}, [&](int, DeviceMesh& mesh) {
+    ImportAndCheck(e, mesh, /*tp=*/true);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, HfImportTest,
+                         ::testing::Values("gpt2_debug", "llama_debug"));
+
+// One rank alone (so the process's accounting is its own): the memory the
+// import allocates at once is its one read buffer.
+TEST(HfImportMemoryTest, PeakIsOneReadBuffer) {
+  const Exported e = Export("gpt2_debug");
+  testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
+    auto made = Transformer::Create(e.model->config());
+    ASSERT_TRUE(made.ok());
+    fsdp::FsdpPlanOptions options;
+    options.shard.mesh = &mesh;
+    ASSERT_TRUE(
+        ApplyBlockPlan(made->get(), ModelFamily::kGpt2, "test", options).ok());
+    ASSERT_TRUE(fsdp::InitShardedWeights(made->get(), 99).ok());
+    absl::StatusOr<std::unique_ptr<HfDirectory>> dir = HfDirectory::Open(e.dir);
+    ASSERT_TRUE(dir.ok());
+    Allocator* cpu = GetAllocator(Device::Cpu());
+    const MemoryStats before = cpu->Stats();
+    cpu->ResetPeak();
+    absl::StatusOr<HfShardedImportStats> stats =
+        ImportHfSharded(**dir, made->get());
+    ASSERT_TRUE(stats.ok()) << stats.status();
+    const MemoryStats after = cpu->Stats();
+    const int64_t grew = after.total_peak - before.total_current;
+    EXPECT_LE(grew, static_cast<int64_t>(stats->largest_buffer_bytes));
+    EXPECT_EQ(after.total_current, before.total_current);
+    // And far below the model itself.
+    EXPECT_LT(4 * stats->largest_buffer_bytes, stats->bytes_read);
+  });
+}
+
+TEST(HfImportErrorsTest, AMismatchWritesNothing) {
+  const Exported gpt2 = Export("gpt2_debug");
+  const Exported llama = Export("llama_debug");
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
+    auto made = Transformer::Create(gpt2.model->config());
+    ASSERT_TRUE(made.ok());
+    fsdp::FsdpPlanOptions options;
+    options.shard.mesh = &mesh;
+    ASSERT_TRUE(
+        ApplyBlockPlan(made->get(), ModelFamily::kGpt2, "test", options).ok());
+    ASSERT_TRUE(fsdp::InitShardedWeights(made->get(), 99).ok());
+    std::vector<Tensor> before;
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made->get())) {
+      before.push_back(BoxOf(sp->master.local(),
+                             Box{Shape(sp->master.local().shape().size(), 0),
+                                 sp->master.local().shape()}));
+    }
+    absl::StatusOr<std::unique_ptr<HfDirectory>> dir =
+        HfDirectory::Open(llama.dir);
+    ASSERT_TRUE(dir.ok());
+    absl::StatusOr<HfShardedImportStats> stats =
+        ImportHfSharded(**dir, made->get());
+    EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(
+        stats.status().message(),
+        HasSubstr("model_type is \"llama\", the model has family gpt2"));
+    size_t i = 0;
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made->get())) {
+      const Tensor& now = sp->master.local();
+      EXPECT_EQ(
+          std::memcmp(now.raw_data(), before[i].raw_data(), before[i].nbytes()),
+          0)
+          << sp->name;
+      ++i;
+    }
+  });
+}
+
+}  // namespace
+}  // namespace models
+}  // namespace fsdpp
