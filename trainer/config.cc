@@ -289,6 +289,12 @@ absl::Status ResolveModel(const ModelConfig& config,
                                 ")"));
   }
   *model = *std::move(named);
+  if (config.has_init_from() && (!absl::StartsWith(config.init_from(), "hf:") ||
+                                 config.init_from().size() == 3)) {
+    return Invalid(absl::StrCat("model.init_from \"", config.init_from(),
+                                "\" is not hf:PATH (a Hugging Face model "
+                                "directory)"));
+  }
   // Derived sizes follow their base when only the base is overridden: an
   // MHA config (n_kv_heads == n_heads) stays MHA, and a GPT-2-style MLP
   // (ffn_hidden == 4 x dim) stays 4 x dim.
@@ -827,6 +833,11 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
   RETURN_IF_ERROR(
       ResolvePipeline(config.parallelism(), config.training(), &resolved));
+  if (resolved.pp > 1 && config.model().has_init_from()) {
+    return Invalid(
+        "model.init_from is not supported with parallelism.pp > 1 yet: "
+        "initialise at pp = 1, save a checkpoint and resume it with pp");
+  }
   RETURN_IF_ERROR(CheckTensorParallel(config.parallelism(), resolved));
   RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
@@ -851,6 +862,12 @@ void MakePathsAbsolute(const std::string& base_directory, TrainConfig* config) {
     Anchor(base_directory, data->mutable_dataset());
   if (data->has_tokenizer_dir()) {
     Anchor(base_directory, data->mutable_tokenizer_dir());
+  }
+  ModelConfig* model = config->mutable_model();
+  if (absl::StartsWith(model->init_from(), "hf:")) {
+    std::string path = model->init_from().substr(3);
+    Anchor(base_directory, &path);
+    model->set_init_from("hf:" + path);
   }
   CheckpointConfig* checkpoint = config->mutable_checkpoint();
   std::string folder = checkpoint->folder();  // May be the default.

@@ -44,6 +44,7 @@ struct Shipped {
 const std::vector<Shipped>& ShippedConfigs() {
   static const auto* configs = new std::vector<Shipped>{
       {"default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
+      {"finetune_default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
       {"gpt2_debug", 2, 1, 2, 1, 128, 2},
       {"gpt2_124m", 8, 1, 8, 1, 1024, 4},
       {"llama_debug", 4, 2, 2, 1, 128, 2},
@@ -503,6 +504,18 @@ TEST(ValidateTest, ResumeRequiredNeedsResume) {
 TEST(ValidateTest, TrainingErrorMessages) {
   ExpectValidateErrors({
       {{"training.steps=0"}, 2, "training.steps must be positive, got 0"},
+      {{"model.init_from=/models/gpt2"},
+       2,
+       "model.init_from \"/models/gpt2\" is not hf:PATH (a Hugging Face "
+       "model directory)"},
+      {{"model.init_from=hf:"},
+       2,
+       "model.init_from \"hf:\" is not hf:PATH (a Hugging Face model "
+       "directory)"},
+      {{"model.init_from=hf:/models/gpt2", "parallelism.pp=2"},
+       2,
+       "model.init_from is not supported with parallelism.pp > 1 yet: "
+       "initialise at pp = 1, save a checkpoint and resume it with pp"},
       {{"training.global_batch=-8"},
        2,
        "training.global_batch must be positive, got -8"},
@@ -670,10 +683,12 @@ TEST(MakePathsAbsoluteTest, AnchorsRelativePaths) {
   TrainConfig config;
   ASSERT_TRUE(ApplyOverrides({"data.dataset=data/train.bin",
                               "data.tokenizer_dir=/opt/gpt2",
-                              "metrics.jsonl_path=m.jsonl"},
+                              "metrics.jsonl_path=m.jsonl",
+                              "model.init_from=hf:hub/gpt2"},
                              &config)
                   .ok());
   MakePathsAbsolute("/home/me/run", &config);
+  EXPECT_EQ(config.model().init_from(), "hf:/home/me/run/hub/gpt2");
   EXPECT_EQ(config.data().dataset(), "/home/me/run/data/train.bin");
   EXPECT_EQ(config.data().tokenizer_dir(), "/opt/gpt2");
   EXPECT_EQ(config.checkpoint().folder(), "/home/me/run/checkpoints");
@@ -683,6 +698,7 @@ TEST(MakePathsAbsoluteTest, AnchorsRelativePaths) {
   MakePathsAbsolute("/x", &embedded);
   EXPECT_EQ(embedded.data().dataset(), "embedded");
   EXPECT_FALSE(embedded.metrics().has_jsonl_path());
+  EXPECT_FALSE(embedded.model().has_init_from());
 }
 
 TEST(InvocationDirectoryTest, PrefersBazelsWorkingDirectory) {

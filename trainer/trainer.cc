@@ -24,7 +24,9 @@
 #include "mesh/device_mesh.h"
 #include "models/config.h"
 #include "models/gpt2/parallelize.h"
+#include "models/hf_directory.h"
 #include "models/llama/parallelize.h"
+#include "models/parallelize/hf_import.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
@@ -357,6 +359,20 @@ absl::Status Trainer::BuildModel() {
   ASSIGN_OR_RETURN(units_, Context(ApplyPlan(model_.get(), plan),
                                    "trainer: applying the FSDP plan"));
   RETURN_IF_ERROR(fsdp::InitShardedWeights(model_.get(), tc.seed()));
+  if (config_.model().has_init_from()) {
+    const std::string path = config_.model().init_from().substr(3);
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<models::HfDirectory> dir,
+        Context(models::HfDirectory::Open(path), "trainer: model.init_from"));
+    ASSIGN_OR_RETURN(models::HfShardedImportStats stats,
+                     Context(models::ImportHfSharded(*dir, model_.get()),
+                             "trainer: model.init_from"));
+    init_note_ = absl::StrFormat(
+        "initialised from %s: %d tensors in %d file(s), %.2f MiB read by "
+        "this rank (largest buffer %.2f MiB)",
+        config_.model().init_from(), stats.tensors, dir->files().size(),
+        stats.bytes_read / 1048576.0, stats.largest_buffer_bytes / 1048576.0);
+  }
   params_ = fsdp::ShardedParameters(model_.get());
   for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
   return absl::OkStatus();
@@ -680,6 +696,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
                             : absl::StrJoin(rc_.pp_cuts, ","),
         100 * result_.pipeline_bubble_schedule));
   }
+  if (!init_note_.empty()) print_->Line(init_note_);
   for (const std::string& note : resume_notes_) print_->Line(note);
   if (!result_.resumed_from.empty()) {
     print_->Line(absl::StrFormat("resumed from %s: %d step(s) done",

@@ -279,6 +279,8 @@ class Trainer {
   // Model, optimizer, schedule, loss scaler (f16 only). With pp > 1,
   // model_ is null and parts_ hold this rank's stages.
   std::unique_ptr<models::Transformer> model_;
+  // What model.init_from loaded (printed with the run's header).
+  std::string init_note_;
   std::vector<models::PipelineStagePart> parts_;
   ProcessGroup* pp_group_ = nullptr;
   std::map<int, std::vector<fsdp::FsdpUnit*>> stage_units_;  // by stage

@@ -26,9 +26,15 @@
 #include "checkpoint/checkpoint.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
+#include "core/device.h"
 #include "core/status.h"
 #include "formats/file_util.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "models/config.h"
+#include "models/hf_adapter.h"
+#include "models/hf_directory.h"
+#include "models/transformer.h"
 #include "trainer/config.h"
 
 namespace fsdpp {
@@ -170,6 +176,59 @@ TEST(TrainerTest, TrainsReportsAndCheckpoints) {
   EXPECT_EQ(again[0]->start_step, 8);
   EXPECT_TRUE(again[0]->steps.empty());
   EXPECT_EQ(again[0]->resumed_from, dir + "/ckpt/step-8");
+}
+
+// model.init_from: a Hugging Face directory of a gpt2_debug model (written
+// here) starts the run at W = 1, 2 and 3 with the same first-step loss, which
+// is not the randomly initialised run's.
+TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
+  const std::string dir = TestDir("init_from");
+  auto config = models::ConfigByName("gpt2_debug");
+  ASSERT_TRUE(config.ok());
+  auto model = models::Transformer::Create(*config);
+  ASSERT_TRUE(model.ok());
+  ASSERT_TRUE((*model)->ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE((*model)->InitWeights(5).ok());
+  auto tensors = models::ExportHfTensors(**model);
+  ASSERT_TRUE(tensors.ok());
+  models::HfWriteOptions options;
+  options.max_shard_bytes = 100 << 10;
+  ASSERT_TRUE(
+      models::WriteHfDirectory(dir + "/hf", *config, *tensors, options).ok());
+
+  std::vector<double> first;
+  for (int world : {1, 2, 3}) {
+    TrainConfig c = SmallConfig(TestDir(absl::StrCat("init_from_w", world)));
+    CHECK_OK(
+        ApplyOverrides({"model.init_from=hf:" + dir + "/hf", "training.steps=2",
+                        "training.warmup_steps=1", "training.global_batch=6",
+                        "training.micro_batch=1", "checkpoint.interval=0",
+                        "validation.interval=0"},
+                       &c));
+    std::vector<absl::StatusOr<TrainResult>> results = RunRanks(c, world);
+    ASSERT_TRUE(results[0].ok()) << results[0].status();
+    first.push_back(Losses(*results[0])[0]);
+  }
+  EXPECT_NEAR(first[1], first[0], 2e-6 * first[0]);
+  EXPECT_NEAR(first[2], first[0], 2e-6 * first[0]);
+
+  TrainConfig random = SmallConfig(TestDir("init_from_random"));
+  CHECK_OK(ApplyOverrides({"training.steps=2", "training.warmup_steps=1",
+                           "training.global_batch=6", "training.micro_batch=1",
+                           "checkpoint.interval=0", "validation.interval=0"},
+                          &random));
+  std::vector<absl::StatusOr<TrainResult>> results = RunRanks(random, 1);
+  ASSERT_TRUE(results[0].ok());
+  EXPECT_GT(std::fabs(Losses(*results[0])[0] - first[0]), 1e-3);
+
+  // A directory of another model is refused before training.
+  TrainConfig other = SmallConfig(TestDir("init_from_other"));
+  CHECK_OK(ApplyOverrides(
+      {"model.init_from=hf:" + dir + "/hf", "model.name=llama_debug"}, &other));
+  results = RunRanks(other, 1);
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(results[0].status().message()),
+              ::testing::HasSubstr("config.json does not match the model"));
 }
 
 TEST(TrainerTest, ResumeAtTheSameWorldSizeIsBitwise) {

@@ -5,8 +5,10 @@
 //   ckpt convert in.safetensors CKPT [--step=N]
 //   ckpt export CKPT/step-N OUT_DIR --format=hf [--dtype=bf16]
 #include <cstdint>
+#include <cstdlib>
 #include <iostream>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "core/cli.h"
@@ -37,5 +39,15 @@ int main(int argc, char** argv) {
   flags.dtype = absl::GetFlag(FLAGS_dtype);
   flags.max_shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
   flags.model = absl::GetFlag(FLAGS_model);
-  return fsdpp::ckpt::Run(line.positional, flags, std::cout, std::cerr);
+  // Under `bazel run` relative paths mean the directory it was run from.
+  std::vector<std::string> args = line.positional;
+  const char* base = std::getenv("BUILD_WORKING_DIRECTORY");
+  if (base != nullptr && base[0] != '\0') {
+    for (size_t i = 1; i < args.size(); ++i) {
+      if (!args[i].empty() && args[i][0] != '/') {
+        args[i] = std::string(base) + "/" + args[i];
+      }
+    }
+  }
+  return fsdpp::ckpt::Run(args, flags, std::cout, std::cerr);
 }
