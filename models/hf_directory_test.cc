@@ -234,8 +234,8 @@ TEST_P(HfDirectoryTest, ReadHfBoxReadsExactlyTheBox) {
         const int64_t row_bytes = box.shape[1] * 4;
         for (int64_t r = 0; r < box.shape[0]; ++r) {
           if (box.offset[0] + r >= c->vocab_size) {
-            std::memset(static_cast<char*>(want->raw_data()) + r * row_bytes,
-                        0, row_bytes);
+            std::memset(static_cast<char*>(want->raw_data()) + r * row_bytes, 0,
+                        row_bytes);
           }
         }
       }
@@ -386,6 +386,64 @@ TEST(HfDirectoryErrorsTest, LlamaConfigFieldsAreChecked) {
       HasSubstr("model_type is \"gpt2\", the model has family llama"));
   EXPECT_THAT(CheckHfConfig("[1, 2", *c, "c.json").message(),
               HasSubstr("c.json: "));
+}
+
+// The config.json files the hub serves for GPT-2 (openai-community/gpt2)
+// and Llama-3.2-1B (their architecture fields) match the zoo configs, and
+// what HfConfigJson writes for those configs passes its own check; the
+// name mappings cover every parameter of the meta-device models.
+TEST(HfDirectoryHubTest, HubConfigsMatchTheZoo) {
+  const std::string gpt2 = R"({
+    "activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"],
+    "attn_pdrop": 0.1, "bos_token_id": 50256, "embd_pdrop": 0.1,
+    "eos_token_id": 50256, "initializer_range": 0.02,
+    "layer_norm_epsilon": 1e-05, "model_type": "gpt2", "n_ctx": 1024,
+    "n_embd": 768, "n_head": 12, "n_layer": 12, "n_positions": 1024,
+    "resid_pdrop": 0.1, "summary_activation": null,
+    "summary_first_dropout": 0.1, "summary_proj_to_labels": true,
+    "summary_type": "cls_index", "summary_use_proj": true,
+    "task_specific_params": {"text-generation": {"do_sample": true,
+                                                 "max_length": 50}},
+    "vocab_size": 50257})";
+  const std::string llama = R"({
+    "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu",
+    "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072,
+    "mlp_bias": false, "model_type": "llama", "num_attention_heads": 32,
+    "num_hidden_layers": 16, "num_key_value_heads": 8,
+    "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0,
+                     "low_freq_factor": 1.0,
+                     "original_max_position_embeddings": 8192,
+                     "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": true,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 128256})";
+  for (const auto& [name, json] :
+       {std::pair<std::string, std::string>{"gpt2_124m", gpt2},
+        std::pair<std::string, std::string>{"llama_1b", llama}}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<TransformerConfig> c = ConfigByName(name);
+    ASSERT_TRUE(c.ok());
+    const absl::Status hub = CheckHfConfig(json, *c, name + "/config.json");
+    EXPECT_TRUE(hub.ok()) << hub;
+    absl::StatusOr<std::string> ours = HfConfigJson(*c, DType::kBF16);
+    ASSERT_TRUE(ours.ok()) << ours.status();
+    const absl::Status own = CheckHfConfig(*ours, *c, "ours");
+    EXPECT_TRUE(own.ok()) << own << "\n" << *ours;
+    // Every parameter of the (meta-device) model has an HF name.
+    absl::StatusOr<std::unique_ptr<Transformer>> meta = Transformer::Create(*c);
+    ASSERT_TRUE(meta.ok());
+    absl::StatusOr<std::vector<HfNameEntry>> mapping = HfNameMapping(*c);
+    ASSERT_TRUE(mapping.ok());
+    EXPECT_EQ(mapping->size(), (*meta)->NamedParameters().size());
+  }
+  // One field off is named.
+  absl::StatusOr<TransformerConfig> c = ConfigByName("gpt2_350m");
+  ASSERT_TRUE(c.ok());
+  EXPECT_THAT(CheckHfConfig(gpt2, *c, "gpt2/config.json").message(),
+              HasSubstr("n_embd is 768, the model has 1024"));
 }
 
 TEST(HfDirectoryErrorsTest, MissingTensorLeavesTheModelUntouched) {
