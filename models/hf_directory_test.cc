@@ -12,6 +12,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "gtest/gtest.h"
 #include "models/config.h"
 #include "models/hf_adapter.h"
+#include "models/torch_reference.h"
 #include "models/transformer.h"
 #include "nn/module.h"
 #include "tensor/sharding.h"
@@ -90,16 +92,6 @@ std::vector<std::string> Export(const Transformer& model,
   return files.ok() ? *files : std::vector<std::string>{};
 }
 
-std::pair<int, std::string> RunCommand(const std::string& command) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
-  return {::pclose(pipe), output};
-}
-
 class HfDirectoryTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(HfDirectoryTest, ShardedRoundTripIsBitwise) {
@@ -136,14 +128,10 @@ TEST_P(HfDirectoryTest, OneFileRoundTripIsBitwise) {
 }
 
 TEST_P(HfDirectoryTest, IndependentReaderSeesTheSameModel) {
-  const auto [torch, torch_output] =
-      RunCommand("/usr/bin/python3 -c 'import torch'");
-  if (torch != 0) {
-    if (std::getenv("FSDPP_REQUIRE_TORCH") != nullptr) {
-      FAIL() << "/usr/bin/python3 cannot import torch: " << torch_output;
-    }
-    GTEST_SKIP() << "/usr/bin/python3 cannot import torch; install it with "
-                    "FSDPP_SETUP_EXTRA=python3-torch bash tools/setup.sh";
+  const std::optional<std::string> missing = TorchMissing();
+  if (missing.has_value()) {
+    if (RequireTorch()) FAIL() << *missing << " [FSDPP_REQUIRE_TORCH is set]";
+    GTEST_SKIP() << *missing;
   }
   std::unique_ptr<Transformer> model = Model(GetParam(), 9);
   const std::string dir = TempDir(GetParam() + "_checked");

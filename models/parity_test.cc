@@ -18,6 +18,7 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "models/config.h"
 #include "models/hf_adapter.h"
+#include "models/torch_reference.h"
 #include "models/transformer.h"
 #include "tensor/tensor.h"
 
@@ -46,17 +48,6 @@ constexpr int64_t kSeq = 16;
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
-}
-
-// Runs `command`, returning (exit status, stdout + stderr).
-std::pair<int, std::string> RunCommand(const std::string& command) {
-  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return {-1, "popen failed"};
-  std::string output;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), pipe)) > 0) output.append(buf, n);
-  return {::pclose(pipe), output};
 }
 
 // The batch: ids and targets (the next token, with a few ignored).
@@ -142,17 +133,10 @@ void CheckParity(const TransformerConfig& c) {
 class ParityTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const auto [status, output] =
-        RunCommand("/usr/bin/python3 -c 'import torch'");
-    if (status == 0) return;
-    const std::string message =
-        absl::StrCat("/usr/bin/python3 cannot import torch (", output,
-                     "); install it with: FSDPP_SETUP_EXTRA=python3-torch bash "
-                     "tools/setup.sh");
-    if (std::getenv("FSDPP_REQUIRE_TORCH") != nullptr) {
-      FAIL() << message << " [FSDPP_REQUIRE_TORCH is set]";
-    }
-    GTEST_SKIP() << message;
+    const std::optional<std::string> missing = TorchMissing();
+    if (!missing.has_value()) return;
+    if (RequireTorch()) FAIL() << *missing << " [FSDPP_REQUIRE_TORCH is set]";
+    GTEST_SKIP() << *missing;
   }
 };
 

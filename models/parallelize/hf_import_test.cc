@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/device.h"
+#include "core/logging.h"
 #include "formats/file_util.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
@@ -77,23 +78,30 @@ Tensor BoxOf(const Tensor& t, const Box& box) {
   return out;
 }
 
-// Builds the sharded model on `mesh`, imports, and checks every master.
-void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp) {
-  auto made = Transformer::Create(e.model->config());
-  ASSERT_TRUE(made.ok());
+// A model of `config` sharded on `mesh` (FSDP, HSDP on 2 axes; with `tp`,
+// FSDP x TP on [dp, tp]), its masters randomly initialised.
+std::unique_ptr<Transformer> Sharded(const TransformerConfig& config,
+                                     DeviceMesh& mesh, bool tp) {
+  auto made = Transformer::Create(config);
+  CHECK_OK(made.status());
   Transformer* model = made->get();
-  const ModelFamily family = model->config().family;
   if (tp) {
     TensorParallelPlanOptions tpo;
     tpo.loss_parallel = false;
-    ASSERT_TRUE(
-        ApplyTensorParallelPlan(model, family, "test", &mesh, tpo).ok());
+    CHECK_OK(ApplyTensorParallelPlan(model, config.family, "test", &mesh, tpo));
   }
   fsdp::FsdpPlanOptions options;
   options.shard.mesh = &mesh;
   if (tp) options.shard.tp_axis = "tp";
-  ASSERT_TRUE(ApplyBlockPlan(model, family, "test", options).ok());
-  ASSERT_TRUE(fsdp::InitShardedWeights(model, 99).ok());
+  CHECK_OK(ApplyBlockPlan(model, config.family, "test", options).status());
+  CHECK_OK(fsdp::InitShardedWeights(model, 99));
+  return std::move(*made);
+}
+
+// Builds the sharded model on `mesh`, imports, and checks every master.
+void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp) {
+  std::unique_ptr<Transformer> sharded = Sharded(e.model->config(), mesh, tp);
+  Transformer* model = sharded.get();
 
   absl::StatusOr<std::unique_ptr<HfDirectory>> dir = HfDirectory::Open(e.dir);
   ASSERT_TRUE(dir.ok()) << dir.status();
@@ -168,20 +176,14 @@ INSTANTIATE_TEST_SUITE_P(Models, HfImportTest,
 TEST(HfImportMemoryTest, PeakIsOneReadBuffer) {
   const Exported e = Export("gpt2_debug");
   testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
-    auto made = Transformer::Create(e.model->config());
-    ASSERT_TRUE(made.ok());
-    fsdp::FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    ASSERT_TRUE(
-        ApplyBlockPlan(made->get(), ModelFamily::kGpt2, "test", options).ok());
-    ASSERT_TRUE(fsdp::InitShardedWeights(made->get(), 99).ok());
+    std::unique_ptr<Transformer> made = Sharded(e.model->config(), mesh, false);
     absl::StatusOr<std::unique_ptr<HfDirectory>> dir = HfDirectory::Open(e.dir);
     ASSERT_TRUE(dir.ok());
     Allocator* cpu = GetAllocator(Device::Cpu());
     const MemoryStats before = cpu->Stats();
     cpu->ResetPeak();
     absl::StatusOr<HfShardedImportStats> stats =
-        ImportHfSharded(**dir, made->get());
+        ImportHfSharded(**dir, made.get());
     ASSERT_TRUE(stats.ok()) << stats.status();
     const MemoryStats after = cpu->Stats();
     const int64_t grew = after.total_peak - before.total_current;
@@ -196,15 +198,10 @@ TEST(HfImportErrorsTest, AMismatchWritesNothing) {
   const Exported gpt2 = Export("gpt2_debug");
   const Exported llama = Export("llama_debug");
   testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
-    auto made = Transformer::Create(gpt2.model->config());
-    ASSERT_TRUE(made.ok());
-    fsdp::FsdpPlanOptions options;
-    options.shard.mesh = &mesh;
-    ASSERT_TRUE(
-        ApplyBlockPlan(made->get(), ModelFamily::kGpt2, "test", options).ok());
-    ASSERT_TRUE(fsdp::InitShardedWeights(made->get(), 99).ok());
+    std::unique_ptr<Transformer> made =
+        Sharded(gpt2.model->config(), mesh, false);
     std::vector<Tensor> before;
-    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made->get())) {
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made.get())) {
       before.push_back(BoxOf(sp->master.local(),
                              Box{Shape(sp->master.local().shape().size(), 0),
                                  sp->master.local().shape()}));
@@ -213,13 +210,13 @@ TEST(HfImportErrorsTest, AMismatchWritesNothing) {
         HfDirectory::Open(llama.dir);
     ASSERT_TRUE(dir.ok());
     absl::StatusOr<HfShardedImportStats> stats =
-        ImportHfSharded(**dir, made->get());
+        ImportHfSharded(**dir, made.get());
     EXPECT_EQ(stats.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(
         stats.status().message(),
         HasSubstr("model_type is \"llama\", the model has family gpt2"));
     size_t i = 0;
-    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made->get())) {
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made.get())) {
       const Tensor& now = sp->master.local();
       EXPECT_EQ(
           std::memcmp(now.raw_data(), before[i].raw_data(), before[i].nbytes()),
