@@ -18,6 +18,8 @@ namespace {
 // How often node 0 looks at a round's join count while closing it, and a
 // waiting node at whether it finished.
 constexpr absl::Duration kPollInterval = absl::Milliseconds(50);
+// The longest single store wait of a node waiting for a round to close.
+constexpr absl::Duration kWaitSlice = absl::Milliseconds(500);
 
 absl::StatusOr<int64_t> ParseRound(const std::string& text) {
   int64_t round = 0;
@@ -53,6 +55,11 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
     if (count >= options_.max_nodes) break;
     if (count >= options_.min_nodes && now - last_join >= options_.last_call) {
       break;
+    }
+    if (options_.cancelled && options_.cancelled()) {
+      return absl::CancelledError(absl::StrCat("elastic rendezvous round ",
+                                               round, ": cancelled while ",
+                                               count, " node(s) had joined"));
     }
     if (now - open >= options_.timeout) {
       if (count >= options_.min_nodes) break;
@@ -101,12 +108,27 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
 }
 
 absl::StatusOr<std::vector<int>> ElasticRendezvous::Members(int64_t round) {
-  absl::StatusOr<std::string> text =
-      store_->Get(Key(round, "members"), options_.timeout);
-  if (absl::IsDeadlineExceeded(text.status())) {
-    return absl::DeadlineExceededError(absl::StrCat(
-        "elastic rendezvous round ", round, ": node 0 did not close it within ",
-        absl::FormatDuration(options_.timeout)));
+  // Waited for in slices, so that a cancellation is seen.
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  absl::StatusOr<std::string> text;
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    text = store_->Get(Key(round, "members"),
+                       std::min(left, kWaitSlice) < absl::ZeroDuration()
+                           ? absl::ZeroDuration()
+                           : std::min(left, kWaitSlice));
+    if (!absl::IsDeadlineExceeded(text.status())) break;
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("elastic rendezvous round ", round,
+                       ": node 0 did not close it within ",
+                       absl::FormatDuration(options_.timeout)));
+    }
+    if (options_.cancelled && options_.cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("elastic rendezvous round ", round,
+                       ": cancelled while waiting for node 0 to close it"));
+    }
   }
   RETURN_IF_ERROR(text.status());
   std::vector<int> members;

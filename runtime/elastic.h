@@ -30,6 +30,7 @@
 #define FSDPP_RUNTIME_ELASTIC_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,6 +54,9 @@ struct ElasticOptions {
   absl::Duration last_call = absl::Seconds(10);
   // Longest wait for a round to close (or, for node 0, to reach min_nodes).
   absl::Duration timeout = absl::Seconds(300);
+  // Asked between polls while waiting: true gives up with Cancelled (the
+  // launcher was told to stop). Unset: never.
+  std::function<bool()> cancelled;
 };
 
 // One closed round, as this node sees it.

@@ -1,5 +1,6 @@
 #include "runtime/elastic.h"
 
+#include <atomic>
 #include <thread>
 #include <vector>
 
@@ -144,6 +145,27 @@ TEST(ElasticRendezvousTest, NodeWithoutNodeZeroTimesOut) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(r.status().message(),
               HasSubstr("round 0: node 0 did not close it"));
+}
+
+TEST(ElasticRendezvousTest, WaitsGiveUpWhenCancelled) {
+  InMemoryStore store;
+  std::atomic<bool> stop{false};
+  ElasticOptions o = Node(1);
+  o.cancelled = [&stop] { return stop.load(); };
+  ElasticRendezvous node1(&store, o);  // Node 0 never comes.
+  JoinThread join(&node1);
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time asked = absl::Now();
+  stop = true;
+  absl::StatusOr<ElasticRound> r = join.Result();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(2));  // Not the 20 s timeout.
+
+  InMemoryStore fresh;  // Node 0 alone, waiting for a second node.
+  ElasticOptions h = Node(0, 2, 2);
+  h.cancelled = [] { return true; };
+  ElasticRendezvous node0(&fresh, h);
+  EXPECT_EQ(node0.Join().status().code(), absl::StatusCode::kCancelled);
 }
 
 TEST(ElasticRendezvousTest, DuplicateNodeIdsAndRankCountsAreRefused) {

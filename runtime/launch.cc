@@ -756,6 +756,8 @@ int Launcher::Run() {
                              ":", options_.master_port,
                              " failed: ", round.status().message()));
         exit_code_ = 1;
+        // Cancelled by SIGINT / SIGTERM: exit as for those (130 / 143).
+        if (absl::IsCancelled(round.status())) HandleSignals();
         break;
       }
       round_options_.nnodes = static_cast<int>(round->members.size());
@@ -844,6 +846,7 @@ absl::Status Launcher::StartRendezvous() {
     if (interrupted_ || g_sigint_count != 0 || g_sigterm_count != 0) {
       return absl::CancelledError("interrupted while waiting for node 0");
     }
+    absl::SleepFor(absl::Milliseconds(200));
   }
   ElasticOptions eo;
   eo.node_id = options_.node_rank;
@@ -852,6 +855,8 @@ absl::Status Launcher::StartRendezvous() {
   eo.max_nodes = options_.max_nodes;
   eo.last_call = absl::Seconds(options_.rdzv_last_call_s);
   eo.timeout = timeout;
+  // SIGINT / SIGTERM while a round forms: give up (the handlers only count).
+  eo.cancelled = [] { return g_sigint_count != 0 || g_sigterm_count != 0; };
   rdzv_ = std::make_unique<ElasticRendezvous>(rdzv_store_.get(), eo);
   return absl::OkStatus();
 }
