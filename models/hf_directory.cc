@@ -302,6 +302,15 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
   }
   ASSIGN_OR_RETURN(const std::string config_json,
                    HfConfigJson(config, options.dtype));
+  for (const auto& [name, contents] : options.extra_files) {
+    if (name.empty() || absl::StrContains(name, "/") || name == "." ||
+        name == ".." || name == kConfigName || name == kIndexName ||
+        absl::EndsWith(name, ".safetensors")) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HF export: extra file name \"", name,
+                       "\" is not a plain name of its own"));
+    }
+  }
   if (IsDirectory(dir)) {
     DIR* d = opendir(dir.c_str());
     bool empty = true;
@@ -386,6 +395,11 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
                             "safetensors index");
     if (!s.ok()) return fail(s);
     files.push_back(kIndexName);
+  }
+  for (const auto& [name, contents] : options.extra_files) {
+    s = WriteFileAtomically(absl::StrCat(tmp, "/", name), contents, name);
+    if (!s.ok()) return fail(s);
+    files.push_back(name);
   }
   s = SyncDir(tmp);
   if (!s.ok()) return fail(s);

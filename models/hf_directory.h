@@ -65,6 +65,9 @@ struct HfWriteOptions {
   DType dtype = DType::kF32;
   // Shard above this many bytes of tensor data (save_pretrained's 5 GB).
   uint64_t max_shard_bytes = uint64_t{5} << 30;
+  // More files for the directory, (name, contents): the tokenizer's
+  // vocab.json and merges.txt, say. Plain names, not the ones written here.
+  std::vector<std::pair<std::string, std::string>> extra_files;
 };
 
 // Writes `tensors` (HF names, HF layout, in order: ExportHfTensors) and the

@@ -281,6 +281,14 @@ TEST(HfDirectoryErrorsTest, ExportRefusesANonEmptyDestination) {
   EXPECT_THAT(files.status().message(), HasSubstr("not empty"));
   EXPECT_EQ(Read(dir + "/notes.txt"), "keep me");
   EXPECT_FALSE(IsRegularFile(dir + "/config.json"));
+
+  // Extra files may not take the directory's own names.
+  HfWriteOptions options;
+  options.extra_files = {{"config.json", "{}"}};
+  files =
+      WriteHfDirectory(TempDir("extra"), model->config(), *tensors, options);
+  EXPECT_THAT(files.status().message(),
+              HasSubstr("\"config.json\" is not a plain name of its own"));
 }
 
 TEST(HfDirectoryErrorsTest, BrokenDirectoriesAreNamed) {

@@ -10,17 +10,21 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "checkpoint/boxes.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/state_dict.h"
 #include "core/status.h"
+#include "formats/file_util.h"
 #include "formats/json.h"
 #include "formats/safetensors/safetensors.h"
 #include "models/config.h"
@@ -49,11 +53,6 @@ constexpr char kUsage[] =
 
 std::string Hex8(uint32_t v) {
   return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad8));
-}
-
-bool IsDirectory(const std::string& path) {
-  struct stat st;
-  return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
 }  // namespace
@@ -182,6 +181,24 @@ absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
 
 namespace {
 
+// The directory of GPT-2 BPE files of a run whose train/config (text
+// format, as the trainer wrote it) uses data.tokenizer "gpt2"; "" otherwise.
+std::string Gpt2TokenizerDirOf(const std::string& train_config) {
+  // One field per line, as FormatTrainConfig writes them.
+  bool gpt2 = false;
+  std::string dir;
+  for (absl::string_view line : absl::StrSplit(train_config, '\n')) {
+    line = absl::StripAsciiWhitespace(line);
+    if (line == "tokenizer: \"gpt2\"") gpt2 = true;
+    if (absl::ConsumePrefix(&line, "tokenizer_dir: \"") &&
+        absl::ConsumeSuffix(&line, "\"")) {
+      dir = std::string(line);
+    }
+  }
+  if (!gpt2) return "";
+  return dir.empty() ? "/usr/local/share/fsdpp/gpt2" : dir;
+}
+
 // The model config a checkpoint records, or the zoo's `model_name` for one
 // that does not.
 absl::StatusOr<models::TransformerConfig> CheckpointModelConfig(
@@ -250,6 +267,23 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
   models::HfWriteOptions wo;
   wo.dtype = options.dtype;
   wo.max_shard_bytes = options.max_shard_bytes;
+  std::string tokenizer_dir = options.tokenizer_dir;
+  if (tokenizer_dir.empty() && entries.count("train/config") != 0) {
+    ASSIGN_OR_RETURN(const std::string train_config,
+                     reader->ReadBytes("train/config"));
+    tokenizer_dir = Gpt2TokenizerDirOf(train_config);
+  }
+  if (!tokenizer_dir.empty()) {
+    // HF's GPT-2 tokenizer files are OpenAI's, renamed.
+    for (const auto& [ours, theirs] :
+         {std::pair<std::string, std::string>{"encoder.json", "vocab.json"},
+          std::pair<std::string, std::string>{"vocab.bpe", "merges.txt"}}) {
+      ASSIGN_OR_RETURN(
+          std::string contents,
+          ReadFileToString(tokenizer_dir + "/" + ours, "GPT-2 tokenizer file"));
+      wo.extra_files.emplace_back(theirs, std::move(contents));
+    }
+  }
   return models::WriteHfDirectory(out_dir, config, tensors, wo);
 }
 
@@ -295,6 +329,7 @@ int Run(const std::vector<std::string>& args, const Flags& flags,
     }
     HfExportOptions options;
     options.model = flags.model;
+    options.tokenizer_dir = flags.tokenizer_dir;
     absl::StatusOr<DType> dtype = ParseDType(flags.dtype);
     if (!dtype.ok() || !IsFloatingPoint(*dtype)) {
       return usage(

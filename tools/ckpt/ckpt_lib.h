@@ -45,6 +45,11 @@ struct HfExportOptions {
   std::string model;
   DType dtype = DType::kF32;
   uint64_t max_shard_bytes = uint64_t{5} << 30;
+  // GPT-2 BPE files (encoder.json, vocab.bpe) to include as the directory's
+  // vocab.json and merges.txt; empty: the run's, when its train/config says
+  // it used the GPT-2 tokenizer (its data.tokenizer_dir, else
+  // /usr/local/share/fsdpp/gpt2), else none.
+  std::string tokenizer_dir;
 };
 
 // Writes the model of checkpoint `dir` (its "model/<name>" values, in any
@@ -62,6 +67,7 @@ struct Flags {
   std::string dtype = "f32";    // export: the written float dtype.
   int64_t max_shard_mb = 5120;  // export: shard size limit.
   std::string model;            // export: zoo config of an old checkpoint.
+  std::string tokenizer_dir;    // export: GPT-2 BPE files to include.
 };
 
 // The usage text.

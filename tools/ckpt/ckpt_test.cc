@@ -172,7 +172,8 @@ TEST(CkptTest, CommandLine) {
 // A gpt2_debug model's parameters saved by two ranks (sharded on dim 0),
 // with (or, as older checkpoints, without) the model config record.
 std::string SaveModel(const std::string& name, const models::Transformer& m,
-                      bool record_config) {
+                      bool record_config,
+                      const std::string& train_config = "") {
   const std::string root = FreshDir(name);
   InMemoryStore store;
   testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
@@ -185,6 +186,9 @@ std::string SaveModel(const std::string& name, const models::Transformer& m,
     if (record_config) {
       CHECK_OK(state.AddBytes(models::kModelConfigKey,
                               models::ModelConfigJson(m.config())));
+    }
+    if (!train_config.empty()) {
+      CHECK_OK(state.AddBytes("train/config", train_config));
     }
     SaveOptions options;
     options.mesh = &mesh;
@@ -250,6 +254,42 @@ TEST(CkptTest, ExportsAShardedCheckpointAsAnHfDirectory) {
       RunCkpt(absl::StrCat("export ", dir, " x --format=hf --dtype=i32"));
   EXPECT_EQ(code, 2);
   EXPECT_THAT(text, HasSubstr("--dtype=i32 is not f32, bf16 or f16"));
+}
+
+// A run that used the GPT-2 tokenizer exports its BPE files as HF's
+// vocab.json and merges.txt (found through its train/config, or given).
+TEST(CkptTest, ExportIncludesTheGpt2TokenizerFiles) {
+  const std::string bpe = FreshDir("bpe");
+  ASSERT_TRUE(WriteFileAtomically(bpe + "/encoder.json", "{\"!\": 0}").ok());
+  ASSERT_TRUE(
+      WriteFileAtomically(bpe + "/vocab.bpe", "#version: 0.2\nh e\n").ok());
+  std::unique_ptr<models::Transformer> model = DebugModel(13);
+  const std::string dir = SaveModel(
+      "export_bpe", *model, true,
+      "model {\n  name: \"gpt2_debug\"\n}\ndata {\n  tokenizer: \"gpt2\"\n"
+      "  tokenizer_dir: \"" +
+          bpe + "\"\n}\n");
+  const std::string out = FreshDir("export_bpe_out") + "/hf";
+  absl::StatusOr<std::vector<std::string>> files =
+      ExportHf(dir, out, HfExportOptions());
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_THAT(*files, ::testing::Contains("vocab.json"));
+  EXPECT_THAT(*files, ::testing::Contains("merges.txt"));
+  EXPECT_EQ(*ReadFileToString(out + "/vocab.json"), "{\"!\": 0}");
+  EXPECT_EQ(*ReadFileToString(out + "/merges.txt"), "#version: 0.2\nh e\n");
+
+  // A byte-tokenizer run has none; a missing directory is an error.
+  const std::string bytes = SaveModel("export_bytes", *model, true,
+                                      "data {\n  tokenizer: \"byte\"\n}\n");
+  files =
+      ExportHf(bytes, FreshDir("export_bytes_out") + "/hf", HfExportOptions());
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_THAT(*files, ::testing::Not(::testing::Contains("vocab.json")));
+  HfExportOptions given;
+  given.tokenizer_dir = bpe + "/nowhere";
+  files = ExportHf(bytes, FreshDir("export_missing_out") + "/hf", given);
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(files.status().message(), HasSubstr("encoder.json"));
 }
 
 TEST(CkptTest, ExportOfACheckpointWithoutItsModelNeedsTheName) {

@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, format, "",
 ABSL_FLAG(std::string, dtype, "f32", "export: f32, bf16 or f16 tensors");
 ABSL_FLAG(int64_t, max_shard_mb, 5120,
           "export: shard the safetensors files above this many MiB");
+ABSL_FLAG(std::string, tokenizer_dir, "",
+          "export: GPT-2 BPE files (encoder.json, vocab.bpe) to include as "
+          "vocab.json and merges.txt (default: the run's, when it used the "
+          "GPT-2 tokenizer)");
 ABSL_FLAG(std::string, model, "",
           "export: the zoo config of a checkpoint that does not record its "
           "model");
@@ -39,6 +43,7 @@ int main(int argc, char** argv) {
   flags.dtype = absl::GetFlag(FLAGS_dtype);
   flags.max_shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
   flags.model = absl::GetFlag(FLAGS_model);
+  flags.tokenizer_dir = absl::GetFlag(FLAGS_tokenizer_dir);
   // Under `bazel run` relative paths mean the directory it was run from.
   std::vector<std::string> args = line.positional;
   const char* base = std::getenv("BUILD_WORKING_DIRECTORY");
