@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "absl/strings/match.h"
@@ -285,6 +286,104 @@ absl::Status CheckHfConfig(absl::string_view config_json,
     }
   }
   return check.Finish(where);
+}
+
+absl::StatusOr<TransformerConfig> ConfigFromHfJson(absl::string_view text,
+                                                   const std::string& name,
+                                                   const std::string& where) {
+  const auto bad = [&](absl::string_view what) {
+    return absl::InvalidArgumentError(absl::StrCat(where, ": ", what));
+  };
+  absl::StatusOr<Json> parsed = ParseJson(text);
+  if (!parsed.ok()) return bad(parsed.status().message());
+  if (!parsed->is_object()) return bad("not a JSON object");
+  const Json& j = *parsed;
+  const auto integer =
+      [&](const char* key,
+          std::optional<int64_t> dflt) -> absl::StatusOr<int64_t> {
+    const Json* v = j.Find(key);
+    if (v == nullptr || v->is_null()) {
+      if (dflt.has_value()) return *dflt;
+      return bad(absl::StrCat(key, " is missing"));
+    }
+    if (!v->is_int64()) return bad(absl::StrCat(key, " is not an integer"));
+    return v->int64_value();
+  };
+  const auto number = [&](const char* key,
+                          double dflt) -> absl::StatusOr<float> {
+    const Json* v = j.Find(key);
+    if (v == nullptr || v->is_null()) return static_cast<float>(dflt);
+    if (!v->is_number()) return bad(absl::StrCat(key, " is not a number"));
+    return static_cast<float>(v->number_value());
+  };
+  const auto boolean = [&](const char* key, bool dflt) -> absl::StatusOr<bool> {
+    const Json* v = j.Find(key);
+    if (v == nullptr || v->is_null()) return dflt;
+    if (!v->is_bool()) return bad(absl::StrCat(key, " is not true or false"));
+    return v->bool_value();
+  };
+  const Json* type = j.Find("model_type");
+  if (type == nullptr || !type->is_string()) return bad("no model_type");
+  TransformerConfig c;
+  c.name = name;
+  if (type->string_value() == "gpt2") {
+    c.family = ModelFamily::kGpt2;
+    ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
+    ASSIGN_OR_RETURN(c.context_length, integer("n_positions", std::nullopt));
+    ASSIGN_OR_RETURN(c.dim, integer("n_embd", std::nullopt));
+    ASSIGN_OR_RETURN(c.n_layers, integer("n_layer", std::nullopt));
+    ASSIGN_OR_RETURN(c.n_heads, integer("n_head", std::nullopt));
+    c.n_kv_heads = c.n_heads;
+    ASSIGN_OR_RETURN(c.ffn_hidden, integer("n_inner", 4 * c.dim));
+    ASSIGN_OR_RETURN(c.norm_eps, number("layer_norm_epsilon", 1e-5));
+    ASSIGN_OR_RETURN(c.tied_embeddings, boolean("tie_word_embeddings", true));
+    c.bias = true;
+    c.activation = Activation::kGelu;
+  } else if (type->string_value() == "llama") {
+    c.family = ModelFamily::kLlama;
+    ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
+    ASSIGN_OR_RETURN(c.context_length,
+                     integer("max_position_embeddings", std::nullopt));
+    ASSIGN_OR_RETURN(c.dim, integer("hidden_size", std::nullopt));
+    ASSIGN_OR_RETURN(c.n_layers, integer("num_hidden_layers", std::nullopt));
+    ASSIGN_OR_RETURN(c.n_heads, integer("num_attention_heads", std::nullopt));
+    ASSIGN_OR_RETURN(c.n_kv_heads, integer("num_key_value_heads", c.n_heads));
+    ASSIGN_OR_RETURN(c.ffn_hidden, integer("intermediate_size", std::nullopt));
+    ASSIGN_OR_RETURN(c.norm_eps, number("rms_norm_eps", 1e-6));
+    ASSIGN_OR_RETURN(c.rope_theta, number("rope_theta", 10000.0));
+    ASSIGN_OR_RETURN(c.tied_embeddings, boolean("tie_word_embeddings", false));
+    ASSIGN_OR_RETURN(c.bias, boolean("attention_bias", false));
+    c.activation = Activation::kSwiGlu;
+    const Json* scaling = j.Find("rope_scaling");
+    if (scaling != nullptr && !scaling->is_null()) {
+      if (!scaling->is_object()) return bad("rope_scaling is not an object");
+      const Json* rope_type = scaling->Find("rope_type");
+      if (rope_type == nullptr || !rope_type->is_string() ||
+          rope_type->string_value() != "llama3") {
+        return bad("rope_scaling: only rope_type \"llama3\" is modelled");
+      }
+      float* const fields[] = {
+          &c.rope_scaling.factor, &c.rope_scaling.low_freq_factor,
+          &c.rope_scaling.high_freq_factor, &c.rope_scaling.original_context};
+      const char* const keys[] = {"factor", "low_freq_factor",
+                                  "high_freq_factor",
+                                  "original_max_position_embeddings"};
+      for (int i = 0; i < 4; ++i) {
+        const Json* v = scaling->Find(keys[i]);
+        if (v == nullptr || !v->is_number()) {
+          return bad(absl::StrCat("rope_scaling.", keys[i], " is missing"));
+        }
+        *fields[i] = static_cast<float>(v->number_value());
+      }
+    }
+  } else {
+    return bad(absl::StrCat("model_type \"", type->string_value(),
+                            "\" is not gpt2 or llama"));
+  }
+  const absl::Status valid = ValidateConfig(c);
+  if (!valid.ok()) return bad(valid.message());
+  RETURN_IF_ERROR(CheckHfConfig(text, c, where));
+  return c;
 }
 
 absl::StatusOr<std::vector<std::string>> WriteHfDirectory(

@@ -60,6 +60,14 @@ absl::Status CheckHfConfig(absl::string_view config_json,
                            const TransformerConfig& config,
                            const std::string& where);
 
+// The model a config.json describes (GPT2LMHeadModel or LlamaForCausalLM;
+// optional fields at transformers' defaults), named `name`; it passes
+// CheckHfConfig against the same text. InvalidArgument naming `where` and
+// the field for anything else.
+absl::StatusOr<TransformerConfig> ConfigFromHfJson(
+    absl::string_view config_json, const std::string& name,
+    const std::string& where);
+
 struct HfWriteOptions {
   // The float dtype of the written tensors (f32, bf16 or f16).
   DType dtype = DType::kF32;

@@ -435,6 +435,25 @@ TEST(HfDirectoryHubTest, HubConfigsMatchTheZoo) {
     ASSERT_TRUE(mapping.ok());
     EXPECT_EQ(mapping->size(), (*meta)->NamedParameters().size());
   }
+  // config.json alone gives back the zoo configs.
+  for (const auto& [name, json] :
+       {std::pair<std::string, std::string>{"gpt2_124m", gpt2},
+        std::pair<std::string, std::string>{"llama_1b", llama}}) {
+    absl::StatusOr<TransformerConfig> zoo = ConfigByName(name);
+    absl::StatusOr<TransformerConfig> read =
+        ConfigFromHfJson(json, name, "config.json");
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(ModelConfigJson(*read), ModelConfigJson(*zoo)) << name;
+  }
+  EXPECT_THAT(ConfigFromHfJson(R"({"model_type": "mistral"})", "x", "c.json")
+                  .status()
+                  .message(),
+              HasSubstr("model_type \"mistral\" is not gpt2 or llama"));
+  EXPECT_THAT(
+      ConfigFromHfJson(R"({"model_type": "gpt2", "n_embd": 8})", "x", "c.json")
+          .status()
+          .message(),
+      HasSubstr("c.json: vocab_size is missing"));
   // One field off is named.
   absl::StatusOr<TransformerConfig> c = ConfigByName("gpt2_350m");
   ASSERT_TRUE(c.ok());

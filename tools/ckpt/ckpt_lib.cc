@@ -46,10 +46,14 @@ constexpr char kUsage[] =
     "       ckpt convert IN.safetensors ROOT [--step=N]\n"
     "       ckpt export CHECKPOINT_DIR OUT_DIR --format=hf "
     "[--dtype=f32|bf16|f16]\n"
-    "            [--max_shard_mb=N] [--model=NAME]\n"
+    "            [--max_shard_mb=N] [--model=NAME] [--tokenizer_dir=DIR]\n"
     "         a Hugging Face model directory (config.json, safetensors "
     "shards,\n"
-    "         index); --model only for checkpoints without train/model\n";
+    "         index); --model only for checkpoints without train/model\n"
+    "       ckpt import HF_DIR ROOT [--model=NAME] [--step=N]\n"
+    "         a Hugging Face model directory as checkpoint ROOT/step-N (the\n"
+    "         model config.json describes, or the zoo's NAME checked against\n"
+    "         it)\n";
 
 std::string Hex8(uint32_t v) {
   return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad8));
@@ -287,6 +291,38 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
   return models::WriteHfDirectory(out_dir, config, tensors, wo);
 }
 
+absl::StatusOr<std::string> ImportHf(const std::string& hf_dir,
+                                     const std::string& root,
+                                     const std::string& model_name,
+                                     int64_t step) {
+  ASSIGN_OR_RETURN(std::unique_ptr<models::HfDirectory> dir,
+                   models::HfDirectory::Open(hf_dir));
+  if (dir->config_json().empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("HF model directory ", hf_dir, " has no config.json"));
+  }
+  models::TransformerConfig config;
+  if (model_name.empty()) {
+    ASSIGN_OR_RETURN(
+        config, models::ConfigFromHfJson(dir->config_json(), "hf",
+                                         absl::StrCat(hf_dir, "/config.json")));
+  } else {
+    ASSIGN_OR_RETURN(config, models::ConfigByName(model_name));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                   models::Transformer::Create(config));
+  RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+  RETURN_IF_ERROR(models::ImportHfDirectory(*dir, model.get()));
+  StateDict state;
+  for (const auto& [name, p] : model->NamedParameters()) {
+    RETURN_IF_ERROR(state.AddTensor("model/" + name, p->data));
+  }
+  RETURN_IF_ERROR(
+      state.AddBytes(models::kModelConfigKey, models::ModelConfigJson(config)));
+  ASSIGN_OR_RETURN(SaveResult saved, Save(state, root, step < 0 ? 0 : step));
+  return saved.path;
+}
+
 const char* Usage() { return kUsage; }
 
 int Run(const std::vector<std::string>& args, const Flags& flags,
@@ -318,6 +354,14 @@ int Run(const std::vector<std::string>& args, const Flags& flags,
       status = dir.status();
       if (dir.ok()) out << "wrote " << *dir << "\n";
     }
+  } else if (command == "import") {
+    if (flags.verify) return usage("--verify applies to inspect");
+    if (flags.step < -1) return usage(absl::StrCat("bad --step ", flags.step));
+    if (args.size() != 3) return usage("import takes HF_DIR and ROOT");
+    absl::StatusOr<std::string> saved =
+        ImportHf(args[1], args[2], flags.model, flags.step);
+    status = saved.status();
+    if (saved.ok()) out << "wrote " << *saved << "\n";
   } else if (command == "export") {
     if (flags.verify || flags.step != -1) {
       return usage("--verify and --step do not apply to export");

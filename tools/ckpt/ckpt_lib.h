@@ -59,6 +59,16 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
     const std::string& dir, const std::string& out_dir,
     const HfExportOptions& options);
 
+// Saves the model of the Hugging Face directory `hf_dir` as checkpoint
+// `<root>/step-<step>` ("model/<name>" values in our layout and the model
+// config record) and returns its directory. The model is `model_name` of the
+// zoo (config.json checked against it), or, when empty, what config.json
+// describes (models::ConfigFromHfJson).
+absl::StatusOr<std::string> ImportHf(const std::string& hf_dir,
+                                     const std::string& root,
+                                     const std::string& model_name,
+                                     int64_t step);
+
 // The command's flags (tools/ckpt/main.cc defines them as absl flags).
 struct Flags {
   bool verify = false;  // inspect: read every chunk and check its CRC-32C.

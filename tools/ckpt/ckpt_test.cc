@@ -292,6 +292,46 @@ TEST(CkptTest, ExportIncludesTheGpt2TokenizerFiles) {
   EXPECT_THAT(files.status().message(), HasSubstr("encoder.json"));
 }
 
+// export -> import -> export: the imported checkpoint holds the same
+// values (bitwise), with the model read from config.json or named.
+TEST(CkptTest, ImportsAnHfDirectoryAsACheckpoint) {
+  std::unique_ptr<models::Transformer> model = DebugModel(14);
+  const std::string src = SaveModel("import_src", *model, true);
+  const std::string hf = FreshDir("import_hf") + "/hf";
+  HfExportOptions options;
+  options.max_shard_bytes = 200 << 10;
+  ASSERT_TRUE(ExportHf(src, hf, options).ok());
+  for (const std::string& name : {std::string(), std::string("gpt2_debug")}) {
+    SCOPED_TRACE(name);
+    const std::string root = FreshDir("import_root" + name);
+    absl::StatusOr<std::string> saved = ImportHf(hf, root, name, 7);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    EXPECT_EQ(*saved, root + "/step-7");
+    const std::string again = FreshDir("import_again" + name) + "/hf";
+    ASSERT_TRUE(ExportHf(*saved, again, options).ok());
+    absl::StatusOr<std::unique_ptr<models::HfDirectory>> opened =
+        models::HfDirectory::Open(again);
+    ASSERT_TRUE(opened.ok());
+    std::unique_ptr<models::Transformer> loaded = DebugModel(0);
+    ASSERT_TRUE(models::ImportHfDirectory(**opened, loaded.get()).ok());
+    const auto a = model->NamedParameters();
+    const auto b = loaded->NamedParameters();
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_TRUE(BitwiseEqual(a[i].second->data, b[i].second->data))
+          << a[i].first;
+    }
+  }
+  // The wrong zoo model is named by its first mismatch.
+  absl::StatusOr<std::string> wrong =
+      ImportHf(hf, FreshDir("import_wrong"), "llama_debug", 0);
+  EXPECT_THAT(wrong.status().message(),
+              HasSubstr("model_type is \"gpt2\", the model has family llama"));
+  auto [code, text] = RunCkpt(
+      absl::StrCat("import ", hf, " ", FreshDir("import_cli"), " --step=3"));
+  EXPECT_EQ(code, 0) << text;
+  EXPECT_THAT(text, HasSubstr("/step-3"));
+}
+
 TEST(CkptTest, ExportOfACheckpointWithoutItsModelNeedsTheName) {
   std::unique_ptr<models::Transformer> model = DebugModel(12);
   const std::string dir = SaveModel("export_old", *model, false);
