@@ -121,14 +121,6 @@ absl::StatusOr<Tensor> ToHost(const Tensor& t) {
   return out;
 }
 
-// The HF shape of the parameter `entry` describes.
-Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab) {
-  Shape shape = ours;
-  if (entry.vocab_rows) shape[0] = vocab;
-  if (entry.transpose) std::swap(shape[0], shape[1]);
-  return shape;
-}
-
 std::map<std::string, Parameter*> ParameterMap(const Transformer& model) {
   std::map<std::string, Parameter*> out;
   for (const auto& [name, p] : model.NamedParameters()) out[name] = p;
@@ -156,6 +148,13 @@ absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
                      ActivationName(c.activation)));
   }
   return LlamaMapping(c);
+}
+
+Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab) {
+  Shape shape = ours;
+  if (entry.vocab_rows) shape[0] = vocab;
+  if (entry.transpose) std::swap(shape[0], shape[1]);
+  return shape;
 }
 
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(

@@ -69,6 +69,10 @@ struct HfNameEntry {
 absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
     const TransformerConfig& config);
 
+// The HF shape of the parameter `entry` names, whose shape is `ours`:
+// vocabulary rows unpadded to `vocab`, Conv1D weights transposed.
+Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab);
+
 // What ExportHfTensors reads from each parameter.
 enum class HfExportSource { kValues, kGradients };
 

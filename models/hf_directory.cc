@@ -386,6 +386,33 @@ absl::StatusOr<TransformerConfig> ConfigFromHfJson(absl::string_view text,
   return c;
 }
 
+HfShardPlan PlanHfShards(
+    const std::vector<std::pair<std::string, Shape>>& tensors, DType dtype,
+    uint64_t max_shard_bytes) {
+  std::vector<std::vector<std::string>> groups(1);
+  uint64_t shard_bytes = 0;
+  HfShardPlan plan;
+  for (const auto& [name, shape] : tensors) {
+    uint64_t bytes = DTypeSize(dtype);
+    for (int64_t d : shape) bytes *= static_cast<uint64_t>(d);
+    if (!groups.back().empty() && shard_bytes + bytes > max_shard_bytes) {
+      groups.emplace_back();
+      shard_bytes = 0;
+    }
+    groups.back().push_back(name);
+    shard_bytes += bytes;
+    plan.total_bytes += bytes;
+  }
+  for (size_t k = 0; k < groups.size(); ++k) {
+    plan.files.emplace_back(
+        groups.size() == 1 ? std::string(kSingleName)
+                           : absl::StrFormat("model-%05d-of-%05d.safetensors",
+                                             k + 1, groups.size()),
+        std::move(groups[k]));
+  }
+  return plan;
+}
+
 absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
     const std::string& dir, const TransformerConfig& config,
     const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -432,28 +459,38 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
         absl::StrCat("HF export: ", dir, " exists and is not a directory"));
   }
 
-  // Converted to the file dtype, in order, cut into shards.
-  std::vector<std::vector<std::pair<std::string, Tensor>>> shards(1);
-  uint64_t shard_bytes = 0;
-  uint64_t total = 0;
+  // Converted to the file dtype, in order, cut into shards as planned.
+  std::vector<std::pair<std::string, Shape>> shapes;
+  std::map<std::string, Tensor> converted;
   for (const auto& [name, tensor] : tensors) {
+    if (!IsFloatingPoint(tensor.dtype())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HF export: ", name, " is ", DTypeName(tensor.dtype()),
+                       ", not a float tensor"));
+    }
     Tensor t = tensor;
-    if (IsFloatingPoint(t.dtype()) && t.dtype() != options.dtype) {
-      ASSIGN_OR_RETURN(Tensor converted,
+    if (t.dtype() != options.dtype) {
+      ASSIGN_OR_RETURN(Tensor c,
                        Tensor::Empty(t.shape(), options.dtype, t.device()));
-      RETURN_IF_ERROR(Copy(t, &converted));
-      t = std::move(converted);
+      RETURN_IF_ERROR(Copy(t, &c));
+      t = std::move(c);
     }
-    const uint64_t bytes = t.nbytes();
-    if (!shards.back().empty() &&
-        shard_bytes + bytes > options.max_shard_bytes) {
-      shards.emplace_back();
-      shard_bytes = 0;
+    shapes.emplace_back(name, t.shape());
+    if (!converted.emplace(name, std::move(t)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("HF export: tensor ", name, " is given twice"));
     }
-    shards.back().emplace_back(name, std::move(t));
-    shard_bytes += bytes;
-    total += bytes;
   }
+  const HfShardPlan plan =
+      PlanHfShards(shapes, options.dtype, options.max_shard_bytes);
+  std::vector<std::vector<std::pair<std::string, Tensor>>> shards;
+  for (const auto& [file, names] : plan.files) {
+    shards.emplace_back();
+    for (const std::string& name : names) {
+      shards.back().emplace_back(name, converted.at(name));
+    }
+  }
+  const uint64_t total = plan.total_bytes;
 
   const std::string tmp = absl::StrCat(dir, ".tmp-", getpid());
   RETURN_IF_ERROR(RemoveTree(tmp));
@@ -475,8 +512,7 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
   } else {
     std::vector<std::pair<std::string, std::string>> weight_map;
     for (size_t k = 0; k < shards.size(); ++k) {
-      const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors",
-                                               k + 1, shards.size());
+      const std::string& file = plan.files[k].first;
       s = WriteSafetensors(absl::StrCat(tmp, "/", file), shards[k], metadata);
       if (!s.ok()) return fail(s);
       files.push_back(file);

@@ -78,6 +78,21 @@ struct HfWriteOptions {
   std::vector<std::pair<std::string, std::string>> extra_files;
 };
 
+// How WriteHfDirectory lays tensors out: the files in order, each with its
+// tensors' names, and the total tensor bytes (the index's total_size).
+struct HfShardPlan {
+  std::vector<std::pair<std::string, std::vector<std::string>>> files;
+  uint64_t total_bytes = 0;
+};
+
+// The layout of tensors (name, HF shape) of float dtype `dtype` cut at
+// `max_shard_bytes`: model.safetensors when one file holds them, else
+// model-KKKKK-of-NNNNN.safetensors filled in order. Needs no data, so the
+// layout of a model on the meta device can be planned (and checked).
+HfShardPlan PlanHfShards(
+    const std::vector<std::pair<std::string, Shape>>& tensors, DType dtype,
+    uint64_t max_shard_bytes);
+
 // Writes `tensors` (HF names, HF layout, in order: ExportHfTensors) and the
 // config.json of `config` as the model directory `dir`, which must not
 // exist or be empty. Returns the files written (config.json first).

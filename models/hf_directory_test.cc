@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -459,6 +460,52 @@ TEST(HfDirectoryHubTest, HubConfigsMatchTheZoo) {
   ASSERT_TRUE(c.ok());
   EXPECT_THAT(CheckHfConfig(gpt2, *c, "gpt2/config.json").message(),
               HasSubstr("n_embd is 768, the model has 1024"));
+}
+
+// The layout of the real-size models, planned on the meta device: every
+// HF tensor once, total bytes = the analytic parameter count x dtype size
+// (GPT-2 124M's unpadded vocabulary, Llama-3.2-1B's tied head once), one
+// file under 5 GB (as the hub's model.safetensors), shards in order below.
+TEST(HfDirectoryHubTest, ShardPlansOfTheRealSizes) {
+  for (const auto& [name, dtype] :
+       {std::pair<std::string, DType>{"gpt2_124m", DType::kF32},
+        std::pair<std::string, DType>{"llama_1b", DType::kBF16}}) {
+    SCOPED_TRACE(name);
+    absl::StatusOr<TransformerConfig> c = ConfigByName(name);
+    ASSERT_TRUE(c.ok());
+    absl::StatusOr<std::unique_ptr<Transformer>> meta = Transformer::Create(*c);
+    ASSERT_TRUE(meta.ok());
+    std::map<std::string, Shape> ours;
+    for (const auto& [pname, p] : (*meta)->NamedParameters()) {
+      ours[pname] = p->shape;
+    }
+    absl::StatusOr<std::vector<HfNameEntry>> mapping = HfNameMapping(*c);
+    ASSERT_TRUE(mapping.ok());
+    std::vector<std::pair<std::string, Shape>> shapes;
+    for (const HfNameEntry& e : *mapping) {
+      shapes.emplace_back(e.hf, HfShape(e, ours.at(e.ours), c->vocab_size));
+    }
+    const uint64_t expected =
+        static_cast<uint64_t>(NumParameters(*c)) * DTypeSize(dtype);
+    HfShardPlan one = PlanHfShards(shapes, dtype, uint64_t{5} << 30);
+    ASSERT_EQ(one.files.size(), 1u);
+    EXPECT_EQ(one.files[0].first, "model.safetensors");
+    EXPECT_EQ(one.files[0].second.size(), shapes.size());
+    EXPECT_EQ(one.total_bytes, expected);
+    HfShardPlan cut = PlanHfShards(shapes, dtype, expected / 3 + 1);
+    ASSERT_GE(cut.files.size(), 3u);
+    std::set<std::string> seen;
+    for (size_t k = 0; k < cut.files.size(); ++k) {
+      EXPECT_EQ(cut.files[k].first,
+                absl::StrFormat("model-%05d-of-%05d.safetensors", k + 1,
+                                cut.files.size()));
+      for (const std::string& t : cut.files[k].second) {
+        EXPECT_TRUE(seen.insert(t).second) << t;
+      }
+    }
+    EXPECT_EQ(seen.size(), shapes.size());
+    EXPECT_EQ(cut.total_bytes, expected);
+  }
 }
 
 TEST(HfDirectoryErrorsTest, MissingTensorLeavesTheModelUntouched) {
