@@ -414,9 +414,17 @@ HfShardPlan PlanHfShards(
 }
 
 absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
-    const std::string& dir, const TransformerConfig& config,
+    const std::string& dir_arg, const TransformerConfig& config,
     const std::vector<std::pair<std::string, Tensor>>& tensors,
     const HfWriteOptions& options) {
+  // "out/" names the folder "out" (the side folder goes beside it).
+  std::string dir = dir_arg;
+  while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+  if (dir.empty() || dir == "/") {
+    return absl::InvalidArgumentError(absl::StrCat("HF export: \"", dir_arg,
+                                                   "\" is not a directory to "
+                                                   "create"));
+  }
   if (options.dtype != DType::kF32 && options.dtype != DType::kBF16 &&
       options.dtype != DType::kF16) {
     return absl::InvalidArgumentError(absl::StrCat("HF export: dtype ",
