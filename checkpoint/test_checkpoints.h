@@ -18,6 +18,7 @@
 #include "tensor/dtensor.h"
 #include "tensor/sharding.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace testing_util {
@@ -69,13 +70,6 @@ inline Tensor Slice(const Tensor& full, const Box& box) {
   CHECK_OK(
       CopyBox(full, box.offset, &out, Shape(box.shape.size(), 0), box.shape));
   return out;
-}
-
-// True when both tensors have the same dtype, shape and bytes.
-inline bool BitwiseEqual(const Tensor& a, const Tensor& b) {
-  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
-         (a.nbytes() == 0 ||
-          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
 }
 
 // Waits until every rank of `mesh` gets here. Thread ranks that do no

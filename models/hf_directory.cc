@@ -688,6 +688,7 @@ absl::StatusOr<Tensor> ReadHfBox(const HfImportItem& item, const Shape& ours,
   }
   const int64_t rows = box.shape[0];
   const int64_t cols = box.shape[1];
+  if (rows == 0 || cols == 0) return out;  // Empty (and null storage).
   if (!item.entry.transpose) {
     // File [file_rows, C] (file_rows < R: the unpadded vocabulary).
     const int64_t file_rows = info.shape[0];

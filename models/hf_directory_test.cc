@@ -34,6 +34,7 @@
 #include "nn/module.h"
 #include "tensor/sharding.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace models {
@@ -74,7 +75,7 @@ void ExpectSameParameters(const Transformer& a, const Transformer& b) {
     const Tensor& y = pb[i].second->data;
     ASSERT_EQ(x.shape(), y.shape());
     ASSERT_EQ(x.nbytes(), y.nbytes());
-    EXPECT_EQ(std::memcmp(x.raw_data(), y.raw_data(), x.nbytes()), 0);
+    EXPECT_TRUE(testing_util::BitwiseEqual(x, y));
   }
 }
 
@@ -230,8 +231,7 @@ TEST_P(HfDirectoryTest, ReadHfBoxReadsExactlyTheBox) {
         }
       }
       ASSERT_EQ(got->shape(), want->shape());
-      EXPECT_EQ(std::memcmp(got->raw_data(), want->raw_data(), want->nbytes()),
-                0)
+      EXPECT_TRUE(testing_util::BitwiseEqual(*got, *want))
           << ShapeToString(box.shape) << "@" << ShapeToString(box.offset);
       ++boxes;
     }

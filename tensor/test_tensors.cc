@@ -2,6 +2,7 @@
 #include "tensor/test_tensors.h"
 
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/rng.h"
@@ -62,6 +63,12 @@ double RelTol(DType dtype) {
     default:
       return 2e-5;
   }
+}
+
+bool BitwiseEqual(const Tensor& a, const Tensor& b) {
+  return a.dtype() == b.dtype() && a.shape() == b.shape() &&
+         (a.nbytes() == 0 ||
+          std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
 }
 
 }  // namespace testing_util

@@ -26,6 +26,10 @@ std::vector<double> Values(const Tensor& t);
                                     const std::vector<double>& expected,
                                     double rtol, double atol);
 
+// True when both tensors have the same dtype, shape and bytes (empty ones
+// compare without touching their null storage).
+bool BitwiseEqual(const Tensor& a, const Tensor& b);
+
 // Tolerances per storage type: f32 results against a double reference that
 // saw the same (rounded) inputs; 16-bit results additionally carry one
 // output rounding (2^-8 relative for bf16, 2^-11 for f16).

@@ -6,7 +6,6 @@
 #include "models/parallelize/hf_import.h"
 
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <string>
@@ -31,6 +30,7 @@
 #include "models/transformer.h"
 #include "tensor/sharding.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace models {
@@ -131,7 +131,7 @@ void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp) {
     }
     Tensor got =
         BoxOf(sp->master.local(), Box{Shape(box.shape.size(), 0), box.shape});
-    EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), want.nbytes()), 0);
+    EXPECT_TRUE(testing_util::BitwiseEqual(got, want));
     expected_bytes += want.nbytes();
     // A one-dim-split view is read one block at a time.
     uint64_t buffer = want.nbytes();
@@ -218,10 +218,7 @@ TEST(HfImportErrorsTest, AMismatchWritesNothing) {
     size_t i = 0;
     for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(made.get())) {
       const Tensor& now = sp->master.local();
-      EXPECT_EQ(
-          std::memcmp(now.raw_data(), before[i].raw_data(), before[i].nbytes()),
-          0)
-          << sp->name;
+      EXPECT_TRUE(testing_util::BitwiseEqual(now, before[i])) << sp->name;
       ++i;
     }
   });
