@@ -681,12 +681,12 @@ TEST(ValidateTest, ExistingDataFilesPass) {
 
 TEST(MakePathsAbsoluteTest, AnchorsRelativePaths) {
   TrainConfig config;
-  ASSERT_TRUE(ApplyOverrides({"data.dataset=data/train.bin",
-                              "data.tokenizer_dir=/opt/gpt2",
-                              "metrics.jsonl_path=m.jsonl",
-                              "model.init_from=hf:hub/gpt2"},
-                             &config)
-                  .ok());
+  ASSERT_TRUE(
+      ApplyOverrides(
+          {"data.dataset=data/train.bin", "data.tokenizer_dir=/opt/gpt2",
+           "metrics.jsonl_path=m.jsonl", "model.init_from=hf:hub/gpt2"},
+          &config)
+          .ok());
   MakePathsAbsolute("/home/me/run", &config);
   EXPECT_EQ(config.model().init_from(), "hf:/home/me/run/hub/gpt2");
   EXPECT_EQ(config.data().dataset(), "/home/me/run/data/train.bin");
