@@ -719,13 +719,21 @@ absl::StatusOr<Tensor> ReadHfBox(const HfImportItem& item, const Shape& ours,
   return out;
 }
 
-absl::Status ImportHfDirectory(const HfDirectory& dir, Transformer* model) {
-  if (dir.config_json().empty()) {
-    return absl::NotFoundError(absl::StrCat("HF model directory ", dir.where(),
-                                            " has no config.json"));
+absl::StatusOr<std::string> HfDirectory::RequireConfigJson() const {
+  if (config_json_.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("HF model directory ", dir_, " has no config.json"));
   }
-  RETURN_IF_ERROR(CheckHfConfig(dir.config_json(), model->config(),
-                                absl::StrCat(dir.where(), "/config.json")));
+  return config_json_;
+}
+
+absl::Status HfDirectory::CheckConfig(const TransformerConfig& config) const {
+  ASSIGN_OR_RETURN(const std::string json, RequireConfigJson());
+  return CheckHfConfig(json, config, absl::StrCat(dir_, "/config.json"));
+}
+
+absl::Status ImportHfDirectory(const HfDirectory& dir, Transformer* model) {
+  RETURN_IF_ERROR(dir.CheckConfig(model->config()));
   return ImportHfTensors(dir, model);
 }
 

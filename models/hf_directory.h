@@ -119,6 +119,10 @@ class HfDirectory final : public HfTensorSource {
 
   // config.json's text; empty when the directory has none.
   const std::string& config_json() const { return config_json_; }
+  // config.json's text, NotFound when the directory has none.
+  absl::StatusOr<std::string> RequireConfigJson() const;
+  // RequireConfigJson, then CheckHfConfig against `config`.
+  absl::Status CheckConfig(const TransformerConfig& config) const;
   // The safetensors files, in name order.
   std::vector<std::string> files() const;
 

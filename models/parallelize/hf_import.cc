@@ -39,13 +39,7 @@ absl::StatusOr<Layout> LayoutOf(const fsdp::ShardedParameter& sp) {
 
 absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
                                                      Transformer* model) {
-  const std::string where = dir.where();
-  if (dir.config_json().empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("HF model directory ", where, " has no config.json"));
-  }
-  RETURN_IF_ERROR(CheckHfConfig(dir.config_json(), model->config(),
-                                absl::StrCat(where, "/config.json")));
+  RETURN_IF_ERROR(dir.CheckConfig(model->config()));
   ASSIGN_OR_RETURN(std::vector<HfImportItem> items, PlanHfImport(dir, *model));
   std::map<std::string, const HfImportItem*> by_name;
   for (const HfImportItem& item : items) by_name[item.entry.ours] = &item;

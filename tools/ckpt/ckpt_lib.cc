@@ -297,10 +297,7 @@ absl::StatusOr<std::string> ImportHf(const std::string& hf_dir,
                                      int64_t step) {
   ASSIGN_OR_RETURN(std::unique_ptr<models::HfDirectory> dir,
                    models::HfDirectory::Open(hf_dir));
-  if (dir->config_json().empty()) {
-    return absl::NotFoundError(
-        absl::StrCat("HF model directory ", hf_dir, " has no config.json"));
-  }
+  ASSIGN_OR_RETURN(const std::string config_json, dir->RequireConfigJson());
   models::TransformerConfig config;
   if (model_name.empty()) {
     ASSIGN_OR_RETURN(
