@@ -70,9 +70,9 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
     }
     absl::SleepFor(kPollInterval);
   }
-  // Late joiners past max_nodes (count may have grown since) wait for the
-  // next round: the first max_nodes slots are the members.
-  count = std::min<int64_t>(count, options_.max_nodes);
+  // Every node that joined so far (count may have grown since the loop
+  // looked), then the max_nodes smallest ids are the members: node 0 always
+  // is, whatever the join order; the others wait for the next round.
   std::vector<int> members;
   for (int64_t slot = 0; slot < count; ++slot) {
     ASSIGN_OR_RETURN(
@@ -101,6 +101,9 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
     members.push_back(id);
   }
   std::sort(members.begin(), members.end());
+  if (static_cast<int64_t>(members.size()) > options_.max_nodes) {
+    members.resize(options_.max_nodes);
+  }
   RETURN_IF_ERROR(
       store_->Set(Key(round, "members"), absl::StrJoin(members, ",")));
   RETURN_IF_ERROR(store_->Set("elastic/closed", absl::StrCat(round)));

@@ -9,9 +9,10 @@
 //     Set("r<r>/slot<i>", "<node id> <nproc>") says who it is.
 //   * Node 0 closes the round: as soon as max_nodes have joined, or once at
 //     least min_nodes have and no one joined for `last_call`; fewer than
-//     min_nodes after `timeout` is an error. It writes the members
-//     ("r<r>/members", sorted by node id, so node 0 is group rank 0 and its
-//     host serves the ranks' store) and then "closed" = r.
+//     min_nodes after `timeout` is an error. It writes the members (the
+//     max_nodes smallest node ids that joined, sorted, in "r<r>/members", so
+//     node 0 is always in, as group rank 0, and its host serves the ranks'
+//     store) and then "closed" = r.
 //   * A node that joined after the round closed (it is not among the
 //     members: a node that came back, or a slow one) asks the running round
 //     to restart ("r<r>/restart" = "join ...") and joins r + 1: the job

@@ -111,6 +111,32 @@ TEST(ElasticRendezvousTest, TwoNodesShrinkToOneAndGrowBack) {
   finish.join();
 }
 
+// More nodes than MAX: the members are the smallest ids, node 0 included,
+// whatever the join order; the extra node waits for the next round.
+TEST(ElasticRendezvousTest, MembersAreTheSmallestIds) {
+  InMemoryStore store;
+  ElasticOptions o2 = Node(2, 1, 2);
+  o2.timeout = absl::Seconds(2);
+  ElasticRendezvous node2(&store, o2);
+  ElasticRendezvous node1(&store, Node(1, 1, 2));
+  ElasticRendezvous node0(&store, Node(0, 1, 2));
+  JoinThread j2(&node2);
+  absl::SleepFor(absl::Milliseconds(50));
+  JoinThread j1(&node1);
+  absl::SleepFor(absl::Milliseconds(50));
+  absl::StatusOr<ElasticRound> r0 = node0.Join();
+  ASSERT_TRUE(r0.ok()) << r0.status();
+  EXPECT_THAT(r0->members, ElementsAre(0, 1));
+  absl::StatusOr<ElasticRound> r1 = j1.Result();
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  EXPECT_EQ(r1->group_rank, 1);
+  // Node 2 asked round 0 to restart and waits in round 1 (nobody closes it
+  // here: it times out).
+  EXPECT_THAT(*node0.RestartRequested(),
+              Optional(std::string("join: node 2 is waiting")));
+  EXPECT_EQ(j2.Result().status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
 TEST(ElasticRendezvousTest, WaitAllFinishedIsBounded) {
   InMemoryStore store;
   ElasticRendezvous node0(&store, Node(0, 1, 2));
