@@ -97,12 +97,17 @@ ncclDataType_t NcclType(DType dtype) {
   return ncclUint8;
 }
 
-ncclRedOp_t NcclRedOp(ReduceOp op) {
+// NCCL's op for `op` over `ranks` ranks. On one rank every reduction is the
+// identity, and asks for ncclSum: NCCL before 2.29.7 runs a one-rank ncclAvg
+// through a kernel that leaves the last elements of some counts unwritten
+// (NVIDIA/nccl#1950; seen here as a stale tail of FSDP's reduce-scatter
+// output on one GPU), while a one-rank sum is a plain copy.
+ncclRedOp_t NcclRedOp(ReduceOp op, int ranks) {
   switch (op) {
     case ReduceOp::kSum:
       return ncclSum;
     case ReduceOp::kAvg:
-      return ncclAvg;
+      return ranks == 1 ? ncclSum : ncclAvg;
     case ReduceOp::kMax:
       return ncclMax;
   }
@@ -816,10 +821,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
         if (!direct) {
           ASSIGN_OR_RETURN(recv, ctx.Scratch(chunk * esize));
         }
-        RETURN_IF_ERROR(
-            ctx.Check(ncclReduceScatter(send, recv, chunk, NcclType(wire),
-                                        NcclRedOp(op), ctx.comm, ctx.stream),
-                      "ncclReduceScatter"));
+        RETURN_IF_ERROR(ctx.Check(
+            ncclReduceScatter(send, recv, chunk, NcclType(wire),
+                              NcclRedOp(op, size_), ctx.comm, ctx.stream),
+            "ncclReduceScatter"));
         if (!direct && count > 0) {
           if (widen) {
             RETURN_IF_ERROR(CastFromF32Async(static_cast<const float*>(recv),
@@ -840,13 +845,13 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(
   RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
   return Issue(
       "all_reduce", absl::StrCat(buffer.ToString(), ", ", ReduceOpName(op)),
-      options, [buffer, op](OpContext& ctx) -> absl::Status {
+      options, [this, buffer, op](OpContext& ctx) -> absl::Status {
         const int64_t n = buffer.count;
         if (n == 0) return absl::OkStatus();
         if (!ReducesInF32(buffer.dtype)) {
           RETURN_IF_ERROR(ctx.Check(
               ncclAllReduce(buffer.data, buffer.data, n, NcclType(buffer.dtype),
-                            NcclRedOp(op), ctx.comm, ctx.stream),
+                            NcclRedOp(op, size_), ctx.comm, ctx.stream),
               "ncclAllReduce"));
           return absl::OkStatus();
         }
@@ -855,8 +860,8 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(
         RETURN_IF_ERROR(
             CastToF32Async(buffer.data, buffer.dtype, wide, n, ctx.stream));
         RETURN_IF_ERROR(
-            ctx.Check(ncclAllReduce(wide, wide, n, ncclFloat32, NcclRedOp(op),
-                                    ctx.comm, ctx.stream),
+            ctx.Check(ncclAllReduce(wide, wide, n, ncclFloat32,
+                                    NcclRedOp(op, size_), ctx.comm, ctx.stream),
                       "ncclAllReduce"));
         return CastFromF32Async(wide, buffer.dtype, buffer.data, n, ctx.stream);
       });

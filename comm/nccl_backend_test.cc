@@ -3,7 +3,8 @@
 // they reduce) at counts 1, 7 and 1001, checked exactly against a host
 // reference; user streams and events; and the fault paths (a rank that never
 // joins, an op one rank never issues). Skips, visibly, with fewer than two
-// GPUs.
+// GPUs. The one-rank test (every reduction at world size 1, FSDP's layout on a
+// single GPU) needs one.
 #include "comm/nccl_backend.h"
 
 #include <cuda_runtime_api.h>
@@ -470,6 +471,43 @@ TEST_F(NcclBackendTest, OpOneRankNeverIssuesTimesOutNamingIt) {
       << result;
   EXPECT_EQ(again.message(), result.message());
   EXPECT_EQ(broken.message(), result.message());
+}
+
+// A one-rank group (one GPU): every reduction is the identity, for every
+// element. Outputs start as a sentinel so an element an op leaves unwritten
+// shows. Counts include FSDP's segment of a gpt2_debug block (49984), where
+// NCCL 2.28's one-rank ncclAvg left the last elements unwritten.
+TEST(NcclOneRankTest, ReductionsAreTheIdentity) {
+  if (CudaDeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+  RegisterCudaAllocators();
+  InMemoryStore store;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto group = NcclProcessGroup::Create(&store, 0, 1, "one", 0, TestOptions());
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      for (int64_t n : {int64_t{1}, int64_t{7}, int64_t{1001}, int64_t{41088},
+                        int64_t{49984}, int64_t{1} << 20}) {
+        SCOPED_TRACE(
+            absl::StrCat(DTypeName(dtype), " ", ReduceOpName(op), " n ", n));
+        const std::vector<double> values = Values(0, n, dtype);
+        DeviceBuffer in(0, n, dtype), out(0, n, dtype), both(0, n, dtype);
+        in.Upload(values);
+        out.Upload(std::vector<double>(n, 99.0));
+        ASSERT_TRUE(
+            Finish((*group)->ReduceScatter(in.buffer(), out.buffer(), op))
+                .ok());
+        both.Upload(values);
+        ASSERT_TRUE(Finish((*group)->AllReduce(both.buffer(), op)).ok());
+        const std::vector<double> scattered = out.Download();
+        const std::vector<double> reduced = both.Download();
+        for (int64_t i = 0; i < n; ++i) {
+          ASSERT_EQ(scattered[i], values[i]) << "reduce_scatter element " << i;
+          ASSERT_EQ(reduced[i], values[i]) << "all_reduce element " << i;
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
