@@ -12,9 +12,12 @@ gpt2_124m config.
 Usage:
   pytorch_gpt2_step.py --dtype=f32|bf16 [--batch=4] [--seq=256]
                        [--threads=2] [--steps=6] [--warmup=2]
+                       [--device=cpu|cuda]
 
 bf16 runs under torch.autocast(cpu, bfloat16) with f32 master weights (the
-PyTorch counterpart of fsdpp's param_dtype bf16 / reduce_dtype f32). Prints
+PyTorch counterpart of fsdpp's param_dtype bf16 / reduce_dtype f32); on
+--device=cuda under torch.autocast(cuda, bfloat16), the step timed up to a
+device synchronize (tests/cuda_train_test's peer on a GPU). Prints
 one JSON line: {"dtype", "median_step_s", "step_s": [...], "loss"}.
 """
 
@@ -48,7 +51,7 @@ class Block(nn.Module):
     shape = (b, t, HEADS, c // HEADS)
     q, k, v = (y.view(shape).transpose(1, 2) for y in (q, k, v))
     scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // HEADS))
-    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    mask = torch.ones(t, t, dtype=torch.bool, device=x.device).tril()
     scores = scores.masked_fill(~mask, float("-inf"))
     y = F.softmax(scores, dim=-1) @ v
     return self.c_proj(y.transpose(1, 2).contiguous().view(b, t, c))
@@ -75,7 +78,7 @@ class Gpt2(nn.Module):
         nn.init.normal_(p, 0.0, std)
 
   def forward(self, ids, targets):
-    pos = torch.arange(ids.shape[1])
+    pos = torch.arange(ids.shape[1], device=ids.device)
     x = self.wte(ids) + self.wpe(pos)
     for block in self.blocks:
       x = block(x)
@@ -91,10 +94,11 @@ def main():
   parser.add_argument("--threads", type=int, default=2)
   parser.add_argument("--steps", type=int, default=6)
   parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
   args = parser.parse_args()
   torch.set_num_threads(args.threads)
   torch.manual_seed(1337)
-  model = Gpt2()
+  model = Gpt2().to(args.device)
   decay = [p for p in model.parameters() if p.dim() >= 2]
   no_decay = [p for p in model.parameters() if p.dim() < 2]
   optimizer = torch.optim.AdamW(
@@ -107,8 +111,11 @@ def main():
     ids = torch.randint(0, 50257, (args.batch, args.seq), generator=generator)
     targets = torch.randint(0, 50257, (args.batch, args.seq),
                             generator=generator)
+    ids, targets = ids.to(args.device), targets.to(args.device)
+    if args.device == "cuda":
+      torch.cuda.synchronize()
     start = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16,
+    with torch.autocast(args.device, dtype=torch.bfloat16,
                         enabled=args.dtype == "bf16"):
       out = model(ids, targets)
     out.backward()
@@ -119,7 +126,8 @@ def main():
     elapsed = time.perf_counter() - start
     if step >= args.warmup:
       times.append(elapsed)
-  print(json.dumps({"dtype": args.dtype, "median_step_s":
+  print(json.dumps({"dtype": args.dtype, "device": args.device,
+                    "median_step_s":
                     statistics.median(times), "step_s": times, "loss": loss}))
 
 

@@ -1,0 +1,307 @@
+// FSDP training on a GPU against the same training on the CPU: GPT-2 and
+// Llama (debug configs) sharded with FullyShard over a one-rank mesh, on
+// cuda:0 through NCCL and on the host through Gloo, trained with AdamW and
+// gradient clipping from the same initial weights and batches. The losses of
+// every step and the final parameters must agree (f32 within reduction-order
+// noise; bf16 compute within bf16 rounding). A last test times GPT-2 124M
+// steps on the GPU and prints them (informational, never asserted).
+//
+// Skips, visibly, without a GPU (and is not built without --config=cuda).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "comm/gloo_backend.h"
+#include "comm/nccl_backend.h"
+#include "comm/store.h"
+#include "core/cuda_runtime.h"
+#include "core/status.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
+#include "gtest/gtest.h"
+#include "mesh/device_mesh.h"
+#include "models/config.h"
+#include "models/transformer.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace {
+
+struct RunOptions {
+  std::string model = "gpt2_debug";
+  Device device = Device::Cpu();
+  DType param_dtype = DType::kF32;  // FSDP's compute dtype
+  int steps = 4;
+  int64_t rows = 4, seq = 32;
+  int64_t vocab_pad_multiple = 0;  // 0 keeps the config's
+};
+
+struct RunResult {
+  std::vector<float> losses;
+  std::vector<std::string> names;          // parameters, plan order
+  std::vector<std::vector<float>> grads0;  // step 0's, before clipping
+  std::vector<std::vector<float>> params;  // final masters
+  std::vector<double> step_s;
+};
+
+// The ids (or targets) of the batch every step trains on (one batch, so
+// the loss must fall), on `device`.
+absl::StatusOr<Tensor> Tokens(const RunOptions& o, int64_t vocab, int salt) {
+  std::vector<int64_t> v(o.rows * o.seq);
+  for (size_t i = 0; i < v.size(); ++i) {
+    v[i] = (static_cast<int64_t>(i) * (7 + salt) + salt) % vocab;
+  }
+  ASSIGN_OR_RETURN(Tensor host, Tensor::FromInts({o.rows, o.seq}, v));
+  if (o.device.is_cpu()) return host;
+  ASSIGN_OR_RETURN(Tensor on_device,
+                   Tensor::Empty(host.shape(), host.dtype(), o.device));
+  RETURN_IF_ERROR(Copy(host, &on_device));
+  return on_device;
+}
+
+// Waits (bounded) for the kernels issued so far: tensor ops and the AdamW
+// kernels run on the legacy default stream, which orders all of them.
+absl::Status DeviceIdle(Device device) {
+  if (!device.is_cuda()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> event,
+                   CudaEvent::RecordOn(nullptr, device.index(), "step end"));
+  return event->Wait(absl::Minutes(2));
+}
+
+// One forward and backward of the model unsharded on `o.device` (no FSDP,
+// no communication): the loss and every parameter's gradient.
+absl::StatusOr<RunResult> PlainStep(const RunOptions& o) {
+  ASSIGN_OR_RETURN(models::TransformerConfig config,
+                   models::ConfigByName(o.model));
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                   models::Transformer::Create(config));
+  RETURN_IF_ERROR(model->ToEmpty(o.device));
+  RETURN_IF_ERROR(model->InitWeights(1234));
+  ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
+  ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
+  RunResult r;
+  ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
+  r.losses.push_back(loss);
+  RETURN_IF_ERROR(model->Backward());
+  for (const auto& [name, p] : model->NamedParameters()) {
+    r.names.push_back(name);
+    ASSIGN_OR_RETURN(std::vector<float> v, p->grad.ToFloats());
+    r.grads0.push_back(std::move(v));
+  }
+  return r;
+}
+
+absl::StatusOr<RunResult> Train(const RunOptions& o) {
+  InMemoryStore store;
+  ProcessGroupFactory factory = o.device.is_cuda()
+                                    ? NcclGroupFactory(&store, o.device.index())
+                                    : GlooGroupFactory(&store);
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
+                   DeviceMesh::Create({{"dp", 1}}, 0, 1, std::move(factory)));
+  ASSIGN_OR_RETURN(models::TransformerConfig config,
+                   models::ConfigByName(o.model));
+  if (o.vocab_pad_multiple > 0)
+    config.vocab_pad_multiple = o.vocab_pad_multiple;
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                   models::Transformer::Create(config));
+  fsdp::FsdpPlanOptions po;
+  po.shard.mesh = mesh.get();
+  po.shard.mp_policy.param_dtype = o.param_dtype;
+  std::vector<Module*> blocks(model->blocks().begin(), model->blocks().end());
+  RETURN_IF_ERROR(fsdp::ShardBlocksThenRoot(model.get(), blocks, po).status());
+  RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
+  std::vector<DTensor*> masters, grads;
+  std::vector<AdamWParam> adam;
+  RunResult r;
+  for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
+    if (sp->master.local().device() != o.device) {
+      return absl::InternalError(absl::StrCat(
+          sp->name, " lives on ", sp->master.local().device().ToString(),
+          ", not ", o.device.ToString()));
+    }
+    r.names.push_back(sp->name);
+    masters.push_back(&sp->master);
+    grads.push_back(&sp->grad);
+    adam.emplace_back(sp->name, &sp->master, &sp->grad);
+  }
+  AdamWOptions ao;
+  ao.lr = 1e-3;
+  ao.decay_filter = DecayMatricesOnly;
+  ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam), ao));
+  RETURN_IF_ERROR(adamw.Init());
+  ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
+  ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
+  for (int step = 0; step < o.steps; ++step) {
+    RETURN_IF_ERROR(DeviceIdle(o.device));
+    const absl::Time t0 = absl::Now();
+    RETURN_IF_ERROR(ZeroGrad(grads));
+    ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
+    RETURN_IF_ERROR(model->Backward());
+    for (size_t i = 0; step == 0 && i < grads.size(); ++i) {
+      ASSIGN_OR_RETURN(std::vector<float> v, grads[i]->local().ToFloats());
+      r.grads0.push_back(std::move(v));
+    }
+    RETURN_IF_ERROR(ClipGradNorm(grads, 1.0).status());
+    RETURN_IF_ERROR(adamw.Step());
+    RETURN_IF_ERROR(DeviceIdle(o.device));
+    r.step_s.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
+    r.losses.push_back(loss);
+  }
+  for (DTensor* m : masters) {
+    ASSIGN_OR_RETURN(std::vector<float> v, m->local().ToFloats());
+    r.params.push_back(std::move(v));
+  }
+  return r;
+}
+
+class CudaTrainTest : public ::testing::TestWithParam<const char*> {
+ protected:
+  void SetUp() override {
+    if (CudaDeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+    RegisterCudaAllocators();
+  }
+};
+
+// Worst |a - b| / (|b| + 1) over the final parameters.
+double MaxParamError(const RunResult& a, const RunResult& b) {
+  double worst = 0;
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    for (size_t i = 0; i < a.params[p].size(); ++i) {
+      const double d = std::fabs(a.params[p][i] - b.params[p][i]);
+      worst = std::max(worst, d / (std::fabs(b.params[p][i]) + 1.0));
+    }
+  }
+  return worst;
+}
+
+// Step 0's gradient of each parameter: worst |gpu - cpu| over the CPU
+// gradient's largest magnitude.
+void ExpectGradientsMatch(const RunResult& gpu, const RunResult& cpu,
+                          double tol) {
+  ASSERT_EQ(gpu.grads0.size(), cpu.grads0.size());
+  for (size_t p = 0; p < cpu.grads0.size(); ++p) {
+    ASSERT_EQ(gpu.grads0[p].size(), cpu.grads0[p].size()) << cpu.names[p];
+    double scale = 0, worst = 0;
+    size_t at = 0;
+    for (size_t i = 0; i < cpu.grads0[p].size(); ++i) {
+      scale = std::max(scale, std::fabs(double{cpu.grads0[p][i]}));
+      const double d = std::fabs(double{gpu.grads0[p][i]} - cpu.grads0[p][i]);
+      if (d > worst) worst = d, at = i;
+    }
+    const double rel = worst / std::max(scale, 1e-30);
+    if (rel > tol) {
+      ADD_FAILURE() << cpu.names[p] << ": step 0 gradient differs by " << rel
+                    << " of its largest magnitude " << scale << " (element "
+                    << at << ": cuda " << gpu.grads0[p][at] << ", cpu "
+                    << cpu.grads0[p][at] << ")";
+    }
+  }
+}
+
+// Two runs on the GPU give the same bits: its kernels use no atomics and
+// nothing depends on timing (a race between streams would show here).
+void ExpectSameBits(const RunResult& a, const RunResult& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  for (size_t p = 0; p < a.params.size(); ++p) {
+    EXPECT_EQ(a.grads0[p], b.grads0[p]) << "step 0 gradient of " << a.names[p];
+    EXPECT_EQ(a.params[p], b.params[p]) << "final " << a.names[p];
+  }
+}
+
+void ExpectMatchesCpu(const char* model, DType param_dtype, double grad_tol,
+                      double loss_tol, double param_tol) {
+  RunOptions o;
+  o.model = model;
+  o.param_dtype = param_dtype;
+  absl::StatusOr<RunResult> cpu = Train(o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  o.device = Device::Cuda(0);
+  absl::StatusOr<RunResult> gpu = Train(o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  absl::StatusOr<RunResult> again = Train(o);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ExpectSameBits(*gpu, *again);
+  ExpectGradientsMatch(*gpu, *cpu, grad_tol);
+  ASSERT_EQ(gpu->losses.size(), cpu->losses.size());
+  for (size_t s = 0; s < cpu->losses.size(); ++s) {
+    std::printf("%s %s step %zu: loss cpu %.7f cuda %.7f\n", model,
+                DTypeName(param_dtype), s, cpu->losses[s], gpu->losses[s]);
+    EXPECT_NEAR(gpu->losses[s], cpu->losses[s],
+                loss_tol * std::fabs(cpu->losses[s]))
+        << "step " << s;
+  }
+  // The loss moved: the steps trained something.
+  EXPECT_LT(cpu->losses.back(), cpu->losses.front());
+  ASSERT_EQ(gpu->params.size(), cpu->params.size());
+  const double err = MaxParamError(*gpu, *cpu);
+  std::printf("%s %s: worst final parameter error %.3g\n", model,
+              DTypeName(param_dtype), err);
+  EXPECT_LE(err, param_tol);
+}
+
+// The model's kernels alone: one step unsharded on each device.
+TEST_P(CudaTrainTest, UnshardedF32GradientsMatchTheCpu) {
+  RunOptions o;
+  o.model = GetParam();
+  absl::StatusOr<RunResult> cpu = PlainStep(o);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  o.device = Device::Cuda(0);
+  absl::StatusOr<RunResult> gpu = PlainStep(o);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  std::printf("%s unsharded: loss cpu %.7f cuda %.7f\n", GetParam(),
+              cpu->losses[0], gpu->losses[0]);
+  EXPECT_NEAR(gpu->losses[0], cpu->losses[0], 1e-6 * cpu->losses[0]);
+  ExpectGradientsMatch(*gpu, *cpu, 1e-4);
+}
+
+TEST_P(CudaTrainTest, F32MatchesTheCpu) {
+  // AdamW's first steps move every weight by about lr whatever the gradient's
+  // size, so a gradient that is noise-level on one side can move a weight
+  // the other way: 2 * lr per step bounds that.
+  ExpectMatchesCpu(GetParam(), DType::kF32, 1e-4, 1e-5, 2 * 1e-3 * 4);
+}
+
+TEST_P(CudaTrainTest, Bf16ComputeMatchesTheCpu) {
+  ExpectMatchesCpu(GetParam(), DType::kBF16, 3e-2, 2e-2, 2 * 1e-3 * 4);
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, CudaTrainTest,
+                         ::testing::Values("gpt2_debug", "llama_debug"));
+
+// GPT-2 124M (vocabulary padded to 50304), batch 8 x 1024, bf16 compute:
+// step times on the GPU, printed. Its PyTorch peer:
+//   tools/bench/pytorch_gpt2_step.py --device=cuda --dtype=bf16 --batch=8
+//       --seq=1024
+TEST(CudaTrainTiming, Gpt2_124mSteps) {
+  if (CudaDeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+  RegisterCudaAllocators();
+  RunOptions o;
+  o.model = "gpt2_124m";
+  o.device = Device::Cuda(0);
+  o.param_dtype = DType::kBF16;
+  o.steps = 8;
+  o.rows = 8;
+  o.seq = 1024;
+  o.vocab_pad_multiple = 64;
+  absl::StatusOr<RunResult> r = Train(o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<double> measured(r->step_s.begin() + 3, r->step_s.end());
+  std::sort(measured.begin(), measured.end());
+  const double median = measured[measured.size() / 2];
+  std::printf(
+      "gpt2_124m bf16 on cuda:0, 8 x 1024 tokens: median step %.1f ms "
+      "(%.0f tokens/s) over %zu steps after 3 warm-up; losses %.4f -> %.4f\n",
+      median * 1e3, o.rows * o.seq / median, measured.size(), r->losses[0],
+      r->losses.back());
+  EXPECT_TRUE(std::isfinite(r->losses.back()));
+}
+
+}  // namespace
+}  // namespace fsdpp
