@@ -197,6 +197,13 @@ class GlooProcessGroup::StreamScratch {
 
 namespace {
 
+// Bytes of one of the ring reduce-scatter's three accumulator buffers: a
+// chunk of ceil(n / size) elements of `acc_size` bytes (at least one).
+size_t RingChunkBytes(int64_t n, int size, size_t acc_size) {
+  const int64_t chunk = (n + size - 1) / size;
+  return std::max<int64_t>(1, chunk) * acc_size;
+}
+
 // Loads elements [begin, begin + n) of `in` (dtype `dtype`) as Acc.
 template <typename Acc>
 void LoadAs(const void* in, DType dtype, int64_t begin, int64_t n, Acc* out) {
@@ -274,7 +281,7 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
     LoadAs<Acc>(in, dtype, 0, n, result);
     return absl::OkStatus();
   }
-  const size_t chunk_bytes = std::max<int64_t>(1, chunk) * sizeof(Acc);
+  const size_t chunk_bytes = RingChunkBytes(n, size, sizeof(Acc));
   ASSIGN_OR_RETURN(char* scratch, scratch_area.Get(3 * chunk_bytes));
   Acc* bufs[3] = {reinterpret_cast<Acc*>(scratch),
                   reinterpret_cast<Acc*>(scratch + chunk_bytes),
@@ -569,9 +576,11 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
             float* result = static_cast<float*>(output.data);
             Scratch staged;  // f32 result for bf16 / f16 outputs.
             if (output.dtype != DType::kF32) {
-              ASSIGN_OR_RETURN(staged,
-                               Scratch::Allocate(std::max<int64_t>(1, count) *
-                                                 sizeof(float)));
+              ASSIGN_OR_RETURN(
+                  staged, Scratch::Allocate(
+                              GlooReduceScatterScratch(
+                                  n, input.dtype, output.dtype, count, size_)
+                                  .transient));
               result = staged.as<float>();
             }
             RETURN_IF_ERROR(run(result));
@@ -626,8 +635,10 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
             return absl::OkStatus();
           }
           default: {  // bf16 / f16: accumulate in f32.
-            ASSIGN_OR_RETURN(Scratch work,
-                             Scratch::Allocate(n * sizeof(float)));
+            ASSIGN_OR_RETURN(
+                Scratch work,
+                Scratch::Allocate(
+                    GlooAllReduceScratch(n, buffer.dtype, size_).transient));
             float* data = work.as<float>();
             ToF32(buffer, data, 0, n);
             reduce(data);
@@ -679,7 +690,9 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
         Scratch staged;
         uint8_t* in = static_cast<uint8_t*>(input.data);
         if (input.data == output.data) {  // Gloo needs distinct buffers.
-          ASSIGN_OR_RETURN(staged, Scratch::Allocate(bytes));
+          ASSIGN_OR_RETURN(
+              staged, Scratch::Allocate(
+                          GlooAllToAllScratch(bytes, true, size_).transient));
           std::memcpy(staged.as<void>(), input.data, bytes);
           in = staged.as<uint8_t>();
         }
@@ -776,6 +789,35 @@ ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options) {
         GlooProcessGroup::Create(store, rank, size, name, options));
     return std::unique_ptr<ProcessGroup>(std::move(group));
   };
+}
+
+GlooScratch GlooReduceScatterScratch(int64_t n, DType dtype, DType out_dtype,
+                                     int64_t out_count, int size) {
+  GlooScratch s;
+  const bool floating = IsFloatingPoint(dtype);
+  // Integers accumulate in their own type, floats in f32.
+  if (size > 1 && n > 0) {
+    s.held = 3 * static_cast<int64_t>(RingChunkBytes(
+                     n, size, floating ? sizeof(float) : DTypeSize(dtype)));
+  }
+  if (floating && out_dtype != DType::kF32) {
+    s.transient = std::max<int64_t>(1, out_count) * sizeof(float);
+  }
+  return s;
+}
+
+GlooScratch GlooAllReduceScratch(int64_t n, DType dtype, int) {
+  GlooScratch s;
+  if (n > 0 && (dtype == DType::kBF16 || dtype == DType::kF16)) {
+    s.transient = n * static_cast<int64_t>(sizeof(float));
+  }
+  return s;
+}
+
+GlooScratch GlooAllToAllScratch(int64_t bytes, bool in_place, int size) {
+  GlooScratch s;
+  if (bytes > 0 && size > 1 && in_place) s.transient = bytes;
+  return s;
 }
 
 }  // namespace fsdpp

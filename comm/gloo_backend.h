@@ -148,6 +148,20 @@ class GlooProcessGroup final : public ProcessGroup {
 // A factory making GlooProcessGroups over `store` (not owned).
 ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options = {});
 
+// The host scratch a Gloo op allocates beyond its buffers (tag
+// kCommBuffers), as the ops below compute it, for planners (plan/):
+// `held` bytes stay with the op's stream and only grow (the ring
+// reduce-scatter's three chunk buffers, reused by later ops on the stream);
+// `transient` bytes live during the op.
+struct GlooScratch {
+  int64_t held = 0;
+  int64_t transient = 0;
+};
+GlooScratch GlooReduceScatterScratch(int64_t n, DType dtype, DType out_dtype,
+                                     int64_t out_count, int size);
+GlooScratch GlooAllReduceScratch(int64_t n, DType dtype, int size);
+GlooScratch GlooAllToAllScratch(int64_t bytes, bool in_place, int size);
+
 }  // namespace fsdpp
 
 #endif  // FSDPP_COMM_GLOO_BACKEND_H_

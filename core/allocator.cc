@@ -58,6 +58,7 @@ bool MemoryTracker::OnAllocate(size_t bytes, MemoryTag tag,
   stats_.total_current += static_cast<int64_t>(bytes);
   if (stats_.total_current > stats_.total_peak) {
     stats_.total_peak = stats_.total_current;
+    stats_.at_peak = stats_.current;
   }
   ++stats_.num_allocations;
   return true;
@@ -81,6 +82,7 @@ void MemoryTracker::SetReserved(int64_t bytes) {
 void MemoryTracker::ResetPeak() {
   std::lock_guard<std::mutex> lock(mu_);
   stats_.peak = stats_.current;
+  stats_.at_peak = stats_.current;
   stats_.total_peak = stats_.total_current;
 }
 
@@ -118,6 +120,15 @@ void CpuAllocator::Deallocate(void* ptr, size_t bytes, MemoryTag tag) {
   tracker_.OnFree(bytes, tag);
 }
 
+absl::StatusOr<void*> MetaAccountant::Allocate(size_t bytes, MemoryTag tag) {
+  if (bytes > 0) tracker_.OnAllocate(bytes, tag);
+  return nullptr;
+}
+
+void MetaAccountant::Deallocate(void*, size_t bytes, MemoryTag tag) {
+  if (bytes > 0) tracker_.OnFree(bytes, tag);
+}
+
 namespace {
 
 std::mutex& RegistryMutex() {
@@ -147,6 +158,23 @@ Allocator* GetAllocator(Device device) {
   std::lock_guard<std::mutex> lock(RegistryMutex());
   auto it = Registry().find(device);
   return it == Registry().end() ? nullptr : it->second;
+}
+
+ScopedMetaAccounting::ScopedMetaAccounting(MetaAccountant* accountant)
+    : device_(accountant != nullptr ? accountant->device() : Device::DryRun()) {
+  CHECK(accountant != nullptr);
+  CHECK(device_.is_meta() && device_ != Device::Meta())
+      << "a MetaAccountant counts a dry-run device, not " << device_;
+  previous_ = SetAllocator(accountant);
+}
+
+ScopedMetaAccounting::~ScopedMetaAccounting() {
+  std::lock_guard<std::mutex> lock(RegistryMutex());
+  if (previous_ == nullptr) {
+    Registry().erase(device_);
+  } else {
+    Registry()[device_] = previous_;
+  }
 }
 
 Allocator* SetAllocator(Allocator* allocator) {

@@ -43,6 +43,9 @@ const char* MemoryTagName(MemoryTag tag);
 struct MemoryStats {
   std::array<int64_t, kNumMemoryTags> current{};
   std::array<int64_t, kNumMemoryTags> peak{};
+  // Per tag, the live bytes at the moment the total peaked (what made up
+  // total_peak; the per-tag peaks above need not coincide).
+  std::array<int64_t, kNumMemoryTags> at_peak{};
   int64_t total_current = 0;
   int64_t total_peak = 0;
   // Bytes held from the device (>= total_current for caching allocators).
@@ -105,9 +108,45 @@ class CpuAllocator final : public Allocator {
   MemoryTracker tracker_;
 };
 
+// Counts what a dry run's tensors would hold (plan/): while one is installed
+// for Device::DryRun() (ScopedMetaAccounting), every tensor on that device
+// reports its bytes and tag here as a real allocation would, and holds no
+// memory. Allocate always returns nullptr.
+class MetaAccountant final : public Allocator {
+ public:
+  // Counts the tensors of `device` (DryRun() or DryRunHost()).
+  explicit MetaAccountant(Device device = Device::DryRun()) : device_(device) {}
+  Device device() const override { return device_; }
+  absl::StatusOr<void*> Allocate(size_t bytes, MemoryTag tag) override;
+  void Deallocate(void* ptr, size_t bytes, MemoryTag tag) override;
+  MemoryStats Stats() const override { return tracker_.Stats(); }
+  void ResetPeak() override { tracker_.ResetPeak(); }
+
+ private:
+  Device device_;
+  MemoryTracker tracker_;
+};
+
+// Installs `accountant` (not owned) for its device while alive, and
+// puts back what was there (normally nothing) when destroyed. Dry-run
+// tensors made meanwhile report to it until they are freed, so it must
+// outlive them.
+class ScopedMetaAccounting {
+ public:
+  explicit ScopedMetaAccounting(MetaAccountant* accountant);
+  ~ScopedMetaAccounting();
+  ScopedMetaAccounting(const ScopedMetaAccounting&) = delete;
+  ScopedMetaAccounting& operator=(const ScopedMetaAccounting&) = delete;
+
+ private:
+  Device device_;
+  Allocator* previous_;
+};
+
 // The allocator for `device`: the process-wide CPU allocator, or the one
-// registered for a CUDA device. Meta has none (nullptr); so has a CUDA device
-// when CUDA support is not built in.
+// registered for a CUDA device. Meta has none (nullptr), nor has DryRun()
+// unless a MetaAccountant is installed; a CUDA device has none when CUDA
+// support is not built in.
 Allocator* GetAllocator(Device device);
 
 // Installs `allocator` (not owned; must outlive its use) for its device,

@@ -27,7 +27,7 @@ std::string Device::ToString() const {
     case DeviceType::kCpu:
       return "cpu";
     case DeviceType::kMeta:
-      return "meta";
+      return index_ == 0 ? "meta" : absl::StrCat("meta:", index_);
     case DeviceType::kCuda:
       return absl::StrCat("cuda:", index_);
   }

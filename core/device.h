@@ -26,6 +26,14 @@ class Device {
     return Device(DeviceType::kCuda, index);
   }
   static constexpr Device Meta() { return Device(DeviceType::kMeta, 0); }
+  // A meta device that stands for the real one in a dry run (plan/): its
+  // tensors hold no memory either, but a MetaAccountant counts them, while
+  // those on Meta() (placeholders that are meta in a real run too) stay
+  // uncounted.
+  static constexpr Device DryRun() { return Device(DeviceType::kMeta, 1); }
+  // The host's stand-in in a dry run that counts host memory apart (FSDP's
+  // offloaded state when the device is a GPU).
+  static constexpr Device DryRunHost() { return Device(DeviceType::kMeta, 2); }
 
   // Parses "cpu", "meta", "cuda" (= cuda:0) and "cuda:N".
   static absl::StatusOr<Device> Parse(absl::string_view text);
@@ -36,7 +44,7 @@ class Device {
   bool is_cuda() const { return type_ == DeviceType::kCuda; }
   bool is_meta() const { return type_ == DeviceType::kMeta; }
 
-  // "cpu", "cuda:1", "meta".
+  // "cpu", "cuda:1", "meta", "meta:1" (DryRun()).
   std::string ToString() const;
 
   friend bool operator==(const Device& a, const Device& b) {

@@ -15,12 +15,13 @@
 namespace fsdpp {
 
 // Copies `bytes` from `src` on `src_device` to `dst` on `dst_device`.
-// Meta devices hold no bytes: a copy involving one is an InvalidArgument
+// Meta devices hold no bytes: a copy from meta to meta does nothing (a dry
+// run, plan/), one between meta and a real device is an InvalidArgument
 // error unless `bytes` is 0.
 absl::Status CopyBytes(void* dst, Device dst_device, const void* src,
                        Device src_device, size_t bytes);
 
-// Sets `bytes` bytes at `dst` on `device` to zero.
+// Sets `bytes` bytes at `dst` on `device` to zero (nothing on meta).
 absl::Status ZeroBytes(void* dst, Device device, size_t bytes);
 
 }  // namespace fsdpp

@@ -28,7 +28,12 @@ TEST(MemcpyTest, MetaHasNoBytes) {
   EXPECT_NE(s.message().find("between meta and cpu"), absl::string_view::npos)
       << s;
   EXPECT_TRUE(CopyBytes(&x, Device::Cpu(), &x, Device::Meta(), 0).ok());
-  EXPECT_FALSE(ZeroBytes(&x, Device::Meta(), 1).ok());
+  // Between meta buffers (a dry run) and zeroing one: nothing to do, and
+  // nothing is touched.
+  char y = 7;
+  EXPECT_TRUE(CopyBytes(&y, Device::DryRun(), &x, Device::Meta(), 1).ok());
+  EXPECT_TRUE(ZeroBytes(&y, Device::Meta(), 1).ok());
+  EXPECT_EQ(y, 7);
 }
 
 }  // namespace

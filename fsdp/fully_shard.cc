@@ -210,8 +210,9 @@ absl::Status FsdpUnit::InitGroups() {
   world_ = shard_group_->size();
   rank_ = shard_group_->rank();
   compute_device_ = shard_group_->device();
-  state_device_ =
-      options_.offload_policy.offload_params ? Device::Cpu() : compute_device_;
+  state_device_ = options_.offload_policy.offload_params
+                      ? options_.offload_policy.host
+                      : compute_device_;
   if (options_.hpz_degree < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "FullyShard: hpz_degree must be >= 0, got ", options_.hpz_degree));
@@ -426,8 +427,9 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
   // host-to-device copy (a host-to-host copy on a CPU-only run).
   Tensor stage = *slot;
   if (offload_params()) {
-    ASSIGN_OR_RETURN(stage, Tensor::Empty({segment_}, dtype, Device::Cpu(),
-                                          MemoryTag::kCommBuffers));
+    ASSIGN_OR_RETURN(
+        stage, Tensor::Empty({segment_}, dtype, options_.offload_policy.host,
+                             MemoryTag::kCommBuffers));
   }
   char* base = static_cast<char*>(stage.raw_data());
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -445,7 +447,7 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
   }
   if (offload_params()) {
     RETURN_IF_ERROR(CopyBytes(slot->raw_data(), slot->device(),
-                              stage.raw_data(), Device::Cpu(),
+                              stage.raw_data(), options_.offload_policy.host,
                               segment_ * esize));
   }
   return absl::OkStatus();
@@ -693,10 +695,11 @@ absl::Status FsdpUnit::FinishReductions() {
     r.output = Tensor();
     if (unit->offload_params()) {
       // One device-to-host copy of the reduced shard; accumulate on the host.
+      const Device host_device = unit->options_.offload_policy.host;
       ASSIGN_OR_RETURN(Tensor host,
                        Tensor::Empty(reduced.shape(), reduced.dtype(),
-                                     Device::Cpu(), MemoryTag::kCommBuffers));
-      RETURN_IF_ERROR(CopyBytes(host.raw_data(), Device::Cpu(),
+                                     host_device, MemoryTag::kCommBuffers));
+      RETURN_IF_ERROR(CopyBytes(host.raw_data(), host_device,
                                 reduced.raw_data(), reduced.device(),
                                 reduced.nbytes()));
       reduced = host;

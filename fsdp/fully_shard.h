@@ -102,6 +102,9 @@ struct OffloadPolicy {
   // state, allocated beside them) in host memory; they move to the compute
   // device only as the all-gather's input and back as the reduced shard.
   bool offload_params = false;
+  // The host the state is offloaded to. A dry run (plan/) passes a stand-in
+  // meta device, so that host bytes are counted apart from the device's.
+  Device host = Device::Cpu();
 };
 
 // How FullyShard shards one unit.

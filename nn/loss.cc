@@ -38,11 +38,12 @@ absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
       Annotate(CrossEntropy(logits, targets, ignore_index_, &losses),
                "CrossEntropyLoss"));
   float loss = 0.0f;
+  // Allocated on meta too, so that a dry run (plan/) sees what a real one does.
+  ASSIGN_OR_RETURN(Tensor sum,
+                   EmptyTemporary({1}, DType::kF32, logits.device()));
   if (!logits.is_meta()) {
     ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
     if (count_ > 0) {
-      ASSIGN_OR_RETURN(Tensor sum,
-                       EmptyTemporary({1}, DType::kF32, logits.device()));
       RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
       ASSIGN_OR_RETURN(float total, Item(sum));
       loss = static_cast<float>(static_cast<double>(total) / count_);

@@ -28,7 +28,11 @@ absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
     return absl::InvalidArgumentError(
         absl::StrCat("InitSlice: ", out->ToString(), " is not a float tensor"));
   }
-  if (out->is_meta()) return absl::OkStatus();
+  if (out->is_meta()) {
+    // Nothing to write; a dry run (plan/) still sees the staging tensor the
+    // real path below allocates.
+    return Tensor::Empty(out->shape(), out->dtype(), out->device()).status();
+  }
   const int64_t n = out->numel();
   std::vector<float> values(n);
   switch (spec.kind) {
@@ -167,7 +171,6 @@ absl::Status InitBox(const InitSpec& spec, uint64_t seed, uint64_t stream,
         "InitBox: box ", ShapeToString(offset), " + ", ShapeToString(size),
         " of ", ShapeToString(layout), " does not fit ", out->ToString()));
   }
-  if (out->is_meta()) return absl::OkStatus();
   Tensor flat = out->Flatten();
   absl::Status status;
   ForEachRun(layout, offset, size,

@@ -25,8 +25,14 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t bytes,
                                                            Device device,
                                                            MemoryTag tag) {
   if (device.is_meta()) {
+    // No memory; on Device::DryRun() a dry run's accountant (if installed)
+    // counts the bytes.
+    Allocator* accountant = GetAllocator(device);
+    if (accountant != nullptr) {
+      RETURN_IF_ERROR(accountant->Allocate(bytes, tag).status());
+    }
     return std::shared_ptr<Storage>(
-        new Storage(nullptr, bytes, device, tag, nullptr));
+        new Storage(nullptr, bytes, device, tag, accountant));
   }
   Allocator* allocator = GetAllocator(device);
   if (allocator == nullptr) {
