@@ -72,6 +72,8 @@ std::vector<TransformerConfig> AllConfigs() {
             /*tied=*/true),
       Llama("llama3_8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0f,
             /*tied=*/false),
+      Llama("llama3_70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0f,
+            /*tied=*/false),
   };
   for (TransformerConfig& c : configs) {
     if (c.name == "smollm3_3b") {

@@ -118,6 +118,9 @@ std::vector<std::string> ConfigNames();
 //                every 4th layer
 //   llama3_8b    Llama-3-8B: 32 / 4096 / 32 heads, 8 kv, ffn 14336,
 //                vocab 128256, untied, theta 500000, ctx 8192
+//   llama3_70b   Llama-3-70B: 80 / 8192 / 64 heads, 8 kv, ffn 28672,
+//                vocab 128256, untied, theta 500000, ctx 8192 (for the
+//                planner; training it needs far more than one machine)
 // GPT-2 configs have ffn 4 dim, eps 1e-5, biases and no vocab padding (set
 // vocab_pad_multiple = 64 for 50304). Llama configs have no biases and
 // RmsNorm eps 1e-5 (SmolLM3: 1e-6). Of the RoPE scalings only "llama3" is

@@ -24,7 +24,7 @@ TransformerConfig Named(const std::string& name) {
 }
 
 TEST(ConfigTest, EveryNamedConfigIsValidAndKnowsItsName) {
-  ASSERT_EQ(ConfigNames().size(), 9u);
+  ASSERT_EQ(ConfigNames().size(), 10u);
   for (const std::string& name : ConfigNames()) {
     const TransformerConfig c = Named(name);
     EXPECT_EQ(c.name, name);
@@ -172,6 +172,8 @@ TEST(ConfigTest, PublishedParameterCounts) {
   EXPECT_EQ(NumParameters(gpt2), 124475904);
   EXPECT_EQ(NumParameters(Named("llama_1b")), 1235814400);
   EXPECT_EQ(NumParameters(Named("llama3_8b")), 8030261248);
+  // Llama-3-70B as in its HF release (70.55 B).
+  EXPECT_EQ(NumParameters(Named("llama3_70b")), 70553706496);
   // SmolLM3-3B (published as 3.08 B) and the debug models.
   EXPECT_EQ(NumParameters(Named("smollm3_3b")), 3075098624);
   EXPECT_EQ(NumParameters(Named("gpt2_debug")), 141056);
