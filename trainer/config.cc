@@ -843,6 +843,13 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
   RETURN_IF_ERROR(CheckMetrics(config.metrics()));
   RETURN_IF_ERROR(CheckValidation(config.validation(), config.data()));
+  const double max_memory = config.training().max_memory_gib();
+  if (!std::isfinite(max_memory) || max_memory < 0) {
+    return Invalid(absl::StrCat(
+        "training.max_memory_gib must be >= 0 (0 = this machine's memory "
+        "shared by the node's ranks), got ",
+        max_memory));
+  }
   const double timeout_s = config.comm().timeout_s();
   if (!(timeout_s >= 1.0 && timeout_s <= 86400.0)) {
     return Invalid(absl::StrCat(
@@ -896,6 +903,29 @@ std::string FormatTrainConfig(const TrainConfig& config) {
   std::string text;
   pb::TextFormat::PrintToString(effective, &text);
   return text;
+}
+
+absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
+                                            const ResolvedTrainConfig& rc) {
+  if (rc.tp > 1 || rc.pp > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "the planner covers FSDP, HSDP and hpZ meshes; tensor (tp ", rc.tp,
+        ") and pipeline (pp ", rc.pp, ") parallelism are not planned yet"));
+  }
+  plan::Strategy s;
+  s.world = rc.world_size;
+  s.dp_replicate = rc.dp_replicate;
+  s.hpz_degree = rc.hpz_degree > 1 ? rc.hpz_degree : 0;
+  s.reshard_after_forward = config.parallelism().reshard_after_forward();
+  s.param_dtype = rc.param_dtype;
+  s.reduce_dtype = rc.reduce_dtype;
+  s.offload = config.parallelism().offload();
+  s.activation_checkpointing = config.training().activation_checkpointing();
+  s.fused_attention = config.training().fused_attention();
+  s.micro_batch = rc.micro_batch;
+  s.seq_len = rc.seq_len;
+  s.grad_accumulation = rc.grad_accumulation_steps;
+  return s;
 }
 
 }  // namespace trainer

@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "core/dtype.h"
 #include "models/config.h"
+#include "plan/dry_run.h"
 #include "trainer/config.pb.h"
 
 namespace fsdpp {
@@ -85,6 +86,12 @@ struct ResolvedTrainConfig {
 // not exist.
 absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     const TrainConfig& config, int world_size);
+
+// The planner's description of the run (plan/dry_run.h): its mesh, sharding
+// strategy, precision and batch. Unimplemented with tp or pp > 1 (the
+// planner does not cover them yet).
+absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
+                                            const ResolvedTrainConfig& rc);
 
 // ResolveTrainConfig(config, world_size).status().
 absl::Status Validate(const TrainConfig& config, int world_size);

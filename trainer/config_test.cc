@@ -26,7 +26,7 @@ std::string Message(const absl::StatusOr<T>& value) {
 
 constexpr char kModels[] =
     "gpt2_debug, gpt2_124m, gpt2_350m, gpt2_774m, gpt2_1558m, llama_debug, "
-    "llama_1b, smollm3_3b, llama3_8b";
+    "llama_1b, smollm3_3b, llama3_8b, llama3_70b";
 
 // --- Shipped configs -------------------------------------------------------
 
@@ -142,7 +142,7 @@ TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
             "mixed_precision, seed, activation_checkpointing, adam_beta1, "
             "adam_beta2, adam_eps, initial_loss_scale, "
             "loss_scale_growth_interval, cpu_caching_allocator, "
-            "fused_attention)");
+            "fused_attention, max_memory_gib, skip_memory_check)");
   auto nested = ParseTrainConfig(
       "training { mixed_precision { param: \"bf16\" } }", "run.textproto");
   EXPECT_EQ(Message(nested),

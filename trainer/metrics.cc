@@ -39,56 +39,6 @@ double UnigramLoss(const TokenStore& tokens, int64_t begin, int64_t end) {
   return entropy;
 }
 
-absl::StatusOr<double> MeasureMatmulFlops(DType dtype, int64_t n,
-                                          absl::Duration budget) {
-  if (dtype != DType::kF32 && dtype != DType::kBF16) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MeasureMatmulFlops: the CPU matmul runs f32 and bf16, not ",
-        DTypeName(dtype)));
-  }
-  if (n <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MeasureMatmulFlops: n must be > 0, got ", n));
-  }
-  std::vector<float> ones(n * n, 0.5f);
-  ASSIGN_OR_RETURN(Tensor a, Tensor::FromFloats({n, n}, ones, dtype));
-  ASSIGN_OR_RETURN(Tensor b, Tensor::FromFloats({n, n}, ones, dtype));
-  ASSIGN_OR_RETURN(Tensor c, Tensor::Empty({n, n}, dtype, Device::Cpu()));
-  RETURN_IF_ERROR(Matmul(a, b, &c));  // Warm-up (primitive creation).
-  const double flops = 2.0 * n * n * n;
-  double best = 0;
-  const absl::Time start = absl::Now();
-  int runs = 0;
-  while (runs < 3 || absl::Now() - start < budget) {
-    const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(Matmul(a, b, &c));
-    const double s = absl::ToDoubleSeconds(absl::Now() - t0);
-    if (s > 0) best = std::max(best, flops / s);
-    ++runs;
-  }
-  return best;
-}
-
-double GpuPeakFlops(const std::string& device_name, DType dtype) {
-  // Dense (no sparsity) datasheet numbers, TFLOP/s: {bf16/f16, f32 (TF32
-  // tensor cores are not used for f32 here: plain FP32)}.
-  struct Entry {
-    const char* fragment;
-    double half, single;
-  };
-  static const Entry kTable[] = {
-      {"H200", 989, 67},   {"H100 PCIe", 756, 51}, {"H100", 989, 67},
-      {"A100", 312, 19.5}, {"L40S", 362, 91.6},    {"A10G", 70, 31.2},
-      {"L4", 121, 30.3},   {"V100", 125, 15.7},    {"4090", 165, 82.6},
-  };
-  for (const Entry& e : kTable) {
-    if (device_name.find(e.fragment) != std::string::npos) {
-      return (dtype == DType::kF32 ? e.single : e.half) * 1e12;
-    }
-  }
-  return 0;
-}
-
 void ThroughputMeter::Add(double seconds, int64_t tokens, bool warmup) {
   if (warmup) {
     warm_seconds_ += seconds;

@@ -35,16 +35,6 @@ namespace trainer {
 // range.
 double UnigramLoss(const TokenStore& tokens, int64_t begin, int64_t end);
 
-// FLOP/s of an n x n x n matmul in `dtype` (f32 or bf16) on the CPU with the
-// calling thread's OpenMP threads: the best of repeated runs over at least
-// `budget` (after one warm-up call).
-absl::StatusOr<double> MeasureMatmulFlops(DType dtype, int64_t n,
-                                          absl::Duration budget);
-
-// Datasheet dense peak FLOP/s of a GPU by name fragment ("H100", "A100",
-// ...) for `dtype`; 0 when unknown.
-double GpuPeakFlops(const std::string& device_name, DType dtype);
-
 // Step times and tokens, with warm-up steps kept out of the averages.
 class ThroughputMeter {
  public:

@@ -30,25 +30,6 @@ TEST(MetricsTest, UnigramLossIsTheEntropyOfTheRange) {
               -(0.25 * std::log(0.25) * 2 + 0.5 * std::log(0.5)), 1e-12);
 }
 
-TEST(MetricsTest, MatmulFlopsArePositiveAndBadInputFails) {
-  absl::StatusOr<double> f =
-      MeasureMatmulFlops(DType::kF32, 128, absl::Milliseconds(20));
-  ASSERT_TRUE(f.ok()) << f.status();
-  EXPECT_GT(*f, 1e8);  // Any CPU of this century does 0.1 GFLOP/s.
-  EXPECT_EQ(MeasureMatmulFlops(DType::kF16, 128, absl::Milliseconds(1))
-                .status()
-                .message(),
-            "MeasureMatmulFlops: the CPU matmul runs f32 and bf16, not f16");
-  EXPECT_FALSE(MeasureMatmulFlops(DType::kF32, 0, absl::Milliseconds(1)).ok());
-}
-
-TEST(MetricsTest, GpuPeaksFromTheTable) {
-  EXPECT_EQ(GpuPeakFlops("NVIDIA H100 80GB HBM3", DType::kBF16), 989e12);
-  EXPECT_EQ(GpuPeakFlops("NVIDIA H100 PCIe", DType::kBF16), 756e12);
-  EXPECT_EQ(GpuPeakFlops("NVIDIA A100-SXM4-40GB", DType::kF32), 19.5e12);
-  EXPECT_EQ(GpuPeakFlops("Some CPU", DType::kBF16), 0);
-}
-
 TEST(MetricsTest, ThroughputLeavesWarmupOut) {
   ThroughputMeter m;
   EXPECT_EQ(m.tokens_per_s(), 0);

@@ -5,6 +5,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -32,6 +33,8 @@
 #include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "plan/planner.h"
+#include "plan/rates.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
@@ -259,6 +262,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
                    ResolveTrainConfig(config, env.world_size));
   std::unique_ptr<Trainer> trainer(new Trainer(config, env, std::move(rc)));
+  RETURN_IF_ERROR(trainer->CheckMemoryPlan());
   RETURN_IF_ERROR(trainer->BuildMesh());
   RETURN_IF_ERROR(trainer->BuildData());
   RETURN_IF_ERROR(trainer->BuildModel());
@@ -268,6 +272,62 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   RETURN_IF_ERROR(trainer->BuildMetrics());
   trainer->run_start_ = absl::Now();
   return trainer;
+}
+
+// Before anything is allocated or written: the run's plan (a dry run of one
+// step on meta tensors, plan/) against the memory a rank may use, so that a
+// run that cannot fit fails now with what to change, not later in the
+// kernel's out-of-memory killer. Every rank plans rank 0's share (the
+// largest: FSDP gives the first ranks the rounded-up rows), so all decide
+// alike without communicating.
+absl::Status Trainer::CheckMemoryPlan() {
+  absl::StatusOr<plan::Strategy> strategy = PlanStrategy(config_, rc_);
+  if (!strategy.ok()) {
+    plan_note_ =
+        absl::StrCat("  memory plan: none (", strategy.status().message(), ")");
+    return absl::OkStatus();
+  }
+  int ranks_per_node = env_.world_size;
+  if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
+    int n = 0;
+    if (absl::SimpleAtoi(local, &n) && n > 0) ranks_per_node = n;
+  }
+  ASSIGN_OR_RETURN(plan::DeviceSpec device,
+                   plan::DeviceByName("cpu", ranks_per_node,
+                                      /*calibrate=*/false));
+  const TrainingConfig& tc = config_.training();
+  if (tc.max_memory_gib() > 0) {
+    device.memory_bytes =
+        static_cast<int64_t>(tc.max_memory_gib() * 1024.0 * 1024.0 * 1024.0);
+  }
+  const absl::Time t0 = absl::Now();
+  ASSIGN_OR_RETURN(plan::Plan p,
+                   Context(plan::MakePlan(rc_.model, *strategy, device, 0),
+                           "trainer: planning the run's memory"));
+  plan_peak_bytes_ = p.run.peak_bytes;
+  plan_note_ = absl::StrFormat(
+      "  memory plan: peak %s per rank in %s (largest: %s) + %s overhead = "
+      "%s of %s%s (planned in %.0f ms)",
+      plan::FormatBytes(p.run.peak_bytes), p.run.peak_phase, p.largest,
+      plan::FormatBytes(device.overhead_bytes),
+      plan::FormatBytes(p.predicted_peak_bytes),
+      plan::FormatBytes(device.memory_bytes),
+      tc.max_memory_gib() > 0 ? " (training.max_memory_gib)" : "",
+      absl::ToDoubleMilliseconds(absl::Now() - t0));
+  if (p.fits) return absl::OkStatus();
+  if (tc.skip_memory_check()) {
+    absl::StrAppend(&plan_note_,
+                    ": DOES NOT FIT, running anyway "
+                    "(training.skip_memory_check)");
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(std::vector<plan::Candidate> alternatives,
+                   plan::SearchStrategies(rc_.model, *strategy, device));
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "trainer: ", config_.model().name(), " on ", env_.world_size,
+      " rank(s): ", plan::ExplainDoesNotFit(p, alternatives),
+      " Set training.max_memory_gib to plan for another budget, or "
+      "training.skip_memory_check=true to run anyway."));
 }
 
 // Mesh: {shard} or {replicate, shard} (HSDP), then tp when tensor
@@ -651,7 +711,7 @@ absl::Status Trainer::BuildMetrics() {
   std::string peak_source = "metrics.peak_tflops";
   if (peak_ <= 0) {
     ASSIGN_OR_RETURN(
-        peak_, MeasureMatmulFlops(
+        peak_, plan::MeasureMatmulFlops(
                    rc_.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
                    kPeakMatmulN, kPeakBudget));
     // The slowest rank's number: all ranks share the machine.
@@ -663,6 +723,10 @@ absl::Status Trainer::BuildMetrics() {
         DTypeName(rc_.param_dtype == DType::kBF16 ? DType::kBF16
                                                   : DType::kF32));
   }
+  // The measurement's matrices (12 MiB in f32) are no part of training: the
+  // peaks restart here, so that the reported peak is the training's own
+  // (the sharded state is live, so it stays counted).
+  if (Allocator* host = GetAllocator(Device::Cpu())) host->ResetPeak();
   result_.peak_tflops_per_rank = peak_ / 1e12;
   return PrintHeader(peak_source);
 }
@@ -696,6 +760,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
                             : absl::StrJoin(rc_.pp_cuts, ","),
         100 * result_.pipeline_bubble_schedule));
   }
+  if (!plan_note_.empty()) print_->Line(plan_note_);
   if (!init_note_.empty()) print_->Line(init_note_);
   for (const std::string& note : resume_notes_) print_->Line(note);
   if (!result_.resumed_from.empty()) {
@@ -1171,7 +1236,7 @@ absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
       "  Peak per rank:     %.4f TFLOP/s\n"
       "  MFU:               %.2f%%\n"
       "  Exposed comm/step: %.1f ms (slowest rank)\n"
-      "  Peak memory/rank:  %.1f MiB",
+      "  Peak memory/rank:  %.1f MiB%s",
       result_.start_step + 1, result_.end_step,
       std::min<int64_t>(mc.throughput_warmup_steps(),
                         result_.end_step - result_.start_step - 1),
@@ -1188,7 +1253,10 @@ absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
           [](const MemoryStats& a, const MemoryStats& b) {
             return a.total_peak < b.total_peak;
           })->total_peak /
-          1048576.0));
+          1048576.0,
+      plan_peak_bytes_ > 0 ? absl::StrFormat(" (planned %.1f MiB for one step)",
+                                             plan_peak_bytes_ / 1048576.0)
+                           : std::string()));
   if (jsonl_ == nullptr) return absl::OkStatus();
   return jsonl_->Write(absl::StrCat(
       "{\"kind\":\"summary\",\"steps\":", result_.end_step,

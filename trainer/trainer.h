@@ -243,6 +243,7 @@ class Trainer {
   absl::Status BuildCheckpointWriter();
   absl::Status BuildMetrics();
   absl::Status PrintHeader(const std::string& peak_source);
+  absl::Status CheckMemoryPlan();
 
   // TrainStep's parts: gradients of the step's micro-batches (1/accumulation
   // and `loss_scale` folded into the backward), returning this rank's mean
@@ -281,6 +282,9 @@ class Trainer {
   std::unique_ptr<models::Transformer> model_;
   // What model.init_from loaded (printed with the run's header).
   std::string init_note_;
+  // The memory plan's header line, and its peak of live bytes (0: none).
+  std::string plan_note_;
+  int64_t plan_peak_bytes_ = 0;
   std::vector<models::PipelineStagePart> parts_;
   ProcessGroup* pp_group_ = nullptr;
   std::map<int, std::vector<fsdp::FsdpUnit*>> stage_units_;  // by stage

@@ -735,6 +735,41 @@ TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
       << results[0].status();
 }
 
+// The plan before anything is allocated or written: a run over its memory
+// budget fails on every rank naming the largest part and what would fit;
+// training.skip_memory_check runs it anyway, and the header says so.
+TEST(TrainerTest, OverBudgetRunIsRefusedBeforeAnythingIsWritten) {
+  const std::string dir = TestDir("over_budget");
+  TrainConfig config = SmallConfig(dir);
+  // gpt2_debug at 2 ranks needs a few MiB; 1 MiB is not enough (the
+  // budget covers the 256 MiB of process overhead too, so any small
+  // budget is over).
+  CHECK_OK(ApplyOverrides({"training.max_memory_gib=0.001"}, &config));
+  auto results = RunRanks(config, 2);
+  for (const auto& r : results) {
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted);
+    const std::string message(r.status().message());
+    EXPECT_TRUE(absl::StrContains(message, "does not fit")) << message;
+    EXPECT_TRUE(absl::StrContains(message, "the largest part is")) << message;
+    EXPECT_TRUE(absl::StrContains(message, "training.skip_memory_check"))
+        << message;
+  }
+  EXPECT_FALSE(PathExists(dir + "/ckpt"));
+  EXPECT_FALSE(PathExists(dir + "/metrics.jsonl"));
+
+  CHECK_OK(ApplyOverrides({"training.skip_memory_check=true",
+                           "training.steps=2", "checkpoint.interval=0"},
+                          &config));
+  testing::internal::CaptureStdout();
+  results = RunRanks(config, 2);
+  const std::string out = testing::internal::GetCapturedStdout();
+  for (const auto& r : results) ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(absl::StrContains(out, "DOES NOT FIT, running anyway")) << out;
+  // The measured peak is printed next to the planned one.
+  EXPECT_TRUE(absl::StrContains(out, "planned ")) << out;
+}
+
 }  // namespace
 }  // namespace trainer
 }  // namespace fsdpp

@@ -1,0 +1,249 @@
+// DryRun; see dry_run.h.
+#include "plan/dry_run.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "core/status.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
+#include "mesh/device_mesh.h"
+#include "models/gpt2/parallelize.h"
+#include "models/llama/parallelize.h"
+#include "models/transformer.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace plan {
+
+std::string Strategy::ToString() const {
+  std::string mesh = absl::StrCat("W=", world);
+  if (dp_replicate > 1) {
+    absl::StrAppend(&mesh, " (", dp_replicate, " x ", dp_shard(), " HSDP)");
+  }
+  return absl::StrFormat(
+      "%s, %s%s, %s/%s%s%s, %s attention, batch %d x %d x %d", mesh,
+      reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
+      hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
+      DTypeName(param_dtype), DTypeName(reduce_dtype),
+      activation_checkpointing ? ", AC" : "", offload ? ", offload" : "",
+      fused_attention ? "fused" : "unfused", micro_batch, seq_len,
+      grad_accumulation);
+}
+
+absl::Status CheckStrategy(const models::TransformerConfig& config,
+                           const Strategy& s) {
+  if (s.world < 1 || s.dp_replicate < 1 || s.world % s.dp_replicate != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: world ", s.world, " must be a positive multiple of the ",
+        s.dp_replicate, " replicas"));
+  }
+  if (s.hpz_degree > 1 && s.dp_shard() % s.hpz_degree != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: hpZ degree ", s.hpz_degree,
+                     " must divide the shard group of ", s.dp_shard()));
+  }
+  if (s.micro_batch < 1 || s.grad_accumulation < 1 || s.seq_len < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: micro-batch ", s.micro_batch, ", accumulation ",
+        s.grad_accumulation, " must be >= 1 and seq_len ", s.seq_len, " >= 0"));
+  }
+  if (s.seq(config) > config.context_length) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: seq_len ", s.seq(config), " is over ", config.name,
+                     "'s context length ", config.context_length));
+  }
+  for (DType d : {s.param_dtype, s.reduce_dtype}) {
+    if (!IsFloatingPoint(d)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "plan: ", DTypeName(d), " is not a floating-point dtype"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyPlan(
+    models::Transformer* model, const fsdp::FsdpPlanOptions& options) {
+  switch (model->config().family) {
+    case models::ModelFamily::kGpt2:
+      return models::gpt2::ApplyFsdp(model, options);
+    case models::ModelFamily::kLlama:
+      return models::llama::ApplyFsdp(model, options);
+  }
+  return absl::InvalidArgumentError("plan: unknown model family");
+}
+
+// The allocator's view of one phase, and its peak folded into the step's.
+// With `host` (another allocator than the device's: offloaded state counted
+// apart) its figures too.
+class PhaseRecorder {
+ public:
+  PhaseRecorder(Allocator* device, Allocator* host, DryRunResult* result)
+      : device_(device), host_(host), result_(result) {}
+  void Begin() {
+    device_->ResetPeak();
+    if (host_ != nullptr) host_->ResetPeak();
+  }
+  void End(std::string name) {
+    PhaseMemory phase{name, device_->Stats(), {}};
+    if (phase.stats.total_peak > result_->peak_bytes) {
+      result_->peak_bytes = phase.stats.total_peak;
+      result_->peak_phase = name;
+    }
+    if (host_ != nullptr) {
+      phase.host = host_->Stats();
+      result_->host_peak_bytes =
+          std::max(result_->host_peak_bytes, phase.host.total_peak);
+    }
+    result_->phases.push_back(std::move(phase));
+  }
+
+ private:
+  Allocator* device_;
+  Allocator* host_;
+  DryRunResult* result_;
+};
+
+absl::Status Step(const models::TransformerConfig& config,
+                  const Strategy& strategy, int rank,
+                  ProcessGroupFactory factory, Device device, Device host,
+                  SimulatedOpLog* log, DryRunResult* result) {
+  Allocator* acct = GetAllocator(device);
+  Allocator* host_acct = host == device ? nullptr : GetAllocator(host);
+  if (acct == nullptr || (host != device && host_acct == nullptr)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "plan: no allocator for ", device.ToString(), " or ", host.ToString()));
+  }
+  std::vector<MeshAxis> axes;
+  if (strategy.dp_replicate > 1) {
+    axes.push_back({"replicate", strategy.dp_replicate});
+  }
+  axes.push_back({"shard", strategy.dp_shard()});
+  ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
+                   DeviceMesh::Create(axes, rank, strategy.world,
+                                      std::move(factory), "train"));
+  PhaseRecorder phases(acct, host_acct, result);
+  phases.Begin();
+  models::TransformerOptions mo;
+  mo.activation_checkpointing = strategy.activation_checkpointing;
+  mo.fused_attention = strategy.fused_attention;
+  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                   models::Transformer::Create(config, mo));
+  result->model_params = model->NumParameters();
+  fsdp::FsdpPlanOptions po;
+  po.shard.mesh = mesh.get();
+  po.shard.reshard_after_forward = strategy.reshard_after_forward;
+  po.shard.hpz_degree = strategy.hpz_degree > 1 ? strategy.hpz_degree : 0;
+  po.shard.mp_policy.param_dtype = strategy.param_dtype;
+  po.shard.mp_policy.reduce_dtype = strategy.reduce_dtype;
+  po.shard.offload_policy.offload_params = strategy.offload;
+  po.shard.offload_policy.host = host;
+  RETURN_IF_ERROR(ApplyFamilyPlan(model.get(), po).status());
+  RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 0));
+  std::vector<fsdp::ShardedParameter*> params =
+      fsdp::ShardedParameters(model.get());
+  std::vector<DTensor*> grads;
+  std::vector<AdamWParam> adam_params;
+  for (fsdp::ShardedParameter* sp : params) {
+    grads.push_back(&sp->grad);
+    adam_params.emplace_back(sp->name, &sp->master, &sp->grad,
+                             /*weight_decay=*/sp->shape.size() >= 2);
+    result->rank_params += sp->master.local().numel();
+    result->param_bytes += sp->master.local().nbytes();
+    result->grad_bytes += sp->grad.local().nbytes();
+  }
+  ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam_params), {}));
+  RETURN_IF_ERROR(adamw.Init());
+  ASSIGN_OR_RETURN(OptimizerStateDict osd, adamw.StateDict());
+  for (const auto& [name, t] : osd.tensors) {
+    result->optimizer_bytes += t.local().nbytes();
+  }
+  result->after_setup = acct->Stats();
+  if (host_acct != nullptr) result->host_after_setup = host_acct->Stats();
+  phases.End("setup");
+
+  // The steps: the trainer's order (trainer.cc TrainStep). Two of them: the
+  // first records the units' order, from which the later ones prefetch
+  // (holding one more all-gather buffer), so the second is the steady
+  // state. The ops logged are the second step's.
+  const Shape batch{strategy.micro_batch, strategy.seq(config)};
+  for (int step = 1; step <= 2; ++step) {
+    const std::string prefix = absl::StrCat("step ", step, " ");
+    if (log != nullptr) log->Clear();
+    phases.Begin();
+    RETURN_IF_ERROR(ZeroGrad(grads));
+    for (int64_t m = 1; m <= strategy.grad_accumulation; ++m) {
+      // The loader's batch: int32 ids and targets (token 0 on a real device).
+      ASSIGN_OR_RETURN(Tensor ids, Tensor::Zeros(batch, DType::kI32, device));
+      ASSIGN_OR_RETURN(Tensor targets,
+                       Tensor::Zeros(batch, DType::kI32, device));
+      RETURN_IF_ERROR(model->ForwardLoss(ids, targets).status());
+      phases.End(absl::StrCat(prefix, "forward ", m));
+      phases.Begin();
+      RETURN_IF_ERROR(model->Backward(
+          1.0f / static_cast<float>(strategy.grad_accumulation)));
+      phases.End(absl::StrCat(prefix, "backward ", m));
+      phases.Begin();
+    }
+    // The gradient norm reads the gradients' values, which meta tensors do not
+    // have: it is left out (one f32 per parameter and one scalar all-reduce per
+    // sharded mesh axis).
+    RETURN_IF_ERROR(adamw.Step(1.0f));
+    phases.End(absl::StrCat(prefix, "optimizer"));
+  }
+  if (log != nullptr) result->ops = log->ops();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
+                                    const Strategy& strategy, int rank,
+                                    bool separate_host,
+                                    SimulatedBackend backend) {
+  RETURN_IF_ERROR(CheckStrategy(config, strategy));
+  if (rank < 0 || rank >= strategy.world) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: rank ", rank, " is not in a world of ", strategy.world));
+  }
+  // One dry run at a time in a process: the dry-run devices' accountants
+  // are process-wide (thread ranks of one process plan concurrently).
+  static absl::Mutex* const mu = new absl::Mutex;
+  absl::MutexLock lock(mu);
+  // Declared first: it must outlive every meta tensor of the run.
+  MetaAccountant accountant(Device::DryRun());
+  MetaAccountant host_accountant(Device::DryRunHost());
+  SimulatedOpLog log;
+  DryRunResult result;
+  {
+    ScopedMetaAccounting accounting(&accountant);
+    ScopedMetaAccounting host_accounting(&host_accountant);
+    RETURN_IF_ERROR(Step(
+        config, strategy, rank, SimulatedGroupFactory(&log), Device::DryRun(),
+        separate_host ? Device::DryRunHost() : Device::DryRun(), &log,
+        &result));
+  }
+  return result;
+}
+
+absl::StatusOr<DryRunResult> RunStepOn(const models::TransformerConfig& config,
+                                       const Strategy& strategy, int rank,
+                                       ProcessGroupFactory factory,
+                                       Device device) {
+  RETURN_IF_ERROR(CheckStrategy(config, strategy));
+  DryRunResult result;
+  RETURN_IF_ERROR(Step(config, strategy, rank, std::move(factory), device,
+                       device, nullptr, &result));
+  return result;
+}
+
+}  // namespace plan
+}  // namespace fsdpp

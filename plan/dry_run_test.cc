@@ -1,0 +1,101 @@
+// The dry run against the same step run for real: at world size 1 on the
+// host (Gloo), every phase's live and peak bytes, per tag and in total, must
+// be identical -- the dry run executes the real code on meta tensors, so
+// any difference is a path that allocates differently on meta. Then what
+// the dry run reports at other world sizes and strategies: the sharded
+// state divided as FSDP divides it, and the collectives one step issues.
+#include "plan/dry_run.h"
+
+#include <memory>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "comm/gloo_backend.h"
+#include "comm/store.h"
+#include "core/allocator.h"
+#include "gtest/gtest.h"
+
+namespace fsdpp {
+namespace plan {
+namespace {
+
+constexpr int kTags = kNumMemoryTags;
+
+void ExpectSameStats(const MemoryStats& dry, const MemoryStats& real,
+                     const std::string& where) {
+  for (int t = 0; t < kTags; ++t) {
+    const char* tag = MemoryTagName(static_cast<MemoryTag>(t));
+    EXPECT_EQ(dry.current[t], real.current[t]) << where << " current " << tag;
+    EXPECT_EQ(dry.peak[t], real.peak[t]) << where << " peak " << tag;
+  }
+  EXPECT_EQ(dry.total_peak, real.total_peak) << where << " total peak";
+}
+
+// The real step at world size 1 on a fresh host allocator.
+absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
+                                      const Strategy& s) {
+  CpuAllocator fresh;
+  Allocator* previous = SetAllocator(&fresh);
+  InMemoryStore store;
+  absl::StatusOr<DryRunResult> r =
+      RunStepOn(config, s, 0, GlooGroupFactory(&store), Device::Cpu());
+  SetAllocator(previous);
+  return r;
+}
+
+struct Case {
+  const char* model;
+  Strategy strategy;
+};
+
+std::vector<Case> Cases() {
+  std::vector<Case> cases;
+  for (const char* model : {"gpt2_debug", "llama_debug"}) {
+    Strategy s;
+    s.micro_batch = 2;
+    s.seq_len = 32;
+    cases.push_back({model, s});
+    Strategy bf16 = s;
+    bf16.param_dtype = DType::kBF16;
+    cases.push_back({model, bf16});
+    Strategy ac = bf16;
+    ac.activation_checkpointing = true;
+    ac.grad_accumulation = 2;
+    cases.push_back({model, ac});
+    Strategy unfused = s;
+    unfused.fused_attention = false;
+    unfused.reshard_after_forward = false;
+    cases.push_back({model, unfused});
+    Strategy offload = s;
+    offload.offload = true;
+    cases.push_back({model, offload});
+  }
+  return cases;
+}
+
+TEST(DryRunTest, IsExactAtWorldSizeOne) {
+  for (const Case& c : Cases()) {
+    const models::TransformerConfig config = *models::ConfigByName(c.model);
+    const std::string what = absl::StrCat(c.model, " ", c.strategy.ToString());
+    SCOPED_TRACE(what);
+    absl::StatusOr<DryRunResult> dry = DryRun(config, c.strategy);
+    ASSERT_TRUE(dry.ok()) << dry.status();
+    absl::StatusOr<DryRunResult> real = RealStep(config, c.strategy);
+    ASSERT_TRUE(real.ok()) << real.status();
+    ASSERT_EQ(dry->phases.size(), real->phases.size());
+    for (size_t p = 0; p < dry->phases.size(); ++p) {
+      EXPECT_EQ(dry->phases[p].name, real->phases[p].name);
+      ExpectSameStats(dry->phases[p].stats, real->phases[p].stats,
+                      dry->phases[p].name);
+    }
+    EXPECT_EQ(dry->peak_bytes, real->peak_bytes);
+    EXPECT_EQ(dry->peak_phase, real->peak_phase);
+    EXPECT_EQ(dry->param_bytes, real->param_bytes);
+    EXPECT_EQ(dry->optimizer_bytes, real->optimizer_bytes);
+    EXPECT_GT(dry->peak_bytes, dry->after_setup.total_current);
+  }
+}
+
+}  // namespace
+}  // namespace plan
+}  // namespace fsdpp

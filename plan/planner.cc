@@ -1,0 +1,335 @@
+// The planner; see planner.h.
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/allocator.h"
+#include "core/status.h"
+#include "plan/rates.h"
+
+namespace fsdpp {
+namespace plan {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// MemTotal of /proc/meminfo in bytes (0 if unreadable).
+int64_t HostMemoryBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (f >> key >> kib >> unit) {
+    if (key == "MemTotal:") return kib * 1024;
+  }
+  return 0;
+}
+
+// Bytes an op moves on the wire per rank (ring algorithms).
+double WireBytes(const SimulatedOp& op) {
+  const double n = op.group_size;
+  if (n <= 1) return 0;
+  if (op.kind == "all_gather") return op.out_bytes * (n - 1) / n;
+  if (op.kind == "reduce_scatter") return op.in_bytes * (n - 1) / n;
+  if (op.kind == "all_reduce") return 2 * op.in_bytes * (n - 1) / n;
+  if (op.kind == "p2p") return std::max(op.in_bytes, op.out_bytes);
+  return op.in_bytes;  // broadcast, all_to_all
+}
+
+StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
+                     const DeviceSpec& d, const DryRunResult& run) {
+  StepTime t;
+  const int64_t seq = s.seq(model);
+  const double tokens =
+      static_cast<double>(s.micro_batch) * seq * s.grad_accumulation;
+  const double model_flops = models::FlopsPerToken(model, seq) * tokens;
+  // Activation checkpointing runs each block's forward again in backward:
+  // the forward is a third of the training FLOPs.
+  const double flops =
+      model_flops * (s.activation_checkpointing ? 4.0 / 3.0 : 1.0);
+  const double rate = s.param_dtype == DType::kF32 ? d.f32_flops : d.bf16_flops;
+  t.compute_s = rate > 0 ? flops / rate : 0;
+  double first_gather = -1, last_reduce = 0;
+  for (const SimulatedOp& op : run.ops) {
+    const bool across_nodes = op.group.find("replicate") != std::string::npos &&
+                              d.inter_node_bytes_per_s > 0;
+    const double bw =
+        across_nodes ? d.inter_node_bytes_per_s : d.link_bytes_per_s;
+    const double s_op = bw > 0 ? WireBytes(op) / bw : 0;
+    t.comm_s += s_op;
+    if (op.kind == "all_gather" && first_gather < 0) first_gather = s_op;
+    if (op.kind == "reduce_scatter") last_reduce = s_op;
+  }
+  if (d.name == "cpu") {
+    // Gloo's collectives run on the same cores as the compute: nothing is
+    // hidden.
+    t.exposed_comm_s = t.comm_s;
+  } else {
+    // FSDP prefetches: all but the first all-gather and the last
+    // reduce-scatter overlap compute, up to the compute's own length.
+    const double edges = std::max(first_gather, 0.0) + last_reduce;
+    t.exposed_comm_s = edges + std::max(0.0, t.comm_s - edges - t.compute_s);
+  }
+  t.step_s = t.compute_s + t.exposed_comm_s;
+  if (t.step_s > 0) {
+    t.tokens_per_s = tokens / t.step_s;
+    const double peak = s.param_dtype == DType::kF32 ? d.f32_peak : d.bf16_peak;
+    t.mfu = peak > 0 ? model_flops / t.step_s / peak : 0;
+  }
+  return t;
+}
+
+std::string LargestAtPeak(const MemoryStats& stats) {
+  int best = 0;
+  for (int i = 1; i < kNumMemoryTags; ++i) {
+    if (stats.at_peak[i] > stats.at_peak[best]) best = i;
+  }
+  return absl::StrCat(MemoryTagName(static_cast<MemoryTag>(best)), " ",
+                      FormatBytes(stats.at_peak[best]));
+}
+
+}  // namespace
+
+std::string FormatBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= kGiB) return absl::StrFormat("%.2f GiB", b / kGiB);
+  if (b >= 1024.0 * 1024.0) {
+    return absl::StrFormat("%.1f MiB", b / (1024.0 * 1024.0));
+  }
+  return absl::StrFormat("%.1f KiB", b / 1024.0);
+}
+
+CpuRates MeasureCpuRates() {
+  CpuRates r;
+  constexpr int64_t kN = 1024;
+  const absl::Duration budget = absl::Milliseconds(300);
+  r.f32_flops = MeasureMatmulFlops(DType::kF32, kN, budget).value_or(0);
+  r.bf16_flops = MeasureMatmulFlops(DType::kBF16, kN, budget).value_or(0);
+  r.gloo_bus_bytes_per_s =
+      MeasureGlooBusBandwidth(int64_t{8} << 20, 3).value_or(0);
+  return r;
+}
+
+absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
+                                        int ranks_per_node, bool calibrate) {
+  if (ranks_per_node < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "plan: ranks per node must be >= 1, got ", ranks_per_node));
+  }
+  DeviceSpec d;
+  d.name = name;
+  if (name == "h100" || name == "h200") {
+    // Memory as nvidia-smi reports it on the SXM parts (MiB).
+    d.memory_bytes = (name == "h100" ? int64_t{81559} : int64_t{143771}) << 20;
+    d.bf16_peak = GpuPeakFlops("H100", DType::kBF16);
+    d.f32_peak = GpuPeakFlops("H100", DType::kF32);
+    // Large bf16 matmuls reach about half the dense peak inside a training
+    // step (kernels between them, launch gaps).
+    d.bf16_flops = 0.5 * d.bf16_peak;
+    d.f32_flops = 0.5 * d.f32_peak;
+    d.link_bytes_per_s = 360e9;           // NVLink 4: 450 GB/s, ~80% as busbw
+    d.inter_node_bytes_per_s = 45e9;      // 400 Gb/s InfiniBand per GPU
+    d.overhead_bytes = int64_t{3} << 29;  // CUDA context, cuBLAS, NCCL
+    d.separate_host = true;
+    d.source = absl::StrCat(name == "h100" ? "H100" : "H200",
+                            " SXM data sheet; 50% of the dense peak achieved");
+    return d;
+  }
+  if (name == "cpu") {
+    d.memory_bytes = HostMemoryBytes() / ranks_per_node;
+    d.overhead_bytes = int64_t{256} << 20;  // code, libraries, pools, data
+    if (calibrate) {
+      const CpuRates r = MeasureCpuRates();
+      // Ranks of a node share its cores.
+      d.f32_peak = r.f32_flops / ranks_per_node;
+      d.bf16_peak = r.bf16_flops / ranks_per_node;
+      d.link_bytes_per_s = r.gloo_bus_bytes_per_s;
+      d.source = absl::StrFormat(
+          "measured here: %.0f / %.0f GFLOP/s f32 / bf16 matmul (1024^3), "
+          "Gloo all-gather busbw %.2f GB/s",
+          r.f32_flops / 1e9, r.bf16_flops / 1e9, r.gloo_bus_bytes_per_s / 1e9);
+    } else {
+      d.f32_peak = 50e9 / ranks_per_node;
+      d.bf16_peak = 100e9 / ranks_per_node;
+      d.link_bytes_per_s = 1e9;
+      d.source = "uncalibrated estimate";
+    }
+    // A training step reaches this fraction of the matmul rate (the ops
+    // that are not matmuls, the optimizer); measured against the trainer
+    // (docs/PERFORMANCE.md, "Planner").
+    d.f32_flops = kCpuStepEfficiency * d.f32_peak;
+    d.bf16_flops = kCpuStepEfficiency * d.bf16_peak;
+    return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("plan: unknown device '", name, "' (cpu, h100, h200)"));
+}
+
+absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
+                              const Strategy& strategy,
+                              const DeviceSpec& device, int rank) {
+  Plan p;
+  p.model = model;
+  p.strategy = strategy;
+  p.device = device;
+  ASSIGN_OR_RETURN(p.run,
+                   DryRun(model, strategy, rank, device.separate_host,
+                          device.name == "cpu" ? SimulatedBackend::kGloo
+                                               : SimulatedBackend::kNccl));
+  p.predicted_peak_bytes = p.run.peak_bytes + device.overhead_bytes;
+  p.fits =
+      device.memory_bytes <= 0 || p.predicted_peak_bytes <= device.memory_bytes;
+  for (const PhaseMemory& phase : p.run.phases) {
+    if (phase.name == p.run.peak_phase) p.largest = LargestAtPeak(phase.stats);
+  }
+  p.time = PredictTime(model, strategy, device, p.run);
+  return p;
+}
+
+std::string FormatPlan(const Plan& p) {
+  std::string out = absl::StrFormat("Plan: %s (%.3f B parameters) on %s, %s\n",
+                                    p.model.name, p.run.model_params / 1e9,
+                                    p.device.name, p.strategy.ToString());
+  const PhaseMemory* peak = nullptr;
+  for (const PhaseMemory& phase : p.run.phases) {
+    if (phase.name == p.run.peak_phase) peak = &phase;
+  }
+  absl::StrAppendFormat(&out, "%-12s %14s %14s\n", "per rank", "after setup",
+                        "at the peak");
+  for (int i = 0; i < kNumMemoryTags; ++i) {
+    absl::StrAppendFormat(
+        &out, "%-12s %14s %14s\n", MemoryTagName(static_cast<MemoryTag>(i)),
+        FormatBytes(p.run.after_setup.current[i]),
+        FormatBytes(peak != nullptr ? peak->stats.at_peak[i] : 0));
+  }
+  absl::StrAppendFormat(&out, "%-12s %14s %14s\n", "total",
+                        FormatBytes(p.run.after_setup.total_current),
+                        FormatBytes(p.run.peak_bytes));
+  absl::StrAppendFormat(
+      &out,
+      "Peak %s in %s (largest: %s); + %s outside fsdpp's allocators = %s of "
+      "%s: %s\n",
+      FormatBytes(p.run.peak_bytes), p.run.peak_phase, p.largest,
+      FormatBytes(p.device.overhead_bytes), FormatBytes(p.predicted_peak_bytes),
+      p.device.memory_bytes > 0 ? FormatBytes(p.device.memory_bytes)
+                                : std::string("unlimited"),
+      p.fits ? "fits" : "DOES NOT FIT");
+  if (p.device.separate_host && p.run.host_peak_bytes > 0) {
+    absl::StrAppendFormat(&out, "Host memory (offloaded state): peak %s\n",
+                          FormatBytes(p.run.host_peak_bytes));
+  }
+  absl::StrAppendFormat(
+      &out,
+      "Sharded state of this rank (exact): params %s (%d of %d elements), "
+      "grads %s, optimizer %s\n",
+      FormatBytes(p.run.param_bytes), p.run.rank_params, p.run.model_params,
+      FormatBytes(p.run.grad_bytes), FormatBytes(p.run.optimizer_bytes));
+  std::map<std::string, std::pair<int, double>> ops;
+  for (const SimulatedOp& op : p.run.ops) {
+    auto& [count, bytes] = ops[op.kind];
+    ++count;
+    bytes += WireBytes(op);
+  }
+  std::vector<std::string> parts;
+  for (const auto& [kind, v] : ops) {
+    parts.push_back(
+        absl::StrFormat("%d %s (%s on the wire)", v.first, kind,
+                        FormatBytes(static_cast<int64_t>(v.second))));
+  }
+  absl::StrAppendFormat(&out, "Collectives per step: %s\n",
+                        parts.empty() ? "none" : absl::StrJoin(parts, ", "));
+  absl::StrAppendFormat(
+      &out,
+      "Step time: compute %.3f s + exposed comm %.3f s (of %.3f s) = %.3f s; "
+      "%.0f tokens/s per rank, MFU %.1f%%\n(rates: %s)\n",
+      p.time.compute_s, p.time.exposed_comm_s, p.time.comm_s, p.time.step_s,
+      p.time.tokens_per_s, 100 * p.time.mfu, p.device.source);
+  return out;
+}
+
+absl::StatusOr<std::vector<Candidate>> SearchStrategies(
+    const models::TransformerConfig& model, const Strategy& base,
+    const DeviceSpec& device) {
+  RETURN_IF_ERROR(CheckStrategy(model, base));
+  std::vector<Strategy> tries;
+  const int64_t per_rank_batch = base.micro_batch * base.grad_accumulation;
+  for (int64_t mb = base.micro_batch; mb >= 1; mb /= 2) {
+    if (per_rank_batch % mb != 0) continue;
+    for (bool zero3 : {true, false}) {
+      for (bool ac : {false, true}) {
+        for (bool offload : {false, true}) {
+          Strategy s = base;
+          s.micro_batch = mb;
+          s.grad_accumulation = per_rank_batch / mb;
+          s.reshard_after_forward = zero3;
+          s.activation_checkpointing = ac;
+          s.offload = offload;
+          tries.push_back(s);
+        }
+      }
+    }
+    if (mb == 1) break;
+  }
+  std::vector<Candidate> fits, others;
+  for (const Strategy& s : tries) {
+    ASSIGN_OR_RETURN(Plan p, MakePlan(model, s, device));
+    Candidate c{std::move(p), ""};
+    if (c.plan.fits) {
+      fits.push_back(std::move(c));
+    } else {
+      c.why_not = absl::StrCat(FormatBytes(c.plan.predicted_peak_bytes), " > ",
+                               FormatBytes(device.memory_bytes),
+                               " (largest: ", c.plan.largest, ")");
+      others.push_back(std::move(c));
+    }
+  }
+  std::stable_sort(fits.begin(), fits.end(),
+                   [](const Candidate& a, const Candidate& b) {
+                     return a.plan.time.step_s < b.plan.time.step_s;
+                   });
+  std::stable_sort(
+      others.begin(), others.end(), [](const Candidate& a, const Candidate& b) {
+        return a.plan.predicted_peak_bytes < b.plan.predicted_peak_bytes;
+      });
+  fits.insert(fits.end(), std::make_move_iterator(others.begin()),
+              std::make_move_iterator(others.end()));
+  return fits;
+}
+
+std::string ExplainDoesNotFit(const Plan& plan,
+                              const std::vector<Candidate>& alternatives) {
+  std::string out = absl::StrFormat(
+      "%s does not fit: %s predicted per rank (%s at the peak in %s + %s "
+      "overhead) against %s; the largest part is %s.",
+      plan.strategy.ToString(), FormatBytes(plan.predicted_peak_bytes),
+      FormatBytes(plan.run.peak_bytes), plan.run.peak_phase,
+      FormatBytes(plan.device.overhead_bytes),
+      FormatBytes(plan.device.memory_bytes), plan.largest);
+  std::vector<std::string> fixes;
+  for (const Candidate& c : alternatives) {
+    if (!c.why_not.empty() || fixes.size() == 3) continue;
+    fixes.push_back(absl::StrFormat(
+        "%s (%s, %.2f s/step)", c.plan.strategy.ToString(),
+        FormatBytes(c.plan.predicted_peak_bytes), c.plan.time.step_s));
+  }
+  if (fixes.empty()) {
+    absl::StrAppend(&out,
+                    " No ZeRO-2/3, activation checkpointing, offload or "
+                    "micro-batch setting fits at this world size: use more "
+                    "ranks, a smaller model or a shorter sequence.");
+  } else {
+    absl::StrAppend(&out, " These fit: ", absl::StrJoin(fixes, "; "), ".");
+  }
+  return out;
+}
+
+}  // namespace plan
+}  // namespace fsdpp

@@ -1,0 +1,124 @@
+// The planner: memory and step time of a training run before it starts, for
+// any model of the zoo, mesh and strategy, on this machine's CPU or a GPU
+// described by its data sheet.
+//
+// Memory is the dry run's (plan/dry_run.h: one step executed on meta
+// tensors, so every figure is what fsdpp's allocators would hold, per tag,
+// with the phase of the peak), plus what no fsdpp allocator sees, as slack:
+// a fixed per-process overhead (code, libraries, thread stacks, the math
+// libraries' scratch, a GPU's CUDA context). Step time is compute (the
+// model's FLOPs per token, the recomputed forward with activation
+// checkpointing, at the device's achieved matmul rate) plus the
+// communication left exposed (each collective's bytes on the wire over the
+// link bandwidth, the part not hidden behind compute by FSDP's prefetch).
+#ifndef FSDPP_PLAN_PLANNER_H_
+#define FSDPP_PLAN_PLANNER_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "models/config.h"
+#include "plan/dry_run.h"
+
+namespace fsdpp {
+namespace plan {
+
+// What a rank runs on.
+struct DeviceSpec {
+  std::string name;          // "cpu", "h100", "h200"
+  int64_t memory_bytes = 0;  // per rank
+  // The dense matmul peak per rank (FLOP/s, what MFU is relative to) and
+  // the rate a training step achieves, in bf16 and f32.
+  double bf16_peak = 0, f32_peak = 0;
+  double bf16_flops = 0, f32_flops = 0;
+  // Collective bandwidth per rank (bytes/s on the wire): within a node, and
+  // across nodes (HSDP's replicate axis spans nodes).
+  double link_bytes_per_s = 0, inter_node_bytes_per_s = 0;
+  // Per-rank memory no fsdpp allocator sees.
+  int64_t overhead_bytes = 0;
+  // A GPU: offloaded state goes to host memory, counted apart.
+  bool separate_host = false;
+  std::string source;  // where the figures come from
+};
+
+// The presets: "h100" and "h200" (SXM data sheets: 80 / 141 GB HBM, 989
+// dense bf16 TFLOP/s of which 50% is taken as achieved, NVLink 450 GB/s per
+// direction, 400 Gb/s InfiniBand per GPU across nodes) and "cpu": this
+// machine's memory (MemTotal of /proc/meminfo shared by `ranks_per_node`),
+// with rates measured here (MeasureCpuRates) unless `calibrate` is false,
+// in which case it is a fixed conservative estimate. InvalidArgument for an
+// unknown name.
+absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
+                                        int ranks_per_node = 1,
+                                        bool calibrate = true);
+
+// Measures this machine's CPU rates: a 1024^3 matmul per dtype on this
+// thread's OpenMP threads, and the bus bandwidth of an 8 MiB all-gather
+// between two ranks over Gloo (the collectives between ranks of one node).
+struct CpuRates {
+  double bf16_flops = 0, f32_flops = 0, gloo_bus_bytes_per_s = 0;
+};
+CpuRates MeasureCpuRates();
+
+// The fraction of the matmul rate a CPU training step achieves (the ops
+// that are not matmuls, the optimizer), measured against the trainer.
+inline constexpr double kCpuStepEfficiency = 0.5;
+
+struct StepTime {
+  double compute_s = 0;
+  double comm_s = 0;          // all collectives' time on the wire
+  double exposed_comm_s = 0;  // the part compute does not hide
+  double step_s = 0;
+  double tokens_per_s = 0;  // per rank
+  double mfu = 0;           // model FLOPs / (peak x step time)
+};
+
+struct Plan {
+  models::TransformerConfig model;
+  Strategy strategy;
+  DeviceSpec device;
+  DryRunResult run;
+  // Peak live bytes (the dry run's) plus the device's overhead.
+  int64_t predicted_peak_bytes = 0;
+  bool fits = false;
+  // The largest component at the peak, e.g. "activations 3.2 GiB".
+  std::string largest;
+  StepTime time;
+};
+
+// Plans `strategy` for rank `rank`.
+absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
+                              const Strategy& strategy,
+                              const DeviceSpec& device, int rank = 0);
+
+// The breakdown: per tag the bytes after setup and at the step's peak, the
+// peak's phase, the slack, the total against the device's memory, then the
+// predicted step time, tokens/s and MFU.
+std::string FormatPlan(const Plan& plan);
+
+// Strategies for `base` (its world, model, batch and precision kept) with
+// ZeRO-2/3, activation checkpointing, hpZ, offload and micro-batches that
+// keep the global batch, each planned; the ones that fit first (fastest
+// first), then the others (smallest peak first), each with why it does not.
+struct Candidate {
+  Plan plan;
+  std::string why_not;  // empty when it fits
+};
+absl::StatusOr<std::vector<Candidate>> SearchStrategies(
+    const models::TransformerConfig& model, const Strategy& base,
+    const DeviceSpec& device);
+
+// "activations 3.20 GiB" / "12.0 MiB".
+std::string FormatBytes(int64_t bytes);
+
+// The refusal of a plan that does not fit: names the largest component and
+// the alternatives from SearchStrategies that would fit (or says none does).
+std::string ExplainDoesNotFit(const Plan& plan,
+                              const std::vector<Candidate>& alternatives);
+
+}  // namespace plan
+}  // namespace fsdpp
+
+#endif  // FSDPP_PLAN_PLANNER_H_
