@@ -61,6 +61,7 @@ bool MemoryTracker::OnAllocate(size_t bytes, MemoryTag tag,
     stats_.at_peak = stats_.current;
   }
   ++stats_.num_allocations;
+  ++stats_.total_allocations;
   return true;
 }
 

@@ -50,7 +50,8 @@ struct MemoryStats {
   int64_t total_peak = 0;
   // Bytes held from the device (>= total_current for caching allocators).
   int64_t reserved_bytes = 0;
-  int64_t num_allocations = 0;  // Live allocations.
+  int64_t num_allocations = 0;    // Live allocations.
+  int64_t total_allocations = 0;  // Allocations ever made (never reset).
 
   int64_t current_of(MemoryTag tag) const {
     return current[static_cast<int>(tag)];

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "core/status.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
@@ -178,6 +179,8 @@ absl::Status Step(const models::TransformerConfig& config,
   for (int step = 1; step <= 2; ++step) {
     const std::string prefix = absl::StrCat("step ", step, " ");
     if (log != nullptr) log->Clear();
+    const int64_t allocations_before = acct->Stats().total_allocations;
+    const absl::Time step_start = absl::Now();
     phases.Begin();
     RETURN_IF_ERROR(ZeroGrad(grads));
     for (int64_t m = 1; m <= strategy.grad_accumulation; ++m) {
@@ -198,6 +201,9 @@ absl::Status Step(const models::TransformerConfig& config,
     // sharded mesh axis).
     RETURN_IF_ERROR(adamw.Step(1.0f));
     phases.End(absl::StrCat(prefix, "optimizer"));
+    result->step_allocations =
+        acct->Stats().total_allocations - allocations_before;
+    result->step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   }
   if (log != nullptr) result->ops = log->ops();
   return absl::OkStatus();

@@ -90,6 +90,11 @@ struct DryRunResult {
   int64_t param_bytes = 0, grad_bytes = 0, optimizer_bytes = 0;
   // Elements of the whole model, and of the sharded masters on this rank.
   int64_t model_params = 0, rank_params = 0;
+  // Tensors the second (steady-state) step allocates: about one per op, for
+  // the time model's per-op overhead.
+  int64_t step_allocations = 0;
+  // Wall time of the second step (meaningful for RunStepOn only).
+  double step_seconds = 0;
   // The second (steady-state) step's collectives, in issue order.
   std::vector<SimulatedOp> ops;
 };

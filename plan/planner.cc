@@ -1,16 +1,21 @@
 // The planner; see planner.h.
 #include "plan/planner.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "comm/gloo_backend.h"
+#include "comm/store.h"
 #include "core/allocator.h"
 #include "core/status.h"
 #include "plan/rates.h"
@@ -20,6 +25,13 @@ namespace plan {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The CPUs this process may run on.
+int NumCpus() {
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
+  return 1;
+}
 
 // MemTotal of /proc/meminfo in bytes (0 if unreadable).
 int64_t HostMemoryBytes() {
@@ -56,14 +68,18 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
   const double flops =
       model_flops * (s.activation_checkpointing ? 4.0 / 3.0 : 1.0);
   const double rate = s.param_dtype == DType::kF32 ? d.f32_flops : d.bf16_flops;
-  t.compute_s = rate > 0 ? flops / rate : 0;
+  const bool llama = model.family == models::ModelFamily::kLlama;
+  const bool half = s.param_dtype != DType::kF32;
+  t.compute_s = (rate > 0 ? flops / rate : 0) +
+                run.step_allocations * d.op_overhead_s[llama][half];
   double first_gather = -1, last_reduce = 0;
   for (const SimulatedOp& op : run.ops) {
     const bool across_nodes = op.group.find("replicate") != std::string::npos &&
                               d.inter_node_bytes_per_s > 0;
     const double bw =
         across_nodes ? d.inter_node_bytes_per_s : d.link_bytes_per_s;
-    const double s_op = bw > 0 ? WireBytes(op) / bw : 0;
+    const double s_op = (bw > 0 ? WireBytes(op) / bw : 0) +
+                        (op.group_size > 1 ? d.collective_latency_s : 0);
     t.comm_s += s_op;
     if (op.kind == "all_gather" && first_gather < 0) first_gather = s_op;
     if (op.kind == "reduce_scatter") last_reduce = s_op;
@@ -107,6 +123,73 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.1f KiB", b / 1024.0);
 }
 
+// See CpuRates::op_s.
+double MeasureOpOverhead(const std::string& model, DType dtype,
+                         double flops_per_s) {
+  absl::StatusOr<models::TransformerConfig> config =
+      models::ConfigByName(model);
+  if (!config.ok() || flops_per_s <= 0) return 0;
+  Strategy s;
+  s.micro_batch = 2;
+  s.seq_len = 32;
+  s.param_dtype = dtype;
+  double best = -1;
+  int64_t allocations = 0;
+  for (int i = 0; i < 3; ++i) {
+    InMemoryStore store;
+    absl::StatusOr<DryRunResult> r =
+        RunStepOn(*config, s, 0, GlooGroupFactory(&store), Device::Cpu());
+    if (!r.ok() || r->step_allocations <= 0) return 0;
+    if (best < 0 || r->step_seconds < best) best = r->step_seconds;
+    allocations = r->step_allocations;
+  }
+  const double flops =
+      models::FlopsPerToken(*config, s.seq_len) * s.micro_batch * s.seq_len;
+  return std::max(0.0, best - flops / flops_per_s) / allocations;
+}
+
+// A collective's cost inside a training step here (the comm thread waking,
+// sharing the cores with compute): the same tiny step (gpt2_debug, 2 x 32
+// tokens per rank) on two thread ranks over Gloo against one rank, the
+// difference over the collectives the step issues. 0 if it cannot run.
+double MeasureStepCollectiveCost() {
+  absl::StatusOr<models::TransformerConfig> config =
+      models::ConfigByName("gpt2_debug");
+  if (!config.ok()) return 0;
+  Strategy one;
+  one.micro_batch = 2;
+  one.seq_len = 32;
+  Strategy two = one;
+  two.world = 2;
+  absl::StatusOr<DryRunResult> dry = DryRun(*config, two);
+  if (!dry.ok() || dry->ops.empty()) return 0;
+  double t1 = -1, t2 = -1;
+  for (int i = 0; i < 3; ++i) {
+    InMemoryStore store;
+    absl::StatusOr<DryRunResult> r =
+        RunStepOn(*config, one, 0, GlooGroupFactory(&store), Device::Cpu());
+    if (!r.ok()) return 0;
+    if (t1 < 0 || r->step_seconds < t1) t1 = r->step_seconds;
+  }
+  for (int i = 0; i < 3; ++i) {
+    InMemoryStore store;
+    std::vector<absl::StatusOr<DryRunResult>> r(2,
+                                                absl::UnknownError("not run"));
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        r[rank] = RunStepOn(*config, two, rank, GlooGroupFactory(&store),
+                            Device::Cpu());
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    if (!r[0].ok() || !r[1].ok()) return 0;
+    const double s = std::max(r[0]->step_seconds, r[1]->step_seconds);
+    if (t2 < 0 || s < t2) t2 = s;
+  }
+  return std::max(0.0, t2 - t1) / static_cast<double>(dry->ops.size());
+}
+
 CpuRates MeasureCpuRates() {
   CpuRates r;
   constexpr int64_t kN = 1024;
@@ -115,6 +198,19 @@ CpuRates MeasureCpuRates() {
   r.bf16_flops = MeasureMatmulFlops(DType::kBF16, kN, budget).value_or(0);
   r.gloo_bus_bytes_per_s =
       MeasureGlooBusBandwidth(int64_t{8} << 20, 3).value_or(0);
+  // A small all-gather's time is its latency: bytes / busbw x (n - 1) / n.
+  constexpr int64_t kSmall = 8 << 10;
+  const double small_bw = MeasureGlooBusBandwidth(kSmall, 20).value_or(0);
+  r.gloo_latency_s = small_bw > 0 ? kSmall / 2.0 / small_bw : 0;
+  r.step_collective_s = MeasureStepCollectiveCost();
+  for (int llama : {0, 1}) {
+    for (int half : {0, 1}) {
+      r.op_s[llama][half] = MeasureOpOverhead(
+          llama ? "llama_debug" : "gpt2_debug",
+          half ? DType::kBF16 : DType::kF32,
+          (half ? r.bf16_flops : r.f32_flops) * kCpuStepEfficiency);
+    }
+  }
   return r;
 }
 
@@ -152,14 +248,33 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
       d.f32_peak = r.f32_flops / ranks_per_node;
       d.bf16_peak = r.bf16_flops / ranks_per_node;
       d.link_bytes_per_s = r.gloo_bus_bytes_per_s;
+
+      // Small ops run on one core: ranks beyond the cores share them.
+      const double share = std::max(
+          1.0, static_cast<double>(ranks_per_node) / std::max(1, NumCpus()));
+      // A collective in a step costs at least its latency on an idle
+      // machine; in a step, what the two-rank step measured, more where
+      // ranks outnumber the cores.
+      d.collective_latency_s =
+          std::max(r.gloo_latency_s, r.step_collective_s * share);
+      for (int llama : {0, 1}) {
+        for (int half : {0, 1}) {
+          d.op_overhead_s[llama][half] = r.op_s[llama][half] * share;
+        }
+      }
       d.source = absl::StrFormat(
           "measured here: %.0f / %.0f GFLOP/s f32 / bf16 matmul (1024^3), "
-          "Gloo all-gather busbw %.2f GB/s",
-          r.f32_flops / 1e9, r.bf16_flops / 1e9, r.gloo_bus_bytes_per_s / 1e9);
+          "Gloo all-gather busbw %.2f GB/s and latency %.0f us (%.0f us per "
+          "collective inside a step), %.1f us per op (gpt2, f32)",
+          r.f32_flops / 1e9, r.bf16_flops / 1e9, r.gloo_bus_bytes_per_s / 1e9,
+          r.gloo_latency_s * 1e6, r.step_collective_s * 1e6,
+          r.op_s[0][0] * 1e6);
     } else {
       d.f32_peak = 50e9 / ranks_per_node;
       d.bf16_peak = 100e9 / ranks_per_node;
       d.link_bytes_per_s = 1e9;
+      d.collective_latency_s = 100e-6;
+      for (auto& row : d.op_overhead_s) row[0] = row[1] = 10e-6;
       d.source = "uncalibrated estimate";
     }
     // A training step reaches this fraction of the matmul rate (the ops

@@ -36,6 +36,11 @@ struct DeviceSpec {
   // Collective bandwidth per rank (bytes/s on the wire): within a node, and
   // across nodes (HSDP's replicate axis spans nodes).
   double link_bytes_per_s = 0, inter_node_bytes_per_s = 0;
+  // Fixed costs: per tensor op (the dry run counts about one allocation per
+  // op), for f32 and bf16/f16 compute and GPT-2 / Llama blocks, and per
+  // collective, seconds.
+  double op_overhead_s[2][2] = {{0, 0}, {0, 0}};  // [llama][half]
+  double collective_latency_s = 0;
   // Per-rank memory no fsdpp allocator sees.
   int64_t overhead_bytes = 0;
   // A GPU: offloaded state goes to host memory, counted apart.
@@ -59,12 +64,23 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
 // between two ranks over Gloo (the collectives between ranks of one node).
 struct CpuRates {
   double bf16_flops = 0, f32_flops = 0, gloo_bus_bytes_per_s = 0;
+  // The fixed cost of a tensor op: a real step of a tiny model (gpt2_debug
+  // or llama_debug, f32 or bf16, one rank, 2 x 32 tokens) timed, less its
+  // FLOPs at the matmul rate, over the tensors it allocates; and a small
+  // collective's time (an 8 KiB all-gather between two ranks).
+  double op_s[2][2] = {{0, 0}, {0, 0}};  // [llama][bf16]
+  double gloo_latency_s = 0;
+  // What one collective adds to a training step here: a tiny step on two
+  // thread ranks against one, over its collectives.
+  double step_collective_s = 0;
 };
 CpuRates MeasureCpuRates();
 
-// The fraction of the matmul rate a CPU training step achieves (the ops
-// that are not matmuls, the optimizer), measured against the trainer.
-inline constexpr double kCpuStepEfficiency = 0.5;
+// The fraction of the matmul rate a CPU training step's FLOPs run at (the
+// ops that are not matmuls, the optimizer), from the trainer's default run
+// here: MFU 72.8% against the measured matmul rate (docs/PERFORMANCE.md,
+// "Planner").
+inline constexpr double kCpuStepEfficiency = 0.75;
 
 struct StepTime {
   double compute_s = 0;

@@ -29,6 +29,8 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <optional>
 #include <utility>
 
@@ -37,6 +39,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "comm/tcp_store.h"
 #include "core/status.h"
@@ -328,6 +331,9 @@ class Launcher {
   // Elastic state.
   std::unique_ptr<TcpStore> rdzv_store_;
   std::unique_ptr<ElasticRendezvous> rdzv_;
+  // OomKillCount() when the ranks started, and the ranks' memory reports.
+  int64_t oom_kills_at_start_ = -1;
+  std::string report_dir_;
   Clock::time_point next_rdzv_check_;
   std::string failure_;        // "rank R exited ..." of this round
   bool failure_told_ = false;  // the other nodes were asked to restart
@@ -340,13 +346,19 @@ absl::Status Launcher::SetUp() {
   num_cpus_ = AvailableCpus();
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (absl::StartsWith(*e, "FSDPP_LIVE_STATUS=") ||
-        absl::StartsWith(*e, "TORCHELASTIC_RESTART_COUNT=")) {
+        absl::StartsWith(*e, "TORCHELASTIC_RESTART_COUNT=") ||
+        absl::StartsWith(*e, absl::StrCat(kMemoryReportEnv, "="))) {
       continue;
     }
     base_env_.emplace_back(*e);
   }
   live_status_ = isatty(STDOUT_FILENO);
   if (live_status_) base_env_.push_back("FSDPP_LIVE_STATUS=1");
+  // For telling an out-of-memory kill apart, and what the rank last said
+  // about its memory.
+  oom_kills_at_start_ = OomKillCount();
+  char report_template[] = "/tmp/fsdpp_launch.XXXXXX";
+  if (mkdtemp(report_template) != nullptr) report_dir_ = report_template;
   devnull_fd_ = open("/dev/null", O_RDONLY | O_CLOEXEC);
   if (devnull_fd_ < 0) {
     return absl::InternalError(ErrnoMessage("open /dev/null", errno));
@@ -399,6 +411,10 @@ void Launcher::TearDown() {
     Close(rank.err);
   }
   Reap();
+  if (!report_dir_.empty()) {
+    std::error_code ignored;
+    std::filesystem::remove_all(report_dir_, ignored);
+  }
   if (handlers_installed_) {
     prctl(PR_SET_CHILD_SUBREAPER, old_subreaper_);
     sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
@@ -418,6 +434,10 @@ absl::Status Launcher::Spawn(Rank& rank) {
   std::vector<std::string> env =
       RankEnvironment(round_options_, rank.local_rank, base_env_, num_cpus_);
   env.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restart_count_));
+  if (!report_dir_.empty()) {
+    env.push_back(absl::StrCat(kMemoryReportEnv, "=", report_dir_,
+                               "/memory.rank", rank.global_rank));
+  }
   std::vector<char*> envp;
   for (std::string& entry : env) envp.push_back(entry.data());
   envp.push_back(nullptr);
@@ -554,6 +574,19 @@ void Launcher::OnRankExit(Rank& rank, int wait_status) {
     const int signo = WTERMSIG(wait_status);
     exit_code_ = 128 + signo;
     what = absl::StrCat("was killed by signal ", SignalName(signo));
+    const int64_t oom_kills = signo == SIGKILL ? OomKillCount() : -1;
+    if (oom_kills_at_start_ >= 0 && oom_kills > oom_kills_at_start_) {
+      what = absl::StrCat(
+          "was killed by the out-of-memory killer (SIGKILL; the kernel's "
+          "oom_kill count went from ",
+          oom_kills_at_start_, " to ", oom_kills, ")");
+      std::ifstream report(
+          absl::StrCat(report_dir_, "/memory.rank", rank.global_rank));
+      std::string last;
+      if (!report_dir_.empty() && std::getline(report, last) && !last.empty()) {
+        absl::StrAppend(&what, "; its last memory report: ", last);
+      }
+    }
   } else {
     exit_code_ = WEXITSTATUS(wait_status);
     what = absl::StrCat("exited with status ", exit_code_);
@@ -1133,6 +1166,55 @@ std::vector<std::string> RankEnvironment(
         std::max(1, num_cpus / std::max(1, options.nproc_per_node))));
   }
   return env;
+}
+
+namespace {
+
+// The value of `key` ("oom_kill") in a "key value" per line file; -1 if the
+// file or the key is missing.
+int64_t ReadKeyedCount(const std::string& path, absl::string_view key) {
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    std::vector<std::string> parts = absl::StrSplit(line, ' ');
+    int64_t v = 0;
+    if (parts.size() == 2 && parts[0] == key &&
+        absl::SimpleAtoi(parts[1], &v)) {
+      return v;
+    }
+  }
+  return -1;
+}
+
+}  // namespace
+
+int64_t OomKillCount(const std::string& proc_root,
+                     const std::string& cgroup_root) {
+  std::ifstream f(proc_root + "/self/cgroup");
+  std::string line;
+  std::string v1_memory, v2;
+  while (std::getline(f, line)) {
+    // "4:memory:/path" (v1) or "0::/path" (v2).
+    std::vector<std::string> parts =
+        absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    if (parts[1] == "memory") v1_memory = parts[2];
+    if (parts[0] == "0" && parts[1].empty()) v2 = parts[2];
+  }
+  if (!v1_memory.empty()) {
+    const int64_t n = ReadKeyedCount(
+        cgroup_root + "/memory" + v1_memory + "/memory.oom_control",
+        "oom_kill");
+    if (n >= 0) return n;
+  }
+  if (!v2.empty()) {
+    for (const char* mount : {"", "/unified"}) {
+      const int64_t n = ReadKeyedCount(
+          absl::StrCat(cgroup_root, mount, v2, "/memory.events"), "oom_kill");
+      if (n >= 0) return n;
+    }
+  }
+  return ReadKeyedCount(proc_root + "/vmstat", "oom_kill");
 }
 
 std::string SignalName(int signo) {

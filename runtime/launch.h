@@ -92,6 +92,21 @@ std::vector<std::string> RankEnvironment(
 // "SIGKILL" for SIGKILL and so on; "signal N" for numbers without a name.
 std::string SignalName(int signo);
 
+// How many processes the kernel's out-of-memory killer has killed: in this
+// process's memory cgroup (v1 memory.oom_control, v2 memory.events), else
+// on the whole machine (/proc/vmstat); -1 when none of them can be read.
+// `proc_root` and `cgroup_root` are "/proc" and "/sys/fs/cgroup" but for
+// tests. The launcher compares it before and after a rank is killed by
+// SIGKILL to tell an out-of-memory kill from another.
+int64_t OomKillCount(const std::string& proc_root = "/proc",
+                     const std::string& cgroup_root = "/sys/fs/cgroup");
+
+// The environment variable through which the launcher gives each rank a
+// file for its last memory report (one line, rewritten as the run goes; the
+// trainer writes its plan and live / peak bytes there), which the launcher
+// quotes when the rank is killed for memory.
+inline constexpr char kMemoryReportEnv[] = "FSDPP_MEMORY_REPORT";
+
 // Cuts a byte stream into lines and puts `prefix` before each. A line longer
 // than `max_line_bytes` is emitted in pieces of that size so a child that
 // never writes a newline cannot grow the buffer without bound.

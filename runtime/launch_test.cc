@@ -44,6 +44,28 @@ using Clock = std::chrono::steady_clock;
 // ---------------------------------------------------------------------------
 // ParseLaunchArgs
 
+// OomKillCount over fake /proc and /sys/fs/cgroup trees: the memory
+// cgroup's own count (v1, then v2), else the machine's, else -1.
+TEST(OomKillCountTest, CgroupV1ThenV2ThenVmstat) {
+  const std::string root = absl::StrCat(std::getenv("TEST_TMPDIR"), "/oom");
+  const auto write = [&](const std::string& path, const std::string& text) {
+    const std::string full = root + path;
+    std::system(absl::StrCat("mkdir -p '", full.substr(0, full.rfind('/')), "'")
+                    .c_str());
+    std::ofstream(full) << text;
+  };
+  const std::string proc = root + "/proc", cg = root + "/cg";
+  EXPECT_EQ(OomKillCount(proc, cg), -1);  // nothing readable
+  write("/proc/vmstat", "pgfault 12\noom_kill 7\n");
+  EXPECT_EQ(OomKillCount(proc, cg), 7);
+  write("/proc/self/cgroup", "4:memory:/job/a\n0::/job/b\n");
+  write("/cg/unified/job/b/memory.events", "low 0\noom 3\noom_kill 2\n");
+  EXPECT_EQ(OomKillCount(proc, cg), 2);  // v2 (no v1 file yet)
+  write("/cg/memory/job/a/memory.oom_control",
+        "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n");
+  EXPECT_EQ(OomKillCount(proc, cg), 5);  // v1 first
+}
+
 TEST(ParseLaunchArgsTest, Defaults) {
   auto options = ParseLaunchArgs({"prog"});
   ASSERT_TRUE(options.ok()) << options.status();

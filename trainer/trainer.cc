@@ -2,10 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <fstream>
 #include <limits>
 #include <memory>
 #include <optional>
-#include <cstdlib>
 #include <set>
 #include <string>
 
@@ -35,6 +36,7 @@
 #include "optim/lr_schedule.h"
 #include "plan/planner.h"
 #include "plan/rates.h"
+#include "runtime/launch.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
@@ -182,18 +184,6 @@ absl::Status ApplyTensorParallelPlan(
   return absl::InvalidArgumentError("unknown model family");
 }
 
-// The model's FSDP plan by family; the units, root last.
-absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyPlan(
-    models::Transformer* model, const fsdp::FsdpPlanOptions& options) {
-  switch (model->config().family) {
-    case models::ModelFamily::kGpt2:
-      return models::gpt2::ApplyFsdp(model, options);
-    case models::ModelFamily::kLlama:
-      return models::llama::ApplyFsdp(model, options);
-  }
-  return absl::InvalidArgumentError("unknown model family");
-}
-
 std::string TrainLine(const StepLog& s, int64_t steps, double tokens_per_s,
                       double mfu, double eta_s) {
   return absl::StrFormat(
@@ -266,11 +256,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
   RETURN_IF_ERROR(trainer->BuildMesh());
   RETURN_IF_ERROR(trainer->BuildData());
   RETURN_IF_ERROR(trainer->BuildModel());
+  trainer->ReportMemory("model built (masters and gradients allocated)");
   RETURN_IF_ERROR(trainer->BuildOptimizer());
   RETURN_IF_ERROR(trainer->BuildCheckpointState());
   RETURN_IF_ERROR(trainer->BuildCheckpointWriter());
   RETURN_IF_ERROR(trainer->BuildMetrics());
   trainer->run_start_ = absl::Now();
+  trainer->ReportMemory("set up (sharded state allocated)");
   return trainer;
 }
 
@@ -305,6 +297,13 @@ absl::Status Trainer::CheckMemoryPlan() {
                    Context(plan::MakePlan(rc_.model, *strategy, device, 0),
                            "trainer: planning the run's memory"));
   plan_peak_bytes_ = p.run.peak_bytes;
+  plan_summary_ =
+      absl::StrFormat("the plan: peak %s in %s + %s overhead = %s, against %s",
+                      plan::FormatBytes(p.run.peak_bytes), p.run.peak_phase,
+                      plan::FormatBytes(device.overhead_bytes),
+                      plan::FormatBytes(p.predicted_peak_bytes),
+                      plan::FormatBytes(device.memory_bytes));
+  ReportMemory("planned, nothing allocated yet");
   plan_note_ = absl::StrFormat(
       "  memory plan: peak %s per rank in %s (largest: %s) + %s overhead = "
       "%s of %s%s (planned in %.0f ms)",
@@ -328,6 +327,20 @@ absl::Status Trainer::CheckMemoryPlan() {
       " rank(s): ", plan::ExplainDoesNotFit(p, alternatives),
       " Set training.max_memory_gib to plan for another budget, or "
       "training.skip_memory_check=true to run anyway."));
+}
+
+// Under a launcher (runtime/launch.h kMemoryReportEnv): this rank's memory
+// now, in one line the launcher quotes if the rank is killed for memory.
+void Trainer::ReportMemory(const std::string& when) const {
+  const char* path = std::getenv(launch::kMemoryReportEnv);
+  if (path == nullptr || *path == '\0') return;
+  const MemoryStats m = GetAllocator(Device::Cpu())->Stats();
+  std::ofstream f(path, std::ios::trunc);
+  f << absl::StrFormat("%s: %s live, peak %s, %s held%s%s\n", when,
+                       plan::FormatBytes(m.total_current),
+                       plan::FormatBytes(m.total_peak),
+                       plan::FormatBytes(m.reserved_bytes),
+                       plan_summary_.empty() ? "" : "; ", plan_summary_);
 }
 
 // Mesh: {shard} or {replicate, shard} (HSDP), then tp when tensor
@@ -416,8 +429,9 @@ absl::Status Trainer::BuildModel() {
         Annotate(ApplyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
                  "trainer: applying the tensor-parallel plan"));
   }
-  ASSIGN_OR_RETURN(units_, Context(ApplyPlan(model_.get(), plan),
-                                   "trainer: applying the FSDP plan"));
+  ASSIGN_OR_RETURN(units_,
+                   Context(plan::ApplyFamilyFsdpPlan(model_.get(), plan),
+                           "trainer: applying the FSDP plan"));
   RETURN_IF_ERROR(fsdp::InitShardedWeights(model_.get(), tc.seed()));
   if (config_.model().has_init_from()) {
     const std::string path = config_.model().init_from().substr(3);
@@ -467,9 +481,9 @@ absl::Status Trainer::BuildPipeline(
           Annotate(ApplyTensorParallelPlan(m, stage_mesh, tpo),
                    "trainer: applying the tensor-parallel plan" + stage));
     }
-    ASSIGN_OR_RETURN(
-        std::vector<fsdp::FsdpUnit*> units,
-        Context(ApplyPlan(m, plan), "trainer: applying the FSDP plan" + stage));
+    ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units,
+                     Context(plan::ApplyFamilyFsdpPlan(m, plan),
+                             "trainer: applying the FSDP plan" + stage));
     RETURN_IF_ERROR(fsdp::InitShardedWeights(m, tc.seed()));
     units_.insert(units_.end(), units.begin(), units.end());
     stage_units_[part.stage] = std::move(units);
@@ -914,6 +928,7 @@ absl::Status Trainer::TrainStep() {
     RETURN_IF_ERROR(OptimizerStep(&log));
   }
   log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  ReportMemory(absl::StrCat("after step ", step));
   result_.steps.push_back(log);
   result_.end_step = step;
   warmup_ = step - result_.start_step <= mc.throughput_warmup_steps() &&

@@ -244,6 +244,7 @@ class Trainer {
   absl::Status BuildMetrics();
   absl::Status PrintHeader(const std::string& peak_source);
   absl::Status CheckMemoryPlan();
+  void ReportMemory(const std::string& when) const;
 
   // TrainStep's parts: gradients of the step's micro-batches (1/accumulation
   // and `loss_scale` folded into the backward), returning this rank's mean
@@ -284,6 +285,7 @@ class Trainer {
   std::string init_note_;
   // The memory plan's header line, and its peak of live bytes (0: none).
   std::string plan_note_;
+  std::string plan_summary_;  // for the memory report
   int64_t plan_peak_bytes_ = 0;
   std::vector<models::PipelineStagePart> parts_;
   ProcessGroup* pp_group_ = nullptr;
