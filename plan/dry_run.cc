@@ -69,9 +69,7 @@ absl::Status CheckStrategy(const models::TransformerConfig& config,
   return absl::OkStatus();
 }
 
-namespace {
-
-absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyPlan(
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyFsdpPlan(
     models::Transformer* model, const fsdp::FsdpPlanOptions& options) {
   switch (model->config().family) {
     case models::ModelFamily::kGpt2:
@@ -79,8 +77,10 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyPlan(
     case models::ModelFamily::kLlama:
       return models::llama::ApplyFsdp(model, options);
   }
-  return absl::InvalidArgumentError("plan: unknown model family");
+  return absl::InvalidArgumentError("unknown model family");
 }
+
+namespace {
 
 // The allocator's view of one phase, and its peak folded into the step's.
 // With `host` (another allocator than the device's: offloaded state counted
@@ -147,7 +147,7 @@ absl::Status Step(const models::TransformerConfig& config,
   po.shard.mp_policy.reduce_dtype = strategy.reduce_dtype;
   po.shard.offload_policy.offload_params = strategy.offload;
   po.shard.offload_policy.host = host;
-  RETURN_IF_ERROR(ApplyFamilyPlan(model.get(), po).status());
+  RETURN_IF_ERROR(ApplyFamilyFsdpPlan(model.get(), po).status());
   RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 0));
   std::vector<fsdp::ShardedParameter*> params =
       fsdp::ShardedParameters(model.get());

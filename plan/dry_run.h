@@ -32,7 +32,10 @@
 #include "comm/process_group.h"
 #include "core/allocator.h"
 #include "core/dtype.h"
+#include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
 #include "models/config.h"
+#include "models/transformer.h"
 #include "plan/simulated_group.h"
 
 namespace fsdpp {
@@ -98,6 +101,11 @@ struct DryRunResult {
   // The second (steady-state) step's collectives, in issue order.
   std::vector<SimulatedOp> ops;
 };
+
+// The model family's FSDP plan (models/<family>/parallelize.h ApplyFsdp):
+// what the trainer and the dry run apply. The units, root last.
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyFsdpPlan(
+    models::Transformer* model, const fsdp::FsdpPlanOptions& options);
 
 // Checks `strategy` against `config` (divisibility of the mesh, the batch,
 // dtypes): the same refusals the trainer gives, as InvalidArgument naming
