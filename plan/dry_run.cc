@@ -183,7 +183,17 @@ absl::Status Step(const models::TransformerConfig& config,
     const absl::Time step_start = absl::Now();
     phases.Begin();
     RETURN_IF_ERROR(ZeroGrad(grads));
-    for (int64_t m = 1; m <= strategy.grad_accumulation; ++m) {
+    // Micro-batches after the second repeat its allocations and collectives
+    // exactly (the same shapes into the same buffers): two are run, and the
+    // others' tensors and collectives are counted as the second's.
+    const int64_t run_micro = std::min<int64_t>(strategy.grad_accumulation, 2);
+    int64_t allocations_at_last = 0;
+    size_t ops_at_last = 0;
+    for (int64_t m = 1; m <= run_micro; ++m) {
+      if (m == run_micro) {
+        allocations_at_last = acct->Stats().total_allocations;
+        ops_at_last = log != nullptr ? log->ops().size() : 0;
+      }
       // The loader's batch: int32 ids and targets (token 0 on a real device).
       ASSIGN_OR_RETURN(Tensor ids, Tensor::Zeros(batch, DType::kI32, device));
       ASSIGN_OR_RETURN(Tensor targets,
@@ -196,13 +206,22 @@ absl::Status Step(const models::TransformerConfig& config,
       phases.End(absl::StrCat(prefix, "backward ", m));
       phases.Begin();
     }
+    const int64_t repeats = strategy.grad_accumulation - run_micro;
+    const int64_t repeated_allocations =
+        repeats * (acct->Stats().total_allocations - allocations_at_last);
+    if (log != nullptr && repeats > 0) {
+      const std::vector<SimulatedOp> ops = log->ops();
+      for (int64_t r = 0; r < repeats; ++r) {
+        for (size_t i = ops_at_last; i < ops.size(); ++i) log->Add(ops[i]);
+      }
+    }
     // The gradient norm reads the gradients' values, which meta tensors do not
     // have: it is left out (one f32 per parameter and one scalar all-reduce per
     // sharded mesh axis).
     RETURN_IF_ERROR(adamw.Step(1.0f));
     phases.End(absl::StrCat(prefix, "optimizer"));
-    result->step_allocations =
-        acct->Stats().total_allocations - allocations_before;
+    result->step_allocations = acct->Stats().total_allocations -
+                               allocations_before + repeated_allocations;
     result->step_seconds = absl::ToDoubleSeconds(absl::Now() - step_start);
   }
   if (log != nullptr) result->ops = log->ops();

@@ -7,7 +7,8 @@
 // creates AdamW and then runs two optimizer steps of the training loop the
 // trainer runs (the first records the order FSDP prefetches in from then
 // on, so the second is the steady state) -- zero the gradients, forward and
-// backward per micro-batch,
+// backward per micro-batch (two of them: later ones repeat the second's
+// allocations and collectives exactly, and are counted as copies of it),
 // the AdamW step -- on meta tensors (the gradient norm, which reads values,
 // is left out: n floats and one scalar all-reduce per axis). Every tensor the
 // real step would allocate is made with the same shape, dtype and tag, in

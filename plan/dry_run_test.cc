@@ -96,6 +96,34 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
   }
 }
 
+// Micro-batches past the second are counted, not run: the peak is the same
+// at any accumulation, and each further micro-batch adds the same
+// collectives and tensors.
+TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
+  const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
+  Strategy s;
+  s.world = 2;
+  s.micro_batch = 2;
+  s.seq_len = 32;
+  std::vector<DryRunResult> runs;
+  for (int64_t accumulation : {2, 3, 4}) {
+    s.grad_accumulation = accumulation;
+    absl::StatusOr<DryRunResult> r = DryRun(config, s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    runs.push_back(*r);
+  }
+  EXPECT_EQ(runs[1].peak_bytes, runs[0].peak_bytes);
+  EXPECT_EQ(runs[2].peak_bytes, runs[0].peak_bytes);
+  const int64_t ops_per_micro = runs[1].ops.size() - runs[0].ops.size();
+  EXPECT_GT(ops_per_micro, 0);
+  EXPECT_EQ(runs[2].ops.size() - runs[1].ops.size(), ops_per_micro);
+  const int64_t tensors_per_micro =
+      runs[1].step_allocations - runs[0].step_allocations;
+  EXPECT_GT(tensors_per_micro, 0);
+  EXPECT_EQ(runs[2].step_allocations - runs[1].step_allocations,
+            tensors_per_micro);
+}
+
 }  // namespace
 }  // namespace plan
 }  // namespace fsdpp
