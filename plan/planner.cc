@@ -4,10 +4,8 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <thread>
 #include <utility>
 
@@ -123,6 +121,8 @@ std::string FormatBytes(int64_t bytes) {
   return absl::StrFormat("%.1f KiB", b / 1024.0);
 }
 
+namespace {
+
 // See CpuRates::op_s.
 double MeasureOpOverhead(const std::string& model, DType dtype,
                          double flops_per_s) {
@@ -189,6 +189,8 @@ double MeasureStepCollectiveCost() {
   }
   return std::max(0.0, t2 - t1) / static_cast<double>(dry->ops.size());
 }
+
+}  // namespace
 
 CpuRates MeasureCpuRates() {
   CpuRates r;
