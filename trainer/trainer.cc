@@ -267,10 +267,9 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 }
 
 // Before anything is allocated or written: the run's plan (its training
-// steps dry-run on meta tensors, plan/) against the memory a rank may use, so
-// that a
-// run that cannot fit fails now with what to change, not later in the
-// kernel's out-of-memory killer. Every rank plans rank 0's share (the
+// steps dry-run on meta tensors, plan/) against the memory a rank may use,
+// so that a run that cannot fit fails now with what to change, not later in
+// the kernel's out-of-memory killer. Every rank plans rank 0's share (the
 // largest: FSDP gives the first ranks the rounded-up rows), so all decide
 // alike without communicating.
 absl::Status Trainer::CheckMemoryPlan() {
