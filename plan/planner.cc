@@ -1,8 +1,6 @@
 // The planner; see planner.h.
 #include "plan/planner.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <fstream>
 #include <map>
@@ -17,19 +15,13 @@
 #include "core/allocator.h"
 #include "core/status.h"
 #include "plan/rates.h"
+#include "runtime/launch.h"
 
 namespace fsdpp {
 namespace plan {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// The CPUs this process may run on.
-int NumCpus() {
-  cpu_set_t set;
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return CPU_COUNT(&set);
-  return 1;
-}
 
 // MemTotal of /proc/meminfo in bytes (0 if unreadable).
 int64_t HostMemoryBytes() {
@@ -252,8 +244,9 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
       d.link_bytes_per_s = r.gloo_bus_bytes_per_s;
 
       // Small ops run on one core: ranks beyond the cores share them.
-      const double share = std::max(
-          1.0, static_cast<double>(ranks_per_node) / std::max(1, NumCpus()));
+      const double share =
+          std::max(1.0, static_cast<double>(ranks_per_node) /
+                            std::max(1, launch::AvailableCpus()));
       // A collective in a step costs at least its latency on an idle
       // machine; in a step, what the two-rank step measured, more where
       // ranks outnumber the cores.

@@ -73,8 +73,9 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
       << *out;
   // Smaller micro-batches (the same global batch) fit.
   EXPECT_TRUE(absl::StrContains(
-      *out, " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, batch 1 x 2048 "
-            "x 128"))
+      *out,
+      " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, batch 1 x 2048 "
+      "x 128"))
       << *out;
 }
 
