@@ -251,10 +251,11 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
   {
     ScopedMetaAccounting accounting(&accountant);
     ScopedMetaAccounting host_accounting(&host_accountant);
-    RETURN_IF_ERROR(Step(
-        config, strategy, rank, SimulatedGroupFactory(&log), Device::DryRun(),
-        separate_host ? Device::DryRunHost() : Device::DryRun(), &log,
-        &result));
+    RETURN_IF_ERROR(
+        Step(config, strategy, rank, SimulatedGroupFactory(&log, backend),
+             Device::DryRun(),
+             separate_host ? Device::DryRunHost() : Device::DryRun(), &log,
+             &result));
   }
   return result;
 }
