@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "core/dtype.h"
 #include "tensor/kernels/elementwise.h"
@@ -126,29 +127,33 @@ struct VectorGelu {
     const VF c = hn::Set(d, kernels::kGeluCubic);
     const VF inner = hn::Mul(hn::Set(d, kernels::kGeluScale),
                              hn::Add(x, hn::Mul(hn::Mul(hn::Mul(c, x), x), x)));
-    return QuietNan(d, hn::Mul(hn::Mul(hn::Set(d, 0.5f), x),
-                               hn::Add(hn::Set(d, 1.0f), Tanh(d, inner))));
+    const VF e = Exp(d, hn::Mul(hn::Set(d, -2.0f), inner));
+    return QuietNan(d, hn::Div(x, hn::Add(hn::Set(d, 1.0f), e)));
   }
 };
+
+// kernels::GeluGrad.
+HWY_INLINE VF GeluGrad(DF d, VF x) {
+  const VF half = hn::Set(d, 0.5f);
+  const VF one = hn::Set(d, 1.0f);
+  const VF scale = hn::Set(d, kernels::kGeluScale);
+  const VF x2 = hn::Mul(x, x);
+  const VF inner = hn::Mul(
+      scale,
+      hn::Add(x, hn::Mul(hn::Mul(hn::Set(d, kernels::kGeluCubic), x2), x)));
+  const VF t = Tanh(d, inner);
+  const VF sech2 = hn::Sub(one, hn::Mul(t, t));
+  const VF dinner = hn::Mul(
+      scale, hn::Add(one, hn::Mul(hn::Set(d, 3.0f * kernels::kGeluCubic), x2)));
+  const VF left = hn::Mul(half, hn::Add(one, t));
+  const VF right = hn::Mul(hn::Mul(hn::Mul(half, x), sech2), dinner);
+  return hn::Add(left, right);
+}
 
 // kernels::GeluBackwardOp: (x, dy) -> dx.
 struct VectorGeluBackward {
   HWY_INLINE VF operator()(DF d, VF x, VF dy) const {
-    const VF half = hn::Set(d, 0.5f);
-    const VF one = hn::Set(d, 1.0f);
-    const VF scale = hn::Set(d, kernels::kGeluScale);
-    const VF x2 = hn::Mul(x, x);
-    const VF inner = hn::Mul(
-        scale,
-        hn::Add(x, hn::Mul(hn::Mul(hn::Set(d, kernels::kGeluCubic), x2), x)));
-    const VF t = Tanh(d, inner);
-    const VF sech2 = hn::Sub(one, hn::Mul(t, t));
-    const VF dinner = hn::Mul(
-        scale,
-        hn::Add(one, hn::Mul(hn::Set(d, 3.0f * kernels::kGeluCubic), x2)));
-    const VF left = hn::Mul(half, hn::Add(one, t));
-    const VF right = hn::Mul(hn::Mul(hn::Mul(half, x), sech2), dinner);
-    return QuietNan(d, hn::Mul(dy, hn::Add(left, right)));
+    return QuietNan(d, hn::Mul(dy, GeluGrad(d, x)));
   }
 };
 
@@ -164,10 +169,75 @@ struct VectorSiluBackward {
   HWY_INLINE VF operator()(DF d, VF x, VF dy) const {
     const VF one = hn::Set(d, 1.0f);
     const VF s = Sigmoid(d, x);
-    return QuietNan(
-        d, hn::Mul(hn::Mul(dy, s), hn::Add(one, hn::Mul(x, hn::Sub(one, s)))));
+    const VF grad = hn::Mul(s, hn::Add(one, hn::Mul(x, hn::Sub(one, s))));
+    return QuietNan(d, hn::Mul(dy, grad));
   }
 };
+
+// The activations of the 16-bit types by table: `table` holds the f32 value
+// (forward) or derivative (backward) of the scalar functor at each of the
+// 2^16 bit patterns, so a lookup gives the reference's result bit for bit
+// and the kernel does no transcendental arithmetic at all. Tables and their
+// use: tensor/cpu/simd.cc below HWY_ONCE.
+
+// table[x[0]], ..., table[x[lanes - 1]]. Scalar loads into a buffer: on
+// this project's AMD Zen 4 machine 15-25% faster than Highway's GatherIndex
+// (vpgatherdd) in the kernels below, and the same on every target.
+HWY_INLINE VF Gathered(DF d, const float* table, const uint16_t* x) {
+  HWY_ALIGN float got[hn::MaxLanes(d)];
+  for (size_t j = 0; j < hn::MaxLanes(d); ++j) got[j] = table[x[j]];
+  return hn::Load(d, got);
+}
+
+// out[i] = table[x[i]] rounded to T; out may alias x.
+template <typename T>
+HWY_INLINE void LookupLoop(const void* x_raw, void* out_raw, size_t n,
+                           const float* table) {
+  const uint16_t* x = static_cast<const uint16_t*>(x_raw);
+  T* out = static_cast<T*>(out_raw);
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    StoreF(d, Gathered(d, table, x + i), out + i);
+  }
+  for (; i < n; ++i) out[i] = FromFloat<T>(table[x[i]]);
+}
+
+// dx[i] = dy[i] * table[x[i]] (the QuietNan'd product of the backward
+// functors) rounded to T; dx may alias x or dy.
+template <typename T>
+HWY_INLINE void ScaledLookupLoop(const void* x_raw, const void* dy_raw,
+                                 void* dx_raw, size_t n, const float* table) {
+  const uint16_t* x = static_cast<const uint16_t*>(x_raw);
+  const T* dy = static_cast<const T*>(dy_raw);
+  T* dx = static_cast<T*>(dx_raw);
+  const DF d;
+  const size_t lanes = hn::Lanes(d);
+  size_t i = 0;
+  for (; i + lanes <= n; i += lanes) {
+    const VF grad = Gathered(d, table, x + i);
+    StoreF(d, QuietNan(d, hn::Mul(LoadF(d, dy + i), grad)), dx + i);
+  }
+  for (; i < n; ++i) {
+    dx[i] = FromFloat<T>(kernels::QuietNan(ToFloat(dy[i]) * table[x[i]]));
+  }
+}
+
+void LookupBf16(const void* x, void* out, size_t n, const float* table) {
+  LookupLoop<BFloat16>(x, out, n, table);
+}
+void LookupF16(const void* x, void* out, size_t n, const float* table) {
+  LookupLoop<Float16>(x, out, n, table);
+}
+void ScaledLookupBf16(const void* x, const void* dy, void* dx, size_t n,
+                      const float* table) {
+  ScaledLookupLoop<BFloat16>(x, dy, dx, n, table);
+}
+void ScaledLookupF16(const void* x, const void* dy, void* dx, size_t n,
+                     const float* table) {
+  ScaledLookupLoop<Float16>(x, dy, dx, n, table);
+}
 
 // One exported kernel per (op, storage type): (a, b, out, n, alpha).
 #define FSDPP_SIMD_BINARY(NAME, T, VECTOR, SCALAR)                            \
@@ -184,27 +254,20 @@ FSDPP_SIMD_BINARY_ALL_TYPES(Add, VectorAdd{}, kernels::AddOp{})
 FSDPP_SIMD_BINARY_ALL_TYPES(Mul, VectorMul{}, kernels::MulOp{})
 FSDPP_SIMD_BINARY_ALL_TYPES(Axpy, VectorAxpy{alpha}, kernels::AxpyOp{alpha})
 FSDPP_SIMD_BINARY_ALL_TYPES(Scale, VectorScale{alpha}, ScalarScale{alpha})
-FSDPP_SIMD_BINARY_ALL_TYPES(GeluBackward, VectorGeluBackward{},
-                            kernels::GeluBackwardOp{})
-FSDPP_SIMD_BINARY_ALL_TYPES(SiluBackward, VectorSiluBackward{},
-                            kernels::SiluBackwardOp{})
+FSDPP_SIMD_BINARY(GeluBackwardF32, float, VectorGeluBackward{},
+                  kernels::GeluBackwardOp{})
+FSDPP_SIMD_BINARY(SiluBackwardF32, float, VectorSiluBackward{},
+                  kernels::SiluBackwardOp{})
 #undef FSDPP_SIMD_BINARY_ALL_TYPES
 #undef FSDPP_SIMD_BINARY
 
-// One exported kernel per (op, storage type): (x, out, n).
-#define FSDPP_SIMD_UNARY_ALL_TYPES(OP, VECTOR, SCALAR) \
-  void OP##F32(const void* x, void* out, size_t n) {   \
-    UnaryLoop<float>(x, out, n, VECTOR, SCALAR);       \
-  }                                                    \
-  void OP##Bf16(const void* x, void* out, size_t n) {  \
-    UnaryLoop<BFloat16>(x, out, n, VECTOR, SCALAR);    \
-  }                                                    \
-  void OP##F16(const void* x, void* out, size_t n) {   \
-    UnaryLoop<Float16>(x, out, n, VECTOR, SCALAR);     \
-  }
-FSDPP_SIMD_UNARY_ALL_TYPES(Gelu, VectorGelu{}, kernels::GeluOp{})
-FSDPP_SIMD_UNARY_ALL_TYPES(Silu, VectorSilu{}, kernels::SiluOp{})
-#undef FSDPP_SIMD_UNARY_ALL_TYPES
+// The f32 activations: (x, out, n).
+void GeluF32(const void* x, void* out, size_t n) {
+  UnaryLoop<float>(x, out, n, VectorGelu{}, kernels::GeluOp{});
+}
+void SiluF32(const void* x, void* out, size_t n) {
+  UnaryLoop<float>(x, out, n, VectorSilu{}, kernels::SiluOp{});
+}
 
 void CastF32Bf16(const void* s, void* d, size_t n) {
   CastLoop<float, BFloat16>(s, d, n);
@@ -251,17 +314,13 @@ HWY_EXPORT(ScaleF32);
 HWY_EXPORT(ScaleBf16);
 HWY_EXPORT(ScaleF16);
 HWY_EXPORT(GeluBackwardF32);
-HWY_EXPORT(GeluBackwardBf16);
-HWY_EXPORT(GeluBackwardF16);
 HWY_EXPORT(SiluBackwardF32);
-HWY_EXPORT(SiluBackwardBf16);
-HWY_EXPORT(SiluBackwardF16);
 HWY_EXPORT(GeluF32);
-HWY_EXPORT(GeluBf16);
-HWY_EXPORT(GeluF16);
 HWY_EXPORT(SiluF32);
-HWY_EXPORT(SiluBf16);
-HWY_EXPORT(SiluF16);
+HWY_EXPORT(LookupBf16);
+HWY_EXPORT(LookupF16);
+HWY_EXPORT(ScaledLookupBf16);
+HWY_EXPORT(ScaledLookupF16);
 HWY_EXPORT(CastF32Bf16);
 HWY_EXPORT(CastF32F16);
 HWY_EXPORT(CastBf16F32);
@@ -281,8 +340,70 @@ BinaryFn Pick(DType dtype, BinaryFn f32, BinaryFn bf16, BinaryFn f16) {
 
 using UnaryFn = void (*)(const void*, void*, size_t);
 
-UnaryFn PickUnary(DType dtype, UnaryFn f32, UnaryFn bf16, UnaryFn f16) {
-  return dtype == DType::kF32 ? f32 : dtype == DType::kBF16 ? bf16 : f16;
+// `f` at each of the 2^16 bit patterns of T, in f32.
+template <typename T, class F>
+std::vector<float> TableOf(F f) {
+  std::vector<float> table(size_t{1} << 16);
+  for (uint32_t bits = 0; bits < table.size(); ++bits) {
+    table[bits] = f(ToFloat(T::FromBits(static_cast<uint16_t>(bits))));
+  }
+  return table;
+}
+
+enum class Activation { kGelu, kSilu, kGeluGrad, kSiluGrad };
+
+// The table of `activation` over the 16-bit type T, built on first use (256
+// KiB each; thread-safe through the function-local statics).
+template <typename T>
+const float* Table(Activation activation) {
+  switch (activation) {
+    case Activation::kGelu: {
+      static const std::vector<float> table = TableOf<T>(kernels::GeluOp{});
+      return table.data();
+    }
+    case Activation::kSilu: {
+      static const std::vector<float> table = TableOf<T>(kernels::SiluOp{});
+      return table.data();
+    }
+    case Activation::kGeluGrad: {
+      static const std::vector<float> table = TableOf<T>(kernels::GeluGrad);
+      return table.data();
+    }
+    case Activation::kSiluGrad: {
+      static const std::vector<float> table = TableOf<T>(kernels::SiluGrad);
+      return table.data();
+    }
+  }
+  return nullptr;
+}
+
+// out = activation(x) for f32 (`f32`, computed) or a 16-bit type (looked up).
+void Activate(DType dtype, Activation activation, UnaryFn f32, const void* x,
+              void* out, int64_t n) {
+  const size_t count = static_cast<size_t>(n);
+  if (dtype == DType::kF32) {
+    f32(x, out, count);
+  } else if (dtype == DType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(LookupBf16)
+    (x, out, count, Table<BFloat16>(activation));
+  } else {
+    HWY_DYNAMIC_DISPATCH(LookupF16)(x, out, count, Table<Float16>(activation));
+  }
+}
+
+// dx = dy * activation'(x), as Activate.
+void ActivateBackward(DType dtype, Activation grad, BinaryFn f32, const void* x,
+                      const void* dy, void* dx, int64_t n) {
+  const size_t count = static_cast<size_t>(n);
+  if (dtype == DType::kF32) {
+    f32(x, dy, dx, count, 0.0f);
+  } else if (dtype == DType::kBF16) {
+    HWY_DYNAMIC_DISPATCH(ScaledLookupBf16)
+    (x, dy, dx, count, Table<BFloat16>(grad));
+  } else {
+    HWY_DYNAMIC_DISPATCH(ScaledLookupF16)
+    (x, dy, dx, count, Table<Float16>(grad));
+  }
 }
 
 }  // namespace
@@ -335,31 +456,23 @@ void Scale(DType dtype, float alpha, const void* x, void* out, int64_t n) {
 }
 
 void Gelu(DType dtype, const void* x, void* out, int64_t n) {
-  PickUnary(dtype, HWY_DYNAMIC_DISPATCH(GeluF32),
-            HWY_DYNAMIC_DISPATCH(GeluBf16),
-            HWY_DYNAMIC_DISPATCH(GeluF16))(x, out, static_cast<size_t>(n));
+  Activate(dtype, Activation::kGelu, HWY_DYNAMIC_DISPATCH(GeluF32), x, out, n);
 }
 
 void Silu(DType dtype, const void* x, void* out, int64_t n) {
-  PickUnary(dtype, HWY_DYNAMIC_DISPATCH(SiluF32),
-            HWY_DYNAMIC_DISPATCH(SiluBf16),
-            HWY_DYNAMIC_DISPATCH(SiluF16))(x, out, static_cast<size_t>(n));
+  Activate(dtype, Activation::kSilu, HWY_DYNAMIC_DISPATCH(SiluF32), x, out, n);
 }
 
 void GeluBackward(DType dtype, const void* x, const void* dy, void* dx,
                   int64_t n) {
-  Pick(dtype, HWY_DYNAMIC_DISPATCH(GeluBackwardF32),
-       HWY_DYNAMIC_DISPATCH(GeluBackwardBf16),
-       HWY_DYNAMIC_DISPATCH(GeluBackwardF16))(x, dy, dx, static_cast<size_t>(n),
-                                              0.0f);
+  ActivateBackward(dtype, Activation::kGeluGrad,
+                   HWY_DYNAMIC_DISPATCH(GeluBackwardF32), x, dy, dx, n);
 }
 
 void SiluBackward(DType dtype, const void* x, const void* dy, void* dx,
                   int64_t n) {
-  Pick(dtype, HWY_DYNAMIC_DISPATCH(SiluBackwardF32),
-       HWY_DYNAMIC_DISPATCH(SiluBackwardBf16),
-       HWY_DYNAMIC_DISPATCH(SiluBackwardF16))(x, dy, dx, static_cast<size_t>(n),
-                                              0.0f);
+  ActivateBackward(dtype, Activation::kSiluGrad,
+                   HWY_DYNAMIC_DISPATCH(SiluBackwardF32), x, dy, dx, n);
 }
 
 const char* TargetName() { return HWY_DYNAMIC_DISPATCH(Target)(); }

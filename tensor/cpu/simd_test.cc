@@ -227,6 +227,49 @@ TEST(SimdTest, ActivationsMatchAtTheEdgesOfTheExpDomain) {
   }
 }
 
+// bf16 and f16 look their activations up in tables of the scalar functors:
+// every one of the 2^16 inputs (NaNs, infinities, subnormals included), with
+// a gradient that varies per element, bitwise against the functors, on every
+// target, from an unaligned start so that the tail runs too.
+TEST(SimdTest, EverySixteenBitInputGetsTheScalarActivation) {
+  const int64_t n = int64_t{1} << 16;
+  std::vector<float> dy_values = Values(n, 5);
+  EachTarget each;
+  for (int64_t target : each.targets()) {
+    hwy::SetSupportedTargetsForTest(target);
+    for (DType dtype : {DType::kBF16, DType::kF16}) {
+      // Every bit pattern, rotated by 1 so the vectors start mid-table.
+      std::vector<uint16_t> x(n + 1);
+      for (int64_t i = 0; i < n; ++i) x[i + 1] = static_cast<uint16_t>(i + 7);
+      Buffer dy(dtype, dy_values, 1);
+      const auto value = [&](int64_t i) {
+        return dtype == DType::kBF16 ? BFloat16ToFloat(BFloat16::FromBits(x[i]))
+                                     : Float16ToFloat(Float16::FromBits(x[i]));
+      };
+      const auto round = [&](float f) -> uint16_t {
+        return dtype == DType::kBF16 ? FloatToBFloat16(f).bits
+                                     : FloatToFloat16(f).bits;
+      };
+      std::vector<uint16_t> gelu(n), silu(n), dgelu(n), dsilu(n);
+      Gelu(dtype, x.data() + 1, gelu.data(), n);
+      Silu(dtype, x.data() + 1, silu.data(), n);
+      GeluBackward(dtype, x.data() + 1, dy.data(), dgelu.data(), n);
+      SiluBackward(dtype, x.data() + 1, dy.data(), dsilu.data(), n);
+      for (int64_t i = 0; i < n; ++i) {
+        const float v = value(i + 1), g = dy.Get(i);
+        const std::string where = absl::StrCat(
+            hwy::TargetName(target), " ", DTypeName(dtype), " bits ", x[i + 1]);
+        ASSERT_EQ(gelu[i], round(kernels::GeluOp{}(v))) << "gelu " << where;
+        ASSERT_EQ(silu[i], round(kernels::SiluOp{}(v))) << "silu " << where;
+        ASSERT_EQ(dgelu[i], round(kernels::GeluBackwardOp{}(v, g)))
+            << "gelu' " << where;
+        ASSERT_EQ(dsilu[i], round(kernels::SiluBackwardOp{}(v, g)))
+            << "silu' " << where;
+      }
+    }
+  }
+}
+
 // The stated error bounds of the approximations (tensor/kernels/
 // elementwise.h), measured against double precision on dense sweeps.
 TEST(SimdTest, ExpAndTanhApproximationsStayWithinTheirStatedErrors) {
