@@ -216,8 +216,18 @@ absl::Status Step(const models::TransformerConfig& config,
       }
     }
     // The gradient norm reads the gradients' values, which meta tensors do not
-    // have: it is left out (one f32 per parameter and one scalar all-reduce per
-    // sharded mesh axis).
+    // have: it is not run (its memory is one double per rank). Its
+    // collective, one scalar all-reduce over the axis the gradients are
+    // sharded on, is logged, with the trainer's all-reduce of the step's loss
+    // over the world before it (trainer.cc TrainStep).
+    if (log != nullptr) {
+      if (strategy.world > 1) {
+        log->Add({"all_reduce", "train", strategy.world, 8, 8});
+      }
+      if (strategy.dp_shard() > 1) {
+        log->Add({"all_reduce", "train/shard", strategy.dp_shard(), 8, 8});
+      }
+    }
     RETURN_IF_ERROR(adamw.Step(1.0f));
     phases.End(absl::StrCat(prefix, "optimizer"));
     result->step_allocations = acct->Stats().total_allocations -
