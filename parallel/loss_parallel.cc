@@ -111,6 +111,21 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
   RETURN_IF_ERROR(Copy(max, &global_max));
   RETURN_IF_ERROR(AllReduceF32(group, &global_max, ReduceOp::kMax, timeout_));
 
+  if (device.is_meta()) {
+    // A dry run (plan/dry_run.h): the same tensors and collectives as below,
+    // no values to read (the loss is 0 and every row counts).
+    ASSIGN_OR_RETURN(Tensor sums, Tensor::Empty({2 * n}, DType::kF32, device));
+    RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
+    ASSIGN_OR_RETURN(sumexp_, Tensor::Empty({n}, DType::kF32, device));
+    logits_ = logits;
+    targets_ = targets;
+    max_ = global_max;
+    vocab_offset_ = offset;
+    count_ = n;
+    saved_ = true;
+    return 0.0f;
+  }
+
   // Rescaled sums and target logits, summed over the slices in one go.
   ASSIGN_OR_RETURN(std::vector<float> m, max.ToFloats());
   ASSIGN_OR_RETURN(std::vector<float> s, sumexp.ToFloats());

@@ -28,6 +28,10 @@ std::string Strategy::ToString() const {
   if (dp_replicate > 1) {
     absl::StrAppend(&mesh, " (", dp_replicate, " x ", dp_shard(), " HSDP)");
   }
+  if (tp > 1) {
+    absl::StrAppend(&mesh, " x TP ", tp, sequence_parallel ? " + SP" : "",
+                    loss_parallel ? " + loss parallel" : "");
+  }
   return absl::StrFormat(
       "%s, %s%s, %s/%s%s%s, %s attention, batch %d x %d x %d", mesh,
       reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
@@ -40,10 +44,20 @@ std::string Strategy::ToString() const {
 
 absl::Status CheckStrategy(const models::TransformerConfig& config,
                            const Strategy& s) {
-  if (s.world < 1 || s.dp_replicate < 1 || s.world % s.dp_replicate != 0) {
+  if (s.world < 1 || s.dp_replicate < 1 || s.tp < 1 ||
+      s.world % (s.dp_replicate * s.tp) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "plan: world ", s.world, " must be a positive multiple of the ",
-        s.dp_replicate, " replicas"));
+        s.dp_replicate, " replicas x tp ", s.tp));
+  }
+  if ((s.sequence_parallel || s.loss_parallel) && s.tp < 2) {
+    return absl::InvalidArgumentError(
+        "plan: sequence and loss parallelism need tp > 1");
+  }
+  if (s.sequence_parallel && s.seq(config) % s.tp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("plan: sequence parallelism splits seq_len ",
+                     s.seq(config), " over tp ", s.tp, ": it must divide"));
   }
   if (s.hpz_degree > 1 && s.dp_shard() % s.hpz_degree != 0) {
     return absl::InvalidArgumentError(
@@ -76,6 +90,18 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyFsdpPlan(
       return models::gpt2::ApplyFsdp(model, options);
     case models::ModelFamily::kLlama:
       return models::llama::ApplyFsdp(model, options);
+  }
+  return absl::InvalidArgumentError("unknown model family");
+}
+
+absl::Status ApplyFamilyTensorParallelPlan(
+    models::Transformer* model, DeviceMesh* mesh,
+    const models::TensorParallelPlanOptions& options) {
+  switch (model->config().family) {
+    case models::ModelFamily::kGpt2:
+      return models::gpt2::ApplyTensorParallel(model, mesh, options);
+    case models::ModelFamily::kLlama:
+      return models::llama::ApplyTensorParallel(model, mesh, options);
   }
   return absl::InvalidArgumentError("unknown model family");
 }
@@ -128,6 +154,7 @@ absl::Status Step(const models::TransformerConfig& config,
     axes.push_back({"replicate", strategy.dp_replicate});
   }
   axes.push_back({"shard", strategy.dp_shard()});
+  if (strategy.tp > 1) axes.push_back({"tp", strategy.tp});
   ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
                    DeviceMesh::Create(axes, rank, strategy.world,
                                       std::move(factory), "train"));
@@ -139,8 +166,17 @@ absl::Status Step(const models::TransformerConfig& config,
   ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
                    models::Transformer::Create(config, mo));
   result->model_params = model->NumParameters();
+  if (strategy.tp > 1) {
+    models::TensorParallelPlanOptions tpo;
+    tpo.tp_axis = "tp";
+    tpo.sequence_parallel = strategy.sequence_parallel;
+    tpo.loss_parallel = strategy.loss_parallel;
+    RETURN_IF_ERROR(
+        ApplyFamilyTensorParallelPlan(model.get(), mesh.get(), tpo));
+  }
   fsdp::FsdpPlanOptions po;
   po.shard.mesh = mesh.get();
+  if (strategy.tp > 1) po.shard.tp_axis = "tp";
   po.shard.reshard_after_forward = strategy.reshard_after_forward;
   po.shard.hpz_degree = strategy.hpz_degree > 1 ? strategy.hpz_degree : 0;
   po.shard.mp_policy.param_dtype = strategy.param_dtype;
@@ -226,6 +262,9 @@ absl::Status Step(const models::TransformerConfig& config,
       }
       if (strategy.dp_shard() > 1) {
         log->Add({"all_reduce", "train/shard", strategy.dp_shard(), 8, 8});
+      }
+      if (strategy.tp > 1) {
+        log->Add({"all_reduce", "train/tp", strategy.tp, 8, 8});
       }
     }
     RETURN_IF_ERROR(adamw.Step(1.0f));

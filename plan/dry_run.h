@@ -35,7 +35,9 @@
 #include "core/dtype.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
+#include "mesh/device_mesh.h"
 #include "models/config.h"
+#include "models/parallelize/tensor_parallel_plan.h"
 #include "models/transformer.h"
 #include "plan/simulated_group.h"
 
@@ -46,8 +48,16 @@ namespace plan {
 // activation memory options and the batch.
 struct Strategy {
   int world = 1;
-  // HSDP: replicas of a sharded model (world = replicate x shard).
+  // HSDP: replicas of a sharded model (world = replicate x shard x tp).
   int dp_replicate = 1;
+  // Tensor parallelism: the family's plan (models/parallelize) on a "tp"
+  // axis of this many ranks, innermost; FSDP shards each rank's pieces over
+  // the shard axis. With sequence parallelism the norms and residual stream
+  // are split over the sequence; with loss parallelism the loss runs on the
+  // vocabulary-split logits.
+  int tp = 1;
+  bool sequence_parallel = false;
+  bool loss_parallel = false;
   // hpZ: the backward all-gather within groups of this many ranks (0 off).
   int hpz_degree = 0;
   // ZeRO-3 (true) or ZeRO-2 (false) for the blocks.
@@ -62,7 +72,7 @@ struct Strategy {
   int64_t seq_len = 0;  // 0: the model's context length
   int64_t grad_accumulation = 1;
 
-  int dp_shard() const { return world / dp_replicate; }
+  int dp_shard() const { return world / (dp_replicate * tp); }
   int64_t seq(const models::TransformerConfig& c) const {
     return seq_len > 0 ? seq_len : c.context_length;
   }
@@ -102,6 +112,13 @@ struct DryRunResult {
   // The second (steady-state) step's collectives, in issue order.
   std::vector<SimulatedOp> ops;
 };
+
+// The model family's tensor-parallel plan (models/<family>/parallelize.h
+// ApplyTensorParallel) on `mesh`'s options.tp_axis: what the trainer and the
+// dry run apply, before the FSDP plan.
+absl::Status ApplyFamilyTensorParallelPlan(
+    models::Transformer* model, DeviceMesh* mesh,
+    const models::TensorParallelPlanOptions& options);
 
 // The model family's FSDP plan (models/<family>/parallelize.h ApplyFsdp):
 // what the trainer and the dry run apply. The units, root last.

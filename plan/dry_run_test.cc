@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
@@ -122,6 +123,51 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
   EXPECT_GT(tensors_per_micro, 0);
   EXPECT_EQ(runs[2].step_allocations - runs[1].step_allocations,
             tensors_per_micro);
+}
+
+// Tensor parallelism (each family's plan on a tp axis, FSDP over the
+// shard axis; per-process exactness is checked against the trainer in
+// trainer/train_e2e_test.sh): the rank's pieces of the state, fewer
+// activations, and tensor parallelism's collectives on the tp groups.
+TEST(DryRunTest, TensorParallelPlansTheRanksPieces) {
+  for (const char* model : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(model);
+    const models::TransformerConfig config = *models::ConfigByName(model);
+    Strategy dp;
+    dp.world = 2;
+    dp.micro_batch = 2;
+    dp.seq_len = 32;
+    Strategy tp = dp;
+    tp.tp = 2;
+    Strategy sp = tp;
+    sp.sequence_parallel = true;
+    sp.loss_parallel = true;
+    absl::StatusOr<DryRunResult> d = DryRun(config, dp);
+    absl::StatusOr<DryRunResult> t = DryRun(config, tp);
+    absl::StatusOr<DryRunResult> q = DryRun(config, sp);
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_TRUE(q.ok()) << q.status();
+    // FSDP 2 holds half of every parameter; tp 2 half of the split ones and
+    // all of the replicated ones (norms, biases after a row-wise split).
+    EXPECT_GE(t->rank_params, d->rank_params);
+    EXPECT_LT(t->rank_params, t->model_params);
+    EXPECT_GT(2 * t->rank_params, t->model_params);
+    EXPECT_EQ(t->param_bytes, t->rank_params * 4);
+    int tp_ops = 0;
+    for (const SimulatedOp& op : t->ops) {
+      tp_ops += absl::StrContains(op.group, "/tp");
+    }
+    EXPECT_GT(tp_ops, 2 * config.n_layers) << "one per block forward at least";
+    // Sequence parallelism splits the norms' and residual stream's
+    // activations: a lower peak than tensor parallelism alone.
+    EXPECT_LT(q->peak_bytes, t->peak_bytes);
+  }
+  Strategy bad;
+  bad.world = 2;
+  bad.sequence_parallel = true;
+  EXPECT_EQ(DryRun(*models::ConfigByName("gpt2_debug"), bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

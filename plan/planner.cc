@@ -35,6 +35,15 @@ int64_t HostMemoryBytes() {
   return 0;
 }
 
+// The mesh axis a group spans, from its name: "train/tp@shard=0" -> "tp",
+// "train/shard" -> "shard", "train" (the world) -> "".
+std::string GroupAxis(const std::string& group) {
+  const size_t slash = group.rfind('/');
+  if (slash == std::string::npos) return "";
+  const std::string axis = group.substr(slash + 1);
+  return axis.substr(0, axis.find('@'));
+}
+
 // Bytes an op moves on the wire per rank (ring algorithms).
 double WireBytes(const SimulatedOp& op) {
   const double n = op.group_size;
@@ -52,7 +61,9 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
   const int64_t seq = s.seq(model);
   const double tokens =
       static_cast<double>(s.micro_batch) * seq * s.grad_accumulation;
-  const double model_flops = models::FlopsPerToken(model, seq) * tokens;
+  // Tensor parallelism splits each data-parallel rank's work over its tp
+  // ranks (attention heads, the MLP's hidden width, the vocabulary).
+  const double model_flops = models::FlopsPerToken(model, seq) * tokens / s.tp;
   // Activation checkpointing runs each block's forward again in backward:
   // the forward is a third of the training FLOPs.
   const double flops =
@@ -62,15 +73,28 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
   const bool half = s.param_dtype != DType::kF32;
   t.compute_s = (rate > 0 ? flops / rate : 0) +
                 run.step_allocations * d.op_overhead_s[llama][half];
-  double first_gather = -1, last_reduce = 0;
+  double first_gather = -1, last_reduce = 0, blocking = 0;
   for (const SimulatedOp& op : run.ops) {
-    const bool across_nodes = op.group.find("replicate") != std::string::npos &&
-                              d.inter_node_bytes_per_s > 0;
+    const std::string axis = GroupAxis(op.group);
+    const bool across_nodes =
+        axis == "replicate" && d.inter_node_bytes_per_s > 0;
     const double bw =
         across_nodes ? d.inter_node_bytes_per_s : d.link_bytes_per_s;
+    // The latency was measured on groups of two (one ring step); a ring of
+    // n ranks takes n - 1 steps, each waiting on the next rank.
+    const bool tensor_parallel = axis == "tp";
+    const double latency = tensor_parallel && d.tp_collective_s > 0
+                               ? d.tp_collective_s
+                               : d.collective_latency_s;
     const double s_op = (bw > 0 ? WireBytes(op) / bw : 0) +
-                        (op.group_size > 1 ? d.collective_latency_s : 0);
+                        std::max(0, op.group_size - 1) * latency;
     t.comm_s += s_op;
+    // Tensor parallelism's collectives sit between the ops that need their
+    // results, on the compute's path: none of them is hidden.
+    if (tensor_parallel) {
+      blocking += s_op;
+      continue;
+    }
     if (op.kind == "all_gather" && first_gather < 0) first_gather = s_op;
     if (op.kind == "reduce_scatter") last_reduce = s_op;
   }
@@ -82,11 +106,13 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
     // FSDP prefetches: all but the first all-gather and the last
     // reduce-scatter overlap compute, up to the compute's own length.
     const double edges = std::max(first_gather, 0.0) + last_reduce;
-    t.exposed_comm_s = edges + std::max(0.0, t.comm_s - edges - t.compute_s);
+    const double overlappable = t.comm_s - blocking;
+    t.exposed_comm_s =
+        blocking + edges + std::max(0.0, overlappable - edges - t.compute_s);
   }
   t.step_s = t.compute_s + t.exposed_comm_s;
   if (t.step_s > 0) {
-    t.tokens_per_s = tokens / t.step_s;
+    t.tokens_per_s = tokens / s.tp / t.step_s;
     const double peak = s.param_dtype == DType::kF32 ? d.f32_peak : d.bf16_peak;
     t.mfu = peak > 0 ? model_flops / t.step_s / peak : 0;
   }
@@ -150,8 +176,12 @@ double MeasureOpOverhead(const std::string& model, DType dtype,
 // A collective's cost inside a training step here (the comm thread waking,
 // sharing the cores with compute): the same tiny step (gpt2_debug, 2 x 32
 // tokens per rank) on two thread ranks over Gloo against one rank, the
-// difference over the collectives the step issues. 0 if it cannot run.
-double MeasureStepCollectiveCost() {
+// difference over the collectives the step issues; with `tensor_parallel`
+// the two ranks are one tp group (each computes half of every layer) and the
+// difference is charged to tensor parallelism's collectives alone: what a
+// blocking collective in the middle of the compute costs, the ranks'
+// arrival skew included. 0 if it cannot run.
+double MeasureStepCollectiveCost(bool tensor_parallel) {
   absl::StatusOr<models::TransformerConfig> config =
       models::ConfigByName("gpt2_debug");
   if (!config.ok()) return 0;
@@ -160,8 +190,16 @@ double MeasureStepCollectiveCost() {
   one.seq_len = 32;
   Strategy two = one;
   two.world = 2;
+  if (tensor_parallel) two.tp = 2;
   absl::StatusOr<DryRunResult> dry = DryRun(*config, two);
-  if (!dry.ok() || dry->ops.empty()) return 0;
+  if (!dry.ok()) return 0;
+  // The collectives the difference is charged to: all of them, or those on
+  // the tp axis (the others are then only the step's two scalars).
+  int64_t count = 0;
+  for (const SimulatedOp& op : dry->ops) {
+    count += !tensor_parallel || GroupAxis(op.group) == "tp";
+  }
+  if (count == 0) return 0;
   // Medians of 7, the one- and two-rank runs alternating: a step's
   // collectives wait on whatever else the cores run, and the trainer's step
   // time is a mean over steps, not the luckiest one.
@@ -186,8 +224,7 @@ double MeasureStepCollectiveCost() {
     if (!r2[0].ok() || !r2[1].ok()) return 0;
     t2.push_back(std::max(r2[0]->step_seconds, r2[1]->step_seconds));
   }
-  return std::max(0.0, Median(t2) - Median(t1)) /
-         static_cast<double>(dry->ops.size());
+  return std::max(0.0, Median(t2) - Median(t1)) / static_cast<double>(count);
 }
 
 }  // namespace
@@ -204,7 +241,8 @@ CpuRates MeasureCpuRates() {
   constexpr int64_t kSmall = 8 << 10;
   const double small_bw = MeasureGlooBusBandwidth(kSmall, 20).value_or(0);
   r.gloo_latency_s = small_bw > 0 ? kSmall / 2.0 / small_bw : 0;
-  r.step_collective_s = MeasureStepCollectiveCost();
+  r.step_collective_s = MeasureStepCollectiveCost(/*tensor_parallel=*/false);
+  r.step_tp_collective_s = MeasureStepCollectiveCost(/*tensor_parallel=*/true);
   for (int llama : {0, 1}) {
     for (int half : {0, 1}) {
       r.op_s[llama][half] = MeasureOpOverhead(
@@ -260,6 +298,8 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
       // ranks outnumber the cores.
       d.collective_latency_s =
           std::max(r.gloo_latency_s, r.step_collective_s * share);
+      d.tp_collective_s =
+          std::max(r.gloo_latency_s, r.step_tp_collective_s * share);
       for (int llama : {0, 1}) {
         for (int half : {0, 1}) {
           d.op_overhead_s[llama][half] = r.op_s[llama][half] * share;
@@ -268,10 +308,11 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
       d.source = absl::StrFormat(
           "measured here: %.0f / %.0f GFLOP/s f32 / bf16 matmul (1024^3), "
           "Gloo all-gather busbw %.2f GB/s and latency %.0f us (%.0f us per "
-          "collective inside a step), %.1f us per op (gpt2, f32)",
+          "collective inside a step, %.0f us per tensor-parallel one), %.1f "
+          "us per op (gpt2, f32)",
           r.f32_flops / 1e9, r.bf16_flops / 1e9, r.gloo_bus_bytes_per_s / 1e9,
           r.gloo_latency_s * 1e6, r.step_collective_s * 1e6,
-          r.op_s[0][0] * 1e6);
+          r.step_tp_collective_s * 1e6, r.op_s[0][0] * 1e6);
     } else {
       d.f32_peak = 50e9 / ranks_per_node;
       d.bf16_peak = 100e9 / ranks_per_node;

@@ -41,6 +41,10 @@ struct DeviceSpec {
   // collective, seconds.
   double op_overhead_s[2][2] = {{0, 0}, {0, 0}};  // [llama][half]
   double collective_latency_s = 0;
+  // What one of tensor parallelism's blocking collectives adds to a step
+  // beyond its bytes (the ranks meeting in the middle of the compute); 0:
+  // collective_latency_s.
+  double tp_collective_s = 0;
   // Per-rank memory no fsdpp allocator sees.
   int64_t overhead_bytes = 0;
   // A GPU: offloaded state goes to host memory, counted apart.
@@ -71,8 +75,10 @@ struct CpuRates {
   double op_s[2][2] = {{0, 0}, {0, 0}};  // [llama][bf16]
   double gloo_latency_s = 0;
   // What one collective adds to a training step here: a tiny step on two
-  // thread ranks against one, over its collectives.
+  // thread ranks against one, over its collectives; and the same with the
+  // two ranks tensor-parallel, over tensor parallelism's collectives.
   double step_collective_s = 0;
+  double step_tp_collective_s = 0;
 };
 CpuRates MeasureCpuRates();
 

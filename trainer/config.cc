@@ -907,14 +907,19 @@ std::string FormatTrainConfig(const TrainConfig& config) {
 
 absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
                                             const ResolvedTrainConfig& rc) {
-  if (rc.tp > 1 || rc.pp > 1) {
+  if (rc.pp > 1) {
     return absl::UnimplementedError(absl::StrCat(
-        "the planner covers FSDP, HSDP and hpZ meshes; tensor (tp ", rc.tp,
-        ") and pipeline (pp ", rc.pp, ") parallelism are not planned yet"));
+        "the planner covers FSDP, HSDP, hpZ and tensor-parallel meshes; "
+        "pipeline parallelism (pp ",
+        rc.pp, ") is not planned yet"));
   }
   plan::Strategy s;
   s.world = rc.world_size;
   s.dp_replicate = rc.dp_replicate;
+  s.tp = rc.tp;
+  // Both take effect only on a tp axis (loss parallelism is on by default).
+  s.sequence_parallel = rc.tp > 1 && config.parallelism().sequence_parallel();
+  s.loss_parallel = rc.tp > 1 && config.parallelism().loss_parallel();
   s.hpz_degree = rc.hpz_degree > 1 ? rc.hpz_degree : 0;
   s.reshard_after_forward = config.parallelism().reshard_after_forward();
   s.param_dtype = rc.param_dtype;

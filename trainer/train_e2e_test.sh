@@ -137,4 +137,24 @@ grep -m1 "heartbeat stopped" "$work/stopped.log"
 bash "$cd_back/trainer/kill_drill.sh" 2 "$cd_back/$train" "$work/drill" ||
   fail "kill -9 drill"
 
+# 7. The memory plan is exact per process: every rank's measured peak of
+# live tensors equals the plan's, also for meshes with a tp axis (2
+# processes: FSDP 2; tensor parallel 2 with sequence and loss parallelism).
+for layout in "dp" "tp"; do
+  mkdir -p "$work/plan_$layout"
+  extra=()
+  [[ $layout == tp ]] && extra=(--set parallelism.tp=2
+    --set parallelism.sequence_parallel=true)
+  run "$work/plan_$layout" --set training.steps=2 --set checkpoint.interval=0 \
+    --set validation.interval=0 --set metrics.trace_steps=0 "${extra[@]}" \
+    >/dev/null
+  line="$(grep -m1 -o 'Peak memory/rank: .*' "$work/plan_$layout.log")" ||
+    fail "$layout: no peak memory line"
+  measured="$(echo "$line" | awk '{print $3}')"
+  planned="$(echo "$line" | sed -nE 's/.*planned ([0-9.]+) MiB.*/\1/p')"
+  [[ -n $planned && $measured == "$planned" ]] ||
+    fail "$layout: measured peak $measured MiB, planned '$planned' MiB"
+  echo "memory plan ($layout): measured $measured MiB = planned $planned MiB"
+done
+
 echo "PASS"

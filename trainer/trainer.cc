@@ -171,19 +171,6 @@ absl::StatusOr<std::pair<Tensor, Tensor>> BatchTensors(const Batch& batch) {
   return std::make_pair(std::move(i), std::move(t));
 }
 
-// The model's tensor-parallel plan by family, on the mesh's "tp" axis.
-absl::Status ApplyTensorParallelPlan(
-    models::Transformer* model, DeviceMesh* mesh,
-    const models::TensorParallelPlanOptions& options) {
-  switch (model->config().family) {
-    case models::ModelFamily::kGpt2:
-      return models::gpt2::ApplyTensorParallel(model, mesh, options);
-    case models::ModelFamily::kLlama:
-      return models::llama::ApplyTensorParallel(model, mesh, options);
-  }
-  return absl::InvalidArgumentError("unknown model family");
-}
-
 std::string TrainLine(const StepLog& s, int64_t steps, double tokens_per_s,
                       double mfu, double eta_s) {
   return absl::StrFormat(
@@ -425,9 +412,9 @@ absl::Status Trainer::BuildModel() {
   if (rc_.pp > 1) return BuildPipeline(mo, plan, tpo);
   ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
   if (rc_.tp > 1) {
-    RETURN_IF_ERROR(
-        Annotate(ApplyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
-                 "trainer: applying the tensor-parallel plan"));
+    RETURN_IF_ERROR(Annotate(
+        plan::ApplyFamilyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
+        "trainer: applying the tensor-parallel plan"));
   }
   ASSIGN_OR_RETURN(units_,
                    Context(plan::ApplyFamilyFsdpPlan(model_.get(), plan),
@@ -478,7 +465,7 @@ absl::Status Trainer::BuildPipeline(
     const std::string stage = absl::StrCat(" of pipeline stage ", part.stage);
     if (rc_.tp > 1) {
       RETURN_IF_ERROR(
-          Annotate(ApplyTensorParallelPlan(m, stage_mesh, tpo),
+          Annotate(plan::ApplyFamilyTensorParallelPlan(m, stage_mesh, tpo),
                    "trainer: applying the tensor-parallel plan" + stage));
     }
     ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units,

@@ -88,7 +88,7 @@ TEST(PlanToolTest, BadInputSaysWhat) {
   EXPECT_TRUE(absl::StrContains(RunPlanTool(o).status().message(),
                                 "unknown device 'tpu'"));
   o.device = "cpu";
-  o.overrides = {"parallelism.tp=2"};
+  o.overrides = {"parallelism.pp=2"};
   EXPECT_EQ(RunPlanTool(o).status().code(), absl::StatusCode::kUnimplemented);
 }
 
