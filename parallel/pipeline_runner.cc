@@ -46,7 +46,8 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
         absl::StrCat(where, ": the schedule is for ", schedule.ranks,
                      " ranks, the group has ", group->size()));
   }
-  if (!group->device().is_cpu()) {
+  // Meta: a dry run's simulated group (plan/), whose transfers move nothing.
+  if (!group->device().is_cpu() && !group->device().is_meta()) {
     return absl::UnimplementedError(absl::StrCat(
         where, ": the runner's tagged transfers need a CPU (Gloo) group, not ",
         group->device().ToString()));

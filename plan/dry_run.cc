@@ -18,6 +18,7 @@
 #include "models/transformer.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
+#include "parallel/pipeline_runner.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -32,6 +33,12 @@ std::string Strategy::ToString() const {
     absl::StrAppend(&mesh, " x TP ", tp, sequence_parallel ? " + SP" : "",
                     loss_parallel ? " + loss parallel" : "");
   }
+  if (pp > 1) {
+    absl::StrAppend(&mesh, " x PP ", pp, " ", pp_schedule,
+                    pp_virtual_stages > 1
+                        ? absl::StrCat(" (", pp_virtual_stages, " stages/rank)")
+                        : std::string());
+  }
   return absl::StrFormat(
       "%s, %s%s, %s/%s%s%s, %s attention, batch %d x %d x %d", mesh,
       reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
@@ -44,11 +51,11 @@ std::string Strategy::ToString() const {
 
 absl::Status CheckStrategy(const models::TransformerConfig& config,
                            const Strategy& s) {
-  if (s.world < 1 || s.dp_replicate < 1 || s.tp < 1 ||
-      s.world % (s.dp_replicate * s.tp) != 0) {
+  if (s.world < 1 || s.dp_replicate < 1 || s.tp < 1 || s.pp < 1 ||
+      s.world % (s.dp_replicate * s.tp * s.pp) != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "plan: world ", s.world, " must be a positive multiple of the ",
-        s.dp_replicate, " replicas x tp ", s.tp));
+        s.dp_replicate, " replicas x tp ", s.tp, " x pp ", s.pp));
   }
   if ((s.sequence_parallel || s.loss_parallel) && s.tp < 2) {
     return absl::InvalidArgumentError(
@@ -106,6 +113,46 @@ absl::Status ApplyFamilyTensorParallelPlan(
   return absl::InvalidArgumentError("unknown model family");
 }
 
+absl::StatusOr<PipelineStages> BuildPipelineStages(
+    const models::TransformerConfig& config,
+    const models::TransformerOptions& options,
+    const parallel::PipelineSchedule& schedule, int pp_rank,
+    const std::vector<int>& cuts, const fsdp::FsdpPlanOptions& fsdp_plan,
+    const models::TensorParallelPlanOptions* tp_plan, uint64_t seed) {
+  PipelineStages out;
+  ASSIGN_OR_RETURN(out.parts, models::BuildPipelineParts(
+                                  config, options, schedule, pp_rank, cuts));
+  const std::string tied = models::TiedWeightName(config);
+  for (models::PipelineStagePart& part : out.parts) {
+    models::Transformer* m = part.model.get();
+    const std::string stage = absl::StrCat(" of pipeline stage ", part.stage);
+    if (tp_plan != nullptr) {
+      RETURN_IF_ERROR(Annotate(
+          ApplyFamilyTensorParallelPlan(m, fsdp_plan.shard.mesh, *tp_plan),
+          "applying the tensor-parallel plan" + stage));
+    }
+    absl::StatusOr<std::vector<fsdp::FsdpUnit*>> planned =
+        ApplyFamilyFsdpPlan(m, fsdp_plan);
+    if (!planned.ok()) {
+      return Annotate(planned.status(), "applying the FSDP plan" + stage);
+    }
+    std::vector<fsdp::FsdpUnit*> units = *std::move(planned);
+    RETURN_IF_ERROR(fsdp::InitShardedWeights(m, seed));
+    out.units.insert(out.units.end(), units.begin(), units.end());
+    out.units_by_stage[part.stage] = std::move(units);
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(m)) {
+      out.params.push_back(sp);
+      out.counts_in_norm.push_back(models::CountsInNorm(*m, sp->name));
+      // Two copies of the tied weight only when its embedding and head are
+      // on different stages.
+      if (sp->name != tied || (m->has_embedding() && m->has_head())) continue;
+      (m->has_embedding() ? out.tied_first : out.tied_last) =
+          sp->grad.mutable_local();
+    }
+  }
+  return out;
+}
+
 namespace {
 
 // The allocator's view of one phase, and its peak folded into the step's.
@@ -150,6 +197,7 @@ absl::Status Step(const models::TransformerConfig& config,
         "plan: no allocator for ", device.ToString(), " or ", host.ToString()));
   }
   std::vector<MeshAxis> axes;
+  if (strategy.pp > 1) axes.push_back({"pp", strategy.pp});
   if (strategy.dp_replicate > 1) {
     axes.push_back({"replicate", strategy.dp_replicate});
   }
@@ -163,17 +211,11 @@ absl::Status Step(const models::TransformerConfig& config,
   models::TransformerOptions mo;
   mo.activation_checkpointing = strategy.activation_checkpointing;
   mo.fused_attention = strategy.fused_attention;
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(config, mo));
-  result->model_params = model->NumParameters();
-  if (strategy.tp > 1) {
-    models::TensorParallelPlanOptions tpo;
-    tpo.tp_axis = "tp";
-    tpo.sequence_parallel = strategy.sequence_parallel;
-    tpo.loss_parallel = strategy.loss_parallel;
-    RETURN_IF_ERROR(
-        ApplyFamilyTensorParallelPlan(model.get(), mesh.get(), tpo));
-  }
+  result->model_params = models::NumParameters(config);
+  models::TensorParallelPlanOptions tpo;
+  tpo.tp_axis = "tp";
+  tpo.sequence_parallel = strategy.sequence_parallel;
+  tpo.loss_parallel = strategy.loss_parallel;
   fsdp::FsdpPlanOptions po;
   po.shard.mesh = mesh.get();
   if (strategy.tp > 1) po.shard.tp_axis = "tp";
@@ -183,10 +225,61 @@ absl::Status Step(const models::TransformerConfig& config,
   po.shard.mp_policy.reduce_dtype = strategy.reduce_dtype;
   po.shard.offload_policy.offload_params = strategy.offload;
   po.shard.offload_policy.host = host;
-  RETURN_IF_ERROR(ApplyFamilyFsdpPlan(model.get(), po).status());
-  RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 0));
-  std::vector<fsdp::ShardedParameter*> params =
-      fsdp::ShardedParameters(model.get());
+  // Without pipeline parallelism the whole model (trainer.cc BuildModel);
+  // with it this rank's stages and the runner (BuildPipeline).
+  std::unique_ptr<models::Transformer> model;
+  PipelineStages stages;
+  std::unique_ptr<parallel::PipelineRunner> runner;
+  ProcessGroup* pp_group = nullptr;
+  std::vector<fsdp::ShardedParameter*> params;
+  if (strategy.pp > 1) {
+    ASSIGN_OR_RETURN(pp_group, mesh->Group("pp"));
+    std::vector<std::string> stage_axes;
+    for (const MeshAxis& a : mesh->axes()) {
+      if (a.name != "pp") stage_axes.push_back(a.name);
+    }
+    ASSIGN_OR_RETURN(po.shard.mesh, mesh->SubMesh(stage_axes));
+    ASSIGN_OR_RETURN(
+        parallel::PipelineSchedule schedule,
+        models::MakePipelineSchedule(
+            strategy.pp_schedule, strategy.pp, strategy.pp_virtual_stages,
+            static_cast<int>(strategy.grad_accumulation)));
+    ASSIGN_OR_RETURN(stages,
+                     BuildPipelineStages(config, mo, schedule, pp_group->rank(),
+                                         strategy.pp_cuts, po,
+                                         strategy.tp > 1 ? &tpo : nullptr, 0));
+    params = stages.params;
+    const int64_t seq = strategy.sequence_parallel
+                            ? strategy.seq(config) / strategy.tp
+                            : strategy.seq(config);
+    models::PipelineStageModules modules = models::StageModules(
+        stages.parts, {strategy.micro_batch, seq, config.dim},
+        strategy.param_dtype);
+    parallel::PipelineRunnerOptions ro;
+    std::map<int, std::vector<fsdp::FsdpUnit*>>* by_stage =
+        &stages.units_by_stage;
+    ro.on_last_backward = [by_stage](int stage) {
+      for (fsdp::FsdpUnit* u : (*by_stage)[stage]) {
+        u->SetRequiresGradientSync(true);
+      }
+      return absl::OkStatus();
+    };
+    ASSIGN_OR_RETURN(parallel::PipelineSimulation sim,
+                     parallel::Simulate(schedule, 1.0, 2.0));
+    result->pipeline_bubble = sim.bubble;
+    ASSIGN_OR_RETURN(runner, parallel::PipelineRunner::Create(
+                                 pp_group, std::move(schedule),
+                                 std::move(modules.stages), modules.loss, ro));
+  } else {
+    ASSIGN_OR_RETURN(model, models::Transformer::Create(config, mo));
+    if (strategy.tp > 1) {
+      RETURN_IF_ERROR(
+          ApplyFamilyTensorParallelPlan(model.get(), mesh.get(), tpo));
+    }
+    RETURN_IF_ERROR(ApplyFamilyFsdpPlan(model.get(), po).status());
+    RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 0));
+    params = fsdp::ShardedParameters(model.get());
+  }
   std::vector<DTensor*> grads;
   std::vector<AdamWParam> adam_params;
   for (fsdp::ShardedParameter* sp : params) {
@@ -219,10 +312,37 @@ absl::Status Step(const models::TransformerConfig& config,
     const absl::Time step_start = absl::Now();
     phases.Begin();
     RETURN_IF_ERROR(ZeroGrad(grads));
+    if (runner != nullptr) {
+      // The pipeline runs every micro-batch (how many are in flight at once
+      // is the schedule's): trainer.cc PipelineForwardBackward.
+      std::vector<Tensor> ids, targets;
+      for (int64_t m = 0; m < strategy.grad_accumulation; ++m) {
+        ASSIGN_OR_RETURN(Tensor i, Tensor::Zeros(batch, DType::kI32, device));
+        ASSIGN_OR_RETURN(Tensor t, Tensor::Zeros(batch, DType::kI32, device));
+        ids.push_back(std::move(i));
+        targets.push_back(std::move(t));
+      }
+      for (fsdp::FsdpUnit* u : stages.units) u->SetRequiresGradientSync(false);
+      RETURN_IF_ERROR(
+          runner
+              ->Step(ids, targets,
+                     1.0f / static_cast<float>(strategy.grad_accumulation))
+              .status());
+      RETURN_IF_ERROR(parallel::SumSharedGradients(
+          pp_group, runner->schedule(), stages.tied_first, stages.tied_last,
+          absl::Minutes(30)));
+      phases.End(absl::StrCat(prefix, "pipeline"));
+      phases.Begin();
+      if (log != nullptr) {
+        log->Add({"all_reduce", "train/pp", strategy.pp, 8, 8});  // the loss
+      }
+    }
     // Micro-batches after the second repeat its allocations and collectives
     // exactly (the same shapes into the same buffers): two are run, and the
     // others' tensors and collectives are counted as the second's.
-    const int64_t run_micro = std::min<int64_t>(strategy.grad_accumulation, 2);
+    const int64_t run_micro =
+        runner != nullptr ? 0
+                          : std::min<int64_t>(strategy.grad_accumulation, 2);
     int64_t allocations_at_last = 0;
     size_t ops_at_last = 0;
     for (int64_t m = 1; m <= run_micro; ++m) {
@@ -242,7 +362,8 @@ absl::Status Step(const models::TransformerConfig& config,
       phases.End(absl::StrCat(prefix, "backward ", m));
       phases.Begin();
     }
-    const int64_t repeats = strategy.grad_accumulation - run_micro;
+    const int64_t repeats =
+        runner != nullptr ? 0 : strategy.grad_accumulation - run_micro;
     const int64_t repeated_allocations =
         repeats * (acct->Stats().total_allocations - allocations_at_last);
     if (log != nullptr && repeats > 0) {
@@ -265,6 +386,9 @@ absl::Status Step(const models::TransformerConfig& config,
       }
       if (strategy.tp > 1) {
         log->Add({"all_reduce", "train/tp", strategy.tp, 8, 8});
+      }
+      if (strategy.pp > 1) {  // the stages' totals added up
+        log->Add({"all_reduce", "train/pp", strategy.pp, 8, 8});
       }
     }
     RETURN_IF_ERROR(adamw.Step(1.0f));

@@ -26,6 +26,7 @@
 #define FSDPP_PLAN_DRY_RUN_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -38,7 +39,9 @@
 #include "mesh/device_mesh.h"
 #include "models/config.h"
 #include "models/parallelize/tensor_parallel_plan.h"
+#include "models/pipeline.h"
 #include "models/transformer.h"
+#include "parallel/pipeline_schedule.h"
 #include "plan/simulated_group.h"
 
 namespace fsdpp {
@@ -58,6 +61,15 @@ struct Strategy {
   int tp = 1;
   bool sequence_parallel = false;
   bool loss_parallel = false;
+  // Pipeline parallelism: a "pp" axis of this many ranks, outermost; the
+  // schedule ("1f1b", "gpipe", "interleaved" with pp_virtual_stages >= 2
+  // stages per rank) over grad_accumulation micro-batches; the blocks cut
+  // evenly or at pp_cuts. Each stage gets the tensor-parallel and FSDP
+  // plans on the mesh without "pp".
+  int pp = 1;
+  std::string pp_schedule = "1f1b";
+  int pp_virtual_stages = 1;
+  std::vector<int> pp_cuts;
   // hpZ: the backward all-gather within groups of this many ranks (0 off).
   int hpz_degree = 0;
   // ZeRO-3 (true) or ZeRO-2 (false) for the blocks.
@@ -72,7 +84,7 @@ struct Strategy {
   int64_t seq_len = 0;  // 0: the model's context length
   int64_t grad_accumulation = 1;
 
-  int dp_shard() const { return world / (dp_replicate * tp); }
+  int dp_shard() const { return world / (dp_replicate * tp * pp); }
   int64_t seq(const models::TransformerConfig& c) const {
     return seq_len > 0 ? seq_len : c.context_length;
   }
@@ -111,6 +123,9 @@ struct DryRunResult {
   double step_seconds = 0;
   // The second (steady-state) step's collectives, in issue order.
   std::vector<SimulatedOp> ops;
+  // Pipeline parallelism: the schedule's idle fraction with a backward
+  // twice a forward (parallel::Simulate), 0 without.
+  double pipeline_bubble = 0;
 };
 
 // The model family's tensor-parallel plan (models/<family>/parallelize.h
@@ -119,6 +134,31 @@ struct DryRunResult {
 absl::Status ApplyFamilyTensorParallelPlan(
     models::Transformer* model, DeviceMesh* mesh,
     const models::TensorParallelPlanOptions& options);
+
+// One pipeline rank's stages as the trainer builds them: the parts
+// `schedule` gives `pp_rank` (models::BuildPipelineParts, cut at `cuts`),
+// each with the tensor-parallel plan (`tp_plan`, null for none) and the FSDP
+// plan (`fsdp_plan`, its mesh the mesh without "pp") applied and its sharded
+// weights initialised from `seed`.
+struct PipelineStages {
+  std::vector<models::PipelineStagePart> parts;
+  std::map<int, std::vector<fsdp::FsdpUnit*>> units_by_stage;
+  std::vector<fsdp::FsdpUnit*> units;  // every stage's, in stage order
+  std::vector<fsdp::ShardedParameter*> params;
+  // Per parameter: whether the gradient norm counts it (a tied weight's
+  // copy on a second stage does not).
+  std::vector<bool> counts_in_norm;
+  // The tied weight's gradient on the rank's first and last stage when it
+  // has two copies here (else null): parallel::SumSharedGradients adds them.
+  Tensor* tied_first = nullptr;
+  Tensor* tied_last = nullptr;
+};
+absl::StatusOr<PipelineStages> BuildPipelineStages(
+    const models::TransformerConfig& config,
+    const models::TransformerOptions& options,
+    const parallel::PipelineSchedule& schedule, int pp_rank,
+    const std::vector<int>& cuts, const fsdp::FsdpPlanOptions& fsdp_plan,
+    const models::TensorParallelPlanOptions* tp_plan, uint64_t seed);
 
 // The model family's FSDP plan (models/<family>/parallelize.h ApplyFsdp):
 // what the trainer and the dry run apply. The units, root last.

@@ -6,6 +6,7 @@
 // state divided as FSDP divides it, and the collectives one step issues.
 #include "plan/dry_run.h"
 
+#include <algorithm>
 #include <memory>
 #include <string>
 
@@ -15,6 +16,7 @@
 #include "comm/store.h"
 #include "core/allocator.h"
 #include "gtest/gtest.h"
+#include "plan/planner.h"
 
 namespace fsdpp {
 namespace plan {
@@ -168,6 +170,43 @@ TEST(DryRunTest, TensorParallelPlansTheRanksPieces) {
   bad.sequence_parallel = true;
   EXPECT_EQ(DryRun(*models::ConfigByName("gpt2_debug"), bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Pipeline parallelism: each pipeline rank plans its own stages; GPipe
+// keeps every micro-batch's activations until its backwards, 1F1B at most
+// one per stage in flight, so GPipe's peak is the higher; the stages'
+// transfers are logged. MakePlan's kLargestRank is the largest stage's plan.
+TEST(DryRunTest, PipelineRanksPlanTheirStages) {
+  for (const char* model : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(model);
+    const models::TransformerConfig config = *models::ConfigByName(model);
+    Strategy s;
+    s.world = 2;
+    s.pp = 2;
+    s.micro_batch = 2;
+    s.seq_len = 32;
+    s.grad_accumulation = 4;
+    Strategy gpipe = s;
+    gpipe.pp_schedule = "gpipe";
+    int64_t largest = 0;
+    for (int rank : {0, 1}) {
+      absl::StatusOr<DryRunResult> f = DryRun(config, s, rank);
+      absl::StatusOr<DryRunResult> g = DryRun(config, gpipe, rank);
+      ASSERT_TRUE(f.ok()) << f.status();
+      ASSERT_TRUE(g.ok()) << g.status();
+      EXPECT_LT(f->rank_params, f->model_params);
+      EXPECT_GT(f->pipeline_bubble, 0);
+      EXPECT_GT(g->peak_bytes, f->peak_bytes) << "rank " << rank;
+      int p2p = 0;
+      for (const SimulatedOp& op : f->ops) p2p += op.kind == "p2p";
+      EXPECT_GE(p2p, 2 * s.grad_accumulation) << "rank " << rank;
+      largest = std::max(largest, f->peak_bytes);
+    }
+    DeviceSpec cpu = *DeviceByName("cpu", 2, /*calibrate=*/false);
+    absl::StatusOr<Plan> plan = MakePlan(config, s, cpu);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->run.peak_bytes, largest);
+  }
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -62,8 +63,10 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
   const double tokens =
       static_cast<double>(s.micro_batch) * seq * s.grad_accumulation;
   // Tensor parallelism splits each data-parallel rank's work over its tp
-  // ranks (attention heads, the MLP's hidden width, the vocabulary).
-  const double model_flops = models::FlopsPerToken(model, seq) * tokens / s.tp;
+  // ranks (attention heads, the MLP's hidden width, the vocabulary), and
+  // pipeline parallelism over its stages (the blocks).
+  const int split = s.tp * std::max(1, s.pp);
+  const double model_flops = models::FlopsPerToken(model, seq) * tokens / split;
   // Activation checkpointing runs each block's forward again in backward:
   // the forward is a third of the training FLOPs.
   const double flops =
@@ -73,6 +76,10 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
   const bool half = s.param_dtype != DType::kF32;
   t.compute_s = (rate > 0 ? flops / rate : 0) +
                 run.step_allocations * d.op_overhead_s[llama][half];
+  // A pipeline rank idles for the schedule's bubble.
+  if (run.pipeline_bubble > 0 && run.pipeline_bubble < 1) {
+    t.compute_s /= 1 - run.pipeline_bubble;
+  }
   double first_gather = -1, last_reduce = 0, blocking = 0;
   for (const SimulatedOp& op : run.ops) {
     const std::string axis = GroupAxis(op.group);
@@ -81,17 +88,19 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
     const double bw =
         across_nodes ? d.inter_node_bytes_per_s : d.link_bytes_per_s;
     // The latency was measured on groups of two (one ring step); a ring of
-    // n ranks takes n - 1 steps, each waiting on the next rank.
+    // n ranks takes n - 1 steps, each waiting on the next rank; a transfer
+    // between two pipeline stages is one step.
     const bool tensor_parallel = axis == "tp";
     const double latency = tensor_parallel && d.tp_collective_s > 0
                                ? d.tp_collective_s
                                : d.collective_latency_s;
-    const double s_op = (bw > 0 ? WireBytes(op) / bw : 0) +
-                        std::max(0, op.group_size - 1) * latency;
+    const int steps = op.kind == "p2p" ? 1 : std::max(0, op.group_size - 1);
+    const double s_op = (bw > 0 ? WireBytes(op) / bw : 0) + steps * latency;
     t.comm_s += s_op;
     // Tensor parallelism's collectives sit between the ops that need their
-    // results, on the compute's path: none of them is hidden.
-    if (tensor_parallel) {
+    // results, on the compute's path, and a pipeline stage waits for its
+    // inputs: none of them is hidden.
+    if (tensor_parallel || axis == "pp") {
       blocking += s_op;
       continue;
     }
@@ -112,7 +121,7 @@ StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
   }
   t.step_s = t.compute_s + t.exposed_comm_s;
   if (t.step_s > 0) {
-    t.tokens_per_s = tokens / s.tp / t.step_s;
+    t.tokens_per_s = tokens / split / t.step_s;
     const double peak = s.param_dtype == DType::kF32 ? d.f32_peak : d.bf16_peak;
     t.mfu = peak > 0 ? model_flops / t.step_s / peak : 0;
   }
@@ -335,6 +344,20 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
 absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
                               const Strategy& strategy,
                               const DeviceSpec& device, int rank) {
+  if (rank == kLargestRank) {
+    // "pp" is the mesh's outermost axis: pipeline rank q's first rank is
+    // q x world / pp.
+    std::optional<Plan> largest;
+    for (int q = 0; q < std::max(1, strategy.pp); ++q) {
+      ASSIGN_OR_RETURN(Plan p,
+                       MakePlan(model, strategy, device,
+                                q * strategy.world / std::max(1, strategy.pp)));
+      if (!largest.has_value() || p.run.peak_bytes > largest->run.peak_bytes) {
+        largest = std::move(p);
+      }
+    }
+    return *std::move(largest);
+  }
   Plan p;
   p.model = model;
   p.strategy = strategy;

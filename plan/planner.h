@@ -110,10 +110,16 @@ struct Plan {
   StepTime time;
 };
 
-// Plans `strategy` for rank `rank`.
+// Plans `strategy` for rank `rank`; kLargestRank: the rank whose peak is
+// the largest (rank 0, whose FSDP shards are the rounded-up ones; with
+// pipeline parallelism the first rank of each pipeline stage is planned and
+// the largest kept: the first stage holds the most micro-batches in flight,
+// the last the head and the loss).
+inline constexpr int kLargestRank = -1;
 absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
                               const Strategy& strategy,
-                              const DeviceSpec& device, int rank = 0);
+                              const DeviceSpec& device,
+                              int rank = kLargestRank);
 
 // The breakdown: per tag the bytes after setup and at the step's peak, the
 // peak's phase, the slack, the total against the device's memory, then the

@@ -907,12 +907,6 @@ std::string FormatTrainConfig(const TrainConfig& config) {
 
 absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
                                             const ResolvedTrainConfig& rc) {
-  if (rc.pp > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "the planner covers FSDP, HSDP, hpZ and tensor-parallel meshes; "
-        "pipeline parallelism (pp ",
-        rc.pp, ") is not planned yet"));
-  }
   plan::Strategy s;
   s.world = rc.world_size;
   s.dp_replicate = rc.dp_replicate;
@@ -920,6 +914,10 @@ absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
   // Both take effect only on a tp axis (loss parallelism is on by default).
   s.sequence_parallel = rc.tp > 1 && config.parallelism().sequence_parallel();
   s.loss_parallel = rc.tp > 1 && config.parallelism().loss_parallel();
+  s.pp = rc.pp;
+  s.pp_schedule = rc.pp_schedule;
+  s.pp_virtual_stages = rc.pp_virtual_stages;
+  s.pp_cuts = rc.pp_cuts;
   s.hpz_degree = rc.hpz_degree > 1 ? rc.hpz_degree : 0;
   s.reshard_after_forward = config.parallelism().reshard_after_forward();
   s.param_dtype = rc.param_dtype;

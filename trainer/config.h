@@ -88,8 +88,7 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     const TrainConfig& config, int world_size);
 
 // The planner's description of the run (plan/dry_run.h): its mesh, sharding
-// strategy, precision and batch. Unimplemented with pp > 1 (the planner
-// does not cover pipeline parallelism yet).
+// strategy, precision and batch.
 absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
                                             const ResolvedTrainConfig& rc);
 

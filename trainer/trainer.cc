@@ -256,9 +256,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 // Before anything is allocated or written: the run's plan (its training
 // steps dry-run on meta tensors, plan/) against the memory a rank may use,
 // so that a run that cannot fit fails now with what to change, not later in
-// the kernel's out-of-memory killer. Every rank plans rank 0's share (the
-// largest: FSDP gives the first ranks the rounded-up rows), so all decide
-// alike without communicating.
+// the kernel's out-of-memory killer. Every rank plans the largest rank's
+// share (plan::kLargestRank), so all decide alike without communicating.
 absl::Status Trainer::CheckMemoryPlan() {
   absl::StatusOr<plan::Strategy> strategy = PlanStrategy(config_, rc_);
   if (!strategy.ok()) {
@@ -281,7 +280,7 @@ absl::Status Trainer::CheckMemoryPlan() {
   }
   const absl::Time t0 = absl::Now();
   ASSIGN_OR_RETURN(plan::Plan p,
-                   Context(plan::MakePlan(rc_.model, *strategy, device, 0),
+                   Context(plan::MakePlan(rc_.model, *strategy, device),
                            "trainer: planning the run's memory"));
   plan_peak_bytes_ = p.run.peak_bytes;
   plan_summary_ =
@@ -455,36 +454,20 @@ absl::Status Trainer::BuildPipeline(
   }
   ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh_->SubMesh(stage_axes));
   plan.shard.mesh = stage_mesh;
-  ASSIGN_OR_RETURN(parts_, Context(models::BuildPipelineParts(
-                                       rc_.model, mo, schedule,
-                                       pp_group_->rank(), rc_.pp_cuts),
-                                   "trainer: building the pipeline stages"));
-  const std::string tied = models::TiedWeightName(rc_.model);
-  for (models::PipelineStagePart& part : parts_) {
-    models::Transformer* m = part.model.get();
-    const std::string stage = absl::StrCat(" of pipeline stage ", part.stage);
-    if (rc_.tp > 1) {
-      RETURN_IF_ERROR(
-          Annotate(plan::ApplyFamilyTensorParallelPlan(m, stage_mesh, tpo),
-                   "trainer: applying the tensor-parallel plan" + stage));
-    }
-    ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units,
-                     Context(plan::ApplyFamilyFsdpPlan(m, plan),
-                             "trainer: applying the FSDP plan" + stage));
-    RETURN_IF_ERROR(fsdp::InitShardedWeights(m, tc.seed()));
-    units_.insert(units_.end(), units.begin(), units.end());
-    stage_units_[part.stage] = std::move(units);
-    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(m)) {
-      params_.push_back(sp);
-      grads_.push_back(&sp->grad);
-      norm_options_.counts.push_back(models::CountsInNorm(*m, sp->name));
-      // Two copies of the tied weight only when its embedding and head are
-      // on different stages.
-      if (sp->name != tied || (m->has_embedding() && m->has_head())) continue;
-      (m->has_embedding() ? tied_first_ : tied_last_) =
-          sp->grad.mutable_local();
-    }
-  }
+  ASSIGN_OR_RETURN(
+      plan::PipelineStages built,
+      Context(plan::BuildPipelineStages(rc_.model, mo, schedule,
+                                        pp_group_->rank(), rc_.pp_cuts, plan,
+                                        rc_.tp > 1 ? &tpo : nullptr, tc.seed()),
+              "trainer: building the pipeline stages"));
+  parts_ = std::move(built.parts);
+  stage_units_ = std::move(built.units_by_stage);
+  units_ = std::move(built.units);
+  params_ = std::move(built.params);
+  for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
+  norm_options_.counts = std::move(built.counts_in_norm);
+  tied_first_ = built.tied_first;
+  tied_last_ = built.tied_last;
   norm_options_.pipeline = pp_group_;
   // The hidden states between stages: [micro batch, seq (/ tp with sequence
   // parallelism), dim] in the compute dtype.

@@ -34,6 +34,9 @@ cases=(
   "gpt2 W=4 FSDP 2 x TP 2 SP|default|4|parallelism.dp_shard=2,parallelism.tp=2,parallelism.sequence_parallel=true"
   "gpt2 W=4 TP 4|default|4|parallelism.dp_shard=1,parallelism.tp=4"
   "llama W=4 FSDP 2 x TP 2|llama_debug|4|parallelism.dp_replicate=1,parallelism.dp_shard=2,parallelism.tp=2"
+  "gpt2 W=2 PP 2 1F1B|default|2|parallelism.dp_shard=1,parallelism.pp=2"
+  "gpt2 W=2 PP 2 GPipe|default|2|parallelism.dp_shard=1,parallelism.pp=2,parallelism.pp_schedule=gpipe"
+  "gpt2 W=4 PP 2 x TP 2|default|4|parallelism.dp_shard=1,parallelism.pp=2,parallelism.tp=2"
   "gpt2_124m W=2 bf16 AC|gpt2_124m|2|parallelism.dp_shard=2,training.global_batch=2,training.micro_batch=1,training.seq_len=256,training.activation_checkpointing=true"
   "gpt2_124m W=1 f32|gpt2_124m|1|parallelism.dp_shard=1,training.global_batch=2,training.micro_batch=2,training.seq_len=256,training.mixed_precision.param_dtype=f32"
 )

@@ -28,7 +28,9 @@ ABSL_FLAG(std::string, memory_budget, "",
 ABSL_FLAG(bool, search, false,
           "rank ZeRO-2/3, activation checkpointing, offload and micro-batch "
           "settings against the device's memory");
-ABSL_FLAG(int, rank, 0, "the rank to plan (rank 0 holds the largest shards)");
+ABSL_FLAG(int, rank, -1,
+          "the rank to plan; -1: the one with the largest peak (rank 0, or "
+          "the first rank of the pipeline stage with the most)");
 
 namespace {
 

@@ -22,7 +22,7 @@ struct PlanToolOptions {
   bool calibrate = true;      // cpu: measure the rates here
   int64_t memory_budget = 0;  // bytes; 0: the device's memory
   bool search = false;        // rank the strategies against the budget
-  int rank = 0;
+  int rank = -1;              // plan::kLargestRank
 };
 
 // "80GiB", "24G", "512MiB", "1.5TiB", "1000000" (bytes): InvalidArgument

@@ -88,8 +88,10 @@ TEST(PlanToolTest, BadInputSaysWhat) {
   EXPECT_TRUE(absl::StrContains(RunPlanTool(o).status().message(),
                                 "unknown device 'tpu'"));
   o.device = "cpu";
-  o.overrides = {"parallelism.pp=2"};
-  EXPECT_EQ(RunPlanTool(o).status().code(), absl::StatusCode::kUnimplemented);
+  o.overrides = {"parallelism.pp=3"};
+  const absl::Status pp = RunPlanTool(o).status();
+  EXPECT_EQ(pp.code(), absl::StatusCode::kInvalidArgument) << pp;
+  EXPECT_TRUE(absl::StrContains(pp.message(), "pp")) << pp;
 }
 
 }  // namespace
