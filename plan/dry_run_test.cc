@@ -16,23 +16,14 @@
 #include "comm/store.h"
 #include "core/allocator.h"
 #include "gtest/gtest.h"
+#include "plan/dry_run_testing.h"
 #include "plan/planner.h"
 
 namespace fsdpp {
 namespace plan {
 namespace {
 
-constexpr int kTags = kNumMemoryTags;
-
-void ExpectSameStats(const MemoryStats& dry, const MemoryStats& real,
-                     const std::string& where) {
-  for (int t = 0; t < kTags; ++t) {
-    const char* tag = MemoryTagName(static_cast<MemoryTag>(t));
-    EXPECT_EQ(dry.current[t], real.current[t]) << where << " current " << tag;
-    EXPECT_EQ(dry.peak[t], real.peak[t]) << where << " peak " << tag;
-  }
-  EXPECT_EQ(dry.total_peak, real.total_peak) << where << " total peak";
-}
+using testing_util::ExpectSameRun;
 
 // The real step at world size 1 on a fresh host allocator.
 absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
@@ -85,17 +76,7 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
     ASSERT_TRUE(dry.ok()) << dry.status();
     absl::StatusOr<DryRunResult> real = RealStep(config, c.strategy);
     ASSERT_TRUE(real.ok()) << real.status();
-    ASSERT_EQ(dry->phases.size(), real->phases.size());
-    for (size_t p = 0; p < dry->phases.size(); ++p) {
-      EXPECT_EQ(dry->phases[p].name, real->phases[p].name);
-      ExpectSameStats(dry->phases[p].stats, real->phases[p].stats,
-                      dry->phases[p].name);
-    }
-    EXPECT_EQ(dry->peak_bytes, real->peak_bytes);
-    EXPECT_EQ(dry->peak_phase, real->peak_phase);
-    EXPECT_EQ(dry->param_bytes, real->param_bytes);
-    EXPECT_EQ(dry->optimizer_bytes, real->optimizer_bytes);
-    EXPECT_GT(dry->peak_bytes, dry->after_setup.total_current);
+    ExpectSameRun(*dry, *real);
   }
 }
 

@@ -23,6 +23,7 @@ TESTS=(
   //optim:adamw_cuda_test
   //comm:nccl_backend_test
   //tests:cuda_train_test
+  //plan:dry_run_cuda_test
 )
 bazel build --config=cuda "${TESTS[@]}"
 bin="$(bazel info --config=cuda bazel-bin)"

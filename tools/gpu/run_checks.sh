@@ -38,8 +38,11 @@ while read -r t; do
   [ "$status" = PASSED ] || tail -30 "$log"
 done <"$work/tests.txt"
 grep -h "loss cpu\|parameter error\|median step" "$out"/tests_cuda_train_test.log
-echo "=== PyTorch peer (GPT-2 124M bf16, 8 x 1024, cuda)"
-timeout 180 python3 tools/bench/pytorch_gpt2_step.py --device=cuda \
-  --dtype=bf16 --batch=8 --seq=1024 --steps=5 --warmup=3 |
-  tee "$out/pytorch_peer.json"
+grep -h "planned" "$out"/plan_dry_run_cuda_test.log
+if [ "${GPU_PEER:-1}" = 1 ]; then  # GPU_PEER=0 skips the PyTorch peer
+  echo "=== PyTorch peer (GPT-2 124M bf16, 8 x 1024, cuda)"
+  timeout 180 python3 tools/bench/pytorch_gpt2_step.py --device=cuda \
+    --dtype=bf16 --batch=8 --seq=1024 --steps=5 --warmup=3 |
+    tee "$out/pytorch_peer.json"
+fi
 echo "$passed passed, $failed failed"

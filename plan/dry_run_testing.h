@@ -1,0 +1,47 @@
+// Test helper: a dry run (plan/dry_run.h) against the same step run for real
+// (RunStepOn), phase by phase, per memory tag. Used by the host test
+// (dry_run_test, Gloo) and the GPU one (dry_run_cuda_test, NCCL).
+#ifndef FSDPP_PLAN_DRY_RUN_TESTING_H_
+#define FSDPP_PLAN_DRY_RUN_TESTING_H_
+
+#include <string>
+
+#include "core/allocator.h"
+#include "gtest/gtest.h"
+#include "plan/dry_run.h"
+
+namespace fsdpp {
+namespace plan {
+namespace testing_util {
+
+inline void ExpectSameStats(const MemoryStats& dry, const MemoryStats& real,
+                            const std::string& where) {
+  for (int t = 0; t < kNumMemoryTags; ++t) {
+    const char* tag = MemoryTagName(static_cast<MemoryTag>(t));
+    EXPECT_EQ(dry.current[t], real.current[t]) << where << " current " << tag;
+    EXPECT_EQ(dry.peak[t], real.peak[t]) << where << " peak " << tag;
+  }
+  EXPECT_EQ(dry.total_peak, real.total_peak) << where << " total peak";
+}
+
+// Every phase's live and peak bytes, the step's peak and its phase, and the
+// sharded state's bytes equal.
+inline void ExpectSameRun(const DryRunResult& dry, const DryRunResult& real) {
+  ASSERT_EQ(dry.phases.size(), real.phases.size());
+  for (size_t p = 0; p < dry.phases.size(); ++p) {
+    EXPECT_EQ(dry.phases[p].name, real.phases[p].name);
+    ExpectSameStats(dry.phases[p].stats, real.phases[p].stats,
+                    dry.phases[p].name);
+  }
+  EXPECT_EQ(dry.peak_bytes, real.peak_bytes);
+  EXPECT_EQ(dry.peak_phase, real.peak_phase);
+  EXPECT_EQ(dry.param_bytes, real.param_bytes);
+  EXPECT_EQ(dry.optimizer_bytes, real.optimizer_bytes);
+  EXPECT_GT(dry.peak_bytes, dry.after_setup.total_current);
+}
+
+}  // namespace testing_util
+}  // namespace plan
+}  // namespace fsdpp
+
+#endif  // FSDPP_PLAN_DRY_RUN_TESTING_H_
