@@ -161,6 +161,15 @@ Allocator* GetAllocator(Device device) {
   return it == Registry().end() ? nullptr : it->second;
 }
 
+Device StagingHost(Device device) {
+  if (!device.is_meta()) return Device::Cpu();
+  if (device == Device::DryRun() &&
+      GetAllocator(Device::DryRunHost()) != nullptr) {
+    return Device::DryRunHost();
+  }
+  return device;
+}
+
 ScopedMetaAccounting::ScopedMetaAccounting(MetaAccountant* accountant)
     : device_(accountant != nullptr ? accountant->device() : Device::DryRun()) {
   CHECK(accountant != nullptr);

@@ -150,6 +150,13 @@ class ScopedMetaAccounting {
 // support is not built in.
 Allocator* GetAllocator(Device device);
 
+// Where host-side staging for a tensor on `device` lives (an initialiser's
+// values before their copy to the device): the CPU for a real device; in a
+// dry run (plan/), DryRunHost() while a MetaAccountant counts it (a GPU's
+// plan, host memory apart), else DryRun() itself (the CPU's plan, one
+// memory); Meta() for Meta().
+Device StagingHost(Device device);
+
 // Installs `allocator` (not owned; must outlive its use) for its device,
 // replacing the previous one, which is returned. Used by the CUDA runtime and
 // by tests that need a fresh accounting.

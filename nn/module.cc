@@ -30,8 +30,9 @@ absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
   }
   if (out->is_meta()) {
     // Nothing to write; a dry run (plan/) still sees the staging tensor the
-    // real path below allocates.
-    return Tensor::Empty(out->shape(), out->dtype(), out->device()).status();
+    // real path below allocates, where it would: on the host.
+    return Tensor::Empty(out->shape(), out->dtype(), StagingHost(out->device()))
+        .status();
   }
   const int64_t n = out->numel();
   std::vector<float> values(n);

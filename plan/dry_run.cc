@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -423,7 +424,10 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
   DryRunResult result;
   {
     ScopedMetaAccounting accounting(&accountant);
-    ScopedMetaAccounting host_accounting(&host_accountant);
+    // The host is counted apart only when it is a memory of its own
+    // (StagingHost looks for this accountant).
+    std::optional<ScopedMetaAccounting> host_accounting;
+    if (separate_host) host_accounting.emplace(&host_accountant);
     RETURN_IF_ERROR(
         Step(config, strategy, rank, SimulatedGroupFactory(&log, backend),
              Device::DryRun(),
