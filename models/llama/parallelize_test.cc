@@ -71,7 +71,8 @@ testing_util::TensorParallelPlanWith TensorParallelWith() {
 
 TEST(LlamaPlanTest, TensorParallelParity) {
   testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith(),
-                                           ApplyFsdp);
+                                           ApplyFsdp,
+                                           /*adamw_param_bound=*/1e-4);
 }
 
 TEST(LlamaPlanTest, TensorParallelRefusesWhatDoesNotDivide) {

@@ -114,17 +114,21 @@ TensorParallelPlanWith TensorParallelWith(Apply apply) {
 // (emulated_ranks). Tolerances:
 //   * SGD: every step's loss and the final parameters within 1e-5;
 //   * AdamW (epsilon 1e-3): losses within 1e-5, final parameters within
-//     1e-4. Row-wise layers sum partial products across ranks and the
-//     all-reduces add in another order than one rank's matmuls, so gradients
-//     differ by rounding (about 1e-6 relative after one step); AdamW's
-//     normalised update turns the sign of a rounding-noise gradient into a
-//     full step, so parameter parity at 1e-5 would need a reference that
-//     reproduces those sums in the same order (the FSDP tests' emulated
-//     ranks do that for data parallelism; there is none for tensor
-//     parallelism yet). Measured: parameters within 2e-5.
+//     `adamw_param_bound`. Row-wise layers sum partial products across
+//     ranks and the all-reduces add in another order than one rank's
+//     matmuls, so gradients differ by rounding (6e-7 relative after one
+//     step); AdamW amplifies that over the steps where gradients are small.
+//     Measured (2026-11-26), worst over the nine layouts: GPT-2 debug 2.6e-6
+//     (so its bound is 1e-5); Llama debug 9.2e-6 to 2.8e-5, always in the
+//     untied tok_embeddings, whose rows get gradients only from the
+//     positions their tokens occur at (its bound stays 1e-4). Parity at
+//     1e-5 there would need a reference that reproduces the tensor-parallel
+//     sums in the same order (the FSDP tests' emulated ranks do that for
+//     data parallelism; there is none for tensor parallelism yet).
 inline void ExpectTensorParallelParity(const std::string& config,
                                        const TensorParallelPlanWith& plan,
-                                       const FsdpPlan& fsdp_plan) {
+                                       const FsdpPlan& fsdp_plan,
+                                       double adamw_param_bound) {
   struct Layout {
     std::vector<MeshAxis> axes;
     bool sp, loss_parallel;
@@ -181,7 +185,8 @@ inline void ExpectTensorParallelParity(const std::string& config,
       ASSERT_EQ(got.losses.size(), static_cast<size_t>(run.steps));
       const ParityReport r = Compare(refs.at(l.data_ranks), got);
       EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
-      EXPECT_LE(r.max_param_rel, adamw ? 1e-4 : 1e-5) << r.ToString();
+      EXPECT_LE(r.max_param_rel, adamw ? adamw_param_bound : 1e-5)
+          << r.ToString();
     }
   }
 }
