@@ -14,8 +14,9 @@
 //    parameters bitwise equal to the reference that reduces and clips like
 //    2 data-parallel ranks (emulated_ranks, emulated_norm); losses <= 7.6e-8
 //    (the mean over ranks is taken in another order).
-//  * PP 2 x TP 2 with sequence parallelism: SGD <= 1e-6; AdamW within TP 2
-//    alone's own deviation (see the test).
+//  * PP 2 x TP 2 with sequence parallelism: SGD <= 1.1e-6; AdamW: GPT-2
+//    2.3e-6 (bound 1e-5), Llama within TP 2 alone's own deviation (3.0e-3,
+//    its tied embedding; see the test).
 #include <algorithm>
 #include <iostream>
 #include <string>
@@ -44,6 +45,9 @@ struct Family {
   std::string config;
   testing_util::FsdpPlan fsdp;
   testing_util::TensorParallelPlanFn tp;
+  // PP 2 x TP 2 with AdamW: the final parameters' bound against the
+  // reference, or 0 for "within tensor parallelism's own deviation".
+  double adamw_param_bound = 0;
 };
 
 Family Gpt2() {
@@ -52,7 +56,8 @@ Family Gpt2() {
             models::gpt2::TensorParallelOptions o;
             o.sequence_parallel = true;
             return models::gpt2::ApplyTensorParallel(m, mesh, o);
-          }};
+          },
+          1e-5};
 }
 
 Family Llama() {
@@ -156,10 +161,10 @@ TEST(PipelineParityTest, PipelineTimesFsdp) {
 // ones where a gradient nearly cancels (Llama's tied embedding rows): even
 // two single-process runs that only add the tied weight's two gradient
 // contributions in another order differ by ~1e-3 there after 20 steps. So
-// with AdamW the check is that the pipeline adds nothing to tensor
-// parallelism's own difference: PP 2 x TP 2 is as close to the reference as
-// TP 2 alone is (within twice its deviation, or 1e-4), and every loss within
-// 1e-5.
+// with AdamW GPT-2 (2.3e-6 measured) is held to 1e-5, and for Llama the
+// check is that the pipeline adds nothing to tensor parallelism's own
+// difference: PP 2 x TP 2 is as close to the reference as TP 2 alone is
+// (within twice its deviation, or 1e-4); every loss within 1e-5.
 TEST(PipelineParityTest, PipelineTimesTensorParallel) {
   for (const Family& family : {Gpt2(), Llama()}) {
     for (TrainingRun::Optimizer optimizer :
@@ -181,8 +186,9 @@ TEST(PipelineParityTest, PipelineTimesTensorParallel) {
       std::cout << family.config << (adamw ? " AdamW" : " SGD")
                 << " pp 2 x tp 2: " << r.ToString() << std::endl;
       EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
-      if (!adamw) {
-        EXPECT_LE(r.max_param_rel, 1e-5) << r.ToString();
+      if (!adamw || family.adamw_param_bound > 0) {
+        EXPECT_LE(r.max_param_rel, adamw ? family.adamw_param_bound : 1e-5)
+            << r.ToString();
         continue;
       }
       const ParityReport tp_alone =
