@@ -111,18 +111,22 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
   RETURN_IF_ERROR(Copy(max, &global_max));
   RETURN_IF_ERROR(AllReduceF32(group, &global_max, ReduceOp::kMax, timeout_));
 
+  // What Backward needs (sumexp_ is set by the caller).
+  const auto keep = [&](int64_t count) {
+    logits_ = logits;
+    targets_ = targets;
+    max_ = global_max;
+    vocab_offset_ = offset;
+    count_ = count;
+    saved_ = true;
+  };
   if (device.is_meta()) {
     // A dry run (plan/dry_run.h): the same tensors and collectives as below,
     // no values to read (the loss is 0 and every row counts).
     ASSIGN_OR_RETURN(Tensor sums, Tensor::Empty({2 * n}, DType::kF32, device));
     RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
     ASSIGN_OR_RETURN(sumexp_, Tensor::Empty({n}, DType::kF32, device));
-    logits_ = logits;
-    targets_ = targets;
-    max_ = global_max;
-    vocab_offset_ = offset;
-    count_ = n;
-    saved_ = true;
+    keep(n);
     return 0.0f;
   }
 
@@ -162,12 +166,7 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
   }
   ASSIGN_OR_RETURN(sumexp_,
                    Tensor::FromFloats({n}, row_sum, DType::kF32, device));
-  logits_ = logits;
-  targets_ = targets;
-  max_ = global_max;
-  vocab_offset_ = offset;
-  count_ = count;
-  saved_ = true;
+  keep(count);
   return loss;
 }
 

@@ -19,33 +19,14 @@ namespace fsdpp {
 namespace plan {
 namespace {
 
+using testing_util::Case;
 using testing_util::ExpectSameRun;
+using testing_util::SmallCases;
 
-struct Case {
-  const char* model;
-  Strategy strategy;
-};
-
+// The small cases (host offload aside: RunStepOn keeps everything on one
+// device) and a real size: GPT-2 124M, bf16 compute, 4 x 512 tokens.
 std::vector<Case> Cases() {
-  std::vector<Case> cases;
-  for (const char* model : {"gpt2_debug", "llama_debug"}) {
-    Strategy s;
-    s.micro_batch = 2;
-    s.seq_len = 32;
-    cases.push_back({model, s});
-    Strategy bf16 = s;
-    bf16.param_dtype = DType::kBF16;
-    cases.push_back({model, bf16});
-    Strategy ac = bf16;
-    ac.activation_checkpointing = true;
-    ac.grad_accumulation = 2;
-    cases.push_back({model, ac});
-    Strategy unfused = s;
-    unfused.fused_attention = false;
-    unfused.reshard_after_forward = false;
-    cases.push_back({model, unfused});
-  }
-  // A real size: GPT-2 124M, bf16 compute, 4 x 512 tokens.
+  std::vector<Case> cases = SmallCases(/*offload=*/false);
   Strategy big;
   big.micro_batch = 4;
   big.seq_len = 512;

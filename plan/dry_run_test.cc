@@ -23,7 +23,9 @@ namespace fsdpp {
 namespace plan {
 namespace {
 
+using testing_util::Case;
 using testing_util::ExpectSameRun;
+using testing_util::SmallCases;
 
 // The real step at world size 1 on a fresh host allocator.
 absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
@@ -37,38 +39,8 @@ absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
   return r;
 }
 
-struct Case {
-  const char* model;
-  Strategy strategy;
-};
-
-std::vector<Case> Cases() {
-  std::vector<Case> cases;
-  for (const char* model : {"gpt2_debug", "llama_debug"}) {
-    Strategy s;
-    s.micro_batch = 2;
-    s.seq_len = 32;
-    cases.push_back({model, s});
-    Strategy bf16 = s;
-    bf16.param_dtype = DType::kBF16;
-    cases.push_back({model, bf16});
-    Strategy ac = bf16;
-    ac.activation_checkpointing = true;
-    ac.grad_accumulation = 2;
-    cases.push_back({model, ac});
-    Strategy unfused = s;
-    unfused.fused_attention = false;
-    unfused.reshard_after_forward = false;
-    cases.push_back({model, unfused});
-    Strategy offload = s;
-    offload.offload = true;
-    cases.push_back({model, offload});
-  }
-  return cases;
-}
-
 TEST(DryRunTest, IsExactAtWorldSizeOne) {
-  for (const Case& c : Cases()) {
+  for (const Case& c : SmallCases(/*offload=*/true)) {
     const models::TransformerConfig config = *models::ConfigByName(c.model);
     const std::string what = absl::StrCat(c.model, " ", c.strategy.ToString());
     SCOPED_TRACE(what);

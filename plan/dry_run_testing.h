@@ -5,6 +5,7 @@
 #define FSDPP_PLAN_DRY_RUN_TESTING_H_
 
 #include <string>
+#include <vector>
 
 #include "core/allocator.h"
 #include "gtest/gtest.h"
@@ -13,6 +14,42 @@
 namespace fsdpp {
 namespace plan {
 namespace testing_util {
+
+// A model of the zoo and a strategy to dry-run and run.
+struct Case {
+  const char* model;
+  Strategy strategy;
+};
+
+// GPT-2 and Llama debug at one rank, 2 x 32 tokens: f32; bf16 compute; bf16
+// with activation checkpointing and 2 micro-batches; ZeRO-2 with the unfused
+// attention; and, with `offload`, FSDP's offloaded state.
+inline std::vector<Case> SmallCases(bool offload) {
+  std::vector<Case> cases;
+  for (const char* model : {"gpt2_debug", "llama_debug"}) {
+    Strategy s;
+    s.micro_batch = 2;
+    s.seq_len = 32;
+    cases.push_back({model, s});
+    Strategy bf16 = s;
+    bf16.param_dtype = DType::kBF16;
+    cases.push_back({model, bf16});
+    Strategy ac = bf16;
+    ac.activation_checkpointing = true;
+    ac.grad_accumulation = 2;
+    cases.push_back({model, ac});
+    Strategy unfused = s;
+    unfused.fused_attention = false;
+    unfused.reshard_after_forward = false;
+    cases.push_back({model, unfused});
+    if (offload) {
+      Strategy off = s;
+      off.offload = true;
+      cases.push_back({model, off});
+    }
+  }
+  return cases;
+}
 
 inline void ExpectSameStats(const MemoryStats& dry, const MemoryStats& real,
                             const std::string& where) {
