@@ -43,8 +43,10 @@ void Axpy(DType dtype, float alpha, const void* y, const void* x, void* out,
 // out[i] = alpha * x[i]; out may alias x.
 void Scale(DType dtype, float alpha, const void* x, void* out, int64_t n);
 
-// The activations, through kernels::ExpApprox / TanhApprox (plain float
-// operations, so these too are bit-exact with the scalar functors):
+// The activations, bit-exact with the scalar functors: in f32 through
+// kernels::ExpApprox / TanhApprox (plain float operations); in bf16 and f16
+// looked up in tables of the functors' values (forward) or derivatives
+// (backward) at all 2^16 inputs, built on first use (256 KiB each):
 // out[i] = GELU-tanh(x[i]) or SiLU(x[i]); out may alias x.
 void Gelu(DType dtype, const void* x, void* out, int64_t n);
 void Silu(DType dtype, const void* x, void* out, int64_t n);
