@@ -102,6 +102,55 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ApplyFamilyFsdpPlan(
   return absl::InvalidArgumentError("unknown model family");
 }
 
+std::vector<MeshAxis> MeshAxesFor(const Strategy& strategy) {
+  std::vector<MeshAxis> axes;
+  if (strategy.pp > 1) axes.push_back({"pp", strategy.pp});
+  if (strategy.dp_replicate > 1) {
+    axes.push_back({"replicate", strategy.dp_replicate});
+  }
+  axes.push_back({"shard", strategy.dp_shard()});
+  if (strategy.tp > 1) axes.push_back({"tp", strategy.tp});
+  return axes;
+}
+
+models::TransformerOptions ModelOptionsFor(const Strategy& strategy) {
+  models::TransformerOptions mo;
+  mo.activation_checkpointing = strategy.activation_checkpointing;
+  mo.fused_attention = strategy.fused_attention;
+  return mo;
+}
+
+fsdp::FsdpPlanOptions FsdpOptionsFor(const Strategy& strategy, DeviceMesh* mesh,
+                                     Device host) {
+  fsdp::FsdpPlanOptions po;
+  po.shard.mesh = mesh;
+  if (strategy.tp > 1) po.shard.tp_axis = "tp";
+  po.shard.reshard_after_forward = strategy.reshard_after_forward;
+  po.shard.hpz_degree = strategy.hpz_degree > 1 ? strategy.hpz_degree : 0;
+  po.shard.mp_policy.param_dtype = strategy.param_dtype;
+  po.shard.mp_policy.reduce_dtype = strategy.reduce_dtype;
+  po.shard.offload_policy.offload_params = strategy.offload;
+  po.shard.offload_policy.host = host;
+  return po;
+}
+
+models::TensorParallelPlanOptions TensorParallelOptionsFor(
+    const Strategy& strategy) {
+  models::TensorParallelPlanOptions tpo;
+  tpo.tp_axis = "tp";
+  tpo.sequence_parallel = strategy.sequence_parallel;
+  tpo.loss_parallel = strategy.loss_parallel;
+  return tpo;
+}
+
+absl::StatusOr<DeviceMesh*> StageMesh(DeviceMesh* mesh) {
+  std::vector<std::string> axes;
+  for (const MeshAxis& a : mesh->axes()) {
+    if (a.name != "pp") axes.push_back(a.name);
+  }
+  return mesh->SubMesh(axes);
+}
+
 absl::Status ApplyFamilyTensorParallelPlan(
     models::Transformer* model, DeviceMesh* mesh,
     const models::TensorParallelPlanOptions& options) {
@@ -197,35 +246,17 @@ absl::Status Step(const models::TransformerConfig& config,
     return absl::FailedPreconditionError(absl::StrCat(
         "plan: no allocator for ", device.ToString(), " or ", host.ToString()));
   }
-  std::vector<MeshAxis> axes;
-  if (strategy.pp > 1) axes.push_back({"pp", strategy.pp});
-  if (strategy.dp_replicate > 1) {
-    axes.push_back({"replicate", strategy.dp_replicate});
-  }
-  axes.push_back({"shard", strategy.dp_shard()});
-  if (strategy.tp > 1) axes.push_back({"tp", strategy.tp});
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
-                   DeviceMesh::Create(axes, rank, strategy.world,
-                                      std::move(factory), "train"));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create(MeshAxesFor(strategy), rank, strategy.world,
+                         std::move(factory), "train"));
   PhaseRecorder phases(acct, host_acct, result);
   phases.Begin();
-  models::TransformerOptions mo;
-  mo.activation_checkpointing = strategy.activation_checkpointing;
-  mo.fused_attention = strategy.fused_attention;
+  const models::TransformerOptions mo = ModelOptionsFor(strategy);
   result->model_params = models::NumParameters(config);
-  models::TensorParallelPlanOptions tpo;
-  tpo.tp_axis = "tp";
-  tpo.sequence_parallel = strategy.sequence_parallel;
-  tpo.loss_parallel = strategy.loss_parallel;
-  fsdp::FsdpPlanOptions po;
-  po.shard.mesh = mesh.get();
-  if (strategy.tp > 1) po.shard.tp_axis = "tp";
-  po.shard.reshard_after_forward = strategy.reshard_after_forward;
-  po.shard.hpz_degree = strategy.hpz_degree > 1 ? strategy.hpz_degree : 0;
-  po.shard.mp_policy.param_dtype = strategy.param_dtype;
-  po.shard.mp_policy.reduce_dtype = strategy.reduce_dtype;
-  po.shard.offload_policy.offload_params = strategy.offload;
-  po.shard.offload_policy.host = host;
+  const models::TensorParallelPlanOptions tpo =
+      TensorParallelOptionsFor(strategy);
+  fsdp::FsdpPlanOptions po = FsdpOptionsFor(strategy, mesh.get(), host);
   // Without pipeline parallelism the whole model (trainer.cc BuildModel);
   // with it this rank's stages and the runner (BuildPipeline).
   std::unique_ptr<models::Transformer> model;
@@ -235,11 +266,7 @@ absl::Status Step(const models::TransformerConfig& config,
   std::vector<fsdp::ShardedParameter*> params;
   if (strategy.pp > 1) {
     ASSIGN_OR_RETURN(pp_group, mesh->Group("pp"));
-    std::vector<std::string> stage_axes;
-    for (const MeshAxis& a : mesh->axes()) {
-      if (a.name != "pp") stage_axes.push_back(a.name);
-    }
-    ASSIGN_OR_RETURN(po.shard.mesh, mesh->SubMesh(stage_axes));
+    ASSIGN_OR_RETURN(po.shard.mesh, StageMesh(mesh.get()));
     ASSIGN_OR_RETURN(
         parallel::PipelineSchedule schedule,
         models::MakePipelineSchedule(

@@ -135,6 +135,20 @@ absl::Status ApplyFamilyTensorParallelPlan(
     models::Transformer* model, DeviceMesh* mesh,
     const models::TensorParallelPlanOptions& options);
 
+// What the trainer builds from a strategy, shared with the dry run so that
+// the two cannot drift apart: the mesh's axes ([pp,] [replicate,] shard
+// [, tp], named so); the model options; the FSDP plan options on `mesh`
+// (offloaded state in `host`'s memory); the tensor-parallel plan options on
+// the "tp" axis.
+std::vector<MeshAxis> MeshAxesFor(const Strategy& strategy);
+models::TransformerOptions ModelOptionsFor(const Strategy& strategy);
+fsdp::FsdpPlanOptions FsdpOptionsFor(const Strategy& strategy, DeviceMesh* mesh,
+                                     Device host = Device::Cpu());
+models::TensorParallelPlanOptions TensorParallelOptionsFor(
+    const Strategy& strategy);
+// A pipeline stage's mesh: `mesh` without its "pp" axis.
+absl::StatusOr<DeviceMesh*> StageMesh(DeviceMesh* mesh);
+
 // One pipeline rank's stages as the trainer builds them: the parts
 // `schedule` gives `pp_rank` (models::BuildPipelineParts, cut at `cuts`),
 // each with the tensor-parallel plan (`tp_plan`, null for none) and the FSDP

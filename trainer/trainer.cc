@@ -330,15 +330,12 @@ void Trainer::ReportMemory(const std::string& when) const {
 // Mesh: {shard} or {replicate, shard} (HSDP), then tp when tensor
 // parallelism is on; then the trace recorder.
 absl::Status Trainer::BuildMesh() {
-  std::vector<MeshAxis> axes;
-  if (rc_.pp > 1) axes.push_back({"pp", rc_.pp});
-  if (rc_.dp_replicate > 1) axes.push_back({"replicate", rc_.dp_replicate});
-  axes.push_back({"shard", rc_.dp_shard});
-  if (rc_.tp > 1) axes.push_back({"tp", rc_.tp});
-  ASSIGN_OR_RETURN(mesh_,
-                   Context(DeviceMesh::Create(axes, env_.rank, env_.world_size,
-                                              env_.group_factory, "train"),
-                           "trainer: creating the device mesh"));
+  ASSIGN_OR_RETURN(const plan::Strategy strategy, PlanStrategy(config_, rc_));
+  ASSIGN_OR_RETURN(
+      mesh_,
+      Context(DeviceMesh::Create(plan::MeshAxesFor(strategy), env_.rank,
+                                 env_.world_size, env_.group_factory, "train"),
+              "trainer: creating the device mesh"));
   ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
   if (rc_.pp > 1) {
     ASSIGN_OR_RETURN(pp_group_, mesh_->Group("pp"));
@@ -389,23 +386,14 @@ absl::Status Trainer::BuildData() {
 // Model: meta -> plan -> sharded init.
 absl::Status Trainer::BuildModel() {
   const TrainingConfig& tc = config_.training();
-  models::TransformerOptions mo;
-  mo.activation_checkpointing = tc.activation_checkpointing();
-  mo.fused_attention = tc.fused_attention();
-  fsdp::FsdpPlanOptions plan;
-  models::TensorParallelPlanOptions tpo;
-  tpo.tp_axis = "tp";
-  tpo.sequence_parallel = config_.parallelism().sequence_parallel();
-  tpo.loss_parallel = config_.parallelism().loss_parallel();
+  // The options the planner's dry run uses too (plan/dry_run.h).
+  ASSIGN_OR_RETURN(const plan::Strategy strategy, PlanStrategy(config_, rc_));
+  const models::TransformerOptions mo = plan::ModelOptionsFor(strategy);
+  const fsdp::FsdpPlanOptions plan =
+      plan::FsdpOptionsFor(strategy, mesh_.get());
+  models::TensorParallelPlanOptions tpo =
+      plan::TensorParallelOptionsFor(strategy);
   tpo.timeout = rc_.comm_timeout;
-  if (rc_.tp > 1) plan.shard.tp_axis = "tp";
-  plan.shard.mesh = mesh_.get();
-  plan.shard.reshard_after_forward =
-      config_.parallelism().reshard_after_forward();
-  plan.shard.hpz_degree = rc_.hpz_degree > 1 ? rc_.hpz_degree : 0;
-  plan.shard.mp_policy.param_dtype = rc_.param_dtype;
-  plan.shard.mp_policy.reduce_dtype = rc_.reduce_dtype;
-  plan.shard.offload_policy.offload_params = config_.parallelism().offload();
   if (rc_.pp > 1) return BuildPipeline(mo, plan, tpo);
   ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
   if (rc_.tp > 1) {
@@ -446,12 +434,7 @@ absl::Status Trainer::BuildPipeline(
                    models::MakePipelineSchedule(
                        rc_.pp_schedule, rc_.pp, rc_.pp_virtual_stages,
                        static_cast<int>(rc_.grad_accumulation_steps)));
-  std::vector<std::string> stage_axes;
-  for (const MeshAxis& a : mesh_->axes()) {
-    if (a.name != "pp") stage_axes.push_back(a.name);
-  }
-  ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh_->SubMesh(stage_axes));
-  plan.shard.mesh = stage_mesh;
+  ASSIGN_OR_RETURN(plan.shard.mesh, plan::StageMesh(mesh_.get()));
   ASSIGN_OR_RETURN(
       plan::PipelineStages built,
       Context(plan::BuildPipelineStages(rc_.model, mo, schedule,
