@@ -14,10 +14,9 @@
 //    parameters bitwise equal to the reference that reduces and clips like
 //    2 data-parallel ranks (emulated_ranks, emulated_norm); losses <= 7.6e-8
 //    (the mean over ranks is taken in another order).
-//  * PP 2 x TP 2 with sequence parallelism: SGD <= 1.1e-6; AdamW: GPT-2
-//    2.3e-6 (bound 1e-5), Llama within TP 2 alone's own deviation (3.0e-3,
-//    its tied embedding; see the test).
-#include <algorithm>
+//  * PP 2 x TP 2 with sequence parallelism: SGD <= 1.1e-6 (GPT-2), 3.7e-7
+//    (Llama); AdamW at lr 1e-3 (see the test) 1.4e-6 (GPT-2), 7.2e-7
+//    (Llama); the noise floor <= 8.6e-7; last gradients <= 3.2e-6.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -45,9 +44,6 @@ struct Family {
   std::string config;
   testing_util::FsdpPlan fsdp;
   testing_util::TensorParallelPlanFn tp;
-  // PP 2 x TP 2 with AdamW: the final parameters' bound against the
-  // reference, or 0 for "within tensor parallelism's own deviation".
-  double adamw_param_bound = 0;
 };
 
 Family Gpt2() {
@@ -56,8 +52,7 @@ Family Gpt2() {
             models::gpt2::TensorParallelOptions o;
             o.sequence_parallel = true;
             return models::gpt2::ApplyTensorParallel(m, mesh, o);
-          },
-          1e-5};
+          }};
 }
 
 Family Llama() {
@@ -155,16 +150,15 @@ TEST(PipelineParityTest, PipelineTimesFsdp) {
 
 // PP 2 x TP 2 with sequence parallelism: the hidden states between stages
 // are sequence-sharded [rows, T / 2, C]. Tensor parallelism adds its
-// row-wise layers' partial sums in another order than the single model;
-// with SGD that stays within 1e-5, but AdamW (which divides by each
-// gradient element's own size) turns such last-bit differences into larger
-// ones where a gradient nearly cancels (Llama's tied embedding rows): even
-// two single-process runs that only add the tied weight's two gradient
-// contributions in another order differ by ~1e-3 there after 20 steps. So
-// with AdamW GPT-2 (2.3e-6 measured) is held to 1e-5, and for Llama the
-// check is that the pipeline adds nothing to tensor parallelism's own
-// difference: PP 2 x TP 2 is as close to the reference as TP 2 alone is
-// (within twice its deviation, or 1e-4); every loss within 1e-5.
+// row-wise layers' partial sums in another order than the single model, so
+// gradients differ by rounding; as in the tensor-parallel suite
+// (models/testing/plan_checks.h) AdamW runs at lr 1e-3, where the dynamics
+// do not amplify that beyond the bound, which the test checks: the
+// reference and the single-rank run that adds the tied weight's two
+// gradients in the other order (the same computation) agree within a
+// quarter of the bound. (At lr 1e-2 they are 1e-3 apart for Llama, in its
+// tied embedding.) Every loss, final parameter and last gradient within
+// 1e-5.
 TEST(PipelineParityTest, PipelineTimesTensorParallel) {
   for (const Family& family : {Gpt2(), Llama()}) {
     for (TrainingRun::Optimizer optimizer :
@@ -173,8 +167,14 @@ TEST(PipelineParityTest, PipelineTimesTensorParallel) {
       SCOPED_TRACE(family.config + (adamw ? " AdamW" : " SGD"));
       TrainingRun run = PipelineRun(family.config);
       run.optimizer = optimizer;
-      run.lr = adamw ? 0.01 : 0.05;
+      run.lr = adamw ? 1e-3 : 0.05;
       run.adam_eps = 1e-3;  // as the tensor-parallel suite
+      const TrainingResult ref = Reference(run);
+      const ParityReport floor = Compare(ref, TrainReference(run));
+      std::cout << family.config << (adamw ? " AdamW" : " SGD")
+                << " noise floor (tied gradients added in the other order): "
+                << floor.ToString() << std::endl;
+      ASSERT_LE(floor.max_param_rel, 2.5e-6) << floor.ToString();
       PipelineLayout layout;
       layout.microbatches = run.micro_batches;
       layout.tp_plan = family.tp;
@@ -182,23 +182,12 @@ TEST(PipelineParityTest, PipelineTimesTensorParallel) {
       const TrainingResult got =
           Train(run, {{"pp", 2}, {"dp", 1}, {"tp", 2}}, PipelineSetup(layout));
       ASSERT_EQ(got.losses.size(), static_cast<size_t>(run.steps));
-      const ParityReport r = Compare(Reference(run), got);
+      const ParityReport r = Compare(ref, got);
       std::cout << family.config << (adamw ? " AdamW" : " SGD")
                 << " pp 2 x tp 2: " << r.ToString() << std::endl;
       EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
-      if (!adamw || family.adamw_param_bound > 0) {
-        EXPECT_LE(r.max_param_rel, adamw ? family.adamw_param_bound : 1e-5)
-            << r.ToString();
-        continue;
-      }
-      const ParityReport tp_alone =
-          Compare(TrainReference(run),
-                  Train(run, {{"tp", 2}},
-                        testing_util::TensorParallelSetup(family.tp)));
-      std::cout << "  tp 2 alone: " << tp_alone.ToString() << std::endl;
-      EXPECT_LE(r.max_param_rel, std::max(1e-4, 2 * tp_alone.max_param_rel))
-          << r.ToString()
-          << "; tensor parallelism alone: " << tp_alone.ToString();
+      EXPECT_LE(r.max_param_rel, 1e-5) << r.ToString();
+      EXPECT_LE(r.max_grad_rel, 1e-5) << r.ToString();
     }
   }
 }

@@ -43,8 +43,7 @@ testing_util::TensorParallelPlanWith TensorParallelWith() {
 
 TEST(Gpt2PlanTest, TensorParallelParity) {
   testing_util::ExpectTensorParallelParity("gpt2_debug", TensorParallelWith(),
-                                           ApplyFsdp,
-                                           /*adamw_param_bound=*/1e-5);
+                                           ApplyFsdp);
 }
 
 // FSDP on the dp axis of a [dp, tp] mesh: the masters are 2-D DTensors

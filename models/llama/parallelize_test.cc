@@ -71,8 +71,7 @@ testing_util::TensorParallelPlanWith TensorParallelWith() {
 
 TEST(LlamaPlanTest, TensorParallelParity) {
   testing_util::ExpectTensorParallelParity("llama_debug", TensorParallelWith(),
-                                           ApplyFsdp,
-                                           /*adamw_param_bound=*/1e-4);
+                                           ApplyFsdp);
 }
 
 TEST(LlamaPlanTest, TensorParallelRefusesWhatDoesNotDivide) {

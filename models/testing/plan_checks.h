@@ -10,6 +10,7 @@
 #define FSDPP_MODELS_TESTING_PLAN_CHECKS_H_
 
 #include <functional>
+#include <iostream>
 #include <map>
 #include <set>
 #include <string>
@@ -111,24 +112,28 @@ TensorParallelPlanWith TensorParallelWith(Apply apply) {
 // parallelism).
 // The tp ranks all train on their data-parallel rank's rows; the reference
 // reduces the data-parallel ranks' gradients as the FSDP run does
-// (emulated_ranks). Tolerances:
-//   * SGD: every step's loss and the final parameters within 1e-5;
-//   * AdamW (epsilon 1e-3): losses within 1e-5, final parameters within
-//     `adamw_param_bound`. Row-wise layers sum partial products across
-//     ranks and the all-reduces add in another order than one rank's
-//     matmuls, so gradients differ by rounding (6e-7 relative after one
-//     step); AdamW amplifies that over the steps where gradients are small.
-//     Measured (2026-11-26), worst over the nine layouts: GPT-2 debug 2.6e-6
-//     (so its bound is 1e-5); Llama debug 9.2e-6 to 2.8e-5, always in the
-//     untied tok_embeddings, whose rows get gradients only from the
-//     positions their tokens occur at (its bound stays 1e-4). Parity at
-//     1e-5 there would need a reference that reproduces the tensor-parallel
-//     sums in the same order (the FSDP tests' emulated ranks do that for
-//     data parallelism; there is none for tensor parallelism yet).
+// (emulated_ranks). Every step's loss, the final parameters and the last
+// step's (clipped) gradients within 1e-5, with SGD (lr 0.05) and with AdamW
+// (lr 1e-3, epsilon 1e-3). A clipping norm that counts the tp-replicated
+// gradients on every rank fails both (AdamW at tp 2: gradients 1.1e-4 off).
+//
+// Row-wise layers sum partial products across ranks and the all-reduces add
+// in another order than one rank's matmuls, so gradients differ from the
+// reference's by rounding (<= 1e-6 relative). How far that carries depends
+// on how strongly the training dynamics amplify it, which the test measures
+// itself: its two references (the batch whole, and cut into the
+// data-parallel pieces) are the same computation in another summation order,
+// and must agree within a quarter of the bound (the noise floor). AdamW at
+// lr 1e-2 fails that for Llama debug (measured 2026-11-26: the references
+// 7.8e-6 apart, their last gradients 6.6e-5, in the untied tok_embeddings;
+// tensor parallelism 1.0e-5 to 2.8e-5 off, within that chaos), so the
+// AdamW runs use 1e-3, a transformer learning rate: floor 2.7e-7 (Llama),
+// 1.2e-6 (GPT-2). Measured, worst over the nine layouts: parameters SGD
+// 2.8e-7 (Llama), 2.0e-6 (GPT-2), AdamW 4.9e-7 (Llama), 2.1e-6 (GPT-2);
+// gradients <= 1.1e-6.
 inline void ExpectTensorParallelParity(const std::string& config,
                                        const TensorParallelPlanWith& plan,
-                                       const FsdpPlan& fsdp_plan,
-                                       double adamw_param_bound) {
+                                       const FsdpPlan& fsdp_plan) {
   struct Layout {
     std::vector<MeshAxis> axes;
     bool sp, loss_parallel;
@@ -152,7 +157,7 @@ inline void ExpectTensorParallelParity(const std::string& config,
     run.config = config;
     run.steps = 20;
     run.optimizer = optimizer;
-    run.lr = adamw ? 0.01 : 0.05;
+    run.lr = adamw ? 1e-3 : 0.05;
     run.adam_eps = 1e-3;
     run.max_grad_norm = 0.5;
     std::map<int, TrainingResult> refs;
@@ -164,6 +169,14 @@ inline void ExpectTensorParallelParity(const std::string& config,
       for (double n : refs[d].grad_norms) clipped += n > run.max_grad_norm;
       ASSERT_GT(clipped, 0) << "the run must exercise clipping";
     }
+    const ParityReport floor = Compare(refs.at(1), refs.at(2));
+    std::cout << config << (adamw ? " AdamW" : " SGD")
+              << " noise floor (reference vs reference cut in 2): "
+              << floor.ToString() << std::endl;
+    ASSERT_LE(floor.max_param_rel, 2.5e-6)
+        << "the dynamics amplify rounding beyond what the bound can tell "
+           "apart: "
+        << floor.ToString();
     for (const Layout& l : layouts) {
       std::string mesh;
       for (const MeshAxis& a : l.axes) {
@@ -184,9 +197,13 @@ inline void ExpectTensorParallelParity(const std::string& config,
                                    tp, fsdp_plan, fsdp::FsdpPlanOptions{}));
       ASSERT_EQ(got.losses.size(), static_cast<size_t>(run.steps));
       const ParityReport r = Compare(refs.at(l.data_ranks), got);
+      std::cout << config << (adamw ? " AdamW " : " SGD ") << mesh
+                << (l.sp ? " sp" : "")
+                << (l.loss_parallel ? " loss-parallel" : "") << ": "
+                << r.ToString() << std::endl;
       EXPECT_LE(r.max_loss_rel, 1e-5) << r.ToString();
-      EXPECT_LE(r.max_param_rel, adamw ? adamw_param_bound : 1e-5)
-          << r.ToString();
+      EXPECT_LE(r.max_param_rel, 1e-5) << r.ToString();
+      EXPECT_LE(r.max_grad_rel, 1e-5) << r.ToString();
     }
   }
 }
