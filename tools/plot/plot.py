@@ -37,6 +37,7 @@ class Run:
         self.train = []    # dicts with step, loss, tokens_per_s, mfu, warmup
         self.val = []      # (step, val_loss)
         self.restarts = 0  # times the step went back (a resume appending)
+        self.earlier_runs = 0  # fresh runs before the last, not plotted
 
 
 def _is_int(v):
@@ -117,6 +118,13 @@ def read_run(path):
             val_loss = _field(obj, "val_loss", _is_number, "a number", where)
             run.val.append((step, float(val_loss)))
         elif kind == "run":
+            # A fresh run (start_step 0) appending to an older run's file
+            # replaces all of it; a resumed one (start_step > 0) only the
+            # lines from its step on (above).
+            if obj.get("start_step") == 0 and run.train:
+                run.earlier_runs += 1
+                run.train, run.val, run.headers = [], [], []
+                run.restarts = 0
             run.headers.append(obj)
         # "summary" and unknown kinds are ignored.
 
@@ -346,6 +354,10 @@ def main(argv):
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 1
     for run in runs:
+        if run.earlier_runs:
+            print(f"{PROG}: note: {run.path}: holds {run.earlier_runs} earlier "
+                  f"run(s) before the last fresh start (start_step 0); "
+                  f"plotting the last run only", file=sys.stderr)
         if run.restarts:
             print(f"{PROG}: note: {run.path}: step went back {run.restarts} "
                   f"time(s) (resumed run); later lines replace earlier ones",

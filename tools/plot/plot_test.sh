@@ -111,6 +111,13 @@ expect_png "resumed.png" "resumed.jsonl" --out "resumed.png"
 grep -q "resumed run" err || fail "resumed run: no note on stderr"
 # The resumed lines replace the first attempt's: the same picture as run_a.
 cmp -s a.png resumed.png || fail "resumed run renders differently from run_a"
+# A fresh run (header start_step 0) appending to an older run's file
+# replaces it whole: the same picture as run_a alone.
+{ cat "$testdata/run_b.jsonl"; sed '1s/}$/, "start_step": 0}/' "$testdata/run_a.jsonl"; } > "fresh.jsonl"
+expect_png "fresh.png" "fresh.jsonl" --out "fresh.png"
+grep -q "1 earlier run(s)" err || fail "fresh run: no note on stderr"
+grep -q "resumed run" err && fail "fresh run: called a resumed run"
+cmp -s a.png fresh.png || fail "fresh run renders differently from run_a"
 
 # Bad input: exit 1, a clear message, no traceback.
 
