@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <map>
@@ -431,6 +432,28 @@ absl::Status ResolvePipeline(const ParallelismConfig& config,
     }
     out->micro_batch = training.global_batch() / per_step;
     out->grad_accumulation_steps = config.pp_microbatches();
+  } else {
+    // Derived from the accumulation steps: a pipeline with fewer
+    // micro-batches than ranks leaves ranks idle (1F1B refuses it), so
+    // too few are raised to the smallest count that fills the pipeline
+    // (at least pp; a multiple of pp for interleaved) and divides the
+    // data-parallel rank's rows; the micro batch shrinks to match.
+    const bool interleaved = config.pp_schedule() == "interleaved";
+    const int64_t m = out->grad_accumulation_steps;
+    const int64_t rows = training.global_batch() / dp;
+    if (m < out->pp || (interleaved && m % out->pp != 0)) {
+      for (int64_t n = std::max<int64_t>(m, out->pp); n <= rows; ++n) {
+        if (rows % n != 0 || (interleaved && n % out->pp != 0)) continue;
+        out->notes.push_back(absl::StrCat(
+            "pipeline micro-batches: ", n, " (micro batch ", rows / n,
+            "), raised from the ", m, " accumulation step(s) of micro batch ",
+            out->micro_batch, " to fill ", out->pp,
+            " pipeline ranks; set parallelism.pp_microbatches to choose"));
+        out->micro_batch = rows / n;
+        out->grad_accumulation_steps = n;
+        break;
+      }
+    }
   }
   if (out->param_dtype == DType::kF16) {
     return Invalid(
@@ -523,12 +546,25 @@ absl::Status ResolveTraining(const TrainingConfig& config,
   RETURN_IF_ERROR(CheckPositive("training.micro_batch", config.micro_batch()));
   const int64_t dp_degree =
       static_cast<int64_t>(out->dp_replicate) * out->dp_shard;
-  const int64_t per_pass = dp_degree * config.micro_batch();
+  // The micro batch is a memory knob, the global batch the math: a micro
+  // batch larger than a data-parallel rank's rows is that many rows (the
+  // same config runs at any world size whose dp degree divides the batch).
+  int64_t micro_batch = config.micro_batch();
+  if (config.global_batch() % dp_degree == 0 &&
+      micro_batch > config.global_batch() / dp_degree) {
+    micro_batch = config.global_batch() / dp_degree;
+    out->notes.push_back(
+        absl::StrCat("micro batch ", micro_batch, ": training.micro_batch ",
+                     config.micro_batch(), " is more than the ", micro_batch,
+                     " rows of training.global_batch ", config.global_batch(),
+                     " per data-parallel rank (", dp_degree, ")"));
+  }
+  const int64_t per_pass = dp_degree * micro_batch;
   if (config.global_batch() % per_pass != 0) {
     return Invalid(absl::StrCat(
         "training.global_batch ", config.global_batch(),
         " is not divisible by the data-parallel degree ", dp_degree,
-        " x micro_batch ", config.micro_batch(), " = ", per_pass));
+        " x micro_batch ", micro_batch, " = ", per_pass));
   }
   if (config.seq_len() < 0) {
     return Invalid(absl::StrCat(
@@ -592,7 +628,7 @@ absl::Status ResolveTraining(const TrainingConfig& config,
                    FloatDType("training.mixed_precision.reduce_dtype",
                               config.mixed_precision().reduce_dtype()));
   out->seq_len = seq_len;
-  out->micro_batch = config.micro_batch();
+  out->micro_batch = micro_batch;
   out->grad_accumulation_steps = config.global_batch() / per_pass;
   out->tokens_per_step = config.global_batch() * seq_len;
   return absl::OkStatus();

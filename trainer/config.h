@@ -69,6 +69,11 @@ struct ResolvedTrainConfig {
   // global_batch / (dp_replicate x dp_shard x micro_batch): the
   // micro-batches of a step (through the pipeline when pp > 1).
   int64_t grad_accumulation_steps = 1;
+  // What the resolution took differently from the config and why (a
+  // micro batch larger than a data-parallel rank's rows, pipeline
+  // micro-batches raised to fill the pipeline), one line each, for the
+  // trainer's header.
+  std::vector<std::string> notes;
   int64_t tokens_per_step = 0;  // global_batch x seq_len.
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;

@@ -11,9 +11,13 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "formats/file_util.h"
 #include "gtest/gtest.h"
+#include "trainer/default_config.h"
 
 namespace fsdpp {
 namespace trainer {
@@ -480,6 +484,168 @@ TEST(ValidateTest, PipelineErrorMessages) {
        "loss scaler's overflow check does not span pipeline stages yet; use "
        "bf16"},
   });
+}
+
+// A micro batch larger than a data-parallel rank's rows is those rows (the
+// shipped default config, micro batch 8 of 16, at 4 ranks), said in a note;
+// one that fits is left alone.
+TEST(ValidateTest, MicroBatchIsAtMostTheRowsPerRank) {
+  TrainConfig config;
+  ASSERT_TRUE(
+      ApplyOverrides({"model.name=gpt2_debug", "training.global_batch=16",
+                      "training.micro_batch=8"},
+                     &config)
+          .ok());
+  auto resolved = ResolveTrainConfig(config, 4);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->micro_batch, 4);
+  EXPECT_EQ(resolved->grad_accumulation_steps, 1);
+  EXPECT_EQ(resolved->notes,
+            std::vector<std::string>{
+                "micro batch 4: training.micro_batch 8 is more than the 4 rows "
+                "of training.global_batch 16 per data-parallel rank (4)"});
+  resolved = ResolveTrainConfig(config, 2);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->micro_batch, 8);
+  EXPECT_TRUE(resolved->notes.empty());
+}
+
+// pp_microbatches 0 takes the accumulation steps, raised to fill the
+// pipeline when they are too few (the shipped default config at pp 2:
+// micro batch 8 of 8 rows per data-parallel rank); a count that already
+// fills it, an explicit count, and pp 1 are left alone.
+TEST(ValidateTest, PipelineMicroBatchesFillThePipeline) {
+  struct Case {
+    std::vector<std::string> overrides;
+    int world;
+    int64_t micro_batch, microbatches;
+    bool raised;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"parallelism.pp=2", "training.global_batch=16",
+             "training.micro_batch=8"},
+            4,
+            4,
+            2,
+            true},
+           {{"parallelism.pp=4", "model.n_layers=4", "training.global_batch=6",
+             "training.micro_batch=6"},
+            4,
+            1,
+            6,
+            true},  // 4 and 5 do not divide the 6 rows
+           {{"parallelism.pp=2", "parallelism.pp_schedule=interleaved",
+             "parallelism.pp_virtual_stages=2", "model.n_layers=4",
+             "training.global_batch=8", "training.micro_batch=8"},
+            2,
+            4,
+            2,
+            true},
+           {{"parallelism.pp=2", "parallelism.pp_schedule=interleaved",
+             "parallelism.pp_virtual_stages=2", "model.n_layers=4",
+             "training.global_batch=12", "training.micro_batch=4"},
+            2,
+            3,
+            4,
+            true},  // 3 accumulation steps: not a multiple of 2
+           {{"parallelism.pp=2", "training.global_batch=16",
+             "training.micro_batch=4"},
+            4,
+            4,
+            2,
+            false},
+           {{"parallelism.pp=2", "parallelism.pp_microbatches=4",
+             "training.global_batch=16", "training.micro_batch=8"},
+            4,
+            2,
+            4,
+            false},
+           {{"training.global_batch=16", "training.micro_batch=8"},
+            2,
+            8,
+            1,
+            false},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
+    TrainConfig config;
+    config.mutable_model()->set_name("gpt2_debug");
+    config.mutable_training()->set_seq_len(64);
+    ASSERT_TRUE(ApplyOverrides(c.overrides, &config).ok());
+    auto resolved = ResolveTrainConfig(config, c.world);
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->micro_batch, c.micro_batch);
+    EXPECT_EQ(resolved->grad_accumulation_steps, c.microbatches);
+    EXPECT_EQ(resolved->notes.size(), c.raised ? 1u : 0u)
+        << absl::StrJoin(resolved->notes, "; ");
+  }
+  TrainConfig config;
+  ASSERT_TRUE(
+      ApplyOverrides({"model.name=gpt2_debug", "training.global_batch=16",
+                      "training.micro_batch=8", "parallelism.pp=2"},
+                     &config)
+          .ok());
+  auto resolved = ResolveTrainConfig(config, 4);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->notes, std::vector<std::string>{
+                                 "pipeline micro-batches: 2 (micro batch 4), "
+                                 "raised from the 1 accumulation step(s) of "
+                                 "micro batch 8 to fill 2 pipeline ranks; set "
+                                 "parallelism.pp_microbatches to choose"});
+  // One row per data-parallel rank cannot fill 2 pipeline ranks: refused.
+  EXPECT_EQ(ValidateWith({"parallelism.pp=2", "training.global_batch=2",
+                          "training.micro_batch=1"},
+                         4)
+                .message(),
+            "parallelism (pp 2, 1 micro-batches per step): 1F1B: 1 "
+            "micro-batches for 2 pipeline ranks; it needs at least one per "
+            "rank");
+}
+
+// Every trainer command line the README shows validates at its world size
+// (--nproc_per_node, default 2, x the largest --nnodes): the embedded
+// default config or --config, then each --set.
+TEST(ReadmeCommandsTest, EveryTrainerCommandValidates) {
+  absl::StatusOr<std::string> readme = ReadFileToString("README.md");
+  ASSERT_TRUE(readme.ok()) << readme.status();
+  int commands = 0;
+  for (absl::string_view line : absl::StrSplit(*readme, '\n')) {
+    const size_t at = line.find("bazel run //trainer:train");
+    if (at == absl::string_view::npos) continue;
+    line.remove_prefix(at);
+    const size_t comment = line.find(" #");
+    if (comment != absl::string_view::npos) line = line.substr(0, comment);
+    SCOPED_TRACE(std::string(line));
+    ++commands;
+    std::string config_path;
+    int nproc = 2, nnodes = 1;
+    std::vector<std::string> sets;
+    const std::vector<std::string> words =
+        absl::StrSplit(line, ' ', absl::SkipWhitespace());
+    for (size_t i = 0; i < words.size(); ++i) {
+      const std::string& w = words[i];
+      if (absl::StartsWith(w, "--config=")) {
+        config_path = w.substr(9);
+      } else if (absl::StartsWith(w, "--nproc_per_node=")) {
+        ASSERT_TRUE(absl::SimpleAtoi(w.substr(17), &nproc)) << w;
+      } else if (absl::StartsWith(w, "--nnodes=")) {
+        const std::vector<std::string> range = absl::StrSplit(w.substr(9), ':');
+        ASSERT_TRUE(absl::SimpleAtoi(range.back(), &nnodes)) << w;
+      } else if (w == "--set") {
+        ASSERT_LT(i + 1, words.size()) << "--set without a value";
+        sets.push_back(words[++i]);
+      }
+    }
+    absl::StatusOr<TrainConfig> config =
+        config_path.empty()
+            ? ParseTrainConfig(DefaultConfigText(), "<embedded default>")
+            : LoadTrainConfig(config_path);
+    ASSERT_TRUE(config.ok()) << config.status();
+    ASSERT_TRUE(ApplyOverrides(sets, &*config).ok());
+    absl::StatusOr<ResolvedTrainConfig> resolved =
+        ResolveTrainConfig(*config, nproc * nnodes);
+    EXPECT_TRUE(resolved.ok()) << resolved.status();
+  }
+  EXPECT_GE(commands, 8) << "README's trainer commands not found";
 }
 
 TEST(ValidateTest, CommTimeoutBounds) {

@@ -175,7 +175,7 @@ echo "salloc + 2 srun steps: both trained, on two store ports"
 
 # A failing task ends the step, with the error, promptly.
 start=$SECONDS
-if run_srun bad -- --set training.micro_batch=3; then
+if run_srun bad -- --set training.micro_batch=0; then
   fail "a bad config ran under srun"
 fi
 grep -q "micro_batch" "$work/bad.log" || fail "the error does not say what was wrong"

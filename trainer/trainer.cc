@@ -715,6 +715,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
       data_.description, tc.global_batch(), rc_.seq_len, rc_.tokens_per_step,
       rc_.micro_batch, rc_.grad_accumulation_steps, result_.unigram_loss,
       result_.peak_tflops_per_rank, peak_source, flops_per_token_));
+  for (const std::string& note : rc_.notes) print_->Line("  " + note);
   if (runner_ != nullptr) {
     const parallel::PipelineSchedule& s = runner_->schedule();
     print_->Line(absl::StrFormat(
