@@ -338,8 +338,9 @@ void ExpectResumesOnLayouts(const std::string& name,
 
 // Tensor parallelism: 2 data-parallel x 2 tensor-parallel ranks (with and
 // without sequence parallelism) train like the 2-rank data-parallel run, and
-// a checkpoint saved at (dp 2, tp 2) resumes at (4, 1), (1, 4) and (1, 1)
-// with the uninterrupted run's losses.
+// a checkpoint saved at (dp 2, tp 2) resumes at (4, 1), (1, 4), (1, 1),
+// (2, 1), (1, 2) and HSDP 2 x FSDP 1 x TP 2 with the uninterrupted run's
+// losses.
 TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
   const std::string straight = TestDir("straight_dp2");
   auto full = RunRanks(SmallConfig(straight), 2);
@@ -359,7 +360,12 @@ TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
   }
   ExpectResumesOnLayouts(
       "from_tp2", {}, {"parallelism.tp=2"}, 4,
-      {{4, {"training.micro_batch=1"}}, {4, {"parallelism.tp=4"}}, {1, {}}},
+      {{4, {"training.micro_batch=1"}},
+       {4, {"parallelism.tp=4"}},
+       {1, {}},
+       {2, {}},
+       {2, {"parallelism.tp=2"}},
+       {4, {"parallelism.dp_replicate=2", "parallelism.tp=2"}}},
       want);
 }
 
