@@ -1021,23 +1021,27 @@ absl::Status Trainer::Validate() {
   const int64_t step = result_.end_step;
   TraceSpan span("validation", "compute");
   val_loader_->Reset();
+  // validation.batches global batches, dealt to the data-parallel ranks as
+  // training's are: the same sequences (the first batches x global_batch
+  // windows of the split), so the same loss, at every layout.
+  const int64_t micro_batches = vc.batches() * rc_.grad_accumulation_steps;
   double sum = 0;
   if (runner_ != nullptr) {
     std::vector<Tensor> ids, targets;
-    for (int64_t b = 0; b < vc.batches(); ++b) {
+    for (int64_t b = 0; b < micro_batches; ++b) {
       ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
       ids.push_back(std::move(tensors.first));
       targets.push_back(std::move(tensors.second));
     }
     ASSIGN_OR_RETURN(
         std::vector<float> losses,
-        runner_->Evaluate(static_cast<int>(vc.batches()), ids, targets));
+        runner_->Evaluate(static_cast<int>(micro_batches), ids, targets));
     std::vector<double> v = {0.0};
     for (float l : losses) v[0] += l;
     RETURN_IF_ERROR(AllReduce(pp_group_, &v, ReduceOp::kSum));
     sum = v[0];
   } else {
-    for (int64_t b = 0; b < vc.batches(); ++b) {
+    for (int64_t b = 0; b < micro_batches; ++b) {
       ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
       ASSIGN_OR_RETURN(float l,
                        model_->EvalLoss(tensors.first, tensors.second));
@@ -1047,13 +1051,12 @@ absl::Status Trainer::Validate() {
   // Free what the forward-only passes left gathered (the next training
   // forward would, but the memory between now and then is not needed).
   for (fsdp::FsdpUnit* unit : units_) RETURN_IF_ERROR(unit->Reshard());
-  std::vector<double> v = {sum / vc.batches()};
+  std::vector<double> v = {sum / micro_batches};
   RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kAvg));
   result_.validation.emplace_back(step, v[0]);
-  print_->Line(
-      absl::StrFormat("validation: step %d loss %.4f (%d batches x %d "
-                      "rank(s))",
-                      step, v[0], vc.batches(), env_.world_size));
+  print_->Line(absl::StrFormat(
+      "validation: step %d loss %.4f (%d sequences: %d global batch(es))", step,
+      v[0], vc.batches() * config_.training().global_batch(), vc.batches()));
   if (jsonl_ == nullptr) return absl::OkStatus();
   return jsonl_->Write(absl::StrCat("{\"kind\":\"val\",\"step\":", step,
                                     ",\"val_loss\":", JsonNumber(v[0]), "}"));

@@ -336,6 +336,39 @@ void ExpectResumesOnLayouts(const std::string& name,
   }
 }
 
+// Validation evaluates the same sequences at every layout (validation.batches
+// global batches, dealt like training's): the losses of runs on 1, 2 and 4
+// data-parallel ranks, with tensor and pipeline parallelism, agree within the
+// training parity tolerance at both evaluations.
+TEST(TrainerTest, ValidationSeesTheSameSequencesOnEveryLayout) {
+  struct Layout {
+    int world;
+    std::vector<std::string> overrides;
+  };
+  std::vector<std::vector<std::pair<int64_t, double>>> got;
+  for (const Layout& l : std::vector<Layout>{{2, {}},
+                                             {1, {}},
+                                             {4, {}},
+                                             {4, {"parallelism.tp=2"}},
+                                             {2, {"parallelism.pp=2"}}}) {
+    const std::string what =
+        absl::StrCat("W=", l.world, " ", absl::StrJoin(l.overrides, " "));
+    auto run = RunRanks(
+        WithOverrides(SmallConfig(TestDir(absl::StrCat("val_", got.size()))),
+                      l.overrides),
+        l.world);
+    ASSERT_TRUE(run[0].ok()) << what << ": " << run[0].status();
+    ASSERT_EQ(run[0]->validation.size(), 2u) << what;
+    got.push_back(run[0]->validation);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(got.back()[i].first, got[0][i].first) << what;
+      EXPECT_NEAR(got.back()[i].second, got[0][i].second,
+                  1e-5 * got[0][i].second)
+          << what;
+    }
+  }
+}
+
 // Tensor parallelism: 2 data-parallel x 2 tensor-parallel ranks (with and
 // without sequence parallelism) train like the 2-rank data-parallel run, and
 // a checkpoint saved at (dp 2, tp 2) resumes at (4, 1), (1, 4), (1, 1),
