@@ -684,10 +684,39 @@ absl::Status FsdpUnit::FinishReductions() {
     FsdpUnit* unit = r.unit;
     const bool average = unit->options_.gradient_divide_factor <= 0.0f;
     if (unit->replicate_group_ != nullptr) {
+      // SetRequiresAllReduce: the shard joins this replica's sum (f32), to
+      // be all-reduced with a later backward's.
+      const bool defer = !unit->requires_all_reduce_;
+      Tensor& sum = unit->replica_sum_;
+      if (defer || sum.defined()) {
+        Tensor shard = r.output;
+        if (shard.dtype() != DType::kF32) {
+          ASSIGN_OR_RETURN(
+              shard, Tensor::Empty(shard.shape(), DType::kF32, shard.device(),
+                                   MemoryTag::kGrads));
+          RETURN_IF_ERROR(Copy(r.output, &shard));
+        }
+        if (!sum.defined()) {
+          if (shard.dtype() == r.output.dtype()) {
+            ASSIGN_OR_RETURN(
+                sum, Tensor::Empty(shard.shape(), DType::kF32, shard.device(),
+                                   MemoryTag::kGrads));
+            RETURN_IF_ERROR(Copy(shard, &sum));
+          } else {
+            sum = shard;
+          }
+        } else {
+          RETURN_IF_ERROR(Add(sum, shard, &sum));
+        }
+        if (defer) continue;
+        RETURN_IF_ERROR(Copy(sum, &r.output));  // rounded once, if at all
+        sum = Tensor();
+      }
       ASSIGN_OR_RETURN(
           std::shared_ptr<Work> ar,
           unit->replicate_group_->AllReduce(
               AsBuffer(r.output), average ? ReduceOp::kAvg : ReduceOp::kSum));
+      ++unit->stats_.replica_all_reduces;
       TraceSpan wait("wait all_reduce (replicas)", "comm_wait");
       RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
     }

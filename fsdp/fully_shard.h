@@ -160,6 +160,9 @@ struct FsdpUnitStats {
   // Of those, the ones issued ahead of time by a unit's prefetch.
   int64_t prefetched_all_gathers = 0;
   int64_t reduce_scatters = 0;
+  // HSDP: all-reduces over the replicas (one per reduce-scatter, or one per
+  // SetRequiresAllReduce(true) backward when it was off before).
+  int64_t replica_all_reduces = 0;
 };
 
 class FsdpUnit;
@@ -212,6 +215,19 @@ class FsdpUnit {
   absl::Status Reshard();
   // With false, backward keeps unsharded gradients locally (no comm).
   void SetRequiresGradientSync(bool sync) { requires_gradient_sync_ = sync; }
+  // HSDP (FSDP2's set_requires_all_reduce): with false, backward still
+  // reduce-scatters over the shard group but does not all-reduce over the
+  // replicas; the reduced shards add up (in f32) in a buffer of the unit, a
+  // sharded gradient's size, and the gradients are left as they are. The
+  // next backward with true adds its shard to that sum and all-reduces it
+  // once, so gradient accumulation crosses the replicas' (often cross-node)
+  // links once per step instead of once per micro-batch. No effect without
+  // a replicate axis, or while gradient sync is off.
+  void SetRequiresAllReduce(bool all_reduce) {
+    requires_all_reduce_ = all_reduce;
+  }
+  // Whether reduced shards wait in the replica buffer for an all-reduce.
+  bool has_pending_replica_sum() const { return replica_sum_.defined(); }
   // Units whose all-gather to issue when this unit starts forward (explicit
   // prefetching, in this order; once called, the recorded order no longer
   // decides for this unit, and an empty list prefetches nothing).
@@ -306,6 +322,10 @@ class FsdpUnit {
   bool initialized_ = false;
   bool is_root_ = false;
   bool requires_gradient_sync_ = true;
+  bool requires_all_reduce_ = true;
+  // HSDP with requires_all_reduce_ off: this replica's sum of reduced
+  // shards ([segment_] f32) awaiting the all-reduce.
+  Tensor replica_sum_;
   bool unsharded_ = false;
   int forward_modules_ = 0, backward_modules_ = 0;  // of this iteration
   std::shared_ptr<Shared> shared_;  // per-root state (order, streams, pending)

@@ -264,6 +264,7 @@ absl::Status Step(const models::TransformerConfig& config,
   std::unique_ptr<parallel::PipelineRunner> runner;
   ProcessGroup* pp_group = nullptr;
   std::vector<fsdp::ShardedParameter*> params;
+  std::vector<fsdp::FsdpUnit*> units;  // without pipeline parallelism
   if (strategy.pp > 1) {
     ASSIGN_OR_RETURN(pp_group, mesh->Group("pp"));
     ASSIGN_OR_RETURN(po.shard.mesh, StageMesh(mesh.get()));
@@ -304,7 +305,7 @@ absl::Status Step(const models::TransformerConfig& config,
       RETURN_IF_ERROR(
           ApplyFamilyTensorParallelPlan(model.get(), mesh.get(), tpo));
     }
-    RETURN_IF_ERROR(ApplyFamilyFsdpPlan(model.get(), po).status());
+    ASSIGN_OR_RETURN(units, ApplyFamilyFsdpPlan(model.get(), po));
     RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 0));
     params = fsdp::ShardedParameters(model.get());
   }
@@ -367,16 +368,24 @@ absl::Status Step(const models::TransformerConfig& config,
     }
     // Micro-batches after the second repeat its allocations and collectives
     // exactly (the same shapes into the same buffers): two are run, and the
-    // others' tensors and collectives are counted as the second's.
+    // others' tensors and collectives are counted as the second's. With HSDP
+    // the last one differs (the replicas' all-reduce, trainer.cc
+    // ForwardBackward): three are run, and the middle one is repeated.
+    const int64_t accumulation = strategy.grad_accumulation;
     const int64_t run_micro =
-        runner != nullptr ? 0
-                          : std::min<int64_t>(strategy.grad_accumulation, 2);
-    int64_t allocations_at_last = 0;
-    size_t ops_at_last = 0;
+        runner != nullptr
+            ? 0
+            : std::min<int64_t>(accumulation,
+                                strategy.dp_replicate > 1 ? 3 : 2);
+    const int64_t repeated = std::min<int64_t>(run_micro, 2);
+    int64_t allocations_at_repeated = 0, repeated_allocations_each = 0;
+    size_t ops_at_repeated = 0, ops_after_repeated = 0;
     for (int64_t m = 1; m <= run_micro; ++m) {
-      if (m == run_micro) {
-        allocations_at_last = acct->Stats().total_allocations;
-        ops_at_last = log != nullptr ? log->ops().size() : 0;
+      const bool last = m == run_micro;
+      for (fsdp::FsdpUnit* u : units) u->SetRequiresAllReduce(last);
+      if (m == repeated) {
+        allocations_at_repeated = acct->Stats().total_allocations;
+        ops_at_repeated = log != nullptr ? log->ops().size() : 0;
       }
       // The loader's batch: int32 ids and targets (token 0 on a real device).
       ASSIGN_OR_RETURN(Tensor ids, Tensor::Zeros(batch, DType::kI32, device));
@@ -385,19 +394,23 @@ absl::Status Step(const models::TransformerConfig& config,
       RETURN_IF_ERROR(model->ForwardLoss(ids, targets).status());
       phases.End(absl::StrCat(prefix, "forward ", m));
       phases.Begin();
-      RETURN_IF_ERROR(model->Backward(
-          1.0f / static_cast<float>(strategy.grad_accumulation)));
+      RETURN_IF_ERROR(model->Backward(1.0f / static_cast<float>(accumulation)));
       phases.End(absl::StrCat(prefix, "backward ", m));
       phases.Begin();
+      if (m == repeated) {
+        repeated_allocations_each =
+            acct->Stats().total_allocations - allocations_at_repeated;
+        ops_after_repeated = log != nullptr ? log->ops().size() : 0;
+      }
     }
-    const int64_t repeats =
-        runner != nullptr ? 0 : strategy.grad_accumulation - run_micro;
-    const int64_t repeated_allocations =
-        repeats * (acct->Stats().total_allocations - allocations_at_last);
+    const int64_t repeats = runner != nullptr ? 0 : accumulation - run_micro;
+    const int64_t repeated_allocations = repeats * repeated_allocations_each;
     if (log != nullptr && repeats > 0) {
       const std::vector<SimulatedOp> ops = log->ops();
       for (int64_t r = 0; r < repeats; ++r) {
-        for (size_t i = ops_at_last; i < ops.size(); ++i) log->Add(ops[i]);
+        for (size_t i = ops_at_repeated; i < ops_after_repeated; ++i) {
+          log->Add(ops[i]);
+        }
       }
     }
     // The gradient norm reads the gradients' values, which meta tensors do not

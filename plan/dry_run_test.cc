@@ -80,6 +80,47 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
             tensors_per_micro);
 }
 
+// HSDP: the replicas all-reduce once per step whatever the accumulation
+// (trainer.cc ForwardBackward): one all-reduce per unit on the replicate
+// group at 1 to 4 micro-batches; each micro-batch past the third adds the
+// same collectives and tensors (the middle one's), and the peak is the same
+// from 2 on (the replicas' sum is held from the first micro-batch's
+// reduction to the last's).
+TEST(DryRunTest, HsdpAllReducesOncePerStep) {
+  const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
+  Strategy s;
+  s.world = 4;
+  s.dp_replicate = 2;
+  s.micro_batch = 1;
+  s.seq_len = 32;
+  std::vector<DryRunResult> runs;
+  for (int64_t accumulation : {1, 2, 3, 4, 5}) {
+    s.grad_accumulation = accumulation;
+    absl::StatusOr<DryRunResult> r = DryRun(config, s);
+    ASSERT_TRUE(r.ok()) << r.status();
+    int replica_all_reduces = 0;
+    for (const SimulatedOp& op : r->ops) {
+      replica_all_reduces +=
+          op.kind == "all_reduce" && absl::StrContains(op.group, "replicate");
+    }
+    EXPECT_EQ(replica_all_reduces, config.n_layers + 1)
+        << accumulation << " micro-batches";
+    runs.push_back(*r);
+  }
+  for (size_t i = 2; i < runs.size(); ++i) {
+    EXPECT_EQ(runs[i].peak_bytes, runs[1].peak_bytes) << i + 1;
+  }
+  EXPECT_GT(runs[1].peak_bytes, runs[0].peak_bytes);
+  const int64_t ops_per_micro = runs[3].ops.size() - runs[2].ops.size();
+  EXPECT_GT(ops_per_micro, 0);
+  EXPECT_EQ(runs[4].ops.size() - runs[3].ops.size(), ops_per_micro);
+  const int64_t tensors_per_micro =
+      runs[3].step_allocations - runs[2].step_allocations;
+  EXPECT_GT(tensors_per_micro, 0);
+  EXPECT_EQ(runs[4].step_allocations - runs[3].step_allocations,
+            tensors_per_micro);
+}
+
 // Tensor parallelism (each family's plan on a tp axis, FSDP over the
 // shard axis; per-process exactness is checked against the trainer in
 // trainer/train_e2e_test.sh): the rank's pieces of the state, fewer

@@ -1,8 +1,9 @@
 // FSDP parity against the unsharded single-process model (GPT-2 debug and
 // Llama debug), thread ranks over real Gloo: losses and gradients match for
-// world sizes 1-4, ZeRO-2 and ZeRO-3, HSDP 2x2, bf16 mixed precision, and two
-// micro-batches with and without gradient sync; memory of sharded state is
-// the sharded formula; errors for bad input.
+// world sizes 1-4, ZeRO-2 and ZeRO-3, HSDP 2x2 (also over 3 micro-batches,
+// the replicas all-reducing each one or once per step), bf16 mixed
+// precision, and two micro-batches with and without gradient sync; memory of
+// sharded state is the sharded formula; errors for bad input.
 #include "fsdp/fully_shard.h"
 
 #include <cmath>
@@ -47,11 +48,16 @@ struct Layout {
   bool reshard_after_forward = true;
   int micro_batches = 1;
   bool sync_every_micro_batch = true;
+  // HSDP: the replicas all-reduce once per step, on the last micro-batch
+  // (FsdpUnit::SetRequiresAllReduce), instead of once per micro-batch.
+  bool all_reduce_once = false;
   DType param_dtype = DType::kF32;
 };
 
 // The same training under FSDP: every rank takes its rows of the batch.
-Result RunFsdp(const std::string& config_name, const Layout& layout) {
+// `replica_all_reduces`, if given, gets rank 0's count over all units.
+Result RunFsdp(const std::string& config_name, const Layout& layout,
+               int64_t* replica_all_reduces = nullptr) {
   Result result;
   testing_util::RunOnMesh(layout.axes, [&](int rank, DeviceMesh& mesh) {
     TransformerConfig config = *ConfigByName(config_name);
@@ -86,6 +92,9 @@ Result RunFsdp(const std::string& config_name, const Layout& layout) {
         for (FsdpUnit* u : units)
           u->SetRequiresGradientSync(layout.sync_every_micro_batch || last);
         (*root)->SetRequiresGradientSync(layout.sync_every_micro_batch || last);
+        for (FsdpUnit* u : units)
+          u->SetRequiresAllReduce(!layout.all_reduce_once || last);
+        (*root)->SetRequiresAllReduce(!layout.all_reduce_once || last);
         auto [ids, targets] =
             Slice(batch, rank * rows + m * micro_rows, micro_rows);
         absl::StatusOr<float> l = model->ForwardLoss(ids, targets);
@@ -121,6 +130,13 @@ Result RunFsdp(const std::string& config_name, const Layout& layout) {
       Tensor full = *sp->master.FullTensor();
       if (rank == 0) result.params[sp->name] = testing_util::Values(full);
     }
+    if (rank == 0 && replica_all_reduces != nullptr) {
+      *replica_all_reduces = (*root)->stats().replica_all_reduces;
+      for (FsdpUnit* u : units) {
+        EXPECT_FALSE(u->has_pending_replica_sum());
+        *replica_all_reduces += u->stats().replica_all_reduces;
+      }
+    }
   });
   return result;
 }
@@ -145,6 +161,20 @@ TEST(FullyShardTest, LlamaParityHsdpAndMicroBatches) {
   Layout hsdp;
   hsdp.axes = {{"replicate", 2}, {"shard", 2}};
   ExpectParity(ref, RunFsdp("llama_debug", hsdp), 1e-4, 1e-5, "llama HSDP 2x2");
+  // 3 micro-batches (1 row each per rank): the replicas all-reduce every
+  // micro-batch's shard, or the step's sum once; the same gradients either
+  // way. Counts are per unit (2 blocks and the root) over the steps.
+  const int64_t units = ConfigByName("llama_debug")->n_layers + 1;
+  for (bool once : {false, true}) {
+    Layout micro = hsdp;
+    micro.micro_batches = 3;
+    micro.all_reduce_once = once;
+    int64_t all_reduces = 0;
+    ExpectParity(ref, RunFsdp("llama_debug", micro, &all_reduces), 1e-4, 1e-5,
+                 once ? "llama HSDP 2x2, 3 micro-batches, all-reduce once"
+                      : "llama HSDP 2x2, 3 micro-batches");
+    EXPECT_EQ(all_reduces, units * kSteps * (once ? 1 : 3));
+  }
   for (bool sync : {true, false}) {
     Layout micro;
     micro.axes = {{"dp", 2}};

@@ -51,15 +51,18 @@ struct Layout {
   int dp = 1, tp = 1;
   bool sp = false;
   bool loss_parallel = true;
+  int replicate = 1;  // HSDP: replicas of the [dp, tp] layout
   std::string Name() const {
-    return absl::StrCat("dp", dp, "xtp", tp, sp ? "+sp" : "",
-                        tp > 1 && !loss_parallel ? " (gathered logits)" : "");
+    return absl::StrCat(
+        replicate > 1 ? absl::StrCat("replicate", replicate, "x") : "", "dp",
+        dp, "xtp", tp, sp ? "+sp" : "",
+        tp > 1 && !loss_parallel ? " (gathered logits)" : "");
   }
 };
 
 // Payload bytes per axis.
 struct LayoutBytes {
-  testing_util::OpBytes shard, tp;
+  testing_util::OpBytes shard, tp, replicate;
 };
 
 constexpr int64_t kF32 = 4;
@@ -99,6 +102,8 @@ LayoutBytes Analytic(const TransformerConfig& c, const Layout& l, int64_t rows,
   const int64_t total = c.n_layers * block + RootElements(c, l.tp);
   b.shard.all_gather = kF32 * (total + (c.n_layers - 1) * block);
   b.shard.reduce_scatter = kF32 * total;
+  // HSDP: the replicas all-reduce each rank's reduce-scattered shard.
+  if (l.replicate > 1) b.replicate.all_reduce = kF32 * total / l.dp;
   if (l.tp == 1) return b;
   const int64_t A = rows * seq * c.dim, N = rows * seq;
   if (!l.sp) {
@@ -138,43 +143,50 @@ std::string Ring(const LayoutBytes& b, const Layout& l) {
 // One forward + backward on `l`; rank 0's measured payload bytes.
 LayoutBytes Measure(const std::string& config_name, const Layout& l) {
   LayoutBytes measured;
-  testing_util::RunOnCountingMesh(
-      {{"dp", l.dp}, {"tp", l.tp}}, [&](int rank, DeviceMesh& mesh) {
-        const TransformerConfig config = *models::ConfigByName(config_name);
-        auto model = *Transformer::Create(config);
-        const bool gpt2 = config.family == ModelFamily::kGpt2;
-        fsdp::FsdpPlanOptions fsdp;
-        fsdp.shard.mesh = &mesh;
-        if (l.tp > 1) {
-          models::TensorParallelPlanOptions o;
-          o.sequence_parallel = l.sp;
-          o.loss_parallel = l.loss_parallel;
-          const absl::Status s =
-              gpt2 ? models::gpt2::ApplyTensorParallel(model.get(), &mesh, o)
-                   : models::llama::ApplyTensorParallel(model.get(), &mesh, o);
-          ASSERT_TRUE(s.ok()) << s;
-          fsdp.shard.tp_axis = "tp";
-        }
-        // The tp axis of size 1 only exists for the mesh's shape here.
-        if (l.tp == 1) fsdp.shard.tp_axis = "tp";
-        absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
-            gpt2 ? models::gpt2::ApplyFsdp(model.get(), fsdp)
-                 : models::llama::ApplyFsdp(model.get(), fsdp);
-        ASSERT_TRUE(units.ok()) << units.status();
-        ASSERT_TRUE(fsdp::InitShardedWeights(model.get(), 5).ok());
-        std::vector<int64_t> ids(kRows * kSeq);
-        for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 37 + 11) % 500;
-        const Tensor x = *Tensor::FromInts({kRows, kSeq}, ids);
-        const testing_util::OpBytes shard0 =
-                                        testing_util::AxisBytes(mesh, "dp"),
-                                    tp0 = testing_util::AxisBytes(mesh, "tp");
-        ASSERT_TRUE(model->ForwardLoss(x, x).ok());
-        ASSERT_TRUE(model->Backward().ok());
-        if (rank == 0) {
-          measured.shard = Minus(testing_util::AxisBytes(mesh, "dp"), shard0);
-          measured.tp = Minus(testing_util::AxisBytes(mesh, "tp"), tp0);
-        }
-      });
+  std::vector<MeshAxis> axes = {{"dp", l.dp}, {"tp", l.tp}};
+  if (l.replicate > 1) axes.insert(axes.begin(), {"replicate", l.replicate});
+  testing_util::RunOnCountingMesh(axes, [&](int rank, DeviceMesh& mesh) {
+    const TransformerConfig config = *models::ConfigByName(config_name);
+    auto model = *Transformer::Create(config);
+    const bool gpt2 = config.family == ModelFamily::kGpt2;
+    fsdp::FsdpPlanOptions fsdp;
+    fsdp.shard.mesh = &mesh;
+    if (l.tp > 1) {
+      models::TensorParallelPlanOptions o;
+      o.sequence_parallel = l.sp;
+      o.loss_parallel = l.loss_parallel;
+      const absl::Status s =
+          gpt2 ? models::gpt2::ApplyTensorParallel(model.get(), &mesh, o)
+               : models::llama::ApplyTensorParallel(model.get(), &mesh, o);
+      ASSERT_TRUE(s.ok()) << s;
+      fsdp.shard.tp_axis = "tp";
+    }
+    // The tp axis of size 1 only exists for the mesh's shape here.
+    if (l.tp == 1) fsdp.shard.tp_axis = "tp";
+    absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
+        gpt2 ? models::gpt2::ApplyFsdp(model.get(), fsdp)
+             : models::llama::ApplyFsdp(model.get(), fsdp);
+    ASSERT_TRUE(units.ok()) << units.status();
+    ASSERT_TRUE(fsdp::InitShardedWeights(model.get(), 5).ok());
+    std::vector<int64_t> ids(kRows * kSeq);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = (i * 37 + 11) % 500;
+    const Tensor x = *Tensor::FromInts({kRows, kSeq}, ids);
+    const testing_util::OpBytes shard0 = testing_util::AxisBytes(mesh, "dp"),
+                                tp0 = testing_util::AxisBytes(mesh, "tp");
+    const testing_util::OpBytes replicate0 =
+        l.replicate > 1 ? testing_util::AxisBytes(mesh, "replicate")
+                        : testing_util::OpBytes{};
+    ASSERT_TRUE(model->ForwardLoss(x, x).ok());
+    ASSERT_TRUE(model->Backward().ok());
+    if (rank == 0) {
+      measured.shard = Minus(testing_util::AxisBytes(mesh, "dp"), shard0);
+      measured.tp = Minus(testing_util::AxisBytes(mesh, "tp"), tp0);
+      if (l.replicate > 1) {
+        measured.replicate =
+            Minus(testing_util::AxisBytes(mesh, "replicate"), replicate0);
+      }
+    }
+  });
   return measured;
 }
 
@@ -188,8 +200,9 @@ void ExpectEqual(const testing_util::OpBytes& got,
 
 TEST(TpCommBytesTest, EveryLayoutMovesTheAnalyticBytes) {
   const std::vector<Layout> layouts = {
-      {4, 1, false, true}, {2, 2, false, true}, {2, 2, true, true},
-      {1, 4, false, true}, {1, 4, true, true},  {2, 2, false, false}};
+      {4, 1, false, true},    {2, 2, false, true},    {2, 2, true, true},
+      {1, 4, false, true},    {1, 4, true, true},     {2, 2, false, false},
+      {2, 1, false, true, 2}, {1, 2, false, true, 2}, {1, 2, true, true, 2}};
   for (const std::string config : {"gpt2_debug", "llama_debug"}) {
     const TransformerConfig c = *models::ConfigByName(config);
     for (const Layout& l : layouts) {
@@ -198,6 +211,7 @@ TEST(TpCommBytesTest, EveryLayoutMovesTheAnalyticBytes) {
       const LayoutBytes want = Analytic(c, l, kRows, kSeq);
       ExpectEqual(got.shard, want.shard, what + " shard axis");
       ExpectEqual(got.tp, want.tp, what + " tp axis");
+      ExpectEqual(got.replicate, want.replicate, what + " replicate axis");
       std::cout << what << ": " << Ring(got, l) << std::endl;
     }
   }

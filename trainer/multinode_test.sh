@@ -2,14 +2,17 @@
 # Two "nodes" made of Linux network namespaces on a bridge, each with one
 # veth (eth0, 10.77.0.1 and .2) running `train --nnodes=2 --node_rank=k
 # --master_addr=10.77.0.1` (its own launcher, as torchrun), the ranks
-# binding eth0 through FSDPP_SOCKET_IFNAME: 2 nodes x 2 ranks train GPT-2 debug with FSDP over 4
-# and with HSDP (replicate 2 across the nodes x shard 2 within), and
+# binding eth0 through FSDPP_SOCKET_IFNAME: 2 nodes x 2 ranks train GPT-2
+# debug with FSDP over 4, with HSDP (replicate 2 across the nodes x shard 2
+# within) and with HSDP x TP (replicate 2 across the nodes x tp 2 within),
+# and
 #  * every step's loss equals the single-host 4-rank run's of the same
-#    layout (f32, within 1e-5 relative);
+#    layout (f32, within 1e-5 relative), and HSDP x TP's FSDP 4's;
 #  * the bytes each node sends over its link per step (the interface
-#    counters) are reported for both, and HSDP's are <= 0.6x FSDP's (the
-#    shard groups' all-gathers and reduce-scatters stay inside a node; only
-#    the replicas' gradient all-reduce crosses).
+#    counters) are reported, HSDP's are <= 0.6x FSDP's (the shard groups'
+#    all-gathers and reduce-scatters stay inside a node; only the replicas'
+#    gradient all-reduce crosses), and HSDP x TP's are HSDP's within 25%
+#    (the tp collectives stay inside a node too).
 # Then fault drills on the same nodes, each under comm.timeout_s=3: rank 3
 # (on node 1) stopped with SIGSTOP, node 1's link set down mid-run, and node
 # 1 lost (its launcher and ranks killed with SIGKILL): node 0's ranks fail
@@ -127,8 +130,13 @@ two_nodes hsdp --set parallelism.dp_replicate=2
 hsdp_sent=$sent
 grep -q "mesh train{replicate: 2, shard: 2}" "$work/hsdp.node0.log" ||
   fail "hsdp: wrong mesh"
+two_nodes hsdp_tp --set parallelism.dp_replicate=2 --set parallelism.tp=2
+hsdp_tp_sent=$sent
+grep -q "mesh train{replicate: 2, shard: 1, tp: 2}" "$work/hsdp_tp.node0.log" ||
+  fail "hsdp_tp: wrong mesh"
 one_host fsdp_host
 one_host hsdp_host --set parallelism.dp_replicate=2
+one_host hsdp_tp_host --set parallelism.dp_replicate=2 --set parallelism.tp=2
 
 losses "$work/fsdp/node0.jsonl" >"$work/fsdp.losses"
 losses "$work/fsdp_host/host.jsonl" >"$work/fsdp_host.losses"
@@ -138,26 +146,59 @@ echo -n "FSDP 4, 2 nodes vs 1 host: "
 compare "$work/fsdp_host.losses" "$work/fsdp.losses" || fail "fsdp losses"
 echo -n "HSDP 2 x 2, 2 nodes vs 1 host: "
 compare "$work/hsdp_host.losses" "$work/hsdp.losses" || fail "hsdp losses"
+losses "$work/hsdp_tp/node0.jsonl" >"$work/hsdp_tp.losses"
+losses "$work/hsdp_tp_host/host.jsonl" >"$work/hsdp_tp_host.losses"
+echo -n "HSDP 2 x FSDP 1 x TP 2, 2 nodes vs 1 host: "
+compare "$work/hsdp_tp_host.losses" "$work/hsdp_tp.losses" ||
+  fail "hsdp_tp losses"
+# FSDP 4 (the same global batch) is the single-host reference of both: the
+# layouts train the same model.
+echo -n "HSDP 2 x FSDP 1 x TP 2 vs FSDP 4, 1 host: "
+compare "$work/fsdp_host.losses" "$work/hsdp_tp_host.losses" ||
+  fail "hsdp_tp vs fsdp losses"
 
 echo "bytes sent per node per step over its link: FSDP $fsdp_sent, HSDP" \
   "$hsdp_sent (HSDP / FSDP = $(( 100 * hsdp_sent / fsdp_sent ))%)"
 (( 10 * hsdp_sent <= 6 * fsdp_sent )) || fail "HSDP sends more than 0.6x FSDP's"
-# Against the analytic volume, S = the f32 parameters' bytes. FSDP 4: the
-# ring of each all-gather (forward, backward) and reduce-scatter crosses from
-# node 0 to node 1 once, carrying 3/4 S: 2.25 S per step. HSDP: the shard
-# collectives stay inside a node; each of its 2 ranks all-reduces its S / 2
-# shard with its replica (sending S / 2): S per step.
+# HSDP x TP: the tp collectives stay inside a node (tp is the innermost
+# axis, a node's 2 ranks); what crosses is the replicas' gradient
+# all-reduce, each rank's tp piece (S / 2, plus the small parameters tp
+# keeps whole) with its replica: about S per node, as HSDP.
+echo "HSDP 2 x TP 2 sends $hsdp_tp_sent per node per step" \
+  "($(( 100 * hsdp_tp_sent / hsdp_sent ))% of HSDP 2 x 2)"
+(( 4 * hsdp_tp_sent >= 3 * hsdp_sent && 4 * hsdp_tp_sent <= 5 * hsdp_sent )) ||
+  fail "HSDP x TP's cross-node bytes are not HSDP's (tp crossed the link?)"
+# Against the analytic volume, S = the f32 parameters' bytes, R = those of
+# the blocks FSDP gathers again for backward (all but the last; the root
+# unit and the last block keep theirs from forward). FSDP 4: the ring of
+# each all-gather (forward: S, backward: R) and reduce-scatter (S) crosses
+# from node 0 to node 1 once, carrying 3/4 of it: 3/4 (2 S + R) per step.
+# HSDP: the shard collectives stay inside a node; each of its 2 ranks
+# all-reduces its S / 2 shard with its replica (sending S / 2): S per step.
 params=$(grep -oP 'gpt2_debug \(\K[0-9.]+(?=M parameters)' \
   "$work/fsdp.node0.log" | head -1)
 [[ -n "$params" ]] || fail "no parameter count in the header"
-/usr/bin/python3 - "$params" "$fsdp_sent" "$hsdp_sent" <<'PY' || fail "bytes"
-import sys
-s = float(sys.argv[1]) * 1e6 * 4
+"$train" "${common[@]}" --print_config >"$work/config.txt" ||
+  fail "--print_config"
+/usr/bin/python3 - "$work/config.txt" "$fsdp_sent" "$hsdp_sent" "$params" \
+  <<'PY' || fail "bytes"
+import re, sys
+text = open(sys.argv[1]).read()
+def field(name):
+    return int(re.search(r"\b%s: (\d+)" % name, text).group(1))
+vocab, ctx, layers, dim = (field("vocab_size"), field("context_length"),
+                           field("n_layers"), field("dim"))
+block = 12 * dim * dim + 13 * dim  # GPT-2: qkv, proj, fc, proj; biases, norms
+root = vocab * dim + ctx * dim + 2 * dim  # wte (tied head), wpe, ln_f
+s = 4 * (layers * block + root)
+r = 4 * (layers - 1) * block
+assert abs(s / 4e6 - float(sys.argv[4])) < 0.01, ("the header's count", s / 4)
 fsdp, hsdp = int(sys.argv[2]), int(sys.argv[3])
-print("analytic: FSDP %.0f, HSDP %.0f; measured / analytic: %.2f, %.2f"
-      % (2.25 * s, s, fsdp / (2.25 * s), hsdp / s))
-assert 0.75 <= fsdp / (2.25 * s) <= 1.25, "FSDP bytes off the analytic volume"
-assert 0.75 <= hsdp / s <= 1.25, "HSDP bytes off the analytic volume"
+want_fsdp = 0.75 * (2 * s + r)
+print("analytic: FSDP %.0f, HSDP %.0f; measured / analytic: %.3f, %.3f"
+      % (want_fsdp, s, fsdp / want_fsdp, hsdp / s))
+assert 0.9 <= fsdp / want_fsdp <= 1.1, "FSDP bytes off the analytic volume"
+assert 0.9 <= hsdp / s <= 1.1, "HSDP bytes off the analytic volume"
 PY
 # Fault drills. start_job NAME: a long FSDP run on both nodes in the
 # background (pids in job_pids), returning once node 0 logged step 3.

@@ -139,12 +139,15 @@ bash "$cd_back/trainer/kill_drill.sh" 2 "$cd_back/$train" "$work/drill" ||
 
 # 7. The memory plan is exact per process: every rank's measured peak of
 # live tensors equals the plan's, also for meshes with a tp axis (2
-# processes: FSDP 2; tensor parallel 2 with sequence and loss parallelism).
-for layout in "dp" "tp"; do
+# processes: FSDP 2; tensor parallel 2 with sequence and loss parallelism;
+# HSDP 2 x 1 over 3 micro-batches, the replicas' sum held until the last).
+for layout in "dp" "tp" "hsdp"; do
   mkdir -p "$work/plan_$layout"
   extra=()
   [[ $layout == tp ]] && extra=(--set parallelism.tp=2
     --set parallelism.sequence_parallel=true)
+  [[ $layout == hsdp ]] && extra=(--set parallelism.dp_replicate=2
+    --set training.global_batch=12)
   run "$work/plan_$layout" --set training.steps=2 --set checkpoint.interval=0 \
     --set validation.interval=0 --set metrics.trace_steps=0 "${extra[@]}" \
     >/dev/null

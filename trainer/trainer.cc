@@ -816,6 +816,11 @@ absl::StatusOr<double> Trainer::ForwardBackward(int64_t step,
   const float backward_scale = 1.0f / static_cast<float>(accumulation);
   double loss = 0;
   for (int64_t m = 0; m < accumulation; ++m) {
+    // HSDP: the replicas all-reduce the step's gradient once, on the last
+    // micro-batch (each micro-batch still reduce-scatters in the shard group).
+    for (fsdp::FsdpUnit* u : units_) {
+      u->SetRequiresAllReduce(m + 1 == accumulation);
+    }
     Batch batch;
     {
       TraceSpan s("data", "data");
