@@ -71,7 +71,12 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   if (o.memory_budget > 0) device.memory_bytes = o.memory_budget;
   ASSIGN_OR_RETURN(plan::Plan p,
                    plan::MakePlan(rc.model, strategy, device, o.rank));
-  std::string out = plan::FormatPlan(p);
+  std::string out;
+  // What the config resolution changed (trainer's header notes), first.
+  for (const std::string& note : rc.notes) {
+    absl::StrAppend(&out, "note: ", note, "\n");
+  }
+  absl::StrAppend(&out, plan::FormatPlan(p));
   if (!o.search && o.memory_budget <= 0) return out;
   ASSIGN_OR_RETURN(std::vector<plan::Candidate> ranked,
                    plan::SearchStrategies(rc.model, strategy, device));

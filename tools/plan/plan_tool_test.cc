@@ -57,6 +57,20 @@ TEST(PlanToolTest, Llama3_8bAnd70bOnH100s) {
   EXPECT_TRUE(absl::StrContains(*out, ": fits")) << *out;
 }
 
+// The embedded default at pp 2 on 4 ranks: the plan says, as the trainer's
+// header does, that the pipeline micro-batches were raised.
+TEST(PlanToolTest, SaysWhatTheConfigResolutionChanged) {
+  PlanToolOptions o;
+  o.world = 4;
+  o.overrides = {"parallelism.pp=2"};
+  absl::StatusOr<std::string> out = RunPlanTool(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::StartsWith(*out,
+                               "note: pipeline micro-batches: 2 (micro batch "
+                               "4), raised from the 1 accumulation step(s)"))
+      << *out;
+}
+
 TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   PlanToolOptions o;
   o.config_path = "trainer/configs/llama_1b.textproto";
