@@ -251,7 +251,15 @@ absl::StatusOr<std::vector<HfImportItem>> PlanHfImport(
       continue;
     }
     used.insert(name);
-    const Parameter* p = params.at(entry.ours);
+    const auto held = params.find(entry.ours);
+    if (held == params.end()) {
+      if (model.is_whole()) {
+        return absl::InternalError(absl::StrCat(
+            "PlanHfImport: the model has no parameter ", entry.ours));
+      }
+      continue;  // Another pipeline stage's: present is all we check here.
+    }
+    const Parameter* p = held->second;
     ASSIGN_OR_RETURN(SafetensorsTensorInfo info, file->Info(name));
     const Shape expected = HfShape(entry, p->shape, c.vocab_size);
     if (info.shape != expected) {

@@ -111,7 +111,9 @@ struct HfImportItem {
 // Checks that `source` holds exactly `model`'s parameters (shapes as HF's,
 // float dtypes) and says where each is, in parameter order. NotFound lists
 // missing tensors, InvalidArgument unknown ones or a shape / dtype mismatch.
-// Nothing is read but the headers.
+// For a pipeline stage's part (Transformer::is_whole false) the source must
+// still hold the whole model's tensors, but only the part's are planned (and
+// their shapes checked). Nothing is read but the headers.
 absl::StatusOr<std::vector<HfImportItem>> PlanHfImport(
     const HfTensorSource& source, const Transformer& model);
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
@@ -163,6 +164,52 @@ TEST_P(HfDirectoryTest, IndependentReaderSeesTheSameModel) {
       dir, reference, batch, *loss));
   std::cout << "=== " << GetParam() << " ===\n" << output << std::flush;
   EXPECT_EQ(status, 0) << output;
+}
+
+// A pipeline stage's part plans only its own tensors (the last stage of a
+// tied model: its copy of the embedding too), while the directory must
+// still hold the whole model's: one missing from another stage is refused.
+TEST_P(HfDirectoryTest, APipelinePartPlansItsOwnTensors) {
+  absl::StatusOr<TransformerConfig> c = ConfigByName(GetParam());
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<std::unique_ptr<Transformer>> whole = Transformer::Create(*c);
+  ASSERT_TRUE(whole.ok());
+  ASSERT_TRUE((*whole)->ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE((*whole)->InitWeights(3).ok());
+  const std::string dir = TempDir(GetParam() + "_part");
+  Export(**whole, dir, uint64_t{1} << 40);
+  TransformerOptions last;
+  last.first_block = 1;
+  last.embedding = false;
+  absl::StatusOr<std::unique_ptr<Transformer>> part =
+      Transformer::Create(*c, last);
+  ASSERT_TRUE(part.ok());
+  absl::StatusOr<std::unique_ptr<HfDirectory>> opened = HfDirectory::Open(dir);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  absl::StatusOr<std::vector<HfImportItem>> items =
+      PlanHfImport(**opened, **part);
+  ASSERT_TRUE(items.ok()) << items.status();
+  std::set<std::string> planned, held;
+  for (const HfImportItem& item : *items) planned.insert(item.entry.ours);
+  for (const auto& [name, p] : (*part)->NamedParameters()) held.insert(name);
+  EXPECT_EQ(planned, held);
+  EXPECT_LT(planned.size(), (*whole)->NamedParameters().size());
+
+  // The directory without block 0's tensors: refused by the part too.
+  auto tensors = ExportHfTensors(**whole);
+  ASSERT_TRUE(tensors.ok());
+  std::vector<std::pair<std::string, Tensor>> without;
+  for (auto& [name, t] : *tensors) {
+    if (absl::StrContains(name, ".0.")) continue;
+    without.emplace_back(name, t);
+  }
+  const std::string cut = TempDir(GetParam() + "_part_cut");
+  ASSERT_TRUE(WriteHfDirectory(cut, *c, without, {}).ok());
+  opened = HfDirectory::Open(cut);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  items = PlanHfImport(**opened, **part);
+  EXPECT_EQ(items.status().code(), absl::StatusCode::kNotFound)
+      << items.status();
 }
 
 // Every box ReadHfBox reads equals that box of the model's own parameter:

@@ -869,11 +869,6 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
   RETURN_IF_ERROR(
       ResolvePipeline(config.parallelism(), config.training(), &resolved));
-  if (resolved.pp > 1 && config.model().has_init_from()) {
-    return Invalid(
-        "model.init_from is not supported with parallelism.pp > 1 yet: "
-        "initialise at pp = 1, save a checkpoint and resume it with pp");
-  }
   RETURN_IF_ERROR(CheckTensorParallel(config.parallelism(), resolved));
   RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));

@@ -678,10 +678,6 @@ TEST(ValidateTest, TrainingErrorMessages) {
        2,
        "model.init_from \"hf:\" is not hf:PATH (a Hugging Face model "
        "directory)"},
-      {{"model.init_from=hf:/models/gpt2", "parallelism.pp=2"},
-       2,
-       "model.init_from is not supported with parallelism.pp > 1 yet: "
-       "initialise at pp = 1, save a checkpoint and resume it with pp"},
       {{"training.global_batch=-8"},
        2,
        "training.global_batch must be positive, got -8"},

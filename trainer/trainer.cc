@@ -405,22 +405,36 @@ absl::Status Trainer::BuildModel() {
                    Context(plan::ApplyFamilyFsdpPlan(model_.get(), plan),
                            "trainer: applying the FSDP plan"));
   RETURN_IF_ERROR(fsdp::InitShardedWeights(model_.get(), tc.seed()));
-  if (config_.model().has_init_from()) {
-    const std::string path = config_.model().init_from().substr(3);
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<models::HfDirectory> dir,
-        Context(models::HfDirectory::Open(path), "trainer: model.init_from"));
-    ASSIGN_OR_RETURN(models::HfShardedImportStats stats,
-                     Context(models::ImportHfSharded(*dir, model_.get()),
-                             "trainer: model.init_from"));
-    init_note_ = absl::StrFormat(
-        "initialised from %s: %d tensors in %d file(s), %.2f MiB read by "
-        "this rank (largest buffer %.2f MiB)",
-        config_.model().init_from(), stats.tensors, dir->files().size(),
-        stats.bytes_read / 1048576.0, stats.largest_buffer_bytes / 1048576.0);
-  }
+  RETURN_IF_ERROR(InitFromHf({model_.get()}));
   params_ = fsdp::ShardedParameters(model_.get());
   for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::InitFromHf(
+    const std::vector<models::Transformer*>& models) {
+  if (!config_.model().has_init_from()) return absl::OkStatus();
+  const std::string path = config_.model().init_from().substr(3);
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<models::HfDirectory> dir,
+      Context(models::HfDirectory::Open(path), "trainer: model.init_from"));
+  models::HfShardedImportStats total;
+  for (models::Transformer* model : models) {
+    ASSIGN_OR_RETURN(models::HfShardedImportStats stats,
+                     Context(models::ImportHfSharded(*dir, model),
+                             "trainer: model.init_from"));
+    total.tensors += stats.tensors;
+    total.bytes_read += stats.bytes_read;
+    total.largest_buffer_bytes =
+        std::max(total.largest_buffer_bytes, stats.largest_buffer_bytes);
+  }
+  init_note_ = absl::StrFormat(
+      "initialised from %s: %d tensors in %d file(s), %.2f MiB read by "
+      "this rank%s (largest buffer %.2f MiB)",
+      config_.model().init_from(), total.tensors, dir->files().size(),
+      total.bytes_read / 1048576.0,
+      rc_.pp > 1 ? " for its pipeline stages" : "",
+      total.largest_buffer_bytes / 1048576.0);
   return absl::OkStatus();
 }
 
@@ -442,6 +456,11 @@ absl::Status Trainer::BuildPipeline(
                                         rc_.tp > 1 ? &tpo : nullptr, tc.seed()),
               "trainer: building the pipeline stages"));
   parts_ = std::move(built.parts);
+  std::vector<models::Transformer*> part_models;
+  for (models::PipelineStagePart& part : parts_) {
+    part_models.push_back(part.model.get());
+  }
+  RETURN_IF_ERROR(InitFromHf(part_models));
   stage_units_ = std::move(built.units_by_stage);
   units_ = std::move(built.units);
   params_ = std::move(built.params);

@@ -229,6 +229,10 @@ class Trainer {
   absl::Status BuildMesh();
   absl::Status BuildData();
   absl::Status BuildModel();
+  // model.init_from: the HF directory's weights into `models` (the whole
+  // model, or this rank's pipeline stage parts), each rank reading its
+  // shards only; sets init_note_.
+  absl::Status InitFromHf(const std::vector<models::Transformer*>& models);
   absl::Status BuildPipeline(const models::TransformerOptions& mo,
                              fsdp::FsdpPlanOptions plan,
                              const models::TensorParallelPlanOptions& tpo);
