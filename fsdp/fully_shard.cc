@@ -708,7 +708,10 @@ absl::Status FsdpUnit::FinishReductions() {
         } else {
           RETURN_IF_ERROR(Add(sum, shard, &sum));
         }
-        if (defer) continue;
+        if (defer) {
+          r.output = Tensor();  // Free it now, as the all-reduced ones are.
+          continue;
+        }
         RETURN_IF_ERROR(Copy(sum, &r.output));  // rounded once, if at all
         sum = Tensor();
       }
