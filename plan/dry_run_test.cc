@@ -52,6 +52,19 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
   }
 }
 
+// Dry runs of k, k + 1 and k + 2 micro-batches: each further one adds the
+// same (non-zero) collectives and tensors.
+void ExpectEachMicroBatchAddsTheSame(const DryRunResult& k,
+                                     const DryRunResult& k1,
+                                     const DryRunResult& k2) {
+  const int64_t ops_per_micro = k1.ops.size() - k.ops.size();
+  EXPECT_GT(ops_per_micro, 0);
+  EXPECT_EQ(static_cast<int64_t>(k2.ops.size() - k1.ops.size()), ops_per_micro);
+  const int64_t tensors_per_micro = k1.step_allocations - k.step_allocations;
+  EXPECT_GT(tensors_per_micro, 0);
+  EXPECT_EQ(k2.step_allocations - k1.step_allocations, tensors_per_micro);
+}
+
 // Micro-batches past the second are counted, not run: the peak is the same
 // at any accumulation, and each further micro-batch adds the same
 // collectives and tensors.
@@ -70,14 +83,7 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
   }
   EXPECT_EQ(runs[1].peak_bytes, runs[0].peak_bytes);
   EXPECT_EQ(runs[2].peak_bytes, runs[0].peak_bytes);
-  const int64_t ops_per_micro = runs[1].ops.size() - runs[0].ops.size();
-  EXPECT_GT(ops_per_micro, 0);
-  EXPECT_EQ(runs[2].ops.size() - runs[1].ops.size(), ops_per_micro);
-  const int64_t tensors_per_micro =
-      runs[1].step_allocations - runs[0].step_allocations;
-  EXPECT_GT(tensors_per_micro, 0);
-  EXPECT_EQ(runs[2].step_allocations - runs[1].step_allocations,
-            tensors_per_micro);
+  ExpectEachMicroBatchAddsTheSame(runs[0], runs[1], runs[2]);
 }
 
 // HSDP: the replicas all-reduce once per step whatever the accumulation
@@ -111,14 +117,7 @@ TEST(DryRunTest, HsdpAllReducesOncePerStep) {
     EXPECT_EQ(runs[i].peak_bytes, runs[1].peak_bytes) << i + 1;
   }
   EXPECT_GT(runs[1].peak_bytes, runs[0].peak_bytes);
-  const int64_t ops_per_micro = runs[3].ops.size() - runs[2].ops.size();
-  EXPECT_GT(ops_per_micro, 0);
-  EXPECT_EQ(runs[4].ops.size() - runs[3].ops.size(), ops_per_micro);
-  const int64_t tensors_per_micro =
-      runs[3].step_allocations - runs[2].step_allocations;
-  EXPECT_GT(tensors_per_micro, 0);
-  EXPECT_EQ(runs[4].step_allocations - runs[3].step_allocations,
-            tensors_per_micro);
+  ExpectEachMicroBatchAddsTheSame(runs[2], runs[3], runs[4]);
 }
 
 // Tensor parallelism (each family's plan on a tp axis, FSDP over the
