@@ -52,6 +52,24 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
   }
 }
 
+// Dry runs of `s` at each of `accumulations` micro-batches (a failure is
+// reported and ends the list).
+std::vector<DryRunResult> DryRunsAt(const models::TransformerConfig& config,
+                                    Strategy s,
+                                    const std::vector<int64_t>& accumulations) {
+  std::vector<DryRunResult> runs;
+  for (int64_t accumulation : accumulations) {
+    s.grad_accumulation = accumulation;
+    absl::StatusOr<DryRunResult> r = DryRun(config, s);
+    if (!r.ok()) {
+      ADD_FAILURE() << accumulation << " micro-batches: " << r.status();
+      break;
+    }
+    runs.push_back(*std::move(r));
+  }
+  return runs;
+}
+
 // Dry runs of k, k + 1 and k + 2 micro-batches: each further one adds the
 // same (non-zero) collectives and tensors.
 void ExpectEachMicroBatchAddsTheSame(const DryRunResult& k,
@@ -74,13 +92,8 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
   s.world = 2;
   s.micro_batch = 2;
   s.seq_len = 32;
-  std::vector<DryRunResult> runs;
-  for (int64_t accumulation : {2, 3, 4}) {
-    s.grad_accumulation = accumulation;
-    absl::StatusOr<DryRunResult> r = DryRun(config, s);
-    ASSERT_TRUE(r.ok()) << r.status();
-    runs.push_back(*r);
-  }
+  const std::vector<DryRunResult> runs = DryRunsAt(config, s, {2, 3, 4});
+  ASSERT_EQ(runs.size(), 3u);
   EXPECT_EQ(runs[1].peak_bytes, runs[0].peak_bytes);
   EXPECT_EQ(runs[2].peak_bytes, runs[0].peak_bytes);
   ExpectEachMicroBatchAddsTheSame(runs[0], runs[1], runs[2]);
@@ -88,7 +101,7 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
 
 // HSDP: the replicas all-reduce once per step whatever the accumulation
 // (trainer.cc ForwardBackward): one all-reduce per unit on the replicate
-// group at 1 to 4 micro-batches; each micro-batch past the third adds the
+// group at 1 to 5 micro-batches; each micro-batch past the third adds the
 // same collectives and tensors (the middle one's), and the peak is the same
 // from 2 on (the replicas' sum is held from the first micro-batch's
 // reduction to the last's).
@@ -99,19 +112,16 @@ TEST(DryRunTest, HsdpAllReducesOncePerStep) {
   s.dp_replicate = 2;
   s.micro_batch = 1;
   s.seq_len = 32;
-  std::vector<DryRunResult> runs;
-  for (int64_t accumulation : {1, 2, 3, 4, 5}) {
-    s.grad_accumulation = accumulation;
-    absl::StatusOr<DryRunResult> r = DryRun(config, s);
-    ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<DryRunResult> runs = DryRunsAt(config, s, {1, 2, 3, 4, 5});
+  ASSERT_EQ(runs.size(), 5u);
+  for (size_t i = 0; i < runs.size(); ++i) {
     int replica_all_reduces = 0;
-    for (const SimulatedOp& op : r->ops) {
+    for (const SimulatedOp& op : runs[i].ops) {
       replica_all_reduces +=
           op.kind == "all_reduce" && absl::StrContains(op.group, "replicate");
     }
     EXPECT_EQ(replica_all_reduces, config.n_layers + 1)
-        << accumulation << " micro-batches";
-    runs.push_back(*r);
+        << i + 1 << " micro-batches";
   }
   for (size_t i = 2; i < runs.size(); ++i) {
     EXPECT_EQ(runs[i].peak_bytes, runs[1].peak_bytes) << i + 1;
