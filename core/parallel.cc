@@ -1,6 +1,8 @@
 #include "core/parallel.h"
 
 #include <omp.h>
+#include <sched.h>
+#include <unistd.h>
 
 namespace fsdpp {
 
@@ -26,6 +28,17 @@ void ParallelChunks(int64_t n, int64_t work,
 void ParallelChunks(int64_t n,
                     absl::FunctionRef<void(int64_t begin, int64_t end)> chunk) {
   ParallelChunks(n, n, chunk);
+}
+
+int AvailableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int count = CPU_COUNT(&set);
+    if (count > 0) return count;
+  }
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  return online > 0 ? static_cast<int>(online) : 1;
 }
 
 }  // namespace fsdpp

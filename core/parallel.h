@@ -1,4 +1,5 @@
-// Splitting a memory-bound loop across the OpenMP pool.
+// Splitting a memory-bound loop across the OpenMP pool, and the CPUs this
+// process may use.
 #ifndef FSDPP_CORE_PARALLEL_H_
 #define FSDPP_CORE_PARALLEL_H_
 
@@ -29,6 +30,10 @@ void ParallelChunks(int64_t n, int64_t work,
 // The part of [0, n) thread t of nt takes in ParallelChunks ([begin, end),
 // possibly empty), for a split inside a parallel region already open.
 void ThreadChunk(int64_t n, int t, int nt, int64_t* begin, int64_t* end);
+
+// Number of CPUs this process may run on (its affinity mask), at least 1:
+// what the launcher divides among local ranks and the planner measures on.
+int AvailableCpus();
 
 }  // namespace fsdpp
 

@@ -1,6 +1,7 @@
 #include "core/parallel.h"
 
 #include <omp.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -50,6 +51,21 @@ TEST(ParallelChunksTest, LargeLoopsAreCoveredOnceInCacheLineAlignedPieces) {
       EXPECT_EQ(next, n) << "threads " << threads;
     }
   }
+}
+
+// The affinity mask's CPU count: shrinking the mask shrinks it.
+TEST(AvailableCpusTest, FollowsTheAffinityMask) {
+  cpu_set_t original;
+  ASSERT_EQ(sched_getaffinity(0, sizeof(original), &original), 0);
+  EXPECT_EQ(AvailableCpus(), CPU_COUNT(&original));
+  int first = 0;
+  while (!CPU_ISSET(first, &original)) ++first;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(first, &one);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(one), &one), 0);
+  EXPECT_EQ(AvailableCpus(), 1);
+  ASSERT_EQ(sched_setaffinity(0, sizeof(original), &original), 0);
 }
 
 }  // namespace

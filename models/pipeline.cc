@@ -8,32 +8,6 @@
 namespace fsdpp {
 namespace models {
 
-absl::StatusOr<parallel::PipelineSchedule> MakePipelineSchedule(
-    const std::string& name, int ranks, int virtual_stages, int microbatches) {
-  if (name == "interleaved") {
-    if (virtual_stages < 2) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "pipeline schedule 'interleaved' needs pp_virtual_stages >= 2, got ",
-          virtual_stages));
-    }
-    return parallel::Interleaved1F1BSchedule(ranks, virtual_stages,
-                                             microbatches);
-  }
-  if (name != "gpipe" && name != "1f1b") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline schedule '", name,
-                     "' is not one of gpipe, 1f1b, interleaved"));
-  }
-  if (virtual_stages != 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pipeline schedule '", name,
-                     "' runs one stage per rank; pp_virtual_stages is ",
-                     virtual_stages, " (use 'interleaved')"));
-  }
-  return name == "gpipe" ? parallel::GPipeSchedule(ranks, microbatches)
-                         : parallel::OneFOneBSchedule(ranks, microbatches);
-}
-
 absl::StatusOr<std::vector<PipelineStagePart>> BuildPipelineParts(
     const TransformerConfig& config, const TransformerOptions& options,
     const parallel::PipelineSchedule& schedule, int pp_rank,

@@ -36,12 +36,6 @@
 namespace fsdpp {
 namespace models {
 
-// The schedule named `name` ("gpipe", "1f1b", "interleaved"; V must be 1
-// except for "interleaved", which needs V >= 2) for `ranks` pipeline ranks
-// and `microbatches` micro-batches. InvalidArgument naming the option.
-absl::StatusOr<parallel::PipelineSchedule> MakePipelineSchedule(
-    const std::string& name, int ranks, int virtual_stages, int microbatches);
-
 // One stage of this rank: its global index and its model (a Transformer
 // part, built on the meta device).
 struct PipelineStagePart {

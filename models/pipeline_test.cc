@@ -22,29 +22,12 @@ TransformerConfig Gpt2(int64_t layers) {
   return c;
 }
 
-TEST(PipelineTest, ScheduleNamesAndTheirErrors) {
-  EXPECT_EQ(MakePipelineSchedule("gpipe", 2, 1, 3)->name, "GPipe");
-  EXPECT_EQ(MakePipelineSchedule("1f1b", 2, 1, 3)->name, "1F1B");
-  EXPECT_EQ(MakePipelineSchedule("interleaved", 2, 2, 4)->virtual_stages, 2);
-  absl::Status s = MakePipelineSchedule("zero-bubble", 2, 1, 4).status();
-  EXPECT_NE(s.message().find("not one of gpipe, 1f1b, interleaved"),
-            std::string::npos)
-      << s;
-  s = MakePipelineSchedule("1f1b", 2, 2, 4).status();
-  EXPECT_NE(s.message().find("use 'interleaved'"), std::string::npos) << s;
-  s = MakePipelineSchedule("interleaved", 2, 1, 4).status();
-  EXPECT_NE(s.message().find("pp_virtual_stages >= 2"), std::string::npos) << s;
-  // 1F1B needs a micro-batch per rank.
-  EXPECT_EQ(MakePipelineSchedule("1f1b", 4, 1, 3).status().code(),
-            absl::StatusCode::kInvalidArgument);
-}
-
 // Interleaved on 2 ranks x 2 stages, 6 blocks cut at 1, 3, 5: rank 0 holds
 // stages 0 (embeddings, block 0) and 2 (blocks 3, 4); rank 1 stages 1
 // (blocks 1, 2) and 3 (block 5, the head and the tied weight's copy).
 TEST(PipelineTest, PartsFollowTheScheduleAndTheCuts) {
   const parallel::PipelineSchedule schedule =
-      *MakePipelineSchedule("interleaved", 2, 2, 4);
+      *parallel::MakePipelineSchedule("interleaved", 2, 2, 4);
   std::vector<PipelineStagePart> r0 =
       *BuildPipelineParts(Gpt2(6), {}, schedule, 0, {1, 3, 5});
   std::vector<PipelineStagePart> r1 =
@@ -79,7 +62,7 @@ TEST(PipelineTest, PartsFollowTheScheduleAndTheCuts) {
 
 TEST(PipelineTest, BadSplitsNameTheModel) {
   const parallel::PipelineSchedule schedule =
-      *MakePipelineSchedule("1f1b", 4, 1, 4);
+      *parallel::MakePipelineSchedule("1f1b", 4, 1, 4);
   absl::Status s = BuildPipelineParts(Gpt2(2), {}, schedule, 0).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(s.message().find("pipeline stages of gpt2_debug"),

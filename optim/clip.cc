@@ -19,7 +19,7 @@ namespace fsdpp {
 namespace {
 
 // InvalidArgument unless every grad is a defined float DTensor on `mesh`
-// without Partial placements, all on one non-meta device.
+// without Partial placements, all on one device.
 absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
   const DeviceMesh* mesh = grads[0] != nullptr ? grads[0]->mesh() : nullptr;
   for (size_t i = 0; i < grads.size(); ++i) {
@@ -37,10 +37,9 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
     if (!IsFloatingPoint(g->dtype())) {
       return absl::InvalidArgumentError(absl::StrCat(what, "is not float"));
     }
-    if (g->local().is_meta() ||
-        g->local().device() != grads[0]->local().device()) {
+    if (g->local().device() != grads[0]->local().device()) {
       return absl::InvalidArgumentError(
-          absl::StrCat(what, "must be on grad 0's device, not meta"));
+          absl::StrCat(what, "must be on grad 0's device"));
     }
     for (const Placement& p : g->placements()) {
       if (p.is_partial()) {
@@ -78,14 +77,18 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     }
   }
 
-  // Local sums of squares, one slot per grad, read back together.
-  ASSIGN_OR_RETURN(Tensor sums,
-                   Tensor::Zeros({n}, DType::kF32, grads[0]->local().device()));
+  // Local sums of squares, one slot per grad, read back together (meta
+  // gradients, a dry run's, have no values: their sums are zeros).
+  const Device device = grads[0]->local().device();
+  ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros({n}, DType::kF32, device));
   for (int64_t i = 0; i < n; ++i) {
     ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
     RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
   }
-  ASSIGN_OR_RETURN(std::vector<float> local_sums, sums.ToFloats());
+  std::vector<float> local_sums(n, 0.0f);
+  if (!device.is_meta()) {
+    ASSIGN_OR_RETURN(local_sums, sums.ToFloats());
+  }
 
   // This rank's share: a grad that is Replicate on a reduced axis counts only
   // on that axis' coordinate 0 (its other coordinates hold copies).
@@ -108,9 +111,12 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     ProcessGroup* group = pipeline.pipeline;
     int64_t bits = 0;
     std::memcpy(&bits, &total, sizeof(bits));
-    ASSIGN_OR_RETURN(Tensor mine, Tensor::FromInts({1}, {bits}, DType::kI64,
-                                                   group->device()));
-    ASSIGN_OR_RETURN(Tensor all, Tensor::Empty({group->size()}, DType::kI64,
+    ASSIGN_OR_RETURN(
+        Tensor mine,
+        group->device().is_meta()
+            ? Tensor::Zeros({1}, DType::kI64, group->device())
+            : Tensor::FromInts({1}, {bits}, DType::kI64, group->device()));
+    ASSIGN_OR_RETURN(Tensor all, Tensor::Zeros({group->size()}, DType::kI64,
                                                group->device()));
     CollectiveOptions blocking;
     blocking.async_op = false;
@@ -121,7 +127,10 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
             Buffer{all.raw_data(), group->size(), DType::kI64, all.device()},
             blocking));
     RETURN_IF_ERROR(work->Wait(timeout));
-    ASSIGN_OR_RETURN(std::vector<int64_t> words, all.ToInts());
+    std::vector<int64_t> words(group->size(), 0);
+    if (!all.is_meta()) {
+      ASSIGN_OR_RETURN(words, all.ToInts());
+    }
     total = 0.0;
     for (int64_t w : words) {
       double stage_total = 0.0;
@@ -134,9 +143,11 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   Tensor scalar;
   const auto reduce_over = [&](ProcessGroup* group) -> absl::Status {
     if (!scalar.defined()) {
-      ASSIGN_OR_RETURN(scalar,
-                       Tensor::FromFloats({1}, {static_cast<float>(total)},
-                                          DType::kF32, group->device()));
+      ASSIGN_OR_RETURN(
+          scalar, group->device().is_meta()
+                      ? Tensor::Zeros({1}, DType::kF32, group->device())
+                      : Tensor::FromFloats({1}, {static_cast<float>(total)},
+                                           DType::kF32, group->device()));
     }
     CollectiveOptions blocking;  // Waited for at once.
     blocking.async_op = false;
@@ -151,7 +162,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[a].name));
     RETURN_IF_ERROR(reduce_over(group));
   }
-  if (scalar.defined()) {
+  if (scalar.defined() && !scalar.is_meta()) {
     ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());
     total = reduced_total[0];
   }

@@ -36,7 +36,8 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
                                     absl::Duration timeout = absl::Minutes(30));
 
 // The norm ClipGradNorm computes (same arguments, same communication),
-// without scaling anything.
+// without scaling anything. Meta gradients (a dry run's, plan/dry_run.h)
+// have norm 0, after the same allocations and collectives.
 absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
                                 absl::Duration timeout = absl::Minutes(30));
 

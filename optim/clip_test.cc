@@ -211,6 +211,25 @@ TEST(ClipTest, EmptyListAndErrors) {
   });
 }
 
+// Meta gradients (a dry run's) have no values: norm 0, after the same
+// allocations (the collectives are checked in plan/dry_run_test, whose
+// simulated groups take meta buffers); mixed with real ones they are
+// refused.
+TEST(ClipTest, MetaGradientsHaveNormZero) {
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    Tensor meta = *Tensor::Empty({4, 3}, DType::kF32, Device::Meta());
+    DTensor g = *DTensor::FromLocal(meta, &mesh, {P::Replicate()}, {4, 3});
+    absl::StatusOr<double> norm = GradNorm({&g});
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    EXPECT_EQ(*norm, 0.0);
+    EXPECT_EQ(testing_util::TotalOps(mesh), 0);
+    DTensor real = *DTensor::Distribute(FullGrad(0, {4}), &mesh, {P::Shard(0)});
+    absl::Status s = GradNorm({&g, &real}).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("grad 0's device"), std::string::npos) << s;
+  });
+}
+
 // Pipeline stages on [pp 2, dp 2]: each rank's grads live on its dp
 // sub-mesh; the norm adds both stages' totals (one all-gather of the
 // totals in double over pp), a grad flagged as not counting (a tied weight's

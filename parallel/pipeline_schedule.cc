@@ -307,5 +307,32 @@ absl::StatusOr<std::vector<StageBlocks>> SplitStages(
   return out;
 }
 
+absl::StatusOr<PipelineSchedule> MakePipelineSchedule(const std::string& name,
+                                                      int ranks,
+                                                      int virtual_stages,
+                                                      int microbatches) {
+  if (name == "interleaved") {
+    if (virtual_stages < 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pipeline schedule 'interleaved' needs pp_virtual_stages >= 2, got ",
+          virtual_stages));
+    }
+    return Interleaved1F1BSchedule(ranks, virtual_stages, microbatches);
+  }
+  if (name != "gpipe" && name != "1f1b") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline schedule '", name,
+                     "' is not one of gpipe, 1f1b, interleaved"));
+  }
+  if (virtual_stages != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pipeline schedule '", name,
+                     "' runs one stage per rank; pp_virtual_stages is ",
+                     virtual_stages, " (use 'interleaved')"));
+  }
+  return name == "gpipe" ? GPipeSchedule(ranks, microbatches)
+                         : OneFOneBSchedule(ranks, microbatches);
+}
+
 }  // namespace parallel
 }  // namespace fsdpp

@@ -75,6 +75,14 @@ absl::StatusOr<PipelineSchedule> Interleaved1F1BSchedule(int ranks,
                                                          int virtual_stages,
                                                          int microbatches);
 
+// The schedule named `name` ("gpipe", "1f1b", "interleaved"; V must be 1
+// except for "interleaved", which needs V >= 2) for `ranks` pipeline ranks
+// and `microbatches` micro-batches. InvalidArgument naming the option.
+absl::StatusOr<PipelineSchedule> MakePipelineSchedule(const std::string& name,
+                                                      int ranks,
+                                                      int virtual_stages,
+                                                      int microbatches);
+
 // Checks that every (stage, micro-batch) has exactly one forward and one
 // backward, on the rank that holds the stage, the backward after the
 // forward; InvalidArgument naming the first problem.

@@ -141,6 +141,23 @@ TEST(PipelineScheduleTest, StagesSplitTheBlocks) {
   EXPECT_FALSE(SplitStages(4, 0).ok());
 }
 
+TEST(PipelineScheduleTest, MakePipelineScheduleNamesAndTheirErrors) {
+  EXPECT_EQ(MakePipelineSchedule("gpipe", 2, 1, 3)->name, "GPipe");
+  EXPECT_EQ(MakePipelineSchedule("1f1b", 2, 1, 3)->name, "1F1B");
+  EXPECT_EQ(MakePipelineSchedule("interleaved", 2, 2, 4)->virtual_stages, 2);
+  absl::Status s = MakePipelineSchedule("zero-bubble", 2, 1, 4).status();
+  EXPECT_NE(s.message().find("not one of gpipe, 1f1b, interleaved"),
+            std::string::npos)
+      << s;
+  s = MakePipelineSchedule("1f1b", 2, 2, 4).status();
+  EXPECT_NE(s.message().find("use 'interleaved'"), std::string::npos) << s;
+  s = MakePipelineSchedule("interleaved", 2, 1, 4).status();
+  EXPECT_NE(s.message().find("pp_virtual_stages >= 2"), std::string::npos) << s;
+  // 1F1B needs a micro-batch per rank.
+  EXPECT_EQ(MakePipelineSchedule("1f1b", 4, 1, 3).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace parallel
 }  // namespace fsdpp

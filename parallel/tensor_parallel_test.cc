@@ -208,7 +208,7 @@ TEST(TensorParallelTest, VocabularyParallelEmbeddingWithTiedHead) {
 }
 
 TEST(TensorParallelTest, BadPlansAreRejectedWithNothingApplied) {
-  RunOnMesh({{"tp", 3}}, [&](int rank, DeviceMesh& mesh) {
+  RunOnMesh({{"tp", 3}}, [&](int, DeviceMesh& mesh) {
     struct Case {
       std::vector<PlanEntry> plan;
       std::string message;
@@ -235,7 +235,7 @@ TEST(TensorParallelTest, BadPlansAreRejectedWithNothingApplied) {
     }
   });
   // A tied table split by one reader only.
-  RunOnMesh({{"tp", 2}}, [&](int rank, DeviceMesh& mesh) {
+  RunOnMesh({{"tp", 2}}, [&](int, DeviceMesh& mesh) {
     auto seq = std::make_unique<nn::Sequential>();
     auto* embed = seq->Append(std::make_unique<nn::Embedding>(6, kC));
     seq->Append(std::make_unique<nn::Linear>(embed->weight()));

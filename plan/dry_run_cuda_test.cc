@@ -27,7 +27,7 @@ using testing_util::SmallCases;
 // device) and a real size: GPT-2 124M, bf16 compute, 4 x 512 tokens.
 std::vector<Case> Cases() {
   std::vector<Case> cases = SmallCases(/*offload=*/false);
-  Strategy big;
+  recipe::Layout big;
   big.micro_batch = 4;
   big.seq_len = 512;
   big.param_dtype = DType::kBF16;
@@ -40,17 +40,17 @@ TEST(DryRunCudaTest, IsExactOnAGpu) {
   RegisterCudaAllocators();
   for (const Case& c : Cases()) {
     const models::TransformerConfig config = *models::ConfigByName(c.model);
-    const std::string what = absl::StrCat(c.model, " ", c.strategy.ToString());
+    const std::string what = absl::StrCat(c.model, " ", c.layout.ToString());
     SCOPED_TRACE(what);
     absl::StatusOr<DryRunResult> dry = DryRun(
-        config, c.strategy, 0, /*separate_host=*/true, SimulatedBackend::kNccl);
+        config, c.layout, 0, /*separate_host=*/true, SimulatedBackend::kNccl);
     ASSERT_TRUE(dry.ok()) << dry.status();
     InMemoryStore store;
     absl::StatusOr<DryRunResult> real = RunStepOn(
-        config, c.strategy, 0, NcclGroupFactory(&store, 0), Device::Cuda(0));
+        config, c.layout, 0, NcclGroupFactory(&store, 0), Device::Cuda(0));
     ASSERT_TRUE(real.ok()) << real.status();
     std::printf("%-12s %-70s planned %10.3f MiB, measured %10.3f MiB\n",
-                c.model, c.strategy.ToString().c_str(),
+                c.model, c.layout.ToString().c_str(),
                 dry->peak_bytes / 1048576.0, real->peak_bytes / 1048576.0);
     ExpectSameRun(*dry, *real);
   }

@@ -29,7 +29,7 @@ using testing_util::SmallCases;
 
 // The real step at world size 1 on a fresh host allocator.
 absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
-                                      const Strategy& s) {
+                                      const recipe::Layout& s) {
   CpuAllocator fresh;
   Allocator* previous = SetAllocator(&fresh);
   InMemoryStore store;
@@ -42,11 +42,11 @@ absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
 TEST(DryRunTest, IsExactAtWorldSizeOne) {
   for (const Case& c : SmallCases(/*offload=*/true)) {
     const models::TransformerConfig config = *models::ConfigByName(c.model);
-    const std::string what = absl::StrCat(c.model, " ", c.strategy.ToString());
+    const std::string what = absl::StrCat(c.model, " ", c.layout.ToString());
     SCOPED_TRACE(what);
-    absl::StatusOr<DryRunResult> dry = DryRun(config, c.strategy);
+    absl::StatusOr<DryRunResult> dry = DryRun(config, c.layout);
     ASSERT_TRUE(dry.ok()) << dry.status();
-    absl::StatusOr<DryRunResult> real = RealStep(config, c.strategy);
+    absl::StatusOr<DryRunResult> real = RealStep(config, c.layout);
     ASSERT_TRUE(real.ok()) << real.status();
     ExpectSameRun(*dry, *real);
   }
@@ -55,7 +55,7 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
 // Dry runs of `s` at each of `accumulations` micro-batches (a failure is
 // reported and ends the list).
 std::vector<DryRunResult> DryRunsAt(const models::TransformerConfig& config,
-                                    Strategy s,
+                                    recipe::Layout s,
                                     const std::vector<int64_t>& accumulations) {
   std::vector<DryRunResult> runs;
   for (int64_t accumulation : accumulations) {
@@ -88,7 +88,7 @@ void ExpectEachMicroBatchAddsTheSame(const DryRunResult& k,
 // collectives and tensors.
 TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
   const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
-  Strategy s;
+  recipe::Layout s;
   s.world = 2;
   s.micro_batch = 2;
   s.seq_len = 32;
@@ -99,6 +99,13 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
   ExpectEachMicroBatchAddsTheSame(runs[0], runs[1], runs[2]);
 }
 
+// The mesh axis of a simulated group's name: "train/shard@replicate=0" ->
+// "shard" (the group of shard ranks at replicate coordinate 0).
+std::string Axis(const std::string& group) {
+  const std::string tail = group.substr(group.rfind('/') + 1);
+  return tail.substr(0, tail.find('@'));
+}
+
 // HSDP: the replicas all-reduce once per step whatever the accumulation
 // (trainer.cc ForwardBackward): one all-reduce per unit on the replicate
 // group at 1 to 5 micro-batches; each micro-batch past the third adds the
@@ -107,7 +114,7 @@ TEST(DryRunTest, AccumulationCountsRepeatedMicroBatches) {
 // reduction to the last's).
 TEST(DryRunTest, HsdpAllReducesOncePerStep) {
   const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
-  Strategy s;
+  recipe::Layout s;
   s.world = 4;
   s.dp_replicate = 2;
   s.micro_batch = 1;
@@ -118,7 +125,7 @@ TEST(DryRunTest, HsdpAllReducesOncePerStep) {
     int replica_all_reduces = 0;
     for (const SimulatedOp& op : runs[i].ops) {
       replica_all_reduces +=
-          op.kind == "all_reduce" && absl::StrContains(op.group, "replicate");
+          op.kind == "all_reduce" && Axis(op.group) == "replicate";
     }
     EXPECT_EQ(replica_all_reduces, config.n_layers + 1)
         << i + 1 << " micro-batches";
@@ -130,6 +137,28 @@ TEST(DryRunTest, HsdpAllReducesOncePerStep) {
   ExpectEachMicroBatchAddsTheSame(runs[2], runs[3], runs[4]);
 }
 
+// The step's scalar collectives are the trainer's own calls, run by the
+// recipe on the simulated groups: the loss averaged over the world, then
+// the gradient norm's one scalar over the shard axis (the replicas already
+// agree), each one f32.
+TEST(DryRunTest, LogsTheTrainersLossAndNormCollectives) {
+  const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
+  recipe::Layout s;
+  s.world = 4;
+  s.dp_replicate = 2;
+  s.micro_batch = 1;
+  s.seq_len = 32;
+  absl::StatusOr<DryRunResult> r = DryRun(config, s);
+  ASSERT_TRUE(r.ok()) << r.status();
+  std::vector<std::string> scalars;
+  for (const SimulatedOp& op : r->ops) {
+    if (op.kind == "all_reduce" && op.in_bytes == 4) {
+      scalars.push_back(absl::StrCat(Axis(op.group), " ", op.group_size));
+    }
+  }
+  EXPECT_EQ(scalars, (std::vector<std::string>{"flat 4", "shard 2"}));
+}
+
 // Tensor parallelism (each family's plan on a tp axis, FSDP over the
 // shard axis; per-process exactness is checked against the trainer in
 // trainer/train_e2e_test.sh): the rank's pieces of the state, fewer
@@ -138,13 +167,13 @@ TEST(DryRunTest, TensorParallelPlansTheRanksPieces) {
   for (const char* model : {"gpt2_debug", "llama_debug"}) {
     SCOPED_TRACE(model);
     const models::TransformerConfig config = *models::ConfigByName(model);
-    Strategy dp;
+    recipe::Layout dp;
     dp.world = 2;
     dp.micro_batch = 2;
     dp.seq_len = 32;
-    Strategy tp = dp;
+    recipe::Layout tp = dp;
     tp.tp = 2;
-    Strategy sp = tp;
+    recipe::Layout sp = tp;
     sp.sequence_parallel = true;
     sp.loss_parallel = true;
     absl::StatusOr<DryRunResult> d = DryRun(config, dp);
@@ -168,7 +197,7 @@ TEST(DryRunTest, TensorParallelPlansTheRanksPieces) {
     // activations: a lower peak than tensor parallelism alone.
     EXPECT_LT(q->peak_bytes, t->peak_bytes);
   }
-  Strategy bad;
+  recipe::Layout bad;
   bad.world = 2;
   bad.sequence_parallel = true;
   EXPECT_EQ(DryRun(*models::ConfigByName("gpt2_debug"), bad).status().code(),
@@ -183,13 +212,13 @@ TEST(DryRunTest, PipelineRanksPlanTheirStages) {
   for (const char* model : {"gpt2_debug", "llama_debug"}) {
     SCOPED_TRACE(model);
     const models::TransformerConfig config = *models::ConfigByName(model);
-    Strategy s;
+    recipe::Layout s;
     s.world = 2;
     s.pp = 2;
     s.micro_batch = 2;
     s.seq_len = 32;
     s.grad_accumulation = 4;
-    Strategy gpipe = s;
+    recipe::Layout gpipe = s;
     gpipe.pp_schedule = "gpipe";
     int64_t largest = 0;
     for (int rank : {0, 1}) {

@@ -15,10 +15,10 @@ namespace fsdpp {
 namespace plan {
 namespace testing_util {
 
-// A model of the zoo and a strategy to dry-run and run.
+// A model of the zoo and a layout to dry-run and run.
 struct Case {
   const char* model;
-  Strategy strategy;
+  recipe::Layout layout;
 };
 
 // GPT-2 and Llama debug at one rank, 2 x 32 tokens: f32; bf16 compute; bf16
@@ -27,23 +27,23 @@ struct Case {
 inline std::vector<Case> SmallCases(bool offload) {
   std::vector<Case> cases;
   for (const char* model : {"gpt2_debug", "llama_debug"}) {
-    Strategy s;
+    recipe::Layout s;
     s.micro_batch = 2;
     s.seq_len = 32;
     cases.push_back({model, s});
-    Strategy bf16 = s;
+    recipe::Layout bf16 = s;
     bf16.param_dtype = DType::kBF16;
     cases.push_back({model, bf16});
-    Strategy ac = bf16;
+    recipe::Layout ac = bf16;
     ac.activation_checkpointing = true;
     ac.grad_accumulation = 2;
     cases.push_back({model, ac});
-    Strategy unfused = s;
+    recipe::Layout unfused = s;
     unfused.fused_attention = false;
     unfused.reshard_after_forward = false;
     cases.push_back({model, unfused});
     if (offload) {
-      Strategy off = s;
+      recipe::Layout off = s;
       off.offload = true;
       cases.push_back({model, off});
     }

@@ -14,9 +14,9 @@
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "core/allocator.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "plan/rates.h"
-#include "runtime/launch.h"
 
 namespace fsdpp {
 namespace plan {
@@ -56,8 +56,9 @@ double WireBytes(const SimulatedOp& op) {
   return op.in_bytes;  // broadcast, all_to_all
 }
 
-StepTime PredictTime(const models::TransformerConfig& model, const Strategy& s,
-                     const DeviceSpec& d, const DryRunResult& run) {
+StepTime PredictTime(const models::TransformerConfig& model,
+                     const recipe::Layout& s, const DeviceSpec& d,
+                     const DryRunResult& run) {
   StepTime t;
   const int64_t seq = s.seq(model);
   const double tokens =
@@ -163,7 +164,7 @@ double MeasureOpOverhead(const std::string& model, DType dtype,
   absl::StatusOr<models::TransformerConfig> config =
       models::ConfigByName(model);
   if (!config.ok() || flops_per_s <= 0) return 0;
-  Strategy s;
+  recipe::Layout s;
   s.micro_batch = 2;
   s.seq_len = 32;
   s.param_dtype = dtype;
@@ -194,10 +195,10 @@ double MeasureStepCollectiveCost(bool tensor_parallel) {
   absl::StatusOr<models::TransformerConfig> config =
       models::ConfigByName("gpt2_debug");
   if (!config.ok()) return 0;
-  Strategy one;
+  recipe::Layout one;
   one.micro_batch = 2;
   one.seq_len = 32;
-  Strategy two = one;
+  recipe::Layout two = one;
   two.world = 2;
   if (tensor_parallel) two.tp = 2;
   absl::StatusOr<DryRunResult> dry = DryRun(*config, two);
@@ -299,9 +300,8 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
       d.link_bytes_per_s = r.gloo_bus_bytes_per_s;
 
       // Small ops run on one core: ranks beyond the cores share them.
-      const double share =
-          std::max(1.0, static_cast<double>(ranks_per_node) /
-                            std::max(1, launch::AvailableCpus()));
+      const double share = std::max(1.0, static_cast<double>(ranks_per_node) /
+                                             std::max(1, AvailableCpus()));
       // A collective in a step costs at least its latency on an idle
       // machine; in a step, what the two-rank step measured, more where
       // ranks outnumber the cores.
@@ -342,16 +342,14 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
 }
 
 absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
-                              const Strategy& strategy,
+                              const recipe::Layout& layout,
                               const DeviceSpec& device, int rank) {
   if (rank == kLargestRank) {
-    // "pp" is the mesh's outermost axis: pipeline rank q's first rank is
-    // q x world / pp.
+    // Each pipeline rank's first rank.
     std::optional<Plan> largest;
-    for (int q = 0; q < std::max(1, strategy.pp); ++q) {
-      ASSIGN_OR_RETURN(Plan p,
-                       MakePlan(model, strategy, device,
-                                q * strategy.world / std::max(1, strategy.pp)));
+    for (int q = 0; q < std::max(1, layout.pp); ++q) {
+      ASSIGN_OR_RETURN(Plan p, MakePlan(model, layout, device,
+                                        layout.FirstRankOfPipelineRank(q)));
       if (!largest.has_value() || p.run.peak_bytes > largest->run.peak_bytes) {
         largest = std::move(p);
       }
@@ -360,10 +358,10 @@ absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
   }
   Plan p;
   p.model = model;
-  p.strategy = strategy;
+  p.layout = layout;
   p.device = device;
   ASSIGN_OR_RETURN(p.run,
-                   DryRun(model, strategy, rank, device.separate_host,
+                   DryRun(model, layout, rank, device.separate_host,
                           device.name == "cpu" ? SimulatedBackend::kGloo
                                                : SimulatedBackend::kNccl));
   p.predicted_peak_bytes = p.run.peak_bytes + device.overhead_bytes;
@@ -372,14 +370,14 @@ absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
   for (const PhaseMemory& phase : p.run.phases) {
     if (phase.name == p.run.peak_phase) p.largest = LargestAtPeak(phase.stats);
   }
-  p.time = PredictTime(model, strategy, device, p.run);
+  p.time = PredictTime(model, layout, device, p.run);
   return p;
 }
 
 std::string FormatPlan(const Plan& p) {
   std::string out = absl::StrFormat("Plan: %s (%.3f B parameters) on %s, %s\n",
                                     p.model.name, p.run.model_params / 1e9,
-                                    p.device.name, p.strategy.ToString());
+                                    p.device.name, p.layout.ToString());
   const PhaseMemory* peak = nullptr;
   for (const PhaseMemory& phase : p.run.phases) {
     if (phase.name == p.run.peak_phase) peak = &phase;
@@ -438,17 +436,17 @@ std::string FormatPlan(const Plan& p) {
 }
 
 absl::StatusOr<std::vector<Candidate>> SearchStrategies(
-    const models::TransformerConfig& model, const Strategy& base,
+    const models::TransformerConfig& model, const recipe::Layout& base,
     const DeviceSpec& device) {
-  RETURN_IF_ERROR(CheckStrategy(model, base));
-  std::vector<Strategy> tries;
+  RETURN_IF_ERROR(base.Validate(model));
+  std::vector<recipe::Layout> tries;
   const int64_t per_rank_batch = base.micro_batch * base.grad_accumulation;
   for (int64_t mb = base.micro_batch; mb >= 1; mb /= 2) {
     if (per_rank_batch % mb != 0) continue;
     for (bool zero3 : {true, false}) {
       for (bool ac : {false, true}) {
         for (bool offload : {false, true}) {
-          Strategy s = base;
+          recipe::Layout s = base;
           s.micro_batch = mb;
           s.grad_accumulation = per_rank_batch / mb;
           s.reshard_after_forward = zero3;
@@ -461,7 +459,7 @@ absl::StatusOr<std::vector<Candidate>> SearchStrategies(
     if (mb == 1) break;
   }
   std::vector<Candidate> fits, others;
-  for (const Strategy& s : tries) {
+  for (const recipe::Layout& s : tries) {
     ASSIGN_OR_RETURN(Plan p, MakePlan(model, s, device));
     Candidate c{std::move(p), ""};
     if (c.plan.fits) {
@@ -491,7 +489,7 @@ std::string ExplainDoesNotFit(const Plan& plan,
   std::string out = absl::StrFormat(
       "%s does not fit: %s predicted per rank (%s at the peak in %s + %s "
       "overhead) against %s; the largest part is %s.",
-      plan.strategy.ToString(), FormatBytes(plan.predicted_peak_bytes),
+      plan.layout.ToString(), FormatBytes(plan.predicted_peak_bytes),
       FormatBytes(plan.run.peak_bytes), plan.run.peak_phase,
       FormatBytes(plan.device.overhead_bytes),
       FormatBytes(plan.device.memory_bytes), plan.largest);
@@ -499,7 +497,7 @@ std::string ExplainDoesNotFit(const Plan& plan,
   for (const Candidate& c : alternatives) {
     if (!c.why_not.empty() || fixes.size() == 3) continue;
     fixes.push_back(absl::StrFormat(
-        "%s (%s, %.2f s/step)", c.plan.strategy.ToString(),
+        "%s (%s, %.2f s/step)", c.plan.layout.ToString(),
         FormatBytes(c.plan.predicted_peak_bytes), c.plan.time.step_s));
   }
   if (fixes.empty()) {

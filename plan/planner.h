@@ -1,5 +1,5 @@
 // The planner: memory and step time of a training run before it starts, for
-// any model of the zoo, mesh and strategy, on this machine's CPU or a GPU
+// any model of the zoo, mesh and layout, on this machine's CPU or a GPU
 // described by its data sheet.
 //
 // Memory is the dry run's (plan/dry_run.h: one step executed on meta
@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "models/config.h"
 #include "plan/dry_run.h"
+#include "recipe/layout.h"
 
 namespace fsdpp {
 namespace plan {
@@ -99,7 +100,7 @@ struct StepTime {
 
 struct Plan {
   models::TransformerConfig model;
-  Strategy strategy;
+  recipe::Layout layout;
   DeviceSpec device;
   DryRunResult run;
   // Peak live bytes (the dry run's) plus the device's overhead.
@@ -110,14 +111,14 @@ struct Plan {
   StepTime time;
 };
 
-// Plans `strategy` for rank `rank`; kLargestRank: the rank whose peak is
+// Plans `layout` for rank `rank`; kLargestRank: the rank whose peak is
 // the largest (rank 0, whose FSDP shards are the rounded-up ones; with
 // pipeline parallelism the first rank of each pipeline stage is planned and
 // the largest kept: the first stage holds the most micro-batches in flight,
 // the last the head and the loss).
 inline constexpr int kLargestRank = -1;
 absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
-                              const Strategy& strategy,
+                              const recipe::Layout& layout,
                               const DeviceSpec& device,
                               int rank = kLargestRank);
 
@@ -135,7 +136,7 @@ struct Candidate {
   std::string why_not;  // empty when it fits
 };
 absl::StatusOr<std::vector<Candidate>> SearchStrategies(
-    const models::TransformerConfig& model, const Strategy& base,
+    const models::TransformerConfig& model, const recipe::Layout& base,
     const DeviceSpec& device);
 
 // "activations 3.20 GiB" / "12.0 MiB".

@@ -10,7 +10,7 @@ namespace {
 
 TEST(PlannerTest, Smoke) {
   DeviceSpec d = *DeviceByName("h100", 8, false);
-  Strategy s;
+  recipe::Layout s;
   s.world = 8;
   s.param_dtype = DType::kBF16;
   s.activation_checkpointing = true;

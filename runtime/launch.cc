@@ -42,6 +42,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "comm/tcp_store.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "runtime/elastic.h"
 
@@ -1120,17 +1121,6 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
   options.program.assign(args.begin() + i, args.end());
   RETURN_IF_ERROR(Validate(options));
   return options;
-}
-
-int AvailableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int count = CPU_COUNT(&set);
-    if (count > 0) return count;
-  }
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  return online > 0 ? static_cast<int>(online) : 1;
 }
 
 std::vector<std::string> RankEnvironment(

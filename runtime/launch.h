@@ -78,9 +78,6 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
 // from "MIN:MAX"; InvalidArgument naming the value otherwise.
 absl::Status ParseNnodes(absl::string_view value, LaunchOptions* options);
 
-// Number of CPUs this process may run on (its affinity mask), at least 1.
-int AvailableCpus();
-
 // The environment ("KEY=VALUE" entries) of local rank `local_rank`: `base_env`
 // with RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK,
 // MASTER_ADDR and MASTER_PORT replaced, and OMP_NUM_THREADS set to

@@ -22,8 +22,6 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
-#include "models/pipeline.h"
-#include "parallel/pipeline_schedule.h"
 #include "trainer/data/tokenizers.h"
 
 namespace fsdpp {
@@ -340,6 +338,9 @@ absl::Status ResolveModel(const ModelConfig& config,
   return absl::OkStatus();
 }
 
+// The degrees (dp_shard inferred when -1) and the sharding options, into
+// the layout; the rules between them are the layout's (recipe::Layout::
+// Validate, once everything is resolved).
 absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
                                 ResolvedTrainConfig* out) {
   RETURN_IF_ERROR(
@@ -356,58 +357,46 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   }
   const int64_t others = static_cast<int64_t>(replicate) * tp * pp;
   const std::string pp_text = pp > 1 ? absl::StrCat("pp ", pp, " x ") : "";
-  if (shard == -1) {
-    if (world_size % others != 0) {
-      return Invalid(
-          absl::StrCat("parallelism: cannot infer dp_shard: the world size ",
-                       world_size, " is not divisible by ", pp_text,
-                       "dp_replicate ", replicate, " x tp ", tp));
-    }
-    shard = static_cast<int>(world_size / others);
-  } else if (others * shard != world_size) {
+  if (shard == -1 && world_size % others != 0) {
+    return Invalid(
+        absl::StrCat("parallelism: cannot infer dp_shard: the world size ",
+                     world_size, " is not divisible by ", pp_text,
+                     "dp_replicate ", replicate, " x tp ", tp));
+  }
+  if (shard != -1 && others * shard != world_size) {
     return Invalid(absl::StrCat("parallelism: ", pp_text, "dp_replicate ",
                                 replicate, " x dp_shard ", shard, " x tp ", tp,
                                 " = ", others * shard,
                                 " ranks, but the world size is ", world_size));
   }
-  if (tp == 1 && config.sequence_parallel()) {
-    return Invalid(
-        "parallelism.sequence_parallel needs parallelism.tp > 1 (it shards "
-        "the tensor-parallel activations)");
-  }
-  const int hpz = config.hpz_degree();
-  RETURN_IF_ERROR(
-      CheckNonNegative("parallelism.hpz_degree", hpz, " (0 or 1 = off)"));
-  if (hpz > 1) {
-    if (!config.reshard_after_forward()) {
-      return Invalid(absl::StrCat("parallelism.hpz_degree ", hpz,
-                                  " needs parallelism.reshard_after_forward: "
-                                  "true"));
-    }
-    if (shard % hpz != 0) {
-      return Invalid(absl::StrCat("parallelism.hpz_degree ", hpz,
-                                  " does not divide dp_shard ", shard));
-    }
-  }
-  out->world_size = world_size;
-  out->dp_replicate = replicate;
-  out->dp_shard = shard;
-  out->tp = tp;
-  out->pp = pp;
-  out->hpz_degree = hpz > 1 ? hpz : 1;
+  RETURN_IF_ERROR(CheckNonNegative("parallelism.hpz_degree",
+                                   config.hpz_degree(), " (0 or 1 = off)"));
+  recipe::Layout& layout = out->layout;
+  layout.world = world_size;
+  layout.dp_replicate = replicate;
+  layout.tp = tp;
+  layout.pp = pp;
+  // Sequence parallelism needs a tp axis (the layout refuses it without);
+  // loss parallelism, on by default, takes effect only on one.
+  layout.sequence_parallel = config.sequence_parallel();
+  layout.loss_parallel = tp > 1 && config.loss_parallel();
+  layout.hpz_degree = std::max(1, config.hpz_degree());
+  layout.reshard_after_forward = config.reshard_after_forward();
+  layout.offload = config.offload();
   return absl::OkStatus();
 }
 
 // Pipeline parallelism: the micro-batch count (pp_microbatches sets the
-// micro batch), the schedule and the split of the blocks into stages, each
-// error naming the field.
+// micro batch), the schedule and the cut points, each error naming the
+// field; whether the schedule and the split work is the layout's rule.
 absl::Status ResolvePipeline(const ParallelismConfig& config,
                              const TrainingConfig& training,
                              ResolvedTrainConfig* out) {
+  recipe::Layout& layout = out->layout;
   const bool defaults =
       config.pp_schedule() == "1f1b" && config.pp_microbatches() == 0 &&
       config.pp_virtual_stages() == 1 && config.pp_cuts().empty();
-  if (out->pp == 1) {
+  if (layout.pp == 1) {
     if (!defaults) {
       return Invalid(
           "parallelism.pp_schedule, pp_microbatches, pp_virtual_stages and "
@@ -420,7 +409,7 @@ absl::Status ResolvePipeline(const ParallelismConfig& config,
                                    " (0 = the accumulation steps)"));
   RETURN_IF_ERROR(CheckPositive("parallelism.pp_virtual_stages",
                                 config.pp_virtual_stages()));
-  const int64_t dp = static_cast<int64_t>(out->dp_replicate) * out->dp_shard;
+  const int64_t dp = layout.data_parallel();
   if (config.pp_microbatches() > 0) {
     const int64_t per_step = dp * config.pp_microbatches();
     if (training.global_batch() % per_step != 0) {
@@ -430,8 +419,8 @@ absl::Status ResolvePipeline(const ParallelismConfig& config,
                        " is not divisible by the data-parallel degree ", dp,
                        " x ", config.pp_microbatches(), " micro-batches"));
     }
-    out->micro_batch = training.global_batch() / per_step;
-    out->grad_accumulation_steps = config.pp_microbatches();
+    layout.micro_batch = training.global_batch() / per_step;
+    layout.grad_accumulation = config.pp_microbatches();
   } else {
     // Derived from the accumulation steps: a pipeline with fewer
     // micro-batches than ranks leaves ranks idle (1F1B refuses it), so
@@ -439,27 +428,21 @@ absl::Status ResolvePipeline(const ParallelismConfig& config,
     // (at least pp; a multiple of pp for interleaved) and divides the
     // data-parallel rank's rows; the micro batch shrinks to match.
     const bool interleaved = config.pp_schedule() == "interleaved";
-    const int64_t m = out->grad_accumulation_steps;
+    const int64_t m = layout.grad_accumulation;
     const int64_t rows = training.global_batch() / dp;
-    if (m < out->pp || (interleaved && m % out->pp != 0)) {
-      for (int64_t n = std::max<int64_t>(m, out->pp); n <= rows; ++n) {
-        if (rows % n != 0 || (interleaved && n % out->pp != 0)) continue;
+    if (m < layout.pp || (interleaved && m % layout.pp != 0)) {
+      for (int64_t n = std::max<int64_t>(m, layout.pp); n <= rows; ++n) {
+        if (rows % n != 0 || (interleaved && n % layout.pp != 0)) continue;
         out->notes.push_back(absl::StrCat(
             "pipeline micro-batches: ", n, " (micro batch ", rows / n,
             "), raised from the ", m, " accumulation step(s) of micro batch ",
-            out->micro_batch, " to fill ", out->pp,
+            layout.micro_batch, " to fill ", layout.pp,
             " pipeline ranks; set parallelism.pp_microbatches to choose"));
-        out->micro_batch = rows / n;
-        out->grad_accumulation_steps = n;
+        layout.micro_batch = rows / n;
+        layout.grad_accumulation = n;
         break;
       }
     }
-  }
-  if (out->param_dtype == DType::kF16) {
-    return Invalid(
-        "parallelism.pp > 1 with training.mixed_precision.param_dtype f16: "
-        "the loss scaler's overflow check does not span pipeline stages yet; "
-        "use bf16");
   }
   std::vector<int> cuts;
   for (absl::string_view piece :
@@ -471,62 +454,9 @@ absl::Status ResolvePipeline(const ParallelismConfig& config,
     }
     cuts.push_back(cut);
   }
-  const int m = static_cast<int>(out->grad_accumulation_steps);
-  absl::StatusOr<parallel::PipelineSchedule> schedule =
-      models::MakePipelineSchedule(config.pp_schedule(), out->pp,
-                                   config.pp_virtual_stages(), m);
-  if (!schedule.ok()) {
-    return Invalid(absl::StrCat(
-        "parallelism (pp ", out->pp, ", ", m,
-        " micro-batches per step): ", schedule.status().message()));
-  }
-  absl::StatusOr<std::vector<parallel::StageBlocks>> split =
-      parallel::SplitStages(static_cast<int>(out->model.n_layers),
-                            schedule->stages(), cuts);
-  if (!split.ok()) {
-    return Invalid(absl::StrCat(
-        "parallelism: splitting the ", out->model.n_layers, " blocks of model ",
-        out->model.name, " into pp ", out->pp, " x pp_virtual_stages ",
-        config.pp_virtual_stages(), " stages",
-        config.pp_cuts().empty()
-            ? ""
-            : absl::StrCat(" at pp_cuts \"", config.pp_cuts(), "\""),
-        ": ", split.status().message()));
-  }
-  out->pp_schedule = config.pp_schedule();
-  out->pp_virtual_stages = config.pp_virtual_stages();
-  out->pp_cuts = std::move(cuts);
-  return absl::OkStatus();
-}
-
-// What tensor parallelism splits must divide by tp (the plan checks the
-// same on the model; here the message names the config fields).
-absl::Status CheckTensorParallel(const ParallelismConfig& config,
-                                 const ResolvedTrainConfig& rc) {
-  const int tp = rc.tp;
-  if (tp == 1) return absl::OkStatus();
-  const models::TransformerConfig& m = rc.model;
-  const auto not_divisible = [&](absl::string_view what, int64_t n) {
-    return Invalid(absl::StrCat("parallelism.tp ", tp, " does not divide ",
-                                what, " (", n, ")"));
-  };
-  if (m.n_heads % tp != 0) return not_divisible("model.n_heads", m.n_heads);
-  if (m.kv_heads() % tp != 0 && tp % m.kv_heads() != 0) {
-    return Invalid(absl::StrCat("parallelism.tp ", tp,
-                                " must divide model.n_kv_heads (", m.kv_heads(),
-                                ") or be a multiple of it"));
-  }
-  if (m.ffn_hidden % tp != 0) {
-    return not_divisible("model.ffn_hidden", m.ffn_hidden);
-  }
-  if (m.padded_vocab_size() % tp != 0) {
-    return not_divisible(
-        "the padded vocabulary (model.vocab_pad_multiple pads it)",
-        m.padded_vocab_size());
-  }
-  if (config.sequence_parallel() && rc.seq_len % tp != 0) {
-    return not_divisible("training.seq_len with sequence_parallel", rc.seq_len);
-  }
+  layout.pp_schedule = config.pp_schedule();
+  layout.pp_virtual_stages = config.pp_virtual_stages();
+  layout.pp_cuts = std::move(cuts);
   return absl::OkStatus();
 }
 
@@ -538,14 +468,16 @@ absl::Status CheckUnitInterval(absl::string_view path, double value,
                               include_one ? "]" : ")", ", got ", value));
 }
 
+// The batch (micro batch, accumulation, sequence), precision and memory
+// options into the layout; the optimizer's and schedule's fields checked.
 absl::Status ResolveTraining(const TrainingConfig& config,
                              ResolvedTrainConfig* out) {
   RETURN_IF_ERROR(CheckPositive("training.steps", config.steps()));
   RETURN_IF_ERROR(
       CheckPositive("training.global_batch", config.global_batch()));
   RETURN_IF_ERROR(CheckPositive("training.micro_batch", config.micro_batch()));
-  const int64_t dp_degree =
-      static_cast<int64_t>(out->dp_replicate) * out->dp_shard;
+  recipe::Layout& layout = out->layout;
+  const int64_t dp_degree = layout.data_parallel();
   // The micro batch is a memory knob, the global batch the math: a micro
   // batch larger than a data-parallel rank's rows is that many rows (the
   // same config runs at any world size whose dp degree divides the batch).
@@ -571,13 +503,6 @@ absl::Status ResolveTraining(const TrainingConfig& config,
         "training.seq_len must be positive (or 0 for the model's context "
         "length), got ",
         config.seq_len()));
-  }
-  const int64_t seq_len =
-      config.seq_len() == 0 ? out->model.context_length : config.seq_len();
-  if (seq_len > out->model.context_length) {
-    return Invalid(absl::StrCat(
-        "training.seq_len ", seq_len, " is longer than the context length ",
-        out->model.context_length, " of model ", out->model.name));
   }
   if (!(config.lr() > 0.0 && std::isfinite(config.lr()))) {
     return Invalid(absl::StrCat(
@@ -621,16 +546,19 @@ absl::Status ResolveTraining(const TrainingConfig& config,
   }
   RETURN_IF_ERROR(CheckPositive("training.loss_scale_growth_interval",
                                 config.loss_scale_growth_interval()));
-  ASSIGN_OR_RETURN(out->param_dtype,
+  ASSIGN_OR_RETURN(layout.param_dtype,
                    FloatDType("training.mixed_precision.param_dtype",
                               config.mixed_precision().param_dtype()));
-  ASSIGN_OR_RETURN(out->reduce_dtype,
+  ASSIGN_OR_RETURN(layout.reduce_dtype,
                    FloatDType("training.mixed_precision.reduce_dtype",
                               config.mixed_precision().reduce_dtype()));
-  out->seq_len = seq_len;
-  out->micro_batch = micro_batch;
-  out->grad_accumulation_steps = config.global_batch() / per_pass;
-  out->tokens_per_step = config.global_batch() * seq_len;
+  layout.seq_len =
+      config.seq_len() == 0 ? out->model.context_length : config.seq_len();
+  layout.micro_batch = micro_batch;
+  layout.grad_accumulation = config.global_batch() / per_pass;
+  layout.activation_checkpointing = config.activation_checkpointing();
+  layout.fused_attention = config.fused_attention();
+  out->tokens_per_step = config.global_batch() * layout.seq_len;
   return absl::OkStatus();
 }
 
@@ -869,7 +797,7 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
   RETURN_IF_ERROR(
       ResolvePipeline(config.parallelism(), config.training(), &resolved));
-  RETURN_IF_ERROR(CheckTensorParallel(config.parallelism(), resolved));
+  RETURN_IF_ERROR(resolved.layout.Validate(resolved.model));
   RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
   RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
   RETURN_IF_ERROR(CheckMetrics(config.metrics()));
@@ -934,32 +862,6 @@ std::string FormatTrainConfig(const TrainConfig& config) {
   std::string text;
   pb::TextFormat::PrintToString(effective, &text);
   return text;
-}
-
-absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
-                                            const ResolvedTrainConfig& rc) {
-  plan::Strategy s;
-  s.world = rc.world_size;
-  s.dp_replicate = rc.dp_replicate;
-  s.tp = rc.tp;
-  // Both take effect only on a tp axis (loss parallelism is on by default).
-  s.sequence_parallel = rc.tp > 1 && config.parallelism().sequence_parallel();
-  s.loss_parallel = rc.tp > 1 && config.parallelism().loss_parallel();
-  s.pp = rc.pp;
-  s.pp_schedule = rc.pp_schedule;
-  s.pp_virtual_stages = rc.pp_virtual_stages;
-  s.pp_cuts = rc.pp_cuts;
-  s.hpz_degree = rc.hpz_degree > 1 ? rc.hpz_degree : 0;
-  s.reshard_after_forward = config.parallelism().reshard_after_forward();
-  s.param_dtype = rc.param_dtype;
-  s.reduce_dtype = rc.reduce_dtype;
-  s.offload = config.parallelism().offload();
-  s.activation_checkpointing = config.training().activation_checkpointing();
-  s.fused_attention = config.training().fused_attention();
-  s.micro_batch = rc.micro_batch;
-  s.seq_len = rc.seq_len;
-  s.grad_accumulation = rc.grad_accumulation_steps;
-  return s;
 }
 
 }  // namespace trainer

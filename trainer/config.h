@@ -24,7 +24,7 @@
 #include "absl/types/span.h"
 #include "core/dtype.h"
 #include "models/config.h"
-#include "plan/dry_run.h"
+#include "recipe/layout.h"
 #include "trainer/config.pb.h"
 
 namespace fsdpp {
@@ -54,29 +54,18 @@ absl::Status ApplyOverrides(absl::Span<const std::string> assignments,
 // What a valid config resolves to at a given world size.
 struct ResolvedTrainConfig {
   models::TransformerConfig model;  // The named config with the overrides.
-  int world_size = 1;
-  int dp_replicate = 1;
-  int dp_shard = 1;  // Inferred when the config says -1.
-  int tp = 1;        // Tensor-parallel degree (1 = off).
-  int pp = 1;        // Pipeline-parallel degree (1 = off).
-  // With pp > 1: the schedule's name, stages per rank and the cut points.
-  std::string pp_schedule;
-  int pp_virtual_stages = 1;
-  std::vector<int> pp_cuts;
-  int hpz_degree = 1;   // 1 = off (0 in the config also means off).
-  int64_t seq_len = 0;  // The model's context length when the config says 0.
-  int64_t micro_batch = 1;
-  // global_batch / (dp_replicate x dp_shard x micro_batch): the
-  // micro-batches of a step (through the pipeline when pp > 1).
-  int64_t grad_accumulation_steps = 1;
+  // The run's layout: degrees (dp_shard inferred when the config says -1),
+  // sharding, precision and the batch (seq_len the model's context length
+  // when the config says 0; grad_accumulation = global_batch /
+  // (data-parallel degree x micro_batch), the micro-batches of a step,
+  // through the pipeline when pp > 1).
+  recipe::Layout layout;
   // What the resolution took differently from the config and why (a
   // micro batch larger than a data-parallel rank's rows, pipeline
   // micro-batches raised to fill the pipeline), one line each, for the
   // trainer's header.
   std::vector<std::string> notes;
   int64_t tokens_per_step = 0;  // global_batch x seq_len.
-  DType param_dtype = DType::kF32;
-  DType reduce_dtype = DType::kF32;
   int32_t tokenizer_vocab_size = 0;
   // comm.timeout_s.
   absl::Duration comm_timeout = absl::Minutes(5);
@@ -84,18 +73,14 @@ struct ResolvedTrainConfig {
 
 // Checks `config` for a run on `world_size` ranks and resolves the derived
 // values. InvalidArgument (NotFound for a missing dataset file) with a
-// message that names the field; the checks include degrees whose product is
-// not the world size, a global batch not divisible by (data-parallel degree
-// x micro batch), a sequence longer than the model's context, a tokenizer
-// with more ids than the model's vocabulary and a dataset file that does
-// not exist.
+// message that names the field; the checks include the layout's rules
+// (recipe::Layout::Validate: divisibility, the pipeline's schedule and
+// split, a sequence longer than the model's context), degrees whose product
+// is not the world size, a global batch not divisible by (data-parallel
+// degree x micro batch), a tokenizer with more ids than the model's
+// vocabulary and a dataset file that does not exist.
 absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     const TrainConfig& config, int world_size);
-
-// The planner's description of the run (plan/dry_run.h): its mesh, sharding
-// strategy, precision and batch.
-absl::StatusOr<plan::Strategy> PlanStrategy(const TrainConfig& config,
-                                            const ResolvedTrainConfig& rc);
 
 // ResolveTrainConfig(config, world_size).status().
 absl::Status Validate(const TrainConfig& config, int world_size);

@@ -69,11 +69,11 @@ TEST(ShippedConfigsTest, EachLoadsAndValidatesAtItsWorldSize) {
               shipped.model.empty() ? shipped.name : shipped.model);
     auto resolved = ResolveTrainConfig(*config, shipped.world_size);
     ASSERT_TRUE(resolved.ok()) << resolved.status();
-    EXPECT_EQ(resolved->dp_replicate, shipped.dp_replicate);
-    EXPECT_EQ(resolved->dp_shard, shipped.dp_shard);
-    EXPECT_EQ(resolved->hpz_degree, shipped.hpz_degree);
-    EXPECT_EQ(resolved->seq_len, shipped.seq_len);
-    EXPECT_EQ(resolved->grad_accumulation_steps,
+    EXPECT_EQ(resolved->layout.dp_replicate, shipped.dp_replicate);
+    EXPECT_EQ(resolved->layout.dp_shard(), shipped.dp_shard);
+    EXPECT_EQ(resolved->layout.hpz_degree, shipped.hpz_degree);
+    EXPECT_EQ(resolved->layout.seq_len, shipped.seq_len);
+    EXPECT_EQ(resolved->layout.grad_accumulation,
               shipped.grad_accumulation_steps);
     EXPECT_EQ(resolved->tokens_per_step,
               config->training().global_batch() * shipped.seq_len);
@@ -108,8 +108,8 @@ TEST(ShippedConfigsTest, Gpt2SmallPadsItsVocabulary) {
   auto resolved = ResolveTrainConfig(*config, 8);
   ASSERT_TRUE(resolved.ok());
   EXPECT_EQ(resolved->model.padded_vocab_size(), 50304);
-  EXPECT_EQ(resolved->param_dtype, DType::kBF16);
-  EXPECT_EQ(resolved->reduce_dtype, DType::kF32);
+  EXPECT_EQ(resolved->layout.param_dtype, DType::kBF16);
+  EXPECT_EQ(resolved->layout.reduce_dtype, DType::kF32);
   EXPECT_EQ(resolved->tokenizer_vocab_size, 50257);
 }
 
@@ -317,14 +317,14 @@ TEST(ValidateTest, ResolvesDerivedValues) {
   EXPECT_EQ(resolved->model.n_heads, 8);
   EXPECT_EQ(resolved->model.kv_heads(), 4);
   EXPECT_EQ(resolved->model.ffn_hidden, 320);
-  EXPECT_EQ(resolved->dp_replicate, 2);
-  EXPECT_EQ(resolved->dp_shard, 2);
-  EXPECT_EQ(resolved->hpz_degree, 1);
-  EXPECT_EQ(resolved->seq_len, 96);  // 0 = the context length.
-  EXPECT_EQ(resolved->micro_batch, 3);
-  EXPECT_EQ(resolved->grad_accumulation_steps, 2);
+  EXPECT_EQ(resolved->layout.dp_replicate, 2);
+  EXPECT_EQ(resolved->layout.dp_shard(), 2);
+  EXPECT_EQ(resolved->layout.hpz_degree, 1);
+  EXPECT_EQ(resolved->layout.seq_len, 96);  // 0 = the context length.
+  EXPECT_EQ(resolved->layout.micro_batch, 3);
+  EXPECT_EQ(resolved->layout.grad_accumulation, 2);
   EXPECT_EQ(resolved->tokens_per_step, 24 * 96);
-  EXPECT_EQ(resolved->param_dtype, DType::kF32);
+  EXPECT_EQ(resolved->layout.param_dtype, DType::kF32);
   EXPECT_EQ(resolved->tokenizer_vocab_size, 257);
 }
 
@@ -498,15 +498,15 @@ TEST(ValidateTest, MicroBatchIsAtMostTheRowsPerRank) {
           .ok());
   auto resolved = ResolveTrainConfig(config, 4);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
-  EXPECT_EQ(resolved->micro_batch, 4);
-  EXPECT_EQ(resolved->grad_accumulation_steps, 1);
+  EXPECT_EQ(resolved->layout.micro_batch, 4);
+  EXPECT_EQ(resolved->layout.grad_accumulation, 1);
   EXPECT_EQ(resolved->notes,
             std::vector<std::string>{
                 "micro batch 4: training.micro_batch 8 is more than the 4 rows "
                 "of training.global_batch 16 per data-parallel rank (4)"});
   resolved = ResolveTrainConfig(config, 2);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
-  EXPECT_EQ(resolved->micro_batch, 8);
+  EXPECT_EQ(resolved->layout.micro_batch, 8);
   EXPECT_TRUE(resolved->notes.empty());
 }
 
@@ -573,8 +573,8 @@ TEST(ValidateTest, PipelineMicroBatchesFillThePipeline) {
     ASSERT_TRUE(ApplyOverrides(c.overrides, &config).ok());
     auto resolved = ResolveTrainConfig(config, c.world);
     ASSERT_TRUE(resolved.ok()) << resolved.status();
-    EXPECT_EQ(resolved->micro_batch, c.micro_batch);
-    EXPECT_EQ(resolved->grad_accumulation_steps, c.microbatches);
+    EXPECT_EQ(resolved->layout.micro_batch, c.micro_batch);
+    EXPECT_EQ(resolved->layout.grad_accumulation, c.microbatches);
     EXPECT_EQ(resolved->notes.size(), c.raised ? 1u : 0u)
         << absl::StrJoin(resolved->notes, "; ");
   }

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,6 +19,7 @@
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/state_dict.h"
+#include "comm/host_collectives.h"
 #include "core/json_quote.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -29,11 +31,12 @@
 #include "models/parallelize/hf_import.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "plan/planner.h"
 #include "plan/rates.h"
+#include "recipe/step/step.h"
+#include "recipe/training.h"
 #include "runtime/launch.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
@@ -51,11 +54,6 @@ absl::StatusOr<T> Context(absl::StatusOr<T> value, absl::string_view context) {
   return value;
 }
 
-// Bound of every wait on the other ranks in the loop's own collectives.
-// Host-side backstop on waits whose ops end by the groups' own timeout
-// (comm.timeout_s) and the peers' diagnosis: only reached if a comm thread
-// itself hangs.
-constexpr absl::Duration kBackstop = absl::Minutes(10);
 // The unigram baseline is estimated on at most this many tokens.
 constexpr int64_t kUnigramTokens = 16 << 20;
 // Matmul size and time budget of the CPU peak measurement.
@@ -68,70 +66,6 @@ absl::StatusOr<LrDecay> ParseDecay(const std::string& name) {
   if (name == "constant") return LrDecay::kConstant;
   return absl::InvalidArgumentError(
       absl::StrCat("training.schedule: unknown \"", name, "\""));
-}
-
-// Sum (or max) of `values` over the ranks of `group`, in place.
-absl::Status AllReduce(ProcessGroup* group, std::vector<double>* values,
-                       ReduceOp op) {
-  // In f32 (the collectives' float type): the values are losses and times
-  // for the logs.
-  std::vector<float> f(values->begin(), values->end());
-  Buffer b{f.data(), static_cast<int64_t>(f.size()), DType::kF32,
-           Device::Cpu()};
-  CollectiveOptions o;  // the group's op timeout (comm.timeout_s)
-  o.async_op = false;   // Waited for at once: no comm-thread hand-offs.
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work, group->AllReduce(b, op, o));
-  RETURN_IF_ERROR(work->Wait(kBackstop));
-  for (size_t i = 0; i < f.size(); ++i) (*values)[i] = f[i];
-  return absl::OkStatus();
-}
-
-// Every rank's `values` (the same count on each), concatenated in rank
-// order.
-absl::StatusOr<std::vector<int64_t>> AllGatherInts(
-    ProcessGroup* group, std::vector<int64_t> values) {
-  std::vector<int64_t> out(values.size() * group->size());
-  CollectiveOptions o;  // the group's op timeout (comm.timeout_s)
-  o.async_op = false;   // Waited for at once: no comm-thread hand-offs.
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<Work> work,
-      group->AllGather(
-          Buffer{values.data(), static_cast<int64_t>(values.size()),
-                 DType::kI64, Device::Cpu()},
-          Buffer{out.data(), static_cast<int64_t>(out.size()), DType::kI64,
-                 Device::Cpu()},
-          o));
-  RETURN_IF_ERROR(work->Wait(kBackstop));
-  return out;
-}
-
-// Every rank's string, in rank order (two all-gathers: sizes, then bytes
-// padded to the longest).
-absl::StatusOr<std::vector<std::string>> AllGatherStrings(
-    ProcessGroup* group, const std::string& mine) {
-  ASSIGN_OR_RETURN(std::vector<int64_t> sizes,
-                   AllGatherInts(group, {static_cast<int64_t>(mine.size())}));
-  const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
-  std::vector<uint8_t> in(std::max<int64_t>(longest, 1), 0);
-  std::copy(mine.begin(), mine.end(), in.begin());
-  std::vector<uint8_t> out(in.size() * group->size());
-  CollectiveOptions o;  // the group's op timeout (comm.timeout_s)
-  o.async_op = false;   // Waited for at once: no comm-thread hand-offs.
-  ASSIGN_OR_RETURN(
-      std::shared_ptr<Work> work,
-      group->AllGather(Buffer{in.data(), static_cast<int64_t>(in.size()),
-                              DType::kU8, Device::Cpu()},
-                       Buffer{out.data(), static_cast<int64_t>(out.size()),
-                              DType::kU8, Device::Cpu()},
-                       o));
-  RETURN_IF_ERROR(work->Wait(kBackstop));
-  std::vector<std::string> result;
-  for (int r = 0; r < group->size(); ++r) {
-    const char* begin =
-        reinterpret_cast<const char*>(out.data()) + r * in.size();
-    result.emplace_back(begin, begin + sizes[r]);
-  }
-  return result;
 }
 
 // Every rank's allocator statistics (current and peak per tag, totals).
@@ -160,13 +94,21 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
 }
 
 // The batch's ids and targets as i32 [batch, seq] tensors (one copy each).
-absl::StatusOr<std::pair<Tensor, Tensor>> BatchTensors(const Batch& batch) {
+absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch) {
   const Shape shape{batch.batch_size, batch.seq_len};
-  ASSIGN_OR_RETURN(Tensor i, Tensor::Empty(shape, DType::kI32, Device::Cpu()));
-  ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(shape, DType::kI32, Device::Cpu()));
-  std::copy(batch.inputs.begin(), batch.inputs.end(), i.data<int32_t>());
-  std::copy(batch.targets.begin(), batch.targets.end(), t.data<int32_t>());
-  return std::make_pair(std::move(i), std::move(t));
+  recipe::MicroBatch out;
+  ASSIGN_OR_RETURN(out.ids, Tensor::Empty(shape, DType::kI32, Device::Cpu()));
+  ASSIGN_OR_RETURN(out.targets,
+                   Tensor::Empty(shape, DType::kI32, Device::Cpu()));
+  std::copy(batch.inputs.begin(), batch.inputs.end(), out.ids.data<int32_t>());
+  std::copy(batch.targets.begin(), batch.targets.end(),
+            out.targets.data<int32_t>());
+  return out;
+}
+
+// The loader's next batches, one per micro-batch the step asks for.
+recipe::MicroBatchSource LoaderBatches(DataLoader* loader) {
+  return [loader](int64_t) { return BatchTensors(loader->Next()); };
 }
 
 std::string TrainLine(const StepLog& s, int64_t steps, double tokens_per_s,
@@ -257,12 +199,6 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
 // the kernel's out-of-memory killer. Every rank plans the largest rank's
 // share (plan::kLargestRank), so all decide alike without communicating.
 absl::Status Trainer::CheckMemoryPlan() {
-  absl::StatusOr<plan::Strategy> strategy = PlanStrategy(config_, rc_);
-  if (!strategy.ok()) {
-    plan_note_ =
-        absl::StrCat("  memory plan: none (", strategy.status().message(), ")");
-    return absl::OkStatus();
-  }
   int ranks_per_node = env_.world_size;
   if (const char* local = std::getenv("LOCAL_WORLD_SIZE")) {
     int n = 0;
@@ -278,7 +214,7 @@ absl::Status Trainer::CheckMemoryPlan() {
   }
   const absl::Time t0 = absl::Now();
   ASSIGN_OR_RETURN(plan::Plan p,
-                   Context(plan::MakePlan(rc_.model, *strategy, device),
+                   Context(plan::MakePlan(rc_.model, rc_.layout, device),
                            "trainer: planning the run's memory"));
   plan_peak_bytes_ = p.run.peak_bytes;
   plan_summary_ =
@@ -305,7 +241,7 @@ absl::Status Trainer::CheckMemoryPlan() {
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(std::vector<plan::Candidate> alternatives,
-                   plan::SearchStrategies(rc_.model, *strategy, device));
+                   plan::SearchStrategies(rc_.model, rc_.layout, device));
   return absl::ResourceExhaustedError(absl::StrCat(
       "trainer: ", config_.model().name(), " on ", env_.world_size,
       " rank(s): ", plan::ExplainDoesNotFit(p, alternatives),
@@ -327,20 +263,14 @@ void Trainer::ReportMemory(const std::string& when) const {
                        plan_summary_.empty() ? "" : "; ", plan_summary_);
 }
 
-// Mesh: {shard} or {replicate, shard} (HSDP), then tp when tensor
-// parallelism is on; then the trace recorder.
+// The layout's mesh ([pp,] [replicate,] shard [, tp]); the trace recorder.
 absl::Status Trainer::BuildMesh() {
-  ASSIGN_OR_RETURN(const plan::Strategy strategy, PlanStrategy(config_, rc_));
   ASSIGN_OR_RETURN(
       mesh_,
-      Context(DeviceMesh::Create(plan::MeshAxesFor(strategy), env_.rank,
+      Context(DeviceMesh::Create(rc_.layout.MeshAxes(), env_.rank,
                                  env_.world_size, env_.group_factory, "train"),
               "trainer: creating the device mesh"));
   ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
-  if (rc_.pp > 1) {
-    ASSIGN_OR_RETURN(pp_group_, mesh_->Group("pp"));
-  }
-
   trace_ = std::make_unique<TraceRecorder>(env_.rank,
                                            absl::StrCat("rank ", env_.rank));
   trace_scope_.emplace(trace_.get());
@@ -355,71 +285,59 @@ absl::Status Trainer::BuildData() {
   result_.unigram_loss = UnigramLoss(
       *data_.tokens, data_.train.begin,
       std::min(data_.train.end, data_.train.begin + kUnigramTokens));
-  LoaderOptions lo;
-  lo.seq_len = rc_.seq_len;
-  lo.batch_size = rc_.micro_batch;
+  LoaderOptions train_options;
+  train_options.seq_len = rc_.layout.seq_len;
+  train_options.batch_size = rc_.layout.micro_batch;
   // The data-parallel rank: this rank's place on the replicate and shard
   // axes (the tp ranks and the pipeline stages of one data-parallel rank
   // read the same batches).
-  std::vector<std::string> data_axes;
-  for (const MeshAxis& a : mesh_->axes()) {
-    if (a.name != "tp" && a.name != "pp") data_axes.push_back(a.name);
-  }
-  ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh_->SubMesh(data_axes));
-  lo.dp_rank = data_mesh->rank();
-  lo.dp_world = data_mesh->size();
-  lo.seed = tc.seed();
-  lo.shuffle = config_.data().shuffle();
-  ASSIGN_OR_RETURN(loader_, Context(MakeLoader(data_, data_.train, lo),
-                                    "trainer: the training split"));
+  ASSIGN_OR_RETURN(DeviceMesh * data_mesh,
+                   mesh_->SubMesh(rc_.layout.DataAxes()));
+  train_options.dp_rank = data_mesh->rank();
+  train_options.dp_world = data_mesh->size();
+  train_options.seed = tc.seed();
+  train_options.shuffle = config_.data().shuffle();
+  ASSIGN_OR_RETURN(loader_,
+                   Context(MakeLoader(data_, data_.train, train_options),
+                           "trainer: the training split"));
   const ValidationConfig& vc = config_.validation();
   if (vc.interval() > 0 && data_.validation.size() > 0) {
-    LoaderOptions vo = lo;
-    vo.shuffle = false;
-    ASSIGN_OR_RETURN(val_loader_,
-                     Context(MakeLoader(data_, data_.validation, vo),
-                             "trainer: the validation split"));
+    LoaderOptions validation_options = train_options;
+    validation_options.shuffle = false;
+    ASSIGN_OR_RETURN(val_loader_, Context(MakeLoader(data_, data_.validation,
+                                                     validation_options),
+                                          "trainer: the validation split"));
   }
   return absl::OkStatus();
 }
 
-// Model: meta -> plan -> sharded init.
+// The recipe's build: meta model -> plans -> sharded init -> AdamW.
 absl::Status Trainer::BuildModel() {
   const TrainingConfig& tc = config_.training();
-  // The options the planner's dry run uses too (plan/dry_run.h).
-  ASSIGN_OR_RETURN(const plan::Strategy strategy, PlanStrategy(config_, rc_));
-  const models::TransformerOptions mo = plan::ModelOptionsFor(strategy);
-  const fsdp::FsdpPlanOptions plan =
-      plan::FsdpOptionsFor(strategy, mesh_.get());
-  models::TensorParallelPlanOptions tpo =
-      plan::TensorParallelOptionsFor(strategy);
-  tpo.timeout = rc_.comm_timeout;
-  if (rc_.pp > 1) return BuildPipeline(mo, plan, tpo);
-  ASSIGN_OR_RETURN(model_, models::Transformer::Create(rc_.model, mo));
-  if (rc_.tp > 1) {
-    RETURN_IF_ERROR(Annotate(
-        plan::ApplyFamilyTensorParallelPlan(model_.get(), mesh_.get(), tpo),
-        "trainer: applying the tensor-parallel plan"));
-  }
-  ASSIGN_OR_RETURN(units_,
-                   Context(plan::ApplyFamilyFsdpPlan(model_.get(), plan),
-                           "trainer: applying the FSDP plan"));
-  RETURN_IF_ERROR(fsdp::InitShardedWeights(model_.get(), tc.seed()));
-  RETURN_IF_ERROR(InitFromHf({model_.get()}));
-  params_ = fsdp::ShardedParameters(model_.get());
-  for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
-  return absl::OkStatus();
+  recipe::BuildOptions options;
+  options.seed = tc.seed();
+  options.timeout = rc_.comm_timeout;
+  options.adamw.lr = tc.lr();
+  options.adamw.beta1 = tc.adam_beta1();
+  options.adamw.beta2 = tc.adam_beta2();
+  options.adamw.eps = tc.adam_eps();
+  options.adamw.weight_decay = tc.weight_decay();
+  ASSIGN_OR_RETURN(training_,
+                   Context(recipe::Training::Build(rc_.model, rc_.layout,
+                                                   mesh_.get(), options),
+                           "trainer: building the model"));
+  result_.pipeline_bubble_schedule = training_->schedule_bubble();
+  return InitFromHf();
 }
 
-absl::Status Trainer::InitFromHf(
-    const std::vector<models::Transformer*>& models) {
+absl::Status Trainer::InitFromHf() {
   if (!config_.model().has_init_from()) return absl::OkStatus();
   const std::string path = config_.model().init_from().substr(3);
   ASSIGN_OR_RETURN(
       std::unique_ptr<models::HfDirectory> dir,
       Context(models::HfDirectory::Open(path), "trainer: model.init_from"));
   models::HfShardedImportStats total;
-  for (models::Transformer* model : models) {
+  for (models::Transformer* model : training_->models()) {
     ASSIGN_OR_RETURN(models::HfShardedImportStats stats,
                      Context(models::ImportHfSharded(*dir, model),
                              "trainer: model.init_from"));
@@ -433,101 +351,28 @@ absl::Status Trainer::InitFromHf(
       "this rank%s (largest buffer %.2f MiB)",
       config_.model().init_from(), total.tensors, dir->files().size(),
       total.bytes_read / 1048576.0,
-      rc_.pp > 1 ? " for its pipeline stages" : "",
+      training_->models().size() > 1 ? " for its model parts" : "",
       total.largest_buffer_bytes / 1048576.0);
   return absl::OkStatus();
 }
 
-// Pipeline parallelism: this rank's stages as model parts, each with the
-// tensor-parallel and FSDP plans on the mesh without "pp", and the runner.
-absl::Status Trainer::BuildPipeline(
-    const models::TransformerOptions& mo, fsdp::FsdpPlanOptions plan,
-    const models::TensorParallelPlanOptions& tpo) {
-  const TrainingConfig& tc = config_.training();
-  ASSIGN_OR_RETURN(parallel::PipelineSchedule schedule,
-                   models::MakePipelineSchedule(
-                       rc_.pp_schedule, rc_.pp, rc_.pp_virtual_stages,
-                       static_cast<int>(rc_.grad_accumulation_steps)));
-  ASSIGN_OR_RETURN(plan.shard.mesh, plan::StageMesh(mesh_.get()));
-  ASSIGN_OR_RETURN(
-      plan::PipelineStages built,
-      Context(plan::BuildPipelineStages(rc_.model, mo, schedule,
-                                        pp_group_->rank(), rc_.pp_cuts, plan,
-                                        rc_.tp > 1 ? &tpo : nullptr, tc.seed()),
-              "trainer: building the pipeline stages"));
-  parts_ = std::move(built.parts);
-  std::vector<models::Transformer*> part_models;
-  for (models::PipelineStagePart& part : parts_) {
-    part_models.push_back(part.model.get());
-  }
-  RETURN_IF_ERROR(InitFromHf(part_models));
-  stage_units_ = std::move(built.units_by_stage);
-  units_ = std::move(built.units);
-  params_ = std::move(built.params);
-  for (fsdp::ShardedParameter* sp : params_) grads_.push_back(&sp->grad);
-  norm_options_.counts = std::move(built.counts_in_norm);
-  tied_first_ = built.tied_first;
-  tied_last_ = built.tied_last;
-  norm_options_.pipeline = pp_group_;
-  // The hidden states between stages: [micro batch, seq (/ tp with sequence
-  // parallelism), dim] in the compute dtype.
-  const int64_t seq =
-      tpo.sequence_parallel && rc_.tp > 1 ? rc_.seq_len / rc_.tp : rc_.seq_len;
-  models::PipelineStageModules stages = models::StageModules(
-      parts_, {rc_.micro_batch, seq, rc_.model.dim}, rc_.param_dtype);
-  parallel::PipelineRunnerOptions ro;
-  ro.timeout = rc_.comm_timeout;
-  ro.on_last_backward = [this](int stage) {
-    for (fsdp::FsdpUnit* u : stage_units_[stage]) {
-      u->SetRequiresGradientSync(true);
-    }
-    return absl::OkStatus();
-  };
-  ASSIGN_OR_RETURN(runner_,
-                   Context(parallel::PipelineRunner::Create(
-                               pp_group_, std::move(schedule),
-                               std::move(stages.stages), stages.loss, ro),
-                           "trainer: the pipeline runner"));
-  ASSIGN_OR_RETURN(parallel::PipelineSimulation sim,
-                   parallel::Simulate(runner_->schedule(), 1.0, 2.0));
-  result_.pipeline_bubble_schedule = sim.bubble;
-  return absl::OkStatus();
-}
-
-// AdamW on the sharded masters, the loss scaler (f16), the LR schedule.
+// The loss scaler (f16) and the LR schedule.
 absl::Status Trainer::BuildOptimizer() {
   const TrainingConfig& tc = config_.training();
-  // Weight decay for matrices, by the parameters' own shapes (the nanoGPT
-  // rule; a tensor-parallel master may be a view with more dims: GPT-2's
-  // fused c_attn bias is [3, C] there).
-  std::vector<AdamWParam> adam_params;
-  for (fsdp::ShardedParameter* sp : params_) {
-    adam_params.emplace_back(sp->name, &sp->master, &sp->grad,
-                             /*weight_decay=*/sp->shape.size() >= 2);
-  }
-  AdamWOptions ao;
-  ao.lr = tc.lr();
-  ao.beta1 = tc.adam_beta1();
-  ao.beta2 = tc.adam_beta2();
-  ao.eps = tc.adam_eps();
-  ao.weight_decay = tc.weight_decay();
-  ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam_params), ao));
-  adamw_.emplace(std::move(adamw));
-  RETURN_IF_ERROR(adamw_->Init());
-  if (rc_.param_dtype == DType::kF16) {
-    LossScalerOptions lso;
-    lso.init_scale = tc.initial_loss_scale();
-    lso.growth_interval = tc.loss_scale_growth_interval();
-    ASSIGN_OR_RETURN(LossScaler created, LossScaler::Create(lso));
+  if (rc_.layout.param_dtype == DType::kF16) {
+    LossScalerOptions scaler_options;
+    scaler_options.init_scale = tc.initial_loss_scale();
+    scaler_options.growth_interval = tc.loss_scale_growth_interval();
+    ASSIGN_OR_RETURN(LossScaler created, LossScaler::Create(scaler_options));
     scaler_.emplace(created);
   }
-  LrScheduleOptions so;
-  so.base_lr = tc.lr();
-  so.warmup_steps = tc.warmup_steps();
-  so.total_steps = tc.steps();
-  so.min_lr_ratio = tc.min_lr_ratio();
-  ASSIGN_OR_RETURN(so.decay, ParseDecay(tc.schedule()));
-  ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(so));
+  LrScheduleOptions schedule_options;
+  schedule_options.base_lr = tc.lr();
+  schedule_options.warmup_steps = tc.warmup_steps();
+  schedule_options.total_steps = tc.steps();
+  schedule_options.min_lr_ratio = tc.min_lr_ratio();
+  ASSIGN_OR_RETURN(schedule_options.decay, ParseDecay(tc.schedule()));
+  ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(schedule_options));
   schedule_.emplace(std::move(schedule));
   return absl::OkStatus();
 }
@@ -535,10 +380,10 @@ absl::Status Trainer::BuildOptimizer() {
 // Checkpoint state: views of the masters and the optimizer state, so loads
 // write in place; then the resume from the latest checkpoint.
 absl::Status Trainer::BuildCheckpointState() {
-  for (fsdp::ShardedParameter* sp : params_) {
+  for (fsdp::ShardedParameter* sp : training_->params()) {
     RETURN_IF_ERROR(state_.AddDTensor("model/" + sp->name, sp->master));
   }
-  ASSIGN_OR_RETURN(OptimizerStateDict osd, adamw_->StateDict());
+  ASSIGN_OR_RETURN(OptimizerStateDict osd, training_->optimizer().StateDict());
   for (auto& [name, t] : osd.tensors) {
     RETURN_IF_ERROR(state_.AddDTensor("optim/" + name, t));
   }
@@ -592,16 +437,17 @@ absl::Status Trainer::BuildCheckpointState() {
 }
 
 absl::Status Trainer::Resume(const std::string& latest) {
-  // A pipeline rank holds only its stages' keys: the others' are expected
-  // in the checkpoint (checked by name against the whole model), its own
-  // must all be there.
-  LoadOptions lo;
-  lo.strict = runner_ == nullptr;
+  // Not strict: a pipeline rank holds only its stages' keys, the others'
+  // are in the checkpoint too (CheckLoadedKeys: this rank's all there, the
+  // others the model's).
+  LoadOptions load_options;
+  load_options.strict = false;
   // Checkpoints written before the key existed resume too.
-  lo.optional_prefixes = {models::kModelConfigKey};
-  ASSIGN_OR_RETURN(LoadResult loaded,
-                   Context(Load(&state_, latest, lo), "trainer: resuming"));
-  if (runner_ != nullptr) RETURN_IF_ERROR(CheckPipelineLoad(loaded));
+  load_options.optional_prefixes = {models::kModelConfigKey};
+  ASSIGN_OR_RETURN(
+      LoadResult loaded,
+      Context(Load(&state_, latest, load_options), "trainer: resuming"));
+  RETURN_IF_ERROR(CheckLoadedKeys(loaded));
   ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
   int64_t done = 0;
   if (!absl::SimpleAtoi(steps_text, &done) || done < 0) {
@@ -617,7 +463,7 @@ absl::Status Trainer::Resume(const std::string& latest) {
   }
   RETURN_IF_ERROR(Annotate(loader_->Restore(loader_state),
                            absl::StrCat("trainer: resuming from ", latest)));
-  RETURN_IF_ERROR(adamw_->SetStep(done));
+  RETURN_IF_ERROR(training_->optimizer().SetStep(done));
   ASSIGN_OR_RETURN(std::string scaler_text, state_.bytes("train/loss_scaler"));
   if (scaler_.has_value() && !scaler_text.empty()) {
     std::vector<std::string> parts = absl::StrSplit(scaler_text, ' ');
@@ -636,31 +482,36 @@ absl::Status Trainer::Resume(const std::string& latest) {
   return absl::OkStatus();
 }
 
-absl::Status Trainer::CheckPipelineLoad(const LoadResult& loaded) const {
-  if (!loaded.missing_keys.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer: resuming: ", loaded.path,
-        ": the checkpoint lacks keys of this pipeline stage's state: ",
-        absl::StrJoin(loaded.missing_keys, ", ")));
+absl::Status Trainer::CheckLoadedKeys(const LoadResult& loaded) const {
+  std::vector<std::string> missing;
+  for (const std::string& key : loaded.missing_keys) {
+    if (!absl::StartsWith(key, models::kModelConfigKey)) {
+      missing.push_back(key);
+    }
   }
-  models::TransformerOptions whole;
+  if (!missing.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat("trainer: resuming: ", loaded.path,
+                     ": the checkpoint lacks keys of this rank's state: ",
+                     absl::StrJoin(missing, ", ")));
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
-                   models::Transformer::Create(rc_.model, whole));
-  std::set<std::string> others;
+                   models::Transformer::Create(rc_.model));
+  std::set<std::string> model_keys;
   for (const auto& [name, p] : meta->NamedParameters()) {
-    others.insert("model/" + name);
-    others.insert("optim/" + name + ".exp_avg");
-    others.insert("optim/" + name + ".exp_avg_sq");
+    model_keys.insert("model/" + name);
+    model_keys.insert("optim/" + name + ".exp_avg");
+    model_keys.insert("optim/" + name + ".exp_avg_sq");
   }
   std::vector<std::string> foreign;
   for (const std::string& key : loaded.unexpected_keys) {
-    if (!others.count(key)) foreign.push_back(key);
+    if (!model_keys.count(key)) foreign.push_back(key);
   }
   if (!foreign.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("trainer: resuming: ", loaded.path,
-                     ": the checkpoint has keys no pipeline stage of ",
-                     rc_.model.name, " holds: ", absl::StrJoin(foreign, ", ")));
+                     ": the checkpoint has keys no part of ", rc_.model.name,
+                     " holds: ", absl::StrJoin(foreign, ", ")));
   }
   return absl::OkStatus();
 }
@@ -690,22 +541,23 @@ absl::Status Trainer::BuildMetrics() {
   if (env_.rank == 0 && !mc.jsonl_path().empty()) {
     ASSIGN_OR_RETURN(jsonl_, JsonlWriter::Open(mc.jsonl_path()));
   }
-  flops_per_token_ = models::FlopsPerToken(rc_.model, rc_.seq_len);
+  flops_per_token_ = models::FlopsPerToken(rc_.model, rc_.layout.seq_len);
   peak_ = mc.peak_tflops() * 1e12;
   std::string peak_source = "metrics.peak_tflops";
   if (peak_ <= 0) {
     ASSIGN_OR_RETURN(
-        peak_, plan::MeasureMatmulFlops(
-                   rc_.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
-                   kPeakMatmulN, kPeakBudget));
+        peak_,
+        plan::MeasureMatmulFlops(
+            rc_.layout.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
+            kPeakMatmulN, kPeakBudget));
     // The slowest rank's number: all ranks share the machine.
     std::vector<double> p = {-peak_};
-    RETURN_IF_ERROR(AllReduce(world_, &p, ReduceOp::kMax));
+    RETURN_IF_ERROR(AllReduceValues(world_, &p, ReduceOp::kMax));
     peak_ = -p[0];
     peak_source = absl::StrFormat(
         "measured: %d^3 %s matmul, all ranks at once", kPeakMatmulN,
-        DTypeName(rc_.param_dtype == DType::kBF16 ? DType::kBF16
-                                                  : DType::kF32));
+        DTypeName(rc_.layout.param_dtype == DType::kBF16 ? DType::kBF16
+                                                         : DType::kF32));
   }
   // The measurement's matrices (12 MiB in f32) are no part of training: the
   // peaks restart here, so that the reported peak is the training's own
@@ -731,19 +583,13 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
       config_.model().name(), absl::StrFormat("%.2fM", num_params / 1e6),
       env_.world_size, mesh_->ToString(),
       config_.parallelism().reshard_after_forward() ? "ZeRO-3" : "ZeRO-2",
-      data_.description, tc.global_batch(), rc_.seq_len, rc_.tokens_per_step,
-      rc_.micro_batch, rc_.grad_accumulation_steps, result_.unigram_loss,
-      result_.peak_tflops_per_rank, peak_source, flops_per_token_));
+      data_.description, tc.global_batch(), rc_.layout.seq_len,
+      rc_.tokens_per_step, rc_.layout.micro_batch, rc_.layout.grad_accumulation,
+      result_.unigram_loss, result_.peak_tflops_per_rank, peak_source,
+      flops_per_token_));
   for (const std::string& note : rc_.notes) print_->Line("  " + note);
-  if (runner_ != nullptr) {
-    const parallel::PipelineSchedule& s = runner_->schedule();
-    print_->Line(absl::StrFormat(
-        "  pipeline: %s over %d stage(s) (%d per rank), %d micro-batches, "
-        "stages start at blocks %s; bubble with equal stage times %.1f%%",
-        s.name, s.stages(), s.virtual_stages, s.microbatches,
-        rc_.pp_cuts.empty() ? std::string("(even split)")
-                            : absl::StrJoin(rc_.pp_cuts, ","),
-        100 * result_.pipeline_bubble_schedule));
+  for (const std::string& line : training_->Describe()) {
+    print_->Line("  " + line);
   }
   if (!plan_note_.empty()) print_->Line(plan_note_);
   if (!init_note_.empty()) print_->Line(init_note_);
@@ -793,77 +639,6 @@ absl::StatusOr<TrainResult> Trainer::Run() {
   return result_;
 }
 
-absl::StatusOr<double> Trainer::PipelineForwardBackward(int64_t step,
-                                                        double loss_scale) {
-  const int64_t accumulation = rc_.grad_accumulation_steps;
-  std::vector<Tensor> ids, targets;
-  {
-    TraceSpan s("data", "data");
-    for (int64_t m = 0; m < accumulation; ++m) {
-      ASSIGN_OR_RETURN(auto tensors, BatchTensors(loader_->Next()));
-      ids.push_back(std::move(tensors.first));
-      targets.push_back(std::move(tensors.second));
-    }
-  }
-  // FSDP syncs each stage's gradients once, on its last backward.
-  for (fsdp::FsdpUnit* u : units_) u->SetRequiresGradientSync(false);
-  ASSIGN_OR_RETURN(
-      parallel::PipelineStepStats stats,
-      Context(runner_->Step(ids, targets,
-                            static_cast<float>(loss_scale / accumulation)),
-              absl::StrCat("step ", step, " pipeline")));
-  RETURN_IF_ERROR(Annotate(
-      parallel::SumSharedGradients(pp_group_, runner_->schedule(), tied_first_,
-                                   tied_last_, rc_.comm_timeout),
-      absl::StrCat("step ", step)));
-  pp_step_compute_s_ = stats.compute_seconds;
-  pp_step_wait_s_ = stats.wait_seconds;
-  result_.pipeline_peak_held_bytes =
-      std::max(result_.pipeline_peak_held_bytes, stats.peak_held_bytes);
-  // The loss lives on the last stage's rank: the others add zeros.
-  double loss = 0;
-  for (float l : stats.losses) loss += static_cast<double>(l) / accumulation;
-  std::vector<double> v = {loss};
-  RETURN_IF_ERROR(AllReduce(pp_group_, &v, ReduceOp::kSum));
-  return v[0];
-}
-
-absl::StatusOr<double> Trainer::ForwardBackward(int64_t step,
-                                                double loss_scale) {
-  if (runner_ != nullptr) return PipelineForwardBackward(step, loss_scale);
-  const int64_t accumulation = rc_.grad_accumulation_steps;
-  const float backward_scale = 1.0f / static_cast<float>(accumulation);
-  double loss = 0;
-  for (int64_t m = 0; m < accumulation; ++m) {
-    // HSDP: the replicas all-reduce the step's gradient once, on the last
-    // micro-batch (each micro-batch still reduce-scatters in the shard group).
-    for (fsdp::FsdpUnit* u : units_) {
-      u->SetRequiresAllReduce(m + 1 == accumulation);
-    }
-    Batch batch;
-    {
-      TraceSpan s("data", "data");
-      batch = loader_->Next();
-    }
-    ASSIGN_OR_RETURN(auto tensors, BatchTensors(batch));
-    float l = 0;
-    {
-      TraceSpan s("forward", "compute");
-      ASSIGN_OR_RETURN(
-          l, Context(model_->ForwardLoss(tensors.first, tensors.second),
-                     absl::StrCat("step ", step, " forward")));
-    }
-    {
-      TraceSpan s("backward", "compute");
-      RETURN_IF_ERROR(Annotate(
-          model_->Backward(backward_scale * static_cast<float>(loss_scale)),
-          absl::StrCat("step ", step, " backward")));
-    }
-    loss += static_cast<double>(l) / accumulation;
-  }
-  return loss;
-}
-
 absl::Status Trainer::TrainStep() {
   if (done()) {
     return absl::FailedPreconditionError(
@@ -885,11 +660,11 @@ absl::Status Trainer::TrainStep() {
   RETURN_IF_ERROR(CheckPendingSave(step));
   {
     TraceSpan step_span("step", "step");
-    RETURN_IF_ERROR(ZeroGrad(grads_));
-    ASSIGN_OR_RETURN(const double loss, ForwardBackward(step, log.loss_scale));
-    std::vector<double> v = {loss};
-    RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kAvg));
-    log.loss = v[0];
+    ASSIGN_OR_RETURN(last_step_,
+                     Context(training_->ForwardBackward(
+                                 LoaderBatches(loader_.get()), log.loss_scale),
+                             absl::StrCat("step ", step)));
+    log.loss = last_step_.loss;
     if (!std::isfinite(log.loss)) {
       return absl::InternalError(absl::StrFormat(
           "step %d: the loss is %f; stopping before the optimizer step. "
@@ -913,9 +688,11 @@ absl::Status Trainer::TrainStep() {
   if (!warmup_) {
     comm_wait_us_ += trace_->TotalMicros("comm_wait") - wait_before_;
     ++comm_steps_;
-    pp_compute_s_ += pp_step_compute_s_;
-    pp_wait_s_ += pp_step_wait_s_;
+    step_totals_.compute_seconds += last_step_.compute_seconds;
+    step_totals_.wait_seconds += last_step_.wait_seconds;
   }
+  step_totals_.peak_held_bytes =
+      std::max(step_totals_.peak_held_bytes, last_step_.peak_held_bytes);
   return absl::OkStatus();
 }
 
@@ -927,7 +704,7 @@ absl::Status Trainer::CheckPendingSave(int64_t step) {
   absl::Status failed =
       done ? pending_save_->Wait().status() : absl::OkStatus();
   std::vector<double> v = {failed.ok() ? 0.0 : 1.0, done ? 0.0 : 1.0};
-  RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kMax));
+  RETURN_IF_ERROR(AllReduceValues(world_, &v, ReduceOp::kMax));
   if (v[0] > 0) {
     const int64_t saved = pending_save_->step();
     pending_save_.reset();
@@ -946,40 +723,29 @@ absl::Status Trainer::CheckPendingSave(int64_t step) {
 }
 
 absl::Status Trainer::OptimizerStep(StepLog* log) {
-  const TrainingConfig& tc = config_.training();
-  if (scaler_.has_value()) {
-    TraceSpan s("unscale", "optimizer");
-    ASSIGN_OR_RETURN(bool finite, scaler_->UnscaleAndCheck(grads_, kBackstop));
-    scaler_->Update(!finite);
-    log->skipped = !finite;
-  }
-  if (log->skipped) {
-    log->grad_norm = std::numeric_limits<double>::quiet_NaN();
+  recipe::OptimizerStepOptions options;
+  options.lr = schedule_->LrAt(training_->optimizer().step());
+  options.grad_clip = config_.training().grad_clip();
+  options.scaler = scaler_.has_value() ? &*scaler_ : nullptr;
+  ASSIGN_OR_RETURN(const recipe::OptimizerStepResult result,
+                   training_->OptimizerStep(options));
+  log->grad_norm = result.grad_norm;
+  log->skipped = result.skipped;
+  if (result.skipped) {
     print_->Line(absl::StrFormat(
         "step %d: gradients overflowed at loss scale %g; optimizer step "
         "skipped, scale now %g",
         log->step, log->loss_scale, scaler_->scale()));
     return absl::OkStatus();
   }
-  {
-    TraceSpan s("clip", "optimizer");
-    ASSIGN_OR_RETURN(log->grad_norm,
-                     GradNorm(grads_, norm_options_, kBackstop));
-  }
-  if (!std::isfinite(log->grad_norm)) {
+  if (!result.applied) {
     return absl::InternalError(absl::StrFormat(
         "step %d: the gradient norm is %f (loss %.4f); stopping before "
         "the optimizer step. Nothing was saved after step %d.",
         log->step, log->grad_norm, log->loss, log->step - 1));
   }
-  TraceSpan s("optimizer", "optimizer");
-  log->lr = schedule_->LrAt(adamw_->step());
-  RETURN_IF_ERROR(adamw_->SetLr(log->lr));
-  // Clipping (grad_clip > 0) is AdamW's grad_scale: the same update as
-  // scaling the grads first, without a pass of its own over them.
-  return adamw_->Step(tc.grad_clip() > 0
-                          ? ClipCoefficient(log->grad_norm, tc.grad_clip())
-                          : 1.0f);
+  log->lr = options.lr;
+  return absl::OkStatus();
 }
 
 absl::Status Trainer::LogStep() {
@@ -1048,42 +814,18 @@ absl::Status Trainer::Validate() {
   // validation.batches global batches, dealt to the data-parallel ranks as
   // training's are: the same sequences (the first batches x global_batch
   // windows of the split), so the same loss, at every layout.
-  const int64_t micro_batches = vc.batches() * rc_.grad_accumulation_steps;
-  double sum = 0;
-  if (runner_ != nullptr) {
-    std::vector<Tensor> ids, targets;
-    for (int64_t b = 0; b < micro_batches; ++b) {
-      ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
-      ids.push_back(std::move(tensors.first));
-      targets.push_back(std::move(tensors.second));
-    }
-    ASSIGN_OR_RETURN(
-        std::vector<float> losses,
-        runner_->Evaluate(static_cast<int>(micro_batches), ids, targets));
-    std::vector<double> v = {0.0};
-    for (float l : losses) v[0] += l;
-    RETURN_IF_ERROR(AllReduce(pp_group_, &v, ReduceOp::kSum));
-    sum = v[0];
-  } else {
-    for (int64_t b = 0; b < micro_batches; ++b) {
-      ASSIGN_OR_RETURN(auto tensors, BatchTensors(val_loader_->Next()));
-      ASSIGN_OR_RETURN(float l,
-                       model_->EvalLoss(tensors.first, tensors.second));
-      sum += l;
-    }
-  }
-  // Free what the forward-only passes left gathered (the next training
-  // forward would, but the memory between now and then is not needed).
-  for (fsdp::FsdpUnit* unit : units_) RETURN_IF_ERROR(unit->Reshard());
-  std::vector<double> v = {sum / micro_batches};
-  RETURN_IF_ERROR(AllReduce(world_, &v, ReduceOp::kAvg));
-  result_.validation.emplace_back(step, v[0]);
+  const int64_t micro_batches = vc.batches() * rc_.layout.grad_accumulation;
+  ASSIGN_OR_RETURN(const double loss,
+                   Context(training_->Evaluate(
+                               micro_batches, LoaderBatches(val_loader_.get())),
+                           absl::StrCat("step ", step, " validation")));
+  result_.validation.emplace_back(step, loss);
   print_->Line(absl::StrFormat(
       "validation: step %d loss %.4f (%d sequences: %d global batch(es))", step,
-      v[0], vc.batches() * config_.training().global_batch(), vc.batches()));
+      loss, vc.batches() * config_.training().global_batch(), vc.batches()));
   if (jsonl_ == nullptr) return absl::OkStatus();
   return jsonl_->Write(absl::StrCat("{\"kind\":\"val\",\"step\":", step,
-                                    ",\"val_loss\":", JsonNumber(v[0]), "}"));
+                                    ",\"val_loss\":", JsonNumber(loss), "}"));
 }
 
 absl::Status Trainer::MaybeSave() {
@@ -1175,43 +917,20 @@ absl::Status Trainer::Summarize() {
   result_.memory = GetAllocator(Device::Cpu())->Stats();
   ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
   std::vector<double> comm = {result_.exposed_comm_s_per_step};
-  RETURN_IF_ERROR(AllReduce(world_, &comm, ReduceOp::kMax));
-  // Pipeline: this rank's waiting fraction; the table gathers every rank's.
-  std::vector<double> pipeline(2 * env_.world_size, 0.0);
-  if (runner_ != nullptr) {
-    result_.pipeline_bubble = pp_compute_s_ + pp_wait_s_ > 0
-                                  ? pp_wait_s_ / (pp_compute_s_ + pp_wait_s_)
-                                  : 0;
-    pipeline[2 * env_.rank] = result_.pipeline_bubble;
-    pipeline[2 * env_.rank + 1] =
-        static_cast<double>(result_.pipeline_peak_held_bytes);
-    RETURN_IF_ERROR(AllReduce(world_, &pipeline, ReduceOp::kSum));
-  }
+  RETURN_IF_ERROR(AllReduceValues(world_, &comm, ReduceOp::kMax));
+  // The step's own report (the pipeline's waits, every rank's).
+  const double busy = step_totals_.compute_seconds + step_totals_.wait_seconds;
+  result_.pipeline_bubble = busy > 0 ? step_totals_.wait_seconds / busy : 0;
+  result_.pipeline_peak_held_bytes = step_totals_.peak_held_bytes;
+  ASSIGN_OR_RETURN(const std::string table,
+                   training_->ReportTable(step_totals_));
   if (result_.steps.empty()) {
     print_->Line(absl::StrFormat("nothing to do: %d of %d steps already done",
                                  result_.start_step, tc.steps()));
     return absl::OkStatus();
   }
   RETURN_IF_ERROR(PrintResults(mem, comm[0]));
-  if (runner_ == nullptr) return absl::OkStatus();
-  std::string table = absl::StrFormat(
-      "Pipeline (%s, %d micro-batches; bubble with equal stage times %.1f%%):\n"
-      "  rank  stage(s)  waiting  held for backward",
-      runner_->schedule().name, runner_->schedule().microbatches,
-      100 * result_.pipeline_bubble_schedule);
-  for (int r = 0; r < env_.world_size; ++r) {
-    const int p = mesh_->axes()[0].size;  // "pp" is the first axis
-    const int pp_rank = r / (env_.world_size / p);
-    std::vector<std::string> stages;
-    for (int s = pp_rank; s < runner_->schedule().stages(); s += p) {
-      stages.push_back(absl::StrCat(s));
-    }
-    absl::StrAppend(&table, absl::StrFormat("\n  %4d  %-8s  %6.1f%%  %.1f MiB",
-                                            r, absl::StrJoin(stages, ","),
-                                            100 * pipeline[2 * r],
-                                            pipeline[2 * r + 1] / 1048576.0));
-  }
-  print_->Line(table);
+  if (!table.empty()) print_->Line(table);
   return absl::OkStatus();
 }
 

@@ -1,18 +1,22 @@
 // The training loop: a Trainer trains one rank's share of a TrainConfig run.
 //
-//   meta model -> the model family's FSDP plan (models/<family>/parallelize)
-//   -> sharded initialisation (the same weights at any world size) -> AdamW
-//   on the sharded fp32 masters -> resume from the latest checkpoint -> for
-//   each step: micro-batches (forward, backward with 1/accumulation folded
-//   into the loss gradient; gradients reduce-scattered by FSDP), loss
-//   averaged over ranks, gradient-norm clip, schedule, AdamW step; periodic
-//   validation, logging and checkpoints.
+//   config -> its layout (recipe/layout.h) -> the memory plan (the run's
+//   recipe dry-run on meta tensors, plan/) -> the mesh, the data -> the
+//   recipe's build (recipe/training.h: the model or this rank's pipeline
+//   stages with the family's tensor-parallel and FSDP plans, sharded
+//   initialisation -- the same weights at any world size -- and AdamW on
+//   the sharded fp32 masters) -> resume from the latest checkpoint -> for
+//   each step, the recipe's step (micro-batches with 1/accumulation folded
+//   into the loss gradient, gradients reduce-scattered by FSDP, the loss
+//   averaged over ranks; then the gradient-norm clip, the schedule's LR and
+//   AdamW); periodic validation, logging and checkpoints.
 //
 // Every rank creates a Trainer with the same config and runs it
 // (Trainer::Create(config, env), then Run(), or the loop's parts one by
 // one); rank 0 prints. Ranks may be processes (trainer/train_main.cc, through
 // tools/launch) or threads of one process (the tests): everything
-// rank-specific goes through `TrainerEnv`.
+// rank-specific goes through `TrainerEnv`. The trainer knows no parallelism
+// of its own: pipeline, tensor and data parallelism are the recipe's.
 //
 // Failure semantics: a non-finite loss or gradient norm (the same on every
 // rank: both are reduced first) stops the run before the optimizer step,
@@ -29,19 +33,14 @@
 // Checkpoints (checkpoint/checkpoint.h) hold "model/<fqn>" (sharded fp32
 // masters), "optim/<fqn>.exp_avg|.exp_avg_sq" (sharded), "train/step" (steps
 // done), "train/loader" (the data position, the same on every rank),
-// "train/loss_scaler" ("<scale> <growth tracker>", empty without f16) and
-// "train/config" (the run's config, for inspection). Resuming at the same
-// world size reproduces the uninterrupted run bitwise; at another world size
-// within the data-parallel parity tolerance (the loader position is global).
-//
-// Pipeline parallelism (parallelism.pp > 1): each rank builds only its
-// stages' parts of the model (models/pipeline.h) and applies the tensor-
-// parallel and FSDP plans to each on the mesh without the "pp" axis; a
-// step's micro-batches go through the schedule (parallel::PipelineRunner)
-// with FSDP's gradient sync only on each stage's last backward, the tied
-// embedding's two copies are summed across the first and last stage, and
-// the clipping norm spans the stages. Names stay the model's own, so
-// checkpoints load at any pp (and pp 1).
+// "train/loss_scaler" ("<scale> <growth tracker>", empty without f16),
+// "train/config" (the run's config, for inspection) and "train/model" (the
+// resolved model config, for tools that rebuild the model from the
+// checkpoint alone). Names are the whole model's on every layout (a
+// pipeline rank holds its stages' keys; the others are the other stages'),
+// so a checkpoint resumes at any world size, mesh or pipeline split; at the
+// same layout it reproduces the uninterrupted run bitwise, at another within
+// the data-parallel parity tolerance (the loader position is global).
 #ifndef FSDPP_TRAINER_TRAINER_H_
 #define FSDPP_TRAINER_TRAINER_H_
 
@@ -63,18 +62,12 @@
 #include "comm/store.h"
 #include "core/allocator.h"
 #include "core/trace.h"
-#include "fsdp/auto_wrap.h"
-#include "fsdp/fully_shard.h"
 #include "mesh/device_mesh.h"
-#include "models/parallelize/tensor_parallel_plan.h"
-#include "models/pipeline.h"
 #include "models/transformer.h"
-#include "optim/adamw.h"
-#include "optim/clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
-#include "parallel/pipeline_runner.h"
-#include "tensor/dtensor.h"
+#include "recipe/step/step.h"
+#include "recipe/training.h"
 #include "trainer/config.h"
 #include "trainer/config.pb.h"
 #include "trainer/data/loader.h"
@@ -228,35 +221,29 @@ class Trainer {
   // Create's sections, in order.
   absl::Status BuildMesh();
   absl::Status BuildData();
+  // The recipe's build (the model or this rank's stages, AdamW).
   absl::Status BuildModel();
-  // model.init_from: the HF directory's weights into `models` (the whole
-  // model, or this rank's pipeline stage parts), each rank reading its
-  // shards only; sets init_note_.
-  absl::Status InitFromHf(const std::vector<models::Transformer*>& models);
-  absl::Status BuildPipeline(const models::TransformerOptions& mo,
-                             fsdp::FsdpPlanOptions plan,
-                             const models::TensorParallelPlanOptions& tpo);
+  // model.init_from: the HF directory's weights into the recipe's models
+  // (the whole model, or this rank's pipeline stage parts), each rank
+  // reading its shards only; sets init_note_.
+  absl::Status InitFromHf();
+  // The loss scaler (f16) and the LR schedule.
   absl::Status BuildOptimizer();
   absl::Status BuildCheckpointState();
   // Loads the checkpoint directory `latest` into the state (in place), the
   // loader, the optimizer's step count and the loss scaler.
   absl::Status Resume(const std::string& latest);
-  // After a pipeline rank's non-strict load: all of its keys were there, and
-  // the checkpoint's others are the model's (other stages').
-  absl::Status CheckPipelineLoad(const LoadResult& loaded) const;
+  // After a non-strict load: every key of this rank's state was there, and
+  // the checkpoint's others are the model's (a pipeline rank holds only its
+  // stages').
+  absl::Status CheckLoadedKeys(const LoadResult& loaded) const;
   absl::Status BuildCheckpointWriter();
   absl::Status BuildMetrics();
   absl::Status PrintHeader(const std::string& peak_source);
   absl::Status CheckMemoryPlan();
   void ReportMemory(const std::string& when) const;
 
-  // TrainStep's parts: gradients of the step's micro-batches (1/accumulation
-  // and `loss_scale` folded into the backward), returning this rank's mean
-  // loss; then unscale, clip and AdamW.
-  absl::StatusOr<double> ForwardBackward(int64_t step, double loss_scale);
-  // ForwardBackward through the pipeline (pp > 1).
-  absl::StatusOr<double> PipelineForwardBackward(int64_t step,
-                                                 double loss_scale);
+  // TrainStep's optimizer part: unscale (f16), clip, the LR, AdamW.
   absl::Status OptimizerStep(StepLog* log);
   // DataLoss on every rank when the asynchronous save in flight failed on
   // any: the run stops before `step` instead of training on unprotected.
@@ -282,32 +269,20 @@ class Trainer {
   Dataset data_;
   std::unique_ptr<DataLoader> loader_;
   std::unique_ptr<DataLoader> val_loader_;  // Null without validation.
-  // Model, optimizer, schedule, loss scaler (f16 only). With pp > 1,
-  // model_ is null and parts_ hold this rank's stages.
-  std::unique_ptr<models::Transformer> model_;
+  // What this rank trains and its step (the recipe), the loss scaler (f16
+  // only) and the LR schedule.
+  std::unique_ptr<recipe::Training> training_;
   // What model.init_from loaded (printed with the run's header).
   std::string init_note_;
   // The memory plan's header line, and its peak of live bytes (0: none).
   std::string plan_note_;
   std::string plan_summary_;  // for the memory report
   int64_t plan_peak_bytes_ = 0;
-  std::vector<models::PipelineStagePart> parts_;
-  ProcessGroup* pp_group_ = nullptr;
-  std::map<int, std::vector<fsdp::FsdpUnit*>> stage_units_;  // by stage
-  std::unique_ptr<parallel::PipelineRunner> runner_;
-  Tensor* tied_first_ = nullptr;  // the tied weight's gradient copies here
-  Tensor* tied_last_ = nullptr;
-  PipelineNormOptions norm_options_;
-  double pp_compute_s_ = 0;  // over the measured steps
-  double pp_wait_s_ = 0;
-  double pp_step_compute_s_ = 0;  // the last step's
-  double pp_step_wait_s_ = 0;
-  std::vector<fsdp::FsdpUnit*> units_;  // Root last.
-  std::vector<fsdp::ShardedParameter*> params_;
-  std::vector<DTensor*> grads_;
-  std::optional<AdamW> adamw_;
   std::optional<LossScaler> scaler_;
   std::optional<LrSchedule> schedule_;
+  // The step's own accounting (pipeline waits), over the measured steps.
+  recipe::Training::Totals step_totals_;
+  recipe::StepLoss last_step_;
   // Checkpoints: views of the masters and the optimizer state.
   StateDict state_;
   // What resuming found, for the header: skipped directories, or none.

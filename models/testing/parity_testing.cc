@@ -449,9 +449,9 @@ Setup PipelineSetup(PipelineLayout layout) {
     };
     auto state = std::make_shared<State>();
     ASSIGN_OR_RETURN(state->schedule,
-                     models::MakePipelineSchedule(layout.schedule, pp->size(),
-                                                  layout.virtual_stages,
-                                                  layout.microbatches));
+                     parallel::MakePipelineSchedule(layout.schedule, pp->size(),
+                                                    layout.virtual_stages,
+                                                    layout.microbatches));
     ASSIGN_OR_RETURN(
         state->parts,
         models::BuildPipelineParts(model->config(), layout.model_options,

@@ -45,6 +45,7 @@
 #include "core/caching_allocator.h"
 #include "core/cli.h"
 #include "core/logging.h"
+#include "core/parallel.h"
 #include "core/rng.h"
 #include "core/status.h"
 #include "core/trace.h"
@@ -243,7 +244,7 @@ int Main(int argc, char** argv) {
       "clip; %d warm-up + %d measured steps per layout, %d CPUs\n",
       model.c_str(), static_cast<int>(kGlobalBatch),
       static_cast<int>(std::min(kSeq, config->context_length)), warmup, steps,
-      launch::AvailableCpus());
+      AvailableCpus());
   std::fflush(stdout);
   std::vector<std::vector<RankResult>> results;
   int port = 29700 + getpid() % 200;

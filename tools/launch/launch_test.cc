@@ -34,6 +34,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "core/parallel.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 

@@ -29,9 +29,12 @@ FLOORS = [
     ["parallel"],
     ["optim", "checkpoint"],
     ["models"],
+    # The training step (the parity harness runs it too).
+    ["recipe/step"],
     ["models/testing"],
     ["models/parallelize"],
     ["models/gpt2", "models/llama"],
+    ["recipe"],
     ["plan"],
     ["trainer/data", "tools/plot"],
     [

@@ -64,13 +64,12 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   }
   ASSIGN_OR_RETURN(trainer::ResolvedTrainConfig rc,
                    trainer::ResolveTrainConfig(config, o.world));
-  ASSIGN_OR_RETURN(plan::Strategy strategy, trainer::PlanStrategy(config, rc));
   const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world;
   ASSIGN_OR_RETURN(plan::DeviceSpec device,
                    plan::DeviceByName(o.device, per_node, o.calibrate));
   if (o.memory_budget > 0) device.memory_bytes = o.memory_budget;
   ASSIGN_OR_RETURN(plan::Plan p,
-                   plan::MakePlan(rc.model, strategy, device, o.rank));
+                   plan::MakePlan(rc.model, rc.layout, device, o.rank));
   std::string out;
   // What the config resolution changed (trainer's header notes), first.
   for (const std::string& note : rc.notes) {
@@ -79,7 +78,7 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   absl::StrAppend(&out, plan::FormatPlan(p));
   if (!o.search && o.memory_budget <= 0) return out;
   ASSIGN_OR_RETURN(std::vector<plan::Candidate> ranked,
-                   plan::SearchStrategies(rc.model, strategy, device));
+                   plan::SearchStrategies(rc.model, rc.layout, device));
   absl::StrAppendFormat(&out,
                         "\nStrategies at W=%d against %s per rank "
                         "(fitting ones fastest first):\n",
@@ -88,7 +87,7 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   for (const plan::Candidate& c : ranked) {
     absl::StrAppendFormat(
         &out, "%2d. %-62s %10s %8.3f s/step  %s\n", ++n,
-        c.plan.strategy.ToString(),
+        c.plan.layout.ToString(),
         plan::FormatBytes(c.plan.predicted_peak_bytes), c.plan.time.step_s,
         c.why_not.empty() ? "fits" : absl::StrCat("no: ", c.why_not));
   }

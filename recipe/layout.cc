@@ -1,0 +1,208 @@
+// The run's layout; see layout.h.
+#include "recipe/layout.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "parallel/pipeline_schedule.h"
+
+namespace fsdpp {
+namespace recipe {
+namespace {
+
+absl::Status Invalid(absl::string_view message) {
+  return absl::InvalidArgumentError(message);
+}
+
+absl::Status CheckDegrees(const Layout& l) {
+  if (l.world < 1 || l.dp_replicate < 1 || l.tp < 1 || l.pp < 1 ||
+      l.pp_virtual_stages < 1) {
+    return Invalid(absl::StrCat("parallelism: the world size ", l.world,
+                                ", dp_replicate ", l.dp_replicate, ", tp ",
+                                l.tp, ", pp ", l.pp, " and pp_virtual_stages ",
+                                l.pp_virtual_stages, " must be positive"));
+  }
+  const int64_t others = static_cast<int64_t>(l.pp) * l.dp_replicate * l.tp;
+  if (l.world % others != 0) {
+    return Invalid(absl::StrCat(
+        "parallelism: ", l.pp > 1 ? absl::StrCat("pp ", l.pp, " x ") : "",
+        "dp_replicate ", l.dp_replicate, " x tp ", l.tp,
+        " does not divide the world size ", l.world));
+  }
+  if (l.tp == 1 && l.sequence_parallel) {
+    return Invalid(
+        "parallelism.sequence_parallel needs parallelism.tp > 1 (it shards "
+        "the tensor-parallel activations)");
+  }
+  if (l.tp == 1 && l.loss_parallel) {
+    return Invalid(
+        "parallelism.loss_parallel needs parallelism.tp > 1 (it computes the "
+        "loss on vocabulary-split logits)");
+  }
+  if (l.hpz_degree < 1) {
+    return Invalid(absl::StrCat("parallelism.hpz_degree must be >= 1 (1 = off)",
+                                ", got ", l.hpz_degree));
+  }
+  if (l.hpz_degree > 1) {
+    if (!l.reshard_after_forward) {
+      return Invalid(absl::StrCat("parallelism.hpz_degree ", l.hpz_degree,
+                                  " needs parallelism.reshard_after_forward: "
+                                  "true"));
+    }
+    if (l.dp_shard() % l.hpz_degree != 0) {
+      return Invalid(absl::StrCat("parallelism.hpz_degree ", l.hpz_degree,
+                                  " does not divide dp_shard ", l.dp_shard()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// What tensor parallelism splits must divide by tp (the family's plan
+// checks the same on the model itself).
+absl::Status CheckTensorParallel(const Layout& l,
+                                 const models::TransformerConfig& m) {
+  const int tp = l.tp;
+  if (tp == 1) return absl::OkStatus();
+  const auto not_divisible = [&](absl::string_view what, int64_t n) {
+    return Invalid(absl::StrCat("parallelism.tp ", tp, " does not divide ",
+                                what, " (", n, ")"));
+  };
+  if (m.n_heads % tp != 0) return not_divisible("model.n_heads", m.n_heads);
+  if (m.kv_heads() % tp != 0 && tp % m.kv_heads() != 0) {
+    return Invalid(absl::StrCat("parallelism.tp ", tp,
+                                " must divide model.n_kv_heads (", m.kv_heads(),
+                                ") or be a multiple of it"));
+  }
+  if (m.ffn_hidden % tp != 0) {
+    return not_divisible("model.ffn_hidden", m.ffn_hidden);
+  }
+  if (m.padded_vocab_size() % tp != 0) {
+    return not_divisible(
+        "the padded vocabulary (model.vocab_pad_multiple pads it)",
+        m.padded_vocab_size());
+  }
+  if (l.sequence_parallel && l.seq(m) % tp != 0) {
+    return not_divisible("training.seq_len with sequence_parallel", l.seq(m));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckBatch(const Layout& l, const models::TransformerConfig& m) {
+  if (l.micro_batch < 1 || l.grad_accumulation < 1 || l.seq_len < 0) {
+    return Invalid(absl::StrCat(
+        "training: micro batch ", l.micro_batch, " and accumulation steps ",
+        l.grad_accumulation, " must be >= 1 and seq_len ", l.seq_len, " >= 0"));
+  }
+  if (l.seq(m) > m.context_length) {
+    return Invalid(absl::StrCat("training.seq_len ", l.seq(m),
+                                " is longer than the context length ",
+                                m.context_length, " of model ", m.name));
+  }
+  for (DType d : {l.param_dtype, l.reduce_dtype}) {
+    if (!IsFloatingPoint(d)) {
+      return Invalid(absl::StrCat("training.mixed_precision: ", DTypeName(d),
+                                  " is not a floating-point dtype"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPipeline(const Layout& l,
+                           const models::TransformerConfig& m) {
+  if (l.pp == 1) {
+    if (l.pp_virtual_stages != 1 || !l.pp_cuts.empty()) {
+      return Invalid(
+          "parallelism.pp_virtual_stages and pp_cuts need parallelism.pp > 1");
+    }
+    return absl::OkStatus();
+  }
+  if (l.param_dtype == DType::kF16) {
+    return Invalid(
+        "parallelism.pp > 1 with training.mixed_precision.param_dtype f16: "
+        "the loss scaler's overflow check does not span pipeline stages yet; "
+        "use bf16");
+  }
+  const int micro = static_cast<int>(l.grad_accumulation);
+  absl::StatusOr<parallel::PipelineSchedule> schedule =
+      parallel::MakePipelineSchedule(l.pp_schedule, l.pp, l.pp_virtual_stages,
+                                     micro);
+  if (!schedule.ok()) {
+    return Invalid(absl::StrCat(
+        "parallelism (pp ", l.pp, ", ", micro,
+        " micro-batches per step): ", schedule.status().message()));
+  }
+  absl::StatusOr<std::vector<parallel::StageBlocks>> split =
+      parallel::SplitStages(static_cast<int>(m.n_layers), schedule->stages(),
+                            l.pp_cuts);
+  if (!split.ok()) {
+    return Invalid(absl::StrCat(
+        "parallelism: splitting the ", m.n_layers, " blocks of model ", m.name,
+        " into pp ", l.pp, " x pp_virtual_stages ", l.pp_virtual_stages,
+        " stages",
+        l.pp_cuts.empty() ? ""
+                          : absl::StrCat(" at pp_cuts \"",
+                                         absl::StrJoin(l.pp_cuts, ","), "\""),
+        ": ", split.status().message()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::vector<MeshAxis> Layout::MeshAxes() const {
+  std::vector<MeshAxis> axes;
+  if (pp > 1) axes.push_back({kPipelineAxis, pp});
+  if (dp_replicate > 1) axes.push_back({kReplicateAxis, dp_replicate});
+  axes.push_back({kShardAxis, dp_shard()});
+  if (tp > 1) axes.push_back({kTensorAxis, tp});
+  return axes;
+}
+
+std::vector<std::string> Layout::DataAxes() const {
+  std::vector<std::string> axes;
+  if (dp_replicate > 1) axes.push_back(kReplicateAxis);
+  axes.push_back(kShardAxis);
+  return axes;
+}
+
+std::vector<std::string> Layout::StageAxes() const {
+  std::vector<std::string> axes = DataAxes();
+  if (tp > 1) axes.push_back(kTensorAxis);
+  return axes;
+}
+
+absl::Status Layout::Validate(const models::TransformerConfig& model) const {
+  RETURN_IF_ERROR(CheckDegrees(*this));
+  RETURN_IF_ERROR(CheckBatch(*this, model));
+  RETURN_IF_ERROR(CheckTensorParallel(*this, model));
+  return CheckPipeline(*this, model);
+}
+
+std::string Layout::ToString() const {
+  std::string mesh = absl::StrCat("W=", world);
+  if (dp_replicate > 1) {
+    absl::StrAppend(&mesh, " (", dp_replicate, " x ", dp_shard(), " HSDP)");
+  }
+  if (tp > 1) {
+    absl::StrAppend(&mesh, " x TP ", tp, sequence_parallel ? " + SP" : "",
+                    loss_parallel ? " + loss parallel" : "");
+  }
+  if (pp > 1) {
+    absl::StrAppend(&mesh, " x PP ", pp, " ", pp_schedule,
+                    pp_virtual_stages > 1
+                        ? absl::StrCat(" (", pp_virtual_stages, " stages/rank)")
+                        : std::string());
+  }
+  return absl::StrFormat(
+      "%s, %s%s, %s/%s%s%s, %s attention, batch %d x %d x %d", mesh,
+      reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
+      hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
+      DTypeName(param_dtype), DTypeName(reduce_dtype),
+      activation_checkpointing ? ", AC" : "", offload ? ", offload" : "",
+      fused_attention ? "fused" : "unfused", micro_batch, seq_len,
+      grad_accumulation);
+}
+
+}  // namespace recipe
+}  // namespace fsdpp

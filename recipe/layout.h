@@ -1,0 +1,118 @@
+// The run's layout, resolved once: how a training run is spread over its
+// ranks (the mesh's degrees and axis names), how FSDP shards and casts, the
+// activation-memory options and the batch. torchtitan's ParallelDims plus
+// the sharding strategy, in one value: the trainer's config resolves into it
+// (trainer/config.h), the planner searches over it (plan/planner.h), and the
+// build (recipe/build.h) and the step read it; nothing else re-derives a
+// degree, an axis name or a divisibility rule.
+//
+// The mesh is [pp,] [replicate,] shard [, tp], outermost first, each axis
+// present when its degree is above 1 (shard always): a rank's coordinates
+// follow from its global rank in that order, so pipeline rank q's ranks are
+// [q x world / pp, (q + 1) x world / pp).
+//
+// Every option has one encoding: a degree of 1 is "off" (hpZ included).
+// Validate names the trainer config's fields in its errors (the planner's
+// command line reads the same configs), e.g. "parallelism.tp 3 does not
+// divide model.n_heads (4)".
+#ifndef FSDPP_RECIPE_LAYOUT_H_
+#define FSDPP_RECIPE_LAYOUT_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+#include "mesh/device_mesh.h"
+#include "models/config.h"
+
+namespace fsdpp {
+namespace recipe {
+
+// The mesh axes' names.
+inline constexpr char kPipelineAxis[] = "pp";
+inline constexpr char kReplicateAxis[] = "replicate";
+inline constexpr char kShardAxis[] = "shard";
+inline constexpr char kTensorAxis[] = "tp";
+
+struct Layout {
+  // Ranks in all: pp x dp_replicate x dp_shard() x tp.
+  int world = 1;
+  // HSDP: replicas of a sharded model, each sharded over dp_shard() ranks.
+  int dp_replicate = 1;
+  // Tensor parallelism (the family's plan, recipe/families.h) on the
+  // innermost axis; FSDP shards each rank's pieces over the shard axis.
+  // Sequence parallelism splits the norms and residual stream over the
+  // sequence; loss parallelism computes the loss on vocabulary-split
+  // logits. Both need tp > 1.
+  int tp = 1;
+  bool sequence_parallel = false;
+  bool loss_parallel = false;
+  // Pipeline parallelism on the outermost axis: the schedule ("gpipe",
+  // "1f1b", "interleaved" with pp_virtual_stages >= 2 stages per rank) over
+  // grad_accumulation micro-batches; the blocks cut evenly or at pp_cuts
+  // (the first block of each stage after the first).
+  int pp = 1;
+  std::string pp_schedule = "1f1b";
+  int pp_virtual_stages = 1;
+  std::vector<int> pp_cuts;
+  // hpZ: backward all-gathers within groups of this many shard ranks (1 off).
+  int hpz_degree = 1;
+  // ZeRO-3 (true) or ZeRO-2 (false) for the blocks.
+  bool reshard_after_forward = true;
+  DType param_dtype = DType::kF32;
+  DType reduce_dtype = DType::kF32;
+  // FSDP offload: masters, gradients and optimizer state in host memory.
+  bool offload = false;
+  bool activation_checkpointing = false;
+  bool fused_attention = true;
+  // One micro-batch: micro_batch sequences of seq_len tokens (0: the
+  // model's context length); grad_accumulation of them per step and rank.
+  int64_t micro_batch = 1;
+  int64_t seq_len = 0;
+  int64_t grad_accumulation = 1;
+
+  // The FSDP shard degree: world / (pp x dp_replicate x tp).
+  int dp_shard() const { return world / (pp * dp_replicate * tp); }
+  // Data-parallel ranks (the ranks that read different batches).
+  int data_parallel() const { return dp_replicate * dp_shard(); }
+  // The sequence length for `model` (seq_len, or its context length).
+  int64_t seq(const models::TransformerConfig& model) const {
+    return seq_len > 0 ? seq_len : model.context_length;
+  }
+  // The rows of the hidden states a pipeline stage passes on: the sequence,
+  // split over tp with sequence parallelism.
+  int64_t stage_seq(const models::TransformerConfig& model) const {
+    return sequence_parallel ? seq(model) / tp : seq(model);
+  }
+
+  // The mesh's axes, outermost first.
+  std::vector<MeshAxis> MeshAxes() const;
+  // The names of the axes that split the model's work but read the same
+  // batches (tp, pp), and of the data-parallel ones (replicate, shard).
+  std::vector<std::string> DataAxes() const;
+  // The axes of one pipeline stage's mesh (all but pp).
+  std::vector<std::string> StageAxes() const;
+  // Pipeline rank of global rank `rank`, and the first global rank of
+  // pipeline rank `q`.
+  int PipelineRankOf(int rank) const { return rank / (world / pp); }
+  int FirstRankOfPipelineRank(int q) const { return q * (world / pp); }
+
+  // Checks every rule the layout must satisfy for `model`: degrees that
+  // multiply to the world, hpZ within the shard group (and with ZeRO-3),
+  // tensor parallelism dividing the heads, MLP width and vocabulary (and
+  // the sequence with sequence parallelism), a valid pipeline schedule and
+  // split of the blocks, batch sizes, the sequence within the context,
+  // floating-point dtypes. InvalidArgument naming the config field.
+  absl::Status Validate(const models::TransformerConfig& model) const;
+
+  // "W=4 (2 x 2 HSDP), ZeRO-3, bf16/f32, AC, fused attention, batch 2 x 256
+  // x 1".
+  std::string ToString() const;
+};
+
+}  // namespace recipe
+}  // namespace fsdpp
+
+#endif  // FSDPP_RECIPE_LAYOUT_H_

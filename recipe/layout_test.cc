@@ -1,0 +1,175 @@
+// The layout: its mesh axes and their names, the pipeline ranks' ranges,
+// ToString, and every rule Validate enforces, each refusal naming the field.
+#include "recipe/layout.h"
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "models/config.h"
+
+namespace fsdpp {
+namespace recipe {
+namespace {
+
+models::TransformerConfig Gpt2Debug() {
+  return *models::ConfigByName("gpt2_debug");
+}
+
+std::vector<std::string> Names(const std::vector<MeshAxis>& axes) {
+  std::vector<std::string> names;
+  for (const MeshAxis& a : axes) {
+    names.push_back(absl::StrCat(a.name, "=", a.size));
+  }
+  return names;
+}
+
+TEST(LayoutTest, MeshAxesOutermostFirst) {
+  Layout l;
+  l.world = 16;
+  EXPECT_EQ(Names(l.MeshAxes()), (std::vector<std::string>{"shard=16"}));
+  l.pp = 2;
+  l.dp_replicate = 2;
+  l.tp = 2;
+  EXPECT_EQ(l.dp_shard(), 2);
+  EXPECT_EQ(l.data_parallel(), 4);
+  EXPECT_EQ(
+      Names(l.MeshAxes()),
+      (std::vector<std::string>{"pp=2", "replicate=2", "shard=2", "tp=2"}));
+  EXPECT_EQ(l.DataAxes(), (std::vector<std::string>{"replicate", "shard"}));
+  EXPECT_EQ(l.StageAxes(),
+            (std::vector<std::string>{"replicate", "shard", "tp"}));
+  EXPECT_EQ(l.PipelineRankOf(7), 0);
+  EXPECT_EQ(l.PipelineRankOf(8), 1);
+  EXPECT_EQ(l.FirstRankOfPipelineRank(1), 8);
+}
+
+TEST(LayoutTest, SequenceLengths) {
+  const models::TransformerConfig m = Gpt2Debug();
+  Layout l;
+  EXPECT_EQ(l.seq(m), m.context_length);
+  l.seq_len = 32;
+  l.tp = 2;
+  l.world = 2;
+  EXPECT_EQ(l.stage_seq(m), 32);
+  l.sequence_parallel = true;
+  EXPECT_EQ(l.stage_seq(m), 16);
+}
+
+TEST(LayoutTest, ToStringSaysEverything) {
+  Layout l;
+  l.world = 8;
+  l.dp_replicate = 2;
+  l.tp = 2;
+  l.sequence_parallel = true;
+  l.loss_parallel = true;
+  l.hpz_degree = 2;
+  l.param_dtype = DType::kBF16;
+  l.activation_checkpointing = true;
+  l.micro_batch = 2;
+  l.seq_len = 256;
+  l.grad_accumulation = 3;
+  EXPECT_EQ(l.ToString(),
+            "W=8 (2 x 2 HSDP) x TP 2 + SP + loss parallel, ZeRO-3 hpZ 2, "
+            "bf16/f32, AC, fused attention, batch 2 x 256 x 3");
+}
+
+TEST(LayoutTest, ValidAndDefaultLayoutsPass) {
+  Layout l;
+  EXPECT_TRUE(l.Validate(Gpt2Debug()).ok());
+  l.world = 8;
+  l.pp = 2;
+  l.tp = 2;
+  l.grad_accumulation = 4;
+  l.seq_len = 32;
+  EXPECT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
+}
+
+TEST(LayoutTest, ValidateNamesTheField) {
+  struct Case {
+    std::function<void(Layout*)> change;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](Layout* l) { l->world = 0; }, "must be positive"},
+      {[](Layout* l) {
+         l->world = 3;
+         l->tp = 2;
+       },
+       "parallelism: dp_replicate 1 x tp 2 does not divide the world size 3"},
+      {[](Layout* l) { l->sequence_parallel = true; },
+       "parallelism.sequence_parallel needs parallelism.tp > 1"},
+      {[](Layout* l) { l->loss_parallel = true; },
+       "parallelism.loss_parallel needs parallelism.tp > 1"},
+      {[](Layout* l) {
+         l->world = 4;
+         l->hpz_degree = 3;
+       },
+       "parallelism.hpz_degree 3 does not divide dp_shard 4"},
+      {[](Layout* l) {
+         l->world = 4;
+         l->hpz_degree = 2;
+         l->reshard_after_forward = false;
+       },
+       "parallelism.hpz_degree 2 needs parallelism.reshard_after_forward"},
+      {[](Layout* l) { l->hpz_degree = 0; },
+       "parallelism.hpz_degree must be >= 1"},
+      {[](Layout* l) {
+         l->world = 3;
+         l->tp = 3;
+       },
+       "parallelism.tp 3 does not divide model.n_heads (4)"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->tp = 2;
+         l->sequence_parallel = true;
+         l->seq_len = 31;
+       },
+       "parallelism.tp 2 does not divide training.seq_len with "
+       "sequence_parallel (31)"},
+      {[](Layout* l) { l->seq_len = 100000; },
+       "training.seq_len 100000 is longer than the context length"},
+      {[](Layout* l) { l->micro_batch = 0; }, "must be >= 1"},
+      {[](Layout* l) { l->param_dtype = DType::kI32; },
+       "is not a floating-point dtype"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->pp = 2;
+         l->pp_schedule = "zb";
+         l->grad_accumulation = 2;
+       },
+       "parallelism (pp 2, 2 micro-batches per step): pipeline schedule 'zb' "
+       "is not one of gpipe, 1f1b, interleaved"},
+      {[](Layout* l) {
+         l->world = 4;
+         l->pp = 4;
+         l->grad_accumulation = 4;
+       },
+       "parallelism: splitting the 2 blocks of model gpt2_debug into pp 4 x "
+       "pp_virtual_stages 1 stages: SplitStages"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->pp = 2;
+         l->grad_accumulation = 2;
+         l->param_dtype = DType::kF16;
+       },
+       "parallelism.pp > 1 with training.mixed_precision.param_dtype f16"},
+      {[](Layout* l) { l->pp_cuts = {1}; },
+       "parallelism.pp_virtual_stages and pp_cuts need parallelism.pp > 1"},
+  };
+  for (const Case& c : cases) {
+    Layout l;
+    c.change(&l);
+    const absl::Status s = l.Validate(Gpt2Debug());
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.message;
+    EXPECT_TRUE(absl::StrContains(s.message(), c.message))
+        << s << "\nwanted: " << c.message;
+  }
+}
+
+}  // namespace
+}  // namespace recipe
+}  // namespace fsdpp

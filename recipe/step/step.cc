@@ -1,0 +1,237 @@
+// The training step; see step.h.
+#include "recipe/step/step.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "comm/host_collectives.h"
+#include "core/status.h"
+#include "core/trace.h"
+#include "optim/clip.h"
+
+namespace fsdpp {
+namespace recipe {
+namespace {
+
+// StepObserver's defaults, for a step nobody watches.
+StepObserver* Quiet() {
+  static StepObserver* const quiet = new StepObserver;
+  return quiet;
+}
+
+absl::StatusOr<MicroBatch> Fetch(const MicroBatchSource& source,
+                                 int64_t index) {
+  TraceSpan span("data", "data");
+  return source(index);
+}
+
+absl::Status CheckCount(int64_t micro_batches) {
+  if (micro_batches < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step: ", micro_batches, " micro-batches; at least one is needed"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+PlainStep::PlainStep(models::Transformer* model, std::vector<DTensor*> grads,
+                     GradientSync sync)
+    : model_(model), grads_(std::move(grads)), sync_(std::move(sync)) {}
+
+void PlainStep::SetSync(bool last) {
+  const bool sync = sync_.every_micro_batch || last;
+  for (fsdp::FsdpUnit* u : sync_.units) {
+    u->SetRequiresGradientSync(sync);
+    // HSDP: the replicas all-reduce the step's gradient once, on the last
+    // micro-batch (each micro-batch still reduce-scatters in the shard
+    // group).
+    u->SetRequiresAllReduce(last);
+  }
+  if (sync_.replicated != nullptr) {
+    sync_.replicated->SetRequiresGradientSync(sync);
+  }
+}
+
+absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
+    int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
+    StepObserver* observer) {
+  RETURN_IF_ERROR(CheckCount(micro_batches));
+  if (observer == nullptr) observer = Quiet();
+  RETURN_IF_ERROR(ZeroGrad(grads_));
+  const int64_t run = observer->MicroBatchesToRun(micro_batches);
+  const float backward_scale =
+      1.0f / static_cast<float>(micro_batches) * static_cast<float>(loss_scale);
+  StepLoss out;
+  for (int64_t m = 0; m < run; ++m) {
+    SetSync(m + 1 == run);
+    observer->MicroBatchBegins(m, run);
+    ASSIGN_OR_RETURN(MicroBatch batch, Fetch(source, m));
+    float loss = 0;
+    {
+      TraceSpan span("forward", "compute");
+      absl::StatusOr<float> l = model_->ForwardLoss(batch.ids, batch.targets);
+      if (!l.ok()) return Annotate(l.status(), "forward");
+      loss = *l;
+    }
+    observer->PhaseEnded(absl::StrCat("forward ", m + 1));
+    {
+      TraceSpan span("backward", "compute");
+      RETURN_IF_ERROR(Annotate(model_->Backward(backward_scale), "backward"));
+    }
+    observer->PhaseEnded(absl::StrCat("backward ", m + 1));
+    observer->MicroBatchEnded(m, run);
+    out.loss += static_cast<double>(loss) / micro_batches;
+  }
+  return out;
+}
+
+absl::StatusOr<double> PlainStep::EvaluateSum(int64_t micro_batches,
+                                              const MicroBatchSource& source) {
+  RETURN_IF_ERROR(CheckCount(micro_batches));
+  double sum = 0;
+  for (int64_t m = 0; m < micro_batches; ++m) {
+    ASSIGN_OR_RETURN(MicroBatch batch, source(m));
+    ASSIGN_OR_RETURN(float loss, model_->EvalLoss(batch.ids, batch.targets));
+    sum += loss;
+  }
+  return sum;
+}
+
+PipelineStep::PipelineStep(ProcessGroup* pipeline,
+                           parallel::PipelineSchedule schedule,
+                           std::vector<PipelineStageTraining> stages,
+                           PipelineStepOptions options)
+    : pipeline_(pipeline), schedule_(std::move(schedule)), options_(options) {
+  norm_.pipeline = pipeline;
+  for (PipelineStageTraining& stage : stages) {
+    const models::Transformer& model = *stage.part.model;
+    const std::string tied = models::TiedWeightName(model.config());
+    for (const StageGrad& g : stage.grads) {
+      grads_.push_back(g.grad);
+      norm_.counts.push_back(models::CountsInNorm(model, g.name));
+      // Two copies of the tied weight only when its embedding and head are
+      // on different stages.
+      if (g.name != tied || (model.has_embedding() && model.has_head())) {
+        continue;
+      }
+      (model.has_embedding() ? tied_first_ : tied_last_) =
+          g.grad->mutable_local();
+    }
+    all_units_.insert(all_units_.end(), stage.units.begin(), stage.units.end());
+    units_[stage.part.stage] = std::move(stage.units);
+    parts_.push_back(std::move(stage.part));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<PipelineStep>> PipelineStep::Create(
+    ProcessGroup* pipeline, parallel::PipelineSchedule schedule,
+    std::vector<PipelineStageTraining> stages, PipelineStepOptions options) {
+  if (pipeline == nullptr || stages.empty() || options.seq_split < 1) {
+    return absl::InvalidArgumentError(
+        "PipelineStep: needs the pipeline group, at least one stage and a "
+        "positive seq_split");
+  }
+  for (const PipelineStageTraining& stage : stages) {
+    if (stage.part.model == nullptr ||
+        schedule.RankOf(stage.part.stage) != pipeline->rank()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "PipelineStep: stage ", stage.part.stage,
+          " is not one of pipeline rank ", pipeline->rank(), "'s"));
+    }
+  }
+  return std::unique_ptr<PipelineStep>(new PipelineStep(
+      pipeline, std::move(schedule), std::move(stages), options));
+}
+
+absl::Status PipelineStep::Gather(int64_t micro_batches,
+                                  const MicroBatchSource& source,
+                                  std::vector<Tensor>* ids,
+                                  std::vector<Tensor>* targets) {
+  RETURN_IF_ERROR(CheckCount(micro_batches));
+  {
+    TraceSpan span("data", "data");
+    for (int64_t m = 0; m < micro_batches; ++m) {
+      ASSIGN_OR_RETURN(MicroBatch batch, source(m));
+      ids->push_back(std::move(batch.ids));
+      targets->push_back(std::move(batch.targets));
+    }
+  }
+  const Tensor& first = ids->front();
+  if (first.shape().size() != 2 || first.dim(1) % options_.seq_split != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: micro-batch ids ", ShapeToString(first.shape()),
+        " are not [rows, seq] with seq divisible by ", options_.seq_split));
+  }
+  const Shape hidden = {first.dim(0), first.dim(1) / options_.seq_split,
+                        parts_.front().model->config().dim};
+  if (runner_ != nullptr) {
+    if (hidden == hidden_) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: micro-batches of ", ShapeToString(first.shape()),
+        " after ones whose hidden states were ", ShapeToString(hidden_)));
+  }
+  models::PipelineStageModules modules =
+      models::StageModules(parts_, hidden, options_.hidden_dtype);
+  parallel::PipelineRunnerOptions runner_options;
+  runner_options.timeout = options_.timeout;
+  // FSDP syncs each stage's gradients once, on its last backward.
+  runner_options.on_last_backward = [this](int stage) {
+    for (fsdp::FsdpUnit* u : units_[stage]) u->SetRequiresGradientSync(true);
+    return absl::OkStatus();
+  };
+  ASSIGN_OR_RETURN(runner_, parallel::PipelineRunner::Create(
+                                pipeline_, schedule_, std::move(modules.stages),
+                                modules.loss, runner_options));
+  hidden_ = hidden;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
+    int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
+    StepObserver* observer) {
+  if (observer == nullptr) observer = Quiet();
+  if (micro_batches != schedule_.microbatches) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pipeline: ", micro_batches, " micro-batches for a schedule of ",
+        schedule_.microbatches));
+  }
+  RETURN_IF_ERROR(ZeroGrad(grads_));
+  std::vector<Tensor> ids, targets;
+  RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
+  for (fsdp::FsdpUnit* u : all_units_) u->SetRequiresGradientSync(false);
+  absl::StatusOr<parallel::PipelineStepStats> stats = runner_->Step(
+      ids, targets, static_cast<float>(loss_scale / micro_batches));
+  if (!stats.ok()) return Annotate(stats.status(), "pipeline");
+  RETURN_IF_ERROR(parallel::SumSharedGradients(
+      pipeline_, schedule_, tied_first_, tied_last_, options_.timeout));
+  observer->PhaseEnded("pipeline");
+  StepLoss out;
+  out.compute_seconds = stats->compute_seconds;
+  out.wait_seconds = stats->wait_seconds;
+  out.peak_held_bytes = stats->peak_held_bytes;
+  // The loss lives on the last stage's rank: the others add zeros.
+  std::vector<double> loss = {0.0};
+  for (float l : stats->losses) {
+    loss[0] += static_cast<double>(l) / micro_batches;
+  }
+  RETURN_IF_ERROR(AllReduceValues(pipeline_, &loss, ReduceOp::kSum));
+  out.loss = loss[0];
+  return out;
+}
+
+absl::StatusOr<double> PipelineStep::EvaluateSum(
+    int64_t micro_batches, const MicroBatchSource& source) {
+  std::vector<Tensor> ids, targets;
+  RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
+  ASSIGN_OR_RETURN(
+      std::vector<float> losses,
+      runner_->Evaluate(static_cast<int>(micro_batches), ids, targets));
+  std::vector<double> sum = {0.0};
+  for (float l : losses) sum[0] += l;
+  RETURN_IF_ERROR(AllReduceValues(pipeline_, &sum, ReduceOp::kSum));
+  return sum[0];
+}
+
+}  // namespace recipe
+}  // namespace fsdpp

@@ -1,0 +1,228 @@
+// The training step, written once: a step's micro-batches through a model
+// that is already built and sharded -- forward, backward with the step's
+// 1 / micro-batches (and a loss scale) folded into the loss gradient, the
+// gradient reductions switched per micro-batch -- and the forward-only
+// evaluation. The trainer, the planner's dry run, the parity harness and
+// the benchmarks all run it (the first two through recipe::Training).
+//
+// Two implementations of one interface, chosen when the run is built:
+//
+//   PlainStep     the whole model on this rank (FSDP, HSDP, TP, DDP or
+//                 none): micro-batch by micro-batch, each unit's gradient
+//                 reduce-scattered by FSDP's hooks as its backward ends;
+//                 HSDP's replicas all-reduce once, on the last micro-batch
+//                 (FsdpUnit::SetRequiresAllReduce), and with
+//                 GradientSync::every_micro_batch false nothing is reduced
+//                 before the last (no_sync accumulation).
+//   PipelineStep  this rank's pipeline stages: every micro-batch through
+//                 the schedule (parallel::PipelineRunner) with FSDP's sync
+//                 on each stage's last backward only, then the tied
+//                 embedding's two copies summed across the first and last
+//                 stage (models/pipeline.h); the loss, which lives on the
+//                 last stage, summed over the pipeline group.
+//
+// The step zeroes the gradients first and returns this rank's loss (the
+// mean over the micro-batches of its data-parallel replica); averaging it
+// over the data-parallel ranks is the caller's (recipe::Training).
+//
+// A StepObserver watches the phases: the dry run records each phase's
+// memory and runs only the micro-batches whose allocations differ (later
+// ones repeat the last one's exactly), counting the rest.
+#ifndef FSDPP_RECIPE_STEP_STEP_H_
+#define FSDPP_RECIPE_STEP_STEP_H_
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "core/dtype.h"
+#include "fsdp/fully_shard.h"
+#include "fsdp/replicate.h"
+#include "models/pipeline.h"
+#include "models/transformer.h"
+#include "optim/clip.h"
+#include "parallel/pipeline_runner.h"
+#include "parallel/pipeline_schedule.h"
+#include "tensor/dtensor.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace recipe {
+
+// One micro-batch: token ids and next-token targets, [rows, seq] integers.
+struct MicroBatch {
+  Tensor ids;
+  Tensor targets;
+};
+
+// Micro-batch `index` (0-based) of the current step or evaluation, made
+// when the step needs it.
+using MicroBatchSource = std::function<absl::StatusOr<MicroBatch>(int64_t)>;
+
+// Watches a step. Every method has a default that changes nothing.
+class StepObserver {
+ public:
+  virtual ~StepObserver() = default;
+  // How many of a step's `micro_batches` to run (each still weighted
+  // 1 / micro_batches). PipelineStep always runs them all.
+  virtual int64_t MicroBatchesToRun(int64_t micro_batches) {
+    return micro_batches;
+  }
+  // Micro-batch `index` (0-based) of `run` begins / has ended (PlainStep).
+  virtual void MicroBatchBegins(int64_t /*index*/, int64_t /*run*/) {}
+  virtual void MicroBatchEnded(int64_t /*index*/, int64_t /*run*/) {}
+  // A phase ended: "forward N" and "backward N" (1-based micro-batches),
+  // "pipeline" (all of PipelineStep's micro-batches), "optimizer".
+  virtual void PhaseEnded(absl::string_view /*phase*/) {}
+};
+
+// What a step's forward and backward did on this rank.
+struct StepLoss {
+  // The mean loss over the step's micro-batches (of this data-parallel
+  // replica: every pipeline and tensor-parallel rank of it has the same).
+  double loss = 0;
+  // PipelineStep: seconds computing and waiting for other stages, and the
+  // most bytes held for backward at once (the stashed activations).
+  double compute_seconds = 0;
+  double wait_seconds = 0;
+  int64_t peak_held_bytes = 0;
+};
+
+class Step {
+ public:
+  virtual ~Step() = default;
+
+  // Zeroes the gradients, then runs `micro_batches` micro-batches from
+  // `source`: forward, and backward scaled by loss_scale / micro_batches.
+  // Errors name the phase ("forward", "backward", "pipeline").
+  virtual absl::StatusOr<StepLoss> ForwardBackward(
+      int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
+      StepObserver* observer = nullptr) = 0;
+
+  // Forward only: the sum of the losses of `micro_batches` micro-batches
+  // (on every rank of the replica). Leaves the units as the forwards left
+  // them (the caller reshards).
+  virtual absl::StatusOr<double> EvaluateSum(
+      int64_t micro_batches, const MicroBatchSource& source) = 0;
+
+  // The gradients the step accumulates into (every parameter this rank
+  // trains) and how the gradient norm spans them (pipeline stages).
+  virtual const std::vector<DTensor*>& grads() const = 0;
+  virtual const PipelineNormOptions& norm_options() const = 0;
+};
+
+// Which gradient reductions PlainStep switches per micro-batch.
+struct GradientSync {
+  // FSDP: HSDP's replica all-reduce only on the last micro-batch.
+  std::vector<fsdp::FsdpUnit*> units;
+  // DDP (fsdp::Replicate).
+  fsdp::ReplicatedModule* replicated = nullptr;
+  // false: no reduction before the last micro-batch (unsharded gradients
+  // accumulate; FSDP2's set_requires_gradient_sync(False)).
+  bool every_micro_batch = true;
+};
+
+class PlainStep final : public Step {
+ public:
+  // `model` and what `grads` point to outlive the step.
+  PlainStep(models::Transformer* model, std::vector<DTensor*> grads,
+            GradientSync sync = {});
+
+  absl::StatusOr<StepLoss> ForwardBackward(
+      int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
+      StepObserver* observer = nullptr) override;
+  absl::StatusOr<double> EvaluateSum(int64_t micro_batches,
+                                     const MicroBatchSource& source) override;
+  const std::vector<DTensor*>& grads() const override { return grads_; }
+  const PipelineNormOptions& norm_options() const override { return norm_; }
+
+ private:
+  void SetSync(bool last);
+
+  models::Transformer* model_;
+  std::vector<DTensor*> grads_;
+  GradientSync sync_;
+  PipelineNormOptions norm_;  // nothing across stages
+};
+
+// A parameter a pipeline stage trains: its name in the model and its
+// gradient (the FSDP master's, a tensor-parallel piece's or a whole one).
+struct StageGrad {
+  std::string name;
+  DTensor* grad = nullptr;
+};
+
+// One stage of this pipeline rank, as built: its model part, its FSDP
+// units (none without FSDP) and the gradients of its parameters.
+struct PipelineStageTraining {
+  models::PipelineStagePart part;
+  std::vector<fsdp::FsdpUnit*> units;
+  std::vector<StageGrad> grads;
+};
+
+struct PipelineStepOptions {
+  // The hidden states between stages: [rows, seq / seq_split, dim] in
+  // `hidden_dtype` (seq_split: tp with sequence parallelism, else 1).
+  int seq_split = 1;
+  DType hidden_dtype = DType::kF32;
+  // Bound on every transfer between stages and the shared-gradient sum.
+  absl::Duration timeout = absl::Minutes(5);
+};
+
+class PipelineStep final : public Step {
+ public:
+  // `stages` in stage order (this rank's, as the schedule gives them), kept
+  // by the step. The runner is made at the first micro-batch
+  // (the hidden shape follows its rows and sequence). The norm counts the
+  // tied weight's copy on the last stage out, and the copies' gradients
+  // are summed after each step.
+  static absl::StatusOr<std::unique_ptr<PipelineStep>> Create(
+      ProcessGroup* pipeline, parallel::PipelineSchedule schedule,
+      std::vector<PipelineStageTraining> stages, PipelineStepOptions options);
+
+  absl::StatusOr<StepLoss> ForwardBackward(
+      int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
+      StepObserver* observer = nullptr) override;
+  absl::StatusOr<double> EvaluateSum(int64_t micro_batches,
+                                     const MicroBatchSource& source) override;
+  const std::vector<DTensor*>& grads() const override { return grads_; }
+  const PipelineNormOptions& norm_options() const override { return norm_; }
+
+  const parallel::PipelineSchedule& schedule() const { return schedule_; }
+  // This rank's stages' model parts, in stage order.
+  const std::vector<models::PipelineStagePart>& parts() const { return parts_; }
+
+ private:
+  PipelineStep(ProcessGroup* pipeline, parallel::PipelineSchedule schedule,
+               std::vector<PipelineStageTraining> stages,
+               PipelineStepOptions options);
+  // The micro-batches, and the runner made for their shape.
+  absl::Status Gather(int64_t micro_batches, const MicroBatchSource& source,
+                      std::vector<Tensor>* ids, std::vector<Tensor>* targets);
+
+  ProcessGroup* pipeline_;
+  parallel::PipelineSchedule schedule_;
+  std::vector<models::PipelineStagePart> parts_;
+  std::map<int, std::vector<fsdp::FsdpUnit*>> units_;  // by stage
+  std::vector<fsdp::FsdpUnit*> all_units_;
+  PipelineStepOptions options_;
+  std::vector<DTensor*> grads_;
+  PipelineNormOptions norm_;
+  Tensor* tied_first_ = nullptr;
+  Tensor* tied_last_ = nullptr;
+  std::unique_ptr<parallel::PipelineRunner> runner_;
+  Shape hidden_;  // the runner's
+};
+
+}  // namespace recipe
+}  // namespace fsdpp
+
+#endif  // FSDPP_RECIPE_STEP_STEP_H_

@@ -1,0 +1,284 @@
+// The build and the step of a run; see training.h.
+#include "recipe/training.h"
+
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "comm/host_collectives.h"
+#include "core/status.h"
+#include "core/trace.h"
+#include "fsdp/auto_wrap.h"
+#include "optim/clip.h"
+#include "parallel/pipeline_schedule.h"
+#include "recipe/families.h"
+
+namespace fsdpp {
+namespace recipe {
+namespace {
+
+models::TransformerOptions ModelOptions(const Layout& layout) {
+  models::TransformerOptions options;
+  options.activation_checkpointing = layout.activation_checkpointing;
+  options.fused_attention = layout.fused_attention;
+  return options;
+}
+
+// The FSDP plan's options on `mesh` (the whole mesh, or a stage's).
+fsdp::FsdpPlanOptions FsdpOptions(const Layout& layout, DeviceMesh* mesh,
+                                  Device host) {
+  fsdp::FsdpPlanOptions options;
+  options.shard.mesh = mesh;
+  if (layout.tp > 1) options.shard.tp_axis = kTensorAxis;
+  options.shard.reshard_after_forward = layout.reshard_after_forward;
+  options.shard.hpz_degree = layout.hpz_degree > 1 ? layout.hpz_degree : 0;
+  options.shard.mp_policy.param_dtype = layout.param_dtype;
+  options.shard.mp_policy.reduce_dtype = layout.reduce_dtype;
+  options.shard.offload_policy.offload_params = layout.offload;
+  options.shard.offload_policy.host = host;
+  return options;
+}
+
+models::TensorParallelPlanOptions TensorParallelOptions(
+    const Layout& layout, absl::Duration timeout) {
+  models::TensorParallelPlanOptions options;
+  options.tp_axis = kTensorAxis;
+  options.sequence_parallel = layout.sequence_parallel;
+  options.loss_parallel = layout.loss_parallel;
+  options.timeout = timeout;
+  return options;
+}
+
+// Both plans on one model (the whole one or a stage's part), then its
+// sharded weights; its units. `where` names the part in errors.
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
+    models::Transformer* model, const Layout& layout, DeviceMesh* mesh,
+    const BuildOptions& options, const std::string& where) {
+  ASSIGN_OR_RETURN(const FamilyPlans* plans, PlansFor(model->config().family));
+  if (layout.tp > 1) {
+    RETURN_IF_ERROR(Annotate(
+        plans->apply_tensor_parallel(
+            model, mesh, TensorParallelOptions(layout, options.timeout)),
+        "applying the tensor-parallel plan" + where));
+  }
+  absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
+      plans->apply_fsdp(model, FsdpOptions(layout, mesh, options.host));
+  if (!units.ok()) {
+    return Annotate(units.status(), "applying the FSDP plan" + where);
+  }
+  RETURN_IF_ERROR(fsdp::InitShardedWeights(model, options.seed));
+  return units;
+}
+
+bool SameAxes(const std::vector<MeshAxis>& a, const std::vector<MeshAxis>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (a[i].name != b[i].name || a[i].size != b[i].size) return false;
+  }
+  return true;
+}
+
+std::string AxesString(const std::vector<MeshAxis>& axes) {
+  std::vector<std::string> parts;
+  for (const MeshAxis& a : axes)
+    parts.push_back(absl::StrCat(a.name, "=", a.size));
+  return absl::StrCat("[", absl::StrJoin(parts, ", "), "]");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Training>> Training::Build(
+    const models::TransformerConfig& model, const Layout& layout,
+    DeviceMesh* mesh, const BuildOptions& options) {
+  RETURN_IF_ERROR(layout.Validate(model));
+  if (mesh == nullptr || !SameAxes(mesh->axes(), layout.MeshAxes())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "recipe: the mesh ",
+        mesh == nullptr ? std::string("(none)") : AxesString(mesh->axes()),
+        " is not the layout's ", AxesString(layout.MeshAxes())));
+  }
+  std::unique_ptr<Training> t(new Training);
+  t->config_ = model;
+  t->layout_ = layout;
+  t->mesh_ = mesh;
+  ASSIGN_OR_RETURN(t->world_, mesh->FlatGroup());
+  if (layout.pp > 1) {
+    RETURN_IF_ERROR(t->BuildPipeline(options));
+  } else {
+    RETURN_IF_ERROR(t->BuildModel(options));
+  }
+  std::vector<AdamWParam> adam_params;
+  for (fsdp::ShardedParameter* sp : t->params_) {
+    // Weight decay for matrices, by the parameters' own shapes (a
+    // tensor-parallel master may be a view with more dims: GPT-2's fused
+    // c_attn bias is [3, C] there).
+    adam_params.emplace_back(sp->name, &sp->master, &sp->grad,
+                             /*weight_decay=*/sp->shape.size() >= 2);
+  }
+  ASSIGN_OR_RETURN(AdamW adamw,
+                   AdamW::Create(std::move(adam_params), options.adamw));
+  t->adamw_.emplace(std::move(adamw));
+  RETURN_IF_ERROR(t->adamw_->Init());
+  return t;
+}
+
+absl::Status Training::BuildModel(const BuildOptions& options) {
+  ASSIGN_OR_RETURN(model_,
+                   models::Transformer::Create(config_, ModelOptions(layout_)));
+  ASSIGN_OR_RETURN(units_,
+                   Parallelize(model_.get(), layout_, mesh_, options, ""));
+  models_ = {model_.get()};
+  params_ = fsdp::ShardedParameters(model_.get());
+  std::vector<DTensor*> grads;
+  for (fsdp::ShardedParameter* sp : params_) grads.push_back(&sp->grad);
+  step_ = std::make_unique<PlainStep>(model_.get(), std::move(grads),
+                                      GradientSync{units_});
+  return absl::OkStatus();
+}
+
+absl::Status Training::BuildPipeline(const BuildOptions& options) {
+  ASSIGN_OR_RETURN(ProcessGroup * pipeline, mesh_->Group(kPipelineAxis));
+  ASSIGN_OR_RETURN(DeviceMesh * stage_mesh,
+                   mesh_->SubMesh(layout_.StageAxes()));
+  ASSIGN_OR_RETURN(
+      parallel::PipelineSchedule schedule,
+      parallel::MakePipelineSchedule(
+          layout_.pp_schedule, layout_.pp, layout_.pp_virtual_stages,
+          static_cast<int>(layout_.grad_accumulation)));
+  ASSIGN_OR_RETURN(parallel::PipelineSimulation simulated,
+                   parallel::Simulate(schedule, 1.0, 2.0));
+  schedule_bubble_ = simulated.bubble;
+  ASSIGN_OR_RETURN(
+      std::vector<models::PipelineStagePart> parts,
+      models::BuildPipelineParts(config_, ModelOptions(layout_), schedule,
+                                 pipeline->rank(), layout_.pp_cuts));
+  std::vector<PipelineStageTraining> stages;
+  for (models::PipelineStagePart& part : parts) {
+    PipelineStageTraining stage;
+    ASSIGN_OR_RETURN(
+        stage.units,
+        Parallelize(part.model.get(), layout_, stage_mesh, options,
+                    absl::StrCat(" of pipeline stage ", part.stage)));
+    for (fsdp::ShardedParameter* sp :
+         fsdp::ShardedParameters(part.model.get())) {
+      params_.push_back(sp);
+      stage.grads.push_back({sp->name, &sp->grad});
+    }
+    units_.insert(units_.end(), stage.units.begin(), stage.units.end());
+    models_.push_back(part.model.get());
+    stage.part = std::move(part);
+    stages.push_back(std::move(stage));
+  }
+  PipelineStepOptions step_options;
+  step_options.seq_split = layout_.sequence_parallel ? layout_.tp : 1;
+  step_options.hidden_dtype = layout_.param_dtype;
+  step_options.timeout = options.timeout;
+  ASSIGN_OR_RETURN(std::unique_ptr<PipelineStep> step,
+                   PipelineStep::Create(pipeline, std::move(schedule),
+                                        std::move(stages), step_options));
+  pipeline_ = step.get();
+  step_ = std::move(step);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepLoss> Training::ForwardBackward(
+    const MicroBatchSource& source, double loss_scale, StepObserver* observer) {
+  ASSIGN_OR_RETURN(StepLoss out,
+                   step_->ForwardBackward(layout_.grad_accumulation, loss_scale,
+                                          source, observer));
+  std::vector<double> loss = {out.loss};
+  RETURN_IF_ERROR(AllReduceValues(world_, &loss, ReduceOp::kAvg));
+  out.loss = loss[0];
+  return out;
+}
+
+absl::StatusOr<OptimizerStepResult> Training::OptimizerStep(
+    const OptimizerStepOptions& options, StepObserver* observer) {
+  const std::vector<DTensor*>& grads = step_->grads();
+  OptimizerStepResult out;
+  if (options.scaler != nullptr) {
+    TraceSpan span("unscale", "optimizer");
+    ASSIGN_OR_RETURN(bool finite, options.scaler->UnscaleAndCheck(
+                                      grads, kHostCollectiveTimeout));
+    options.scaler->Update(!finite);
+    out.skipped = !finite;
+  }
+  if (out.skipped) {
+    out.grad_norm = std::nan("");
+  } else {
+    {
+      TraceSpan span("clip", "optimizer");
+      ASSIGN_OR_RETURN(out.grad_norm, GradNorm(grads, step_->norm_options(),
+                                               kHostCollectiveTimeout));
+    }
+    if (std::isfinite(out.grad_norm)) {
+      TraceSpan span("optimizer", "optimizer");
+      RETURN_IF_ERROR(adamw_->SetLr(options.lr));
+      // Clipping is AdamW's grad_scale: the same update as scaling the
+      // gradients first, without a pass of its own over them.
+      RETURN_IF_ERROR(
+          adamw_->Step(options.grad_clip > 0
+                           ? ClipCoefficient(out.grad_norm, options.grad_clip)
+                           : 1.0f));
+      out.applied = true;
+    }
+  }
+  if (observer != nullptr) observer->PhaseEnded("optimizer");
+  return out;
+}
+
+absl::StatusOr<double> Training::Evaluate(int64_t micro_batches,
+                                          const MicroBatchSource& source) {
+  ASSIGN_OR_RETURN(double sum, step_->EvaluateSum(micro_batches, source));
+  // Free what the forward-only passes left gathered (the next training
+  // forward would, but the memory between now and then is not needed).
+  for (fsdp::FsdpUnit* unit : units_) RETURN_IF_ERROR(unit->Reshard());
+  std::vector<double> mean = {sum / micro_batches};
+  RETURN_IF_ERROR(AllReduceValues(world_, &mean, ReduceOp::kAvg));
+  return mean[0];
+}
+
+std::vector<std::string> Training::Describe() const {
+  if (pipeline_ == nullptr) return {};
+  const parallel::PipelineSchedule& s = pipeline_->schedule();
+  return {absl::StrFormat(
+      "pipeline: %s over %d stage(s) (%d per rank), %d micro-batches, "
+      "stages start at blocks %s; bubble with equal stage times %.1f%%",
+      s.name, s.stages(), s.virtual_stages, s.microbatches,
+      layout_.pp_cuts.empty() ? std::string("(even split)")
+                              : absl::StrJoin(layout_.pp_cuts, ","),
+      100 * schedule_bubble_)};
+}
+
+absl::StatusOr<std::string> Training::ReportTable(const Totals& totals) const {
+  if (pipeline_ == nullptr) return std::string();
+  const int world = layout_.world;
+  const int rank = world_->rank();
+  std::vector<double> per_rank(2 * world, 0.0);
+  const double busy = totals.compute_seconds + totals.wait_seconds;
+  per_rank[2 * rank] = busy > 0 ? totals.wait_seconds / busy : 0;
+  per_rank[2 * rank + 1] = static_cast<double>(totals.peak_held_bytes);
+  RETURN_IF_ERROR(AllReduceValues(world_, &per_rank, ReduceOp::kSum));
+  const parallel::PipelineSchedule& s = pipeline_->schedule();
+  std::string table = absl::StrFormat(
+      "Pipeline (%s, %d micro-batches; bubble with equal stage times %.1f%%):\n"
+      "  rank  stage(s)  waiting  held for backward",
+      s.name, s.microbatches, 100 * schedule_bubble_);
+  for (int r = 0; r < world; ++r) {
+    std::vector<std::string> stages;
+    for (int stage = layout_.PipelineRankOf(r); stage < s.stages();
+         stage += layout_.pp) {
+      stages.push_back(absl::StrCat(stage));
+    }
+    absl::StrAppend(&table, absl::StrFormat("\n  %4d  %-8s  %6.1f%%  %.1f MiB",
+                                            r, absl::StrJoin(stages, ","),
+                                            100 * per_rank[2 * r],
+                                            per_rank[2 * r + 1] / 1048576.0));
+  }
+  return table;
+}
+
+}  // namespace recipe
+}  // namespace fsdpp

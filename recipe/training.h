@@ -1,0 +1,156 @@
+// The build and the step of a run, written once: what one rank trains for a
+// Layout (recipe/layout.h), and its optimizer step. The trainer runs it for
+// real; the planner's dry run (plan/dry_run.h) runs the same code on meta
+// tensors over simulated process groups, so the plan is what the run does.
+//
+// Build, on a mesh whose axes are layout.MeshAxes():
+//   * without pipeline parallelism, the whole model on the meta device, the
+//     family's tensor-parallel plan on the tp axis (recipe/families.h), the
+//     family's FSDP plan (each block a unit, then the root; HSDP on the
+//     replicate axis, hpZ, mixed precision, offload), sharded initialisation
+//     from the seed (the same weights at any layout), a PlainStep;
+//   * with it, this pipeline rank's stages (models::BuildPipelineParts, the
+//     blocks cut by the layout) each with both plans on the stage mesh (the
+//     mesh without pp), a PipelineStep over the schedule;
+//   * AdamW on the sharded fp32 masters, weight decay on the parameters with
+//     two or more dims (the nanoGPT rule).
+//
+// The step: ForwardBackward (the micro-batches, then the loss averaged over
+// the world), OptimizerStep (f16's unscale and overflow check, the gradient
+// norm over every axis the gradients are sharded on and the pipeline, the
+// clip folded into AdamW's pass, AdamW), Evaluate (forward only). A
+// StepObserver sees the phases.
+#ifndef FSDPP_RECIPE_TRAINING_H_
+#define FSDPP_RECIPE_TRAINING_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "core/device.h"
+#include "fsdp/fully_shard.h"
+#include "mesh/device_mesh.h"
+#include "models/config.h"
+#include "models/pipeline.h"
+#include "models/transformer.h"
+#include "optim/adamw.h"
+#include "optim/loss_scaler.h"
+#include "recipe/layout.h"
+#include "recipe/step/step.h"
+
+namespace fsdpp {
+namespace recipe {
+
+struct BuildOptions {
+  // The sharded initialisation's seed.
+  uint64_t seed = 0;
+  // Where offloaded state lives (the CPU; a dry run's separate host).
+  Device host = Device::Cpu();
+  // Bound of the tensor-parallel and pipeline collectives' waits.
+  absl::Duration timeout = absl::Minutes(5);
+  // AdamW's hyper-parameters (the decay rule above sets each parameter's
+  // group; decay_filter is not used).
+  AdamWOptions adamw;
+};
+
+struct OptimizerStepOptions {
+  double lr = 0;
+  // > 0: clip the gradients' global norm to this (inside AdamW's pass).
+  double grad_clip = 0;
+  // f16: unscale the gradients and skip the step when they overflowed.
+  LossScaler* scaler = nullptr;
+};
+
+struct OptimizerStepResult {
+  // Before clipping; NaN when the step was skipped for an overflow.
+  double grad_norm = 0;
+  // The loss scaler found an overflow: nothing was updated (the scale was).
+  bool skipped = false;
+  // AdamW updated the parameters (false when skipped, or when the norm is
+  // not finite: the caller stops).
+  bool applied = false;
+};
+
+class Training {
+ public:
+  // Builds this rank's share of `model` laid out as `layout` on `mesh`.
+  // InvalidArgument for a layout that does not validate against the model
+  // or a mesh of other axes; the plans' errors annotated with the stage.
+  static absl::StatusOr<std::unique_ptr<Training>> Build(
+      const models::TransformerConfig& model, const Layout& layout,
+      DeviceMesh* mesh, const BuildOptions& options);
+
+  // The step's forward and backward over its layout.grad_accumulation
+  // micro-batches (loss_scale folded into the backward); the loss averaged
+  // over the world.
+  absl::StatusOr<StepLoss> ForwardBackward(const MicroBatchSource& source,
+                                           double loss_scale = 1.0,
+                                           StepObserver* observer = nullptr);
+  // The optimizer's part of the step, after ForwardBackward.
+  absl::StatusOr<OptimizerStepResult> OptimizerStep(
+      const OptimizerStepOptions& options, StepObserver* observer = nullptr);
+  // The mean loss of `micro_batches` forward-only micro-batches, averaged
+  // over the world; what the forwards left gathered is freed after.
+  absl::StatusOr<double> Evaluate(int64_t micro_batches,
+                                  const MicroBatchSource& source);
+
+  // Header lines for the run's log (the pipeline's schedule; none without).
+  std::vector<std::string> Describe() const;
+  // Over the steps a caller measured: this rank's seconds computing and
+  // waiting in the step and the most bytes it held for backward; the
+  // per-rank table of the whole world (a collective over it; empty without
+  // pipeline parallelism).
+  struct Totals {
+    double compute_seconds = 0;
+    double wait_seconds = 0;
+    int64_t peak_held_bytes = 0;
+  };
+  absl::StatusOr<std::string> ReportTable(const Totals& totals) const;
+  // The schedule's idle fraction with a backward twice a forward (0
+  // without pipeline parallelism).
+  double schedule_bubble() const { return schedule_bubble_; }
+
+  const models::TransformerConfig& config() const { return config_; }
+  const Layout& layout() const { return layout_; }
+  DeviceMesh* mesh() const { return mesh_; }
+  // The mesh's flat group (the loss, the trainer's own collectives).
+  ProcessGroup* world() const { return world_; }
+  // The models this rank trains: the whole model, or its stages' parts
+  // (each with the whole model's parameter names).
+  const std::vector<models::Transformer*>& models() const { return models_; }
+  // Every FSDP unit (each model's, root last).
+  const std::vector<fsdp::FsdpUnit*>& units() const { return units_; }
+  // Every sharded parameter (masters, gradients) in build order.
+  const std::vector<fsdp::ShardedParameter*>& params() const { return params_; }
+  AdamW& optimizer() { return *adamw_; }
+  Step& step() { return *step_; }
+
+ private:
+  Training() = default;
+  absl::Status BuildModel(const BuildOptions& options);
+  absl::Status BuildPipeline(const BuildOptions& options);
+
+  models::TransformerConfig config_;
+  Layout layout_;
+  DeviceMesh* mesh_ = nullptr;
+  ProcessGroup* world_ = nullptr;
+  std::unique_ptr<models::Transformer> model_;  // without pp
+  std::vector<models::Transformer*> models_;
+  std::vector<fsdp::FsdpUnit*> units_;
+  std::vector<fsdp::ShardedParameter*> params_;
+  std::unique_ptr<Step> step_;
+  PipelineStep* pipeline_ = nullptr;  // step_, with pp
+  double schedule_bubble_ = 0;
+  std::optional<AdamW> adamw_;
+};
+
+}  // namespace recipe
+}  // namespace fsdpp
+
+#endif  // FSDPP_RECIPE_TRAINING_H_
