@@ -196,37 +196,7 @@ absl::StatusOr<StepLoss> Training::ForwardBackward(
 
 absl::StatusOr<OptimizerStepResult> Training::OptimizerStep(
     const OptimizerStepOptions& options, StepObserver* observer) {
-  const std::vector<DTensor*>& grads = step_->grads();
-  OptimizerStepResult out;
-  if (options.scaler != nullptr) {
-    TraceSpan span("unscale", "optimizer");
-    ASSIGN_OR_RETURN(bool finite, options.scaler->UnscaleAndCheck(
-                                      grads, kHostCollectiveTimeout));
-    options.scaler->Update(!finite);
-    out.skipped = !finite;
-  }
-  if (out.skipped) {
-    out.grad_norm = std::nan("");
-  } else {
-    {
-      TraceSpan span("clip", "optimizer");
-      ASSIGN_OR_RETURN(out.grad_norm, GradNorm(grads, step_->norm_options(),
-                                               kHostCollectiveTimeout));
-    }
-    if (std::isfinite(out.grad_norm)) {
-      TraceSpan span("optimizer", "optimizer");
-      RETURN_IF_ERROR(adamw_->SetLr(options.lr));
-      // Clipping is AdamW's grad_scale: the same update as scaling the
-      // gradients first, without a pass of its own over them.
-      RETURN_IF_ERROR(
-          adamw_->Step(options.grad_clip > 0
-                           ? ClipCoefficient(out.grad_norm, options.grad_clip)
-                           : 1.0f));
-      out.applied = true;
-    }
-  }
-  if (observer != nullptr) observer->PhaseEnded("optimizer");
-  return out;
+  return recipe::OptimizerStep(*step_, *adamw_, options, observer);
 }
 
 absl::StatusOr<double> Training::Evaluate(int64_t micro_batches,

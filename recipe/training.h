@@ -40,7 +40,6 @@
 #include "models/pipeline.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
-#include "optim/loss_scaler.h"
 #include "recipe/layout.h"
 #include "recipe/step/step.h"
 
@@ -59,24 +58,6 @@ struct BuildOptions {
   AdamWOptions adamw;
 };
 
-struct OptimizerStepOptions {
-  double lr = 0;
-  // > 0: clip the gradients' global norm to this (inside AdamW's pass).
-  double grad_clip = 0;
-  // f16: unscale the gradients and skip the step when they overflowed.
-  LossScaler* scaler = nullptr;
-};
-
-struct OptimizerStepResult {
-  // Before clipping; NaN when the step was skipped for an overflow.
-  double grad_norm = 0;
-  // The loss scaler found an overflow: nothing was updated (the scale was).
-  bool skipped = false;
-  // AdamW updated the parameters (false when skipped, or when the norm is
-  // not finite: the caller stops).
-  bool applied = false;
-};
-
 class Training {
  public:
   // Builds this rank's share of `model` laid out as `layout` on `mesh`.
@@ -92,7 +73,8 @@ class Training {
   absl::StatusOr<StepLoss> ForwardBackward(const MicroBatchSource& source,
                                            double loss_scale = 1.0,
                                            StepObserver* observer = nullptr);
-  // The optimizer's part of the step, after ForwardBackward.
+  // The optimizer's part of the step, after ForwardBackward
+  // (recipe::OptimizerStep on this rank's step and AdamW).
   absl::StatusOr<OptimizerStepResult> OptimizerStep(
       const OptimizerStepOptions& options, StepObserver* observer = nullptr);
   // The mean loss of `micro_batches` forward-only micro-batches, averaged

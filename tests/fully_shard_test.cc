@@ -87,6 +87,10 @@ Result RunFsdp(const std::string& config_name, const Layout& layout,
         CHECK_OK(Zero(&g));
       }
       double loss = 0;
+      // Its own micro-batch loop, not the training step's (recipe/step):
+      // this test drives FSDP's per-unit switches directly, both ways
+      // (HSDP's all-reduce on every micro-batch as well as once per step),
+      // to check FSDP itself against the unsharded reference.
       for (int m = 0; m < layout.micro_batches; ++m) {
         const bool last = m == layout.micro_batches - 1;
         for (FsdpUnit* u : units)

@@ -114,32 +114,6 @@ absl::Status AverageMicroBatches(const TrainingRun& run,
   return absl::OkStatus();
 }
 
-// This rank's part of a step: its rows of the batch, micro-batch by
-// micro-batch (the layout's hooks reduce the gradients); the step's
-// gradient left in `grads`, this rank's loss returned.
-absl::StatusOr<double> LocalGradients(const TrainingRun& run,
-                                      const Batch& batch, int rank, int world,
-                                      Transformer* model,
-                                      const TrainableModel& trainable,
-                                      const std::vector<DTensor*>& grads) {
-  const int64_t rows = run.batch / world;
-  const int64_t micro_rows = rows / run.micro_batches;
-  RETURN_IF_ERROR(ZeroGrad(grads));
-  double loss = 0;
-  for (int m = 0; m < run.micro_batches; ++m) {
-    const bool last = m + 1 == run.micro_batches;
-    if (trainable.set_gradient_sync) {
-      trainable.set_gradient_sync(run.sync_every_micro_batch || last);
-    }
-    ASSIGN_OR_RETURN(float l,
-                     ForwardBackward(batch, rank * rows + m * micro_rows,
-                                     micro_rows, run.seq, model));
-    loss += l / run.micro_batches;
-  }
-  RETURN_IF_ERROR(AverageMicroBatches(run, grads));
-  return loss;
-}
-
 // The gradients of every parameter as f32 values (one rank: the whole
 // tensors).
 std::vector<std::vector<float>> CopyGradients(
@@ -211,7 +185,10 @@ absl::StatusOr<double> EmulatedShardedNorm(const std::vector<DTensor*>& grads,
 
 // The single-process reference of a data-parallel step on
 // run.emulated_ranks ranks (see TrainingRun::emulated_ranks): the step's
-// gradient left in `grads`, the ranks' mean loss returned.
+// gradient left in `grads`, the ranks' mean loss returned. Its own
+// micro-batch loop, not the training step's (recipe/step): it runs several
+// ranks' micro-batches one after another on one model and reduces their
+// gradients by hand, in the ring's order, as the reference for the step.
 absl::StatusOr<double> EmulatedRanksGradients(
     const TrainingRun& run, const Batch& batch, Transformer* model,
     const std::vector<DTensor*>& grads) {
@@ -344,9 +321,7 @@ Setup FsdpPlanSetup(FsdpPlan plan, fsdp::FsdpPlanOptions options) {
     for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
       out.params.push_back({sp->name, &sp->master, &sp->grad});
     }
-    out.set_gradient_sync = [units](bool sync) {
-      for (fsdp::FsdpUnit* u : units) u->SetRequiresGradientSync(sync);
-    };
+    out.sync.units = units;
     return out;
   };
 }
@@ -370,9 +345,7 @@ Setup ReplicateSetup(bool bucket_per_block) {
     for (fsdp::ReplicatedParameter& rp : replicated->parameters()) {
       out.params.push_back({rp.name, &rp.param, &rp.grad});
     }
-    out.set_gradient_sync = [replicated](bool sync) {
-      replicated->SetRequiresGradientSync(sync);
-    };
+    out.sync.replicated = replicated;
     return out;
   };
 }
@@ -436,37 +409,32 @@ Setup PipelineSetup(PipelineLayout layout) {
     }
     ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh->SubMesh(stage_axes));
     ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
+    // What the stages' parameters are handed over as (whole, or pieces).
     struct State {
-      parallel::PipelineSchedule schedule;
-      std::vector<models::PipelineStagePart> parts;
-      std::map<int, std::vector<fsdp::FsdpUnit*>> units;  // by stage
       std::deque<DTensor> whole;
       std::vector<std::vector<parallel::TensorParallelParameter>> pieces;
-      std::unique_ptr<parallel::PipelineRunner> runner;
-      Tensor* tied_first = nullptr;
-      Tensor* tied_last = nullptr;
-      std::vector<DTensor*> grads;
     };
     auto state = std::make_shared<State>();
-    ASSIGN_OR_RETURN(state->schedule,
+    ASSIGN_OR_RETURN(parallel::PipelineSchedule schedule,
                      parallel::MakePipelineSchedule(layout.schedule, pp->size(),
                                                     layout.virtual_stages,
                                                     layout.microbatches));
     ASSIGN_OR_RETURN(
-        state->parts,
+        std::vector<models::PipelineStagePart> parts,
         models::BuildPipelineParts(model->config(), layout.model_options,
-                                   state->schedule, pp->rank(), layout.cuts));
+                                   schedule, pp->rank(), layout.cuts));
     TrainableModel out;
-    const std::string tied = models::TiedWeightName(model->config());
-    for (models::PipelineStagePart& part : state->parts) {
+    std::vector<recipe::PipelineStageTraining> stages;
+    for (models::PipelineStagePart& part : parts) {
       Transformer* m = part.model.get();
+      recipe::PipelineStageTraining stage;
       const size_t first_param = out.params.size();
       if (layout.tp_plan) RETURN_IF_ERROR(layout.tp_plan(m, stage_mesh));
       if (layout.fsdp_plan) {
         fsdp::FsdpPlanOptions o = layout.fsdp_options;
         o.shard.mesh = stage_mesh;
         if (layout.tp_plan) o.shard.tp_axis = "tp";
-        ASSIGN_OR_RETURN(state->units[part.stage], layout.fsdp_plan(m, o));
+        ASSIGN_OR_RETURN(stage.units, layout.fsdp_plan(m, o));
         RETURN_IF_ERROR(fsdp::InitShardedWeights(m, seed));
         for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(m)) {
           out.params.push_back({sp->name, &sp->master, &sp->grad});
@@ -485,84 +453,22 @@ Setup PipelineSetup(PipelineLayout layout) {
             "PipelineSetup"));
       }
       for (size_t i = first_param; i < out.params.size(); ++i) {
-        const TrainableParameter& p = out.params[i];
-        out.norm.counts.push_back(models::CountsInNorm(*m, p.name));
-        // The tied weight has two copies only when the embedding and the
-        // head are on different stages.
-        if (p.name != tied || (m->has_embedding() && m->has_head())) continue;
-        if (m->has_embedding()) {
-          state->tied_first = p.grad->mutable_local();
-        } else {
-          state->tied_last = p.grad->mutable_local();
-        }
+        stage.grads.push_back({out.params[i].name, out.params[i].grad});
       }
+      stage.part = std::move(part);
+      stages.push_back(std::move(stage));
     }
-    for (const TrainableParameter& p : out.params) {
-      state->grads.push_back(p.grad);
-    }
-    out.norm.pipeline = pp;
+    recipe::PipelineStepOptions options;
+    options.seq_split =
+        layout.tp_plan && layout.sequence_parallel ? *mesh->AxisSize("tp") : 1;
+    options.hidden_dtype = layout.model_options.param_dtype;
+    options.timeout = absl::Seconds(60);
+    ASSIGN_OR_RETURN(out.pipeline,
+                     recipe::PipelineStep::Create(pp, std::move(schedule),
+                                                  std::move(stages), options));
     out.data_rank = data_mesh->rank();
     out.data_ranks = data_mesh->size();
-    const int tp =
-        layout.tp_plan && layout.sequence_parallel ? *mesh->AxisSize("tp") : 1;
-    const int64_t dim = model->config().dim;
-    const DType dtype = layout.model_options.param_dtype;
     out.storage = state;
-    out.pipeline_step =
-        [state, pp, tp, dim, dtype](
-            const std::vector<Tensor>& ids,
-            const std::vector<Tensor>& targets) -> absl::StatusOr<double> {
-      if (ids.empty()) {
-        return absl::InvalidArgumentError("pipeline step: no micro-batches");
-      }
-      const parallel::PipelineSchedule& schedule = state->schedule;
-      if (state->runner == nullptr) {
-        const Shape hidden = {ids[0].dim(0), ids[0].dim(1) / tp, dim};
-        parallel::PipelineRunnerOptions options;
-        options.timeout = absl::Seconds(60);
-        // Not the shared pointer: the runner lives in the state, and a copy
-        // in its callback would keep both alive forever.
-        options.on_last_backward = [units = &state->units](int stage) {
-          for (fsdp::FsdpUnit* u : (*units)[stage]) {
-            u->SetRequiresGradientSync(true);
-          }
-          return absl::OkStatus();
-        };
-        models::PipelineStageModules stages =
-            models::StageModules(state->parts, hidden, dtype);
-        ASSIGN_OR_RETURN(
-            state->runner,
-            parallel::PipelineRunner::Create(
-                pp, schedule, std::move(stages.stages), stages.loss, options));
-      }
-      RETURN_IF_ERROR(ZeroGrad(state->grads));
-      for (auto& [stage, units] : state->units) {
-        for (fsdp::FsdpUnit* u : units) u->SetRequiresGradientSync(false);
-      }
-      ASSIGN_OR_RETURN(parallel::PipelineStepStats stats,
-                       state->runner->Step(ids, targets));
-      const int m = schedule.microbatches;
-      if (m > 1) {
-        for (DTensor* g : state->grads) {
-          RETURN_IF_ERROR(Scale(g->local(), 1.0f / m, g->mutable_local()));
-        }
-      }
-      RETURN_IF_ERROR(parallel::SumSharedGradients(
-          pp, schedule, state->tied_first, state->tied_last));
-      // The loss as the single-rank loop adds it up, sent from the last
-      // stage's rank to the others.
-      double loss = 0;
-      for (float l : stats.losses) loss += l / m;
-      float l32 = static_cast<float>(loss);
-      CollectiveOptions blocking;
-      blocking.async_op = false;
-      ASSIGN_OR_RETURN(
-          std::shared_ptr<Work> work,
-          pp->Broadcast({&l32, 1, DType::kF32, Device::Cpu()},
-                        schedule.RankOf(schedule.stages() - 1), blocking));
-      RETURN_IF_ERROR(work->Wait(absl::Seconds(60)));
-      return l32;
-    };
     return out;
   };
 }
@@ -657,26 +563,39 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
         });
       }
     }
+    // The step the trainer runs: the pipeline's, or the whole model's with
+    // the layout's reductions switched per micro-batch.
+    recipe::Step* step_fn = trainable->pipeline.get();
+    std::unique_ptr<recipe::PlainStep> plain;
+    if (step_fn == nullptr) {
+      recipe::GradientSync sync = trainable->sync;
+      sync.every_micro_batch = run.sync_every_micro_batch;
+      plain = std::make_unique<recipe::PlainStep>(model->get(), grads, sync);
+      step_fn = plain.get();
+    }
+    std::vector<DTensor*> tied_grads;
+    for (DTensor& d : tied_parts) tied_grads.push_back(&d);
+    const int64_t rows = run.batch / world;
+    const int64_t micro_rows = rows / run.micro_batches;
     for (int step = 0; step < run.steps; ++step) {
       const Batch batch =
           MakeBatch(config->vocab_size, step, run.batch, run.seq);
       absl::StatusOr<double> loss;
-      if (trainable->pipeline_step) {
-        const int64_t rows = run.batch / world;
-        const int64_t micro_rows = rows / run.micro_batches;
-        std::vector<Tensor> ids, targets;
-        for (int m = 0; m < run.micro_batches; ++m) {
-          auto [i, t] = Slice(batch, data_rank * rows + m * micro_rows,
-                              micro_rows, run.seq);
-          ids.push_back(i);
-          targets.push_back(t);
-        }
-        loss = trainable->pipeline_step(ids, targets);
-      } else if (run.emulated_ranks > 1) {
+      if (run.emulated_ranks > 1) {
+        // The reference's own loop: several ranks' micro-batches one after
+        // another, their gradients reduced in the ring's order by hand.
         loss = EmulatedRanksGradients(run, batch, model->get(), computed);
       } else {
-        loss = LocalGradients(run, batch, data_rank, world, model->get(),
-                              *trainable, computed);
+        ASSERT_TRUE(ZeroGrad(tied_grads).ok());
+        const recipe::MicroBatchSource source =
+            [&](int64_t m) -> absl::StatusOr<recipe::MicroBatch> {
+          auto [ids, targets] = Slice(batch, data_rank * rows + m * micro_rows,
+                                      micro_rows, run.seq);
+          return recipe::MicroBatch{ids, targets};
+        };
+        absl::StatusOr<recipe::StepLoss> got =
+            step_fn->ForwardBackward(run.micro_batches, 1.0, source);
+        loss = got.ok() ? absl::StatusOr<double>(got->loss) : got.status();
       }
       if (tied != nullptr && loss.ok()) {
         // embedding + head, as the first stage adds them.
@@ -704,7 +623,7 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
           }
         }
       } else {
-        norm = ClipGradNorm(grads, max_norm, trainable->norm);
+        norm = ClipGradNorm(grads, max_norm, step_fn->norm_options());
       }
       ASSERT_TRUE(norm.ok()) << norm.status();
       if (rank == 0) {

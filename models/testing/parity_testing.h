@@ -7,7 +7,11 @@
 // nothing at all for the reference): it materialises the model and hands the
 // training loop (name, param DTensor, grad DTensor) triples, so AdamW, SGD
 // and ClipGradNorm run the same code on every layout. Every rank trains on
-// its contiguous rows of one global batch; losses are averaged over ranks.
+// its contiguous rows of one global batch, micro-batch by micro-batch
+// through the training step the trainer runs (recipe/step: PlainStep, or a
+// PipelineStep); losses are averaged over ranks. The one other loop is the
+// reference's emulation of several data-parallel ranks (emulated_ranks),
+// which must reduce the ranks' gradients in the ring's order by hand.
 //
 // The harness is model-agnostic: the GPT-2 and Llama plan tests and the
 // integration tests in tests/ use it.
@@ -27,6 +31,7 @@
 #include "mesh/device_mesh.h"
 #include "models/transformer.h"
 #include "optim/clip.h"
+#include "recipe/step/step.h"
 #include "tensor/dtensor.h"
 
 namespace fsdpp {
@@ -102,9 +107,10 @@ struct TrainableParameter {
 // What a Setup hands to the loop.
 struct TrainableModel {
   std::vector<TrainableParameter> params;
-  // Turns gradient sync on or off (micro-batches); may be empty when
-  // micro_batches == 1.
-  std::function<void(bool)> set_gradient_sync;
+  // What the step switches per micro-batch: FSDP's units or a Replicate'd
+  // module (every_micro_batch is the run's sync_every_micro_batch); none for
+  // the reference and tensor parallelism alone.
+  recipe::GradientSync sync;
   // Keeps whatever the setup made for `params` alive (may be null).
   std::shared_ptr<void> storage;
   // Which rows of the global batch this rank trains: its index among
@@ -112,16 +118,11 @@ struct TrainableModel {
   // parallel ranks share one part).
   int data_rank = -1;
   int data_ranks = -1;
-  // Pipeline parallelism (PipelineSetup): this rank's part of a step on its
-  // micro-batches (ids and targets [rows, seq] each): zeroes the gradients,
-  // runs the schedule, averages over the micro-batches, sums the tied
-  // embedding's copies; returns the step's loss (the mean over the
-  // micro-batches, the same on every pipeline rank). Empty otherwise.
-  std::function<absl::StatusOr<double>(const std::vector<Tensor>& ids,
-                                       const std::vector<Tensor>& targets)>
-      pipeline_step;
-  // The gradient norm across pipeline stages (ClipGradNorm).
-  PipelineNormOptions norm;
+  // Pipeline parallelism (PipelineSetup): the step over this rank's stages
+  // (the schedule over the run's micro-batches, the tied embedding's copies
+  // summed, the loss on every pipeline rank); null otherwise, and the loop
+  // steps the whole model (recipe::PlainStep).
+  std::shared_ptr<recipe::PipelineStep> pipeline;
 };
 
 // Prepares `model` (built on the meta device) on `mesh`: shards or
@@ -172,7 +173,7 @@ Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
 // stages' Transformer parts (models::BuildPipelineParts), applies `tp_plan`
 // (if any) and the FSDP `fsdp_plan` (if any; else whole parameters, the
 // stage mesh then one rank) to each on the stage mesh (the mesh without
-// pp), and trains them with a models::MakePipelineRunner over the pp group.
+// pp), and trains them with a recipe::PipelineStep over the pp group.
 // The model the loop builds gives the config; `model_options` the parts'
 // options.
 struct PipelineLayout {

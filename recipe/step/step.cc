@@ -1,6 +1,7 @@
 // The training step; see step.h.
 #include "recipe/step/step.h"
 
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -231,6 +232,42 @@ absl::StatusOr<double> PipelineStep::EvaluateSum(
   for (float l : losses) sum[0] += l;
   RETURN_IF_ERROR(AllReduceValues(pipeline_, &sum, ReduceOp::kSum));
   return sum[0];
+}
+
+absl::StatusOr<OptimizerStepResult> OptimizerStep(
+    Step& step, AdamW& adamw, const OptimizerStepOptions& options,
+    StepObserver* observer) {
+  const std::vector<DTensor*>& grads = step.grads();
+  OptimizerStepResult out;
+  if (options.scaler != nullptr) {
+    TraceSpan span("unscale", "optimizer");
+    ASSIGN_OR_RETURN(bool finite, options.scaler->UnscaleAndCheck(
+                                      grads, kHostCollectiveTimeout));
+    options.scaler->Update(!finite);
+    out.skipped = !finite;
+  }
+  if (out.skipped) {
+    out.grad_norm = std::nan("");
+  } else {
+    {
+      TraceSpan span("clip", "optimizer");
+      ASSIGN_OR_RETURN(out.grad_norm, GradNorm(grads, step.norm_options(),
+                                               kHostCollectiveTimeout));
+    }
+    if (std::isfinite(out.grad_norm)) {
+      TraceSpan span("optimizer", "optimizer");
+      RETURN_IF_ERROR(adamw.SetLr(options.lr));
+      // Clipping is AdamW's grad_scale: the same update as scaling the
+      // gradients first, without a pass of its own over them.
+      RETURN_IF_ERROR(
+          adamw.Step(options.grad_clip > 0
+                         ? ClipCoefficient(out.grad_norm, options.grad_clip)
+                         : 1.0f));
+      out.applied = true;
+    }
+  }
+  if (observer != nullptr) observer->PhaseEnded("optimizer");
+  return out;
 }
 
 }  // namespace recipe

@@ -48,7 +48,9 @@
 #include "fsdp/replicate.h"
 #include "models/pipeline.h"
 #include "models/transformer.h"
+#include "optim/adamw.h"
 #include "optim/clip.h"
+#include "optim/loss_scaler.h"
 #include "parallel/pipeline_runner.h"
 #include "parallel/pipeline_schedule.h"
 #include "tensor/dtensor.h"
@@ -118,6 +120,35 @@ class Step {
   virtual const std::vector<DTensor*>& grads() const = 0;
   virtual const PipelineNormOptions& norm_options() const = 0;
 };
+
+struct OptimizerStepOptions {
+  double lr = 0;
+  // > 0: clip the gradients' global norm to this (inside AdamW's pass).
+  double grad_clip = 0;
+  // f16: unscale the gradients and skip the step when they overflowed.
+  LossScaler* scaler = nullptr;
+};
+
+struct OptimizerStepResult {
+  // Before clipping; NaN when the step was skipped for an overflow.
+  double grad_norm = 0;
+  // The loss scaler found an overflow: nothing was updated (the scale was).
+  bool skipped = false;
+  // AdamW updated the parameters (false when skipped, or when the norm is
+  // not finite: the caller stops).
+  bool applied = false;
+};
+
+// The optimizer's part of a step, after `step`'s ForwardBackward: f16's
+// unscale and overflow check (with a scaler), the gradient norm over every
+// axis the gradients are sharded on and the pipeline, then the LR and the
+// AdamW step with the clip folded into its pass (the same update as
+// scaling the gradients first). Nothing is updated when the scaler found an
+// overflow or the norm is not finite (the result says which). The
+// observer's "optimizer" phase ends here.
+absl::StatusOr<OptimizerStepResult> OptimizerStep(
+    Step& step, AdamW& adamw, const OptimizerStepOptions& options,
+    StepObserver* observer = nullptr);
 
 // Which gradient reductions PlainStep switches per micro-batch.
 struct GradientSync {

@@ -56,7 +56,7 @@
 #include "models/config.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
-#include "optim/clip.h"
+#include "recipe/step/step.h"
 #include "runtime/launch.h"
 
 ABSL_FLAG(std::string, model, "gpt2_124m",
@@ -93,8 +93,9 @@ const Layout kLayouts[] = {
 };
 
 struct Trainable {
-  std::vector<DTensor*> params, grads;
+  std::vector<DTensor*> grads;
   std::vector<AdamWParam> adam;
+  recipe::GradientSync sync;
 };
 
 // One rank of one layout: trains and writes "step_s comm_s state peak" per
@@ -130,8 +131,8 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
     for (Module* b : model->blocks()) ro.bucket_modules.push_back(b);
     ASSIGN_OR_RETURN(fsdp::ReplicatedModule * replicated,
                      fsdp::Replicate(model.get(), ro));
+    t.sync.replicated = replicated;
     for (fsdp::ReplicatedParameter& rp : replicated->parameters()) {
-      t.params.push_back(&rp.param);
       t.grads.push_back(&rp.grad);
       t.adam.emplace_back(rp.name, &rp.param, &rp.grad);
     }
@@ -140,11 +141,10 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
     po.shard.mesh = mesh.get();
     po.shard.reshard_after_forward = mode == "fsdp3";
     std::vector<Module*> blocks(model->blocks().begin(), model->blocks().end());
-    RETURN_IF_ERROR(
-        fsdp::ShardBlocksThenRoot(model.get(), blocks, po).status());
+    ASSIGN_OR_RETURN(t.sync.units,
+                     fsdp::ShardBlocksThenRoot(model.get(), blocks, po));
     RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
     for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
-      t.params.push_back(&sp->master);
       t.grads.push_back(&sp->grad);
       t.adam.emplace_back(sp->name, &sp->master, &sp->grad);
     }
@@ -162,20 +162,25 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
     ids[i] = r.v[0] % config.vocab_size;
     targets[i] = r.v[1] % config.vocab_size;
   }
-  ASSIGN_OR_RETURN(Tensor ids_t, Tensor::FromInts({rows, seq}, ids));
-  ASSIGN_OR_RETURN(Tensor targets_t, Tensor::FromInts({rows, seq}, targets));
+  recipe::MicroBatch batch;
+  ASSIGN_OR_RETURN(batch.ids, Tensor::FromInts({rows, seq}, ids));
+  ASSIGN_OR_RETURN(batch.targets, Tensor::FromInts({rows, seq}, targets));
+  // The trainer's step: one micro-batch, then the clipped AdamW update.
+  recipe::PlainStep train_step(model.get(), t.grads, t.sync);
+  const recipe::MicroBatchSource source =
+      [&](int64_t) -> absl::StatusOr<recipe::MicroBatch> { return batch; };
+  recipe::OptimizerStepOptions optimizer;
+  optimizer.lr = 1e-4;
+  optimizer.grad_clip = 1.0;
   Allocator* alloc = GetAllocator(Device::Cpu());
   std::vector<double> step_s, comm_s;
   for (int step = 0; step < warmup + steps; ++step) {
     if (step == warmup) alloc->ResetPeak();
     const int64_t wait0 = trace.TotalMicros("comm_wait");
     const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(ZeroGrad(t.grads));
-    ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids_t, targets_t));
-    (void)loss;
-    RETURN_IF_ERROR(model->Backward());
-    RETURN_IF_ERROR(ClipGradNorm(t.grads, 1.0).status());
-    RETURN_IF_ERROR(adamw.Step());
+    RETURN_IF_ERROR(train_step.ForwardBackward(1, 1.0, source).status());
+    RETURN_IF_ERROR(
+        recipe::OptimizerStep(train_step, adamw, optimizer).status());
     if (step >= warmup) {
       step_s.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
       comm_s.push_back((trace.TotalMicros("comm_wait") - wait0) / 1e6);
