@@ -15,6 +15,7 @@
 #include "mesh/device_mesh.h"
 
 namespace fsdpp {
+namespace testing_util {
 namespace crash_state {
 
 inline constexpr int kTensors = 6;
@@ -52,6 +53,7 @@ inline StateDict MakeState(DeviceMesh* mesh, int64_t step) {
 }
 
 }  // namespace crash_state
+}  // namespace testing_util
 }  // namespace fsdpp
 
 #endif  // FSDPP_CHECKPOINT_CRASH_STATE_H_

@@ -115,18 +115,19 @@ void CheckRoot(const std::string& root) {
     ASSERT_TRUE(absl::StartsWith(name, "step-") &&
                 absl::SimpleAtoi(name.substr(5), &step))
         << "unexpected entry " << name;
-    StateDict state = crash_state::MakeState(nullptr, 0);
+    StateDict state = testing_util::crash_state::MakeState(nullptr, 0);
     const std::string dir = absl::StrCat(root, "/", name);
     absl::StatusOr<LoadResult> loaded = Load(&state, dir);
     ASSERT_TRUE(loaded.ok()) << name << ": " << loaded.status();
     EXPECT_EQ(loaded->step, step);
-    for (int i = 0; i < crash_state::kTensors; ++i) {
+    for (int i = 0; i < testing_util::crash_state::kTensors; ++i) {
       EXPECT_TRUE(testing_util::BitwiseEqual(
-          state.Find(crash_state::Key(i))->tensor, crash_state::Full(i, step)))
+          state.Find(testing_util::crash_state::Key(i))->tensor,
+          testing_util::crash_state::Full(i, step)))
           << name << " tensor " << i;
     }
     EXPECT_EQ(state.Find("count")->tensor.data<int64_t>()[0], step);
-    EXPECT_EQ(*state.bytes("loader"), crash_state::Bytes(step));
+    EXPECT_EQ(*state.bytes("loader"), testing_util::crash_state::Bytes(step));
   }
 }
 

@@ -42,7 +42,7 @@ int Run(const std::string& root) {
       options.store = &store;
       options.keep_last = 2;
       for (int64_t s = step;; ++s) {
-        StateDict state = crash_state::MakeState(mesh->get(), s);
+        StateDict state = testing_util::crash_state::MakeState(mesh->get(), s);
         absl::StatusOr<SaveResult> saved = Save(state, root, s, options);
         CHECK_OK(saved.status());
         if (rank == 0) {

@@ -9,7 +9,6 @@
 #include "gtest/gtest.h"
 
 namespace fsdpp {
-namespace formats_test {
 namespace {
 
 std::string TempPath(absl::string_view name) {
@@ -50,5 +49,4 @@ TEST(FileUtilTest, Errors) {
 }
 
 }  // namespace
-}  // namespace formats_test
 }  // namespace fsdpp

@@ -88,12 +88,14 @@ TEST(LayoutTest, ValidAndDefaultLayoutsPass) {
   EXPECT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
 }
 
-TEST(LayoutTest, ValidateNamesTheField) {
-  struct Case {
-    std::function<void(Layout*)> change;
-    std::string message;
-  };
-  const std::vector<Case> cases = {
+// A change to the default layout and the refusal it gets.
+struct Refusal {
+  std::function<void(Layout*)> change;
+  std::string message;
+};
+
+std::vector<Refusal> Refusals() {
+  return {
       {[](Layout* l) { l->world = 0; }, "must be positive"},
       {[](Layout* l) {
          l->world = 3;
@@ -160,7 +162,10 @@ TEST(LayoutTest, ValidateNamesTheField) {
       {[](Layout* l) { l->pp_cuts = {1}; },
        "parallelism.pp_virtual_stages and pp_cuts need parallelism.pp > 1"},
   };
-  for (const Case& c : cases) {
+}
+
+TEST(LayoutTest, ValidateNamesTheField) {
+  for (const Refusal& c : Refusals()) {
     Layout l;
     c.change(&l);
     const absl::Status s = l.Validate(Gpt2Debug());

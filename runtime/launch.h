@@ -1,7 +1,9 @@
-// tools/launch: a torchrun-like launcher. It starts one process per local
-// rank with the rendezvous environment (RANK, WORLD_SIZE, LOCAL_RANK, ...),
-// prefixes every output line with "[rank R] ", and tears the whole job down
-// when a rank fails or the launcher is interrupted.
+// runtime/launch: the torchrun-like launcher library behind tools/launch
+// (and the trainer and tools/bench, which start their own ranks). It starts
+// one process per local rank with the rendezvous environment (RANK,
+// WORLD_SIZE, LOCAL_RANK, ...), prefixes every output line with "[rank R] ",
+// and tears the whole job down when a rank fails or the launcher is
+// interrupted.
 //
 // Design: every rank runs in its own process group, so SIGTERM/SIGKILL reach
 // the subtree the rank started, and the launcher is a child subreaper, so

@@ -468,42 +468,8 @@ absl::Status CheckUnitInterval(absl::string_view path, double value,
                               include_one ? "]" : ")", ", got ", value));
 }
 
-// The batch (micro batch, accumulation, sequence), precision and memory
-// options into the layout; the optimizer's and schedule's fields checked.
-absl::Status ResolveTraining(const TrainingConfig& config,
-                             ResolvedTrainConfig* out) {
-  RETURN_IF_ERROR(CheckPositive("training.steps", config.steps()));
-  RETURN_IF_ERROR(
-      CheckPositive("training.global_batch", config.global_batch()));
-  RETURN_IF_ERROR(CheckPositive("training.micro_batch", config.micro_batch()));
-  recipe::Layout& layout = out->layout;
-  const int64_t dp_degree = layout.data_parallel();
-  // The micro batch is a memory knob, the global batch the math: a micro
-  // batch larger than a data-parallel rank's rows is that many rows (the
-  // same config runs at any world size whose dp degree divides the batch).
-  int64_t micro_batch = config.micro_batch();
-  if (config.global_batch() % dp_degree == 0 &&
-      micro_batch > config.global_batch() / dp_degree) {
-    micro_batch = config.global_batch() / dp_degree;
-    out->notes.push_back(
-        absl::StrCat("micro batch ", micro_batch, ": training.micro_batch ",
-                     config.micro_batch(), " is more than the ", micro_batch,
-                     " rows of training.global_batch ", config.global_batch(),
-                     " per data-parallel rank (", dp_degree, ")"));
-  }
-  const int64_t per_pass = dp_degree * micro_batch;
-  if (config.global_batch() % per_pass != 0) {
-    return Invalid(absl::StrCat(
-        "training.global_batch ", config.global_batch(),
-        " is not divisible by the data-parallel degree ", dp_degree,
-        " x micro_batch ", micro_batch, " = ", per_pass));
-  }
-  if (config.seq_len() < 0) {
-    return Invalid(absl::StrCat(
-        "training.seq_len must be positive (or 0 for the model's context "
-        "length), got ",
-        config.seq_len()));
-  }
+// The optimizer's, schedule's and loss scaler's fields of `config`.
+absl::Status CheckOptimizerFields(const TrainingConfig& config) {
   if (!(config.lr() > 0.0 && std::isfinite(config.lr()))) {
     return Invalid(absl::StrCat(
         "training.lr must be a positive finite number, got ", config.lr()));
@@ -546,6 +512,46 @@ absl::Status ResolveTraining(const TrainingConfig& config,
   }
   RETURN_IF_ERROR(CheckPositive("training.loss_scale_growth_interval",
                                 config.loss_scale_growth_interval()));
+  return absl::OkStatus();
+}
+
+// The batch (micro batch, accumulation, sequence), precision and memory
+// options into the layout; the optimizer's and schedule's fields checked.
+absl::Status ResolveTraining(const TrainingConfig& config,
+                             ResolvedTrainConfig* out) {
+  RETURN_IF_ERROR(CheckPositive("training.steps", config.steps()));
+  RETURN_IF_ERROR(
+      CheckPositive("training.global_batch", config.global_batch()));
+  RETURN_IF_ERROR(CheckPositive("training.micro_batch", config.micro_batch()));
+  recipe::Layout& layout = out->layout;
+  const int64_t dp_degree = layout.data_parallel();
+  // The micro batch is a memory knob, the global batch the math: a micro
+  // batch larger than a data-parallel rank's rows is that many rows (the
+  // same config runs at any world size whose dp degree divides the batch).
+  int64_t micro_batch = config.micro_batch();
+  if (config.global_batch() % dp_degree == 0 &&
+      micro_batch > config.global_batch() / dp_degree) {
+    micro_batch = config.global_batch() / dp_degree;
+    out->notes.push_back(
+        absl::StrCat("micro batch ", micro_batch, ": training.micro_batch ",
+                     config.micro_batch(), " is more than the ", micro_batch,
+                     " rows of training.global_batch ", config.global_batch(),
+                     " per data-parallel rank (", dp_degree, ")"));
+  }
+  const int64_t per_pass = dp_degree * micro_batch;
+  if (config.global_batch() % per_pass != 0) {
+    return Invalid(absl::StrCat(
+        "training.global_batch ", config.global_batch(),
+        " is not divisible by the data-parallel degree ", dp_degree,
+        " x micro_batch ", micro_batch, " = ", per_pass));
+  }
+  if (config.seq_len() < 0) {
+    return Invalid(absl::StrCat(
+        "training.seq_len must be positive (or 0 for the model's context "
+        "length), got ",
+        config.seq_len()));
+  }
+  RETURN_IF_ERROR(CheckOptimizerFields(config));
   ASSIGN_OR_RETURN(layout.param_dtype,
                    FloatDType("training.mixed_precision.param_dtype",
                               config.mixed_precision().param_dtype()));

@@ -578,6 +578,11 @@ TEST(ValidateTest, PipelineMicroBatchesFillThePipeline) {
     EXPECT_EQ(resolved->notes.size(), c.raised ? 1u : 0u)
         << absl::StrJoin(resolved->notes, "; ");
   }
+}
+
+// The note says what was raised and how to choose; a pipeline that one row
+// per data-parallel rank cannot fill is refused.
+TEST(ValidateTest, PipelineMicroBatchesNoteAndRefusal) {
   TrainConfig config;
   ASSERT_TRUE(
       ApplyOverrides({"model.name=gpt2_debug", "training.global_batch=16",

@@ -416,25 +416,26 @@ int Main(int argc, char** argv) {
   if (world == 1 && flags->min_nodes == 0) {
     return RunSingle(*config, argv[0], flags->stop_after_steps);
   }
-  launch::LaunchOptions lo;
-  lo.nproc_per_node = nproc;
-  lo.nnodes = flags->nnodes;
+  launch::LaunchOptions launch_options;
+  launch_options.nproc_per_node = nproc;
+  launch_options.nnodes = flags->nnodes;
   if (flags->min_nodes > 0) {
-    lo.min_nodes = flags->min_nodes;
-    lo.max_nodes = flags->nnodes;
-    lo.rdzv_last_call_s = flags->rdzv_last_call_s;
+    launch_options.min_nodes = flags->min_nodes;
+    launch_options.max_nodes = flags->nnodes;
+    launch_options.rdzv_last_call_s = flags->rdzv_last_call_s;
   }
-  lo.node_rank = flags->node_rank;
-  lo.master_addr = flags->master_addr;
-  lo.master_port = flags->master_port > 0 ? flags->master_port : FreePort();
-  lo.max_restarts = flags->max_restarts;
+  launch_options.node_rank = flags->node_rank;
+  launch_options.master_addr = flags->master_addr;
+  launch_options.master_port =
+      flags->master_port > 0 ? flags->master_port : FreePort();
+  launch_options.max_restarts = flags->max_restarts;
   // The children are this binary with the same flags (they see RANK).
-  lo.program.push_back("/proc/self/exe");
-  for (int i = 1; i < argc; ++i) lo.program.push_back(argv[i]);
+  launch_options.program.push_back("/proc/self/exe");
+  for (int i = 1; i < argc; ++i) launch_options.program.push_back(argv[i]);
   std::printf("train: starting %d local ranks (tools/launch, port %d)\n", nproc,
-              lo.master_port);
+              launch_options.master_port);
   std::fflush(stdout);
-  const int rc = launch::RunLaunch(lo);
+  const int rc = launch::RunLaunch(launch_options);
   if (rc != 0) return rc;
   if (flags->node_rank != 0) return 0;  // rank 0's outputs are on node 0
   std::string png;

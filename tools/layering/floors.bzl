@@ -1,5 +1,6 @@
 """fsdpp's layers, as data: read by Bazel (tools/layering/BUILD) and by the
-layering test (layering_test.py), and drawn in docs/ARCHITECTURE.md.
+layering check (layering_check.py, run by layering_test.sh), and drawn in
+docs/ARCHITECTURE.md.
 
 FLOORS lists the floors from the bottom up; each floor is a list of
 packages. A target may depend only on targets of its own package or of a

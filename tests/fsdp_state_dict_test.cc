@@ -3,8 +3,6 @@
 // sharded, full (rank 0 / every rank) and redistributed loads round-trip
 // bitwise into differently initialised models; AdamW state goes full and
 // back; strict loads name the bad keys and shapes on every rank.
-#include "fsdp/state_dict.h"
-
 #include <cstring>
 #include <map>
 #include <string>
@@ -12,6 +10,7 @@
 
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
+#include "fsdp/state_dict.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"

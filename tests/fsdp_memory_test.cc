@@ -35,7 +35,7 @@
 #include "fsdp/fully_shard.h"
 #include "gtest/gtest.h"
 #include "optim/adamw.h"
-#include "tests/fully_shard_testing.h"
+#include "tests/fsdp_testing.h"
 
 namespace fsdpp {
 namespace fsdp {
@@ -123,7 +123,7 @@ Peaks MeasurePeaks(const models::TransformerConfig& config, int world,
   return peaks;
 }
 
-TEST(FullyShardMemoryTest, Zero3CommPeakIsBoundedByTheRunningAndPrefetched) {
+TEST(FsdpMemoryTest, Zero3CommPeakIsBoundedByTheRunningAndPrefetched) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 6);
   for (int world : {1, 2}) {
     const Peaks p = MeasurePeaks(config, world, /*zero3=*/true);
@@ -134,7 +134,7 @@ TEST(FullyShardMemoryTest, Zero3CommPeakIsBoundedByTheRunningAndPrefetched) {
   }
 }
 
-TEST(FullyShardMemoryTest, Zero3PeaksAreBelowZero2Peaks) {
+TEST(FsdpMemoryTest, Zero3PeaksAreBelowZero2Peaks) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 6);
   const Peaks zero3 = MeasurePeaks(config, 1, /*zero3=*/true);
   const Peaks zero2 = MeasurePeaks(config, 1, /*zero3=*/false);
@@ -144,7 +144,7 @@ TEST(FullyShardMemoryTest, Zero3PeaksAreBelowZero2Peaks) {
   EXPECT_GE(zero2.comm, zero2.all_units);
 }
 
-TEST(FullyShardMemoryTest, NoGrowthAcrossSteps) {
+TEST(FsdpMemoryTest, NoGrowthAcrossSteps) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 3);
   for (int world : {1, 2}) {
     CpuAllocator alloc;
@@ -262,7 +262,7 @@ PrefetchRun RunPrefetch(const models::TransformerConfig& config, int world,
   return out;
 }
 
-TEST(FullyShardMemoryTest, ExplicitPrefetchDecidesWhatIsInFlight) {
+TEST(FsdpMemoryTest, ExplicitPrefetchDecidesWhatIsInFlight) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 3);
   constexpr int kSteps = 2;
   const TrainResult ref = parity::RunReference(config, kSteps);
@@ -299,7 +299,7 @@ TEST(FullyShardMemoryTest, ExplicitPrefetchDecidesWhatIsInFlight) {
   EXPECT_EQ(explicit_plan.prefetched, (std::vector<int64_t>{3, 0, 2}));
 }
 
-TEST(FullyShardMemoryTest, PrefetchingEverythingRaisesTheCommPeak) {
+TEST(FsdpMemoryTest, PrefetchingEverythingRaisesTheCommPeak) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 3);
   auto comm_peak = [&](const PrefetchPlan& plan) {
     CpuAllocator alloc;

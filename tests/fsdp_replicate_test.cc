@@ -3,12 +3,11 @@
 // flat bucket and with a bucket per block, with activation checkpointing,
 // with gradient accumulation with and without sync, and on a 2-D mesh; tied
 // weights go to the root bucket; bad input fails with clear errors.
-#include "fsdp/replicate.h"
-
 #include <string>
 #include <vector>
 
 #include "fsdp/fully_shard.h"
+#include "fsdp/replicate.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"

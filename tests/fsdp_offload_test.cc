@@ -14,7 +14,7 @@
 #include "fsdp/fully_shard.h"
 #include "gtest/gtest.h"
 #include "optim/adamw.h"
-#include "tests/fully_shard_testing.h"
+#include "tests/fsdp_testing.h"
 
 namespace fsdpp {
 namespace fsdp {

@@ -4,19 +4,18 @@
 // the replicas all-reducing each one or once per step), bf16 mixed
 // precision, and two micro-batches with and without gradient sync; memory of
 // sharded state is the sharded formula; errors for bad input.
-#include "fsdp/fully_shard.h"
-
 #include <cmath>
 #include <map>
 #include <vector>
 
+#include "fsdp/fully_shard.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
 #include "models/transformer.h"
 #include "tensor/ops.h"
 #include "tensor/test_tensors.h"
-#include "tests/fully_shard_testing.h"
+#include "tests/fsdp_testing.h"
 
 namespace fsdpp {
 namespace fsdp {
@@ -145,7 +144,7 @@ Result RunFsdp(const std::string& config_name, const Layout& layout,
   return result;
 }
 
-TEST(FullyShardTest, Gpt2ParityAcrossWorldSizesAndZeroStages) {
+TEST(FsdpParityTest, Gpt2ParityAcrossWorldSizesAndZeroStages) {
   const Result ref = RunReference("gpt2_debug");
   for (int world : {1, 2, 3, 4}) {
     for (bool zero3 : {true, false}) {
@@ -160,7 +159,7 @@ TEST(FullyShardTest, Gpt2ParityAcrossWorldSizesAndZeroStages) {
   }
 }
 
-TEST(FullyShardTest, LlamaParityHsdpAndMicroBatches) {
+TEST(FsdpParityTest, LlamaParityHsdpAndMicroBatches) {
   const Result ref = RunReference("llama_debug");
   Layout hsdp;
   hsdp.axes = {{"replicate", 2}, {"shard", 2}};
@@ -190,7 +189,7 @@ TEST(FullyShardTest, LlamaParityHsdpAndMicroBatches) {
   }
 }
 
-TEST(FullyShardTest, Bf16MixedPrecisionTracksF32) {
+TEST(FsdpParityTest, Bf16MixedPrecisionTracksF32) {
   const Result ref = RunReference("gpt2_debug");
   Layout bf16;
   bf16.axes = {{"dp", 2}};
@@ -201,7 +200,7 @@ TEST(FullyShardTest, Bf16MixedPrecisionTracksF32) {
   }
 }
 
-TEST(FullyShardTest, ShardedStateIsTheShardedFormula) {
+TEST(FsdpParityTest, ShardedStateIsTheShardedFormula) {
   // The allocator is process-wide, so the check is over all (thread) ranks:
   // params and grads hold exactly the sum of the ranks' shards, i.e. every
   // element once, in f32, and nothing before sharding (meta).
@@ -250,7 +249,7 @@ TEST(FullyShardTest, ShardedStateIsTheShardedFormula) {
 // leaves training bitwise unchanged for ZeRO-3, ZeRO-2 and hpZ: the next
 // training forward forgets the forward-only one and re-gathers everything,
 // the root included, from the updated masters.
-TEST(FullyShardTest, ForwardOnlyPassesBetweenStepsChangeNothing) {
+TEST(FsdpParityTest, ForwardOnlyPassesBetweenStepsChangeNothing) {
   const TransformerConfig config = *ConfigByName("gpt2_debug");
   struct Case {
     const char* name;
@@ -306,7 +305,7 @@ TEST(FullyShardTest, ForwardOnlyPassesBetweenStepsChangeNothing) {
   }
 }
 
-TEST(FullyShardTest, BadInputErrors) {
+TEST(FsdpParityTest, BadInputErrors) {
   testing_util::RunOnMesh({{"dp", 1}}, [](int, DeviceMesh& mesh) {
     TransformerConfig config = *ConfigByName("gpt2_debug");
     auto model = *Transformer::Create(config);

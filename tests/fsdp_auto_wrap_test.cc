@@ -3,11 +3,10 @@
 // are grouped into one unit or left to the root; every variant trains (SGD,
 // thread ranks over real Gloo) like the unsharded model. Also the plan
 // helper ShardBlocksThenRoot (last block kept after forward) and errors.
-#include "fsdp/auto_wrap.h"
-
 #include <string>
 #include <vector>
 
+#include "fsdp/auto_wrap.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"

@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "fsdp/fully_shard.h"
 #include "gtest/gtest.h"
-#include "tests/fully_shard_testing.h"
+#include "tests/fsdp_testing.h"
 
 namespace fsdpp {
 namespace fsdp {

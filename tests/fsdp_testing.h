@@ -7,8 +7,8 @@
 // SGD the losses, last-step gradients and final parameters must match the
 // reference (ExpectParity). The FSDP run's plan is the usual one: one unit per
 // block, then the root.
-#ifndef FSDPP_TESTS_FULLY_SHARD_TESTING_H_
-#define FSDPP_TESTS_FULLY_SHARD_TESTING_H_
+#ifndef FSDPP_TESTS_FSDP_TESTING_H_
+#define FSDPP_TESTS_FSDP_TESTING_H_
 
 #include <algorithm>
 #include <cmath>
@@ -249,4 +249,4 @@ inline void ExpectIdentical(const TrainResult& a, const TrainResult& b,
 }  // namespace fsdp
 }  // namespace fsdpp
 
-#endif  // FSDPP_TESTS_FULLY_SHARD_TESTING_H_
+#endif  // FSDPP_TESTS_FSDP_TESTING_H_
