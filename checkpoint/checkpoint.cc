@@ -230,7 +230,7 @@ absl::StatusOr<GlobalPlan> MakeGlobalPlan(
       PlannedEntry entry;
       entry.kind = item.kind() == pb::Entry::BYTES ? EntryKind::kBytes
                                                    : EntryKind::kTensor;
-      ASSIGN_OR_RETURN(entry.dtype, ParseDType(item.dtype()));
+      FSDPP_ASSIGN_OR_RETURN(entry.dtype, ParseDType(item.dtype()));
       entry.shape.assign(item.shape().begin(), item.shape().end());
       auto [it, inserted] = all.try_emplace(item.key());
       Accumulated& acc = it->second;
@@ -368,13 +368,13 @@ class TrashCollector {
 // Removes `.step-*.tmp` and `.step-*.trash` directories (left by crashes),
 // except trash this process is deleting in the background.
 absl::Status CleanStaleDirs(const std::string& root) {
-  ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   for (const std::string& name : names) {
     if (absl::StartsWith(name, ".step-") &&
         (absl::EndsWith(name, ".tmp") || absl::EndsWith(name, ".trash"))) {
       const std::string path = absl::StrCat(root, "/", name);
       if (TrashCollector::Get().Pending(path)) continue;
-      RETURN_IF_ERROR(RemoveTree(path));
+      FSDPP_RETURN_IF_ERROR(RemoveTree(path));
     }
   }
   return absl::OkStatus();
@@ -385,7 +385,7 @@ absl::Status CleanStaleDirs(const std::string& root) {
 absl::Status ApplyRetention(const std::string& root, int keep_last,
                             int64_t committed_step) {
   if (keep_last <= 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(auto checkpoints, ListCheckpoints(root));
+  FSDPP_ASSIGN_OR_RETURN(auto checkpoints, ListCheckpoints(root));
   int kept = 1;  // committed_step.
   bool removed = false;
   for (auto it = checkpoints.rbegin(); it != checkpoints.rend(); ++it) {
@@ -398,9 +398,9 @@ absl::Status ApplyRetention(const std::string& root, int keep_last,
     // deletion itself runs in the background.
     const std::string trash = absl::StrCat(root, "/", TrashDirName(it->first));
     if (TrashCollector::Get().Pending(trash)) {
-      RETURN_IF_ERROR(TrashCollector::Get().WaitIdle(absl::Minutes(10)));
+      FSDPP_RETURN_IF_ERROR(TrashCollector::Get().WaitIdle(absl::Minutes(10)));
     }
-    RETURN_IF_ERROR(RemoveTree(trash));
+    FSDPP_RETURN_IF_ERROR(RemoveTree(trash));
     if (::rename(it->second.c_str(), trash.c_str()) != 0) {
       return absl::ErrnoToStatus(
           errno, absl::StrCat(it->second, ": cannot rename to ", trash));
@@ -420,10 +420,11 @@ class BufferedWriter {
   absl::Status Write(const char* data, size_t size) {
     position_ += size;
     if (size >= kDirectWriteBytes) {
-      RETURN_IF_ERROR(Flush());
+      FSDPP_RETURN_IF_ERROR(Flush());
       return WriteAll(fd_, data, size, path_);
     }
-    if (buffer_.size() + size > kWriteBufferBytes) RETURN_IF_ERROR(Flush());
+    if (buffer_.size() + size > kWriteBufferBytes)
+      FSDPP_RETURN_IF_ERROR(Flush());
     buffer_.append(data, size);
     return absl::OkStatus();
   }
@@ -545,18 +546,21 @@ absl::StatusOr<std::unique_ptr<SaveJob>> SaveJob::Plan(
   } else if (!gathered.ok()) {
     return gathered.status();
   }
-  ASSIGN_OR_RETURN(payload, coord.Broadcast(kPlanTag, std::move(payload)));
-  ASSIGN_OR_RETURN(std::vector<std::string> message, UnpackStrings(payload));
+  FSDPP_ASSIGN_OR_RETURN(payload,
+                         coord.Broadcast(kPlanTag, std::move(payload)));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<std::string> message,
+                         UnpackStrings(payload));
   pb::CommitResult verdict;
   if (message.empty() || !verdict.ParseFromString(message[0])) {
     return absl::DataLossError("checkpoint: rank 0's plan does not decode");
   }
-  RETURN_IF_ERROR(DecodeStatus(verdict));
+  FSDPP_RETURN_IF_ERROR(DecodeStatus(verdict));
   if (!items.ok()) return items.status();  // Unreachable: rank 0 failed it.
   if (coord.rank() != 0) {
     message.erase(message.begin());
-    ASSIGN_OR_RETURN(std::vector<pb::RankPlan> plans, ParsePlans(message));
-    ASSIGN_OR_RETURN(job->plan_, MakeGlobalPlan(plans));
+    FSDPP_ASSIGN_OR_RETURN(std::vector<pb::RankPlan> plans,
+                           ParsePlans(message));
+    FSDPP_ASSIGN_OR_RETURN(job->plan_, MakeGlobalPlan(plans));
   }
   // This rank's share: the chunks it was picked to write (it holds them).
   std::map<std::string, const LocalItem*> by_key;
@@ -583,8 +587,8 @@ absl::StatusOr<std::unique_ptr<SaveJob>> SaveJob::Plan(
 }
 
 absl::Status SaveJob::PrepareDirs() {
-  RETURN_IF_ERROR(MakeDirs(root_));
-  RETURN_IF_ERROR(CleanStaleDirs(root_));
+  FSDPP_RETURN_IF_ERROR(MakeDirs(root_));
+  FSDPP_RETURN_IF_ERROR(CleanStaleDirs(root_));
   return MakeDirs(TempDir());
 }
 
@@ -593,9 +597,9 @@ absl::Status SaveJob::Stage(Tensor* arena) {
   for (const MyChunk& c : chunks_) total += c.length;
   if (!arena->defined() || arena->nbytes() < total) {
     *arena = Tensor();  // Free the old buffer first.
-    ASSIGN_OR_RETURN(*arena,
-                     Tensor::Empty({static_cast<int64_t>(total)}, DType::kU8,
-                                   Device::Cpu(), MemoryTag::kOther));
+    FSDPP_ASSIGN_OR_RETURN(
+        *arena, Tensor::Empty({static_cast<int64_t>(total)}, DType::kU8,
+                              Device::Cpu(), MemoryTag::kOther));
   }
   arena_ = *arena;
   char* out = static_cast<char*>(arena_.raw_data());
@@ -603,8 +607,8 @@ absl::Status SaveJob::Stage(Tensor* arena) {
     if (c.host != nullptr) {
       std::memcpy(out, c.host, c.length);
     } else {
-      RETURN_IF_ERROR(CopyBytes(out, Device::Cpu(), c.source.raw_data(),
-                                c.source.device(), c.length));
+      FSDPP_RETURN_IF_ERROR(CopyBytes(out, Device::Cpu(), c.source.raw_data(),
+                                      c.source.device(), c.length));
     }
     c.host = out;
     c.source = Tensor();
@@ -614,11 +618,11 @@ absl::Status SaveJob::Stage(Tensor* arena) {
 }
 
 absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
-  RETURN_IF_ERROR(failure_);
+  FSDPP_RETURN_IF_ERROR(failure_);
   if (chunks_.empty()) return absl::OkStatus();
   const std::string name = DataFileName(coordinator_->rank());
   const std::string path = absl::StrCat(TempDir(), "/", name);
-  ASSIGN_OR_RETURN(ScopedFd fd, CreateExclusive(path));
+  FSDPP_ASSIGN_OR_RETURN(ScopedFd fd, CreateExclusive(path));
   BufferedWriter writer(fd.get(), path);
   const uint64_t block = options_.block_bytes;
   const uint64_t piece_bytes =
@@ -632,7 +636,7 @@ absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
     for (int64_t o : c.box.offset) chunk->add_offsets(o);
     for (int64_t s : c.box.shape) chunk->add_sizes(s);
     chunk->set_file(0);
-    RETURN_IF_ERROR(writer.Align());
+    FSDPP_RETURN_IF_ERROR(writer.Align());
     chunk->set_byte_offset(writer.position());
     chunk->set_length(c.length);
     std::vector<uint32_t> block_crcs;
@@ -641,7 +645,7 @@ absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
       const char* data = c.host + at;
       if (c.host == nullptr) {
         bounce.resize(n);
-        RETURN_IF_ERROR(
+        FSDPP_RETURN_IF_ERROR(
             CopyBytes(bounce.data(), Device::Cpu(),
                       static_cast<const char*>(c.source.raw_data()) + at,
                       c.source.device(), n));
@@ -650,13 +654,13 @@ absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
       for (uint64_t b = 0; b < n; b += block) {
         block_crcs.push_back(Crc32c(data + b, std::min(block, n - b)));
       }
-      RETURN_IF_ERROR(writer.Write(data, n));
+      FSDPP_RETURN_IF_ERROR(writer.Write(data, n));
     }
     chunk->set_crc32c(CombineBlockCrcs(block_crcs, block, c.length));
     for (uint32_t crc : block_crcs) chunk->add_block_crc32c(crc);
     bytes_written_ += c.length;
   }
-  RETURN_IF_ERROR(writer.Flush());
+  FSDPP_RETURN_IF_ERROR(writer.Flush());
   if (::fdatasync(fd.get()) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat(path, ": fdatasync"));
   }
@@ -723,12 +727,12 @@ absl::StatusOr<uint64_t> SaveJob::Commit(
                      valid.message()));
   }
   const std::string temp = TempDir();
-  RETURN_IF_ERROR(WriteFileDurably(absl::StrCat(temp, "/", kMetadataFileName),
-                                   SerializeMetadata(metadata)));
-  RETURN_IF_ERROR(SyncDir(temp));
-  RETURN_IF_ERROR(RenameDir(temp, FinalDir(), &replaced_));
+  FSDPP_RETURN_IF_ERROR(WriteFileDurably(
+      absl::StrCat(temp, "/", kMetadataFileName), SerializeMetadata(metadata)));
+  FSDPP_RETURN_IF_ERROR(SyncDir(temp));
+  FSDPP_RETURN_IF_ERROR(RenameDir(temp, FinalDir(), &replaced_));
   // Committed once the rename is durable.
-  RETURN_IF_ERROR(SyncDir(root_));
+  FSDPP_RETURN_IF_ERROR(SyncDir(root_));
   return metadata.TotalBytes();
 }
 
@@ -776,12 +780,13 @@ absl::StatusOr<SaveResult> SaveJob::WriteAndCommit() {
   } else if (!gathered.ok()) {
     return gathered.status();
   }
-  ASSIGN_OR_RETURN(verdict, coord.Broadcast(kCommitTag, std::move(verdict)));
+  FSDPP_ASSIGN_OR_RETURN(verdict,
+                         coord.Broadcast(kCommitTag, std::move(verdict)));
   pb::CommitResult result;
   if (!result.ParseFromString(verdict)) {
     return absl::DataLossError("checkpoint: rank 0's verdict does not decode");
   }
-  RETURN_IF_ERROR(DecodeStatus(result));
+  FSDPP_RETURN_IF_ERROR(DecodeStatus(result));
   // The other ranks go on while rank 0 deletes what retention drops.
   if (coord.rank() == 0) Tidy();
   SaveResult out;
@@ -835,13 +840,13 @@ absl::StatusOr<std::unique_ptr<Coordinator>> MakeCoordinator(
 absl::StatusOr<SaveResult> Save(const StateDict& state, const std::string& root,
                                 int64_t step, const SaveOptions& options) {
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(ValidateSaveOptions(step, options));
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   MakeCoordinator(options, /*background=*/false));
-  ASSIGN_OR_RETURN(
+  FSDPP_RETURN_IF_ERROR(ValidateSaveOptions(step, options));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                         MakeCoordinator(options, /*background=*/false));
+  FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<SaveJob> job,
       SaveJob::Plan(state, root, step, options, std::move(coordinator)));
-  ASSIGN_OR_RETURN(SaveResult result, job->WriteAndCommit());
+  FSDPP_ASSIGN_OR_RETURN(SaveResult result, job->WriteAndCommit());
   result.total_time = absl::Now() - start;
   result.blocking_time = result.total_time;
   return result;
@@ -870,7 +875,7 @@ void PendingSave::Finish(absl::StatusOr<SaveResult> result) {
 
 absl::StatusOr<std::unique_ptr<AsyncSaver>> AsyncSaver::Create(
     std::string root, SaveOptions options) {
-  RETURN_IF_ERROR(ValidateSaveOptions(0, options));
+  FSDPP_RETURN_IF_ERROR(ValidateSaveOptions(0, options));
   if (options.store == nullptr && WorldSize(options) > 1) {
     return absl::InvalidArgumentError(
         "AsyncSaver: saves over several ranks coordinate through a store "
@@ -896,7 +901,7 @@ absl::Status AsyncSaver::Wait() {
 absl::StatusOr<std::shared_ptr<PendingSave>> AsyncSaver::Save(
     const StateDict& state, int64_t step) {
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(ValidateSaveOptions(step, options_));
+  FSDPP_RETURN_IF_ERROR(ValidateSaveOptions(step, options_));
   // A failed save is not forgotten: the caller learns of it here at the
   // latest (every rank alike: the commit's outcome is agreed), and decides.
   const int64_t previous_step = pending_ != nullptr ? pending_->step() : -1;
@@ -907,9 +912,9 @@ absl::StatusOr<std::shared_ptr<PendingSave>> AsyncSaver::Save(
         absl::StrCat("the asynchronous checkpoint of step ", previous_step,
                      " failed; not saving step ", step));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
-                   MakeCoordinator(options_, /*background=*/true));
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Coordinator> coordinator,
+                         MakeCoordinator(options_, /*background=*/true));
+  FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<SaveJob> job,
       SaveJob::Plan(state, root_, step, options_, std::move(coordinator)));
   // A failed stage still takes part in the commit, so that every rank
@@ -943,7 +948,7 @@ std::string CheckpointDirName(int64_t step) {
 
 absl::StatusOr<std::vector<CheckpointDir>> ScanCheckpoints(
     const std::string& root) {
-  ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<std::string> names, ListDir(root));
   std::vector<CheckpointDir> out;
   for (const std::string& name : names) {
     int64_t step;
@@ -965,7 +970,7 @@ absl::StatusOr<std::vector<CheckpointDir>> ScanCheckpoints(
 
 absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(
     const std::string& root) {
-  ASSIGN_OR_RETURN(std::vector<CheckpointDir> all, ScanCheckpoints(root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<CheckpointDir> all, ScanCheckpoints(root));
   std::vector<std::pair<int64_t, std::string>> out;
   for (const CheckpointDir& d : all) {
     if (d.committed) out.emplace_back(d.step, d.path);
@@ -974,7 +979,7 @@ absl::StatusOr<std::vector<std::pair<int64_t, std::string>>> ListCheckpoints(
 }
 
 absl::StatusOr<std::string> LatestCheckpoint(const std::string& root) {
-  ASSIGN_OR_RETURN(auto checkpoints, ListCheckpoints(root));
+  FSDPP_ASSIGN_OR_RETURN(auto checkpoints, ListCheckpoints(root));
   if (checkpoints.empty()) {
     return absl::NotFoundError(
         absl::StrCat(root, ": no committed checkpoint (step-N)"));
@@ -1037,11 +1042,11 @@ absl::Status ReadReshapedBox(CheckpointReader* reader, const std::string& key,
   // it is the sub-box `local_sub_shape` (the same elements).
   auto read = [&](const Box& stored_box, const Shape& local_sub_shape,
                   const Shape& local_offset) -> absl::Status {
-    ASSIGN_OR_RETURN(Tensor scratch,
-                     Tensor::Empty(stored_box.shape, local->dtype(),
-                                   local->device(), MemoryTag::kOther));
-    RETURN_IF_ERROR(reader->ReadBox(key, stored_box, &scratch));
-    ASSIGN_OR_RETURN(Tensor as_local, scratch.Reshape(local_sub_shape));
+    FSDPP_ASSIGN_OR_RETURN(Tensor scratch,
+                           Tensor::Empty(stored_box.shape, local->dtype(),
+                                         local->device(), MemoryTag::kOther));
+    FSDPP_RETURN_IF_ERROR(reader->ReadBox(key, stored_box, &scratch));
+    FSDPP_ASSIGN_OR_RETURN(Tensor as_local, scratch.Reshape(local_sub_shape));
     return CopyBox(as_local, Shape(local_sub_shape.size(), 0), local,
                    local_offset, local_sub_shape);
   };
@@ -1067,7 +1072,7 @@ absl::Status ReadReshapedBox(CheckpointReader* reader, const std::string& key,
       Shape sub = box.shape, at(box.shape.size(), 0);
       sub[dim] = b - a;
       at[dim] = a - lo;
-      RETURN_IF_ERROR(read(fine, sub, at));
+      FSDPP_RETURN_IF_ERROR(read(fine, sub, at));
     }
     return absl::OkStatus();
   }
@@ -1089,7 +1094,7 @@ absl::Status ReadReshapedBox(CheckpointReader* reader, const std::string& key,
     Shape sub = box.shape, at(box.shape.size(), 0);
     sub[dim] = 1;
     at[dim] = i;
-    RETURN_IF_ERROR(read(coarse, sub, at));
+    FSDPP_RETURN_IF_ERROR(read(coarse, sub, at));
   }
   return absl::OkStatus();
 }
@@ -1138,8 +1143,8 @@ absl::StatusOr<LoadResult> Load(StateDict* state,
                                 const std::string& checkpoint_dir,
                                 const LoadOptions& options) {
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                   CheckpointReader::Open(checkpoint_dir));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                         CheckpointReader::Open(checkpoint_dir));
   const CheckpointMetadata& metadata = reader->metadata();
   LoadResult result;
   result.path = reader->dir();
@@ -1186,23 +1191,23 @@ absl::StatusOr<LoadResult> Load(StateDict* state,
         const Box box = LocalBox(t.shape(), MeshShape(*t.mesh()),
                                  t.mesh()->coordinate(), t.placements());
         if (t.shape() == entry.shape) {
-          RETURN_IF_ERROR(
+          FSDPP_RETURN_IF_ERROR(
               reader->ReadBox(key, box, item->dtensor.mutable_local()));
         } else {
-          ASSIGN_OR_RETURN(Tensor local,
-                           item->dtensor.mutable_local()->Reshape(box.shape));
-          RETURN_IF_ERROR(ReadReshapedBox(reader.get(), key, entry.shape,
-                                          t.shape(), box, &local));
+          FSDPP_ASSIGN_OR_RETURN(
+              Tensor local, item->dtensor.mutable_local()->Reshape(box.shape));
+          FSDPP_RETURN_IF_ERROR(ReadReshapedBox(reader.get(), key, entry.shape,
+                                                t.shape(), box, &local));
         }
         break;
       }
       case StateDict::Kind::kTensor:
-        RETURN_IF_ERROR(
+        FSDPP_RETURN_IF_ERROR(
             reader->ReadBox(key, Box{Shape(entry.shape.size(), 0), entry.shape},
                             &item->tensor));
         break;
       case StateDict::Kind::kBytes: {
-        ASSIGN_OR_RETURN(item->bytes, reader->ReadBytes(key));
+        FSDPP_ASSIGN_OR_RETURN(item->bytes, reader->ReadBytes(key));
         break;
       }
     }

@@ -46,7 +46,7 @@ class StoreCoordinator final : public Coordinator {
                                                   std::string value) override {
     const std::string base = Key(session_, tag);
     if (rank_ != 0) {
-      RETURN_IF_ERROR(store_->Set(absl::StrCat(base, "/", rank_), value));
+      FSDPP_RETURN_IF_ERROR(store_->Set(absl::StrCat(base, "/", rank_), value));
       return std::vector<std::string>();
     }
     std::vector<std::string> keys;
@@ -60,15 +60,15 @@ class StoreCoordinator final : public Coordinator {
     std::vector<std::string> all(size_);
     all[0] = std::move(value);
     for (int r = 1; r < size_; ++r) {
-      ASSIGN_OR_RETURN(all[r], store_->Get(keys[r - 1], timeout_));
-      RETURN_IF_ERROR(store_->Delete(keys[r - 1]));
+      FSDPP_ASSIGN_OR_RETURN(all[r], store_->Get(keys[r - 1], timeout_));
+      FSDPP_RETURN_IF_ERROR(store_->Delete(keys[r - 1]));
     }
     if (!cleaned_previous_) {
       // Every rank has entered this session, so all are done reading the
       // previous session's broadcasts.
       cleaned_previous_ = true;
       for (const std::string& t : broadcast_tags_) {
-        RETURN_IF_ERROR(store_->Delete(Key(session_ - 1, t) + "/all"));
+        FSDPP_RETURN_IF_ERROR(store_->Delete(Key(session_ - 1, t) + "/all"));
       }
     }
     return all;
@@ -78,7 +78,7 @@ class StoreCoordinator final : public Coordinator {
                                         std::string value) override {
     const std::string key = Key(session_, tag) + "/all";
     if (rank_ == 0) {
-      RETURN_IF_ERROR(store_->Set(key, value));
+      FSDPP_RETURN_IF_ERROR(store_->Set(key, value));
       return value;
     }
     absl::StatusOr<std::string> got = store_->Get(key, timeout_);
@@ -118,14 +118,14 @@ class CollectiveCoordinator final : public Coordinator {
     const int n = size();
     int64_t length = static_cast<int64_t>(value.size());
     std::vector<int64_t> lengths(n);
-    RETURN_IF_ERROR(Run(group_->AllGather(
+    FSDPP_RETURN_IF_ERROR(Run(group_->AllGather(
         Buffer{&length, 1, DType::kI64, Device::Cpu()},
         Buffer{lengths.data(), n, DType::kI64, Device::Cpu()})));
     int64_t longest = 0;
     for (int64_t l : lengths) longest = std::max(longest, l);
     value.resize(longest);
     std::string all(static_cast<size_t>(longest) * n, '\0');
-    RETURN_IF_ERROR(Run(group_->AllGather(
+    FSDPP_RETURN_IF_ERROR(Run(group_->AllGather(
         Buffer{value.data(), longest, DType::kU8, Device::Cpu()},
         Buffer{all.data(), longest * n, DType::kU8, Device::Cpu()})));
     std::vector<std::string> out;
@@ -138,10 +138,10 @@ class CollectiveCoordinator final : public Coordinator {
   absl::StatusOr<std::string> Broadcast(const std::string&,
                                         std::string value) override {
     int64_t length = static_cast<int64_t>(value.size());
-    RETURN_IF_ERROR(Run(
+    FSDPP_RETURN_IF_ERROR(Run(
         group_->Broadcast(Buffer{&length, 1, DType::kI64, Device::Cpu()}, 0)));
     value.resize(length);
-    RETURN_IF_ERROR(Run(group_->Broadcast(
+    FSDPP_RETURN_IF_ERROR(Run(group_->Broadcast(
         Buffer{value.data(), length, DType::kU8, Device::Cpu()}, 0)));
     return value;
   }
@@ -170,8 +170,9 @@ absl::StatusOr<std::unique_ptr<Coordinator>> MakeStoreCoordinator(
         absl::StrCat("MakeStoreCoordinator: needs a store and 0 <= rank (",
                      rank, ") < size (", size, ")"));
   }
-  ASSIGN_OR_RETURN(const int64_t session,
-                   store->Add(absl::StrCat(prefix, "/session/", rank), 1));
+  FSDPP_ASSIGN_OR_RETURN(
+      const int64_t session,
+      store->Add(absl::StrCat(prefix, "/session/", rank), 1));
   return std::unique_ptr<Coordinator>(new StoreCoordinator(
       store, prefix, session, rank, size, timeout, std::move(broadcast_tags)));
 }
@@ -181,7 +182,7 @@ absl::StatusOr<std::unique_ptr<Coordinator>> MakeCollectiveCoordinator(
   if (mesh == nullptr) {
     return absl::InvalidArgumentError("MakeCollectiveCoordinator: no mesh");
   }
-  ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
   return std::unique_ptr<Coordinator>(
       new CollectiveCoordinator(group, timeout));
 }

@@ -161,14 +161,14 @@ absl::Status ValidateMetadata(const CheckpointMetadata& metadata) {
   }
   std::set<absl::string_view> names;
   for (const std::string& file : metadata.files) {
-    RETURN_IF_ERROR(ValidateFileName(file));
+    FSDPP_RETURN_IF_ERROR(ValidateFileName(file));
     if (!names.insert(file).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("data file ", Quote(file), " is listed twice"));
     }
   }
   for (const auto& [key, entry] : metadata.entries) {
-    RETURN_IF_ERROR(ValidateEntry(metadata, key, entry));
+    FSDPP_RETURN_IF_ERROR(ValidateEntry(metadata, key, entry));
   }
   return absl::OkStatus();
 }
@@ -299,7 +299,7 @@ absl::StatusOr<CheckpointMetadata> ParseMetadata(absl::string_view bytes,
 absl::StatusOr<CheckpointMetadata> ReadMetadata(
     const std::string& checkpoint_dir) {
   const std::string path = absl::StrCat(checkpoint_dir, "/", kMetadataFileName);
-  ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
+  FSDPP_ASSIGN_OR_RETURN(std::string bytes, ReadFileToString(path));
   return ParseMetadata(bytes, path);
 }
 

@@ -107,8 +107,8 @@ absl::Status ReadAndVerifyWindows(
     absl::FunctionRef<absl::Status(uint64_t)> verify_window) {
   if (windows < kPipelineMinWindows) {
     for (uint64_t i = 0; i < windows; ++i) {
-      RETURN_IF_ERROR(read_window(i));
-      RETURN_IF_ERROR(verify_window(i));
+      FSDPP_RETURN_IF_ERROR(read_window(i));
+      FSDPP_RETURN_IF_ERROR(verify_window(i));
     }
     return absl::OkStatus();
   }
@@ -120,7 +120,7 @@ absl::Status ReadAndVerifyWindows(
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     std::string dir) {
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  ASSIGN_OR_RETURN(CheckpointMetadata metadata, ReadMetadata(dir));
+  FSDPP_ASSIGN_OR_RETURN(CheckpointMetadata metadata, ReadMetadata(dir));
   return std::unique_ptr<CheckpointReader>(
       new CheckpointReader(std::move(dir), std::move(metadata)));
 }
@@ -155,7 +155,7 @@ absl::StatusOr<int> CheckpointReader::FileFd(const std::string& key,
                         absl::StrCat(fd.status().message(),
                                      " (data file of key ", Quote(key), ")"));
   }
-  ASSIGN_OR_RETURN(const uint64_t size, FileSize(fd->get(), path));
+  FSDPP_ASSIGN_OR_RETURN(const uint64_t size, FileSize(fd->get(), path));
   file_sizes_[file] = size;
   const int raw = fd->get();
   fds_.emplace(file, *std::move(fd));
@@ -178,7 +178,7 @@ absl::Status CheckpointReader::ReadVerified(const std::string& key,
       std::min(chunk.length, NumBlocks(end, block) * block);
   head_scratch_.resize(begin - span_begin);
   tail_scratch_.resize(span_end - end);
-  ASSIGN_OR_RETURN(const int fd, FileFd(key, chunk.file));
+  FSDPP_ASSIGN_OR_RETURN(const int fd, FileFd(key, chunk.file));
   const std::string path = FilePath(chunk.file);
   // The span is the concatenation of three pieces: the head of the first
   // block (scratch), the wanted bytes, the tail of the last block (scratch).
@@ -187,7 +187,7 @@ absl::Status CheckpointReader::ReadVerified(const std::string& key,
                               {tail_scratch_.data(), tail_scratch_.size()}}};
   // Reads span bytes [w, w_end) (a window).
   auto read_window = [&](uint64_t w, uint64_t w_end) -> absl::Status {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         const uint64_t got,
         PreadFully(fd, SliceSpan(pieces, w - span_begin, w_end - span_begin),
                    chunk.byte_offset + w, path));
@@ -237,7 +237,7 @@ absl::Status CheckpointReader::ReadVerified(const std::string& key,
 
 absl::Status CheckpointReader::ReadBox(const std::string& key, const Box& box,
                                        Tensor* dst) {
-  ASSIGN_OR_RETURN(const EntryMetadata* entry, Entry(key));
+  FSDPP_ASSIGN_OR_RETURN(const EntryMetadata* entry, Entry(key));
   const size_t n = entry->shape.size();
   bool inside = box.offset.size() == n && box.shape.size() == n;
   for (size_t d = 0; inside && d < n; ++d) {
@@ -273,17 +273,17 @@ absl::Status CheckpointReader::ReadBox(const std::string& key, const Box& box,
     if (contiguous) {
       const int64_t dst_row = n > 0 ? common.offset[0] - box.offset[0] : 0;
       char* out = static_cast<char*>(dst->raw_data()) + dst_row * row_bytes;
-      RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end, out));
+      FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end, out));
       continue;
     }
     const int64_t count = static_cast<int64_t>((end - begin) / esize);
     Tensor& staging = staging_[entry->dtype];
     if (!staging.defined() || staging.numel() < count) {
-      ASSIGN_OR_RETURN(staging,
-                       Tensor::Empty({count}, entry->dtype, Device::Cpu()));
+      FSDPP_ASSIGN_OR_RETURN(
+          staging, Tensor::Empty({count}, entry->dtype, Device::Cpu()));
     }
-    RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end,
-                                 static_cast<char*>(staging.raw_data())));
+    FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end,
+                                       static_cast<char*>(staging.raw_data())));
     Shape rows_shape = chunk.box.shape;
     Shape src_offset(n, 0);
     if (n > 0) rows_shape[0] = hi - lo;
@@ -293,33 +293,34 @@ absl::Status CheckpointReader::ReadBox(const std::string& key, const Box& box,
     Shape dst_offset(n, 0);
     for (size_t d = 0; d < n; ++d)
       dst_offset[d] = common.offset[d] - box.offset[d];
-    ASSIGN_OR_RETURN(Tensor narrowed, staging.Narrow(0, count));
-    ASSIGN_OR_RETURN(Tensor rows, narrowed.Reshape(rows_shape));
-    RETURN_IF_ERROR(CopyBox(rows, src_offset, dst, dst_offset, common.shape));
+    FSDPP_ASSIGN_OR_RETURN(Tensor narrowed, staging.Narrow(0, count));
+    FSDPP_ASSIGN_OR_RETURN(Tensor rows, narrowed.Reshape(rows_shape));
+    FSDPP_RETURN_IF_ERROR(
+        CopyBox(rows, src_offset, dst, dst_offset, common.shape));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> CheckpointReader::ReadTensor(const std::string& key) {
-  ASSIGN_OR_RETURN(const EntryMetadata* entry, Entry(key));
-  ASSIGN_OR_RETURN(Tensor t,
-                   Tensor::Empty(entry->shape, entry->dtype, Device::Cpu()));
-  RETURN_IF_ERROR(
+  FSDPP_ASSIGN_OR_RETURN(const EntryMetadata* entry, Entry(key));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor t, Tensor::Empty(entry->shape, entry->dtype, Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(
       ReadBox(key, Box{Shape(entry->shape.size(), 0), entry->shape}, &t));
   return t;
 }
 
 absl::StatusOr<std::string> CheckpointReader::ReadBytes(
     const std::string& key) {
-  ASSIGN_OR_RETURN(const EntryMetadata* entry, Entry(key));
+  FSDPP_ASSIGN_OR_RETURN(const EntryMetadata* entry, Entry(key));
   if (entry->kind != EntryKind::kBytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         dir_, ": key ", Quote(key), " is a tensor, not a byte value"));
   }
   std::string value(static_cast<size_t>(entry->shape[0]), '\0');
   for (const ChunkMetadata& chunk : entry->chunks) {
-    RETURN_IF_ERROR(ReadVerified(key, chunk, 0, chunk.length,
-                                 value.data() + chunk.box.offset[0]));
+    FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, 0, chunk.length,
+                                       value.data() + chunk.box.offset[0]));
   }
   return value;
 }
@@ -334,7 +335,7 @@ absl::Status CheckpointReader::VerifyAll() {
       for (uint64_t at = 0; at < chunk.length; at += window) {
         const uint64_t end = std::min(chunk.length, at + window);
         buffer.resize(end - at);
-        RETURN_IF_ERROR(ReadVerified(key, chunk, at, end, buffer.data()));
+        FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, at, end, buffer.data()));
       }
     }
   }

@@ -50,7 +50,7 @@ absl::Status CopyOut(const SafetensorsFile& file, const std::string& name,
                      Tensor* dst, uint64_t* bytes_read) {
   if (IsEmptyBox(box)) return absl::OkStatus();
   const size_t n = box.shape.size();
-  ASSIGN_OR_RETURN(absl::Span<const char> bytes, file.Bytes(name));
+  FSDPP_ASSIGN_OR_RETURN(absl::Span<const char> bytes, file.Bytes(name));
   int64_t row_elements = 1;
   bool whole_rows = true;
   for (size_t d = 1; d < n; ++d) {
@@ -67,8 +67,9 @@ absl::Status CopyOut(const SafetensorsFile& file, const std::string& name,
                      Device::Cpu(), length);
   }
   // n >= 2 here: only the rows of the box are copied out of the mapping.
-  ASSIGN_OR_RETURN(Tensor rows, file.LoadRows(name, box.offset[0],
-                                              box.offset[0] + box.shape[0]));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor rows,
+      file.LoadRows(name, box.offset[0], box.offset[0] + box.shape[0]));
   *bytes_read += rows.nbytes();
   Shape src_offset = box.offset;
   src_offset[0] = 0;
@@ -81,8 +82,8 @@ absl::StatusOr<LoadResult> LoadSafetensorsSharded(
     const std::string& path, StateDict* state,
     const SafetensorsLoadOptions& options) {
   const absl::Time start = absl::Now();
-  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                   SafetensorsFile::Open(path));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                         SafetensorsFile::Open(path));
   LoadResult result;
   result.path = path;
   std::vector<Target> targets;
@@ -116,7 +117,7 @@ absl::StatusOr<LoadResult> LoadSafetensorsSharded(
         target.dtype = DType::kU8;
         break;
     }
-    ASSIGN_OR_RETURN(const SafetensorsTensorInfo info, file->Info(name));
+    FSDPP_ASSIGN_OR_RETURN(const SafetensorsTensorInfo info, file->Info(name));
     if (!info.dtype.has_value()) {
       return absl::UnimplementedError(
           absl::StrCat(path, ": tensor '", name, "' has dtype ",
@@ -154,26 +155,28 @@ absl::StatusOr<LoadResult> LoadSafetensorsSharded(
         ": tensors the state does not hold: ", Names(result.unexpected_keys)));
   }
   for (const Target& target : targets) {
-    ASSIGN_OR_RETURN(const SafetensorsTensorInfo info, file->Info(target.name));
+    FSDPP_ASSIGN_OR_RETURN(const SafetensorsTensorInfo info,
+                           file->Info(target.name));
     StateDict::Item& item = *target.item;
     switch (item.kind) {
       case StateDict::Kind::kDTensor: {
         const DTensor& t = item.dtensor;
         const Box box = LocalBox(t.shape(), MeshShape(*t.mesh()),
                                  t.mesh()->coordinate(), t.placements());
-        RETURN_IF_ERROR(CopyOut(*file, target.name, info, box,
-                                item.dtensor.mutable_local(),
-                                &result.bytes_read));
+        FSDPP_RETURN_IF_ERROR(CopyOut(*file, target.name, info, box,
+                                      item.dtensor.mutable_local(),
+                                      &result.bytes_read));
         break;
       }
       case StateDict::Kind::kTensor:
-        RETURN_IF_ERROR(CopyOut(*file, target.name, info,
-                                Box{Shape(info.shape.size(), 0), info.shape},
-                                &item.tensor, &result.bytes_read));
+        FSDPP_RETURN_IF_ERROR(
+            CopyOut(*file, target.name, info,
+                    Box{Shape(info.shape.size(), 0), info.shape}, &item.tensor,
+                    &result.bytes_read));
         break;
       case StateDict::Kind::kBytes: {
-        ASSIGN_OR_RETURN(absl::Span<const char> bytes,
-                         file->Bytes(target.name));
+        FSDPP_ASSIGN_OR_RETURN(absl::Span<const char> bytes,
+                               file->Bytes(target.name));
         item.bytes.assign(bytes.data(), bytes.size());
         result.bytes_read += bytes.size();
         break;

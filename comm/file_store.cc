@@ -118,7 +118,7 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Create(std::string dir) {
     return absl::InvalidArgumentError("file store: empty directory path");
   }
   while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-  RETURN_IF_ERROR(MakeDirs(dir));
+  FSDPP_RETURN_IF_ERROR(MakeDirs(dir));
   struct stat st;
   if (::stat(dir.c_str(), &st) != 0) {
     return ErrnoError(errno, "cannot stat", dir);
@@ -131,7 +131,10 @@ absl::StatusOr<std::unique_ptr<FileStore>> FileStore::Create(std::string dir) {
     return ErrnoError(errno, "directory is not usable", dir);
   }
   // Proves that files can be created and locked there.
-  { ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir)); }
+  {
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock,
+                           DirLock::Acquire(dir));
+  }
   return std::unique_ptr<FileStore>(new FileStore(std::move(dir)));
 }
 
@@ -228,16 +231,16 @@ absl::StatusOr<bool> FileStore::Exists(const std::string& path) const {
 }
 
 absl::Status FileStore::Set(absl::string_view key, absl::string_view value) {
-  ASSIGN_OR_RETURN(const std::string path, PathFor(key));
+  FSDPP_ASSIGN_OR_RETURN(const std::string path, PathFor(key));
   // Under the lock so that a concurrent Add cannot overwrite this value with
   // one computed from the previous value.
-  ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir_));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir_));
   return WriteAtomically(path, value);
 }
 
 absl::StatusOr<std::string> FileStore::Get(absl::string_view key,
                                            absl::Duration timeout) {
-  ASSIGN_OR_RETURN(const std::string path, PathFor(key));
+  FSDPP_ASSIGN_OR_RETURN(const std::string path, PathFor(key));
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = kMinBackoff;
   for (;;) {
@@ -254,12 +257,12 @@ absl::StatusOr<std::string> FileStore::Get(absl::string_view key,
 }
 
 absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
-  ASSIGN_OR_RETURN(const std::string path, PathFor(key));
-  ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir_));
+  FSDPP_ASSIGN_OR_RETURN(const std::string path, PathFor(key));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir_));
   int64_t value = 0;
   absl::StatusOr<std::string> current = ReadFile(path);
   if (current.ok()) {
-    ASSIGN_OR_RETURN(value, ParseCounter(key, *current));
+    FSDPP_ASSIGN_OR_RETURN(value, ParseCounter(key, *current));
   } else if (!absl::IsNotFound(current.status())) {
     return current.status();
   }
@@ -267,22 +270,22 @@ absl::StatusOr<int64_t> FileStore::Add(absl::string_view key, int64_t delta) {
     return absl::OutOfRangeError(absl::StrCat(
         "file store: adding ", delta, " to key '", key, "' overflows int64"));
   }
-  RETURN_IF_ERROR(WriteAtomically(path, absl::StrCat(value)));
+  FSDPP_RETURN_IF_ERROR(WriteAtomically(path, absl::StrCat(value)));
   return value;
 }
 
 absl::StatusOr<bool> FileStore::Check(const std::vector<std::string>& keys) {
   for (const std::string& key : keys) {
-    ASSIGN_OR_RETURN(const std::string path, PathFor(key));
-    ASSIGN_OR_RETURN(const bool exists, Exists(path));
+    FSDPP_ASSIGN_OR_RETURN(const std::string path, PathFor(key));
+    FSDPP_ASSIGN_OR_RETURN(const bool exists, Exists(path));
     if (!exists) return false;
   }
   return true;
 }
 
 absl::Status FileStore::Delete(absl::string_view key) {
-  ASSIGN_OR_RETURN(const std::string path, PathFor(key));
-  ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir_));
+  FSDPP_ASSIGN_OR_RETURN(const std::string path, PathFor(key));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<DirLock> lock, DirLock::Acquire(dir_));
   if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
     return ErrnoError(errno, "cannot delete", path);
   }
@@ -294,7 +297,7 @@ absl::Status FileStore::Wait(const std::vector<std::string>& keys,
   std::vector<std::string> paths;
   paths.reserve(keys.size());
   for (const std::string& key : keys) {
-    ASSIGN_OR_RETURN(std::string path, PathFor(key));
+    FSDPP_ASSIGN_OR_RETURN(std::string path, PathFor(key));
     paths.push_back(std::move(path));
   }
   const absl::Time deadline = absl::Now() + timeout;
@@ -303,7 +306,7 @@ absl::Status FileStore::Wait(const std::vector<std::string>& keys,
   for (;;) {
     bool all = true;
     for (size_t i = 0; i < paths.size(); ++i) {
-      ASSIGN_OR_RETURN(const bool exists, Exists(paths[i]));
+      FSDPP_ASSIGN_OR_RETURN(const bool exists, Exists(paths[i]));
       present[i] = exists;
       all = all && exists;
     }

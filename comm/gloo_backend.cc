@@ -108,7 +108,7 @@ class Scratch {
   static absl::StatusOr<Scratch> Allocate(size_t bytes) {
     Scratch s;
     s.bytes_ = bytes;
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         s.ptr_,
         GetAllocator(Device::Cpu())->Allocate(bytes, MemoryTag::kCommBuffers));
     return s;
@@ -184,7 +184,7 @@ class GlooProcessGroup::StreamScratch {
   absl::StatusOr<char*> Get(size_t bytes) {
     if (bytes > capacity_) {
       buffer_ = Scratch();
-      ASSIGN_OR_RETURN(buffer_, Scratch::Allocate(bytes));
+      FSDPP_ASSIGN_OR_RETURN(buffer_, Scratch::Allocate(bytes));
       capacity_ = bytes;
     }
     return buffer_.as<char>();
@@ -282,7 +282,7 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
     return absl::OkStatus();
   }
   const size_t chunk_bytes = RingChunkBytes(n, size, sizeof(Acc));
-  ASSIGN_OR_RETURN(char* scratch, scratch_area.Get(3 * chunk_bytes));
+  FSDPP_ASSIGN_OR_RETURN(char* scratch, scratch_area.Get(3 * chunk_bytes));
   Acc* bufs[3] = {reinterpret_cast<Acc*>(scratch),
                   reinterpret_cast<Acc*>(scratch + chunk_bytes),
                   reinterpret_cast<Acc*>(scratch + 2 * chunk_bytes)};
@@ -365,7 +365,7 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
   IgnoreSigpipeIfDefault();
   PrefixStore group_store(name, store);
   // Join first, with our own keys, so a missing rank is named precisely.
-  RETURN_IF_ERROR(group_store.Set(absl::StrCat("joined/", rank), "1"));
+  FSDPP_RETURN_IF_ERROR(group_store.Set(absl::StrCat("joined/", rank), "1"));
   std::vector<std::string> joined;
   for (int r = 0; r < size; ++r) joined.push_back(absl::StrCat("joined/", r));
   absl::Status s = group_store.Wait(joined, options.timeout);
@@ -380,8 +380,8 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
         absl::StrJoin(missing, ", "), "] did not join within ",
         absl::FormatDuration(options.timeout)));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<gloo::transport::Device> device,
-                   DeviceFor(options.hostname));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<gloo::transport::Device> device,
+                         DeviceFor(options.hostname));
   auto context = std::make_shared<gloo::rendezvous::Context>(rank, size);
   context->setTimeout(ToMillis(options.timeout));
   PrefixStore mesh_store("gloo", &group_store);
@@ -526,7 +526,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::IssueOn(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
     const Buffer& input, const Buffer& output,
     const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateAllGather(*this, input, output));
+  FSDPP_RETURN_IF_ERROR(ValidateAllGather(*this, input, output));
   const size_t bytes = input.nbytes();
   const bool in_place =
       input.data == static_cast<char*>(output.data) + rank_ * bytes;
@@ -552,7 +552,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp op,
     const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
+  FSDPP_RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
   return Issue(
       "reduce_scatter", absl::StrCat(input.ToString(), ", ", ReduceOpName(op)),
       options, /*sequential_waits=*/1,
@@ -576,14 +576,14 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
             float* result = static_cast<float*>(output.data);
             Scratch staged;  // f32 result for bf16 / f16 outputs.
             if (output.dtype != DType::kF32) {
-              ASSIGN_OR_RETURN(
+              FSDPP_ASSIGN_OR_RETURN(
                   staged, Scratch::Allocate(
                               GlooReduceScatterScratch(
                                   n, input.dtype, output.dtype, count, size_)
                                   .transient));
               result = staged.as<float>();
             }
-            RETURN_IF_ERROR(run(result));
+            FSDPP_RETURN_IF_ERROR(run(result));
             if (op == ReduceOp::kAvg) {
               const float inv = 1.0f / static_cast<float>(size_);
               for (int64_t i = 0; i < count; ++i) result[i] *= inv;
@@ -597,7 +597,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
     const Buffer& buffer, ReduceOp op, const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
+  FSDPP_RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
   return Issue(
       "all_reduce", absl::StrCat(buffer.ToString(), ", ", ReduceOpName(op)),
       options, 2 * (size_ - 1),
@@ -635,7 +635,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
             return absl::OkStatus();
           }
           default: {  // bf16 / f16: accumulate in f32.
-            ASSIGN_OR_RETURN(
+            FSDPP_ASSIGN_OR_RETURN(
                 Scratch work,
                 Scratch::Allocate(
                     GlooAllReduceScratch(n, buffer.dtype, size_).transient));
@@ -655,7 +655,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllReduce(
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
     const Buffer& buffer, int root, const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateBroadcast(*this, buffer, root));
+  FSDPP_RETURN_IF_ERROR(ValidateBroadcast(*this, buffer, root));
   return Issue(
       "broadcast", absl::StrCat(buffer.ToString(), ", root ", root), options,
       2 * (size_ - 1),
@@ -675,7 +675,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Broadcast(
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
     const Buffer& input, const Buffer& output,
     const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateAllToAll(*this, input, output));
+  FSDPP_RETURN_IF_ERROR(ValidateAllToAll(*this, input, output));
   return Issue(
       "all_to_all", input.ToString(), options, 2 * (size_ - 1),
       [this, input, output](uint32_t tag, std::chrono::milliseconds timeout,
@@ -690,7 +690,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
         Scratch staged;
         uint8_t* in = static_cast<uint8_t*>(input.data);
         if (input.data == output.data) {  // Gloo needs distinct buffers.
-          ASSIGN_OR_RETURN(
+          FSDPP_ASSIGN_OR_RETURN(
               staged, Scratch::Allocate(
                           GlooAllToAllScratch(bytes, true, size_).transient));
           std::memcpy(staged.as<void>(), input.data, bytes);
@@ -722,7 +722,7 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::Barrier(
 
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::BatchP2P(
     const std::vector<P2POp>& ops, const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateP2P(*this, ops));
+  FSDPP_RETURN_IF_ERROR(ValidateP2P(*this, ops));
   // Slots are assigned here, in program order: the n-th transfer between a
   // pair of ranks in each direction gets slot n on both sides.
   std::vector<uint64_t> slots;
@@ -784,7 +784,7 @@ ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options) {
   return [store, options](
              const std::string& name, int rank,
              int size) -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         std::unique_ptr<GlooProcessGroup> group,
         GlooProcessGroup::Create(store, rank, size, name, options));
     return std::unique_ptr<ProcessGroup>(std::move(group));

@@ -14,7 +14,7 @@ template <typename Op>
 absl::Status Blocking(Op op, absl::Duration timeout) {
   CollectiveOptions options;  // the group's op timeout
   options.async_op = false;   // waited for at once: no comm-thread hand-offs
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work, op(options));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work, op(options));
   return work->Wait(timeout);
 }
 
@@ -27,7 +27,7 @@ Buffer HostBuffer(void* data, int64_t count, DType dtype) {
 absl::Status AllReduceValues(ProcessGroup* group, std::vector<double>* values,
                              ReduceOp op, absl::Duration timeout) {
   std::vector<float> f(values->begin(), values->end());
-  RETURN_IF_ERROR(Blocking(
+  FSDPP_RETURN_IF_ERROR(Blocking(
       [&](const CollectiveOptions& o) {
         return group->AllReduce(
             HostBuffer(f.data(), static_cast<int64_t>(f.size()), DType::kF32),
@@ -43,7 +43,7 @@ absl::StatusOr<std::vector<int64_t>> AllGatherInts(
     absl::Duration timeout) {
   std::vector<int64_t> in = values;
   std::vector<int64_t> out(in.size() * group->size());
-  RETURN_IF_ERROR(Blocking(
+  FSDPP_RETURN_IF_ERROR(Blocking(
       [&](const CollectiveOptions& o) {
         return group->AllGather(
             HostBuffer(in.data(), static_cast<int64_t>(in.size()), DType::kI64),
@@ -57,14 +57,14 @@ absl::StatusOr<std::vector<int64_t>> AllGatherInts(
 
 absl::StatusOr<std::vector<std::string>> AllGatherStrings(
     ProcessGroup* group, const std::string& mine, absl::Duration timeout) {
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::vector<int64_t> sizes,
       AllGatherInts(group, {static_cast<int64_t>(mine.size())}, timeout));
   const int64_t longest = *std::max_element(sizes.begin(), sizes.end());
   std::vector<uint8_t> in(std::max<int64_t>(longest, 1), 0);
   std::copy(mine.begin(), mine.end(), in.begin());
   std::vector<uint8_t> out(in.size() * group->size());
-  RETURN_IF_ERROR(Blocking(
+  FSDPP_RETURN_IF_ERROR(Blocking(
       [&](const CollectiveOptions& o) {
         return group->AllGather(
             HostBuffer(in.data(), static_cast<int64_t>(in.size()), DType::kU8),

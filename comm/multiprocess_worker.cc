@@ -33,23 +33,25 @@ absl::Status Check(bool condition, const std::string& what) {
 }
 
 absl::Status Run() {
-  ASSIGN_OR_RETURN(RendezvousInfo info, RendezvousFromEnv());
+  FSDPP_ASSIGN_OR_RETURN(RendezvousInfo info, RendezvousFromEnv());
   SetLogPrefix(absl::StrCat("[rank ", info.rank, "] "));
-  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
-                   StoreFromRendezvous(info, absl::Seconds(30)));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                         StoreFromRendezvous(info, absl::Seconds(30)));
   GlooOptions options;
   options.timeout = absl::Seconds(30);
   options.heartbeat_interval = absl::Milliseconds(100);
-  ASSIGN_OR_RETURN(std::unique_ptr<GlooProcessGroup> group,
-                   GlooProcessGroup::Create(store.get(), info.rank,
-                                            info.world_size, "world", options));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::unique_ptr<GlooProcessGroup> group,
+      GlooProcessGroup::Create(store.get(), info.rank, info.world_size, "world",
+                               options));
   const int n = info.world_size, r = info.rank;
   std::vector<float> x(1001, r + 1.0f);
   Buffer xb{x.data(), static_cast<int64_t>(x.size()), DType::kF32,
             Device::Cpu()};
-  ASSIGN_OR_RETURN(auto work, group->AllReduce(xb, ReduceOp::kSum));
-  RETURN_IF_ERROR(work->Wait());
-  RETURN_IF_ERROR(Check(x[1000] == n * (n + 1) / 2.0f, "all_reduce result"));
+  FSDPP_ASSIGN_OR_RETURN(auto work, group->AllReduce(xb, ReduceOp::kSum));
+  FSDPP_RETURN_IF_ERROR(work->Wait());
+  FSDPP_RETURN_IF_ERROR(
+      Check(x[1000] == n * (n + 1) / 2.0f, "all_reduce result"));
 
   if (absl::GetFlag(FLAGS_mode) == "die") {
     if (r == 1) {
@@ -66,44 +68,46 @@ absl::Status Run() {
     CollectiveOptions timeout;
     timeout.timeout = absl::Seconds(3);
     const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(work, group->AllReduce(bigb, ReduceOp::kSum, timeout));
+    FSDPP_ASSIGN_OR_RETURN(work,
+                           group->AllReduce(bigb, ReduceOp::kSum, timeout));
     absl::Status s = work->Wait();
     std::printf("rank %d: after rank 1 died: %s (%.1f s)\n", r,
                 s.ToString().c_str(),
                 absl::ToDoubleSeconds(absl::Now() - start));
-    RETURN_IF_ERROR(Check(!s.ok(), "the op succeeded without rank 1"));
-    RETURN_IF_ERROR(Check(s.message().find("ranks that did not answer: 1") !=
-                              absl::string_view::npos,
-                          "the error does not name rank 1"));
+    FSDPP_RETURN_IF_ERROR(Check(!s.ok(), "the op succeeded without rank 1"));
+    FSDPP_RETURN_IF_ERROR(
+        Check(s.message().find("ranks that did not answer: 1") !=
+                  absl::string_view::npos,
+              "the error does not name rank 1"));
     return absl::OkStatus();
   }
 
   std::vector<int64_t> mine(3, r), all(3 * n);
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       work,
       group->AllGather(Buffer{mine.data(), 3, DType::kI64, Device::Cpu()},
                        Buffer{all.data(), 3 * n, DType::kI64, Device::Cpu()}));
-  RETURN_IF_ERROR(work->Wait());
+  FSDPP_RETURN_IF_ERROR(work->Wait());
   for (int i = 0; i < 3 * n; ++i) {
-    RETURN_IF_ERROR(Check(all[i] == i / 3, "all_gather result"));
+    FSDPP_RETURN_IF_ERROR(Check(all[i] == i / 3, "all_gather result"));
   }
   const int64_t total = 10;
   std::vector<float> in(total), out(ReduceScatterCount(total, n, r));
   for (int64_t i = 0; i < total; ++i) in[i] = static_cast<float>(i);
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       work,
       group->ReduceScatter(Buffer{in.data(), total, DType::kF32, Device::Cpu()},
                            Buffer{out.data(), static_cast<int64_t>(out.size()),
                                   DType::kF32, Device::Cpu()},
                            ReduceOp::kAvg));
-  RETURN_IF_ERROR(work->Wait());
+  FSDPP_RETURN_IF_ERROR(work->Wait());
   const int64_t offset = ReduceScatterOffset(total, n, r);
   for (size_t i = 0; i < out.size(); ++i) {
-    RETURN_IF_ERROR(Check(out[i] == static_cast<float>(offset + i),
-                          "reduce_scatter result"));
+    FSDPP_RETURN_IF_ERROR(Check(out[i] == static_cast<float>(offset + i),
+                                "reduce_scatter result"));
   }
-  ASSIGN_OR_RETURN(work, group->Barrier());
-  RETURN_IF_ERROR(work->Wait());
+  FSDPP_ASSIGN_OR_RETURN(work, group->Barrier());
+  FSDPP_RETURN_IF_ERROR(work->Wait());
   std::printf("rank %d: ok (world %d via %s)\n", r, n, info.source.c_str());
   return absl::OkStatus();
 }

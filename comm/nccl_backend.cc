@@ -323,8 +323,8 @@ struct NcclProcessGroup::OpContext {
 
   // `bytes` (> 0) of device memory owned by the op until it completes.
   absl::StatusOr<void*> Scratch(size_t bytes) {
-    ASSIGN_OR_RETURN(void* ptr,
-                     allocator->Allocate(bytes, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(void* ptr,
+                           allocator->Allocate(bytes, MemoryTag::kCommBuffers));
     std::lock_guard<std::mutex> lock(op->mu);
     op->scratch.emplace_back(allocator, ptr, bytes);
     return ptr;
@@ -354,7 +354,7 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
   const absl::Time deadline = absl::Now() + options.timeout;
   PrefixStore group_store(name, store);
   DeviceGuard guard(cuda_device);
-  RETURN_IF_ERROR(guard.status());
+  FSDPP_RETURN_IF_ERROR(guard.status());
 
   // Rank 0 makes the NCCL id and publishes it before joining, so it is there
   // once everyone has joined.
@@ -365,11 +365,11 @@ absl::StatusOr<std::unique_ptr<NcclProcessGroup>> NcclProcessGroup::Create(
       return absl::UnavailableError(
           absl::StrCat(who, ": ncclGetUniqueId: ", NcclErrorText(nullptr, r)));
     }
-    RETURN_IF_ERROR(group_store.Set(
+    FSDPP_RETURN_IF_ERROR(group_store.Set(
         "nccl_id", absl::string_view(id.internal, sizeof(id.internal))));
   }
   // Join first, with our own keys, so a missing rank is named precisely.
-  RETURN_IF_ERROR(group_store.Set(absl::StrCat("joined/", rank), "1"));
+  FSDPP_RETURN_IF_ERROR(group_store.Set(absl::StrCat("joined/", rank), "1"));
   std::vector<std::string> joined;
   for (int r = 0; r < size; ++r) joined.push_back(absl::StrCat("joined/", r));
   if (!group_store.Wait(joined, options.timeout).ok()) {
@@ -525,7 +525,7 @@ absl::Status NcclProcessGroup::OrderAfter(CudaStream* stream,
   } else {
     // "After the issuing call" on a GPU includes the device work the host
     // has issued to the legacy default stream (tensor ops).
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         std::shared_ptr<CudaEvent> legacy,
         CudaEvent::RecordOn(cudaStreamLegacy, cuda_device_, "legacy"));
     stream->WaitEvent(std::move(legacy));
@@ -536,7 +536,7 @@ absl::Status NcclProcessGroup::OrderAfter(CudaStream* stream,
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Issue(
     const char* op, std::string detail, const CollectiveOptions& options,
     OpBody body, bool collective) {
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       IssueAsync(op, std::move(detail), options, std::move(body), collective));
   if (!options.async_op) {
@@ -764,13 +764,13 @@ void NcclProcessGroup::Drain(
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(
     const Buffer& input, const Buffer& output,
     const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateAllGather(*this, input, output));
+  FSDPP_RETURN_IF_ERROR(ValidateAllGather(*this, input, output));
   // In place (input at output + rank * bytes) is native to ncclAllGather.
   return Issue("all_gather", input.ToString(), options,
                [input, output](OpContext& ctx) -> absl::Status {
                  const size_t bytes = input.nbytes();
                  if (bytes == 0) return absl::OkStatus();
-                 RETURN_IF_ERROR(
+                 FSDPP_RETURN_IF_ERROR(
                      ctx.Check(ncclAllGather(input.data, output.data, bytes,
                                              ncclUint8, ctx.comm, ctx.stream),
                                "ncclAllGather"));
@@ -781,7 +781,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllGather(
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp op,
     const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
+  FSDPP_RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
   return Issue(
       "reduce_scatter", absl::StrCat(input.ToString(), ", ", ReduceOpName(op)),
       options, [this, input, output, op](OpContext& ctx) -> absl::Status {
@@ -797,11 +797,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
         // `size` equal chunks.
         const void* send = input.data;
         if (widen || padded != n) {
-          ASSIGN_OR_RETURN(void* staged, ctx.Scratch(padded * esize));
+          FSDPP_ASSIGN_OR_RETURN(void* staged, ctx.Scratch(padded * esize));
           if (widen) {
-            RETURN_IF_ERROR(CastToF32Async(input.data, input.dtype,
-                                           static_cast<float*>(staged), n,
-                                           ctx.stream));
+            FSDPP_RETURN_IF_ERROR(CastToF32Async(input.data, input.dtype,
+                                                 static_cast<float*>(staged), n,
+                                                 ctx.stream));
           } else {
             FSDPP_CUDA_RETURN_IF_ERROR(
                 cudaMemcpyAsync(staged, input.data, n * esize,
@@ -819,17 +819,17 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
         const bool direct = !widen && count == chunk;
         void* recv = output.data;
         if (!direct) {
-          ASSIGN_OR_RETURN(recv, ctx.Scratch(chunk * esize));
+          FSDPP_ASSIGN_OR_RETURN(recv, ctx.Scratch(chunk * esize));
         }
-        RETURN_IF_ERROR(ctx.Check(
+        FSDPP_RETURN_IF_ERROR(ctx.Check(
             ncclReduceScatter(send, recv, chunk, NcclType(wire),
                               NcclRedOp(op, size_), ctx.comm, ctx.stream),
             "ncclReduceScatter"));
         if (!direct && count > 0) {
           if (widen) {
-            RETURN_IF_ERROR(CastFromF32Async(static_cast<const float*>(recv),
-                                             output.dtype, output.data, count,
-                                             ctx.stream));
+            FSDPP_RETURN_IF_ERROR(
+                CastFromF32Async(static_cast<const float*>(recv), output.dtype,
+                                 output.data, count, ctx.stream));
           } else {
             FSDPP_CUDA_RETURN_IF_ERROR(
                 cudaMemcpyAsync(output.data, recv, count * esize,
@@ -842,24 +842,24 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::ReduceScatter(
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(
     const Buffer& buffer, ReduceOp op, const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
+  FSDPP_RETURN_IF_ERROR(ValidateAllReduce(*this, buffer, op));
   return Issue(
       "all_reduce", absl::StrCat(buffer.ToString(), ", ", ReduceOpName(op)),
       options, [this, buffer, op](OpContext& ctx) -> absl::Status {
         const int64_t n = buffer.count;
         if (n == 0) return absl::OkStatus();
         if (!ReducesInF32(buffer.dtype)) {
-          RETURN_IF_ERROR(ctx.Check(
+          FSDPP_RETURN_IF_ERROR(ctx.Check(
               ncclAllReduce(buffer.data, buffer.data, n, NcclType(buffer.dtype),
                             NcclRedOp(op, size_), ctx.comm, ctx.stream),
               "ncclAllReduce"));
           return absl::OkStatus();
         }
-        ASSIGN_OR_RETURN(void* scratch, ctx.Scratch(n * sizeof(float)));
+        FSDPP_ASSIGN_OR_RETURN(void* scratch, ctx.Scratch(n * sizeof(float)));
         float* wide = static_cast<float*>(scratch);
-        RETURN_IF_ERROR(
+        FSDPP_RETURN_IF_ERROR(
             CastToF32Async(buffer.data, buffer.dtype, wide, n, ctx.stream));
-        RETURN_IF_ERROR(
+        FSDPP_RETURN_IF_ERROR(
             ctx.Check(ncclAllReduce(wide, wide, n, ncclFloat32,
                                     NcclRedOp(op, size_), ctx.comm, ctx.stream),
                       "ncclAllReduce"));
@@ -869,11 +869,11 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllReduce(
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(
     const Buffer& buffer, int root, const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateBroadcast(*this, buffer, root));
+  FSDPP_RETURN_IF_ERROR(ValidateBroadcast(*this, buffer, root));
   return Issue("broadcast", absl::StrCat(buffer.ToString(), ", root ", root),
                options, [buffer, root](OpContext& ctx) -> absl::Status {
                  if (buffer.count == 0) return absl::OkStatus();
-                 RETURN_IF_ERROR(ctx.Check(
+                 FSDPP_RETURN_IF_ERROR(ctx.Check(
                      ncclBroadcast(buffer.data, buffer.data, buffer.nbytes(),
                                    ncclUint8, root, ctx.comm, ctx.stream),
                      "ncclBroadcast"));
@@ -884,7 +884,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Broadcast(
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllToAll(
     const Buffer& input, const Buffer& output,
     const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateAllToAll(*this, input, output));
+  FSDPP_RETURN_IF_ERROR(ValidateAllToAll(*this, input, output));
   return Issue(
       "all_to_all", input.ToString(), options,
       [this, input, output](OpContext& ctx) -> absl::Status {
@@ -894,12 +894,12 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllToAll(
         const char* send = static_cast<const char*>(input.data);
         char* recv = static_cast<char*>(output.data);
         if (input.data == output.data) {  // Stage the input: peers overwrite.
-          ASSIGN_OR_RETURN(void* staged, ctx.Scratch(bytes));
+          FSDPP_ASSIGN_OR_RETURN(void* staged, ctx.Scratch(bytes));
           FSDPP_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
               staged, input.data, bytes, cudaMemcpyDeviceToDevice, ctx.stream));
           send = static_cast<const char*>(staged);
         }
-        RETURN_IF_ERROR(ctx.Check(ncclGroupStart(), "ncclGroupStart"));
+        FSDPP_RETURN_IF_ERROR(ctx.Check(ncclGroupStart(), "ncclGroupStart"));
         absl::Status status;
         for (int peer = 0; peer < size_ && status.ok(); ++peer) {
           status = ctx.Check(ncclSend(send + peer * per_peer, per_peer,
@@ -920,10 +920,10 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllToAll(
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(
     const CollectiveOptions& options) {
   return Issue("barrier", "", options, [](OpContext& ctx) -> absl::Status {
-    ASSIGN_OR_RETURN(void* flag, ctx.Scratch(sizeof(int32_t)));
+    FSDPP_ASSIGN_OR_RETURN(void* flag, ctx.Scratch(sizeof(int32_t)));
     FSDPP_CUDA_RETURN_IF_ERROR(
         cudaMemsetAsync(flag, 0, sizeof(int32_t), ctx.stream));
-    RETURN_IF_ERROR(ctx.Check(
+    FSDPP_RETURN_IF_ERROR(ctx.Check(
         ncclAllReduce(flag, flag, 1, ncclInt32, ncclSum, ctx.comm, ctx.stream),
         "ncclAllReduce"));
     return absl::OkStatus();
@@ -932,7 +932,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(
 
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::BatchP2P(
     const std::vector<P2POp>& ops, const CollectiveOptions& options) {
-  RETURN_IF_ERROR(ValidateP2P(*this, ops));
+  FSDPP_RETURN_IF_ERROR(ValidateP2P(*this, ops));
   for (const P2POp& op : ops) {
     if (op.tag != 0) {
       return absl::UnimplementedError(absl::StrCat(
@@ -945,7 +945,7 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::BatchP2P(
       [ops](OpContext& ctx) -> absl::Status {
         // One NCCL group: the transfers progress together, matched with the
         // peers' in the order each pair issues them.
-        RETURN_IF_ERROR(ctx.Check(ncclGroupStart(), "ncclGroupStart"));
+        FSDPP_RETURN_IF_ERROR(ctx.Check(ncclGroupStart(), "ncclGroupStart"));
         absl::Status status;
         for (const P2POp& op : ops) {
           const size_t bytes = op.buffer.nbytes();
@@ -970,9 +970,9 @@ ProcessGroupFactory NcclGroupFactory(Store* store, int cuda_device,
   return [store, cuda_device, options](
              const std::string& name, int rank,
              int size) -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {
-    ASSIGN_OR_RETURN(std::unique_ptr<NcclProcessGroup> group,
-                     NcclProcessGroup::Create(store, rank, size, name,
-                                              cuda_device, options));
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<NcclProcessGroup> group,
+                           NcclProcessGroup::Create(store, rank, size, name,
+                                                    cuda_device, options));
     return std::unique_ptr<ProcessGroup>(std::move(group));
   };
 }

@@ -180,7 +180,7 @@ absl::StatusOr<RendezvousInfo> Finish(
   env.CheckRange(local_rank, local_rank_name, 0, local_size, local_size_name,
                  false);
   env.CheckRange(port, "MASTER_PORT", 1, 65535, "", true);
-  RETURN_IF_ERROR(env.Finish());
+  FSDPP_RETURN_IF_ERROR(env.Finish());
   RendezvousInfo info;
   info.rank = *rank;
   info.world_size = *size;

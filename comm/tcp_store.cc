@@ -165,7 +165,7 @@ absl::StatusOr<uint8_t> ReadReplyStatus(Reader* in, absl::string_view where) {
 
 // Like ReadReplyStatus, for requests whose only success is kOk.
 absl::Status ExpectOk(Reader* in, absl::string_view where) {
-  ASSIGN_OR_RETURN(const uint8_t status, ReadReplyStatus(in, where));
+  FSDPP_ASSIGN_OR_RETURN(const uint8_t status, ReadReplyStatus(in, where));
   if (status != kOk) {
     return absl::InternalError(
         absl::StrCat("tcp store ", where, ": unexpected NOT_FOUND reply"));
@@ -254,7 +254,7 @@ bool IsSelfConnected(int fd) {
 // socket, or the reason it failed.
 absl::StatusOr<int> ConnectOnce(const std::string& host, int port,
                                 absl::Time deadline) {
-  ASSIGN_OR_RETURN(const sockaddr_in addr, Resolve(host, port));
+  FSDPP_ASSIGN_OR_RETURN(const sockaddr_in addr, Resolve(host, port));
   const int fd =
       ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::ErrnoToStatus(errno, "socket");
@@ -666,16 +666,16 @@ class TcpStore::Client {
   absl::StatusOr<std::string> Exchange(absl::string_view request,
                                        absl::Time deadline) {
     const std::string frame = Frame(request);
-    RETURN_IF_ERROR(SendAll(frame, deadline));
+    FSDPP_RETURN_IF_ERROR(SendAll(frame, deadline));
     char header[4];
-    RETURN_IF_ERROR(RecvExact(header, sizeof(header), deadline));
+    FSDPP_RETURN_IF_ERROR(RecvExact(header, sizeof(header), deadline));
     const uint32_t len = LoadU32(header);
     if (len > kMaxFrameBytes) {
       return absl::InternalError(
           absl::StrCat("reply frame of ", len, " bytes is too big"));
     }
     std::string reply(len, '\0');
-    RETURN_IF_ERROR(RecvExact(reply.data(), len, deadline));
+    FSDPP_RETURN_IF_ERROR(RecvExact(reply.data(), len, deadline));
     return reply;
   }
 
@@ -701,7 +701,7 @@ class TcpStore::Client {
   absl::Status SendAll(absl::string_view data, absl::Time deadline) {
     size_t done = 0;
     while (done < data.size()) {
-      RETURN_IF_ERROR(WaitFor(POLLOUT, deadline, "sending a request"));
+      FSDPP_RETURN_IF_ERROR(WaitFor(POLLOUT, deadline, "sending a request"));
       const ssize_t n =
           ::send(fd_, data.data() + done, data.size() - done, MSG_NOSIGNAL);
       if (n < 0) {
@@ -718,7 +718,7 @@ class TcpStore::Client {
   absl::Status RecvExact(char* data, size_t size, absl::Time deadline) {
     size_t done = 0;
     while (done < size) {
-      RETURN_IF_ERROR(WaitFor(POLLIN, deadline, "receiving a reply"));
+      FSDPP_RETURN_IF_ERROR(WaitFor(POLLIN, deadline, "receiving a reply"));
       const ssize_t n = ::recv(fd_, data + done, size - done, 0);
       if (n < 0) {
         if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
@@ -754,11 +754,11 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Create(
   }
   std::unique_ptr<Server> server;
   if (is_server) {
-    ASSIGN_OR_RETURN(server, Server::Start(host, port));
+    FSDPP_ASSIGN_OR_RETURN(server, Server::Start(host, port));
     port = server->port();
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
-                   Client::Connect(host, port, timeout));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Client> client,
+                         Client::Connect(host, port, timeout));
   return std::unique_ptr<TcpStore>(new TcpStore(
       std::move(host), port, std::move(server), std::move(client)));
 }
@@ -782,9 +782,9 @@ absl::StatusOr<std::string> TcpStore::Call(const std::string& request,
 absl::Status TcpStore::Set(absl::string_view key, absl::string_view value) {
   std::string req = KeyRequest(kSet, key);
   PutStr(&req, value);
-  ASSIGN_OR_RETURN(const std::string reply, Call(req));
+  FSDPP_ASSIGN_OR_RETURN(const std::string reply, Call(req));
   Reader in(reply);
-  RETURN_IF_ERROR(ExpectOk(&in, Where()));
+  FSDPP_RETURN_IF_ERROR(ExpectOk(&in, Where()));
   return absl::OkStatus();
 }
 
@@ -794,9 +794,9 @@ absl::StatusOr<std::string> TcpStore::Get(absl::string_view key,
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = kMinPollBackoff;
   for (;;) {
-    ASSIGN_OR_RETURN(const std::string reply, Call(req, deadline));
+    FSDPP_ASSIGN_OR_RETURN(const std::string reply, Call(req, deadline));
     Reader in(reply);
-    ASSIGN_OR_RETURN(const uint8_t status, ReadReplyStatus(&in, Where()));
+    FSDPP_ASSIGN_OR_RETURN(const uint8_t status, ReadReplyStatus(&in, Where()));
     if (status == kOk) {
       absl::string_view value;
       if (!in.Str(&value) || !in.done()) return Malformed(Where());
@@ -815,18 +815,18 @@ absl::StatusOr<std::string> TcpStore::Get(absl::string_view key,
 absl::StatusOr<int64_t> TcpStore::Add(absl::string_view key, int64_t delta) {
   std::string req = KeyRequest(kAdd, key);
   PutI64(&req, delta);
-  ASSIGN_OR_RETURN(const std::string reply, Call(req));
+  FSDPP_ASSIGN_OR_RETURN(const std::string reply, Call(req));
   Reader in(reply);
-  RETURN_IF_ERROR(ExpectOk(&in, Where()));
+  FSDPP_RETURN_IF_ERROR(ExpectOk(&in, Where()));
   int64_t value = 0;
   if (!in.I64(&value) || !in.done()) return Malformed(Where());
   return value;
 }
 
 absl::StatusOr<bool> TcpStore::Check(const std::vector<std::string>& keys) {
-  ASSIGN_OR_RETURN(const std::string reply, Call(CheckRequest(keys)));
+  FSDPP_ASSIGN_OR_RETURN(const std::string reply, Call(CheckRequest(keys)));
   Reader in(reply);
-  RETURN_IF_ERROR(ExpectOk(&in, Where()));
+  FSDPP_RETURN_IF_ERROR(ExpectOk(&in, Where()));
   absl::string_view present;
   if (!in.Bytes(keys.size(), &present) || !in.done()) return Malformed(Where());
   return std::all_of(present.begin(), present.end(),
@@ -834,9 +834,10 @@ absl::StatusOr<bool> TcpStore::Check(const std::vector<std::string>& keys) {
 }
 
 absl::Status TcpStore::Delete(absl::string_view key) {
-  ASSIGN_OR_RETURN(const std::string reply, Call(KeyRequest(kDelete, key)));
+  FSDPP_ASSIGN_OR_RETURN(const std::string reply,
+                         Call(KeyRequest(kDelete, key)));
   Reader in(reply);
-  RETURN_IF_ERROR(ExpectOk(&in, Where()));
+  FSDPP_RETURN_IF_ERROR(ExpectOk(&in, Where()));
   return absl::OkStatus();
 }
 
@@ -846,9 +847,9 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys,
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = kMinPollBackoff;
   for (;;) {
-    ASSIGN_OR_RETURN(const std::string reply, Call(req));
+    FSDPP_ASSIGN_OR_RETURN(const std::string reply, Call(req));
     Reader in(reply);
-    RETURN_IF_ERROR(ExpectOk(&in, Where()));
+    FSDPP_RETURN_IF_ERROR(ExpectOk(&in, Where()));
     absl::string_view present;
     if (!in.Bytes(keys.size(), &present) || !in.done()) {
       return Malformed(Where());

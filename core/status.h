@@ -1,8 +1,9 @@
 // Status helpers missing from Debian's Abseil LTS (20220623).
 //
-// RETURN_IF_ERROR(expr) returns a non-OK absl::Status from the enclosing
-// function; ASSIGN_OR_RETURN(lhs, expr) unwraps an absl::StatusOr or returns
-// its error. Both keep the original message and add no allocation on success.
+// FSDPP_RETURN_IF_ERROR(expr) returns a non-OK absl::Status from the enclosing
+// function; FSDPP_ASSIGN_OR_RETURN(lhs, expr) unwraps an absl::StatusOr or
+// returns its error. Both keep the original message and add no allocation on
+// success.
 #ifndef FSDPP_CORE_STATUS_H_
 #define FSDPP_CORE_STATUS_H_
 
@@ -16,7 +17,7 @@
 #define FSDPP_STATUS_CONCAT(a, b) FSDPP_STATUS_CONCAT_INNER(a, b)
 
 // Evaluates `expr` (an absl::Status) and returns it if it is not OK.
-#define RETURN_IF_ERROR(expr)                                          \
+#define FSDPP_RETURN_IF_ERROR(expr)                                    \
   do {                                                                 \
     ::absl::Status fsdpp_status_ = (expr);                             \
     if (ABSL_PREDICT_FALSE(!fsdpp_status_.ok())) return fsdpp_status_; \
@@ -24,9 +25,9 @@
 
 // `lhs` is assigned the value of `rexpr` (an absl::StatusOr<T>), or the
 // enclosing function returns its status. `lhs` may declare a variable:
-//   ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(...));
-#define ASSIGN_OR_RETURN(lhs, rexpr) \
-  FSDPP_ASSIGN_OR_RETURN_IMPL(       \
+//   FSDPP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(...));
+#define FSDPP_ASSIGN_OR_RETURN(lhs, rexpr) \
+  FSDPP_ASSIGN_OR_RETURN_IMPL(             \
       FSDPP_STATUS_CONCAT(fsdpp_statusor_, __COUNTER__), lhs, rexpr)
 
 #define FSDPP_ASSIGN_OR_RETURN_IMPL(statusor, lhs, rexpr) \

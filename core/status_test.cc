@@ -1,4 +1,4 @@
-// Tests for RETURN_IF_ERROR / ASSIGN_OR_RETURN / Annotate.
+// Tests for FSDPP_RETURN_IF_ERROR / FSDPP_ASSIGN_OR_RETURN / Annotate.
 #include "core/status.h"
 
 #include <memory>
@@ -21,16 +21,16 @@ int calls = 0;
 
 absl::Status Chain(bool fail_first, bool fail_second) {
   ++calls;
-  RETURN_IF_ERROR(FailIf(fail_first));
+  FSDPP_RETURN_IF_ERROR(FailIf(fail_first));
   ++calls;
-  RETURN_IF_ERROR(FailIf(fail_second));
+  FSDPP_RETURN_IF_ERROR(FailIf(fail_second));
   ++calls;
   return absl::OkStatus();
 }
 
 absl::StatusOr<int> Sum(bool fail_a, bool fail_b) {
-  ASSIGN_OR_RETURN(std::unique_ptr<int> a, MakeInt(fail_a, 2));
-  ASSIGN_OR_RETURN(auto b, MakeInt(fail_b, 3));  // Move-only values work.
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<int> a, MakeInt(fail_a, 2));
+  FSDPP_ASSIGN_OR_RETURN(auto b, MakeInt(fail_b, 3));  // Move-only values work.
   return *a + *b;
 }
 

@@ -75,8 +75,9 @@ absl::StatusOr<ScopedFd> CreateExclusive(const std::string& path) {
 
 absl::Status WriteFileDurably(const std::string& path,
                               absl::string_view contents) {
-  ASSIGN_OR_RETURN(ScopedFd fd, CreateExclusive(path));
-  RETURN_IF_ERROR(WriteAll(fd.get(), contents.data(), contents.size(), path));
+  FSDPP_ASSIGN_OR_RETURN(ScopedFd fd, CreateExclusive(path));
+  FSDPP_RETURN_IF_ERROR(
+      WriteAll(fd.get(), contents.data(), contents.size(), path));
   if (::fdatasync(fd.get()) != 0) return Errno(errno, path, "fdatasync");
   return fd.Close(path);
 }

@@ -87,7 +87,7 @@ class JsonParser {
   absl::StatusOr<Json> Parse() {
     Json value;
     SkipWhitespace();
-    RETURN_IF_ERROR(ParseValue(&value, 0));
+    FSDPP_RETURN_IF_ERROR(ParseValue(&value, 0));
     SkipWhitespace();
     if (pos_ != n_) {
       return Error(pos_, absl::StrCat("unexpected ", DescribeByte(p_[pos_]),
@@ -123,7 +123,7 @@ class JsonParser {
 
   absl::Status ParseValue(Json* out, int depth) {
     if (pos_ >= n_) return EndOfInput();
-    RETURN_IF_ERROR(CountValue());
+    FSDPP_RETURN_IF_ERROR(CountValue());
     const unsigned char c = p_[pos_];
     switch (c) {
       case '{':
@@ -157,7 +157,7 @@ class JsonParser {
   }
 
   absl::Status ParseObject(Json* out, int depth) {
-    RETURN_IF_ERROR(EnterContainer(depth));
+    FSDPP_RETURN_IF_ERROR(EnterContainer(depth));
     Json::Object& members = out->value_.emplace<Json::Object>();
     ++pos_;  // '{'
     SkipWhitespace();
@@ -171,9 +171,9 @@ class JsonParser {
         return Error(pos_, absl::StrCat("unexpected ", DescribeByte(p_[pos_]),
                                         ", expected a string key"));
       }
-      RETURN_IF_ERROR(CountValue());
+      FSDPP_RETURN_IF_ERROR(CountValue());
       std::string key;
-      RETURN_IF_ERROR(ParseString(&key));
+      FSDPP_RETURN_IF_ERROR(ParseString(&key));
       SkipWhitespace();
       if (pos_ >= n_) return EndOfInput();
       if (p_[pos_] != ':') {
@@ -185,7 +185,7 @@ class JsonParser {
       members.emplace_back(std::piecewise_construct,
                            std::forward_as_tuple(std::move(key)),
                            std::forward_as_tuple());
-      RETURN_IF_ERROR(ParseValue(&members.back().second, depth + 1));
+      FSDPP_RETURN_IF_ERROR(ParseValue(&members.back().second, depth + 1));
       SkipWhitespace();
       if (pos_ >= n_) return EndOfInput();
       if (p_[pos_] == '}') {
@@ -202,7 +202,7 @@ class JsonParser {
   }
 
   absl::Status ParseArray(Json* out, int depth) {
-    RETURN_IF_ERROR(EnterContainer(depth));
+    FSDPP_RETURN_IF_ERROR(EnterContainer(depth));
     Json::Array& elements = out->value_.emplace<Json::Array>();
     ++pos_;  // '['
     SkipWhitespace();
@@ -212,7 +212,7 @@ class JsonParser {
     }
     for (;;) {
       elements.emplace_back();
-      RETURN_IF_ERROR(ParseValue(&elements.back(), depth + 1));
+      FSDPP_RETURN_IF_ERROR(ParseValue(&elements.back(), depth + 1));
       SkipWhitespace();
       if (pos_ >= n_) return EndOfInput();
       if (p_[pos_] == ']') {
@@ -343,7 +343,7 @@ class JsonParser {
         return absl::OkStatus();
       }
       if (c == '\\') {
-        RETURN_IF_ERROR(ParseEscape(out));
+        FSDPP_RETURN_IF_ERROR(ParseEscape(out));
       } else if (c < 0x20) {
         return Error(pos_,
                      absl::StrFormat(

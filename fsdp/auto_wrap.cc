@@ -248,8 +248,8 @@ absl::StatusOr<std::vector<WrapGroup>> PlanAutoWrap(
 absl::StatusOr<std::vector<FsdpUnit*>> AutoWrap(
     Module* root, const WrapPredicate& predicate,
     const AutoWrapOptions& options) {
-  ASSIGN_OR_RETURN(std::vector<WrapGroup> plan,
-                   PlanAutoWrap(root, predicate, options.tied));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<WrapGroup> plan,
+                         PlanAutoWrap(root, predicate, options.tied));
   std::vector<FsdpUnit*> units;
   for (const WrapGroup& group : plan) {
     std::vector<Module*> modules;

@@ -72,10 +72,10 @@ absl::Status CopyRows(const SplitView& v, Range range, const Tensor& whole,
   const int64_t run = range.length * v.inner;
   if (run == 0) return absl::OkStatus();
   for (int64_t o = 0; o < v.outer; ++o) {
-    ASSIGN_OR_RETURN(Tensor w,
-                     whole.Narrow((o * v.rows + range.begin) * v.inner, run));
-    ASSIGN_OR_RETURN(Tensor c, compact.Narrow(o * run, run));
-    RETURN_IF_ERROR(Copy(w, &c));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor w, whole.Narrow((o * v.rows + range.begin) * v.inner, run));
+    FSDPP_ASSIGN_OR_RETURN(Tensor c, compact.Narrow(o * run, run));
+    FSDPP_RETURN_IF_ERROR(Copy(w, &c));
   }
   return absl::OkStatus();
 }
@@ -98,8 +98,8 @@ absl::StatusOr<std::unique_ptr<Stream>> MakeCommStream(Device device,
                                                        std::string name) {
   if (device.is_cuda()) {
 #if defined(FSDPP_WITH_CUDA)
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> stream,
-                     CudaStream::Create(device.index(), std::move(name)));
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<CudaStream> stream,
+                           CudaStream::Create(device.index(), std::move(name)));
     return std::unique_ptr<Stream>(std::move(stream));
 #else
     return absl::FailedPreconditionError(
@@ -157,7 +157,8 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
         "FullyShard: needs a 1-D (shard) or 2-D (replicate, shard) mesh, "
         "plus the tp axis when tp_axis is set");
   }
-  if (tp_axes > 0) RETURN_IF_ERROR(mesh->AxisIndex(options.tp_axis).status());
+  if (tp_axes > 0)
+    FSDPP_RETURN_IF_ERROR(mesh->AxisIndex(options.tp_axis).status());
   const std::string name =
       absl::StrCat(modules[0]->kind(), modules.size() > 1 ? "+..." : "");
   // (An empty unit is allowed: e.g. a root whose parameters all sit in
@@ -166,10 +167,10 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
   unit->name_ = name;
   unit->modules_ = modules;
   unit->options_ = options;
-  RETURN_IF_ERROR(unit->InitGroups());
-  ASSIGN_OR_RETURN(std::vector<FsdpUnit*> inner, unit->ClaimParameters());
-  RETURN_IF_ERROR(unit->ShardParameters());
-  RETURN_IF_ERROR(unit->HeadFamily(inner));
+  FSDPP_RETURN_IF_ERROR(unit->InitGroups());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<FsdpUnit*> inner, unit->ClaimParameters());
+  FSDPP_RETURN_IF_ERROR(unit->ShardParameters());
+  FSDPP_RETURN_IF_ERROR(unit->HeadFamily(inner));
   unit->Register();
 
   FsdpUnit* raw = unit.get();
@@ -192,9 +193,9 @@ absl::Status FsdpUnit::InitGroups() {
     if (a.name != options_.tp_axis) data_axes.push_back(a.name);
   }
   const std::string& shard_axis = data_axes.back();
-  ASSIGN_OR_RETURN(shard_group_, mesh->Group(shard_axis));
+  FSDPP_ASSIGN_OR_RETURN(shard_group_, mesh->Group(shard_axis));
   if (data_axes.size() == 2) {
-    ASSIGN_OR_RETURN(replicate_group_, mesh->Group(data_axes[0]));
+    FSDPP_ASSIGN_OR_RETURN(replicate_group_, mesh->Group(data_axes[0]));
   }
   // The masters' mesh: with tensor parallelism the tp axis comes before the
   // shard axis, so a dim both split is split by tp first (each rank's
@@ -205,7 +206,7 @@ absl::Status FsdpUnit::InitGroups() {
     if (data_axes.size() == 2) order.push_back(data_axes[0]);
     order.push_back(options_.tp_axis);
     order.push_back(data_axes.back());
-    ASSIGN_OR_RETURN(master_mesh_, mesh->SubMesh(order));
+    FSDPP_ASSIGN_OR_RETURN(master_mesh_, mesh->SubMesh(order));
   }
   world_ = shard_group_->size();
   rank_ = shard_group_->rank();
@@ -226,8 +227,8 @@ absl::Status FsdpUnit::InitGroups() {
     }
     // Without resharding after forward there is nothing to keep a piece of.
     if (options_.reshard_after_forward) {
-      ASSIGN_OR_RETURN(hpz_group_,
-                       mesh->Subgroup(shard_axis, options_.hpz_degree));
+      FSDPP_ASSIGN_OR_RETURN(hpz_group_,
+                             mesh->Subgroup(shard_axis, options_.hpz_degree));
     }
   }
   return absl::OkStatus();
@@ -311,29 +312,30 @@ absl::Status FsdpUnit::ShardParameters() {
     placements.push_back(Placement::Shard(v.dim));
     Shape local_shape = v.view;
     local_shape[v.dim] = mine.length;
-    ASSIGN_OR_RETURN(Tensor master,
-                     Tensor::Zeros(local_shape, DType::kF32, state_device_,
-                                   MemoryTag::kParams));
-    ASSIGN_OR_RETURN(Tensor grad,
-                     Tensor::Zeros(local_shape, DType::kF32, state_device_,
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor master, Tensor::Zeros(local_shape, DType::kF32, state_device_,
+                                     MemoryTag::kParams));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor grad, Tensor::Zeros(local_shape, DType::kF32, state_device_,
                                    MemoryTag::kGrads));
     if (p->data.is_meta()) {
       all_materialised = false;
     } else {
       // Materialised already: keep our rows (as f32), then drop the full copy.
-      RETURN_IF_ERROR(CopyRows(v, mine, p->data.Flatten(), master.Flatten()));
+      FSDPP_RETURN_IF_ERROR(
+          CopyRows(v, mine, p->data.Flatten(), master.Flatten()));
     }
-    ASSIGN_OR_RETURN(sp.master, DTensor::FromLocal(master, master_mesh_,
-                                                   placements, global));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(sp.master, DTensor::FromLocal(master, master_mesh_,
+                                                         placements, global));
+    FSDPP_ASSIGN_OR_RETURN(
         sp.grad, DTensor::FromLocal(grad, master_mesh_, placements, global));
     offsets_.push_back(offset);
     offset += PaddedElements(v, world_);
     views_.push_back(v);
     // The module now computes in param dtype from unsharded views we install.
     p->dtype = options_.mp_policy.param_dtype;
-    ASSIGN_OR_RETURN(p->data,
-                     Tensor::Empty(p->LocalShape(), p->dtype, Device::Meta()));
+    FSDPP_ASSIGN_OR_RETURN(
+        p->data, Tensor::Empty(p->LocalShape(), p->dtype, Device::Meta()));
     p->grad = Tensor();
   }
   segment_ = offset;
@@ -344,10 +346,11 @@ absl::Status FsdpUnit::ShardParameters() {
 absl::Status FsdpUnit::HeadFamily(const std::vector<FsdpUnit*>& inner) {
   // Family: this unit becomes the root of every unit inside it.
   shared_ = std::make_shared<FsdpUnit::Shared>();
-  ASSIGN_OR_RETURN(shared_->gather_stream,
-                   MakeCommStream(compute_device_, "fsdp:all_gather"));
-  ASSIGN_OR_RETURN(shared_->reduce_stream,
-                   MakeCommStream(compute_device_, "fsdp:reduce_scatter"));
+  FSDPP_ASSIGN_OR_RETURN(shared_->gather_stream,
+                         MakeCommStream(compute_device_, "fsdp:all_gather"));
+  FSDPP_ASSIGN_OR_RETURN(
+      shared_->reduce_stream,
+      MakeCommStream(compute_device_, "fsdp:reduce_scatter"));
   is_root_ = true;
   shared_->root = this;
   for (FsdpUnit* u : inner) {
@@ -381,7 +384,7 @@ absl::Status InitShardedWeights(Module* root, uint64_t seed) {
       sp.name = fqn;
       const Box box = sp.master.local_box();
       Tensor local = *sp.master.mutable_local();
-      RETURN_IF_ERROR(
+      FSDPP_RETURN_IF_ERROR(
           Annotate(InitBox(p->init, seed, InitStreamId(fqn), sp.master.shape(),
                            box.offset, box.shape, &local),
                    absl::StrCat("initialising the shard of '", fqn, "'")));
@@ -427,7 +430,7 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
   // host-to-device copy (a host-to-host copy on a CPU-only run).
   Tensor stage = *slot;
   if (offload_params()) {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         stage, Tensor::Empty({segment_}, dtype, options_.offload_policy.host,
                              MemoryTag::kCommBuffers));
   }
@@ -437,29 +440,30 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
     const int64_t padded = PaddedElements(views_[i], world_);
     const int64_t n = local.numel();
     if (n > 0) {
-      ASSIGN_OR_RETURN(Tensor dst, stage.Narrow(offsets_[i], n));
-      RETURN_IF_ERROR(Copy(local.Flatten(), &dst));  // Cast fused into copy-in.
+      FSDPP_ASSIGN_OR_RETURN(Tensor dst, stage.Narrow(offsets_[i], n));
+      FSDPP_RETURN_IF_ERROR(
+          Copy(local.Flatten(), &dst));  // Cast fused into copy-in.
     }
     if (padded > n) {
-      RETURN_IF_ERROR(ZeroBytes(base + (offsets_[i] + n) * esize,
-                                stage.device(), (padded - n) * esize));
+      FSDPP_RETURN_IF_ERROR(ZeroBytes(base + (offsets_[i] + n) * esize,
+                                      stage.device(), (padded - n) * esize));
     }
   }
   if (offload_params()) {
-    RETURN_IF_ERROR(CopyBytes(slot->raw_data(), slot->device(),
-                              stage.raw_data(), options_.offload_policy.host,
-                              segment_ * esize));
+    FSDPP_RETURN_IF_ERROR(
+        CopyBytes(slot->raw_data(), slot->device(), stage.raw_data(),
+                  options_.offload_policy.host, segment_ * esize));
   }
   return absl::OkStatus();
 }
 
 absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
   if (unsharded_ || gather_work_ != nullptr) return absl::OkStatus();
-  RETURN_IF_ERROR(CheckInitialized());
+  FSDPP_RETURN_IF_ERROR(CheckInitialized());
   const DType dtype = options_.mp_policy.param_dtype;
   const bool backward = shared_->in_backward;
-  ASSIGN_OR_RETURN(gather_out_,
-                   Tensor::Empty({segment_ * world_}, dtype, compute_device_,
+  FSDPP_ASSIGN_OR_RETURN(
+      gather_out_, Tensor::Empty({segment_ * world_}, dtype, compute_device_,
                                  MemoryTag::kCommBuffers));
   CollectiveOptions o;
   o.stream = shared_->gather_stream.get();
@@ -469,15 +473,17 @@ absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
     group = hpz_group_;
     gather_in_ = std::move(hpz_piece_);
     hpz_piece_ = Tensor();
-    ASSIGN_OR_RETURN(gather_work_, group->AllGather(AsBuffer(gather_in_),
-                                                    AsBuffer(gather_out_), o));
+    FSDPP_ASSIGN_OR_RETURN(
+        gather_work_,
+        group->AllGather(AsBuffer(gather_in_), AsBuffer(gather_out_), o));
   } else {
     // In place: this rank's segment goes straight into its slot.
-    ASSIGN_OR_RETURN(Tensor slot,
-                     gather_out_.Narrow(rank_ * segment_, segment_));
-    RETURN_IF_ERROR(CopyIn(&slot));
-    ASSIGN_OR_RETURN(gather_work_, group->AllGather(AsBuffer(slot),
-                                                    AsBuffer(gather_out_), o));
+    FSDPP_ASSIGN_OR_RETURN(Tensor slot,
+                           gather_out_.Narrow(rank_ * segment_, segment_));
+    FSDPP_RETURN_IF_ERROR(CopyIn(&slot));
+    FSDPP_ASSIGN_OR_RETURN(
+        gather_work_,
+        group->AllGather(AsBuffer(slot), AsBuffer(gather_out_), o));
   }
   ++(backward ? stats_.backward_all_gathers
               : stats_.forward_all_gathers)[group->size()];
@@ -487,10 +493,10 @@ absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
 
 absl::Status FsdpUnit::FinishUnshard() {
   if (unsharded_) return absl::OkStatus();
-  if (gather_work_ == nullptr) RETURN_IF_ERROR(BeginUnshard(false));
+  if (gather_work_ == nullptr) FSDPP_RETURN_IF_ERROR(BeginUnshard(false));
   {
     TraceSpan wait("wait all_gather", "comm_wait");
-    RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
+    FSDPP_RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
   }
   const bool from_piece = gather_in_.defined();
   gather_work_.reset();
@@ -501,18 +507,19 @@ absl::Status FsdpUnit::FinishUnshard() {
       !shared_->in_backward) {
     // hpZ: keep the piece this rank contributes to the N-rank all-gather.
     const int64_t piece = segment_ * (world_ / hpz_group_->size());
-    ASSIGN_OR_RETURN(Tensor mine,
-                     gather_out_.Narrow(hpz_group_->rank() * piece, piece));
-    ASSIGN_OR_RETURN(hpz_piece_, Tensor::Empty({piece}, dtype, compute_device_,
-                                               MemoryTag::kCommBuffers));
-    RETURN_IF_ERROR(Copy(mine, &hpz_piece_));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor mine, gather_out_.Narrow(hpz_group_->rank() * piece, piece));
+    FSDPP_ASSIGN_OR_RETURN(hpz_piece_,
+                           Tensor::Empty({piece}, dtype, compute_device_,
+                                         MemoryTag::kCommBuffers));
+    FSDPP_RETURN_IF_ERROR(Copy(mine, &hpz_piece_));
   }
   const char* gathered = static_cast<const char*>(gather_out_.raw_data());
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     const SplitView& v = views_[i];
-    ASSIGN_OR_RETURN(Tensor full,
-                     Tensor::Empty(sp.parameter->LocalShape(), dtype,
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor full, Tensor::Empty(sp.parameter->LocalShape(), dtype,
                                    compute_device_, MemoryTag::kCommBuffers));
     char* dst = static_cast<char*>(full.raw_data());
     for (int r = 0; r < world_; ++r) {
@@ -520,7 +527,7 @@ absl::Status FsdpUnit::FinishUnshard() {
       const int64_t run = range.length * v.inner;
       const char* src = gathered + (r * segment_ + offsets_[i]) * esize;
       for (int64_t o = 0; o < v.outer; ++o) {
-        RETURN_IF_ERROR(
+        FSDPP_RETURN_IF_ERROR(
             CopyBytes(dst + ((o * v.rows + range.begin) * v.inner) * esize,
                       compute_device_, src + o * run * esize, compute_device_,
                       run * esize));
@@ -534,23 +541,23 @@ absl::Status FsdpUnit::FinishUnshard() {
 }
 
 absl::Status FsdpUnit::Unshard() {
-  RETURN_IF_ERROR(BeginUnshard(false));
+  FSDPP_RETURN_IF_ERROR(BeginUnshard(false));
   return FinishUnshard();
 }
 
 absl::Status FsdpUnit::FreeUnsharded() {
-  if (gather_work_ != nullptr) RETURN_IF_ERROR(FinishUnshard());
+  if (gather_work_ != nullptr) FSDPP_RETURN_IF_ERROR(FinishUnshard());
   for (ShardedParameter& sp : params_) {
-    ASSIGN_OR_RETURN(sp.parameter->data,
-                     Tensor::Empty(sp.parameter->LocalShape(),
-                                   sp.parameter->dtype, Device::Meta()));
+    FSDPP_ASSIGN_OR_RETURN(sp.parameter->data,
+                           Tensor::Empty(sp.parameter->LocalShape(),
+                                         sp.parameter->dtype, Device::Meta()));
   }
   unsharded_ = false;
   return absl::OkStatus();
 }
 
 absl::Status FsdpUnit::Reshard() {
-  RETURN_IF_ERROR(FreeUnsharded());
+  FSDPP_RETURN_IF_ERROR(FreeUnsharded());
   hpz_piece_ = Tensor();
   return absl::OkStatus();
 }
@@ -571,22 +578,22 @@ std::vector<FsdpUnit*> FsdpUnit::NextUnits(bool backward) {
 }
 
 absl::Status FsdpUnit::PreForward() {
-  RETURN_IF_ERROR(CheckInitialized());
+  FSDPP_RETURN_IF_ERROR(CheckInitialized());
   if (shared_->in_backward) return FinishUnshard();  // Recomputation.
   if (is_root_) {
     // A root forward that ran before without a backward was forward-only
     // (evaluation, or an abandoned step): forget its hook counts and free
     // what it kept for the backward that never came.
-    if (forward_modules_ > 0) RETURN_IF_ERROR(AbandonForward());
+    if (forward_modules_ > 0) FSDPP_RETURN_IF_ERROR(AbandonForward());
     shared_->recording.clear();
   }
   if (std::find(shared_->recording.begin(), shared_->recording.end(), this) ==
       shared_->recording.end()) {
     shared_->recording.push_back(this);
   }
-  RETURN_IF_ERROR(FinishUnshard());
+  FSDPP_RETURN_IF_ERROR(FinishUnshard());
   for (FsdpUnit* next : NextUnits(/*backward=*/false)) {
-    RETURN_IF_ERROR(next->BeginUnshard(/*prefetch=*/true));
+    FSDPP_RETURN_IF_ERROR(next->BeginUnshard(/*prefetch=*/true));
   }
   ++forward_modules_;
   return absl::OkStatus();
@@ -596,7 +603,7 @@ absl::Status FsdpUnit::AbandonForward() {
   // The root too: an optimizer step may have changed the masters since.
   for (FsdpUnit* unit : shared_->order) {
     unit->forward_modules_ = unit->backward_modules_ = 0;
-    if (unit != this) RETURN_IF_ERROR(unit->Reshard());
+    if (unit != this) FSDPP_RETURN_IF_ERROR(unit->Reshard());
   }
   forward_modules_ = backward_modules_ = 0;
   return Reshard();
@@ -612,9 +619,9 @@ absl::Status FsdpUnit::PostForward() {
 
 absl::Status FsdpUnit::PreBackward() {
   if (is_root_) shared_->in_backward = true;
-  RETURN_IF_ERROR(FinishUnshard());
+  FSDPP_RETURN_IF_ERROR(FinishUnshard());
   for (FsdpUnit* next : NextUnits(/*backward=*/true)) {
-    RETURN_IF_ERROR(next->BeginUnshard(/*prefetch=*/true));
+    FSDPP_RETURN_IF_ERROR(next->BeginUnshard(/*prefetch=*/true));
   }
   return absl::OkStatus();
 }
@@ -623,10 +630,10 @@ absl::Status FsdpUnit::PostBackward() {
   if (++backward_modules_ < forward_modules_) return absl::OkStatus();
   forward_modules_ = backward_modules_ = 0;
   // Free the unsharded parameters before the reduce-scatter allocates.
-  RETURN_IF_ERROR(Reshard());
-  if (requires_gradient_sync_) RETURN_IF_ERROR(ReduceGradients());
+  FSDPP_RETURN_IF_ERROR(Reshard());
+  if (requires_gradient_sync_) FSDPP_RETURN_IF_ERROR(ReduceGradients());
   if (is_root_ || shared_->root == nullptr) {
-    RETURN_IF_ERROR(FinishReductions());
+    FSDPP_RETURN_IF_ERROR(FinishReductions());
     shared_->in_backward = false;
   }
   return absl::OkStatus();
@@ -636,14 +643,14 @@ absl::Status FsdpUnit::ReduceGradients() {
   // Finish the previous unit's reduce-scatter (issued during this unit's
   // backward, so normally done) and free its buffers before allocating: at
   // most one reduce-scatter's buffers are alive.
-  RETURN_IF_ERROR(FinishReductions());
+  FSDPP_RETURN_IF_ERROR(FinishReductions());
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
-  ASSIGN_OR_RETURN(Tensor input,
-                   Tensor::Zeros({segment_ * world_}, reduce_dtype,
-                                 compute_device_, MemoryTag::kCommBuffers));
-  ASSIGN_OR_RETURN(Tensor output,
-                   Tensor::Empty({segment_}, reduce_dtype, compute_device_,
-                                 MemoryTag::kCommBuffers));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor input, Tensor::Zeros({segment_ * world_}, reduce_dtype,
+                                  compute_device_, MemoryTag::kCommBuffers));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor output, Tensor::Empty({segment_}, reduce_dtype, compute_device_,
+                                   MemoryTag::kCommBuffers));
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     Parameter* p = sp.parameter;
@@ -653,20 +660,20 @@ absl::Status FsdpUnit::ReduceGradients() {
     for (int r = 0; r < world_; ++r) {
       const Range range = ChunkRange(v.rows, world_, r);
       if (range.length == 0) continue;
-      ASSIGN_OR_RETURN(Tensor dst,
-                       input.Narrow(r * segment_ + offsets_[i],
-                                    v.outer * range.length * v.inner));
-      RETURN_IF_ERROR(CopyRows(v, range, flat, dst));
+      FSDPP_ASSIGN_OR_RETURN(Tensor dst,
+                             input.Narrow(r * segment_ + offsets_[i],
+                                          v.outer * range.length * v.inner));
+      FSDPP_RETURN_IF_ERROR(CopyRows(v, range, flat, dst));
     }
     p->grad = Tensor();  // Free the unsharded gradient.
   }
   const bool average = options_.gradient_divide_factor <= 0.0f;
   CollectiveOptions o;
   o.stream = shared_->reduce_stream.get();
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   shard_group_->ReduceScatter(
-                       AsBuffer(input), AsBuffer(output),
-                       average ? ReduceOp::kAvg : ReduceOp::kSum, o));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                         shard_group_->ReduceScatter(
+                             AsBuffer(input), AsBuffer(output),
+                             average ? ReduceOp::kAvg : ReduceOp::kSum, o));
   shared_->pending.push_back({this, std::move(work), input, output});
   ++stats_.reduce_scatters;
   return absl::OkStatus();
@@ -678,7 +685,7 @@ absl::Status FsdpUnit::FinishReductions() {
   for (Shared::PendingReduce& r : pending) {
     {
       TraceSpan wait("wait reduce_scatter", "comm_wait");
-      RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
+      FSDPP_RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
     }
     r.input = Tensor();
     FsdpUnit* unit = r.unit;
@@ -691,49 +698,49 @@ absl::Status FsdpUnit::FinishReductions() {
       if (defer || sum.defined()) {
         Tensor shard = r.output;
         if (shard.dtype() != DType::kF32) {
-          ASSIGN_OR_RETURN(
+          FSDPP_ASSIGN_OR_RETURN(
               shard, Tensor::Empty(shard.shape(), DType::kF32, shard.device(),
                                    MemoryTag::kGrads));
-          RETURN_IF_ERROR(Copy(r.output, &shard));
+          FSDPP_RETURN_IF_ERROR(Copy(r.output, &shard));
         }
         if (!sum.defined()) {
           if (shard.dtype() == r.output.dtype()) {
-            ASSIGN_OR_RETURN(
+            FSDPP_ASSIGN_OR_RETURN(
                 sum, Tensor::Empty(shard.shape(), DType::kF32, shard.device(),
                                    MemoryTag::kGrads));
-            RETURN_IF_ERROR(Copy(shard, &sum));
+            FSDPP_RETURN_IF_ERROR(Copy(shard, &sum));
           } else {
             sum = shard;
           }
         } else {
-          RETURN_IF_ERROR(Add(sum, shard, &sum));
+          FSDPP_RETURN_IF_ERROR(Add(sum, shard, &sum));
         }
         if (defer) {
           r.output = Tensor();  // Free it now, as the all-reduced ones are.
           continue;
         }
-        RETURN_IF_ERROR(Copy(sum, &r.output));  // rounded once, if at all
+        FSDPP_RETURN_IF_ERROR(Copy(sum, &r.output));  // rounded once, if at all
         sum = Tensor();
       }
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
           std::shared_ptr<Work> ar,
           unit->replicate_group_->AllReduce(
               AsBuffer(r.output), average ? ReduceOp::kAvg : ReduceOp::kSum));
       ++unit->stats_.replica_all_reduces;
       TraceSpan wait("wait all_reduce (replicas)", "comm_wait");
-      RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
+      FSDPP_RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
     }
     Tensor reduced = std::move(r.output);
     r.output = Tensor();
     if (unit->offload_params()) {
       // One device-to-host copy of the reduced shard; accumulate on the host.
       const Device host_device = unit->options_.offload_policy.host;
-      ASSIGN_OR_RETURN(Tensor host,
-                       Tensor::Empty(reduced.shape(), reduced.dtype(),
+      FSDPP_ASSIGN_OR_RETURN(
+          Tensor host, Tensor::Empty(reduced.shape(), reduced.dtype(),
                                      host_device, MemoryTag::kCommBuffers));
-      RETURN_IF_ERROR(CopyBytes(host.raw_data(), host_device,
-                                reduced.raw_data(), reduced.device(),
-                                reduced.nbytes()));
+      FSDPP_RETURN_IF_ERROR(CopyBytes(host.raw_data(), host_device,
+                                      reduced.raw_data(), reduced.device(),
+                                      reduced.nbytes()));
       reduced = host;
     }
     const float scale =
@@ -741,16 +748,17 @@ absl::Status FsdpUnit::FinishReductions() {
     for (size_t i = 0; i < unit->params_.size(); ++i) {
       Tensor grad = unit->params_[i].grad.local().Flatten();
       if (grad.numel() == 0) continue;
-      ASSIGN_OR_RETURN(Tensor piece,
-                       reduced.Narrow(unit->offsets_[i], grad.numel()));
+      FSDPP_ASSIGN_OR_RETURN(Tensor piece,
+                             reduced.Narrow(unit->offsets_[i], grad.numel()));
       if (piece.dtype() != DType::kF32) {
-        ASSIGN_OR_RETURN(
+        FSDPP_ASSIGN_OR_RETURN(
             Tensor f32, Tensor::Empty(piece.shape(), DType::kF32,
                                       piece.device(), MemoryTag::kCommBuffers));
-        RETURN_IF_ERROR(Copy(piece, &f32));
+        FSDPP_RETURN_IF_ERROR(Copy(piece, &f32));
         piece = f32;
       }
-      RETURN_IF_ERROR(Axpy(scale, piece, &grad));  // Accumulate into fp32.
+      FSDPP_RETURN_IF_ERROR(
+          Axpy(scale, piece, &grad));  // Accumulate into fp32.
     }
   }
   return absl::OkStatus();

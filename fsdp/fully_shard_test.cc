@@ -68,13 +68,13 @@ absl::Status Forward(Module* model, nn::CrossEntropyLoss* loss, int64_t begin,
     ids.push_back((i * 5 + i / kSeq) % kVocab);
     targets.push_back((i * 3 + 2) % (tied ? kVocab : kClasses));
   }
-  ASSIGN_OR_RETURN(Tensor x, Tensor::FromInts({rows, kSeq}, ids));
-  ASSIGN_OR_RETURN(Tensor t, Tensor::FromInts({rows, kSeq}, targets));
-  ASSIGN_OR_RETURN(Tensor logits, model->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x, Tensor::FromInts({rows, kSeq}, ids));
+  FSDPP_ASSIGN_OR_RETURN(Tensor t, Tensor::FromInts({rows, kSeq}, targets));
+  FSDPP_ASSIGN_OR_RETURN(Tensor logits, model->Forward(x));
   return loss->Forward(logits, t).status();
 }
 absl::Status Backward(Module* model, nn::CrossEntropyLoss* loss) {
-  ASSIGN_OR_RETURN(Tensor dlogits, loss->Backward());
+  FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss->Backward());
   return model->Backward(dlogits).status();
 }
 

@@ -117,9 +117,9 @@ absl::Status ReplicatedModule::PostBackward(Bucket* bucket) {
 absl::Status ReplicatedModule::IssueReduce(Bucket* bucket) {
   bucket->issued = true;
   if (bucket->elements == 0) return absl::OkStatus();
-  ASSIGN_OR_RETURN(Tensor buffer,
-                   Tensor::Zeros({bucket->elements}, options_.reduce_dtype,
-                                 group_->device(), MemoryTag::kCommBuffers));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor buffer, Tensor::Zeros({bucket->elements}, options_.reduce_dtype,
+                                   group_->device(), MemoryTag::kCommBuffers));
   int64_t offset = 0;
   for (ReplicatedParameter* p : bucket->params) {
     if (!p->parameter->grad.SharesStorageWith(p->grad.local())) {
@@ -129,14 +129,15 @@ absl::Status ReplicatedModule::IssueReduce(Bucket* bucket) {
           "ZeroGrad() without set_to_none)"));
     }
     const Tensor grad = p->parameter->grad.Flatten();
-    ASSIGN_OR_RETURN(Tensor slice, buffer.Narrow(offset, grad.numel()));
-    RETURN_IF_ERROR(Copy(grad, &slice));  // Cast fused into the packing.
+    FSDPP_ASSIGN_OR_RETURN(Tensor slice, buffer.Narrow(offset, grad.numel()));
+    FSDPP_RETURN_IF_ERROR(Copy(grad, &slice));  // Cast fused into the packing.
     offset += grad.numel();
   }
   CollectiveOptions o;
   o.stream = stream_.get();
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group_->AllReduce(AsBuffer(buffer), ReduceOp::kAvg, o));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      group_->AllReduce(AsBuffer(buffer), ReduceOp::kAvg, o));
   pending_.push_back({bucket, std::move(work), std::move(buffer)});
   return absl::OkStatus();
 }
@@ -158,8 +159,9 @@ absl::Status ReplicatedModule::FinishReductions() {
     int64_t offset = 0;
     for (ReplicatedParameter* p : r.bucket->params) {
       Tensor grad = p->parameter->grad.Flatten();
-      ASSIGN_OR_RETURN(Tensor slice, r.buffer.Narrow(offset, grad.numel()));
-      RETURN_IF_ERROR(Copy(slice, &grad));
+      FSDPP_ASSIGN_OR_RETURN(Tensor slice,
+                             r.buffer.Narrow(offset, grad.numel()));
+      FSDPP_RETURN_IF_ERROR(Copy(slice, &grad));
       offset += grad.numel();
     }
   }
@@ -168,7 +170,7 @@ absl::Status ReplicatedModule::FinishReductions() {
 
 absl::StatusOr<ReplicatedModule*> Replicate(Module* root,
                                             const ReplicateOptions& options) {
-  RETURN_IF_ERROR(CheckReplicateArguments(root, options));
+  FSDPP_RETURN_IF_ERROR(CheckReplicateArguments(root, options));
   {
     std::lock_guard<std::mutex> lock(RegistryMutex());
     if (!ReplicatedRoots().insert(root).second) {
@@ -182,13 +184,13 @@ absl::StatusOr<ReplicatedModule*> Replicate(Module* root,
   state->options_ = options;
   DeviceMesh* mesh = options.mesh;
   if (mesh->ndim() == 1) {
-    ASSIGN_OR_RETURN(state->group_, mesh->Group(mesh->axes()[0].name));
+    FSDPP_ASSIGN_OR_RETURN(state->group_, mesh->Group(mesh->axes()[0].name));
   } else {
-    ASSIGN_OR_RETURN(state->group_, mesh->FlatGroup());
+    FSDPP_ASSIGN_OR_RETURN(state->group_, mesh->FlatGroup());
   }
   state->stream_ = std::make_unique<CpuStream>("replicate:all_reduce");
-  ASSIGN_OR_RETURN(auto by_param, state->ReplicateParameters());
-  ASSIGN_OR_RETURN(auto hooked, state->MakeBuckets(by_param));
+  FSDPP_ASSIGN_OR_RETURN(auto by_param, state->ReplicateParameters());
+  FSDPP_ASSIGN_OR_RETURN(auto hooked, state->MakeBuckets(by_param));
   return ReplicatedModule::InstallHooks(std::move(state), hooked);
 }
 
@@ -209,20 +211,20 @@ ReplicatedModule::ReplicateParameters() {
   }
   for (auto& [fqn, p] : named) {
     if (options_.broadcast_parameters) {
-      ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                       group_->Broadcast(AsBuffer(p->data), /*root=*/0));
-      RETURN_IF_ERROR(
+      FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                             group_->Broadcast(AsBuffer(p->data), /*root=*/0));
+      FSDPP_RETURN_IF_ERROR(
           Annotate(work->Wait(kWaitTimeout),
                    absl::StrCat("Replicate: broadcasting '", fqn, "'")));
     }
-    RETURN_IF_ERROR(p->EnsureGrad());
+    FSDPP_RETURN_IF_ERROR(p->EnsureGrad());
     ReplicatedParameter rp;
     rp.name = fqn;
     rp.parameter = p;
-    ASSIGN_OR_RETURN(rp.param,
-                     DTensor::FromLocal(p->data, mesh, replicated, p->shape));
-    ASSIGN_OR_RETURN(rp.grad,
-                     DTensor::FromLocal(p->grad, mesh, replicated, p->shape));
+    FSDPP_ASSIGN_OR_RETURN(
+        rp.param, DTensor::FromLocal(p->data, mesh, replicated, p->shape));
+    FSDPP_ASSIGN_OR_RETURN(
+        rp.grad, DTensor::FromLocal(p->grad, mesh, replicated, p->shape));
     params_.push_back(std::move(rp));
     by_param[p] = &params_.back();
   }
@@ -237,8 +239,8 @@ ReplicatedModule::MakeBuckets(
   std::set<Parameter*> taken;
   std::vector<std::pair<Module*, Bucket*>> hooked;
   for (Module* b : options_.bucket_modules) {
-    ASSIGN_OR_RETURN(std::vector<Parameter*> exclusive,
-                     ExclusiveParameters(root_, b));
+    FSDPP_ASSIGN_OR_RETURN(std::vector<Parameter*> exclusive,
+                           ExclusiveParameters(root_, b));
     auto bucket = std::make_unique<Bucket>();
     for (Parameter* p : exclusive) {
       if (!p->requires_grad || !taken.insert(p).second) continue;
@@ -287,7 +289,7 @@ ReplicatedModule* ReplicatedModule::InstallHooks(
     // The root bucket, and any bucket whose module ran no backward this time
     // (every rank must reduce every bucket, in the same order).
     for (auto& b : raw->buckets_) {
-      if (!b->issued) RETURN_IF_ERROR(raw->IssueReduce(b.get()));
+      if (!b->issued) FSDPP_RETURN_IF_ERROR(raw->IssueReduce(b.get()));
     }
     for (auto& b : raw->buckets_) b->issued = false;
     return raw->FinishReductions();

@@ -90,19 +90,19 @@ absl::Status CheckStrict(absl::string_view api,
 // broadcast (the message as one i32 per byte, in buffers on the group's
 // device), so every rank fails alike.
 absl::Status ShareVerdict(const absl::Status& status, DeviceMesh* mesh) {
-  ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
   const bool root = mesh->rank() == 0;
   const std::string message = root ? std::string(status.message()) : "";
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       Tensor header,
       Tensor::FromInts({2},
                        {root ? static_cast<int64_t>(status.code()) : 0,
                         static_cast<int64_t>(message.size())},
                        DType::kI32, group->device()));
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group->Broadcast(AsBuffer(header), /*root=*/0));
-  RETURN_IF_ERROR(work->Wait(kTimeout));
-  ASSIGN_OR_RETURN(std::vector<float> values, header.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                         group->Broadcast(AsBuffer(header), /*root=*/0));
+  FSDPP_RETURN_IF_ERROR(work->Wait(kTimeout));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> values, header.ToFloats());
   const int code = static_cast<int>(values[0]);
   const int64_t length = static_cast<int64_t>(values[1]);
   if (code == 0) return absl::OkStatus();
@@ -112,12 +112,12 @@ absl::Status ShareVerdict(const absl::Status& status, DeviceMesh* mesh) {
     for (size_t i = 0; i < message.size(); ++i) {
       bytes[i] = static_cast<unsigned char>(message[i]);
     }
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         Tensor chars,
         Tensor::FromInts({length}, bytes, DType::kI32, group->device()));
-    ASSIGN_OR_RETURN(work, group->Broadcast(AsBuffer(chars), /*root=*/0));
-    RETURN_IF_ERROR(work->Wait(kTimeout));
-    ASSIGN_OR_RETURN(std::vector<float> received, chars.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(work, group->Broadcast(AsBuffer(chars), /*root=*/0));
+    FSDPP_RETURN_IF_ERROR(work->Wait(kTimeout));
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> received, chars.ToFloats());
     text.clear();
     for (float c : received) text.push_back(static_cast<char>(c));
   }
@@ -158,7 +158,7 @@ absl::StatusOr<bool> CheckFullState(
   // verdict on).
   DeviceMesh* mesh = nullptr;
   if (rank0_only) {
-    ASSIGN_OR_RETURN(mesh, CommonMesh(api, meshes));
+    FSDPP_ASSIGN_OR_RETURN(mesh, CommonMesh(api, meshes));
   }
   std::vector<Given> given;
   for (const auto& [name, t] : full) {
@@ -169,7 +169,7 @@ absl::StatusOr<bool> CheckFullState(
   absl::Status verdict =
       reads_state ? CheckStrict(api, expected, given) : absl::OkStatus();
   if (rank0_only && mesh != nullptr) verdict = ShareVerdict(verdict, mesh);
-  RETURN_IF_ERROR(verdict);
+  FSDPP_RETURN_IF_ERROR(verdict);
   return reads_state;
 }
 
@@ -182,32 +182,32 @@ absl::Status FillFromFull(const Tensor* full, const Shape& global,
                           Tensor* local) {
   Tensor whole;
   if (broadcast) {
-    ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
     const bool root = mesh->rank() == 0;
     if (root && full->dtype() == local->dtype() &&
         full->device() == group->device()) {
       // A broadcast only reads the root's buffer: the caller's tensor serves.
-      ASSIGN_OR_RETURN(whole, full->Reshape(global));
+      FSDPP_ASSIGN_OR_RETURN(whole, full->Reshape(global));
     } else {
-      ASSIGN_OR_RETURN(whole,
-                       Tensor::Empty(global, local->dtype(), group->device(),
-                                     MemoryTag::kCommBuffers));
+      FSDPP_ASSIGN_OR_RETURN(
+          whole, Tensor::Empty(global, local->dtype(), group->device(),
+                               MemoryTag::kCommBuffers));
       if (root) {
         Tensor flat = whole.Flatten();
-        RETURN_IF_ERROR(Copy(full->Flatten(), &flat));  // Converts dtype.
+        FSDPP_RETURN_IF_ERROR(Copy(full->Flatten(), &flat));  // Converts dtype.
       }
     }
-    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                     group->Broadcast(AsBuffer(whole), /*root=*/0));
-    RETURN_IF_ERROR(work->Wait(kTimeout));
+    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                           group->Broadcast(AsBuffer(whole), /*root=*/0));
+    FSDPP_RETURN_IF_ERROR(work->Wait(kTimeout));
   } else if (full->dtype() == local->dtype()) {
-    ASSIGN_OR_RETURN(whole, full->Reshape(global));
+    FSDPP_ASSIGN_OR_RETURN(whole, full->Reshape(global));
   } else {
-    ASSIGN_OR_RETURN(whole,
-                     Tensor::Empty(global, local->dtype(), full->device(),
-                                   MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(whole,
+                           Tensor::Empty(global, local->dtype(), full->device(),
+                                         MemoryTag::kCommBuffers));
     Tensor flat = whole.Flatten();
-    RETURN_IF_ERROR(Copy(full->Flatten(), &flat));  // Converts dtype.
+    FSDPP_RETURN_IF_ERROR(Copy(full->Flatten(), &flat));  // Converts dtype.
   }
   // CopyBox moves between devices.
   return CopyBox(whole, box.offset, local, Shape(box.shape.size(), 0),
@@ -216,9 +216,10 @@ absl::Status FillFromFull(const Tensor* full, const Shape& global,
 
 // A host copy of `t` that shares no storage with it.
 absl::StatusOr<Tensor> HostCopy(const Tensor& t) {
-  ASSIGN_OR_RETURN(Tensor out, Tensor::Empty(t.shape(), t.dtype(),
-                                             Device::Cpu(), MemoryTag::kOther));
-  RETURN_IF_ERROR(Copy(t, &out));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor out,
+      Tensor::Empty(t.shape(), t.dtype(), Device::Cpu(), MemoryTag::kOther));
+  FSDPP_RETURN_IF_ERROR(Copy(t, &out));
   return out;
 }
 
@@ -245,8 +246,8 @@ absl::StatusOr<std::vector<ShardedParameter*>> AllSharded(absl::string_view api,
 }  // namespace
 
 absl::StatusOr<NamedDTensors> ShardedStateDict(Module* root) {
-  ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
-                   AllSharded("ShardedStateDict", root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
+                         AllSharded("ShardedStateDict", root));
   NamedDTensors out;
   for (ShardedParameter* sp : sharded) out.emplace_back(sp->name, sp->master);
   return out;
@@ -254,8 +255,8 @@ absl::StatusOr<NamedDTensors> ShardedStateDict(Module* root) {
 
 absl::Status LoadShardedStateDict(Module* root, const NamedDTensors& state) {
   constexpr absl::string_view kApi = "LoadShardedStateDict";
-  ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
-                   AllSharded(kApi, root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
+                         AllSharded(kApi, root));
   std::vector<Expected> expected;
   std::map<std::string, ShardedParameter*> by_name;
   for (ShardedParameter* sp : sharded) {
@@ -266,7 +267,7 @@ absl::Status LoadShardedStateDict(Module* root, const NamedDTensors& state) {
   for (const auto& [name, t] : state) {
     given.push_back({name, t.shape(), t.dtype()});
   }
-  RETURN_IF_ERROR(CheckStrict(kApi, expected, given));
+  FSDPP_RETURN_IF_ERROR(CheckStrict(kApi, expected, given));
   for (const auto& [name, t] : state) {
     DeviceMesh* want = by_name.at(name)->master.mesh();
     if (t.mesh() != want) {
@@ -284,7 +285,7 @@ absl::Status LoadShardedStateDict(Module* root, const NamedDTensors& state) {
     ShardedParameter* sp = by_name.at(name);
     DTensor laid_out = t;
     if (t.placements() != sp->master.placements()) {
-      ASSIGN_OR_RETURN(laid_out, t.Redistribute(sp->master.placements()));
+      FSDPP_ASSIGN_OR_RETURN(laid_out, t.Redistribute(sp->master.placements()));
     }
     writes.emplace_back(sp, std::move(laid_out));
   }
@@ -294,7 +295,7 @@ absl::Status LoadShardedStateDict(Module* root, const NamedDTensors& state) {
         src.local().storage_offset() == dst->storage_offset()) {
       continue;  // Loading the masters' own views: nothing to copy.
     }
-    RETURN_IF_ERROR(Copy(src.local(), dst));
+    FSDPP_RETURN_IF_ERROR(Copy(src.local(), dst));
   }
   return absl::OkStatus();
 }
@@ -307,10 +308,10 @@ absl::StatusOr<NamedTensors> GatherFullTensors(const NamedDTensors& sharded,
       return absl::InvalidArgumentError(absl::StrCat(
           "GatherFullTensors: '", name, "' is an undefined DTensor"));
     }
-    ASSIGN_OR_RETURN(Tensor full, t.FullTensor(kTimeout));
+    FSDPP_ASSIGN_OR_RETURN(Tensor full, t.FullTensor(kTimeout));
     if (rank0_only && t.mesh()->rank() != 0) continue;
     if (full.SharesStorageWith(t.local()) || !full.device().is_cpu()) {
-      ASSIGN_OR_RETURN(full, HostCopy(full));
+      FSDPP_ASSIGN_OR_RETURN(full, HostCopy(full));
     }
     out.emplace_back(name, std::move(full));
   }
@@ -318,17 +319,18 @@ absl::StatusOr<NamedTensors> GatherFullTensors(const NamedDTensors& sharded,
 }
 
 absl::StatusOr<NamedTensors> FullStateDict(Module* root, bool rank0_only) {
-  ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
-                   AllSharded("FullStateDict", root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
+                         AllSharded("FullStateDict", root));
   NamedDTensors masters;
   for (ShardedParameter* sp : sharded)
     masters.emplace_back(sp->name, sp->master);
-  ASSIGN_OR_RETURN(NamedTensors out, GatherFullTensors(masters, rank0_only));
+  FSDPP_ASSIGN_OR_RETURN(NamedTensors out,
+                         GatherFullTensors(masters, rank0_only));
   // Masters of scalar parameters are [1]: give back the parameter's shape.
   std::map<std::string, const Shape*> shapes;
   for (ShardedParameter* sp : sharded) shapes[sp->name] = &sp->shape;
   for (auto& [name, t] : out) {
-    ASSIGN_OR_RETURN(t, t.Reshape(*shapes.at(name)));
+    FSDPP_ASSIGN_OR_RETURN(t, t.Reshape(*shapes.at(name)));
   }
   return out;
 }
@@ -344,20 +346,21 @@ absl::StatusOr<NamedDTensors> DistributeFullTensors(const NamedTensors& full,
     expected.push_back({name, t.shape()});
   }
   std::map<std::string, const Tensor*> by_name;
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       const bool reads_state,
       CheckFullState(kApi, meshes, expected, full, rank0_only, &by_name));
   NamedDTensors out;
   for (const auto& [name, t] : like) {
     const Box box = t.local_box();
-    ASSIGN_OR_RETURN(Tensor local,
-                     Tensor::Empty(box.shape, t.dtype(), t.local().device(),
-                                   t.local().tag()));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor local, Tensor::Empty(box.shape, t.dtype(), t.local().device(),
+                                    t.local().tag()));
     const Tensor* source = reads_state ? by_name.at(name) : nullptr;
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         FillFromFull(source, t.shape(), box, t.mesh(), rank0_only, &local));
-    ASSIGN_OR_RETURN(DTensor d, DTensor::FromLocal(local, t.mesh(),
-                                                   t.placements(), t.shape()));
+    FSDPP_ASSIGN_OR_RETURN(
+        DTensor d,
+        DTensor::FromLocal(local, t.mesh(), t.placements(), t.shape()));
     out.emplace_back(name, std::move(d));
   }
   return out;
@@ -366,8 +369,8 @@ absl::StatusOr<NamedDTensors> DistributeFullTensors(const NamedTensors& full,
 absl::Status LoadFullStateDict(Module* root, const NamedTensors& state,
                                bool rank0_only) {
   constexpr absl::string_view kApi = "LoadFullStateDict";
-  ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
-                   AllSharded(kApi, root));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<ShardedParameter*> sharded,
+                         AllSharded(kApi, root));
   std::vector<DeviceMesh*> meshes;
   std::vector<Expected> expected;
   for (ShardedParameter* sp : sharded) {
@@ -375,7 +378,7 @@ absl::Status LoadFullStateDict(Module* root, const NamedTensors& state,
     expected.push_back({sp->name, sp->shape});
   }
   std::map<std::string, const Tensor*> by_name;
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       const bool reads_state,
       CheckFullState(kApi, meshes, expected, state, rank0_only, &by_name));
   // One parameter at a time straight into its master: one transient full
@@ -383,9 +386,9 @@ absl::Status LoadFullStateDict(Module* root, const NamedTensors& state,
   for (ShardedParameter* sp : sharded) {
     const Tensor* source = reads_state ? by_name.at(sp->name) : nullptr;
     Tensor* master = sp->master.mutable_local();
-    RETURN_IF_ERROR(FillFromFull(source, sp->master.shape(),
-                                 sp->master.local_box(), sp->master.mesh(),
-                                 rank0_only, master));
+    FSDPP_RETURN_IF_ERROR(FillFromFull(source, sp->master.shape(),
+                                       sp->master.local_box(),
+                                       sp->master.mesh(), rank0_only, master));
   }
   return absl::OkStatus();
 }
@@ -394,14 +397,16 @@ absl::StatusOr<int64_t> BroadcastFromRank0(int64_t value, DeviceMesh* mesh) {
   if (mesh == nullptr) {
     return absl::InvalidArgumentError("BroadcastFromRank0: null mesh");
   }
-  ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
-  ASSIGN_OR_RETURN(Tensor buffer, Tensor::FromInts({1}, {value}, DType::kI64,
-                                                   group->device()));
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group->Broadcast(AsBuffer(buffer), /*root=*/0));
-  RETURN_IF_ERROR(work->Wait(kTimeout));
-  ASSIGN_OR_RETURN(Tensor host, Tensor::Empty({1}, DType::kI64, Device::Cpu()));
-  RETURN_IF_ERROR(Copy(buffer, &host));
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, mesh->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor buffer,
+      Tensor::FromInts({1}, {value}, DType::kI64, group->device()));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                         group->Broadcast(AsBuffer(buffer), /*root=*/0));
+  FSDPP_RETURN_IF_ERROR(work->Wait(kTimeout));
+  FSDPP_ASSIGN_OR_RETURN(Tensor host,
+                         Tensor::Empty({1}, DType::kI64, Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(Copy(buffer, &host));
   return host.data<int64_t>()[0];
 }
 

@@ -89,7 +89,7 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(
     const std::string group_name =
         absl::StrCat(mesh->name_, "/", mesh->axes_[i].name,
                      fixed.empty() ? "" : "@", absl::StrJoin(fixed, ","));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         std::unique_ptr<ProcessGroup> group,
         mesh->factory_(group_name, mesh->coordinate_[i], sizes[i]));
     mesh->groups_.push_back(std::move(group));
@@ -107,19 +107,19 @@ absl::StatusOr<int> DeviceMesh::AxisIndex(const std::string& axis_name) const {
 }
 
 absl::StatusOr<int> DeviceMesh::AxisSize(const std::string& axis_name) const {
-  ASSIGN_OR_RETURN(int i, AxisIndex(axis_name));
+  FSDPP_ASSIGN_OR_RETURN(int i, AxisIndex(axis_name));
   return axes_[i].size;
 }
 
 absl::StatusOr<int> DeviceMesh::AxisCoordinate(
     const std::string& axis_name) const {
-  ASSIGN_OR_RETURN(int i, AxisIndex(axis_name));
+  FSDPP_ASSIGN_OR_RETURN(int i, AxisIndex(axis_name));
   return coordinate_[i];
 }
 
 absl::StatusOr<ProcessGroup*> DeviceMesh::Group(
     const std::string& axis_name) const {
-  ASSIGN_OR_RETURN(int i, AxisIndex(axis_name));
+  FSDPP_ASSIGN_OR_RETURN(int i, AxisIndex(axis_name));
   return groups_[i].get();
 }
 
@@ -135,7 +135,7 @@ absl::StatusOr<DeviceMesh*> DeviceMesh::SubMesh(
   std::vector<int> picked;
   std::set<int> seen;
   for (const std::string& n : axis_names) {
-    ASSIGN_OR_RETURN(int i, AxisIndex(n));
+    FSDPP_ASSIGN_OR_RETURN(int i, AxisIndex(n));
     if (!seen.insert(i).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("mesh '", name_, "': axis '", n, "' named twice"));
@@ -183,7 +183,7 @@ absl::StatusOr<ProcessGroup*> DeviceMesh::FlatGroup() {
     if (ndim() == 1) {
       flat_group_ = groups_[0];
     } else {
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
           std::unique_ptr<ProcessGroup> group,
           factory_(absl::StrCat(name_, "/flat"), local_rank_, size()));
       flat_group_ = std::move(group);
@@ -194,7 +194,7 @@ absl::StatusOr<ProcessGroup*> DeviceMesh::FlatGroup() {
 
 absl::StatusOr<ProcessGroup*> DeviceMesh::Subgroup(const std::string& axis_name,
                                                    int group_size) {
-  ASSIGN_OR_RETURN(int axis, AxisIndex(axis_name));
+  FSDPP_ASSIGN_OR_RETURN(int axis, AxisIndex(axis_name));
   const int axis_size = axes_[axis].size;
   if (group_size < 1 || axis_size % group_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -218,7 +218,7 @@ absl::StatusOr<ProcessGroup*> DeviceMesh::Subgroup(const std::string& axis_name,
   const std::string group_name = absl::StrCat(
       name_, "/", axis_name, "[", first, "..", first + group_size - 1, "]",
       fixed.empty() ? "" : "@", absl::StrJoin(fixed, ","));
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<ProcessGroup> group,
       factory_(group_name, coordinate_[axis] % group_size, group_size));
   ProcessGroup* out = group.get();

@@ -162,7 +162,7 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
     return v;
   };
   const auto integer = [&](const char* key, int64_t* out) -> absl::Status {
-    ASSIGN_OR_RETURN(const Json* v, field(key));
+    FSDPP_ASSIGN_OR_RETURN(const Json* v, field(key));
     if (!v->is_int64()) return bad(absl::StrCat(key, " is not an integer"));
     *out = v->int64_value();
     return absl::OkStatus();
@@ -174,19 +174,19 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
     return absl::OkStatus();
   };
   const auto boolean = [&](const char* key, bool* out) -> absl::Status {
-    ASSIGN_OR_RETURN(const Json* v, field(key));
+    FSDPP_ASSIGN_OR_RETURN(const Json* v, field(key));
     if (!v->is_bool()) return bad(absl::StrCat(key, " is not true or false"));
     *out = v->bool_value();
     return absl::OkStatus();
   };
   const auto text = [&](const char* key) -> absl::StatusOr<std::string> {
-    ASSIGN_OR_RETURN(const Json* v, field(key));
+    FSDPP_ASSIGN_OR_RETURN(const Json* v, field(key));
     if (!v->is_string()) return bad(absl::StrCat(key, " is not a string"));
     return v->string_value();
   };
   TransformerConfig c;
-  ASSIGN_OR_RETURN(c.name, text("name"));
-  ASSIGN_OR_RETURN(const std::string family, text("family"));
+  FSDPP_ASSIGN_OR_RETURN(c.name, text("name"));
+  FSDPP_ASSIGN_OR_RETURN(const std::string family, text("family"));
   if (family == "gpt2") {
     c.family = ModelFamily::kGpt2;
   } else if (family == "llama") {
@@ -194,22 +194,22 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
   } else {
     return bad(absl::StrCat("unknown family \"", family, "\""));
   }
-  RETURN_IF_ERROR(integer("vocab_size", &c.vocab_size));
-  RETURN_IF_ERROR(integer("vocab_pad_multiple", &c.vocab_pad_multiple));
-  RETURN_IF_ERROR(integer("context_length", &c.context_length));
-  RETURN_IF_ERROR(integer("dim", &c.dim));
-  RETURN_IF_ERROR(integer("n_layers", &c.n_layers));
-  RETURN_IF_ERROR(integer("n_heads", &c.n_heads));
-  RETURN_IF_ERROR(integer("n_kv_heads", &c.n_kv_heads));
-  RETURN_IF_ERROR(integer("ffn_hidden", &c.ffn_hidden));
-  RETURN_IF_ERROR(integer("no_rope_every", &c.no_rope_every));
-  ASSIGN_OR_RETURN(const Json* eps, field("norm_eps"));
-  RETURN_IF_ERROR(number(*eps, "norm_eps", &c.norm_eps));
-  ASSIGN_OR_RETURN(const Json* theta, field("rope_theta"));
-  RETURN_IF_ERROR(number(*theta, "rope_theta", &c.rope_theta));
-  ASSIGN_OR_RETURN(const Json* init_std, field("init_std"));
-  RETURN_IF_ERROR(number(*init_std, "init_std", &c.init_std));
-  ASSIGN_OR_RETURN(const Json* scaling, field("rope_scaling"));
+  FSDPP_RETURN_IF_ERROR(integer("vocab_size", &c.vocab_size));
+  FSDPP_RETURN_IF_ERROR(integer("vocab_pad_multiple", &c.vocab_pad_multiple));
+  FSDPP_RETURN_IF_ERROR(integer("context_length", &c.context_length));
+  FSDPP_RETURN_IF_ERROR(integer("dim", &c.dim));
+  FSDPP_RETURN_IF_ERROR(integer("n_layers", &c.n_layers));
+  FSDPP_RETURN_IF_ERROR(integer("n_heads", &c.n_heads));
+  FSDPP_RETURN_IF_ERROR(integer("n_kv_heads", &c.n_kv_heads));
+  FSDPP_RETURN_IF_ERROR(integer("ffn_hidden", &c.ffn_hidden));
+  FSDPP_RETURN_IF_ERROR(integer("no_rope_every", &c.no_rope_every));
+  FSDPP_ASSIGN_OR_RETURN(const Json* eps, field("norm_eps"));
+  FSDPP_RETURN_IF_ERROR(number(*eps, "norm_eps", &c.norm_eps));
+  FSDPP_ASSIGN_OR_RETURN(const Json* theta, field("rope_theta"));
+  FSDPP_RETURN_IF_ERROR(number(*theta, "rope_theta", &c.rope_theta));
+  FSDPP_ASSIGN_OR_RETURN(const Json* init_std, field("init_std"));
+  FSDPP_RETURN_IF_ERROR(number(*init_std, "init_std", &c.init_std));
+  FSDPP_ASSIGN_OR_RETURN(const Json* scaling, field("rope_scaling"));
   if (!scaling->is_array() || scaling->array_value().size() != 4) {
     return bad("rope_scaling is not an array of 4 numbers");
   }
@@ -217,12 +217,13 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
       &c.rope_scaling.factor, &c.rope_scaling.low_freq_factor,
       &c.rope_scaling.high_freq_factor, &c.rope_scaling.original_context};
   for (int i = 0; i < 4; ++i) {
-    RETURN_IF_ERROR(number(scaling->array_value()[i],
-                           absl::StrCat("rope_scaling[", i, "]"), parts[i]));
+    FSDPP_RETURN_IF_ERROR(number(scaling->array_value()[i],
+                                 absl::StrCat("rope_scaling[", i, "]"),
+                                 parts[i]));
   }
-  RETURN_IF_ERROR(boolean("tied_embeddings", &c.tied_embeddings));
-  RETURN_IF_ERROR(boolean("bias", &c.bias));
-  ASSIGN_OR_RETURN(const std::string activation, text("activation"));
+  FSDPP_RETURN_IF_ERROR(boolean("tied_embeddings", &c.tied_embeddings));
+  FSDPP_RETURN_IF_ERROR(boolean("bias", &c.bias));
+  FSDPP_ASSIGN_OR_RETURN(const std::string activation, text("activation"));
   if (activation == "gelu") {
     c.activation = Activation::kGelu;
   } else if (activation == "swiglu") {

@@ -100,8 +100,8 @@ absl::StatusOr<Tensor> Transpose2D(const Tensor& t) {
         "Transpose2D needs a 2-D host tensor, got ", t.ToString()));
   }
   const int64_t rows = t.dim(0), cols = t.dim(1);
-  ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::Empty({cols, rows}, t.dtype(), Device::Cpu()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out,
+                         Tensor::Empty({cols, rows}, t.dtype(), Device::Cpu()));
   const size_t e = DTypeSize(t.dtype());
   const char* src = static_cast<const char*>(t.raw_data());
   char* dst = static_cast<char*>(out.raw_data());
@@ -115,9 +115,9 @@ absl::StatusOr<Tensor> Transpose2D(const Tensor& t) {
 
 // A host copy of `t` (same dtype).
 absl::StatusOr<Tensor> ToHost(const Tensor& t) {
-  ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::Empty(t.shape(), t.dtype(), Device::Cpu()));
-  RETURN_IF_ERROR(Copy(t, &out));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out,
+                         Tensor::Empty(t.shape(), t.dtype(), Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(Copy(t, &out));
   return out;
 }
 
@@ -131,7 +131,7 @@ std::map<std::string, Parameter*> ParameterMap(const Transformer& model) {
 
 absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
     const TransformerConfig& c) {
-  RETURN_IF_ERROR(ValidateConfig(c));
+  FSDPP_RETURN_IF_ERROR(ValidateConfig(c));
   if (c.family == ModelFamily::kGpt2) {
     if (c.activation != Activation::kGelu || !c.bias ||
         c.kv_heads() != c.n_heads) {
@@ -160,7 +160,7 @@ Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab) {
 absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
     const Transformer& model, HfExportSource source) {
   const TransformerConfig& c = model.config();
-  ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
   const std::map<std::string, Parameter*> params = ParameterMap(model);
   std::vector<std::pair<std::string, Tensor>> out;
   for (const HfNameEntry& entry : mapping) {
@@ -185,11 +185,11 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
               : " has no gradient (run a backward first)"));
     }
     if (entry.vocab_rows) {
-      ASSIGN_OR_RETURN(t, t.Narrow(0, c.vocab_size));
+      FSDPP_ASSIGN_OR_RETURN(t, t.Narrow(0, c.vocab_size));
     }
-    ASSIGN_OR_RETURN(Tensor host, ToHost(t));
+    FSDPP_ASSIGN_OR_RETURN(Tensor host, ToHost(t));
     if (entry.transpose) {
-      ASSIGN_OR_RETURN(host, Transpose2D(host));
+      FSDPP_ASSIGN_OR_RETURN(host, Transpose2D(host));
     }
     out.emplace_back(entry.hf, std::move(host));
   }
@@ -198,7 +198,7 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
 
 absl::Status ExportSafetensors(const Transformer& model,
                                const std::string& path) {
-  ASSIGN_OR_RETURN(auto tensors, ExportHfTensors(model));
+  FSDPP_ASSIGN_OR_RETURN(auto tensors, ExportHfTensors(model));
   return WriteSafetensors(path, tensors, {{"format", "pt"}});
 }
 
@@ -222,15 +222,15 @@ class SingleFileSource final : public HfTensorSource {
 }  // namespace
 
 absl::Status ImportSafetensors(const std::string& path, Transformer* model) {
-  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                   SafetensorsFile::Open(path));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                         SafetensorsFile::Open(path));
   return ImportHfTensors(SingleFileSource(std::move(file)), model);
 }
 
 absl::StatusOr<std::vector<HfImportItem>> PlanHfImport(
     const HfTensorSource& source, const Transformer& model) {
   const TransformerConfig& c = model.config();
-  ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping, HfNameMapping(c));
   const std::map<std::string, Parameter*> params = ParameterMap(model);
   const bool gpt2 = c.family == ModelFamily::kGpt2;
   const auto error = [&](absl::Status status) {
@@ -260,7 +260,7 @@ absl::StatusOr<std::vector<HfImportItem>> PlanHfImport(
       continue;  // Another pipeline stage's: present is all we check here.
     }
     const Parameter* p = held->second;
-    ASSIGN_OR_RETURN(SafetensorsTensorInfo info, file->Info(name));
+    FSDPP_ASSIGN_OR_RETURN(SafetensorsTensorInfo info, file->Info(name));
     const Shape expected = HfShape(entry, p->shape, c.vocab_size);
     if (info.shape != expected) {
       return error(absl::InvalidArgumentError(absl::StrCat(
@@ -301,8 +301,8 @@ absl::Status ImportHfTensors(const HfTensorSource& source, Transformer* model) {
     return Annotate(status, absl::StrCat("import from ", source.where()));
   };
   // Everything is checked before the first parameter is written.
-  ASSIGN_OR_RETURN(std::vector<HfImportItem> items,
-                   PlanHfImport(source, *model));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<HfImportItem> items,
+                         PlanHfImport(source, *model));
   for (const HfImportItem& item : items) {
     const Parameter* p = params.at(item.entry.ours);
     if (p->has_piece()) {
@@ -322,19 +322,19 @@ absl::Status ImportHfTensors(const HfTensorSource& source, Transformer* model) {
     const std::string& name = item.name;
     const SafetensorsFile* file = item.file;
     Parameter* p = params.at(entry.ours);
-    ASSIGN_OR_RETURN(Tensor host, file->Load(name));
+    FSDPP_ASSIGN_OR_RETURN(Tensor host, file->Load(name));
     if (entry.transpose) {
-      ASSIGN_OR_RETURN(host, Transpose2D(host));
+      FSDPP_ASSIGN_OR_RETURN(host, Transpose2D(host));
     }
     Tensor dst = p->data;
     if (entry.vocab_rows && c.padded_vocab_size() != c.vocab_size) {
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
           Tensor padding,
           p->data.Narrow(c.vocab_size, c.padded_vocab_size() - c.vocab_size));
-      RETURN_IF_ERROR(error(Zero(&padding)));
-      ASSIGN_OR_RETURN(dst, p->data.Narrow(0, c.vocab_size));
+      FSDPP_RETURN_IF_ERROR(error(Zero(&padding)));
+      FSDPP_ASSIGN_OR_RETURN(dst, p->data.Narrow(0, c.vocab_size));
     }
-    RETURN_IF_ERROR(error(Copy(host, &dst)));
+    FSDPP_RETURN_IF_ERROR(error(Copy(host, &dst)));
   }
   return absl::OkStatus();
 }

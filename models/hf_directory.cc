@@ -160,7 +160,7 @@ const char* ModelType(const TransformerConfig& c) {
 absl::StatusOr<std::string> HfConfigJson(const TransformerConfig& c,
                                          DType dtype) {
   // The same layouts as the tensor names.
-  RETURN_IF_ERROR(HfNameMapping(c).status());
+  FSDPP_RETURN_IF_ERROR(HfNameMapping(c).status());
   std::vector<std::pair<std::string, std::string>> f;
   if (c.family == ModelFamily::kGpt2) {
     f = {
@@ -328,31 +328,38 @@ absl::StatusOr<TransformerConfig> ConfigFromHfJson(absl::string_view text,
   c.name = name;
   if (type->string_value() == "gpt2") {
     c.family = ModelFamily::kGpt2;
-    ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
-    ASSIGN_OR_RETURN(c.context_length, integer("n_positions", std::nullopt));
-    ASSIGN_OR_RETURN(c.dim, integer("n_embd", std::nullopt));
-    ASSIGN_OR_RETURN(c.n_layers, integer("n_layer", std::nullopt));
-    ASSIGN_OR_RETURN(c.n_heads, integer("n_head", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.context_length,
+                           integer("n_positions", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.dim, integer("n_embd", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.n_layers, integer("n_layer", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.n_heads, integer("n_head", std::nullopt));
     c.n_kv_heads = c.n_heads;
-    ASSIGN_OR_RETURN(c.ffn_hidden, integer("n_inner", 4 * c.dim));
-    ASSIGN_OR_RETURN(c.norm_eps, number("layer_norm_epsilon", 1e-5));
-    ASSIGN_OR_RETURN(c.tied_embeddings, boolean("tie_word_embeddings", true));
+    FSDPP_ASSIGN_OR_RETURN(c.ffn_hidden, integer("n_inner", 4 * c.dim));
+    FSDPP_ASSIGN_OR_RETURN(c.norm_eps, number("layer_norm_epsilon", 1e-5));
+    FSDPP_ASSIGN_OR_RETURN(c.tied_embeddings,
+                           boolean("tie_word_embeddings", true));
     c.bias = true;
     c.activation = Activation::kGelu;
   } else if (type->string_value() == "llama") {
     c.family = ModelFamily::kLlama;
-    ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
-    ASSIGN_OR_RETURN(c.context_length,
-                     integer("max_position_embeddings", std::nullopt));
-    ASSIGN_OR_RETURN(c.dim, integer("hidden_size", std::nullopt));
-    ASSIGN_OR_RETURN(c.n_layers, integer("num_hidden_layers", std::nullopt));
-    ASSIGN_OR_RETURN(c.n_heads, integer("num_attention_heads", std::nullopt));
-    ASSIGN_OR_RETURN(c.n_kv_heads, integer("num_key_value_heads", c.n_heads));
-    ASSIGN_OR_RETURN(c.ffn_hidden, integer("intermediate_size", std::nullopt));
-    ASSIGN_OR_RETURN(c.norm_eps, number("rms_norm_eps", 1e-6));
-    ASSIGN_OR_RETURN(c.rope_theta, number("rope_theta", 10000.0));
-    ASSIGN_OR_RETURN(c.tied_embeddings, boolean("tie_word_embeddings", false));
-    ASSIGN_OR_RETURN(c.bias, boolean("attention_bias", false));
+    FSDPP_ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.context_length,
+                           integer("max_position_embeddings", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.dim, integer("hidden_size", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.n_layers,
+                           integer("num_hidden_layers", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.n_heads,
+                           integer("num_attention_heads", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.n_kv_heads,
+                           integer("num_key_value_heads", c.n_heads));
+    FSDPP_ASSIGN_OR_RETURN(c.ffn_hidden,
+                           integer("intermediate_size", std::nullopt));
+    FSDPP_ASSIGN_OR_RETURN(c.norm_eps, number("rms_norm_eps", 1e-6));
+    FSDPP_ASSIGN_OR_RETURN(c.rope_theta, number("rope_theta", 10000.0));
+    FSDPP_ASSIGN_OR_RETURN(c.tied_embeddings,
+                           boolean("tie_word_embeddings", false));
+    FSDPP_ASSIGN_OR_RETURN(c.bias, boolean("attention_bias", false));
     c.activation = Activation::kSwiGlu;
     const Json* scaling = j.Find("rope_scaling");
     if (scaling != nullptr && !scaling->is_null()) {
@@ -382,7 +389,7 @@ absl::StatusOr<TransformerConfig> ConfigFromHfJson(absl::string_view text,
   }
   const absl::Status valid = ValidateConfig(c);
   if (!valid.ok()) return bad(valid.message());
-  RETURN_IF_ERROR(CheckHfConfig(text, c, where));
+  FSDPP_RETURN_IF_ERROR(CheckHfConfig(text, c, where));
   return c;
 }
 
@@ -434,8 +441,8 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
   if (options.max_shard_bytes == 0) {
     return absl::InvalidArgumentError("HF export: max_shard_bytes is 0");
   }
-  ASSIGN_OR_RETURN(const std::string config_json,
-                   HfConfigJson(config, options.dtype));
+  FSDPP_ASSIGN_OR_RETURN(const std::string config_json,
+                         HfConfigJson(config, options.dtype));
   for (const auto& [name, contents] : options.extra_files) {
     if (name.empty() || absl::StrContains(name, "/") || name == "." ||
         name == ".." || name == kConfigName || name == kIndexName ||
@@ -478,9 +485,9 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
     }
     Tensor t = tensor;
     if (t.dtype() != options.dtype) {
-      ASSIGN_OR_RETURN(Tensor c,
-                       Tensor::Empty(t.shape(), options.dtype, t.device()));
-      RETURN_IF_ERROR(Copy(t, &c));
+      FSDPP_ASSIGN_OR_RETURN(
+          Tensor c, Tensor::Empty(t.shape(), options.dtype, t.device()));
+      FSDPP_RETURN_IF_ERROR(Copy(t, &c));
       t = std::move(c);
     }
     shapes.emplace_back(name, t.shape());
@@ -501,8 +508,8 @@ absl::StatusOr<std::vector<std::string>> WriteHfDirectory(
   const uint64_t total = plan.total_bytes;
 
   const std::string tmp = absl::StrCat(dir, ".tmp-", getpid());
-  RETURN_IF_ERROR(RemoveTree(tmp));
-  RETURN_IF_ERROR(MakeDirs(tmp));
+  FSDPP_RETURN_IF_ERROR(RemoveTree(tmp));
+  FSDPP_RETURN_IF_ERROR(MakeDirs(tmp));
   const auto fail = [&](absl::Status status) {
     (void)RemoveTree(tmp);
     return status;
@@ -571,14 +578,14 @@ absl::StatusOr<std::unique_ptr<HfDirectory>> HfDirectory::Open(
   }
   const std::string config_path = absl::StrCat(dir, "/", kConfigName);
   if (IsRegularFile(config_path)) {
-    ASSIGN_OR_RETURN(out->config_json_,
-                     ReadFileToString(config_path, "config.json"));
+    FSDPP_ASSIGN_OR_RETURN(out->config_json_,
+                           ReadFileToString(config_path, "config.json"));
   }
   const std::string index_path = absl::StrCat(dir, "/", kIndexName);
   const std::string single_path = absl::StrCat(dir, "/", kSingleName);
   if (IsRegularFile(index_path)) {
-    ASSIGN_OR_RETURN(const std::string text,
-                     ReadFileToString(index_path, "safetensors index"));
+    FSDPP_ASSIGN_OR_RETURN(const std::string text,
+                           ReadFileToString(index_path, "safetensors index"));
     const auto bad = [&](absl::string_view what) {
       return absl::InvalidArgumentError(absl::StrCat(index_path, ": ", what));
     };
@@ -611,7 +618,7 @@ absl::StatusOr<std::unique_ptr<HfDirectory>> HfDirectory::Open(
         return absl::NotFoundError(absl::StrCat(
             index_path, " names shard file ", name, ", which is missing"));
       }
-      ASSIGN_OR_RETURN(out->files_[name], SafetensorsFile::Open(path));
+      FSDPP_ASSIGN_OR_RETURN(out->files_[name], SafetensorsFile::Open(path));
     }
     for (const auto& [tensor, name] : where) {
       const SafetensorsFile* file = out->files_.at(name).get();
@@ -622,8 +629,8 @@ absl::StatusOr<std::unique_ptr<HfDirectory>> HfDirectory::Open(
       out->tensors_[tensor] = file;
     }
   } else if (IsRegularFile(single_path)) {
-    ASSIGN_OR_RETURN(out->files_[kSingleName],
-                     SafetensorsFile::Open(single_path));
+    FSDPP_ASSIGN_OR_RETURN(out->files_[kSingleName],
+                           SafetensorsFile::Open(single_path));
     const SafetensorsFile* file = out->files_.at(kSingleName).get();
     for (const std::string& name : file->names()) out->tensors_[name] = file;
   } else {
@@ -672,11 +679,13 @@ absl::StatusOr<Tensor> ReadHfBox(const HfImportItem& item, const Shape& ours,
                               ShapeToString(ours)));
     }
   }
-  ASSIGN_OR_RETURN(SafetensorsTensorInfo info, item.file->Info(item.name));
+  FSDPP_ASSIGN_OR_RETURN(SafetensorsTensorInfo info,
+                         item.file->Info(item.name));
   if (!info.dtype.has_value()) return bad("dtype fsdpp has none for");
-  ASSIGN_OR_RETURN(absl::Span<const char> bytes, item.file->Bytes(item.name));
-  ASSIGN_OR_RETURN(Tensor out,
-                   Tensor::Empty(box.shape, *info.dtype, Device::Cpu(), tag));
+  FSDPP_ASSIGN_OR_RETURN(absl::Span<const char> bytes,
+                         item.file->Bytes(item.name));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor out, Tensor::Empty(box.shape, *info.dtype, Device::Cpu(), tag));
   char* dst = static_cast<char*>(out.raw_data());
   const size_t es = info.element_size;
   if (ours.size() == 1) {
@@ -728,12 +737,12 @@ absl::StatusOr<std::string> HfDirectory::RequireConfigJson() const {
 }
 
 absl::Status HfDirectory::CheckConfig(const TransformerConfig& config) const {
-  ASSIGN_OR_RETURN(const std::string json, RequireConfigJson());
+  FSDPP_ASSIGN_OR_RETURN(const std::string json, RequireConfigJson());
   return CheckHfConfig(json, config, absl::StrCat(dir_, "/config.json"));
 }
 
 absl::Status ImportHfDirectory(const HfDirectory& dir, Transformer* model) {
-  RETURN_IF_ERROR(dir.CheckConfig(model->config()));
+  FSDPP_RETURN_IF_ERROR(dir.CheckConfig(model->config()));
   return ImportHfTensors(dir, model);
 }
 

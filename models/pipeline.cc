@@ -32,8 +32,8 @@ absl::StatusOr<std::vector<PipelineStagePart>> BuildPipelineParts(
     o.num_blocks = b.count;
     o.embedding = b.embedding;
     o.head = b.head;
-    ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
-                     Transformer::Create(config, o));
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Transformer> model,
+                           Transformer::Create(config, o));
     parts.push_back({s, std::move(model)});
   }
   return parts;

@@ -74,7 +74,7 @@ class BlockStack : public Module {
     forward_checkpointed_ = checkpointing_;
     Tensor h = x;
     for (size_t i = 0; i < blocks_.size(); ++i) {
-      ASSIGN_OR_RETURN(h, Unit(i)->Forward(h));
+      FSDPP_ASSIGN_OR_RETURN(h, Unit(i)->Forward(h));
     }
     return h;
   }
@@ -82,7 +82,7 @@ class BlockStack : public Module {
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override {
     Tensor d = dy;
     for (size_t i = blocks_.size(); i-- > 0;) {
-      ASSIGN_OR_RETURN(d, Unit(i)->Backward(d));
+      FSDPP_ASSIGN_OR_RETURN(d, Unit(i)->Backward(d));
     }
     return d;
   }
@@ -107,7 +107,7 @@ Transformer::Transformer(const TransformerConfig& config,
 
 absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
     const TransformerConfig& config, const TransformerOptions& options) {
-  RETURN_IF_ERROR(ValidateConfig(config));
+  FSDPP_RETURN_IF_ERROR(ValidateConfig(config));
   if (!IsFloatingPoint(options.param_dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("Transformer: param_dtype must be f32, bf16 or f16, got ",
@@ -132,7 +132,7 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
                      " with no blocks, no embeddings and no head is empty"));
   }
   auto model = absl::WrapUnique(new Transformer(config, resolved));
-  RETURN_IF_ERROR(model->Build());
+  FSDPP_RETURN_IF_ERROR(model->Build());
   return model;
 }
 
@@ -189,8 +189,8 @@ absl::Status Transformer::Build() {
     ac.fused_attention = options_.fused_attention;
     ac.init_std = init_std;
     ac.out_init_std = residual_std;
-    ASSIGN_OR_RETURN(std::unique_ptr<nn::CausalSelfAttention> attention,
-                     nn::CausalSelfAttention::Create(ac));
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<nn::CausalSelfAttention> attention,
+                           nn::CausalSelfAttention::Create(ac));
     std::unique_ptr<Module> mlp;
     if (c.activation == Activation::kGelu) {
       mlp = std::make_unique<nn::Mlp>(c.dim, c.ffn_hidden, init_std,
@@ -250,7 +250,7 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
           options_.first_block, " must be float [B, T, ", config_.dim,
           "] with 1 <= T <= ", config_.context_length));
     }
-    ASSIGN_OR_RETURN(Tensor x, stack_->Forward(input));
+    FSDPP_ASSIGN_OR_RETURN(Tensor x, stack_->Forward(input));
     return Head(x);
   }
   const Tensor& ids = input;
@@ -261,51 +261,51 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
         "ids ", ids.ToString(),
         " must be i32/i64 [B, T] with 1 <= T <= ", config_.context_length));
   }
-  ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(ids));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(ids));
   if (position_embedding_ != nullptr) {
     const int64_t b = ids.dim(0), t = ids.dim(1);
     Tensor positions;
     if (ids.is_meta()) {
-      ASSIGN_OR_RETURN(positions,
-                       Tensor::Empty({b, t}, ids.dtype(), ids.device()));
+      FSDPP_ASSIGN_OR_RETURN(positions,
+                             Tensor::Empty({b, t}, ids.dtype(), ids.device()));
     } else {
       std::vector<int64_t> values(b * t);
       for (int64_t i = 0; i < b * t; ++i) values[i] = i % t;
-      ASSIGN_OR_RETURN(positions,
-                       Tensor::FromInts({b, t}, values, ids.dtype()));
+      FSDPP_ASSIGN_OR_RETURN(positions,
+                             Tensor::FromInts({b, t}, values, ids.dtype()));
       if (!ids.device().is_cpu()) {
-        ASSIGN_OR_RETURN(Tensor on_device,
-                         Tensor::Empty({b, t}, ids.dtype(), ids.device()));
-        RETURN_IF_ERROR(Copy(positions, &on_device));
+        FSDPP_ASSIGN_OR_RETURN(
+            Tensor on_device, Tensor::Empty({b, t}, ids.dtype(), ids.device()));
+        FSDPP_RETURN_IF_ERROR(Copy(positions, &on_device));
         positions = on_device;
       }
     }
-    ASSIGN_OR_RETURN(Tensor pos, position_embedding_->Forward(positions));
+    FSDPP_ASSIGN_OR_RETURN(Tensor pos, position_embedding_->Forward(positions));
     // The token embedding's output is saved by no one: add in place.
-    RETURN_IF_ERROR(Add(x, pos, &x));
+    FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
   }
-  ASSIGN_OR_RETURN(x, stack_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(x, stack_->Forward(x));
   return Head(x);
 }
 
 absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
   if (!options_.head) return x;
-  ASSIGN_OR_RETURN(Tensor h, final_norm_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor h, final_norm_->Forward(x));
   return lm_head_->Forward(h);
 }
 
 absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
   Tensor dx = doutput;
   if (options_.head) {
-    ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));
-    ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
+    FSDPP_ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));
+    FSDPP_ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
   }
-  ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
+  FSDPP_ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
   if (!options_.embedding) return dx;
   // x = wte(ids) + wpe(positions): both tables get dx.
-  RETURN_IF_ERROR(token_embedding_->Backward(dx).status());
+  FSDPP_RETURN_IF_ERROR(token_embedding_->Backward(dx).status());
   if (position_embedding_ != nullptr) {
-    RETURN_IF_ERROR(position_embedding_->Backward(dx).status());
+    FSDPP_RETURN_IF_ERROR(position_embedding_->Backward(dx).status());
   }
   return Tensor();
 }
@@ -334,26 +334,27 @@ absl::Status CheckTargets(const Tensor& input, const Tensor& targets,
 
 absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
                                                const Tensor& targets) {
-  RETURN_IF_ERROR(CheckTargets(input, targets, options_.head, "ForwardLoss"));
-  ASSIGN_OR_RETURN(Tensor logits, Forward(input));
+  FSDPP_RETURN_IF_ERROR(
+      CheckTargets(input, targets, options_.head, "ForwardLoss"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor logits, Forward(input));
   return loss_->Forward(logits, targets);
 }
 
 absl::Status Transformer::Backward(float loss_scale) {
-  ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
   return Module::Backward(dlogits).status();
 }
 
 absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {
-  ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
+  FSDPP_ASSIGN_OR_RETURN(Tensor logits, Forward(ids));
   ReleaseSavedTensors();
   return logits;
 }
 
 absl::StatusOr<float> Transformer::EvalLoss(const Tensor& ids,
                                             const Tensor& targets) {
-  RETURN_IF_ERROR(CheckTargets(ids, targets, options_.head, "EvalLoss"));
-  ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
+  FSDPP_RETURN_IF_ERROR(CheckTargets(ids, targets, options_.head, "EvalLoss"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
   std::unique_ptr<nn::LossFunction> loss = loss_->Clone();
   return loss->Forward(logits, targets);
 }

@@ -183,37 +183,40 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     return absl::InvalidArgumentError(
         absl::StrCat("x ", x.ToString(), " must be f32, bf16 or f16"));
   }
-  ASSIGN_OR_RETURN(heads_, ComputeLocalHeads());
+  FSDPP_ASSIGN_OR_RETURN(heads_, ComputeLocalHeads());
   const int64_t h = heads_.h, kv = heads_.kv;
   const int64_t b = x.dim(0), t = x.dim(1);
   const DType dtype = x.dtype();
   const Device device = x.device();
 
   // Projections, then heads to [B, heads, T, hd].
-  ASSIGN_OR_RETURN(Tensor q, EmptyActivation({b, h, t, hd}, dtype, device));
-  ASSIGN_OR_RETURN(Tensor k, EmptyActivation({b, kv, t, hd}, dtype, device));
-  ASSIGN_OR_RETURN(Tensor v, EmptyActivation({b, kv, t, hd}, dtype, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor q,
+                         EmptyActivation({b, h, t, hd}, dtype, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor k,
+                         EmptyActivation({b, kv, t, hd}, dtype, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor v,
+                         EmptyActivation({b, kv, t, hd}, dtype, device));
   if (qkv_ != nullptr) {
-    ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(x));
-    ASSIGN_OR_RETURN(Tensor qkv4, qkv.Reshape({b, t, h + 2 * kv, hd}));
-    RETURN_IF_ERROR(SplitHeads(qkv4, 0, &q));
-    RETURN_IF_ERROR(SplitHeads(qkv4, h, &k));
-    RETURN_IF_ERROR(SplitHeads(qkv4, h + kv, &v));
+    FSDPP_ASSIGN_OR_RETURN(Tensor qkv, qkv_->Forward(x));
+    FSDPP_ASSIGN_OR_RETURN(Tensor qkv4, qkv.Reshape({b, t, h + 2 * kv, hd}));
+    FSDPP_RETURN_IF_ERROR(SplitHeads(qkv4, 0, &q));
+    FSDPP_RETURN_IF_ERROR(SplitHeads(qkv4, h, &k));
+    FSDPP_RETURN_IF_ERROR(SplitHeads(qkv4, h + kv, &v));
   } else {
     const int64_t kv_proj = heads_.kv_proj;
-    ASSIGN_OR_RETURN(Tensor q_flat, q_->Forward(x));
-    ASSIGN_OR_RETURN(Tensor k_flat, k_->Forward(x));
-    ASSIGN_OR_RETURN(Tensor v_flat, v_->Forward(x));
-    ASSIGN_OR_RETURN(Tensor q4, q_flat.Reshape({b, t, h, hd}));
-    ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv_proj, hd}));
-    ASSIGN_OR_RETURN(Tensor v4, v_flat.Reshape({b, t, kv_proj, hd}));
-    RETURN_IF_ERROR(SplitHeads(q4, 0, &q));
-    RETURN_IF_ERROR(SplitHeads(k4, heads_.kv_first, &k));
-    RETURN_IF_ERROR(SplitHeads(v4, heads_.kv_first, &v));
+    FSDPP_ASSIGN_OR_RETURN(Tensor q_flat, q_->Forward(x));
+    FSDPP_ASSIGN_OR_RETURN(Tensor k_flat, k_->Forward(x));
+    FSDPP_ASSIGN_OR_RETURN(Tensor v_flat, v_->Forward(x));
+    FSDPP_ASSIGN_OR_RETURN(Tensor q4, q_flat.Reshape({b, t, h, hd}));
+    FSDPP_ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv_proj, hd}));
+    FSDPP_ASSIGN_OR_RETURN(Tensor v4, v_flat.Reshape({b, t, kv_proj, hd}));
+    FSDPP_RETURN_IF_ERROR(SplitHeads(q4, 0, &q));
+    FSDPP_RETURN_IF_ERROR(SplitHeads(k4, heads_.kv_first, &k));
+    FSDPP_RETURN_IF_ERROR(SplitHeads(v4, heads_.kv_first, &v));
   }
   if (config_.rope) {
-    RETURN_IF_ERROR(ApplyRope(&q, rope_inv_freq_, /*backward=*/false));
-    RETURN_IF_ERROR(ApplyRope(&k, rope_inv_freq_, /*backward=*/false));
+    FSDPP_RETURN_IF_ERROR(ApplyRope(&q, rope_inv_freq_, /*backward=*/false));
+    FSDPP_RETURN_IF_ERROR(ApplyRope(&k, rope_inv_freq_, /*backward=*/false));
   }
   q_heads_ = std::move(q);
   k_heads_ = std::move(k);
@@ -223,13 +226,14 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
 
   // The attention core, then heads merged back to [B, T, H hd] and the
   // output projection.
-  ASSIGN_OR_RETURN(Tensor heads_out,
-                   config_.fused_attention ? AttendFused() : AttendUnfused());
-  ASSIGN_OR_RETURN(Tensor merged,
-                   EmptyActivation({b, t, h * hd}, dtype, device));
-  ASSIGN_OR_RETURN(Tensor merged4, merged.Reshape({b, t, h, hd}));
-  RETURN_IF_ERROR(MergeHeads(heads_out, 0, &merged4));
-  ASSIGN_OR_RETURN(Tensor y, out_->Forward(merged));
+  FSDPP_ASSIGN_OR_RETURN(Tensor heads_out, config_.fused_attention
+                                               ? AttendFused()
+                                               : AttendUnfused());
+  FSDPP_ASSIGN_OR_RETURN(Tensor merged,
+                         EmptyActivation({b, t, h * hd}, dtype, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor merged4, merged.Reshape({b, t, h, hd}));
+  FSDPP_RETURN_IF_ERROR(MergeHeads(heads_out, 0, &merged4));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y, out_->Forward(merged));
   out_shape_ = y.shape();
   return y;
 }
@@ -237,12 +241,13 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
 absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
   const int64_t b = batch_, h = heads_.h, t = seq_len_, hd = config_.head_dim();
   const Device device = q_heads_.device();
-  ASSIGN_OR_RETURN(heads_out_, Tensor::Empty({b, h, t, hd}, q_heads_.dtype(),
-                                             device, MemoryTag::kAttention));
-  ASSIGN_OR_RETURN(lse_, Tensor::Empty({b, h, t}, DType::kF32, device,
+  FSDPP_ASSIGN_OR_RETURN(heads_out_,
+                         Tensor::Empty({b, h, t, hd}, q_heads_.dtype(), device,
                                        MemoryTag::kAttention));
-  RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
-                                  &heads_out_, &lse_));
+  FSDPP_ASSIGN_OR_RETURN(lse_, Tensor::Empty({b, h, t}, DType::kF32, device,
+                                             MemoryTag::kAttention));
+  FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
+                                        &heads_out_, &lse_));
   return heads_out_;
 }
 
@@ -255,31 +260,34 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendUnfused() {
     return Tensor::Empty(std::move(shape), d, device, MemoryTag::kAttention);
   };
   // Scores and probabilities, grouped per kv head: [B, KV, rep T, T].
-  ASSIGN_OR_RETURN(Tensor q_grouped, q_heads_.Reshape({b, kv, rep * t, hd}));
-  ASSIGN_OR_RETURN(Tensor scores, empty({b, h, t, t}, DType::kF32));
-  ASSIGN_OR_RETURN(Tensor scores_grouped, scores.Reshape({b, kv, rep * t, t}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor q_grouped,
+                         q_heads_.Reshape({b, kv, rep * t, hd}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor scores, empty({b, h, t, t}, DType::kF32));
+  FSDPP_ASSIGN_OR_RETURN(Tensor scores_grouped,
+                         scores.Reshape({b, kv, rep * t, t}));
   MatmulOptions qkt;
   qkt.transpose_b = true;
   qkt.alpha = Scale();
-  RETURN_IF_ERROR(Matmul(q_grouped, k_heads_, &scores_grouped, qkt));
+  FSDPP_RETURN_IF_ERROR(Matmul(q_grouped, k_heads_, &scores_grouped, qkt));
   // f32 probabilities are saved as they are; bf16 ones get a saved copy.
-  ASSIGN_OR_RETURN(Tensor probs32, empty({b, h, t, t}, DType::kF32));
-  RETURN_IF_ERROR(Softmax(scores, &probs32, /*causal=*/true));
+  FSDPP_ASSIGN_OR_RETURN(Tensor probs32, empty({b, h, t, t}, DType::kF32));
+  FSDPP_RETURN_IF_ERROR(Softmax(scores, &probs32, /*causal=*/true));
   scores = scores_grouped = Tensor();
   probs_ = probs32;
   if (dtype != DType::kF32) {
-    ASSIGN_OR_RETURN(probs_, empty({b, h, t, t}, dtype));
-    RETURN_IF_ERROR(Copy(probs32, &probs_));
+    FSDPP_ASSIGN_OR_RETURN(probs_, empty({b, h, t, t}, dtype));
+    FSDPP_RETURN_IF_ERROR(Copy(probs32, &probs_));
   }
   probs32 = Tensor();
 
   // out = P V.
-  ASSIGN_OR_RETURN(Tensor probs_grouped, probs_.Reshape({b, kv, rep * t, t}));
-  ASSIGN_OR_RETURN(Tensor heads_out,
-                   EmptyTemporary({b, h, t, hd}, dtype, device));
-  ASSIGN_OR_RETURN(Tensor heads_out_grouped,
-                   heads_out.Reshape({b, kv, rep * t, hd}));
-  RETURN_IF_ERROR(Matmul(probs_grouped, v_heads_, &heads_out_grouped));
+  FSDPP_ASSIGN_OR_RETURN(Tensor probs_grouped,
+                         probs_.Reshape({b, kv, rep * t, t}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor heads_out,
+                         EmptyTemporary({b, h, t, hd}, dtype, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor heads_out_grouped,
+                         heads_out.Reshape({b, kv, rep * t, hd}));
+  FSDPP_RETURN_IF_ERROR(Matmul(probs_grouped, v_heads_, &heads_out_grouped));
   return heads_out;
 }
 
@@ -303,39 +311,40 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   };
 
   // Through the output projection and the head merge.
-  ASSIGN_OR_RETURN(Tensor dmerged, out_->Backward(dy));
-  ASSIGN_OR_RETURN(Tensor dmerged4, dmerged.Reshape({b, t, h, hd}));
-  ASSIGN_OR_RETURN(Tensor dout, empty({b, h, t, hd}, dtype));
-  RETURN_IF_ERROR(SplitHeads(dmerged4, 0, &dout));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dmerged, out_->Backward(dy));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dmerged4, dmerged.Reshape({b, t, h, hd}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dout, empty({b, h, t, hd}, dtype));
+  FSDPP_RETURN_IF_ERROR(SplitHeads(dmerged4, 0, &dout));
   dmerged = dmerged4 = Tensor();
 
   // Through the attention core.
-  ASSIGN_OR_RETURN(Tensor dq, empty({b, h, t, hd}, dtype));
-  ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
-  ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dq, empty({b, h, t, hd}, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
   if (config_.fused_attention) {
-    RETURN_IF_ERROR(CausalAttentionBackward(q_heads_, k_heads_, v_heads_,
-                                            heads_out_, lse_, dout, Scale(),
-                                            &dq, &dk, &dv));
+    FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(q_heads_, k_heads_, v_heads_,
+                                                  heads_out_, lse_, dout,
+                                                  Scale(), &dq, &dk, &dv));
   } else {
-    RETURN_IF_ERROR(UnfusedBackward(dout, &dq, &dk, &dv));
+    FSDPP_RETURN_IF_ERROR(UnfusedBackward(dout, &dq, &dk, &dv));
   }
   dout = Tensor();
   ReleaseOwnSavedTensors();
 
   if (config_.rope) {
-    RETURN_IF_ERROR(ApplyRope(&dq, rope_inv_freq_, /*backward=*/true));
-    RETURN_IF_ERROR(ApplyRope(&dk, rope_inv_freq_, /*backward=*/true));
+    FSDPP_RETURN_IF_ERROR(ApplyRope(&dq, rope_inv_freq_, /*backward=*/true));
+    FSDPP_RETURN_IF_ERROR(ApplyRope(&dk, rope_inv_freq_, /*backward=*/true));
   }
 
   // Heads back to the projections' layout, then through the projections
   // (children's backward in reverse registration order).
   if (qkv_ != nullptr) {
-    ASSIGN_OR_RETURN(Tensor dqkv, empty({b, t, (h + 2 * kv) * hd}, dtype));
-    ASSIGN_OR_RETURN(Tensor dqkv4, dqkv.Reshape({b, t, h + 2 * kv, hd}));
-    RETURN_IF_ERROR(MergeHeads(dq, 0, &dqkv4));
-    RETURN_IF_ERROR(MergeHeads(dk, h, &dqkv4));
-    RETURN_IF_ERROR(MergeHeads(dv, h + kv, &dqkv4));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dqkv,
+                           empty({b, t, (h + 2 * kv) * hd}, dtype));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dqkv4, dqkv.Reshape({b, t, h + 2 * kv, hd}));
+    FSDPP_RETURN_IF_ERROR(MergeHeads(dq, 0, &dqkv4));
+    FSDPP_RETURN_IF_ERROR(MergeHeads(dk, h, &dqkv4));
+    FSDPP_RETURN_IF_ERROR(MergeHeads(dv, h + kv, &dqkv4));
     return qkv_->Backward(dqkv);
   }
   // Into [B, T, n hd] at head `first` (zeros for the other heads).
@@ -343,23 +352,25 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
                           int64_t first) -> absl::StatusOr<Tensor> {
     Tensor flat;
     if (n == heads.dim(1)) {
-      ASSIGN_OR_RETURN(flat, empty({b, t, n * hd}, dtype));
+      FSDPP_ASSIGN_OR_RETURN(flat, empty({b, t, n * hd}, dtype));
     } else {
-      ASSIGN_OR_RETURN(flat, Tensor::Zeros({b, t, n * hd}, dtype, device,
-                                           MemoryTag::kOther));
+      FSDPP_ASSIGN_OR_RETURN(flat, Tensor::Zeros({b, t, n * hd}, dtype, device,
+                                                 MemoryTag::kOther));
     }
-    ASSIGN_OR_RETURN(Tensor flat4, flat.Reshape({b, t, n, hd}));
-    RETURN_IF_ERROR(MergeHeads(heads, first, &flat4));
+    FSDPP_ASSIGN_OR_RETURN(Tensor flat4, flat.Reshape({b, t, n, hd}));
+    FSDPP_RETURN_IF_ERROR(MergeHeads(heads, first, &flat4));
     return flat;
   };
-  ASSIGN_OR_RETURN(Tensor dv_flat, merged(dv, heads_.kv_proj, heads_.kv_first));
-  ASSIGN_OR_RETURN(Tensor dx, v_->Backward(dv_flat));
-  ASSIGN_OR_RETURN(Tensor dk_flat, merged(dk, heads_.kv_proj, heads_.kv_first));
-  ASSIGN_OR_RETURN(Tensor dx_k, k_->Backward(dk_flat));
-  RETURN_IF_ERROR(Add(dx, dx_k, &dx));
-  ASSIGN_OR_RETURN(Tensor dq_flat, merged(dq, h, 0));
-  ASSIGN_OR_RETURN(Tensor dx_q, q_->Backward(dq_flat));
-  RETURN_IF_ERROR(Add(dx, dx_q, &dx));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dv_flat,
+                         merged(dv, heads_.kv_proj, heads_.kv_first));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx, v_->Backward(dv_flat));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dk_flat,
+                         merged(dk, heads_.kv_proj, heads_.kv_first));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_k, k_->Backward(dk_flat));
+  FSDPP_RETURN_IF_ERROR(Add(dx, dx_k, &dx));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dq_flat, merged(dq, h, 0));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_q, q_->Backward(dq_flat));
+  FSDPP_RETURN_IF_ERROR(Add(dx, dx_q, &dx));
   return dx;
 }
 
@@ -373,43 +384,48 @@ absl::Status CausalSelfAttention::UnfusedBackward(const Tensor& dout,
   const auto empty = [&](Shape shape, DType d) {
     return Tensor::Empty(std::move(shape), d, device, MemoryTag::kAttention);
   };
-  ASSIGN_OR_RETURN(Tensor dout_grouped, dout.Reshape({b, kv, rep * t, hd}));
-  ASSIGN_OR_RETURN(Tensor probs_grouped, probs_.Reshape({b, kv, rep * t, t}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dout_grouped,
+                         dout.Reshape({b, kv, rep * t, hd}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor probs_grouped,
+                         probs_.Reshape({b, kv, rep * t, t}));
 
   // out = P V: dP = dout V^T, dV = P^T dout (sums the heads sharing a kv head).
-  ASSIGN_OR_RETURN(Tensor dprobs, empty({b, h, t, t}, DType::kF32));
-  ASSIGN_OR_RETURN(Tensor dprobs_grouped, dprobs.Reshape({b, kv, rep * t, t}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dprobs, empty({b, h, t, t}, DType::kF32));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dprobs_grouped,
+                         dprobs.Reshape({b, kv, rep * t, t}));
   MatmulOptions abt;
   abt.transpose_b = true;
-  RETURN_IF_ERROR(Matmul(dout_grouped, v_heads_, &dprobs_grouped, abt));
+  FSDPP_RETURN_IF_ERROR(Matmul(dout_grouped, v_heads_, &dprobs_grouped, abt));
   MatmulOptions atb;
   atb.transpose_a = true;
-  RETURN_IF_ERROR(Matmul(probs_grouped, dout_grouped, dv, atb));
+  FSDPP_RETURN_IF_ERROR(Matmul(probs_grouped, dout_grouped, dv, atb));
 
   // Softmax backward in f32 (masked entries have P = 0, so dS = 0 there).
   Tensor probs32 = probs_;
   if (dtype != DType::kF32) {
-    ASSIGN_OR_RETURN(probs32, empty({b, h, t, t}, DType::kF32));
-    RETURN_IF_ERROR(Copy(probs_, &probs32));
+    FSDPP_ASSIGN_OR_RETURN(probs32, empty({b, h, t, t}, DType::kF32));
+    FSDPP_RETURN_IF_ERROR(Copy(probs_, &probs32));
   }
-  ASSIGN_OR_RETURN(Tensor dscores32, empty({b, h, t, t}, DType::kF32));
-  RETURN_IF_ERROR(SoftmaxBackward(probs32, dprobs, &dscores32));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dscores32, empty({b, h, t, t}, DType::kF32));
+  FSDPP_RETURN_IF_ERROR(SoftmaxBackward(probs32, dprobs, &dscores32));
   probs32 = dprobs = dprobs_grouped = probs_grouped = Tensor();
   Tensor dscores = dscores32;
   if (dtype != DType::kF32) {
-    ASSIGN_OR_RETURN(dscores, empty({b, h, t, t}, dtype));
-    RETURN_IF_ERROR(Copy(dscores32, &dscores));
+    FSDPP_ASSIGN_OR_RETURN(dscores, empty({b, h, t, t}, dtype));
+    FSDPP_RETURN_IF_ERROR(Copy(dscores32, &dscores));
   }
   dscores32 = Tensor();
-  ASSIGN_OR_RETURN(Tensor dscores_grouped,
-                   dscores.Reshape({b, kv, rep * t, t}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dscores_grouped,
+                         dscores.Reshape({b, kv, rep * t, t}));
 
   // S = scale Q K^T: dQ = scale dS K, dK = scale dS^T Q.
-  ASSIGN_OR_RETURN(Tensor dq_grouped, dq->Reshape({b, kv, rep * t, hd}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dq_grouped, dq->Reshape({b, kv, rep * t, hd}));
   MatmulOptions ab_scaled;
   ab_scaled.alpha = Scale();
-  RETURN_IF_ERROR(Matmul(dscores_grouped, k_heads_, &dq_grouped, ab_scaled));
-  ASSIGN_OR_RETURN(Tensor q_grouped, q_heads_.Reshape({b, kv, rep * t, hd}));
+  FSDPP_RETURN_IF_ERROR(
+      Matmul(dscores_grouped, k_heads_, &dq_grouped, ab_scaled));
+  FSDPP_ASSIGN_OR_RETURN(Tensor q_grouped,
+                         q_heads_.Reshape({b, kv, rep * t, hd}));
   MatmulOptions atb_scaled;
   atb_scaled.transpose_a = true;
   atb_scaled.alpha = Scale();

@@ -14,9 +14,9 @@ namespace {
 
 // out = a + b in a new activation buffer.
 absl::StatusOr<Tensor> AddNew(const Tensor& a, const Tensor& b) {
-  ASSIGN_OR_RETURN(Tensor out,
-                   EmptyActivation(a.shape(), a.dtype(), a.device()));
-  RETURN_IF_ERROR(Add(a, b, &out));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out,
+                         EmptyActivation(a.shape(), a.dtype(), a.device()));
+  FSDPP_RETURN_IF_ERROR(Add(a, b, &out));
   return out;
 }
 
@@ -28,13 +28,13 @@ absl::StatusOr<Tensor> AddResidualGrad(Tensor branch_dx,
     return absl::InvalidArgumentError("a branch returned no input gradient");
   }
   if (branch_dx.SharesStorageWith(residual_dy)) {
-    ASSIGN_OR_RETURN(Tensor out,
-                     EmptyTemporary(residual_dy.shape(), residual_dy.dtype(),
-                                    residual_dy.device()));
-    RETURN_IF_ERROR(Add(branch_dx, residual_dy, &out));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor out, EmptyTemporary(residual_dy.shape(), residual_dy.dtype(),
+                                   residual_dy.device()));
+    FSDPP_RETURN_IF_ERROR(Add(branch_dx, residual_dy, &out));
     return out;
   }
-  RETURN_IF_ERROR(Add(branch_dx, residual_dy, &branch_dx));
+  FSDPP_RETURN_IF_ERROR(Add(branch_dx, residual_dy, &branch_dx));
   return branch_dx;
 }
 
@@ -54,22 +54,22 @@ Block::Block(std::unique_ptr<Module> norm1, std::unique_ptr<Module> attn,
 }
 
 absl::StatusOr<Tensor> Block::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor h, norm1_->Forward(x));
-  ASSIGN_OR_RETURN(Tensor a, attn_->Forward(h));
-  ASSIGN_OR_RETURN(Tensor y, AddNew(x, a));
-  ASSIGN_OR_RETURN(Tensor h2, norm2_->Forward(y));
-  ASSIGN_OR_RETURN(Tensor m, mlp_->Forward(h2));
+  FSDPP_ASSIGN_OR_RETURN(Tensor h, norm1_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor a, attn_->Forward(h));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y, AddNew(x, a));
+  FSDPP_ASSIGN_OR_RETURN(Tensor h2, norm2_->Forward(y));
+  FSDPP_ASSIGN_OR_RETURN(Tensor m, mlp_->Forward(h2));
   return AddNew(y, m);
 }
 
 absl::StatusOr<Tensor> Block::BackwardImpl(const Tensor& dz) {
   // z = y + mlp(norm2(y)): dy = dz + norm2'(mlp'(dz)).
-  ASSIGN_OR_RETURN(Tensor dh2, mlp_->Backward(dz));
-  ASSIGN_OR_RETURN(Tensor dy_branch, norm2_->Backward(dh2));
-  ASSIGN_OR_RETURN(Tensor dy, AddResidualGrad(std::move(dy_branch), dz));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dh2, mlp_->Backward(dz));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dy_branch, norm2_->Backward(dh2));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dy, AddResidualGrad(std::move(dy_branch), dz));
   // y = x + attn(norm1(x)): dx = dy + norm1'(attn'(dy)).
-  ASSIGN_OR_RETURN(Tensor dh, attn_->Backward(dy));
-  ASSIGN_OR_RETURN(Tensor dx_branch, norm1_->Backward(dh));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dh, attn_->Backward(dy));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_branch, norm1_->Backward(dh));
   return AddResidualGrad(std::move(dx_branch), dy);
 }
 

@@ -17,7 +17,7 @@ ActivationCheckpoint::ActivationCheckpoint(std::unique_ptr<Module> inner)
 }
 
 absl::StatusOr<Tensor> ActivationCheckpoint::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor y, inner_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y, inner_->Forward(x));
   inner_->ReleaseSavedTensors();
   saved_x_ = x;
   return y;

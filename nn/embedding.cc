@@ -29,9 +29,10 @@ absl::StatusOr<Tensor> Embedding::ForwardImpl(const Tensor& ids) {
   }
   Shape out_shape = ids.shape();
   out_shape.push_back(weight_->LocalShape()[1]);
-  ASSIGN_OR_RETURN(Tensor y, EmptyActivation(out_shape, weight_->data.dtype(),
-                                             ids.device()));
-  RETURN_IF_ERROR(fsdpp::Embedding(ids, weight_->data, &y, Rows()));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor y,
+      EmptyActivation(out_shape, weight_->data.dtype(), ids.device()));
+  FSDPP_RETURN_IF_ERROR(fsdpp::Embedding(ids, weight_->data, &y, Rows()));
   saved_ids_ = ids;
   return y;
 }
@@ -45,9 +46,11 @@ absl::StatusOr<Tensor> Embedding::BackwardImpl(const Tensor& dy) {
         "dy must be ", ShapeToString(out_shape), ", got ", dy.ToString()));
   }
   if (weight_->requires_grad) {
-    ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, dy.dtype(), false));
-    RETURN_IF_ERROR(EmbeddingBackward(saved_ids_, dy, dw.target(), Rows()));
-    RETURN_IF_ERROR(dw.Commit());
+    FSDPP_ASSIGN_OR_RETURN(GradSink dw,
+                           GradSink::For(weight_, dy.dtype(), false));
+    FSDPP_RETURN_IF_ERROR(
+        EmbeddingBackward(saved_ids_, dy, dw.target(), Rows()));
+    FSDPP_RETURN_IF_ERROR(dw.Commit());
   }
   saved_ids_ = Tensor();
   return Tensor();

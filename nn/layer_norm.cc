@@ -15,20 +15,21 @@ LayerNorm::LayerNorm(int64_t dim, float eps, bool bias, DType dtype)
 }
 
 absl::StatusOr<Tensor> LayerNorm::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, dim_, "input"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, dim_, "input"));
   const int64_t rows = x_rows.dim(0);
-  ASSIGN_OR_RETURN(Tensor y, EmptyActivation(x.shape(), x.dtype(), x.device()));
-  ASSIGN_OR_RETURN(Tensor mean,
-                   EmptyActivation({rows}, DType::kF32, x.device()));
-  ASSIGN_OR_RETURN(Tensor rstd,
-                   EmptyActivation({rows}, DType::kF32, x.device()));
-  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y,
+                         EmptyActivation(x.shape(), x.dtype(), x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor mean,
+                         EmptyActivation({rows}, DType::kF32, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor rstd,
+                         EmptyActivation({rows}, DType::kF32, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
   Tensor b;
   if (bias_ != nullptr) {
-    ASSIGN_OR_RETURN(b, CastTo(bias_->data, x.dtype()));
+    FSDPP_ASSIGN_OR_RETURN(b, CastTo(bias_->data, x.dtype()));
   }
-  RETURN_IF_ERROR(fsdpp::LayerNorm(x, w, bias_ != nullptr ? &b : nullptr, eps_,
-                                   &y, &mean, &rstd));
+  FSDPP_RETURN_IF_ERROR(fsdpp::LayerNorm(x, w, bias_ != nullptr ? &b : nullptr,
+                                         eps_, &y, &mean, &rstd));
   saved_x_ = x;
   saved_mean_ = mean;
   saved_rstd_ = rstd;
@@ -36,21 +37,22 @@ absl::StatusOr<Tensor> LayerNorm::ForwardImpl(const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> LayerNorm::BackwardImpl(const Tensor& dy_in) {
-  ASSIGN_OR_RETURN(NormBackwardStart start,
-                   StartNormBackward(kind(), saved_x_, dy_in, weight_->data));
+  FSDPP_ASSIGN_OR_RETURN(
+      NormBackwardStart start,
+      StartNormBackward(kind(), saved_x_, dy_in, weight_->data));
   auto& [x, dy, w, dx] = start;
   // LayerNormBackward accumulates into dweight and dbias of x's dtype.
-  ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
+  FSDPP_ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
   if (bias_ != nullptr) {
-    ASSIGN_OR_RETURN(GradSink db, GradSink::For(bias_, x.dtype(), false));
-    RETURN_IF_ERROR(LayerNormBackward(dy, x, w, saved_mean_, saved_rstd_, &dx,
-                                      dw.target(), db.target()));
-    RETURN_IF_ERROR(db.Commit());
+    FSDPP_ASSIGN_OR_RETURN(GradSink db, GradSink::For(bias_, x.dtype(), false));
+    FSDPP_RETURN_IF_ERROR(LayerNormBackward(dy, x, w, saved_mean_, saved_rstd_,
+                                            &dx, dw.target(), db.target()));
+    FSDPP_RETURN_IF_ERROR(db.Commit());
   } else {
-    RETURN_IF_ERROR(LayerNormBackward(dy, x, w, saved_mean_, saved_rstd_, &dx,
-                                      dw.target(), nullptr));
+    FSDPP_RETURN_IF_ERROR(LayerNormBackward(dy, x, w, saved_mean_, saved_rstd_,
+                                            &dx, dw.target(), nullptr));
   }
-  RETURN_IF_ERROR(dw.Commit());
+  FSDPP_RETURN_IF_ERROR(dw.Commit());
   ReleaseOwnSavedTensors();
   return dx;
 }

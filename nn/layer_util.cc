@@ -22,8 +22,9 @@ absl::StatusOr<Tensor> EmptyTemporary(Shape shape, DType dtype, Device device) {
 
 absl::StatusOr<Tensor> CastTo(const Tensor& t, DType dtype) {
   if (t.dtype() == dtype) return t;
-  ASSIGN_OR_RETURN(Tensor out, EmptyTemporary(t.shape(), dtype, t.device()));
-  RETURN_IF_ERROR(Copy(t, &out));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out,
+                         EmptyTemporary(t.shape(), dtype, t.device()));
+  FSDPP_RETURN_IF_ERROR(Copy(t, &out));
   return out;
 }
 
@@ -55,9 +56,10 @@ absl::StatusOr<NormBackwardStart> StartNormBackward(const std::string& kind,
     return absl::InvalidArgumentError(absl::StrCat(
         "dy must be ", ShapeToString(x.shape()), ", got ", dy.ToString()));
   }
-  ASSIGN_OR_RETURN(start.dy, CastTo(dy, x.dtype()));
-  ASSIGN_OR_RETURN(start.w, CastTo(weight, x.dtype()));
-  ASSIGN_OR_RETURN(start.dx, EmptyTemporary(x.shape(), x.dtype(), x.device()));
+  FSDPP_ASSIGN_OR_RETURN(start.dy, CastTo(dy, x.dtype()));
+  FSDPP_ASSIGN_OR_RETURN(start.w, CastTo(weight, x.dtype()));
+  FSDPP_ASSIGN_OR_RETURN(start.dx,
+                         EmptyTemporary(x.shape(), x.dtype(), x.device()));
   return start;
 }
 
@@ -66,25 +68,26 @@ absl::StatusOr<GradSink> GradSink::For(Parameter* p, DType compute_dtype,
   GradSink sink;
   sink.parameter_ = p;
   if (p->requires_grad) {
-    RETURN_IF_ERROR(p->EnsureGrad());
+    FSDPP_RETURN_IF_ERROR(p->EnsureGrad());
     const DType g = p->grad.dtype();
     if (g == compute_dtype || (accepts_f32 && g == DType::kF32)) {
       sink.direct_ = true;
       return sink;
     }
   }
-  ASSIGN_OR_RETURN(sink.temporary_,
-                   Tensor::Zeros(p->LocalShape(), compute_dtype,
-                                 p->data.device(), MemoryTag::kOther));
+  FSDPP_ASSIGN_OR_RETURN(sink.temporary_,
+                         Tensor::Zeros(p->LocalShape(), compute_dtype,
+                                       p->data.device(), MemoryTag::kOther));
   return sink;
 }
 
 absl::Status GradSink::Commit() {
   if (direct_ || !parameter_->requires_grad) return absl::OkStatus();
-  ASSIGN_OR_RETURN(Tensor converted,
-                   CastTo(temporary_, parameter_->grad.dtype()));
-  ASSIGN_OR_RETURN(Tensor shaped, converted.Reshape(parameter_->grad.shape()));
-  RETURN_IF_ERROR(Axpy(1.0f, shaped, &parameter_->grad));
+  FSDPP_ASSIGN_OR_RETURN(Tensor converted,
+                         CastTo(temporary_, parameter_->grad.dtype()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor shaped,
+                         converted.Reshape(parameter_->grad.shape()));
+  FSDPP_RETURN_IF_ERROR(Axpy(1.0f, shaped, &parameter_->grad));
   temporary_ = Tensor();
   return absl::OkStatus();
 }

@@ -35,21 +35,22 @@ Linear::Linear(Parameter* shared_weight, bool bias)
 
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   const int64_t in = local_in_features(), out = local_out_features();
-  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
   const DType dtype = x.dtype();
   Shape out_shape = x.shape();
   out_shape.back() = out;
-  ASSIGN_OR_RETURN(Tensor y, EmptyActivation(out_shape, dtype, x.device()));
-  ASSIGN_OR_RETURN(Tensor y_rows, y.Reshape({x_rows.dim(0), out}));
-  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y,
+                         EmptyActivation(out_shape, dtype, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y_rows, y.Reshape({x_rows.dim(0), out}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));
   MatmulOptions options;
   options.transpose_b = true;
   Tensor b;
   if (bias_ != nullptr && add_bias_in_forward_) {
-    ASSIGN_OR_RETURN(b, CastTo(bias_->data, dtype));
+    FSDPP_ASSIGN_OR_RETURN(b, CastTo(bias_->data, dtype));
     options.bias = &b;  // Added in the matmul's own pass.
   }
-  RETURN_IF_ERROR(Matmul(x_rows, w, &y_rows, options));
+  FSDPP_RETURN_IF_ERROR(Matmul(x_rows, w, &y_rows, options));
   saved_x_ = x;
   return y;
 }
@@ -68,30 +69,31 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor& dy_in) {
                                                    "shape), got ",
                                                    dy_in.ToString()));
   }
-  ASSIGN_OR_RETURN(Tensor dy, CastTo(dy_in, dtype));
-  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
-  ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, out, "dy"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dy, CastTo(dy_in, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, out, "dy"));
 
   // dx = dy W.
-  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));
-  ASSIGN_OR_RETURN(Tensor dx, EmptyTemporary(x.shape(), dtype, x.device()));
-  ASSIGN_OR_RETURN(Tensor dx_rows, dx.Reshape(x_rows.shape()));
-  RETURN_IF_ERROR(Matmul(dy_rows, w, &dx_rows));
+  FSDPP_ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx,
+                         EmptyTemporary(x.shape(), dtype, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_rows, dx.Reshape(x_rows.shape()));
+  FSDPP_RETURN_IF_ERROR(Matmul(dy_rows, w, &dx_rows));
 
   // dW += dy^T x.
   if (weight_->requires_grad) {
-    ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, dtype, true));
+    FSDPP_ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, dtype, true));
     MatmulOptions options;
     options.transpose_a = true;
     options.beta = 1.0f;
-    RETURN_IF_ERROR(Matmul(dy_rows, x_rows, dw.target(), options));
-    RETURN_IF_ERROR(dw.Commit());
+    FSDPP_RETURN_IF_ERROR(Matmul(dy_rows, x_rows, dw.target(), options));
+    FSDPP_RETURN_IF_ERROR(dw.Commit());
   }
   // db += sum over rows of dy.
   if (bias_ != nullptr && bias_->requires_grad) {
-    ASSIGN_OR_RETURN(GradSink db, GradSink::For(bias_, dtype, true));
-    RETURN_IF_ERROR(SumRowsAccumulate(dy_rows, db.target()));
-    RETURN_IF_ERROR(db.Commit());
+    FSDPP_ASSIGN_OR_RETURN(GradSink db, GradSink::For(bias_, dtype, true));
+    FSDPP_RETURN_IF_ERROR(SumRowsAccumulate(dy_rows, db.target()));
+    FSDPP_RETURN_IF_ERROR(db.Commit());
   }
   saved_x_ = Tensor();
   return dx;

@@ -16,7 +16,7 @@ namespace {
 // Targets that are not `ignore_index` (targets is i32 or i64, not meta).
 absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
                                      int64_t ignore_index) {
-  ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
+  FSDPP_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
   int64_t count = 0;
   for (int64_t id : ids) count += id != ignore_index;
   return count;
@@ -32,20 +32,21 @@ absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
   if (!targets.defined()) {
     return absl::InvalidArgumentError("CrossEntropyLoss: undefined targets");
   }
-  ASSIGN_OR_RETURN(Tensor losses, EmptyTemporary({targets.numel()}, DType::kF32,
-                                                 logits.device()));
-  RETURN_IF_ERROR(
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor losses,
+      EmptyTemporary({targets.numel()}, DType::kF32, logits.device()));
+  FSDPP_RETURN_IF_ERROR(
       Annotate(CrossEntropy(logits, targets, ignore_index_, &losses),
                "CrossEntropyLoss"));
   float loss = 0.0f;
   // Allocated on meta too, so that a dry run (plan/) sees what a real one does.
-  ASSIGN_OR_RETURN(Tensor sum,
-                   EmptyTemporary({1}, DType::kF32, logits.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor sum,
+                         EmptyTemporary({1}, DType::kF32, logits.device()));
   if (!logits.is_meta()) {
-    ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
+    FSDPP_ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
     if (count_ > 0) {
-      RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
-      ASSIGN_OR_RETURN(float total, Item(sum));
+      FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
+      FSDPP_ASSIGN_OR_RETURN(float total, Item(sum));
       loss = static_cast<float>(static_cast<double>(total) / count_);
     }
   }
@@ -65,14 +66,14 @@ absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {
         scale));
   }
   const Tensor& logits = saved_logits_;
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       Tensor dlosses,
       EmptyTemporary({saved_targets_.numel()}, DType::kF32, logits.device()));
-  RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
-  ASSIGN_OR_RETURN(
+  FSDPP_RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
+  FSDPP_ASSIGN_OR_RETURN(
       Tensor dlogits,
       EmptyTemporary(logits.shape(), logits.dtype(), logits.device()));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       Annotate(CrossEntropyBackward(logits, saved_targets_, ignore_index_,
                                     dlosses, &dlogits),
                "CrossEntropyLoss backward"));

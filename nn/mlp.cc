@@ -21,19 +21,20 @@ Mlp::Mlp(int64_t dim, int64_t hidden, float init_std, float proj_init_std,
 }
 
 absl::StatusOr<Tensor> Mlp::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor h, fc_->Forward(x));
-  ASSIGN_OR_RETURN(Tensor g, EmptyActivation(h.shape(), h.dtype(), h.device()));
-  RETURN_IF_ERROR(Gelu(h, &g));
-  ASSIGN_OR_RETURN(Tensor y, proj_->Forward(g));
+  FSDPP_ASSIGN_OR_RETURN(Tensor h, fc_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor g,
+                         EmptyActivation(h.shape(), h.dtype(), h.device()));
+  FSDPP_RETURN_IF_ERROR(Gelu(h, &g));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y, proj_->Forward(g));
   saved_h_ = h;
   return y;
 }
 
 absl::StatusOr<Tensor> Mlp::BackwardImpl(const Tensor& dy) {
   if (!saved_h_.defined()) return NoSavedForward(kind());
-  ASSIGN_OR_RETURN(Tensor dg, proj_->Backward(dy));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dg, proj_->Backward(dy));
   // GeluBackward reads each element before writing it: dh may alias dg.
-  RETURN_IF_ERROR(GeluBackward(saved_h_, dg, &dg));
+  FSDPP_RETURN_IF_ERROR(GeluBackward(saved_h_, dg, &dg));
   saved_h_ = Tensor();
   return fc_->Backward(dg);
 }
@@ -51,13 +52,14 @@ SwiGlu::SwiGlu(int64_t dim, int64_t hidden, float init_std, float down_init_std,
 }
 
 absl::StatusOr<Tensor> SwiGlu::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor a, gate_->Forward(x));
-  ASSIGN_OR_RETURN(Tensor b, up_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor a, gate_->Forward(x));
+  FSDPP_ASSIGN_OR_RETURN(Tensor b, up_->Forward(x));
   // p = silu(a) * b, the input down saves.
-  ASSIGN_OR_RETURN(Tensor p, EmptyActivation(a.shape(), a.dtype(), a.device()));
-  RETURN_IF_ERROR(Silu(a, &p));
-  RETURN_IF_ERROR(Mul(p, b, &p));
-  ASSIGN_OR_RETURN(Tensor y, down_->Forward(p));
+  FSDPP_ASSIGN_OR_RETURN(Tensor p,
+                         EmptyActivation(a.shape(), a.dtype(), a.device()));
+  FSDPP_RETURN_IF_ERROR(Silu(a, &p));
+  FSDPP_RETURN_IF_ERROR(Mul(p, b, &p));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y, down_->Forward(p));
   saved_gate_ = a;
   saved_up_ = b;
   return y;
@@ -67,18 +69,19 @@ absl::StatusOr<Tensor> SwiGlu::BackwardImpl(const Tensor& dy) {
   if (!saved_gate_.defined()) return NoSavedForward(kind());
   const Tensor a = saved_gate_;
   const Tensor b = saved_up_;
-  ASSIGN_OR_RETURN(Tensor dp, down_->Backward(dy));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dp, down_->Backward(dy));
   // d up = dp * silu(a); d silu = dp * b; d gate = SiluBackward(a, d silu).
-  ASSIGN_OR_RETURN(Tensor db, EmptyTemporary(a.shape(), a.dtype(), a.device()));
-  RETURN_IF_ERROR(Silu(a, &db));
-  RETURN_IF_ERROR(Mul(dp, db, &db));
-  RETURN_IF_ERROR(Mul(dp, b, &dp));
-  RETURN_IF_ERROR(SiluBackward(a, dp, &dp));
+  FSDPP_ASSIGN_OR_RETURN(Tensor db,
+                         EmptyTemporary(a.shape(), a.dtype(), a.device()));
+  FSDPP_RETURN_IF_ERROR(Silu(a, &db));
+  FSDPP_RETURN_IF_ERROR(Mul(dp, db, &db));
+  FSDPP_RETURN_IF_ERROR(Mul(dp, b, &dp));
+  FSDPP_RETURN_IF_ERROR(SiluBackward(a, dp, &dp));
   ReleaseOwnSavedTensors();
   // Children's backward in reverse registration order: down, up, gate.
-  ASSIGN_OR_RETURN(Tensor dx, up_->Backward(db));
-  ASSIGN_OR_RETURN(Tensor dx_gate, gate_->Backward(dp));
-  RETURN_IF_ERROR(Add(dx, dx_gate, &dx));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx, up_->Backward(db));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_gate, gate_->Backward(dp));
+  FSDPP_RETURN_IF_ERROR(Add(dx, dx_gate, &dx));
   return dx;
 }
 

@@ -58,16 +58,16 @@ absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
                   values.data());
       break;
   }
-  ASSIGN_OR_RETURN(Tensor host,
-                   Tensor::FromFloats(out->shape(), values, out->dtype()));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor host, Tensor::FromFloats(out->shape(), values, out->dtype()));
   return CopyBytes(out->raw_data(), out->device(), host.raw_data(),
                    Device::Cpu(), host.nbytes());
 }
 
 absl::Status Parameter::EnsureGrad() {
   if (grad.defined()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(grad, Tensor::Zeros(LocalShape(), dtype, data.device(),
-                                       MemoryTag::kGrads));
+  FSDPP_ASSIGN_OR_RETURN(grad, Tensor::Zeros(LocalShape(), dtype, data.device(),
+                                             MemoryTag::kGrads));
   return absl::OkStatus();
 }
 
@@ -148,14 +148,16 @@ absl::Status Parameter::SetPiece(ParameterPiece p) {
   }
   Tensor local;
   if (data.is_meta()) {
-    ASSIGN_OR_RETURN(local, Tensor::Empty(p.local_shape, dtype, Device::Meta(),
-                                          MemoryTag::kParams));
+    FSDPP_ASSIGN_OR_RETURN(local,
+                           Tensor::Empty(p.local_shape, dtype, Device::Meta(),
+                                         MemoryTag::kParams));
   } else {
-    ASSIGN_OR_RETURN(local, Tensor::Empty(p.local_shape, dtype, data.device(),
-                                          MemoryTag::kParams));
-    ASSIGN_OR_RETURN(Tensor whole, data.Reshape(p.layout));
-    ASSIGN_OR_RETURN(Tensor box, local.Reshape(p.size));
-    RETURN_IF_ERROR(
+    FSDPP_ASSIGN_OR_RETURN(
+        local,
+        Tensor::Empty(p.local_shape, dtype, data.device(), MemoryTag::kParams));
+    FSDPP_ASSIGN_OR_RETURN(Tensor whole, data.Reshape(p.layout));
+    FSDPP_ASSIGN_OR_RETURN(Tensor box, local.Reshape(p.size));
+    FSDPP_RETURN_IF_ERROR(
         CopyBox(whole, p.offset, &box, Shape(p.size.size(), 0), p.size));
   }
   data = std::move(local);
@@ -275,8 +277,8 @@ int64_t Module::NumParameters() const {
 absl::Status Module::ToEmpty(Device device) {
   for (const auto& [name, p] : NamedParameters()) {
     if (!p->data.is_meta()) continue;
-    ASSIGN_OR_RETURN(p->data, Tensor::Empty(p->LocalShape(), p->dtype, device,
-                                            MemoryTag::kParams));
+    FSDPP_ASSIGN_OR_RETURN(p->data, Tensor::Empty(p->LocalShape(), p->dtype,
+                                                  device, MemoryTag::kParams));
   }
   return absl::OkStatus();
 }
@@ -288,7 +290,7 @@ absl::Status Module::InitWeights(uint64_t seed) {
           absl::StrCat("InitWeights: parameter '", name,
                        "' is still on the meta device (call ToEmpty first)"));
     }
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Annotate(InitParameter(*p, seed, InitStreamId(name), &p->data),
                  absl::StrCat("initialising '", name, "'")));
   }
@@ -300,19 +302,19 @@ absl::Status Module::ZeroGrad(bool set_to_none) {
     if (set_to_none) {
       p->grad = Tensor();
     } else if (p->grad.defined()) {
-      RETURN_IF_ERROR(Zero(&p->grad));
+      FSDPP_RETURN_IF_ERROR(Zero(&p->grad));
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status Module::RunHooks(std::vector<Hook>& hooks, Module& m) {
-  for (Hook& hook : hooks) RETURN_IF_ERROR(hook(m));
+  for (Hook& hook : hooks) FSDPP_RETURN_IF_ERROR(hook(m));
   return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> Module::Forward(const Tensor& x) {
-  RETURN_IF_ERROR(RunHooks(pre_forward_, *this));
+  FSDPP_RETURN_IF_ERROR(RunHooks(pre_forward_, *this));
   Tensor in = x;
   for (Transform& t : input_transforms_) {
     if (!t.forward) continue;
@@ -331,12 +333,12 @@ absl::StatusOr<Tensor> Module::Forward(const Tensor& x) {
       return Annotate(y.status(), absl::StrCat(kind_, " output layout"));
     }
   }
-  RETURN_IF_ERROR(RunHooks(post_forward_, *this));
+  FSDPP_RETURN_IF_ERROR(RunHooks(post_forward_, *this));
   return y;
 }
 
 absl::StatusOr<Tensor> Module::Backward(const Tensor& dy) {
-  RETURN_IF_ERROR(RunHooks(pre_backward_, *this));
+  FSDPP_RETURN_IF_ERROR(RunHooks(pre_backward_, *this));
   Tensor d = dy;
   for (auto t = output_transforms_.rbegin(); t != output_transforms_.rend();
        ++t) {
@@ -359,7 +361,7 @@ absl::StatusOr<Tensor> Module::Backward(const Tensor& dy) {
                       absl::StrCat(kind_, " input gradient layout"));
     }
   }
-  RETURN_IF_ERROR(RunHooks(post_backward_, *this));
+  FSDPP_RETURN_IF_ERROR(RunHooks(post_backward_, *this));
   return dx;
 }
 

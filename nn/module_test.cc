@@ -405,7 +405,7 @@ TEST(ModuleTest, TransformsWrapTheLayerInsideTheHooks) {
   auto scale = [](float a) {
     return [a](const Tensor& t) -> absl::StatusOr<Tensor> {
       Tensor out = *Tensor::Empty(t.shape(), t.dtype(), t.device());
-      RETURN_IF_ERROR(Scale(t, a, &out));
+      FSDPP_RETURN_IF_ERROR(Scale(t, a, &out));
       return out;
     };
   };

@@ -14,25 +14,28 @@ RmsNorm::RmsNorm(int64_t dim, float eps, DType dtype)
 }
 
 absl::StatusOr<Tensor> RmsNorm::ForwardImpl(const Tensor& x) {
-  ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, dim_, "input"));
-  ASSIGN_OR_RETURN(Tensor y, EmptyActivation(x.shape(), x.dtype(), x.device()));
-  ASSIGN_OR_RETURN(Tensor rstd,
-                   EmptyActivation({x_rows.dim(0)}, DType::kF32, x.device()));
-  ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
-  RETURN_IF_ERROR(fsdpp::RmsNorm(x, w, eps_, &y, &rstd));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, dim_, "input"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y,
+                         EmptyActivation(x.shape(), x.dtype(), x.device()));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor rstd, EmptyActivation({x_rows.dim(0)}, DType::kF32, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor w, CastTo(weight_->data, x.dtype()));
+  FSDPP_RETURN_IF_ERROR(fsdpp::RmsNorm(x, w, eps_, &y, &rstd));
   saved_x_ = x;
   saved_rstd_ = rstd;
   return y;
 }
 
 absl::StatusOr<Tensor> RmsNorm::BackwardImpl(const Tensor& dy_in) {
-  ASSIGN_OR_RETURN(NormBackwardStart start,
-                   StartNormBackward(kind(), saved_x_, dy_in, weight_->data));
+  FSDPP_ASSIGN_OR_RETURN(
+      NormBackwardStart start,
+      StartNormBackward(kind(), saved_x_, dy_in, weight_->data));
   auto& [x, dy, w, dx] = start;
   // RmsNormBackward accumulates into a dweight of x's dtype.
-  ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
-  RETURN_IF_ERROR(RmsNormBackward(dy, x, w, saved_rstd_, &dx, dw.target()));
-  RETURN_IF_ERROR(dw.Commit());
+  FSDPP_ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, x.dtype(), false));
+  FSDPP_RETURN_IF_ERROR(
+      RmsNormBackward(dy, x, w, saved_rstd_, &dx, dw.target()));
+  FSDPP_RETURN_IF_ERROR(dw.Commit());
   ReleaseOwnSavedTensors();
   return dx;
 }

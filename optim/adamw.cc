@@ -99,7 +99,7 @@ bool DecayMatricesOnly(const std::string& /*name*/, const DTensor& param) {
 
 absl::StatusOr<AdamW> AdamW::Create(std::vector<AdamWParam> params,
                                     AdamWOptions options) {
-  RETURN_IF_ERROR(CheckOptions(options));
+  FSDPP_RETURN_IF_ERROR(CheckOptions(options));
   AdamW opt(std::move(options));
   std::set<std::string> names;
   for (AdamWParam& p : params) {
@@ -129,7 +129,7 @@ absl::StatusOr<AdamW> AdamW::Create(std::vector<AdamWParam> params,
           absl::StrCat("AdamW: param '", p.name, "' has a Partial placement (",
                        p.param->ToString(), ")"));
     }
-    RETURN_IF_ERROR(CheckDevice(p.name, p.param->local().device()));
+    FSDPP_RETURN_IF_ERROR(CheckDevice(p.name, p.param->local().device()));
     Entry e;
     e.name = std::move(p.name);
     e.param = p.param;
@@ -151,10 +151,11 @@ absl::Status AdamW::Init() {
     const Tensor& local = e.param->local();
     DTensor moments[2];
     for (DTensor& moment : moments) {
-      ASSIGN_OR_RETURN(Tensor zeros,
-                       Tensor::Zeros(local.shape(), DType::kF32, local.device(),
-                                     MemoryTag::kOptimizerState));
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
+          Tensor zeros,
+          Tensor::Zeros(local.shape(), DType::kF32, local.device(),
+                        MemoryTag::kOptimizerState));
+      FSDPP_ASSIGN_OR_RETURN(
           moment, DTensor::FromLocal(std::move(zeros), e.param->mesh(),
                                      e.param->placements(), e.param->shape()));
     }
@@ -234,10 +235,11 @@ absl::Status AdamW::Step(float grad_scale) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AdamW: grad_scale must be finite and > 0, got ", grad_scale));
   }
-  RETURN_IF_ERROR(Init());
-  for (const Entry& e : entries_) RETURN_IF_ERROR(CheckForStep(e));
+  FSDPP_RETURN_IF_ERROR(Init());
+  for (const Entry& e : entries_) FSDPP_RETURN_IF_ERROR(CheckForStep(e));
   ++step_;
-  for (const Entry& e : entries_) RETURN_IF_ERROR(UpdateEntry(e, grad_scale));
+  for (const Entry& e : entries_)
+    FSDPP_RETURN_IF_ERROR(UpdateEntry(e, grad_scale));
   return absl::OkStatus();
 }
 
@@ -272,13 +274,13 @@ absl::Status AdamW::SetComputeCopy(const std::string& name, Tensor* copy) {
         "tensor with the local shard's ", local.numel(), " elements on ",
         local.device().ToString(), ", got ", copy->ToString()));
   }
-  RETURN_IF_ERROR(Copy(local, copy));
+  FSDPP_RETURN_IF_ERROR(Copy(local, copy));
   e->copy = copy;
   return absl::OkStatus();
 }
 
 absl::StatusOr<OptimizerStateDict> AdamW::StateDict() {
-  RETURN_IF_ERROR(Init());
+  FSDPP_RETURN_IF_ERROR(Init());
   OptimizerStateDict state;
   for (const Entry& e : entries_) {
     state.tensors.emplace(StateName(e.name, false), e.exp_avg);
@@ -289,7 +291,7 @@ absl::StatusOr<OptimizerStateDict> AdamW::StateDict() {
 }
 
 absl::Status AdamW::LoadStateDict(const OptimizerStateDict& state) {
-  RETURN_IF_ERROR(Init());
+  FSDPP_RETURN_IF_ERROR(Init());
   // Names first: exactly the expected ones.
   std::set<std::string> expected;
   for (const Entry& e : entries_) {
@@ -335,13 +337,13 @@ absl::Status AdamW::LoadStateDict(const OptimizerStateDict& state) {
       }
       DTensor laid_out = src;
       if (src.placements() != dst->placements()) {
-        ASSIGN_OR_RETURN(laid_out, src.Redistribute(dst->placements()));
+        FSDPP_ASSIGN_OR_RETURN(laid_out, src.Redistribute(dst->placements()));
       }
       writes.emplace_back(dst, std::move(laid_out));
     }
   }
   for (auto& [dst, src] : writes) {
-    RETURN_IF_ERROR(Copy(src.local(), dst->mutable_local()));
+    FSDPP_RETURN_IF_ERROR(Copy(src.local(), dst->mutable_local()));
   }
   step_ = step;
   return absl::OkStatus();

@@ -65,7 +65,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": a pipeline rank without grads"));
   }
-  RETURN_IF_ERROR(CheckGrads(op, grads));
+  FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads));
   DeviceMesh* mesh = grads[0]->mesh();
   const int64_t n = static_cast<int64_t>(grads.size());
 
@@ -80,14 +80,14 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   // Local sums of squares, one slot per grad, read back together (meta
   // gradients, a dry run's, have no values: their sums are zeros).
   const Device device = grads[0]->local().device();
-  ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros({n}, DType::kF32, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros({n}, DType::kF32, device));
   for (int64_t i = 0; i < n; ++i) {
-    ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
-    RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
+    FSDPP_ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
+    FSDPP_RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
   }
   std::vector<float> local_sums(n, 0.0f);
   if (!device.is_meta()) {
-    ASSIGN_OR_RETURN(local_sums, sums.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(local_sums, sums.ToFloats());
   }
 
   // This rank's share: a grad that is Replicate on a reduced axis counts only
@@ -111,25 +111,26 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     ProcessGroup* group = pipeline.pipeline;
     int64_t bits = 0;
     std::memcpy(&bits, &total, sizeof(bits));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         Tensor mine,
         group->device().is_meta()
             ? Tensor::Zeros({1}, DType::kI64, group->device())
             : Tensor::FromInts({1}, {bits}, DType::kI64, group->device()));
-    ASSIGN_OR_RETURN(Tensor all, Tensor::Zeros({group->size()}, DType::kI64,
-                                               group->device()));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor all,
+        Tensor::Zeros({group->size()}, DType::kI64, group->device()));
     CollectiveOptions blocking;
     blocking.async_op = false;
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         std::shared_ptr<Work> work,
         group->AllGather(
             Buffer{mine.raw_data(), 1, DType::kI64, mine.device()},
             Buffer{all.raw_data(), group->size(), DType::kI64, all.device()},
             blocking));
-    RETURN_IF_ERROR(work->Wait(timeout));
+    FSDPP_RETURN_IF_ERROR(work->Wait(timeout));
     std::vector<int64_t> words(group->size(), 0);
     if (!all.is_meta()) {
-      ASSIGN_OR_RETURN(words, all.ToInts());
+      FSDPP_ASSIGN_OR_RETURN(words, all.ToInts());
     }
     total = 0.0;
     for (int64_t w : words) {
@@ -143,7 +144,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   Tensor scalar;
   const auto reduce_over = [&](ProcessGroup* group) -> absl::Status {
     if (!scalar.defined()) {
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
           scalar, group->device().is_meta()
                       ? Tensor::Zeros({1}, DType::kF32, group->device())
                       : Tensor::FromFloats({1}, {static_cast<float>(total)},
@@ -151,19 +152,21 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     }
     CollectiveOptions blocking;  // Waited for at once.
     blocking.async_op = false;
-    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                     group->AllReduce(Buffer{scalar.raw_data(), 1, DType::kF32,
-                                             scalar.device()},
-                                      ReduceOp::kSum, blocking));
+    FSDPP_ASSIGN_OR_RETURN(
+        std::shared_ptr<Work> work,
+        group->AllReduce(
+            Buffer{scalar.raw_data(), 1, DType::kF32, scalar.device()},
+            ReduceOp::kSum, blocking));
     return work->Wait(timeout);
   };
   for (int a = 0; a < mesh->ndim(); ++a) {
     if (!reduced[a]) continue;
-    ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[a].name));
-    RETURN_IF_ERROR(reduce_over(group));
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group,
+                           mesh->Group(mesh->axes()[a].name));
+    FSDPP_RETURN_IF_ERROR(reduce_over(group));
   }
   if (scalar.defined() && !scalar.is_meta()) {
-    ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());
     total = reduced_total[0];
   }
 
@@ -201,13 +204,13 @@ absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
     return absl::InvalidArgumentError(absl::StrCat(
         "ClipGradNorm: max_norm must be finite and > 0, got ", max_norm));
   }
-  ASSIGN_OR_RETURN(const double norm,
-                   Norm("ClipGradNorm", grads, pipeline, timeout));
+  FSDPP_ASSIGN_OR_RETURN(const double norm,
+                         Norm("ClipGradNorm", grads, pipeline, timeout));
   if (!std::isfinite(norm)) return norm;
   const float coef = ClipCoefficient(norm, max_norm);
   if (coef < 1.0f) {
     for (DTensor* g : grads) {
-      RETURN_IF_ERROR(Scale(g->local(), coef, g->mutable_local()));
+      FSDPP_RETURN_IF_ERROR(Scale(g->local(), coef, g->mutable_local()));
     }
   }
   return norm;
@@ -219,7 +222,7 @@ absl::Status ZeroGrad(const std::vector<DTensor*>& grads) {
       return absl::InvalidArgumentError(
           absl::StrCat("ZeroGrad: grad ", i, " is null"));
     }
-    RETURN_IF_ERROR(Zero(grads[i]->mutable_local()));
+    FSDPP_RETURN_IF_ERROR(Zero(grads[i]->mutable_local()));
   }
   return absl::OkStatus();
 }

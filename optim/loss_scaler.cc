@@ -69,13 +69,14 @@ absl::StatusOr<bool> UnscaleLocal(const std::vector<DTensor*>& grads,
 #if defined(FSDPP_WITH_CUDA)
   const Device device = grads[0]->local().device();
   if (device.is_cuda()) {
-    ASSIGN_OR_RETURN(Tensor flag, Tensor::Zeros({1}, DType::kI32, device));
+    FSDPP_ASSIGN_OR_RETURN(Tensor flag,
+                           Tensor::Zeros({1}, DType::kI32, device));
     for (DTensor* g : grads) {
-      RETURN_IF_ERROR(gpu::UnscaleCuda(
+      FSDPP_RETURN_IF_ERROR(gpu::UnscaleCuda(
           device.index(), static_cast<float*>(g->local().raw_data()),
           g->local().numel(), inv_scale, flag.data<int32_t>()));
     }
-    ASSIGN_OR_RETURN(std::vector<float> found, flag.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> found, flag.ToFloats());
     return found[0] != 0.0f;
   }
 #endif
@@ -118,21 +119,21 @@ absl::StatusOr<LossScaler> LossScaler::Create(const LossScalerOptions& o) {
 absl::StatusOr<bool> LossScaler::UnscaleAndCheck(
     const std::vector<DTensor*>& grads, absl::Duration timeout) {
   if (grads.empty()) return true;
-  RETURN_IF_ERROR(CheckGrads(grads));
+  FSDPP_RETURN_IF_ERROR(CheckGrads(grads));
   // torch: inv_scale = scale.double().reciprocal().float().
   const float inv_scale = static_cast<float>(1.0 / static_cast<double>(scale_));
-  ASSIGN_OR_RETURN(bool found_local, UnscaleLocal(grads, inv_scale));
+  FSDPP_ASSIGN_OR_RETURN(bool found_local, UnscaleLocal(grads, inv_scale));
 
-  ASSIGN_OR_RETURN(ProcessGroup * group, grads[0]->mesh()->FlatGroup());
-  ASSIGN_OR_RETURN(Tensor flag,
-                   Tensor::FromFloats({1}, {found_local ? 1.0f : 0.0f},
-                                      DType::kF32, group->device()));
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, grads[0]->mesh()->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(Tensor flag,
+                         Tensor::FromFloats({1}, {found_local ? 1.0f : 0.0f},
+                                            DType::kF32, group->device()));
+  FSDPP_ASSIGN_OR_RETURN(
       std::shared_ptr<Work> work,
       group->AllReduce(Buffer{flag.raw_data(), 1, DType::kF32, flag.device()},
                        ReduceOp::kMax));
-  RETURN_IF_ERROR(work->Wait(timeout));
-  ASSIGN_OR_RETURN(std::vector<float> found_any, flag.ToFloats());
+  FSDPP_RETURN_IF_ERROR(work->Wait(timeout));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> found_any, flag.ToFloats());
   return found_any[0] == 0.0f;
 }
 

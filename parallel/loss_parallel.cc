@@ -67,8 +67,8 @@ absl::Status AllReduceF32(ProcessGroup* group, Tensor* t, ReduceOp op,
   TraceSpan span("loss parallel all-reduce", "comm_wait");
   CollectiveOptions blocking;
   blocking.async_op = false;
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group->AllReduce(AsBuffer(*t), op, blocking));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                         group->AllReduce(AsBuffer(*t), op, blocking));
   return work->Wait(timeout);
 }
 
@@ -90,9 +90,10 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
     return Invalid(logits, absl::StrCat("targets ", targets.ToString(),
                                         " must be i32 or i64"));
   }
-  ASSIGN_OR_RETURN(const int axis, VocabAxis(logits));
+  FSDPP_ASSIGN_OR_RETURN(const int axis, VocabAxis(logits));
   DeviceMesh* mesh = logits.mesh();
-  ASSIGN_OR_RETURN(ProcessGroup * group, mesh->Group(mesh->axes()[axis].name));
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group,
+                         mesh->Group(mesh->axes()[axis].name));
   const Tensor& local = logits.local();
   const Device device = local.device();
   const int64_t vocab = logits.shape().back();
@@ -100,16 +101,20 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
   const int64_t n = targets.numel();
 
   // This slice's statistics, then the whole rows' max.
-  ASSIGN_OR_RETURN(Tensor max, Tensor::Empty({n}, DType::kF32, device));
-  ASSIGN_OR_RETURN(Tensor sumexp, Tensor::Empty({n}, DType::kF32, device));
-  ASSIGN_OR_RETURN(Tensor target, Tensor::Empty({n}, DType::kF32, device));
-  RETURN_IF_ERROR(
+  FSDPP_ASSIGN_OR_RETURN(Tensor max, Tensor::Empty({n}, DType::kF32, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor sumexp,
+                         Tensor::Empty({n}, DType::kF32, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor target,
+                         Tensor::Empty({n}, DType::kF32, device));
+  FSDPP_RETURN_IF_ERROR(
       Annotate(CrossEntropyShardStats(local, targets, offset, vocab,
                                       ignore_index_, &max, &sumexp, &target),
                kName));
-  ASSIGN_OR_RETURN(Tensor global_max, Tensor::Empty({n}, DType::kF32, device));
-  RETURN_IF_ERROR(Copy(max, &global_max));
-  RETURN_IF_ERROR(AllReduceF32(group, &global_max, ReduceOp::kMax, timeout_));
+  FSDPP_ASSIGN_OR_RETURN(Tensor global_max,
+                         Tensor::Empty({n}, DType::kF32, device));
+  FSDPP_RETURN_IF_ERROR(Copy(max, &global_max));
+  FSDPP_RETURN_IF_ERROR(
+      AllReduceF32(group, &global_max, ReduceOp::kMax, timeout_));
 
   // What Backward needs (sumexp_ is set by the caller).
   const auto keep = [&](int64_t count) {
@@ -123,31 +128,32 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
   if (device.is_meta()) {
     // A dry run (plan/dry_run.h): the same tensors and collectives as below,
     // no values to read (the loss is 0 and every row counts).
-    ASSIGN_OR_RETURN(Tensor sums, Tensor::Empty({2 * n}, DType::kF32, device));
-    RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
-    ASSIGN_OR_RETURN(sumexp_, Tensor::Empty({n}, DType::kF32, device));
+    FSDPP_ASSIGN_OR_RETURN(Tensor sums,
+                           Tensor::Empty({2 * n}, DType::kF32, device));
+    FSDPP_RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
+    FSDPP_ASSIGN_OR_RETURN(sumexp_, Tensor::Empty({n}, DType::kF32, device));
     keep(n);
     return 0.0f;
   }
 
   // Rescaled sums and target logits, summed over the slices in one go.
-  ASSIGN_OR_RETURN(std::vector<float> m, max.ToFloats());
-  ASSIGN_OR_RETURN(std::vector<float> s, sumexp.ToFloats());
-  ASSIGN_OR_RETURN(std::vector<float> t, target.ToFloats());
-  ASSIGN_OR_RETURN(std::vector<float> gm, global_max.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> m, max.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> s, sumexp.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> t, target.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> gm, global_max.ToFloats());
   std::vector<float> packed(2 * n);
   for (int64_t i = 0; i < n; ++i) {
     packed[i] = s[i] == 0.0f ? 0.0f : s[i] * std::exp(m[i] - gm[i]);
     packed[n + i] = t[i];
   }
-  ASSIGN_OR_RETURN(Tensor sums,
-                   Tensor::FromFloats({2 * n}, packed, DType::kF32, device));
-  RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
-  ASSIGN_OR_RETURN(std::vector<float> summed, sums.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor sums, Tensor::FromFloats({2 * n}, packed, DType::kF32, device));
+  FSDPP_RETURN_IF_ERROR(AllReduceF32(group, &sums, ReduceOp::kSum, timeout_));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> summed, sums.ToFloats());
 
   // Per-row losses as CrossEntropy computes them, their sum as Sum does (in
   // double, rounded to f32), the mean as nn::CrossEntropyLoss takes it.
-  ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
+  FSDPP_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
   std::vector<float> row_sum(summed.begin(), summed.begin() + n);
   double total = 0.0;
   int64_t count = 0;
@@ -164,8 +170,8 @@ absl::StatusOr<float> LossParallelCrossEntropy::Forward(const DTensor& logits,
     loss = static_cast<float>(static_cast<double>(static_cast<float>(total)) /
                               count);
   }
-  ASSIGN_OR_RETURN(sumexp_,
-                   Tensor::FromFloats({n}, row_sum, DType::kF32, device));
+  FSDPP_ASSIGN_OR_RETURN(sumexp_,
+                         Tensor::FromFloats({n}, row_sum, DType::kF32, device));
   keep(count);
   return loss;
 }
@@ -181,19 +187,21 @@ absl::StatusOr<DTensor> LossParallelCrossEntropy::Backward(float scale) {
   }
   const Tensor& local = logits_.local();
   const int64_t n = targets_.numel();
-  ASSIGN_OR_RETURN(Tensor dlosses,
-                   Tensor::Empty({n}, DType::kF32, local.device()));
-  RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
-  ASSIGN_OR_RETURN(Tensor dlocal,
-                   Tensor::Empty(local.shape(), local.dtype(), local.device()));
-  RETURN_IF_ERROR(
+  FSDPP_ASSIGN_OR_RETURN(Tensor dlosses,
+                         Tensor::Empty({n}, DType::kF32, local.device()));
+  FSDPP_RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor dlocal,
+      Tensor::Empty(local.shape(), local.dtype(), local.device()));
+  FSDPP_RETURN_IF_ERROR(
       Annotate(CrossEntropyShardBackward(local, targets_, vocab_offset_,
                                          logits_.shape().back(), ignore_index_,
                                          max_, sumexp_, dlosses, &dlocal),
                absl::StrCat(kName, " backward")));
-  ASSIGN_OR_RETURN(DTensor dlogits,
-                   DTensor::FromLocal(std::move(dlocal), logits_.mesh(),
-                                      logits_.placements(), logits_.shape()));
+  FSDPP_ASSIGN_OR_RETURN(
+      DTensor dlogits,
+      DTensor::FromLocal(std::move(dlocal), logits_.mesh(),
+                         logits_.placements(), logits_.shape()));
   saved_ = false;
   logits_ = DTensor();
   targets_ = max_ = sumexp_ = Tensor();
@@ -216,10 +224,10 @@ absl::StatusOr<float> LossParallel::Forward(const Tensor& logits,
     return absl::InvalidArgumentError(absl::StrCat(
         "LossParallel: logits must be [.., V / tp], got ", logits.ToString()));
   }
-  ASSIGN_OR_RETURN(DeviceMesh * axis, mesh_->SubMesh({tp_axis_}));
+  FSDPP_ASSIGN_OR_RETURN(DeviceMesh * axis, mesh_->SubMesh({tp_axis_}));
   Shape global = logits.shape();
   global.back() *= axis->size();
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       DTensor sharded,
       DTensor::FromLocal(logits, axis, {Placement::Shard(logits.ndim() - 1)},
                          std::move(global)));
@@ -227,7 +235,7 @@ absl::StatusOr<float> LossParallel::Forward(const Tensor& logits,
 }
 
 absl::StatusOr<Tensor> LossParallel::Backward(float scale) {
-  ASSIGN_OR_RETURN(DTensor dlogits, loss_.Backward(scale));
+  FSDPP_ASSIGN_OR_RETURN(DTensor dlogits, loss_.Backward(scale));
   return dlogits.local();
 }
 

@@ -37,7 +37,7 @@ absl::StatusOr<std::unique_ptr<PipelineRunner>> PipelineRunner::Create(
   if (group == nullptr) {
     return absl::InvalidArgumentError("PipelineRunner: no process group");
   }
-  RETURN_IF_ERROR(ValidateSchedule(schedule));
+  FSDPP_RETURN_IF_ERROR(ValidateSchedule(schedule));
   const std::string where =
       absl::StrCat("PipelineRunner (pipeline rank ", group->rank(), " of ",
                    group->size(), ", ", schedule.name, ")");
@@ -157,7 +157,7 @@ absl::StatusOr<PipelineStepStats> PipelineRunner::Step(
                                       a.ToString(), " (", schedule_.name, ")"));
     }
   }
-  RETURN_IF_ERROR(WaitForSends());
+  FSDPP_RETURN_IF_ERROR(WaitForSends());
   return stats;
 }
 
@@ -205,15 +205,15 @@ absl::StatusOr<std::vector<float>> PipelineRunner::Evaluate(
                          st.stage, " micro-batch ", mb));
       }
       if (is_last) {
-        ASSIGN_OR_RETURN(float l, loss->Forward(*output, targets[mb]));
+        FSDPP_ASSIGN_OR_RETURN(float l, loss->Forward(*output, targets[mb]));
         losses.push_back(l);
       } else {
-        RETURN_IF_ERROR(Send(*output, schedule_.RankOf(st.stage + 1),
-                             ActivationTag(st.stage + 1)));
+        FSDPP_RETURN_IF_ERROR(Send(*output, schedule_.RankOf(st.stage + 1),
+                                   ActivationTag(st.stage + 1)));
       }
     }
   }
-  RETURN_IF_ERROR(WaitForSends());
+  FSDPP_RETURN_IF_ERROR(WaitForSends());
   return losses;
 }
 
@@ -229,10 +229,10 @@ absl::Status PipelineRunner::Run(const PipelineAction& action,
     return absl::InternalError("the schedule names a stage this rank lacks");
   }
   if (action.kind == PipelineAction::Kind::kForward) {
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Forward(*st, action.microbatch, inputs, targets, loss_scale, stats));
   } else {
-    RETURN_IF_ERROR(Backward(*st, action.microbatch, stats));
+    FSDPP_RETURN_IF_ERROR(Backward(*st, action.microbatch, stats));
   }
   stats->peak_held_bytes = std::max(stats->peak_held_bytes, held_bytes_);
   stats->peak_in_flight =
@@ -250,20 +250,20 @@ absl::Status PipelineRunner::Forward(const PipelineStageModule& st, int mb,
   if (st.stage == 0) {
     input = inputs[mb];
   } else {
-    ASSIGN_OR_RETURN(input, Receive(st.input_shape, st.input_dtype,
-                                    schedule_.RankOf(st.stage - 1),
-                                    ActivationTag(st.stage), stats));
+    FSDPP_ASSIGN_OR_RETURN(input, Receive(st.input_shape, st.input_dtype,
+                                          schedule_.RankOf(st.stage - 1),
+                                          ActivationTag(st.stage), stats));
   }
   const absl::Time start = absl::Now();
   Tensor output;
   {
     TraceSpan span("pp_forward", "compute");
-    ASSIGN_OR_RETURN(output, st.module->Forward(input));
+    FSDPP_ASSIGN_OR_RETURN(output, st.module->Forward(input));
   }
   if (last) {
     TraceSpan span("pp_loss", "compute");
-    ASSIGN_OR_RETURN(float loss, loss_->Forward(output, targets[mb]));
-    ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
+    FSDPP_ASSIGN_OR_RETURN(float loss, loss_->Forward(output, targets[mb]));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
     stats->losses.push_back(loss);
     held_bytes_ += static_cast<int64_t>(dlogits.nbytes());
     loss_grads_[mb] = std::move(dlogits);
@@ -281,8 +281,8 @@ absl::Status PipelineRunner::Forward(const PipelineStageModule& st, int mb,
           ShapeText(st.output_shape, st.output_dtype),
           " the next stage receives"));
     }
-    RETURN_IF_ERROR(Send(output, schedule_.RankOf(st.stage + 1),
-                         ActivationTag(st.stage + 1)));
+    FSDPP_RETURN_IF_ERROR(Send(output, schedule_.RankOf(st.stage + 1),
+                               ActivationTag(st.stage + 1)));
   }
   return absl::OkStatus();
 }
@@ -300,9 +300,9 @@ absl::Status PipelineRunner::Backward(const PipelineStageModule& st, int mb,
     loss_grads_.erase(it);
     held_bytes_ -= static_cast<int64_t>(dy.nbytes());
   } else {
-    ASSIGN_OR_RETURN(dy, Receive(st.output_shape, st.output_dtype,
-                                 schedule_.RankOf(st.stage + 1),
-                                 GradientTag(st.stage), stats));
+    FSDPP_ASSIGN_OR_RETURN(dy, Receive(st.output_shape, st.output_dtype,
+                                       schedule_.RankOf(st.stage + 1),
+                                       GradientTag(st.stage), stats));
   }
   auto it = stashes_.find({st.stage, mb});
   if (it == stashes_.end()) {
@@ -310,15 +310,15 @@ absl::Status PipelineRunner::Backward(const PipelineStageModule& st, int mb,
   }
   held_bytes_ -= it->second.bytes();
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(st.module->RestoreSavedTensors(std::move(it->second)));
+  FSDPP_RETURN_IF_ERROR(st.module->RestoreSavedTensors(std::move(it->second)));
   stashes_.erase(it);
   if (options_.on_last_backward && last_backward_[st.stage] == mb) {
-    RETURN_IF_ERROR(options_.on_last_backward(st.stage));
+    FSDPP_RETURN_IF_ERROR(options_.on_last_backward(st.stage));
   }
   Tensor dx;
   {
     TraceSpan span("pp_backward", "compute");
-    ASSIGN_OR_RETURN(dx, st.module->Backward(dy));
+    FSDPP_ASSIGN_OR_RETURN(dx, st.module->Backward(dy));
   }
   stats->compute_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   if (st.stage > 0) {
@@ -329,7 +329,7 @@ absl::Status PipelineRunner::Backward(const PipelineStageModule& st, int mb,
           ShapeText(st.input_shape, st.input_dtype),
           " the previous stage sent"));
     }
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Send(dx, schedule_.RankOf(st.stage - 1), GradientTag(st.stage - 1)));
   }
   return absl::OkStatus();
@@ -338,17 +338,18 @@ absl::Status PipelineRunner::Backward(const PipelineStageModule& st, int mb,
 absl::StatusOr<Tensor> PipelineRunner::Receive(const Shape& shape, DType dtype,
                                                int peer, int tag,
                                                PipelineStepStats* stats) {
-  ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(shape, dtype, group_->device(),
-                                           MemoryTag::kActivations));
+  FSDPP_ASSIGN_OR_RETURN(Tensor t, Tensor::Empty(shape, dtype, group_->device(),
+                                                 MemoryTag::kActivations));
   const absl::Time start = absl::Now();
   TraceSpan span("pp_recv", "comm_wait");
   CollectiveOptions o;
   o.timeout = options_.timeout;
   o.stream = recv_stream_.get();
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group_->BatchP2P({P2POp::Recv(AsBuffer(t), peer, tag)}, o));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      group_->BatchP2P({P2POp::Recv(AsBuffer(t), peer, tag)}, o));
   // The op's own timeout ends it; the diagnosis of the peers comes on top.
-  RETURN_IF_ERROR(work->Wait(options_.timeout + absl::Minutes(1)));
+  FSDPP_RETURN_IF_ERROR(work->Wait(options_.timeout + absl::Minutes(1)));
   stats->wait_seconds += absl::ToDoubleSeconds(absl::Now() - start);
   return t;
 }
@@ -357,8 +358,9 @@ absl::Status PipelineRunner::Send(const Tensor& t, int peer, int tag) {
   CollectiveOptions o;
   o.timeout = options_.timeout;
   o.stream = send_streams_.at(tag).get();
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   group_->BatchP2P({P2POp::Send(AsBuffer(t), peer, tag)}, o));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      group_->BatchP2P({P2POp::Send(AsBuffer(t), peer, tag)}, o));
   sends_.push_back({t, std::move(work)});
   // Drop the sends already done (their tensors' memory with them).
   sends_.erase(std::remove_if(sends_.begin(), sends_.end(),
@@ -394,7 +396,7 @@ absl::Status SumSharedGradients(ProcessGroup* pipeline,
                                 Tensor* last, absl::Duration timeout) {
   if (first == nullptr && last == nullptr) return absl::OkStatus();
   if (first != nullptr && last != nullptr) {
-    RETURN_IF_ERROR(Add(*first, *last, first));
+    FSDPP_RETURN_IF_ERROR(Add(*first, *last, first));
     return Copy(*first, last);
   }
   if (pipeline == nullptr) {
@@ -408,18 +410,19 @@ absl::Status SumSharedGradients(ProcessGroup* pipeline,
         "SumSharedGradients: this rank holds the first and the last stage but "
         "only one copy of the shared weight's gradient was given");
   }
-  ASSIGN_OR_RETURN(Tensor theirs,
-                   Tensor::Empty(mine->shape(), mine->dtype(), mine->device(),
-                                 MemoryTag::kGrads));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor theirs, Tensor::Empty(mine->shape(), mine->dtype(), mine->device(),
+                                   MemoryTag::kGrads));
   CollectiveOptions o;
   o.timeout = timeout;
-  ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                   pipeline->BatchP2P(
-                       {P2POp::Send(AsBuffer(*mine), peer, P2POp::kMaxP2PTag),
-                        P2POp::Recv(AsBuffer(theirs), peer, P2POp::kMaxP2PTag)},
-                       o));
-  RETURN_IF_ERROR(Annotate(work->Wait(timeout + absl::Minutes(1)),
-                           "summing a shared weight's gradient copies"));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      pipeline->BatchP2P(
+          {P2POp::Send(AsBuffer(*mine), peer, P2POp::kMaxP2PTag),
+           P2POp::Recv(AsBuffer(theirs), peer, P2POp::kMaxP2PTag)},
+          o));
+  FSDPP_RETURN_IF_ERROR(Annotate(work->Wait(timeout + absl::Minutes(1)),
+                                 "summing a shared weight's gradient copies"));
   return Add(*mine, theirs, mine);
 }
 

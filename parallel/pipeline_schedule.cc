@@ -73,7 +73,7 @@ int PipelineSchedule::PeakInFlight(int rank) const {
 }
 
 absl::StatusOr<PipelineSchedule> GPipeSchedule(int ranks, int microbatches) {
-  RETURN_IF_ERROR(CheckSizes("GPipe", ranks, 1, microbatches));
+  FSDPP_RETURN_IF_ERROR(CheckSizes("GPipe", ranks, 1, microbatches));
   PipelineSchedule s = Empty("GPipe", ranks, 1, microbatches);
   for (int r = 0; r < ranks; ++r) {
     for (int i = 0; i < microbatches; ++i) s.actions[r].push_back(F(r, i));
@@ -83,7 +83,7 @@ absl::StatusOr<PipelineSchedule> GPipeSchedule(int ranks, int microbatches) {
 }
 
 absl::StatusOr<PipelineSchedule> OneFOneBSchedule(int ranks, int microbatches) {
-  RETURN_IF_ERROR(CheckSizes("1F1B", ranks, 1, microbatches));
+  FSDPP_RETURN_IF_ERROR(CheckSizes("1F1B", ranks, 1, microbatches));
   if (microbatches < ranks) {
     return absl::InvalidArgumentError(
         absl::StrCat("1F1B: ", microbatches, " micro-batches for ", ranks,
@@ -107,7 +107,7 @@ absl::StatusOr<PipelineSchedule> OneFOneBSchedule(int ranks, int microbatches) {
 absl::StatusOr<PipelineSchedule> Interleaved1F1BSchedule(int ranks,
                                                          int virtual_stages,
                                                          int microbatches) {
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CheckSizes("Interleaved1F1B", ranks, virtual_stages, microbatches));
   if (microbatches % ranks != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -195,7 +195,7 @@ absl::Status ValidateSchedule(const PipelineSchedule& s) {
 absl::StatusOr<PipelineSimulation> Simulate(const PipelineSchedule& s,
                                             double forward_time,
                                             double backward_time) {
-  RETURN_IF_ERROR(ValidateSchedule(s));
+  FSDPP_RETURN_IF_ERROR(ValidateSchedule(s));
   if (!(forward_time > 0) || !(backward_time > 0)) {
     return absl::InvalidArgumentError(
         "Simulate: forward and backward times must be > 0");

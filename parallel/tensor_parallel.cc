@@ -38,9 +38,9 @@ absl::StatusOr<Tensor> Relayout(const Axis& axis, const Tensor& local,
   // The tp collectives block the compute thread: all of their time is
   // exposed communication (the trainer's "comm_wait").
   TraceSpan span("tp relayout", "comm_wait");
-  ASSIGN_OR_RETURN(DTensor d, DTensor::FromLocal(local, axis.mesh, {from},
-                                                 std::move(global)));
-  ASSIGN_OR_RETURN(DTensor r, d.Redistribute({to}, axis.timeout));
+  FSDPP_ASSIGN_OR_RETURN(DTensor d, DTensor::FromLocal(local, axis.mesh, {from},
+                                                       std::move(global)));
+  FSDPP_ASSIGN_OR_RETURN(DTensor r, d.Redistribute({to}, axis.timeout));
   return r.local();
 }
 
@@ -61,7 +61,7 @@ absl::Status CheckSequence(const Axis& axis, const Tensor& x, int64_t t) {
 // [B, T / tp, ..] -> [B, T, ..].
 Fn GatherSequence(Axis axis) {
   return [axis](const Tensor& x) -> absl::StatusOr<Tensor> {
-    RETURN_IF_ERROR(CheckSequence(axis, x, 0));
+    FSDPP_RETURN_IF_ERROR(CheckSequence(axis, x, 0));
     Shape global = x.shape();
     global[1] *= axis.size;
     return Relayout(axis, x, Placement::Shard(1), Placement::Replicate(),
@@ -72,7 +72,7 @@ Fn GatherSequence(Axis axis) {
 // Partial [B, T, ..] -> reduced [B, T / tp, ..].
 Fn ReduceScatterSequence(Axis axis) {
   return [axis](const Tensor& x) -> absl::StatusOr<Tensor> {
-    RETURN_IF_ERROR(CheckSequence(axis, x, x.ndim() < 2 ? 0 : x.dim(1)));
+    FSDPP_RETURN_IF_ERROR(CheckSequence(axis, x, x.ndim() < 2 ? 0 : x.dim(1)));
     return Relayout(axis, x, Placement::Partial(), Placement::Shard(1),
                     x.shape());
   };
@@ -81,7 +81,7 @@ Fn ReduceScatterSequence(Axis axis) {
 // Replicated [B, T, ..] -> this rank's [B, T / tp, ..].
 Fn SliceSequence(Axis axis) {
   return [axis](const Tensor& x) -> absl::StatusOr<Tensor> {
-    RETURN_IF_ERROR(CheckSequence(axis, x, x.ndim() < 2 ? 0 : x.dim(1)));
+    FSDPP_RETURN_IF_ERROR(CheckSequence(axis, x, x.ndim() < 2 ? 0 : x.dim(1)));
     return Relayout(axis, x, Placement::Replicate(), Placement::Shard(1),
                     x.shape());
   };
@@ -130,11 +130,11 @@ void ReduceGradientsAfterBackward(Module* module,
       Parameter* p = params[i];
       (*stash)[i] = Tensor();
       if (!p->grad.defined()) continue;
-      ASSIGN_OR_RETURN((*stash)[i],
-                       Tensor::Empty(p->grad.shape(), p->grad.dtype(),
+      FSDPP_ASSIGN_OR_RETURN(
+          (*stash)[i], Tensor::Empty(p->grad.shape(), p->grad.dtype(),
                                      p->grad.device(), MemoryTag::kGrads));
-      RETURN_IF_ERROR(Copy(p->grad, &(*stash)[i]));
-      RETURN_IF_ERROR(Zero(&p->grad));
+      FSDPP_RETURN_IF_ERROR(Copy(p->grad, &(*stash)[i]));
+      FSDPP_RETURN_IF_ERROR(Zero(&p->grad));
     }
     return absl::OkStatus();
   });
@@ -143,14 +143,14 @@ void ReduceGradientsAfterBackward(Module* module,
       Parameter* p = params[i];
       if (!p->grad.defined()) continue;
       TraceSpan span("tp gradient all-reduce", "comm_wait");
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
           std::shared_ptr<Work> work,
           axis.group->AllReduce({p->grad.raw_data(), p->grad.numel(),
                                  p->grad.dtype(), p->grad.device()},
                                 ReduceOp::kSum));
-      RETURN_IF_ERROR(work->Wait(axis.timeout));
+      FSDPP_RETURN_IF_ERROR(work->Wait(axis.timeout));
       if ((*stash)[i].defined()) {
-        RETURN_IF_ERROR(Axpy(1.0f, (*stash)[i], &p->grad));
+        FSDPP_RETURN_IF_ERROR(Axpy(1.0f, (*stash)[i], &p->grad));
         (*stash)[i] = Tensor();
       }
     }
@@ -394,8 +394,8 @@ absl::StatusOr<Axis> MakeAxis(DeviceMesh* mesh, const std::string& tp_axis,
     return absl::InvalidArgumentError("tensor parallelism: null mesh");
   }
   Axis axis;
-  ASSIGN_OR_RETURN(axis.mesh, mesh->SubMesh({tp_axis}));
-  ASSIGN_OR_RETURN(axis.group, mesh->Group(tp_axis));
+  FSDPP_ASSIGN_OR_RETURN(axis.mesh, mesh->SubMesh({tp_axis}));
+  FSDPP_ASSIGN_OR_RETURN(axis.group, mesh->Group(tp_axis));
   axis.size = axis.group->size();
   axis.rank = axis.group->rank();
   axis.timeout = timeout;
@@ -500,8 +500,8 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
   if (root == nullptr) {
     return absl::InvalidArgumentError("tensor parallelism: null module");
   }
-  ASSIGN_OR_RETURN(const Axis axis,
-                   MakeAxis(mesh, options.tp_axis, options.timeout));
+  FSDPP_ASSIGN_OR_RETURN(const Axis axis,
+                         MakeAxis(mesh, options.tp_axis, options.timeout));
   std::map<std::string, Module*> modules;
   for (auto& [path, m] : root->NamedModules()) modules.emplace(path, m);
 
@@ -523,7 +523,7 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
     s.path = e.path;
     s.module = it->second;
     s.style = e.style;
-    RETURN_IF_ERROR(PlanStep(axis, &s));
+    FSDPP_RETURN_IF_ERROR(PlanStep(axis, &s));
     steps.push_back(std::move(s));
   }
   // Every parameter gets one piece, from every module that reads it.
@@ -561,7 +561,7 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
 
   // Apply.
   for (auto& [p, piece] : pieces) {
-    RETURN_IF_ERROR(Annotate(
+    FSDPP_RETURN_IF_ERROR(Annotate(
         p->SetPiece(piece.first),
         absl::StrCat("tensor parallel plan, module '", piece.second, "'")));
   }
@@ -596,23 +596,24 @@ absl::StatusOr<std::vector<TensorParallelParameter>> TensorParallelParameters(
     return absl::InvalidArgumentError(
         "TensorParallelParameters: null module or mesh");
   }
-  ASSIGN_OR_RETURN(DeviceMesh * axis, mesh->SubMesh({tp_axis}));
+  FSDPP_ASSIGN_OR_RETURN(DeviceMesh * axis, mesh->SubMesh({tp_axis}));
   std::vector<TensorParallelParameter> out;
   for (auto& [name, p] : root->NamedParameters()) {
-    RETURN_IF_ERROR(p->EnsureGrad());
-    ASSIGN_OR_RETURN(const Placement split, PieceSplit(*p));
+    FSDPP_RETURN_IF_ERROR(p->EnsureGrad());
+    FSDPP_ASSIGN_OR_RETURN(const Placement split, PieceSplit(*p));
     const Shape& layout = p->Layout();
     const Shape box = p->has_piece() ? p->piece.size : p->shape;
     TensorParallelParameter tp;
     tp.name = name;
     tp.parameter = p;
-    ASSIGN_OR_RETURN(Tensor data, p->data.Reshape(box));
-    ASSIGN_OR_RETURN(Tensor grad, p->grad.Reshape(box));
+    FSDPP_ASSIGN_OR_RETURN(Tensor data, p->data.Reshape(box));
+    FSDPP_ASSIGN_OR_RETURN(Tensor grad, p->grad.Reshape(box));
     absl::StatusOr<DTensor> param =
         DTensor::FromLocal(data, axis, {split}, layout);
     if (!param.ok()) return Annotate(param.status(), name);
     tp.param = *std::move(param);
-    ASSIGN_OR_RETURN(tp.grad, DTensor::FromLocal(grad, axis, {split}, layout));
+    FSDPP_ASSIGN_OR_RETURN(tp.grad,
+                           DTensor::FromLocal(grad, axis, {split}, layout));
     out.push_back(std::move(tp));
   }
   return out;

@@ -115,7 +115,8 @@ absl::Status RecordSetup(recipe::Training& training,
     result->param_bytes += sp->master.local().nbytes();
     result->grad_bytes += sp->grad.local().nbytes();
   }
-  ASSIGN_OR_RETURN(OptimizerStateDict osd, training.optimizer().StateDict());
+  FSDPP_ASSIGN_OR_RETURN(OptimizerStateDict osd,
+                         training.optimizer().StateDict());
   for (const auto& [name, t] : osd.tensors) {
     result->optimizer_bytes += t.local().nbytes();
   }
@@ -137,25 +138,28 @@ absl::Status Step(const models::TransformerConfig& config,
     return absl::FailedPreconditionError(absl::StrCat(
         "plan: no allocator for ", device.ToString(), " or ", host.ToString()));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
-                   DeviceMesh::Create(layout.MeshAxes(), rank, layout.world,
-                                      std::move(factory), "train"));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create(layout.MeshAxes(), rank, layout.world,
+                         std::move(factory), "train"));
   Recorder recorder(acct, host_acct, log, layout.dp_replicate > 1, result);
   recorder.Begin();
   recipe::BuildOptions options;
   options.host = host;
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<recipe::Training> training,
       recipe::Training::Build(config, layout, mesh.get(), options));
-  RETURN_IF_ERROR(RecordSetup(*training, config, acct, host_acct, result));
+  FSDPP_RETURN_IF_ERROR(
+      RecordSetup(*training, config, acct, host_acct, result));
   recorder.End("setup");
   // The loader's batches: int32 ids and targets (token 0 on a real device).
   const Shape batch{layout.micro_batch, layout.seq(config)};
   const recipe::MicroBatchSource zeros =
       [&](int64_t) -> absl::StatusOr<recipe::MicroBatch> {
     recipe::MicroBatch b;
-    ASSIGN_OR_RETURN(b.ids, Tensor::Zeros(batch, DType::kI32, device));
-    ASSIGN_OR_RETURN(b.targets, Tensor::Zeros(batch, DType::kI32, device));
+    FSDPP_ASSIGN_OR_RETURN(b.ids, Tensor::Zeros(batch, DType::kI32, device));
+    FSDPP_ASSIGN_OR_RETURN(b.targets,
+                           Tensor::Zeros(batch, DType::kI32, device));
     return b;
   };
   // Two steps: the first records the units' order, from which the later
@@ -165,10 +169,12 @@ absl::Status Step(const models::TransformerConfig& config,
     recorder.StartStep(step);
     const int64_t allocations_before = acct->Stats().total_allocations;
     const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(training->ForwardBackward(zeros, 1.0, &recorder).status());
+    FSDPP_RETURN_IF_ERROR(
+        training->ForwardBackward(zeros, 1.0, &recorder).status());
     recipe::OptimizerStepOptions optimizer;
     optimizer.lr = 1e-4;
-    RETURN_IF_ERROR(training->OptimizerStep(optimizer, &recorder).status());
+    FSDPP_RETURN_IF_ERROR(
+        training->OptimizerStep(optimizer, &recorder).status());
     result->step_allocations = acct->Stats().total_allocations -
                                allocations_before +
                                recorder.repeated_allocations();
@@ -192,8 +198,8 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
                                     const recipe::Layout& layout, int rank,
                                     bool separate_host,
                                     SimulatedBackend backend) {
-  RETURN_IF_ERROR(layout.Validate(config));
-  RETURN_IF_ERROR(CheckRank(layout, rank));
+  FSDPP_RETURN_IF_ERROR(layout.Validate(config));
+  FSDPP_RETURN_IF_ERROR(CheckRank(layout, rank));
   // One dry run at a time in a process: the dry-run devices' accountants
   // are process-wide (thread ranks of one process plan concurrently).
   static absl::Mutex* const mu = new absl::Mutex;
@@ -209,7 +215,7 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
     // (StagingHost looks for this accountant).
     std::optional<ScopedMetaAccounting> host_accounting;
     if (separate_host) host_accounting.emplace(&host_accountant);
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Step(config, layout, rank, SimulatedGroupFactory(&log, backend),
              Device::DryRun(),
              separate_host ? Device::DryRunHost() : Device::DryRun(), &log,
@@ -222,11 +228,11 @@ absl::StatusOr<DryRunResult> RunStepOn(const models::TransformerConfig& config,
                                        const recipe::Layout& layout, int rank,
                                        ProcessGroupFactory factory,
                                        Device device) {
-  RETURN_IF_ERROR(layout.Validate(config));
-  RETURN_IF_ERROR(CheckRank(layout, rank));
+  FSDPP_RETURN_IF_ERROR(layout.Validate(config));
+  FSDPP_RETURN_IF_ERROR(CheckRank(layout, rank));
   DryRunResult result;
-  RETURN_IF_ERROR(Step(config, layout, rank, std::move(factory), device, device,
-                       nullptr, &result));
+  FSDPP_RETURN_IF_ERROR(Step(config, layout, rank, std::move(factory), device,
+                             device, nullptr, &result));
   return result;
 }
 

@@ -348,8 +348,9 @@ absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
     // Each pipeline rank's first rank.
     std::optional<Plan> largest;
     for (int q = 0; q < std::max(1, layout.pp); ++q) {
-      ASSIGN_OR_RETURN(Plan p, MakePlan(model, layout, device,
-                                        layout.FirstRankOfPipelineRank(q)));
+      FSDPP_ASSIGN_OR_RETURN(
+          Plan p,
+          MakePlan(model, layout, device, layout.FirstRankOfPipelineRank(q)));
       if (!largest.has_value() || p.run.peak_bytes > largest->run.peak_bytes) {
         largest = std::move(p);
       }
@@ -360,10 +361,10 @@ absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
   p.model = model;
   p.layout = layout;
   p.device = device;
-  ASSIGN_OR_RETURN(p.run,
-                   DryRun(model, layout, rank, device.separate_host,
-                          device.name == "cpu" ? SimulatedBackend::kGloo
-                                               : SimulatedBackend::kNccl));
+  FSDPP_ASSIGN_OR_RETURN(
+      p.run, DryRun(model, layout, rank, device.separate_host,
+                    device.name == "cpu" ? SimulatedBackend::kGloo
+                                         : SimulatedBackend::kNccl));
   p.predicted_peak_bytes = p.run.peak_bytes + device.overhead_bytes;
   p.fits =
       device.memory_bytes <= 0 || p.predicted_peak_bytes <= device.memory_bytes;
@@ -438,7 +439,7 @@ std::string FormatPlan(const Plan& p) {
 absl::StatusOr<std::vector<Candidate>> SearchStrategies(
     const models::TransformerConfig& model, const recipe::Layout& base,
     const DeviceSpec& device) {
-  RETURN_IF_ERROR(base.Validate(model));
+  FSDPP_RETURN_IF_ERROR(base.Validate(model));
   std::vector<recipe::Layout> tries;
   const int64_t per_rank_batch = base.micro_batch * base.grad_accumulation;
   for (int64_t mb = base.micro_batch; mb >= 1; mb /= 2) {
@@ -460,7 +461,7 @@ absl::StatusOr<std::vector<Candidate>> SearchStrategies(
   }
   std::vector<Candidate> fits, others;
   for (const recipe::Layout& s : tries) {
-    ASSIGN_OR_RETURN(Plan p, MakePlan(model, s, device));
+    FSDPP_ASSIGN_OR_RETURN(Plan p, MakePlan(model, s, device));
     Candidate c{std::move(p), ""};
     if (c.plan.fits) {
       fits.push_back(std::move(c));

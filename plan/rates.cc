@@ -29,17 +29,17 @@ absl::StatusOr<double> MeasureMatmulFlops(DType dtype, int64_t n,
         absl::StrCat("MeasureMatmulFlops: n must be > 0, got ", n));
   }
   std::vector<float> ones(n * n, 0.5f);
-  ASSIGN_OR_RETURN(Tensor a, Tensor::FromFloats({n, n}, ones, dtype));
-  ASSIGN_OR_RETURN(Tensor b, Tensor::FromFloats({n, n}, ones, dtype));
-  ASSIGN_OR_RETURN(Tensor c, Tensor::Empty({n, n}, dtype, Device::Cpu()));
-  RETURN_IF_ERROR(Matmul(a, b, &c));  // Warm-up (primitive creation).
+  FSDPP_ASSIGN_OR_RETURN(Tensor a, Tensor::FromFloats({n, n}, ones, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor b, Tensor::FromFloats({n, n}, ones, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor c, Tensor::Empty({n, n}, dtype, Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(Matmul(a, b, &c));  // Warm-up (primitive creation).
   const double flops = 2.0 * n * n * n;
   double best = 0;
   const absl::Time start = absl::Now();
   int runs = 0;
   while (runs < 3 || absl::Now() - start < budget) {
     const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(Matmul(a, b, &c));
+    FSDPP_RETURN_IF_ERROR(Matmul(a, b, &c));
     const double s = absl::ToDoubleSeconds(absl::Now() - t0);
     if (s > 0) best = std::max(best, flops / s);
     ++runs;
@@ -84,7 +84,7 @@ absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps) {
   for (int r = 0; r < kRanks; ++r) {
     threads.emplace_back([&, r] {
       status[r] = [&]() -> absl::Status {
-        ASSIGN_OR_RETURN(
+        FSDPP_ASSIGN_OR_RETURN(
             std::unique_ptr<GlooProcessGroup> group,
             GlooProcessGroup::Create(&store, r, kRanks, "bandwidth", options));
         std::vector<float> in(count / kRanks, 1.0f), out(count, 0.0f);
@@ -96,9 +96,9 @@ absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps) {
         blocking.async_op = false;
         for (int i = 0; i <= reps; ++i) {
           const absl::Time t0 = absl::Now();
-          ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                           group->AllGather(input, output, blocking));
-          RETURN_IF_ERROR(work->Wait(absl::Minutes(1)));
+          FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                                 group->AllGather(input, output, blocking));
+          FSDPP_RETURN_IF_ERROR(work->Wait(absl::Minutes(1)));
           const double s = absl::ToDoubleSeconds(absl::Now() - t0);
           // busbw = algbw x (n - 1) / n; the first op is the warm-up.
           if (i > 0 && s > 0) {
@@ -111,7 +111,7 @@ absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps) {
     });
   }
   for (std::thread& t : threads) t.join();
-  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  for (const absl::Status& s : status) FSDPP_RETURN_IF_ERROR(s);
   return std::min(best[0], best[1]);
 }
 

@@ -57,12 +57,12 @@ absl::Status SimulatedProcessGroup::Scratch(const CollectiveOptions& options,
     if (have > 0) {
       accountant->Deallocate(nullptr, have, MemoryTag::kCommBuffers);
     }
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         accountant->Allocate(held, MemoryTag::kCommBuffers).status());
     have = held;
   }
   if (transient > 0) {
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         accountant->Allocate(transient, MemoryTag::kCommBuffers).status());
     accountant->Deallocate(nullptr, transient, MemoryTag::kCommBuffers);
   }
@@ -89,14 +89,14 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatter(
     const CollectiveOptions& options) {
   const GlooScratch s = GlooReduceScatterScratch(
       input.count, input.dtype, output.dtype, output.count, size_);
-  RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
+  FSDPP_RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
   return Done("reduce_scatter", input.nbytes(), output.nbytes());
 }
 
 absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllReduce(
     const Buffer& buffer, ReduceOp, const CollectiveOptions& options) {
   const GlooScratch s = GlooAllReduceScratch(buffer.count, buffer.dtype, size_);
-  RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
+  FSDPP_RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
   return Done("all_reduce", buffer.nbytes(), buffer.nbytes());
 }
 

@@ -173,9 +173,9 @@ std::vector<std::string> Layout::StageAxes() const {
 }
 
 absl::Status Layout::Validate(const models::TransformerConfig& model) const {
-  RETURN_IF_ERROR(CheckDegrees(*this));
-  RETURN_IF_ERROR(CheckBatch(*this, model));
-  RETURN_IF_ERROR(CheckTensorParallel(*this, model));
+  FSDPP_RETURN_IF_ERROR(CheckDegrees(*this));
+  FSDPP_RETURN_IF_ERROR(CheckBatch(*this, model));
+  FSDPP_RETURN_IF_ERROR(CheckTensorParallel(*this, model));
   return CheckPipeline(*this, model);
 }
 

@@ -56,9 +56,10 @@ models::TensorParallelPlanOptions TensorParallelOptions(
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
     models::Transformer* model, const Layout& layout, DeviceMesh* mesh,
     const BuildOptions& options, const std::string& where) {
-  ASSIGN_OR_RETURN(const FamilyPlans* plans, PlansFor(model->config().family));
+  FSDPP_ASSIGN_OR_RETURN(const FamilyPlans* plans,
+                         PlansFor(model->config().family));
   if (layout.tp > 1) {
-    RETURN_IF_ERROR(Annotate(
+    FSDPP_RETURN_IF_ERROR(Annotate(
         plans->apply_tensor_parallel(
             model, mesh, TensorParallelOptions(layout, options.timeout)),
         "applying the tensor-parallel plan" + where));
@@ -68,7 +69,7 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
   if (!units.ok()) {
     return Annotate(units.status(), "applying the FSDP plan" + where);
   }
-  RETURN_IF_ERROR(fsdp::InitShardedWeights(model, options.seed));
+  FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(model, options.seed));
   return units;
 }
 
@@ -92,7 +93,7 @@ std::string AxesString(const std::vector<MeshAxis>& axes) {
 absl::StatusOr<std::unique_ptr<Training>> Training::Build(
     const models::TransformerConfig& model, const Layout& layout,
     DeviceMesh* mesh, const BuildOptions& options) {
-  RETURN_IF_ERROR(layout.Validate(model));
+  FSDPP_RETURN_IF_ERROR(layout.Validate(model));
   if (mesh == nullptr || !SameAxes(mesh->axes(), layout.MeshAxes())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "recipe: the mesh ",
@@ -103,11 +104,11 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
   t->config_ = model;
   t->layout_ = layout;
   t->mesh_ = mesh;
-  ASSIGN_OR_RETURN(t->world_, mesh->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(t->world_, mesh->FlatGroup());
   if (layout.pp > 1) {
-    RETURN_IF_ERROR(t->BuildPipeline(options));
+    FSDPP_RETURN_IF_ERROR(t->BuildPipeline(options));
   } else {
-    RETURN_IF_ERROR(t->BuildModel(options));
+    FSDPP_RETURN_IF_ERROR(t->BuildModel(options));
   }
   std::vector<AdamWParam> adam_params;
   for (fsdp::ShardedParameter* sp : t->params_) {
@@ -117,18 +118,18 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
     adam_params.emplace_back(sp->name, &sp->master, &sp->grad,
                              /*weight_decay=*/sp->shape.size() >= 2);
   }
-  ASSIGN_OR_RETURN(AdamW adamw,
-                   AdamW::Create(std::move(adam_params), options.adamw));
+  FSDPP_ASSIGN_OR_RETURN(AdamW adamw,
+                         AdamW::Create(std::move(adam_params), options.adamw));
   t->adamw_.emplace(std::move(adamw));
-  RETURN_IF_ERROR(t->adamw_->Init());
+  FSDPP_RETURN_IF_ERROR(t->adamw_->Init());
   return t;
 }
 
 absl::Status Training::BuildModel(const BuildOptions& options) {
-  ASSIGN_OR_RETURN(model_,
-                   models::Transformer::Create(config_, ModelOptions(layout_)));
-  ASSIGN_OR_RETURN(units_,
-                   Parallelize(model_.get(), layout_, mesh_, options, ""));
+  FSDPP_ASSIGN_OR_RETURN(
+      model_, models::Transformer::Create(config_, ModelOptions(layout_)));
+  FSDPP_ASSIGN_OR_RETURN(
+      units_, Parallelize(model_.get(), layout_, mesh_, options, ""));
   models_ = {model_.get()};
   params_ = fsdp::ShardedParameters(model_.get());
   std::vector<DTensor*> grads;
@@ -139,25 +140,25 @@ absl::Status Training::BuildModel(const BuildOptions& options) {
 }
 
 absl::Status Training::BuildPipeline(const BuildOptions& options) {
-  ASSIGN_OR_RETURN(ProcessGroup * pipeline, mesh_->Group(kPipelineAxis));
-  ASSIGN_OR_RETURN(DeviceMesh * stage_mesh,
-                   mesh_->SubMesh(layout_.StageAxes()));
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * pipeline, mesh_->Group(kPipelineAxis));
+  FSDPP_ASSIGN_OR_RETURN(DeviceMesh * stage_mesh,
+                         mesh_->SubMesh(layout_.StageAxes()));
+  FSDPP_ASSIGN_OR_RETURN(
       parallel::PipelineSchedule schedule,
       parallel::MakePipelineSchedule(
           layout_.pp_schedule, layout_.pp, layout_.pp_virtual_stages,
           static_cast<int>(layout_.grad_accumulation)));
-  ASSIGN_OR_RETURN(parallel::PipelineSimulation simulated,
-                   parallel::Simulate(schedule, 1.0, 2.0));
+  FSDPP_ASSIGN_OR_RETURN(parallel::PipelineSimulation simulated,
+                         parallel::Simulate(schedule, 1.0, 2.0));
   schedule_bubble_ = simulated.bubble;
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::vector<models::PipelineStagePart> parts,
       models::BuildPipelineParts(config_, ModelOptions(layout_), schedule,
                                  pipeline->rank(), layout_.pp_cuts));
   std::vector<PipelineStageTraining> stages;
   for (models::PipelineStagePart& part : parts) {
     PipelineStageTraining stage;
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         stage.units,
         Parallelize(part.model.get(), layout_, stage_mesh, options,
                     absl::StrCat(" of pipeline stage ", part.stage)));
@@ -175,9 +176,9 @@ absl::Status Training::BuildPipeline(const BuildOptions& options) {
   step_options.seq_split = layout_.sequence_parallel ? layout_.tp : 1;
   step_options.hidden_dtype = layout_.param_dtype;
   step_options.timeout = options.timeout;
-  ASSIGN_OR_RETURN(std::unique_ptr<PipelineStep> step,
-                   PipelineStep::Create(pipeline, std::move(schedule),
-                                        std::move(stages), step_options));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStep> step,
+                         PipelineStep::Create(pipeline, std::move(schedule),
+                                              std::move(stages), step_options));
   pipeline_ = step.get();
   step_ = std::move(step);
   return absl::OkStatus();
@@ -185,11 +186,11 @@ absl::Status Training::BuildPipeline(const BuildOptions& options) {
 
 absl::StatusOr<StepLoss> Training::ForwardBackward(
     const MicroBatchSource& source, double loss_scale, StepObserver* observer) {
-  ASSIGN_OR_RETURN(StepLoss out,
-                   step_->ForwardBackward(layout_.grad_accumulation, loss_scale,
-                                          source, observer));
+  FSDPP_ASSIGN_OR_RETURN(StepLoss out,
+                         step_->ForwardBackward(layout_.grad_accumulation,
+                                                loss_scale, source, observer));
   std::vector<double> loss = {out.loss};
-  RETURN_IF_ERROR(AllReduceValues(world_, &loss, ReduceOp::kAvg));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &loss, ReduceOp::kAvg));
   out.loss = loss[0];
   return out;
 }
@@ -201,12 +202,12 @@ absl::StatusOr<OptimizerStepResult> Training::OptimizerStep(
 
 absl::StatusOr<double> Training::Evaluate(int64_t micro_batches,
                                           const MicroBatchSource& source) {
-  ASSIGN_OR_RETURN(double sum, step_->EvaluateSum(micro_batches, source));
+  FSDPP_ASSIGN_OR_RETURN(double sum, step_->EvaluateSum(micro_batches, source));
   // Free what the forward-only passes left gathered (the next training
   // forward would, but the memory between now and then is not needed).
-  for (fsdp::FsdpUnit* unit : units_) RETURN_IF_ERROR(unit->Reshard());
+  for (fsdp::FsdpUnit* unit : units_) FSDPP_RETURN_IF_ERROR(unit->Reshard());
   std::vector<double> mean = {sum / micro_batches};
-  RETURN_IF_ERROR(AllReduceValues(world_, &mean, ReduceOp::kAvg));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &mean, ReduceOp::kAvg));
   return mean[0];
 }
 
@@ -230,7 +231,7 @@ absl::StatusOr<std::string> Training::ReportTable(const Totals& totals) const {
   const double busy = totals.compute_seconds + totals.wait_seconds;
   per_rank[2 * rank] = busy > 0 ? totals.wait_seconds / busy : 0;
   per_rank[2 * rank + 1] = static_cast<double>(totals.peak_held_bytes);
-  RETURN_IF_ERROR(AllReduceValues(world_, &per_rank, ReduceOp::kSum));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &per_rank, ReduceOp::kSum));
   const parallel::PipelineSchedule& s = pipeline_->schedule();
   std::string table = absl::StrFormat(
       "Pipeline (%s, %d micro-batches; bubble with equal stage times %.1f%%):\n"

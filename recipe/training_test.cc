@@ -40,8 +40,8 @@ MicroBatchSource Source(int64_t rows, int64_t vocab) {
       targets.push_back((i * 5 + m * 3 + 2) % vocab);
     }
     MicroBatch b;
-    ASSIGN_OR_RETURN(b.ids, Tensor::FromInts({rows, kSeq}, ids));
-    ASSIGN_OR_RETURN(b.targets, Tensor::FromInts({rows, kSeq}, targets));
+    FSDPP_ASSIGN_OR_RETURN(b.ids, Tensor::FromInts({rows, kSeq}, ids));
+    FSDPP_ASSIGN_OR_RETURN(b.targets, Tensor::FromInts({rows, kSeq}, targets));
     return b;
   };
 }

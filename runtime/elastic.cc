@@ -46,7 +46,7 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
   int64_t seen = 0;
   int64_t count = 0;
   while (true) {
-    ASSIGN_OR_RETURN(count, store_->Add(Key(round, "count"), 0));
+    FSDPP_ASSIGN_OR_RETURN(count, store_->Add(Key(round, "count"), 0));
     const absl::Time now = absl::Now();
     if (count != seen) {
       seen = count;
@@ -75,7 +75,7 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
   // is, whatever the join order; the others wait for the next round.
   std::vector<int> members;
   for (int64_t slot = 0; slot < count; ++slot) {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         const std::string who,
         store_->Get(Key(round, absl::StrCat("slot", slot)), options_.timeout));
     const std::vector<std::string> parts = absl::StrSplit(who, ' ');
@@ -104,9 +104,9 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Close(int64_t round) {
   if (static_cast<int64_t>(members.size()) > options_.max_nodes) {
     members.resize(options_.max_nodes);
   }
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       store_->Set(Key(round, "members"), absl::StrJoin(members, ",")));
-  RETURN_IF_ERROR(store_->Set("elastic/closed", absl::StrCat(round)));
+  FSDPP_RETURN_IF_ERROR(store_->Set("elastic/closed", absl::StrCat(round)));
   return members;
 }
 
@@ -133,7 +133,7 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Members(int64_t round) {
                        ": cancelled while waiting for node 0 to close it"));
     }
   }
-  RETURN_IF_ERROR(text.status());
+  FSDPP_RETURN_IF_ERROR(text.status());
   std::vector<int> members;
   for (absl::string_view part : absl::StrSplit(*text, ',')) {
     int id = 0;
@@ -149,31 +149,33 @@ absl::StatusOr<std::vector<int>> ElasticRendezvous::Members(int64_t round) {
 absl::StatusOr<ElasticRound> ElasticRendezvous::Join() {
   // The round to join: the one after the last joined or closed one.
   int64_t round = round_ + 1;
-  ASSIGN_OR_RETURN(const bool any_closed, store_->Check({"elastic/closed"}));
+  FSDPP_ASSIGN_OR_RETURN(const bool any_closed,
+                         store_->Check({"elastic/closed"}));
   if (any_closed) {
-    ASSIGN_OR_RETURN(const std::string closed,
-                     store_->Get("elastic/closed", options_.timeout));
-    ASSIGN_OR_RETURN(const int64_t last, ParseRound(closed));
+    FSDPP_ASSIGN_OR_RETURN(const std::string closed,
+                           store_->Get("elastic/closed", options_.timeout));
+    FSDPP_ASSIGN_OR_RETURN(const int64_t last, ParseRound(closed));
     if (last + 1 > round) {
       // A round this node is not part of runs (or ran): have it restart so
       // the next one takes this node in (a no-op once it ended or another
       // reason was given).
       round_ = last;
-      RETURN_IF_ERROR(RequestRestart(
+      FSDPP_RETURN_IF_ERROR(RequestRestart(
           absl::StrCat("join: node ", options_.node_id, " is waiting")));
       round = last + 1;
     }
   }
   while (true) {
-    ASSIGN_OR_RETURN(const int64_t slot, store_->Add(Key(round, "count"), 1));
-    RETURN_IF_ERROR(store_->Set(
+    FSDPP_ASSIGN_OR_RETURN(const int64_t slot,
+                           store_->Add(Key(round, "count"), 1));
+    FSDPP_RETURN_IF_ERROR(store_->Set(
         Key(round, absl::StrCat("slot", slot - 1)),
         absl::StrCat(options_.node_id, " ", options_.nproc_per_node)));
     std::vector<int> members;
     if (options_.node_id == 0) {
-      ASSIGN_OR_RETURN(members, Close(round));
+      FSDPP_ASSIGN_OR_RETURN(members, Close(round));
     } else {
-      ASSIGN_OR_RETURN(members, Members(round));
+      FSDPP_ASSIGN_OR_RETURN(members, Members(round));
     }
     const auto me = std::find(members.begin(), members.end(), options_.node_id);
     if (me != members.end()) {
@@ -194,7 +196,7 @@ absl::StatusOr<ElasticRound> ElasticRendezvous::Join() {
     }
     // Too late for this round: have it restart, and be in the next.
     round_ = round;
-    RETURN_IF_ERROR(RequestRestart(
+    FSDPP_RETURN_IF_ERROR(RequestRestart(
         absl::StrCat("join: node ", options_.node_id, " is waiting")));
     ++round;
   }
@@ -202,15 +204,17 @@ absl::StatusOr<ElasticRound> ElasticRendezvous::Join() {
 
 absl::StatusOr<std::optional<std::string>>
 ElasticRendezvous::RestartRequested() {
-  ASSIGN_OR_RETURN(const bool set, store_->Check({Key(round_, "restart")}));
+  FSDPP_ASSIGN_OR_RETURN(const bool set,
+                         store_->Check({Key(round_, "restart")}));
   if (!set) return std::optional<std::string>();
-  ASSIGN_OR_RETURN(std::string reason,
-                   store_->Get(Key(round_, "restart"), options_.timeout));
+  FSDPP_ASSIGN_OR_RETURN(std::string reason,
+                         store_->Get(Key(round_, "restart"), options_.timeout));
   return std::optional<std::string>(std::move(reason));
 }
 
 absl::Status ElasticRendezvous::RequestRestart(const std::string& reason) {
-  ASSIGN_OR_RETURN(const int64_t n, store_->Add(Key(round_, "restart_n"), 1));
+  FSDPP_ASSIGN_OR_RETURN(const int64_t n,
+                         store_->Add(Key(round_, "restart_n"), 1));
   if (n == 1) return store_->Set(Key(round_, "restart"), reason);
   return absl::OkStatus();
 }
@@ -222,8 +226,8 @@ absl::Status ElasticRendezvous::MarkFinished() {
 absl::Status ElasticRendezvous::WaitAllFinished(absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   while (true) {
-    ASSIGN_OR_RETURN(const int64_t done,
-                     store_->Add(Key(round_, "finished"), 0));
+    FSDPP_ASSIGN_OR_RETURN(const int64_t done,
+                           store_->Add(Key(round_, "finished"), 0));
     if (done >= members_n_) return absl::OkStatus();
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(

@@ -1116,10 +1116,10 @@ absl::StatusOr<LaunchOptions> ParseLaunchArgs(
       return absl::InvalidArgumentError(
           absl::StrCat("flag --", name, " needs a value"));
     }
-    RETURN_IF_ERROR(ParseFlag(name, value, &options));
+    FSDPP_RETURN_IF_ERROR(ParseFlag(name, value, &options));
   }
   options.program.assign(args.begin() + i, args.end());
-  RETURN_IF_ERROR(Validate(options));
+  FSDPP_RETURN_IF_ERROR(Validate(options));
   return options;
 }
 

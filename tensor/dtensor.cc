@@ -82,16 +82,16 @@ class DTensorPlanner {
       const Placement from = current_[i], to = target_[i];
       if (from.is_partial()) {
         if (to.is_shard() && DimUsedOnlyBy(i, to.dim())) {
-          RETURN_IF_ERROR(ReduceScatter(i, to.dim()));
+          FSDPP_RETURN_IF_ERROR(ReduceScatter(i, to.dim()));
         } else {
-          RETURN_IF_ERROR(AllReduce(i));
+          FSDPP_RETURN_IF_ERROR(AllReduce(i));
         }
       } else if (from.is_shard()) {
         if (to.is_shard() && DimUsedOnlyBy(i, from.dim()) &&
             DimUsedOnlyBy(i, to.dim())) {
-          RETURN_IF_ERROR(AllToAll(i, from.dim(), to.dim()));
+          FSDPP_RETURN_IF_ERROR(AllToAll(i, from.dim(), to.dim()));
         } else {
-          RETURN_IF_ERROR(AllGather(i));
+          FSDPP_RETURN_IF_ERROR(AllGather(i));
         }
       }
     }
@@ -99,9 +99,9 @@ class DTensorPlanner {
     for (int i = 0; i < n; ++i) {
       if (current_[i] == target_[i]) continue;
       if (target_[i].is_shard()) {
-        RETURN_IF_ERROR(Slice(i, target_[i].dim()));
+        FSDPP_RETURN_IF_ERROR(Slice(i, target_[i].dim()));
       } else if (target_[i].is_partial()) {
-        RETURN_IF_ERROR(MakePartial(i, target_[i].reduce_op()));
+        FSDPP_RETURN_IF_ERROR(MakePartial(i, target_[i].reduce_op()));
       }
     }
     DTensor result(cur_, src_.mesh_, current_, src_.global_shape_);
@@ -160,30 +160,30 @@ class DTensorPlanner {
     padded[d] = chunk;
     Shape gathered = padded;
     gathered.insert(gathered.begin(), w);
-    ASSIGN_OR_RETURN(Tensor send, New(padded, MemoryTag::kCommBuffers));
-    ASSIGN_OR_RETURN(Tensor recv, New(gathered, MemoryTag::kCommBuffers));
-    ASSIGN_OR_RETURN(Tensor out, New(parent.shape, cur_.tag()));
+    FSDPP_ASSIGN_OR_RETURN(Tensor send, New(padded, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(Tensor recv, New(gathered, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(Tensor out, New(parent.shape, cur_.tag()));
     Tensor in = cur_;
     stream_->Enqueue([in, send, local_shape]() mutable {
-      RETURN_IF_ERROR(Zero(&send));
+      FSDPP_RETURN_IF_ERROR(Zero(&send));
       return CopyBox(in, Zeros(in.ndim()), &send, Zeros(in.ndim()),
                      local_shape);
     });
-    ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
+    FSDPP_ASSIGN_OR_RETURN(
         std::shared_ptr<Work> work,
         group->AllGather(AsBuffer(send), AsBuffer(recv), AfterPack()));
     AfterCollective(work, {send, recv});
     stream_->Enqueue([recv, out, padded, local_shape, d, w, length]() mutable {
       for (int r = 0; r < w; ++r) {
         const Range range = ChunkRange(length, w, r);
-        ASSIGN_OR_RETURN(Tensor row, recv.Narrow(r, 1));
-        ASSIGN_OR_RETURN(Tensor block, row.Reshape(padded));
+        FSDPP_ASSIGN_OR_RETURN(Tensor row, recv.Narrow(r, 1));
+        FSDPP_ASSIGN_OR_RETURN(Tensor block, row.Reshape(padded));
         Shape box = local_shape;
         box[d] = range.length;
         Shape at = Zeros(local_shape.size());
         at[d] = range.begin;
-        RETURN_IF_ERROR(
+        FSDPP_RETURN_IF_ERROR(
             CopyBox(block, Zeros(local_shape.size()), &out, at, box));
       }
       return absl::OkStatus();
@@ -196,15 +196,15 @@ class DTensorPlanner {
   // Partial -> Replicate on `axis`: all-reduce a copy.
   absl::Status AllReduce(int axis) {
     const ReduceOp op = current_[axis].reduce_op();
-    ASSIGN_OR_RETURN(Tensor out, New(cur_.shape(), cur_.tag()));
+    FSDPP_ASSIGN_OR_RETURN(Tensor out, New(cur_.shape(), cur_.tag()));
     Tensor in = cur_;
     stream_->Enqueue([in, out]() {
       return CopyBytes(out.raw_data(), out.device(), in.raw_data(), in.device(),
                        in.nbytes());
     });
-    ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
-    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                     group->AllReduce(AsBuffer(out), op, AfterPack()));
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
+    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                           group->AllReduce(AsBuffer(out), op, AfterPack()));
     AfterCollective(work, {out});
     cur_ = out;
     current_[axis] = Placement::Replicate();
@@ -226,26 +226,26 @@ class DTensorPlanner {
     const Range mine = ChunkRange(length, w, me);
     Shape out_shape = full;
     out_shape[d] = mine.length;
-    ASSIGN_OR_RETURN(Tensor send, New(blocks, MemoryTag::kCommBuffers));
-    ASSIGN_OR_RETURN(Tensor recv, New(block, MemoryTag::kCommBuffers));
-    ASSIGN_OR_RETURN(Tensor out, New(out_shape, cur_.tag()));
+    FSDPP_ASSIGN_OR_RETURN(Tensor send, New(blocks, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(Tensor recv, New(block, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(Tensor out, New(out_shape, cur_.tag()));
     Tensor in = cur_;
     stream_->Enqueue([in, send, block, full, d, w, length]() mutable {
-      RETURN_IF_ERROR(Zero(&send));
+      FSDPP_RETURN_IF_ERROR(Zero(&send));
       for (int r = 0; r < w; ++r) {
         const Range range = ChunkRange(length, w, r);
-        ASSIGN_OR_RETURN(Tensor row, send.Narrow(r, 1));
-        ASSIGN_OR_RETURN(Tensor dst, row.Reshape(block));
+        FSDPP_ASSIGN_OR_RETURN(Tensor row, send.Narrow(r, 1));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dst, row.Reshape(block));
         Shape box = full;
         box[d] = range.length;
         Shape at = Zeros(full.size());
         at[d] = range.begin;
-        RETURN_IF_ERROR(CopyBox(in, at, &dst, Zeros(full.size()), box));
+        FSDPP_RETURN_IF_ERROR(CopyBox(in, at, &dst, Zeros(full.size()), box));
       }
       return absl::OkStatus();
     });
-    ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
+    FSDPP_ASSIGN_OR_RETURN(
         std::shared_ptr<Work> work,
         group->ReduceScatter(AsBuffer(send), AsBuffer(recv), op, AfterPack()));
     AfterCollective(work, {send, recv});
@@ -273,28 +273,28 @@ class DTensorPlanner {
     Shape out_shape = local_shape;
     out_shape[a] = length_a;
     out_shape[b] = mine_b.length;
-    ASSIGN_OR_RETURN(Tensor send, New(blocks, MemoryTag::kCommBuffers));
-    ASSIGN_OR_RETURN(Tensor recv, New(blocks, MemoryTag::kCommBuffers));
-    ASSIGN_OR_RETURN(Tensor out, New(out_shape, cur_.tag()));
+    FSDPP_ASSIGN_OR_RETURN(Tensor send, New(blocks, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(Tensor recv, New(blocks, MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(Tensor out, New(out_shape, cur_.tag()));
     Tensor in = cur_;
     const size_t nd = local_shape.size();
     stream_->Enqueue(
         [in, send, block, local_shape, b, w, length_b, nd]() mutable {
-          RETURN_IF_ERROR(Zero(&send));
+          FSDPP_RETURN_IF_ERROR(Zero(&send));
           for (int j = 0; j < w; ++j) {
             const Range rb = ChunkRange(length_b, w, j);
-            ASSIGN_OR_RETURN(Tensor row, send.Narrow(j, 1));
-            ASSIGN_OR_RETURN(Tensor dst, row.Reshape(block));
+            FSDPP_ASSIGN_OR_RETURN(Tensor row, send.Narrow(j, 1));
+            FSDPP_ASSIGN_OR_RETURN(Tensor dst, row.Reshape(block));
             Shape box = local_shape;
             box[b] = rb.length;
             Shape at = Zeros(nd);
             at[b] = rb.begin;
-            RETURN_IF_ERROR(CopyBox(in, at, &dst, Zeros(nd), box));
+            FSDPP_RETURN_IF_ERROR(CopyBox(in, at, &dst, Zeros(nd), box));
           }
           return absl::OkStatus();
         });
-    ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group, Group(axis));
+    FSDPP_ASSIGN_OR_RETURN(
         std::shared_ptr<Work> work,
         group->AllToAll(AsBuffer(send), AsBuffer(recv), AfterPack()));
     AfterCollective(work, {send, recv});
@@ -302,13 +302,13 @@ class DTensorPlanner {
         [recv, out, block, out_shape, a, w, length_a, nd]() mutable {
           for (int i = 0; i < w; ++i) {
             const Range ra = ChunkRange(length_a, w, i);
-            ASSIGN_OR_RETURN(Tensor row, recv.Narrow(i, 1));
-            ASSIGN_OR_RETURN(Tensor src, row.Reshape(block));
+            FSDPP_ASSIGN_OR_RETURN(Tensor row, recv.Narrow(i, 1));
+            FSDPP_ASSIGN_OR_RETURN(Tensor src, row.Reshape(block));
             Shape box = out_shape;
             box[a] = ra.length;
             Shape at = Zeros(nd);
             at[a] = ra.begin;
-            RETURN_IF_ERROR(CopyBox(src, Zeros(nd), &out, at, box));
+            FSDPP_RETURN_IF_ERROR(CopyBox(src, Zeros(nd), &out, at, box));
           }
           return absl::OkStatus();
         });
@@ -323,7 +323,7 @@ class DTensorPlanner {
     const Range mine = ChunkRange(full[d], mesh_shape_[axis], coord_[axis]);
     Shape out_shape = full;
     out_shape[d] = mine.length;
-    ASSIGN_OR_RETURN(Tensor out, New(out_shape, cur_.tag()));
+    FSDPP_ASSIGN_OR_RETURN(Tensor out, New(out_shape, cur_.tag()));
     Tensor in = cur_;
     stream_->Enqueue([in, out, out_shape, d, mine]() mutable {
       Shape at = Zeros(out_shape.size());
@@ -338,7 +338,7 @@ class DTensorPlanner {
   // Replicate -> Partial(op) on `axis`: for sum, coordinate 0 keeps the value
   // and the others hold zero (exact); avg and max keep it everywhere.
   absl::Status MakePartial(int axis, ReduceOp op) {
-    ASSIGN_OR_RETURN(Tensor out, New(cur_.shape(), cur_.tag()));
+    FSDPP_ASSIGN_OR_RETURN(Tensor out, New(cur_.shape(), cur_.tag()));
     Tensor in = cur_;
     const bool zero = op == ReduceOp::kSum && coord_[axis] != 0;
     stream_->Enqueue([in, out, zero]() mutable {
@@ -383,8 +383,8 @@ absl::StatusOr<DTensor> DTensor::FromLocal(Tensor local, DeviceMesh* mesh,
       }
     }
   }
-  RETURN_IF_ERROR(ValidatePlacements("DTensor::FromLocal", *mesh, global_shape,
-                                     placements));
+  FSDPP_RETURN_IF_ERROR(ValidatePlacements("DTensor::FromLocal", *mesh,
+                                           global_shape, placements));
   if (static_cast<int>(global_shape.size()) != local.ndim()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "DTensor::FromLocal: global shape ", ShapeToString(global_shape),
@@ -411,8 +411,8 @@ absl::StatusOr<DTensor> DTensor::Distribute(const Tensor& full,
     return absl::InvalidArgumentError(
         "DTensor::Distribute: needs a mesh and a tensor");
   }
-  RETURN_IF_ERROR(ValidatePlacements("DTensor::Distribute", *mesh, full.shape(),
-                                     placements));
+  FSDPP_RETURN_IF_ERROR(ValidatePlacements("DTensor::Distribute", *mesh,
+                                           full.shape(), placements));
   for (const Placement& p : placements) {
     if (p.is_partial()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -428,23 +428,25 @@ absl::StatusOr<DTensor> DTensor::Distribute(const Tensor& full,
           absl::StrCat("DTensor::Distribute: source rank ", source_rank,
                        " is not in ", mesh->ToString()));
     }
-    ASSIGN_OR_RETURN(whole,
-                     Tensor::Empty(full.shape(), full.dtype(), full.device(),
-                                   MemoryTag::kCommBuffers));
+    FSDPP_ASSIGN_OR_RETURN(
+        whole, Tensor::Empty(full.shape(), full.dtype(), full.device(),
+                             MemoryTag::kCommBuffers));
     if (mesh->rank() == source_rank) {
-      RETURN_IF_ERROR(CopyBytes(whole.raw_data(), whole.device(),
-                                full.raw_data(), full.device(), full.nbytes()));
+      FSDPP_RETURN_IF_ERROR(CopyBytes(whole.raw_data(), whole.device(),
+                                      full.raw_data(), full.device(),
+                                      full.nbytes()));
     }
-    ASSIGN_OR_RETURN(ProcessGroup * flat, mesh->FlatGroup());
-    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                     flat->Broadcast(AsBuffer(whole), source_rank));
-    RETURN_IF_ERROR(work->Wait());
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * flat, mesh->FlatGroup());
+    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                           flat->Broadcast(AsBuffer(whole), source_rank));
+    FSDPP_RETURN_IF_ERROR(work->Wait());
   }
   const Box box =
       LocalBox(full.shape(), MeshShape(*mesh), mesh->coordinate(), placements);
-  ASSIGN_OR_RETURN(Tensor local, Tensor::Empty(box.shape, full.dtype(),
-                                               full.device(), full.tag()));
-  RETURN_IF_ERROR(
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor local,
+      Tensor::Empty(box.shape, full.dtype(), full.device(), full.tag()));
+  FSDPP_RETURN_IF_ERROR(
       CopyBox(whole, box.offset, &local, Zeros(box.shape.size()), box.shape));
   return DTensor(std::move(local), mesh, std::move(placements), full.shape());
 }
@@ -464,7 +466,7 @@ absl::StatusOr<std::shared_ptr<PendingDTensor>> DTensor::RedistributeAsync(
     const std::vector<Placement>& placements) const {
   if (mesh_ == nullptr)
     return absl::InvalidArgumentError("Redistribute: undefined DTensor");
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       ValidatePlacements("Redistribute", *mesh_, global_shape_, placements));
   DTensorPlanner planner(*this, placements);
   return planner.Run();
@@ -472,18 +474,18 @@ absl::StatusOr<std::shared_ptr<PendingDTensor>> DTensor::RedistributeAsync(
 
 absl::StatusOr<DTensor> DTensor::Redistribute(
     const std::vector<Placement>& placements, absl::Duration timeout) const {
-  ASSIGN_OR_RETURN(std::shared_ptr<PendingDTensor> pending,
-                   RedistributeAsync(placements));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<PendingDTensor> pending,
+                         RedistributeAsync(placements));
   return pending->Wait(timeout);
 }
 
 absl::StatusOr<Tensor> DTensor::FullTensor(absl::Duration timeout) const {
   if (mesh_ == nullptr)
     return absl::InvalidArgumentError("FullTensor: undefined DTensor");
-  ASSIGN_OR_RETURN(DTensor full,
-                   Redistribute(std::vector<Placement>(mesh_->ndim(),
-                                                       Placement::Replicate()),
-                                timeout));
+  FSDPP_ASSIGN_OR_RETURN(
+      DTensor full, Redistribute(std::vector<Placement>(mesh_->ndim(),
+                                                        Placement::Replicate()),
+                                 timeout));
   return full.local_;
 }
 
@@ -511,8 +513,8 @@ absl::Status Unsupported(const char* op, const DTensor& x,
 }  // namespace
 
 absl::Status Add(const DTensor& a, const DTensor& b, DTensor* out) {
-  RETURN_IF_ERROR(SameLayout("DTensor Add", a, b));
-  RETURN_IF_ERROR(SameLayout("DTensor Add", a, *out));
+  FSDPP_RETURN_IF_ERROR(SameLayout("DTensor Add", a, b));
+  FSDPP_RETURN_IF_ERROR(SameLayout("DTensor Add", a, *out));
   for (const Placement& p : a.placements()) {
     if (p.is_partial() && p.reduce_op() == ReduceOp::kMax) {
       return Unsupported("DTensor Add", a, "max(a) + max(b) is not max(a + b)");
@@ -522,8 +524,8 @@ absl::Status Add(const DTensor& a, const DTensor& b, DTensor* out) {
 }
 
 absl::Status Mul(const DTensor& a, const DTensor& b, DTensor* out) {
-  RETURN_IF_ERROR(SameLayout("DTensor Mul", a, b));
-  RETURN_IF_ERROR(SameLayout("DTensor Mul", a, *out));
+  FSDPP_RETURN_IF_ERROR(SameLayout("DTensor Mul", a, b));
+  FSDPP_RETURN_IF_ERROR(SameLayout("DTensor Mul", a, *out));
   for (const Placement& p : a.placements()) {
     if (p.is_partial()) {
       return Unsupported("DTensor Mul", a,
@@ -534,7 +536,7 @@ absl::Status Mul(const DTensor& a, const DTensor& b, DTensor* out) {
 }
 
 absl::Status Scale(const DTensor& x, float alpha, DTensor* out) {
-  RETURN_IF_ERROR(SameLayout("DTensor Scale", x, *out));
+  FSDPP_RETURN_IF_ERROR(SameLayout("DTensor Scale", x, *out));
   for (const Placement& p : x.placements()) {
     if (p.is_partial() && p.reduce_op() == ReduceOp::kMax && alpha < 0) {
       return Unsupported("DTensor Scale", x,
@@ -545,7 +547,7 @@ absl::Status Scale(const DTensor& x, float alpha, DTensor* out) {
 }
 
 absl::Status Copy(const DTensor& src, DTensor* dst) {
-  RETURN_IF_ERROR(SameLayout("DTensor Copy", src, *dst));
+  FSDPP_RETURN_IF_ERROR(SameLayout("DTensor Copy", src, *dst));
   return Copy(src.local(), dst->mutable_local());
 }
 
@@ -562,26 +564,26 @@ absl::StatusOr<double> SumOfSquares(const DTensor& x) {
     }
   }
   if (any_partial) {
-    ASSIGN_OR_RETURN(reduced, x.Redistribute(no_partial));
+    FSDPP_ASSIGN_OR_RETURN(reduced, x.Redistribute(no_partial));
   }
-  ASSIGN_OR_RETURN(Tensor partial,
-                   Tensor::Zeros({1}, DType::kF32, reduced.local().device(),
-                                 MemoryTag::kOther));
-  RETURN_IF_ERROR(SumOfSquares(reduced.local(), &partial));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor partial, Tensor::Zeros({1}, DType::kF32, reduced.local().device(),
+                                    MemoryTag::kOther));
+  FSDPP_RETURN_IF_ERROR(SumOfSquares(reduced.local(), &partial));
   for (int i = 0; i < x.mesh()->ndim(); ++i) {
     if (!no_partial[i].is_shard()) continue;  // Replicate axes hold copies.
-    ASSIGN_OR_RETURN(ProcessGroup * group,
-                     x.mesh()->Group(x.mesh()->axes()[i].name));
-    ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                     group->AllReduce(AsBuffer(partial), ReduceOp::kSum));
-    RETURN_IF_ERROR(work->Wait());
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group,
+                           x.mesh()->Group(x.mesh()->axes()[i].name));
+    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                           group->AllReduce(AsBuffer(partial), ReduceOp::kSum));
+    FSDPP_RETURN_IF_ERROR(work->Wait());
   }
-  ASSIGN_OR_RETURN(float total, Item(partial));
+  FSDPP_ASSIGN_OR_RETURN(float total, Item(partial));
   return static_cast<double>(total);
 }
 
 absl::StatusOr<double> Norm(const DTensor& x) {
-  ASSIGN_OR_RETURN(double ss, SumOfSquares(x));
+  FSDPP_ASSIGN_OR_RETURN(double ss, SumOfSquares(x));
   return std::sqrt(ss);
 }
 

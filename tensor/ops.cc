@@ -114,9 +114,9 @@ absl::StatusOr<Backend*> BackendFor([[maybe_unused]] const char* op,
 }
 
 // Validates and resolves the backend of an op over `args`.
-#define FSDPP_BACKEND_OR_RETURN(var, op, ...)                           \
-  ASSIGN_OR_RETURN(Device var##_device, CommonDevice(op, __VA_ARGS__)); \
-  ASSIGN_OR_RETURN(Backend* var, BackendFor(op, var##_device))
+#define FSDPP_BACKEND_OR_RETURN(var, op, ...)                                 \
+  FSDPP_ASSIGN_OR_RETURN(Device var##_device, CommonDevice(op, __VA_ARGS__)); \
+  FSDPP_ASSIGN_OR_RETURN(Backend* var, BackendFor(op, var##_device))
 
 // Rows of `t` when viewed as [rows, last_dim].
 int64_t Rows(const Tensor& t) {
@@ -145,7 +145,7 @@ absl::Status Copy(const Tensor& src, Tensor* dst) {
                    {{"src", &src}, {"dst", dst}});
   }
   if (src.device() == dst->device()) {
-    ASSIGN_OR_RETURN(Backend * backend, BackendFor(kOp, src.device()));
+    FSDPP_ASSIGN_OR_RETURN(Backend * backend, BackendFor(kOp, src.device()));
     return backend->Copy(src, dst);
   }
   if (!cast) {
@@ -153,23 +153,23 @@ absl::Status Copy(const Tensor& src, Tensor* dst) {
                      src.device(), src.nbytes());
   }
   // Across devices with a cast: move first, then convert on the destination.
-  ASSIGN_OR_RETURN(Tensor staged,
-                   Tensor::Empty(src.shape(), src.dtype(), dst->device(),
-                                 MemoryTag::kOther));
-  RETURN_IF_ERROR(CopyBytes(staged.raw_data(), staged.device(), src.raw_data(),
-                            src.device(), src.nbytes()));
-  ASSIGN_OR_RETURN(Backend * backend, BackendFor(kOp, dst->device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor staged,
+                         Tensor::Empty(src.shape(), src.dtype(), dst->device(),
+                                       MemoryTag::kOther));
+  FSDPP_RETURN_IF_ERROR(CopyBytes(staged.raw_data(), staged.device(),
+                                  src.raw_data(), src.device(), src.nbytes()));
+  FSDPP_ASSIGN_OR_RETURN(Backend * backend, BackendFor(kOp, dst->device()));
   return backend->Copy(staged, dst);
 }
 
 absl::Status Fill(Tensor* t, float value) {
   FSDPP_BACKEND_OR_RETURN(backend, "Fill", {{"t", t}});
-  RETURN_IF_ERROR(FloatDType("Fill", {"t", t}));
+  FSDPP_RETURN_IF_ERROR(FloatDType("Fill", {"t", t}));
   return backend == nullptr ? absl::OkStatus() : backend->Fill(t, value);
 }
 
 absl::Status Zero(Tensor* t) {
-  ASSIGN_OR_RETURN(Device device, CommonDevice("Zero", {{"t", t}}));
+  FSDPP_ASSIGN_OR_RETURN(Device device, CommonDevice("Zero", {{"t", t}}));
   if (device.is_meta()) return absl::OkStatus();
   return ZeroBytes(t->raw_data(), device, t->nbytes());
 }
@@ -179,9 +179,9 @@ namespace {
 absl::Status UnaryOp(const char* op, UnaryKind kind, float alpha,
                      const Tensor& x, Tensor* out) {
   FSDPP_BACKEND_OR_RETURN(backend, op, {{"x", &x}, {"out", out}});
-  RETURN_IF_ERROR(SameDType(op, {{"x", &x}, {"out", out}}));
-  RETURN_IF_ERROR(SameShape(op, {{"x", &x}, {"out", out}}));
-  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  FSDPP_RETURN_IF_ERROR(SameDType(op, {{"x", &x}, {"out", out}}));
+  FSDPP_RETURN_IF_ERROR(SameShape(op, {{"x", &x}, {"out", out}}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
   return backend == nullptr ? absl::OkStatus()
                             : backend->Unary(kind, alpha, x, out);
 }
@@ -192,9 +192,9 @@ absl::Status BinaryOp(const char* op, BinaryKind kind, float alpha,
   std::initializer_list<Named> args = {
       {a_name, &a}, {b_name, &b}, {out_name, out}};
   FSDPP_BACKEND_OR_RETURN(backend, op, args);
-  RETURN_IF_ERROR(SameDType(op, args));
-  RETURN_IF_ERROR(SameShape(op, args));
-  RETURN_IF_ERROR(FloatDType(op, {a_name, &a}));
+  FSDPP_RETURN_IF_ERROR(SameDType(op, args));
+  FSDPP_RETURN_IF_ERROR(SameShape(op, args));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {a_name, &a}));
   return backend == nullptr ? absl::OkStatus()
                             : backend->Binary(kind, alpha, a, b, out);
 }
@@ -240,8 +240,8 @@ namespace {
 absl::Status ReduceOp(const char* op, ReduceKind kind, const Tensor& x,
                       Tensor* out) {
   FSDPP_BACKEND_OR_RETURN(backend, op, {{"x", &x}, {"out", out}});
-  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
-  RETURN_IF_ERROR(F32WithNumel(op, {"out", out}, 1));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(op, {"out", out}, 1));
   return backend == nullptr ? absl::OkStatus() : backend->Reduce(kind, x, out);
 }
 
@@ -258,8 +258,8 @@ absl::Status SumOfSquares(const Tensor& x, Tensor* out) {
 absl::Status SumRowsAccumulate(const Tensor& x, Tensor* out) {
   constexpr const char* kOp = "SumRowsAccumulate";
   FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", &x}, {"out", out}});
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
-  RETURN_IF_ERROR(FloatDType(kOp, {"out", out}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"out", out}));
   const int64_t cols = out->numel();
   if (cols == 0 || x.numel() % cols != 0 || x.ndim() == 0 ||
       x.dim(-1) != cols) {
@@ -280,7 +280,7 @@ absl::StatusOr<float> Item(const Tensor& t) {
     return absl::InvalidArgumentError(
         absl::StrCat("Item: needs exactly one element, got ", t.ToString()));
   }
-  ASSIGN_OR_RETURN(std::vector<float> v, t.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> v, t.ToFloats());
   return v[0];
 }
 
@@ -340,11 +340,11 @@ absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
   if (batch == 0 || m == 0 || n == 0) return absl::OkStatus();
   if (k == 0) {  // Empty sum: c = beta * c, or the bias in every row.
     if (options.bias != nullptr) {
-      ASSIGN_OR_RETURN(Tensor rows, c->Reshape({batch * m, n}));
+      FSDPP_ASSIGN_OR_RETURN(Tensor rows, c->Reshape({batch * m, n}));
       for (int64_t r = 0; r < batch * m; ++r) {
-        ASSIGN_OR_RETURN(Tensor row, rows.Narrow(r, 1));
-        ASSIGN_OR_RETURN(Tensor flat, row.Reshape({n}));
-        RETURN_IF_ERROR(Copy(*options.bias, &flat));
+        FSDPP_ASSIGN_OR_RETURN(Tensor row, rows.Narrow(r, 1));
+        FSDPP_ASSIGN_OR_RETURN(Tensor flat, row.Reshape({n}));
+        FSDPP_RETURN_IF_ERROR(Copy(*options.bias, &flat));
       }
       return absl::OkStatus();
     }
@@ -359,9 +359,9 @@ absl::Status Matmul(const Tensor& a, const Tensor& b, Tensor* c,
 absl::Status Softmax(const Tensor& x, Tensor* y, bool causal) {
   constexpr const char* kOp = "Softmax";
   FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", &x}, {"y", y}});
-  RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"y", y}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"y", y}}));
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
+  FSDPP_RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"y", y}}));
+  FSDPP_RETURN_IF_ERROR(SameShape(kOp, {{"x", &x}, {"y", y}}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"x", &x}));
   if (x.ndim() < (causal ? 2 : 1) || x.dim(-1) == 0) {
     return Invalid(kOp,
                    causal ? "causal softmax needs [.., Tq, Tk] with Tk > 0"
@@ -384,9 +384,9 @@ absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx) {
   constexpr const char* kOp = "SoftmaxBackward";
   std::initializer_list<Named> args = {{"y", &y}, {"dy", &dy}, {"dx", dx}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(SameDType(kOp, args));
-  RETURN_IF_ERROR(SameShape(kOp, args));
-  RETURN_IF_ERROR(FloatDType(kOp, {"y", &y}));
+  FSDPP_RETURN_IF_ERROR(SameDType(kOp, args));
+  FSDPP_RETURN_IF_ERROR(SameShape(kOp, args));
+  FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"y", &y}));
   if (y.ndim() == 0) return Invalid(kOp, "needs at least one dim", args);
   return backend == nullptr
              ? absl::OkStatus()
@@ -403,7 +403,7 @@ struct AttentionDims {
 absl::StatusOr<AttentionDims> CheckAttention(
     const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
     std::initializer_list<Named> args) {
-  RETURN_IF_ERROR(FloatDType(op, {"q", &q}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"q", &q}));
   if (q.ndim() != 4 || k.ndim() != 4 || k.shape() != v.shape() ||
       k.dim(0) != q.dim(0) || k.dim(2) != q.dim(2) || k.dim(3) != q.dim(3)) {
     return Invalid(op,
@@ -429,10 +429,10 @@ absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
   std::initializer_list<Named> args = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"out", out}, {"lse", lse}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       SameDType(kOp, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", out}}));
-  ASSIGN_OR_RETURN(AttentionDims d, CheckAttention(kOp, q, k, v, args));
-  RETURN_IF_ERROR(SameShape(kOp, {{"q", &q}, {"out", out}}));
+  FSDPP_ASSIGN_OR_RETURN(AttentionDims d, CheckAttention(kOp, q, k, v, args));
+  FSDPP_RETURN_IF_ERROR(SameShape(kOp, {{"q", &q}, {"out", out}}));
   if (lse->dtype() != DType::kF32 || lse->shape() != Shape{d.b, d.h, d.t}) {
     return Invalid(kOp, "lse must be f32 [B, H, T]", args);
   }
@@ -452,18 +452,18 @@ absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
       {"q", &q},       {"k", &k},  {"v", &v},  {"out", &out}, {"lse", &lse},
       {"dout", &dout}, {"dq", dq}, {"dk", dk}, {"dv", dv}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(SameDType(kOp, {{"q", &q},
-                                  {"k", &k},
-                                  {"v", &v},
-                                  {"out", &out},
-                                  {"dout", &dout},
-                                  {"dq", dq},
-                                  {"dk", dk},
-                                  {"dv", dv}}));
-  ASSIGN_OR_RETURN(AttentionDims d, CheckAttention(kOp, q, k, v, args));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(SameDType(kOp, {{"q", &q},
+                                        {"k", &k},
+                                        {"v", &v},
+                                        {"out", &out},
+                                        {"dout", &dout},
+                                        {"dq", dq},
+                                        {"dk", dk},
+                                        {"dv", dv}}));
+  FSDPP_ASSIGN_OR_RETURN(AttentionDims d, CheckAttention(kOp, q, k, v, args));
+  FSDPP_RETURN_IF_ERROR(
       SameShape(kOp, {{"q", &q}, {"out", &out}, {"dout", &dout}, {"dq", dq}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"k", &k}, {"dk", dk}, {"dv", dv}}));
+  FSDPP_RETURN_IF_ERROR(SameShape(kOp, {{"k", &k}, {"dk", dk}, {"dv", dv}}));
   if (lse.dtype() != DType::kF32 || lse.shape() != Shape{d.b, d.h, d.t}) {
     return Invalid(kOp, "lse must be f32 [B, H, T]", args);
   }
@@ -493,10 +493,10 @@ absl::StatusOr<int64_t> NormDims(const char* op, const Tensor& x,
 // one dtype; out shaped like x; x [.., C] and weight [C]. Returns C.
 absl::StatusOr<int64_t> CheckNorm(const char* op, const Tensor& x,
                                   const Tensor& weight, const Tensor* out) {
-  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  FSDPP_RETURN_IF_ERROR(
       SameDType(op, {{"x", &x}, {"weight", &weight}, {"out", out}}));
-  RETURN_IF_ERROR(SameShape(op, {{"x", &x}, {"out", out}}));
+  FSDPP_RETURN_IF_ERROR(SameShape(op, {{"x", &x}, {"out", out}}));
   return NormDims(op, x, "weight", weight);
 }
 
@@ -507,14 +507,15 @@ absl::StatusOr<int64_t> CheckNormBackward(const char* op, const Tensor& dy,
                                           const Tensor& x, const Tensor& weight,
                                           const Tensor* dx,
                                           const Tensor* dweight) {
-  RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
-  RETURN_IF_ERROR(SameDType(op, {{"dy", &dy},
-                                 {"x", &x},
-                                 {"weight", &weight},
-                                 {"dx", dx},
-                                 {"dweight", dweight}}));
-  RETURN_IF_ERROR(SameShape(op, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
-  RETURN_IF_ERROR(SameShape(op, {{"weight", &weight}, {"dweight", dweight}}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"x", &x}));
+  FSDPP_RETURN_IF_ERROR(SameDType(op, {{"dy", &dy},
+                                       {"x", &x},
+                                       {"weight", &weight},
+                                       {"dx", dx},
+                                       {"dweight", dweight}}));
+  FSDPP_RETURN_IF_ERROR(SameShape(op, {{"dy", &dy}, {"x", &x}, {"dx", dx}}));
+  FSDPP_RETURN_IF_ERROR(
+      SameShape(op, {{"weight", &weight}, {"dweight", dweight}}));
   return NormDims(op, x, "weight", weight);
 }
 
@@ -530,15 +531,16 @@ absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                                        {"mean", mean},
                                        {"rstd", rstd}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  ASSIGN_OR_RETURN(int64_t c, CheckNorm(kOp, x, weight, out));
+  FSDPP_ASSIGN_OR_RETURN(int64_t c, CheckNorm(kOp, x, weight, out));
   if (bias != nullptr) {
-    RETURN_IF_ERROR(CommonDevice(kOp, {{"x", &x}, {"bias", bias}}).status());
-    RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"bias", bias}}));
-    RETURN_IF_ERROR(NormDims(kOp, x, "bias", *bias).status());
+    FSDPP_RETURN_IF_ERROR(
+        CommonDevice(kOp, {{"x", &x}, {"bias", bias}}).status());
+    FSDPP_RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"bias", bias}}));
+    FSDPP_RETURN_IF_ERROR(NormDims(kOp, x, "bias", *bias).status());
   }
   const int64_t rows = Rows(x);
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"mean", mean}, rows));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"mean", mean}, rows));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
   if (!(eps >= 0.0f)) return Invalid(kOp, "eps must be >= 0", {{"x", &x}});
   return backend == nullptr ? absl::OkStatus()
                             : backend->LayerNorm(x, weight, bias, eps, rows, c,
@@ -554,16 +556,17 @@ absl::Status LayerNormBackward(const Tensor& dy, const Tensor& x,
       {"dy", &dy},     {"x", &x},  {"weight", &weight}, {"mean", &mean},
       {"rstd", &rstd}, {"dx", dx}, {"dweight", dweight}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  ASSIGN_OR_RETURN(int64_t c,
-                   CheckNormBackward(kOp, dy, x, weight, dx, dweight));
+  FSDPP_ASSIGN_OR_RETURN(int64_t c,
+                         CheckNormBackward(kOp, dy, x, weight, dx, dweight));
   if (dbias != nullptr) {
-    RETURN_IF_ERROR(CommonDevice(kOp, {{"x", &x}, {"dbias", dbias}}).status());
-    RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"dbias", dbias}}));
-    RETURN_IF_ERROR(NormDims(kOp, x, "dbias", *dbias).status());
+    FSDPP_RETURN_IF_ERROR(
+        CommonDevice(kOp, {{"x", &x}, {"dbias", dbias}}).status());
+    FSDPP_RETURN_IF_ERROR(SameDType(kOp, {{"x", &x}, {"dbias", dbias}}));
+    FSDPP_RETURN_IF_ERROR(NormDims(kOp, x, "dbias", *dbias).status());
   }
   const int64_t rows = Rows(x);
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"mean", &mean}, rows));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"mean", &mean}, rows));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->LayerNormBackward(dy, x, weight, mean, rstd, rows, c,
@@ -575,7 +578,7 @@ namespace {
 // Checks the [B, T, N, hd] / [B, n, T, hd] pair of SplitHeads / MergeHeads.
 absl::Status CheckHeads(const char* op, const Tensor& wide, const Tensor& heads,
                         int64_t first, std::initializer_list<Named> args) {
-  RETURN_IF_ERROR(SameDType(op, args));
+  FSDPP_RETURN_IF_ERROR(SameDType(op, args));
   if (wide.ndim() != 4 || heads.ndim() != 4) {
     return Invalid(op, "needs 4-D [B, T, N, hd] and [B, n, T, hd]", args);
   }
@@ -602,7 +605,7 @@ absl::Status SplitHeads(const Tensor& src, int64_t first, Tensor* dst) {
   constexpr const char* kOp = "SplitHeads";
   std::initializer_list<Named> args = {{"src", &src}, {"dst", dst}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(CheckHeads(kOp, src, *dst, first, args));
+  FSDPP_RETURN_IF_ERROR(CheckHeads(kOp, src, *dst, first, args));
   if (backend == nullptr || dst->numel() == 0) return absl::OkStatus();
   return backend->CopyHeads(src, dst, src.dim(0), src.dim(1), src.dim(2), first,
                             dst->dim(1), src.dim(3), /*merge=*/false);
@@ -612,7 +615,7 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
   constexpr const char* kOp = "MergeHeads";
   std::initializer_list<Named> args = {{"src", &src}, {"dst", dst}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  RETURN_IF_ERROR(CheckHeads(kOp, *dst, src, first, args));
+  FSDPP_RETURN_IF_ERROR(CheckHeads(kOp, *dst, src, first, args));
   if (backend == nullptr || src.numel() == 0) return absl::OkStatus();
   return backend->CopyHeads(src, dst, dst->dim(0), dst->dim(1), dst->dim(2),
                             first, src.dim(1), dst->dim(3), /*merge=*/true);
@@ -621,7 +624,7 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
 absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse) {
   constexpr const char* kOp = "Rope";
   FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", x}});
-  RETURN_IF_ERROR(FloatDType(kOp, {"x", x}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"x", x}));
   if (x->ndim() < 2 || x->dim(-1) < 2 || x->dim(-1) % 2 != 0) {
     return Invalid(kOp, "needs [.., T, hd] with an even head dim hd >= 2",
                    {{"x", x}});
@@ -644,9 +647,9 @@ absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
   std::initializer_list<Named> args = {
       {"x", &x}, {"weight", &weight}, {"out", out}, {"rstd", rstd}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  ASSIGN_OR_RETURN(int64_t c, CheckNorm(kOp, x, weight, out));
+  FSDPP_ASSIGN_OR_RETURN(int64_t c, CheckNorm(kOp, x, weight, out));
   const int64_t rows = Rows(x);
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", rstd}, rows));
   if (!(eps >= 0.0f)) return Invalid(kOp, "eps must be >= 0", {{"x", &x}});
   return backend == nullptr
              ? absl::OkStatus()
@@ -661,10 +664,10 @@ absl::Status RmsNormBackward(const Tensor& dy, const Tensor& x,
       {"dy", &dy},     {"x", &x},  {"weight", &weight},
       {"rstd", &rstd}, {"dx", dx}, {"dweight", dweight}};
   FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
-  ASSIGN_OR_RETURN(int64_t c,
-                   CheckNormBackward(kOp, dy, x, weight, dx, dweight));
+  FSDPP_ASSIGN_OR_RETURN(int64_t c,
+                         CheckNormBackward(kOp, dy, x, weight, dx, dweight));
   const int64_t rows = Rows(x);
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"rstd", &rstd}, rows));
   return backend == nullptr ? absl::OkStatus()
                             : backend->RmsNormBackward(dy, x, weight, rstd,
                                                        rows, c, dx, dweight);
@@ -678,9 +681,9 @@ absl::Status EmbeddingDims(const char* op, const Tensor& ids,
                            const Tensor& rows_tensor) {
   std::initializer_list<Named> args = {
       {"ids", &ids}, {"table", &table}, {rows_name, &rows_tensor}};
-  RETURN_IF_ERROR(IdDType(op, {"ids", &ids}));
-  RETURN_IF_ERROR(FloatDType(op, {"table", &table}));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(IdDType(op, {"ids", &ids}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"table", &table}));
+  FSDPP_RETURN_IF_ERROR(
       SameDType(op, {{"table", &table}, {rows_name, &rows_tensor}}));
   if (table.ndim() != 2) return Invalid(op, "table must be [V, C]", args);
   if (rows_tensor.ndim() < 1 || rows_tensor.dim(-1) != table.dim(1) ||
@@ -714,8 +717,8 @@ absl::Status Embedding(const Tensor& ids, const Tensor& table, Tensor* out,
   constexpr const char* kOp = "Embedding";
   FSDPP_BACKEND_OR_RETURN(backend, kOp,
                           {{"ids", &ids}, {"table", &table}, {"out", out}});
-  RETURN_IF_ERROR(EmbeddingDims(kOp, ids, table, "out", *out));
-  RETURN_IF_ERROR(CheckEmbeddingRows(kOp, table, &rows));
+  FSDPP_RETURN_IF_ERROR(EmbeddingDims(kOp, ids, table, "out", *out));
+  FSDPP_RETURN_IF_ERROR(CheckEmbeddingRows(kOp, table, &rows));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->Embedding(ids, table, ids.numel(), table.dim(0),
@@ -728,8 +731,8 @@ absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
   constexpr const char* kOp = "EmbeddingBackward";
   FSDPP_BACKEND_OR_RETURN(backend, kOp,
                           {{"ids", &ids}, {"dout", &dout}, {"dtable", dtable}});
-  RETURN_IF_ERROR(EmbeddingDims(kOp, ids, *dtable, "dout", dout));
-  RETURN_IF_ERROR(CheckEmbeddingRows(kOp, *dtable, &rows));
+  FSDPP_RETURN_IF_ERROR(EmbeddingDims(kOp, ids, *dtable, "dout", dout));
+  FSDPP_RETURN_IF_ERROR(CheckEmbeddingRows(kOp, *dtable, &rows));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->EmbeddingBackward(ids, dout, ids.numel(),
@@ -743,8 +746,8 @@ absl::Status CrossEntropyDims(const char* op, const Tensor& logits,
                               const Tensor& targets) {
   std::initializer_list<Named> args = {{"logits", &logits},
                                        {"targets", &targets}};
-  RETURN_IF_ERROR(FloatDType(op, {"logits", &logits}));
-  RETURN_IF_ERROR(IdDType(op, {"targets", &targets}));
+  FSDPP_RETURN_IF_ERROR(FloatDType(op, {"logits", &logits}));
+  FSDPP_RETURN_IF_ERROR(IdDType(op, {"targets", &targets}));
   if (logits.ndim() < 1 || logits.dim(-1) == 0 ||
       Rows(logits) != targets.numel()) {
     return Invalid(op, "logits must be [.., V] with one row per target", args);
@@ -760,8 +763,8 @@ absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
   FSDPP_BACKEND_OR_RETURN(
       backend, kOp,
       {{"logits", &logits}, {"targets", &targets}, {"losses", losses}});
-  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"losses", losses}, targets.numel()));
+  FSDPP_RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"losses", losses}, targets.numel()));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->CrossEntropy(logits, targets, targets.numel(),
@@ -796,12 +799,12 @@ absl::Status CrossEntropyShardStats(const Tensor& logits, const Tensor& targets,
                            {"max", max},
                            {"sumexp", sumexp},
                            {"target_logit", target_logit}});
-  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
-  RETURN_IF_ERROR(CheckVocabSlice(kOp, logits, vocab_offset, vocab_size));
+  FSDPP_RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  FSDPP_RETURN_IF_ERROR(CheckVocabSlice(kOp, logits, vocab_offset, vocab_size));
   const int64_t n = targets.numel();
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"max", max}, n));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"sumexp", sumexp}, n));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"target_logit", target_logit}, n));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"max", max}, n));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"sumexp", sumexp}, n));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"target_logit", target_logit}, n));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->CrossEntropyShardStats(
@@ -823,14 +826,16 @@ absl::Status CrossEntropyShardBackward(const Tensor& logits,
                            {"sumexp", &sumexp},
                            {"dlosses", &dlosses},
                            {"dlogits", dlogits}});
-  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
-  RETURN_IF_ERROR(CheckVocabSlice(kOp, logits, vocab_offset, vocab_size));
+  FSDPP_RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  FSDPP_RETURN_IF_ERROR(CheckVocabSlice(kOp, logits, vocab_offset, vocab_size));
   const int64_t n = targets.numel();
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"max", &max}, n));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"sumexp", &sumexp}, n));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"dlosses", &dlosses}, n));
-  RETURN_IF_ERROR(SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"max", &max}, n));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"sumexp", &sumexp}, n));
+  FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"dlosses", &dlosses}, n));
+  FSDPP_RETURN_IF_ERROR(
+      SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  FSDPP_RETURN_IF_ERROR(
+      SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->CrossEntropyShardBackward(
@@ -847,10 +852,13 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                            {"targets", &targets},
                            {"dlosses", &dlosses},
                            {"dlogits", dlogits}});
-  RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
-  RETURN_IF_ERROR(F32WithNumel(kOp, {"dlosses", &dlosses}, targets.numel()));
-  RETURN_IF_ERROR(SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
-  RETURN_IF_ERROR(SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  FSDPP_RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
+  FSDPP_RETURN_IF_ERROR(
+      F32WithNumel(kOp, {"dlosses", &dlosses}, targets.numel()));
+  FSDPP_RETURN_IF_ERROR(
+      SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  FSDPP_RETURN_IF_ERROR(
+      SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
   return backend == nullptr ? absl::OkStatus()
                             : backend->CrossEntropyBackward(
                                   logits, targets, dlosses, targets.numel(),

@@ -84,8 +84,8 @@ absl::Status CopyBox(const Tensor& src, const Shape& src_offset, Tensor* dst,
       so += (src_offset[d] + i) * src_stride[d];
       doff += (dst_offset[d] + i) * dst_stride[d];
     }
-    RETURN_IF_ERROR(CopyBytes(t + doff * esize, dst->device(), s + so * esize,
-                              src.device(), run * esize));
+    FSDPP_RETURN_IF_ERROR(CopyBytes(t + doff * esize, dst->device(),
+                                    s + so * esize, src.device(), run * esize));
     int d = run_dim - 1;
     while (d >= 0 && ++idx[d] == shape[d]) idx[d--] = 0;
     if (d < 0) break;

@@ -29,7 +29,7 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t bytes,
     // counts the bytes.
     Allocator* accountant = GetAllocator(device);
     if (accountant != nullptr) {
-      RETURN_IF_ERROR(accountant->Allocate(bytes, tag).status());
+      FSDPP_RETURN_IF_ERROR(accountant->Allocate(bytes, tag).status());
     }
     return std::shared_ptr<Storage>(
         new Storage(nullptr, bytes, device, tag, accountant));
@@ -40,7 +40,7 @@ absl::StatusOr<std::shared_ptr<Storage>> Storage::Allocate(size_t bytes,
         "no allocator for device ", device.ToString(),
         device.is_cuda() ? " (CUDA not built in or not initialised)" : ""));
   }
-  ASSIGN_OR_RETURN(void* data, allocator->Allocate(bytes, tag));
+  FSDPP_ASSIGN_OR_RETURN(void* data, allocator->Allocate(bytes, tag));
   return std::shared_ptr<Storage>(
       new Storage(data, bytes, device, tag, allocator));
 }
@@ -58,16 +58,16 @@ absl::StatusOr<Tensor> Tensor::Empty(Shape shape, DType dtype, Device device,
     }
   }
   const size_t bytes = NumElements(shape) * DTypeSize(dtype);
-  ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
-                   Storage::Allocate(bytes, device, tag));
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Storage> storage,
+                         Storage::Allocate(bytes, device, tag));
   return Tensor(std::move(storage), 0, std::move(shape), dtype, device);
 }
 
 absl::StatusOr<Tensor> Tensor::Zeros(Shape shape, DType dtype, Device device,
                                      MemoryTag tag) {
-  ASSIGN_OR_RETURN(Tensor t, Empty(std::move(shape), dtype, device, tag));
+  FSDPP_ASSIGN_OR_RETURN(Tensor t, Empty(std::move(shape), dtype, device, tag));
   if (!t.is_meta())
-    RETURN_IF_ERROR(ZeroBytes(t.raw_data(), device, t.nbytes()));
+    FSDPP_RETURN_IF_ERROR(ZeroBytes(t.raw_data(), device, t.nbytes()));
   return t;
 }
 
@@ -101,7 +101,7 @@ absl::StatusOr<Tensor> Tensor::FromFloats(Shape shape,
                                                    DTypeName(dtype),
                                                    " is not floating point"));
   }
-  ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu(), tag));
+  FSDPP_ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu(), tag));
   switch (dtype) {
     case DType::kF32:
       ConvertFromFloats<float>(values, host.raw_data());
@@ -114,9 +114,10 @@ absl::StatusOr<Tensor> Tensor::FromFloats(Shape shape,
       break;
   }
   if (device.is_cpu()) return host;
-  ASSIGN_OR_RETURN(Tensor out, Empty(std::move(shape), dtype, device, tag));
-  RETURN_IF_ERROR(CopyBytes(out.raw_data(), device, host.raw_data(),
-                            Device::Cpu(), host.nbytes()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out,
+                         Empty(std::move(shape), dtype, device, tag));
+  FSDPP_RETURN_IF_ERROR(CopyBytes(out.raw_data(), device, host.raw_data(),
+                                  Device::Cpu(), host.nbytes()));
   return out;
 }
 
@@ -132,7 +133,7 @@ absl::StatusOr<Tensor> Tensor::FromInts(Shape shape,
     return absl::InvalidArgumentError(absl::StrCat(
         "Tensor::FromInts: dtype must be i32 or i64, not ", DTypeName(dtype)));
   }
-  ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor host, Empty(shape, dtype, Device::Cpu()));
   for (size_t i = 0; i < values.size(); ++i) {
     if (dtype == DType::kI32) {
       host.data<int32_t>()[i] = static_cast<int32_t>(values[i]);
@@ -141,9 +142,9 @@ absl::StatusOr<Tensor> Tensor::FromInts(Shape shape,
     }
   }
   if (device.is_cpu()) return host;
-  ASSIGN_OR_RETURN(Tensor out, Empty(std::move(shape), dtype, device));
-  RETURN_IF_ERROR(CopyBytes(out.raw_data(), device, host.raw_data(),
-                            Device::Cpu(), host.nbytes()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out, Empty(std::move(shape), dtype, device));
+  FSDPP_RETURN_IF_ERROR(CopyBytes(out.raw_data(), device, host.raw_data(),
+                                  Device::Cpu(), host.nbytes()));
   return out;
 }
 
@@ -223,7 +224,7 @@ absl::StatusOr<std::vector<int64_t>> Tensor::ToInts() const {
         absl::StrCat("ToInts: needs i32 or i64 data, got ", ToString()));
   }
   std::vector<char> host(nbytes());
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CopyBytes(host.data(), Device::Cpu(), raw_data(), device_, nbytes()));
   std::vector<int64_t> out(numel());
   for (size_t i = 0; i < out.size(); ++i) {
@@ -240,7 +241,7 @@ absl::StatusOr<std::vector<float>> Tensor::ToFloats() const {
         absl::StrCat("ToFloats: no data in ", ToString()));
   }
   std::vector<char> host(nbytes());
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CopyBytes(host.data(), Device::Cpu(), raw_data(), device_, nbytes()));
   std::vector<float> out(numel());
   switch (dtype_) {

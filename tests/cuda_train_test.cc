@@ -58,11 +58,11 @@ absl::StatusOr<Tensor> Tokens(const RunOptions& o, int64_t vocab, int salt) {
   for (size_t i = 0; i < v.size(); ++i) {
     v[i] = (static_cast<int64_t>(i) * (7 + salt) + salt) % vocab;
   }
-  ASSIGN_OR_RETURN(Tensor host, Tensor::FromInts({o.rows, o.seq}, v));
+  FSDPP_ASSIGN_OR_RETURN(Tensor host, Tensor::FromInts({o.rows, o.seq}, v));
   if (o.device.is_cpu()) return host;
-  ASSIGN_OR_RETURN(Tensor on_device,
-                   Tensor::Empty(host.shape(), host.dtype(), o.device));
-  RETURN_IF_ERROR(Copy(host, &on_device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor on_device,
+                         Tensor::Empty(host.shape(), host.dtype(), o.device));
+  FSDPP_RETURN_IF_ERROR(Copy(host, &on_device));
   return on_device;
 }
 
@@ -70,29 +70,30 @@ absl::StatusOr<Tensor> Tokens(const RunOptions& o, int64_t vocab, int salt) {
 // kernels run on the legacy default stream, which orders all of them.
 absl::Status DeviceIdle(Device device) {
   if (!device.is_cuda()) return absl::OkStatus();
-  ASSIGN_OR_RETURN(std::shared_ptr<CudaEvent> event,
-                   CudaEvent::RecordOn(nullptr, device.index(), "step end"));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::shared_ptr<CudaEvent> event,
+      CudaEvent::RecordOn(nullptr, device.index(), "step end"));
   return event->Wait(absl::Minutes(2));
 }
 
 // One forward and backward of the model unsharded on `o.device` (no FSDP,
 // no communication): the loss and every parameter's gradient.
 absl::StatusOr<RunResult> PlainStep(const RunOptions& o) {
-  ASSIGN_OR_RETURN(models::TransformerConfig config,
-                   models::ConfigByName(o.model));
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(config));
-  RETURN_IF_ERROR(model->ToEmpty(o.device));
-  RETURN_IF_ERROR(model->InitWeights(1234));
-  ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
-  ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
+  FSDPP_ASSIGN_OR_RETURN(models::TransformerConfig config,
+                         models::ConfigByName(o.model));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                         models::Transformer::Create(config));
+  FSDPP_RETURN_IF_ERROR(model->ToEmpty(o.device));
+  FSDPP_RETURN_IF_ERROR(model->InitWeights(1234));
+  FSDPP_ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
+  FSDPP_ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
   RunResult r;
-  ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
+  FSDPP_ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
   r.losses.push_back(loss);
-  RETURN_IF_ERROR(model->Backward());
+  FSDPP_RETURN_IF_ERROR(model->Backward());
   for (const auto& [name, p] : model->NamedParameters()) {
     r.names.push_back(name);
-    ASSIGN_OR_RETURN(std::vector<float> v, p->grad.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> v, p->grad.ToFloats());
     r.grads0.push_back(std::move(v));
   }
   return r;
@@ -103,20 +104,22 @@ absl::StatusOr<RunResult> Train(const RunOptions& o) {
   ProcessGroupFactory factory = o.device.is_cuda()
                                     ? NcclGroupFactory(&store, o.device.index())
                                     : GlooGroupFactory(&store);
-  ASSIGN_OR_RETURN(std::unique_ptr<DeviceMesh> mesh,
-                   DeviceMesh::Create({{"dp", 1}}, 0, 1, std::move(factory)));
-  ASSIGN_OR_RETURN(models::TransformerConfig config,
-                   models::ConfigByName(o.model));
+  FSDPP_ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create({{"dp", 1}}, 0, 1, std::move(factory)));
+  FSDPP_ASSIGN_OR_RETURN(models::TransformerConfig config,
+                         models::ConfigByName(o.model));
   if (o.vocab_pad_multiple > 0)
     config.vocab_pad_multiple = o.vocab_pad_multiple;
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(config));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                         models::Transformer::Create(config));
   fsdp::FsdpPlanOptions po;
   po.shard.mesh = mesh.get();
   po.shard.mp_policy.param_dtype = o.param_dtype;
   std::vector<Module*> blocks(model->blocks().begin(), model->blocks().end());
-  RETURN_IF_ERROR(fsdp::ShardBlocksThenRoot(model.get(), blocks, po).status());
-  RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
+  FSDPP_RETURN_IF_ERROR(
+      fsdp::ShardBlocksThenRoot(model.get(), blocks, po).status());
+  FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
   std::vector<DTensor*> masters, grads;
   std::vector<AdamWParam> adam;
   RunResult r;
@@ -134,28 +137,29 @@ absl::StatusOr<RunResult> Train(const RunOptions& o) {
   AdamWOptions ao;
   ao.lr = 1e-3;
   ao.decay_filter = DecayMatricesOnly;
-  ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam), ao));
-  RETURN_IF_ERROR(adamw.Init());
-  ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
-  ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
+  FSDPP_ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam), ao));
+  FSDPP_RETURN_IF_ERROR(adamw.Init());
+  FSDPP_ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
+  FSDPP_ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
   for (int step = 0; step < o.steps; ++step) {
-    RETURN_IF_ERROR(DeviceIdle(o.device));
+    FSDPP_RETURN_IF_ERROR(DeviceIdle(o.device));
     const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(ZeroGrad(grads));
-    ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
-    RETURN_IF_ERROR(model->Backward());
+    FSDPP_RETURN_IF_ERROR(ZeroGrad(grads));
+    FSDPP_ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
+    FSDPP_RETURN_IF_ERROR(model->Backward());
     for (size_t i = 0; step == 0 && i < grads.size(); ++i) {
-      ASSIGN_OR_RETURN(std::vector<float> v, grads[i]->local().ToFloats());
+      FSDPP_ASSIGN_OR_RETURN(std::vector<float> v,
+                             grads[i]->local().ToFloats());
       r.grads0.push_back(std::move(v));
     }
-    RETURN_IF_ERROR(ClipGradNorm(grads, 1.0).status());
-    RETURN_IF_ERROR(adamw.Step());
-    RETURN_IF_ERROR(DeviceIdle(o.device));
+    FSDPP_RETURN_IF_ERROR(ClipGradNorm(grads, 1.0).status());
+    FSDPP_RETURN_IF_ERROR(adamw.Step());
+    FSDPP_RETURN_IF_ERROR(DeviceIdle(o.device));
     r.step_s.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
     r.losses.push_back(loss);
   }
   for (DTensor* m : masters) {
-    ASSIGN_OR_RETURN(std::vector<float> v, m->local().ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> v, m->local().ToFloats());
     r.params.push_back(std::move(v));
   }
   return r;

@@ -324,7 +324,8 @@ absl::Status ResolveModel(const ModelConfig& config,
   };
   for (const Override& override_value : overrides) {
     if (!override_value.present) continue;
-    RETURN_IF_ERROR(CheckPositive(override_value.path, override_value.value));
+    FSDPP_RETURN_IF_ERROR(
+        CheckPositive(override_value.path, override_value.value));
     *override_value.target = override_value.value;
   }
   if (mha && config.has_n_heads() && !config.has_n_kv_heads()) {
@@ -343,12 +344,12 @@ absl::Status ResolveModel(const ModelConfig& config,
 // Validate, once everything is resolved).
 absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
                                 ResolvedTrainConfig* out) {
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CheckPositive("parallelism.dp_replicate", config.dp_replicate()));
   const int replicate = config.dp_replicate();
-  RETURN_IF_ERROR(CheckPositive("parallelism.tp", config.tp()));
+  FSDPP_RETURN_IF_ERROR(CheckPositive("parallelism.tp", config.tp()));
   const int tp = config.tp();
-  RETURN_IF_ERROR(CheckPositive("parallelism.pp", config.pp()));
+  FSDPP_RETURN_IF_ERROR(CheckPositive("parallelism.pp", config.pp()));
   const int pp = config.pp();
   int shard = config.dp_shard();
   if (shard == 0 || shard < -1) {
@@ -369,8 +370,8 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
                                 " = ", others * shard,
                                 " ranks, but the world size is ", world_size));
   }
-  RETURN_IF_ERROR(CheckNonNegative("parallelism.hpz_degree",
-                                   config.hpz_degree(), " (0 or 1 = off)"));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative(
+      "parallelism.hpz_degree", config.hpz_degree(), " (0 or 1 = off)"));
   recipe::Layout& layout = out->layout;
   layout.world = world_size;
   layout.dp_replicate = replicate;
@@ -404,11 +405,11 @@ absl::Status ResolvePipeline(const ParallelismConfig& config,
     }
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(CheckNonNegative("parallelism.pp_microbatches",
-                                   config.pp_microbatches(),
-                                   " (0 = the accumulation steps)"));
-  RETURN_IF_ERROR(CheckPositive("parallelism.pp_virtual_stages",
-                                config.pp_virtual_stages()));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative("parallelism.pp_microbatches",
+                                         config.pp_microbatches(),
+                                         " (0 = the accumulation steps)"));
+  FSDPP_RETURN_IF_ERROR(CheckPositive("parallelism.pp_virtual_stages",
+                                      config.pp_virtual_stages()));
   const int64_t dp = layout.data_parallel();
   if (config.pp_microbatches() > 0) {
     const int64_t per_step = dp * config.pp_microbatches();
@@ -474,7 +475,7 @@ absl::Status CheckOptimizerFields(const TrainingConfig& config) {
     return Invalid(absl::StrCat(
         "training.lr must be a positive finite number, got ", config.lr()));
   }
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CheckNonNegative("training.warmup_steps", config.warmup_steps()));
   if (config.warmup_steps() > config.steps()) {
     return Invalid(absl::StrCat("training.warmup_steps ", config.warmup_steps(),
@@ -486,7 +487,7 @@ absl::Status CheckOptimizerFields(const TrainingConfig& config) {
     return Invalid(absl::StrCat("training.schedule \"", config.schedule(),
                                 "\" is not one of: cosine, linear, constant"));
   }
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CheckUnitInterval("training.min_lr_ratio", config.min_lr_ratio(), true));
   if (!(config.weight_decay() >= 0.0 && std::isfinite(config.weight_decay()))) {
     return Invalid(absl::StrCat("training.weight_decay must be >= 0, got ",
@@ -496,9 +497,9 @@ absl::Status CheckOptimizerFields(const TrainingConfig& config) {
     return Invalid(absl::StrCat(
         "training.grad_clip must be >= 0 (0 = off), got ", config.grad_clip()));
   }
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CheckUnitInterval("training.adam_beta1", config.adam_beta1(), false));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       CheckUnitInterval("training.adam_beta2", config.adam_beta2(), false));
   if (!(config.adam_eps() > 0.0 && std::isfinite(config.adam_eps()))) {
     return Invalid(absl::StrCat("training.adam_eps must be positive, got ",
@@ -510,8 +511,8 @@ absl::Status CheckOptimizerFields(const TrainingConfig& config) {
         absl::StrCat("training.initial_loss_scale must be positive, got ",
                      config.initial_loss_scale()));
   }
-  RETURN_IF_ERROR(CheckPositive("training.loss_scale_growth_interval",
-                                config.loss_scale_growth_interval()));
+  FSDPP_RETURN_IF_ERROR(CheckPositive("training.loss_scale_growth_interval",
+                                      config.loss_scale_growth_interval()));
   return absl::OkStatus();
 }
 
@@ -519,10 +520,11 @@ absl::Status CheckOptimizerFields(const TrainingConfig& config) {
 // options into the layout; the optimizer's and schedule's fields checked.
 absl::Status ResolveTraining(const TrainingConfig& config,
                              ResolvedTrainConfig* out) {
-  RETURN_IF_ERROR(CheckPositive("training.steps", config.steps()));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(CheckPositive("training.steps", config.steps()));
+  FSDPP_RETURN_IF_ERROR(
       CheckPositive("training.global_batch", config.global_batch()));
-  RETURN_IF_ERROR(CheckPositive("training.micro_batch", config.micro_batch()));
+  FSDPP_RETURN_IF_ERROR(
+      CheckPositive("training.micro_batch", config.micro_batch()));
   recipe::Layout& layout = out->layout;
   const int64_t dp_degree = layout.data_parallel();
   // The micro batch is a memory knob, the global batch the math: a micro
@@ -551,13 +553,13 @@ absl::Status ResolveTraining(const TrainingConfig& config,
         "length), got ",
         config.seq_len()));
   }
-  RETURN_IF_ERROR(CheckOptimizerFields(config));
-  ASSIGN_OR_RETURN(layout.param_dtype,
-                   FloatDType("training.mixed_precision.param_dtype",
-                              config.mixed_precision().param_dtype()));
-  ASSIGN_OR_RETURN(layout.reduce_dtype,
-                   FloatDType("training.mixed_precision.reduce_dtype",
-                              config.mixed_precision().reduce_dtype()));
+  FSDPP_RETURN_IF_ERROR(CheckOptimizerFields(config));
+  FSDPP_ASSIGN_OR_RETURN(layout.param_dtype,
+                         FloatDType("training.mixed_precision.param_dtype",
+                                    config.mixed_precision().param_dtype()));
+  FSDPP_ASSIGN_OR_RETURN(layout.reduce_dtype,
+                         FloatDType("training.mixed_precision.reduce_dtype",
+                                    config.mixed_precision().reduce_dtype()));
   layout.seq_len =
       config.seq_len() == 0 ? out->model.context_length : config.seq_len();
   layout.micro_batch = micro_batch;
@@ -592,17 +594,17 @@ absl::Status ResolveData(const DataConfig& config, ResolvedTrainConfig* out) {
     return absl::NotFoundError(absl::StrCat(
         "data.dataset file \"", config.dataset(), "\" does not exist"));
   }
-  RETURN_IF_ERROR(CheckUnitInterval("data.validation_fraction",
-                                    config.validation_fraction(), false));
+  FSDPP_RETURN_IF_ERROR(CheckUnitInterval("data.validation_fraction",
+                                          config.validation_fraction(), false));
   out->tokenizer_vocab_size = *vocab;
   return absl::OkStatus();
 }
 
 absl::Status CheckCheckpoint(const CheckpointConfig& config) {
-  RETURN_IF_ERROR(CheckNonNegative("checkpoint.interval", config.interval(),
-                                   " (0 = never)"));
-  RETURN_IF_ERROR(CheckNonNegative("checkpoint.keep_latest_k",
-                                   config.keep_latest_k(), " (0 = keep all)"));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative("checkpoint.interval",
+                                         config.interval(), " (0 = never)"));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative(
+      "checkpoint.keep_latest_k", config.keep_latest_k(), " (0 = keep all)"));
   if (config.folder().empty() && (config.interval() > 0 || config.resume())) {
     return Invalid(
         "checkpoint.folder is required when checkpoint.interval > 0 or "
@@ -615,11 +617,12 @@ absl::Status CheckCheckpoint(const CheckpointConfig& config) {
 }
 
 absl::Status CheckMetrics(const MetricsConfig& config) {
-  RETURN_IF_ERROR(CheckPositive("metrics.log_interval", config.log_interval()));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
+      CheckPositive("metrics.log_interval", config.log_interval()));
+  FSDPP_RETURN_IF_ERROR(
       CheckNonNegative("metrics.trace_start_step", config.trace_start_step()));
-  RETURN_IF_ERROR(CheckNonNegative("metrics.trace_steps", config.trace_steps(),
-                                   " (0 = no trace)"));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative(
+      "metrics.trace_steps", config.trace_steps(), " (0 = no trace)"));
   if (config.trace_steps() > 0 && config.trace_path().empty()) {
     return Invalid(
         "metrics.trace_path is required when metrics.trace_steps > 0");
@@ -629,17 +632,18 @@ absl::Status CheckMetrics(const MetricsConfig& config) {
         "metrics.peak_tflops must be >= 0 (0 = measure or look up), got ",
         config.peak_tflops()));
   }
-  RETURN_IF_ERROR(CheckNonNegative("metrics.throughput_warmup_steps",
-                                   config.throughput_warmup_steps()));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative("metrics.throughput_warmup_steps",
+                                         config.throughput_warmup_steps()));
   return absl::OkStatus();
 }
 
 absl::Status CheckValidation(const ValidationConfig& config,
                              const DataConfig& data) {
-  RETURN_IF_ERROR(CheckNonNegative("validation.interval", config.interval(),
-                                   " (0 = never)"));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative("validation.interval",
+                                         config.interval(), " (0 = never)"));
   if (config.interval() > 0) {
-    RETURN_IF_ERROR(CheckPositive("validation.batches", config.batches()));
+    FSDPP_RETURN_IF_ERROR(
+        CheckPositive("validation.batches", config.batches()));
     if (data.validation_fraction() == 0.0) {
       return Invalid(absl::StrCat("validation.interval ", config.interval(),
                                   " needs data.validation_fraction > 0"));
@@ -724,7 +728,8 @@ absl::StatusOr<TrainConfig> ParseTrainConfig(absl::string_view text,
 }
 
 absl::StatusOr<TrainConfig> LoadTrainConfig(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFileToString(path, "config file"));
+  FSDPP_ASSIGN_OR_RETURN(std::string text,
+                         ReadFileToString(path, "config file"));
   return ParseTrainConfig(text, path);
 }
 
@@ -785,7 +790,7 @@ absl::Status ApplyOverride(absl::string_view assignment, TrainConfig* config) {
 absl::Status ApplyOverrides(absl::Span<const std::string> assignments,
                             TrainConfig* config) {
   for (const std::string& assignment : assignments) {
-    RETURN_IF_ERROR(ApplyOverride(assignment, config));
+    FSDPP_RETURN_IF_ERROR(ApplyOverride(assignment, config));
   }
   return absl::OkStatus();
 }
@@ -797,17 +802,17 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
         absl::StrCat("world size must be positive, got ", world_size));
   }
   ResolvedTrainConfig resolved;
-  RETURN_IF_ERROR(ResolveModel(config.model(), &resolved.model));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(ResolveModel(config.model(), &resolved.model));
+  FSDPP_RETURN_IF_ERROR(
       ResolveParallelism(config.parallelism(), world_size, &resolved));
-  RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
+  FSDPP_RETURN_IF_ERROR(
       ResolvePipeline(config.parallelism(), config.training(), &resolved));
-  RETURN_IF_ERROR(resolved.layout.Validate(resolved.model));
-  RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
-  RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
-  RETURN_IF_ERROR(CheckMetrics(config.metrics()));
-  RETURN_IF_ERROR(CheckValidation(config.validation(), config.data()));
+  FSDPP_RETURN_IF_ERROR(resolved.layout.Validate(resolved.model));
+  FSDPP_RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
+  FSDPP_RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
+  FSDPP_RETURN_IF_ERROR(CheckMetrics(config.metrics()));
+  FSDPP_RETURN_IF_ERROR(CheckValidation(config.validation(), config.data()));
   const double max_memory = config.training().max_memory_gib();
   if (!std::isfinite(max_memory) || max_memory < 0) {
     return Invalid(absl::StrCat(

@@ -35,8 +35,9 @@ absl::StatusOr<Dataset> LoadDataset(const DataConfig& config) {
         "data.validation_fraction must be in [0, 1), got ", fraction));
   }
   Dataset dataset;
-  ASSIGN_OR_RETURN(dataset.tokenizer,
-                   MakeTokenizer(config.tokenizer(), config.tokenizer_dir()));
+  FSDPP_ASSIGN_OR_RETURN(
+      dataset.tokenizer,
+      MakeTokenizer(config.tokenizer(), config.tokenizer_dir()));
   const Tokenizer& tokenizer = *dataset.tokenizer;
   std::string source;
   if (config.dataset() == "embedded") {
@@ -45,8 +46,8 @@ absl::StatusOr<Dataset> LoadDataset(const DataConfig& config) {
     source =
         absl::StrCat("embedded corpus (", EmbeddedCorpusDescription(), ")");
   } else if (absl::EndsWith(config.dataset(), ".bin")) {
-    ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file,
-                     TokenFile::Open(config.dataset()));
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file,
+                           TokenFile::Open(config.dataset()));
     dataset.tokens = TokenStore::FromFile(std::move(file));
     if (dataset.tokens->max_token() >= tokenizer.vocab_size()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -56,8 +57,8 @@ absl::StatusOr<Dataset> LoadDataset(const DataConfig& config) {
     }
     source = absl::StrCat("token file \"", config.dataset(), "\"");
   } else {
-    ASSIGN_OR_RETURN(std::string text,
-                     ReadFileToString(config.dataset(), "text dataset"));
+    FSDPP_ASSIGN_OR_RETURN(std::string text,
+                           ReadFileToString(config.dataset(), "text dataset"));
     dataset.tokens = TokenStore::FromVector(EncodeDocument(tokenizer, text));
     source = absl::StrCat("text file \"", config.dataset(), "\"");
   }

@@ -133,7 +133,7 @@ std::string JsonNumber(double value) {
 absl::StatusOr<std::unique_ptr<JsonlWriter>> JsonlWriter::Open(
     const std::string& path) {
   const std::string dir = DirName(path);
-  if (!dir.empty()) RETURN_IF_ERROR(MakeDirs(dir));
+  if (!dir.empty()) FSDPP_RETURN_IF_ERROR(MakeDirs(dir));
   std::FILE* f = std::fopen(path.c_str(), "a");
   if (f == nullptr) {
     return absl::PermissionDeniedError(

@@ -117,8 +117,8 @@ struct Flags {
 
 // The flags of this command line (core/cli.h; --set is repeatable).
 absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
-  ASSIGN_OR_RETURN(CommandLine line,
-                   ParseCommandLineFlags(argc, argv, {"set"}));
+  FSDPP_ASSIGN_OR_RETURN(CommandLine line,
+                         ParseCommandLineFlags(argc, argv, {"set"}));
   if (line.help) {
     std::fputs(FlagsHelp(kUsage).c_str(), stdout);
     std::exit(0);
@@ -132,7 +132,8 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   flags.overrides = line.repeated["set"];
   flags.nproc_per_node = absl::GetFlag(FLAGS_nproc_per_node);
   launch::LaunchOptions nodes;
-  RETURN_IF_ERROR(launch::ParseNnodes(absl::GetFlag(FLAGS_nnodes), &nodes));
+  FSDPP_RETURN_IF_ERROR(
+      launch::ParseNnodes(absl::GetFlag(FLAGS_nnodes), &nodes));
   flags.nnodes = nodes.nnodes;
   flags.min_nodes = nodes.min_nodes;
   flags.rdzv_last_call_s = absl::GetFlag(FLAGS_rdzv_last_call_s);
@@ -181,14 +182,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
 absl::StatusOr<TrainConfig> LoadConfig(const Flags& flags) {
   TrainConfig config;
   if (flags.config_path.empty()) {
-    ASSIGN_OR_RETURN(config, ParseTrainConfig(DefaultConfigText(),
-                                              "<embedded default config>"));
+    FSDPP_ASSIGN_OR_RETURN(
+        config,
+        ParseTrainConfig(DefaultConfigText(), "<embedded default config>"));
   } else {
     std::string path = flags.config_path;
     if (path[0] != '/') path = InvocationDirectory() + "/" + path;
-    ASSIGN_OR_RETURN(config, LoadTrainConfig(path));
+    FSDPP_ASSIGN_OR_RETURN(config, LoadTrainConfig(path));
   }
-  RETURN_IF_ERROR(ApplyOverrides(flags.overrides, &config));
+  FSDPP_RETURN_IF_ERROR(ApplyOverrides(flags.overrides, &config));
   MakePathsAbsolute(InvocationDirectory(), &config);
   return config;
 }
@@ -287,8 +289,8 @@ void SetUpAllocator(const TrainConfig& config) {
 // its optimizer state, the loaders) is released before this returns.
 absl::StatusOr<TrainResult> TrainRank(const TrainConfig& config,
                                       const TrainerEnv& env) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                   Trainer::Create(config, env));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                         Trainer::Create(config, env));
   return trainer->Run();
 }
 

@@ -78,7 +78,7 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
   v.push_back(mine.total_peak);
   v.push_back(mine.reserved_bytes);
   const size_t n = v.size();
-  ASSIGN_OR_RETURN(std::vector<int64_t> all, AllGatherInts(group, v));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<int64_t> all, AllGatherInts(group, v));
   std::vector<MemoryStats> stats(group->size());
   for (int r = 0; r < group->size(); ++r) {
     const int64_t* p = all.data() + r * n;
@@ -97,9 +97,10 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
 absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch) {
   const Shape shape{batch.batch_size, batch.seq_len};
   recipe::MicroBatch out;
-  ASSIGN_OR_RETURN(out.ids, Tensor::Empty(shape, DType::kI32, Device::Cpu()));
-  ASSIGN_OR_RETURN(out.targets,
-                   Tensor::Empty(shape, DType::kI32, Device::Cpu()));
+  FSDPP_ASSIGN_OR_RETURN(out.ids,
+                         Tensor::Empty(shape, DType::kI32, Device::Cpu()));
+  FSDPP_ASSIGN_OR_RETURN(out.targets,
+                         Tensor::Empty(shape, DType::kI32, Device::Cpu()));
   std::copy(batch.inputs.begin(), batch.inputs.end(), out.ids.data<int32_t>());
   std::copy(batch.targets.begin(), batch.targets.end(),
             out.targets.data<int32_t>());
@@ -176,18 +177,18 @@ Trainer::~Trainer() = default;
 
 absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, const TrainerEnv& env) {
-  ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
-                   ResolveTrainConfig(config, env.world_size));
+  FSDPP_ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
+                         ResolveTrainConfig(config, env.world_size));
   std::unique_ptr<Trainer> trainer(new Trainer(config, env, std::move(rc)));
-  RETURN_IF_ERROR(trainer->CheckMemoryPlan());
-  RETURN_IF_ERROR(trainer->BuildMesh());
-  RETURN_IF_ERROR(trainer->BuildData());
-  RETURN_IF_ERROR(trainer->BuildModel());
+  FSDPP_RETURN_IF_ERROR(trainer->CheckMemoryPlan());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildMesh());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildData());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildModel());
   trainer->ReportMemory("model built (masters and gradients allocated)");
-  RETURN_IF_ERROR(trainer->BuildOptimizer());
-  RETURN_IF_ERROR(trainer->BuildCheckpointState());
-  RETURN_IF_ERROR(trainer->BuildCheckpointWriter());
-  RETURN_IF_ERROR(trainer->BuildMetrics());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildOptimizer());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildCheckpointState());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildCheckpointWriter());
+  FSDPP_RETURN_IF_ERROR(trainer->BuildMetrics());
   trainer->run_start_ = absl::Now();
   trainer->ReportMemory("set up (sharded state allocated)");
   return trainer;
@@ -204,18 +205,18 @@ absl::Status Trainer::CheckMemoryPlan() {
     int n = 0;
     if (absl::SimpleAtoi(local, &n) && n > 0) ranks_per_node = n;
   }
-  ASSIGN_OR_RETURN(plan::DeviceSpec device,
-                   plan::DeviceByName("cpu", ranks_per_node,
-                                      /*calibrate=*/false));
+  FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
+                         plan::DeviceByName("cpu", ranks_per_node,
+                                            /*calibrate=*/false));
   const TrainingConfig& tc = config_.training();
   if (tc.max_memory_gib() > 0) {
     device.memory_bytes =
         static_cast<int64_t>(tc.max_memory_gib() * 1024.0 * 1024.0 * 1024.0);
   }
   const absl::Time t0 = absl::Now();
-  ASSIGN_OR_RETURN(plan::Plan p,
-                   Context(plan::MakePlan(rc_.model, rc_.layout, device),
-                           "trainer: planning the run's memory"));
+  FSDPP_ASSIGN_OR_RETURN(plan::Plan p,
+                         Context(plan::MakePlan(rc_.model, rc_.layout, device),
+                                 "trainer: planning the run's memory"));
   plan_peak_bytes_ = p.run.peak_bytes;
   plan_summary_ =
       absl::StrFormat("the plan: peak %s in %s + %s overhead = %s, against %s",
@@ -240,8 +241,8 @@ absl::Status Trainer::CheckMemoryPlan() {
                     "(training.skip_memory_check)");
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(std::vector<plan::Candidate> alternatives,
-                   plan::SearchStrategies(rc_.model, rc_.layout, device));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<plan::Candidate> alternatives,
+                         plan::SearchStrategies(rc_.model, rc_.layout, device));
   return absl::ResourceExhaustedError(absl::StrCat(
       "trainer: ", config_.model().name(), " on ", env_.world_size,
       " rank(s): ", plan::ExplainDoesNotFit(p, alternatives),
@@ -265,12 +266,12 @@ void Trainer::ReportMemory(const std::string& when) const {
 
 // The layout's mesh ([pp,] [replicate,] shard [, tp]); the trace recorder.
 absl::Status Trainer::BuildMesh() {
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       mesh_,
       Context(DeviceMesh::Create(rc_.layout.MeshAxes(), env_.rank,
                                  env_.world_size, env_.group_factory, "train"),
               "trainer: creating the device mesh"));
-  ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
   trace_ = std::make_unique<TraceRecorder>(env_.rank,
                                            absl::StrCat("rank ", env_.rank));
   trace_scope_.emplace(trace_.get());
@@ -280,7 +281,7 @@ absl::Status Trainer::BuildMesh() {
 // Data: the dataset, the unigram baseline, the loaders.
 absl::Status Trainer::BuildData() {
   const TrainingConfig& tc = config_.training();
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       data_, Context(LoadDataset(config_.data()), "trainer: loading the data"));
   result_.unigram_loss = UnigramLoss(
       *data_.tokens, data_.train.begin,
@@ -291,22 +292,23 @@ absl::Status Trainer::BuildData() {
   // The data-parallel rank: this rank's place on the replicate and shard
   // axes (the tp ranks and the pipeline stages of one data-parallel rank
   // read the same batches).
-  ASSIGN_OR_RETURN(DeviceMesh * data_mesh,
-                   mesh_->SubMesh(rc_.layout.DataAxes()));
+  FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data_mesh,
+                         mesh_->SubMesh(rc_.layout.DataAxes()));
   train_options.dp_rank = data_mesh->rank();
   train_options.dp_world = data_mesh->size();
   train_options.seed = tc.seed();
   train_options.shuffle = config_.data().shuffle();
-  ASSIGN_OR_RETURN(loader_,
-                   Context(MakeLoader(data_, data_.train, train_options),
-                           "trainer: the training split"));
+  FSDPP_ASSIGN_OR_RETURN(loader_,
+                         Context(MakeLoader(data_, data_.train, train_options),
+                                 "trainer: the training split"));
   const ValidationConfig& vc = config_.validation();
   if (vc.interval() > 0 && data_.validation.size() > 0) {
     LoaderOptions validation_options = train_options;
     validation_options.shuffle = false;
-    ASSIGN_OR_RETURN(val_loader_, Context(MakeLoader(data_, data_.validation,
-                                                     validation_options),
-                                          "trainer: the validation split"));
+    FSDPP_ASSIGN_OR_RETURN(
+        val_loader_,
+        Context(MakeLoader(data_, data_.validation, validation_options),
+                "trainer: the validation split"));
   }
   return absl::OkStatus();
 }
@@ -322,10 +324,10 @@ absl::Status Trainer::BuildModel() {
   options.adamw.beta2 = tc.adam_beta2();
   options.adamw.eps = tc.adam_eps();
   options.adamw.weight_decay = tc.weight_decay();
-  ASSIGN_OR_RETURN(training_,
-                   Context(recipe::Training::Build(rc_.model, rc_.layout,
-                                                   mesh_.get(), options),
-                           "trainer: building the model"));
+  FSDPP_ASSIGN_OR_RETURN(training_,
+                         Context(recipe::Training::Build(rc_.model, rc_.layout,
+                                                         mesh_.get(), options),
+                                 "trainer: building the model"));
   result_.pipeline_bubble_schedule = training_->schedule_bubble();
   return InitFromHf();
 }
@@ -333,14 +335,14 @@ absl::Status Trainer::BuildModel() {
 absl::Status Trainer::InitFromHf() {
   if (!config_.model().has_init_from()) return absl::OkStatus();
   const std::string path = config_.model().init_from().substr(3);
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<models::HfDirectory> dir,
       Context(models::HfDirectory::Open(path), "trainer: model.init_from"));
   models::HfShardedImportStats total;
   for (models::Transformer* model : training_->models()) {
-    ASSIGN_OR_RETURN(models::HfShardedImportStats stats,
-                     Context(models::ImportHfSharded(*dir, model),
-                             "trainer: model.init_from"));
+    FSDPP_ASSIGN_OR_RETURN(models::HfShardedImportStats stats,
+                           Context(models::ImportHfSharded(*dir, model),
+                                   "trainer: model.init_from"));
     total.tensors += stats.tensors;
     total.bytes_read += stats.bytes_read;
     total.largest_buffer_bytes =
@@ -363,7 +365,8 @@ absl::Status Trainer::BuildOptimizer() {
     LossScalerOptions scaler_options;
     scaler_options.init_scale = tc.initial_loss_scale();
     scaler_options.growth_interval = tc.loss_scale_growth_interval();
-    ASSIGN_OR_RETURN(LossScaler created, LossScaler::Create(scaler_options));
+    FSDPP_ASSIGN_OR_RETURN(LossScaler created,
+                           LossScaler::Create(scaler_options));
     scaler_.emplace(created);
   }
   LrScheduleOptions schedule_options;
@@ -371,8 +374,9 @@ absl::Status Trainer::BuildOptimizer() {
   schedule_options.warmup_steps = tc.warmup_steps();
   schedule_options.total_steps = tc.steps();
   schedule_options.min_lr_ratio = tc.min_lr_ratio();
-  ASSIGN_OR_RETURN(schedule_options.decay, ParseDecay(tc.schedule()));
-  ASSIGN_OR_RETURN(LrSchedule schedule, LrSchedule::Create(schedule_options));
+  FSDPP_ASSIGN_OR_RETURN(schedule_options.decay, ParseDecay(tc.schedule()));
+  FSDPP_ASSIGN_OR_RETURN(LrSchedule schedule,
+                         LrSchedule::Create(schedule_options));
   schedule_.emplace(std::move(schedule));
   return absl::OkStatus();
 }
@@ -381,20 +385,22 @@ absl::Status Trainer::BuildOptimizer() {
 // write in place; then the resume from the latest checkpoint.
 absl::Status Trainer::BuildCheckpointState() {
   for (fsdp::ShardedParameter* sp : training_->params()) {
-    RETURN_IF_ERROR(state_.AddDTensor("model/" + sp->name, sp->master));
+    FSDPP_RETURN_IF_ERROR(state_.AddDTensor("model/" + sp->name, sp->master));
   }
-  ASSIGN_OR_RETURN(OptimizerStateDict osd, training_->optimizer().StateDict());
+  FSDPP_ASSIGN_OR_RETURN(OptimizerStateDict osd,
+                         training_->optimizer().StateDict());
   for (auto& [name, t] : osd.tensors) {
-    RETURN_IF_ERROR(state_.AddDTensor("optim/" + name, t));
+    FSDPP_RETURN_IF_ERROR(state_.AddDTensor("optim/" + name, t));
   }
-  RETURN_IF_ERROR(state_.AddBytes("train/step", "0"));
-  RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
-  RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));
-  RETURN_IF_ERROR(state_.AddBytes("train/config", FormatTrainConfig(config_)));
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/step", "0"));
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));
+  FSDPP_RETURN_IF_ERROR(
+      state_.AddBytes("train/config", FormatTrainConfig(config_)));
   // The resolved model config, for tools that rebuild the model from the
   // checkpoint alone (tools/ckpt export --format=hf).
-  RETURN_IF_ERROR(state_.AddBytes(models::kModelConfigKey,
-                                  models::ModelConfigJson(rc_.model)));
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes(models::kModelConfigKey,
+                                        models::ModelConfigJson(rc_.model)));
   const CheckpointConfig& cc = config_.checkpoint();
   if (cc.resume() && !cc.folder().empty()) {
     absl::StatusOr<std::vector<CheckpointDir>> dirs =
@@ -429,7 +435,7 @@ absl::Status Trainer::BuildCheckpointState() {
           absl::StrCat("resume: no committed checkpoint in ", cc.folder(),
                        "; starting from step 0"));
     } else {
-      RETURN_IF_ERROR(Resume(latest));
+      FSDPP_RETURN_IF_ERROR(Resume(latest));
     }
   }
   result_.end_step = result_.start_step;
@@ -444,27 +450,29 @@ absl::Status Trainer::Resume(const std::string& latest) {
   load_options.strict = false;
   // Checkpoints written before the key existed resume too.
   load_options.optional_prefixes = {models::kModelConfigKey};
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       LoadResult loaded,
       Context(Load(&state_, latest, load_options), "trainer: resuming"));
-  RETURN_IF_ERROR(CheckLoadedKeys(loaded));
-  ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
+  FSDPP_RETURN_IF_ERROR(CheckLoadedKeys(loaded));
+  FSDPP_ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
   int64_t done = 0;
   if (!absl::SimpleAtoi(steps_text, &done) || done < 0) {
     return absl::DataLossError(
         absl::StrCat("trainer: ", latest,
                      ": train/step is not a step count: \"", steps_text, "\""));
   }
-  ASSIGN_OR_RETURN(std::string ls, state_.bytes("train/loader"));
+  FSDPP_ASSIGN_OR_RETURN(std::string ls, state_.bytes("train/loader"));
   LoaderState loader_state;
   if (!loader_state.ParseFromString(ls)) {
     return absl::DataLossError(
         absl::StrCat("trainer: ", latest, ": train/loader does not parse"));
   }
-  RETURN_IF_ERROR(Annotate(loader_->Restore(loader_state),
-                           absl::StrCat("trainer: resuming from ", latest)));
-  RETURN_IF_ERROR(training_->optimizer().SetStep(done));
-  ASSIGN_OR_RETURN(std::string scaler_text, state_.bytes("train/loss_scaler"));
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(loader_->Restore(loader_state),
+               absl::StrCat("trainer: resuming from ", latest)));
+  FSDPP_RETURN_IF_ERROR(training_->optimizer().SetStep(done));
+  FSDPP_ASSIGN_OR_RETURN(std::string scaler_text,
+                         state_.bytes("train/loss_scaler"));
   if (scaler_.has_value() && !scaler_text.empty()) {
     std::vector<std::string> parts = absl::StrSplit(scaler_text, ' ');
     float scale = 0;
@@ -475,7 +483,7 @@ absl::Status Trainer::Resume(const std::string& latest) {
           absl::StrCat("trainer: ", latest, ": train/loss_scaler \"",
                        scaler_text, "\" is not \"<scale> <tracker>\""));
     }
-    RETURN_IF_ERROR(scaler_->Restore(scale, tracker));
+    FSDPP_RETURN_IF_ERROR(scaler_->Restore(scale, tracker));
   }
   result_.start_step = done;
   result_.resumed_from = latest;
@@ -495,8 +503,8 @@ absl::Status Trainer::CheckLoadedKeys(const LoadResult& loaded) const {
                      ": the checkpoint lacks keys of this rank's state: ",
                      absl::StrJoin(missing, ", ")));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
-                   models::Transformer::Create(rc_.model));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
+                         models::Transformer::Create(rc_.model));
   std::set<std::string> model_keys;
   for (const auto& [name, p] : meta->NamedParameters()) {
     model_keys.insert("model/" + name);
@@ -529,8 +537,8 @@ absl::Status Trainer::BuildCheckpointWriter() {
           "trainer: checkpoint.async needs the rendezvous store");
     }
     save_options_.store = env_.store;
-    ASSIGN_OR_RETURN(async_saver_,
-                     AsyncSaver::Create(cc.folder(), save_options_));
+    FSDPP_ASSIGN_OR_RETURN(async_saver_,
+                           AsyncSaver::Create(cc.folder(), save_options_));
   }
   return absl::OkStatus();
 }
@@ -539,20 +547,20 @@ absl::Status Trainer::BuildCheckpointWriter() {
 absl::Status Trainer::BuildMetrics() {
   const MetricsConfig& mc = config_.metrics();
   if (env_.rank == 0 && !mc.jsonl_path().empty()) {
-    ASSIGN_OR_RETURN(jsonl_, JsonlWriter::Open(mc.jsonl_path()));
+    FSDPP_ASSIGN_OR_RETURN(jsonl_, JsonlWriter::Open(mc.jsonl_path()));
   }
   flops_per_token_ = models::FlopsPerToken(rc_.model, rc_.layout.seq_len);
   peak_ = mc.peak_tflops() * 1e12;
   std::string peak_source = "metrics.peak_tflops";
   if (peak_ <= 0) {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         peak_,
         plan::MeasureMatmulFlops(
             rc_.layout.param_dtype == DType::kBF16 ? DType::kBF16 : DType::kF32,
             kPeakMatmulN, kPeakBudget));
     // The slowest rank's number: all ranks share the machine.
     std::vector<double> p = {-peak_};
-    RETURN_IF_ERROR(AllReduceValues(world_, &p, ReduceOp::kMax));
+    FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &p, ReduceOp::kMax));
     peak_ = -p[0];
     peak_source = absl::StrFormat(
         "measured: %d^3 %s matmul, all ranks at once", kPeakMatmulN,
@@ -599,7 +607,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
                                  result_.resumed_from, result_.start_step));
   }
   if (jsonl_ != nullptr) {
-    RETURN_IF_ERROR(jsonl_->Write(absl::StrCat(
+    FSDPP_RETURN_IF_ERROR(jsonl_->Write(absl::StrCat(
         "{\"kind\":\"run\",\"model\":", JsonQuote(config_.model().name()),
         ",\"world_size\":", env_.world_size, ",\"params\":", num_params,
         ",\"tokens_per_step\":", rc_.tokens_per_step, ",\"steps\":", tc.steps(),
@@ -608,7 +616,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
         ",\"peak_tflops_per_rank\":", JsonNumber(result_.peak_tflops_per_rank),
         ",\"flops_per_token\":", JsonNumber(flops_per_token_), "}")));
   }
-  ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
   print_->Line(FormatMemoryTable(mem,
                                  "Memory per rank at start (sharded state "
                                  "allocated, before the first step):"));
@@ -624,18 +632,18 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     const int64_t next = result_.end_step + 1;
     if (env_.stop_after_steps > 0 &&
         next > result_.start_step + env_.stop_after_steps) {
-      if (async_saver_ != nullptr) RETURN_IF_ERROR(async_saver_->Wait());
+      if (async_saver_ != nullptr) FSDPP_RETURN_IF_ERROR(async_saver_->Wait());
       print_->Line(absl::StrFormat("stopping after step %d (stop_after_steps)",
                                    next - 1));
       return result_;
     }
-    RETURN_IF_ERROR(TrainStep());
-    RETURN_IF_ERROR(LogStep());
-    if (ValidationDue()) RETURN_IF_ERROR(Validate());
-    RETURN_IF_ERROR(MaybeSave());
-    RETURN_IF_ERROR(MaybeWriteTrace());
+    FSDPP_RETURN_IF_ERROR(TrainStep());
+    FSDPP_RETURN_IF_ERROR(LogStep());
+    if (ValidationDue()) FSDPP_RETURN_IF_ERROR(Validate());
+    FSDPP_RETURN_IF_ERROR(MaybeSave());
+    FSDPP_RETURN_IF_ERROR(MaybeWriteTrace());
   }
-  RETURN_IF_ERROR(Summarize());
+  FSDPP_RETURN_IF_ERROR(Summarize());
   return result_;
 }
 
@@ -657,13 +665,13 @@ absl::Status Trainer::TrainStep() {
   StepLog log;
   log.step = step;
   if (scaler_.has_value()) log.loss_scale = scaler_->scale();
-  RETURN_IF_ERROR(CheckPendingSave(step));
+  FSDPP_RETURN_IF_ERROR(CheckPendingSave(step));
   {
     TraceSpan step_span("step", "step");
-    ASSIGN_OR_RETURN(last_step_,
-                     Context(training_->ForwardBackward(
-                                 LoaderBatches(loader_.get()), log.loss_scale),
-                             absl::StrCat("step ", step)));
+    FSDPP_ASSIGN_OR_RETURN(
+        last_step_, Context(training_->ForwardBackward(
+                                LoaderBatches(loader_.get()), log.loss_scale),
+                            absl::StrCat("step ", step)));
     log.loss = last_step_.loss;
     if (!std::isfinite(log.loss)) {
       return absl::InternalError(absl::StrFormat(
@@ -676,7 +684,7 @@ absl::Status Trainer::TrainStep() {
               : absl::StrCat("; the latest checkpoint is ",
                              result_.last_checkpoint)));
     }
-    RETURN_IF_ERROR(OptimizerStep(&log));
+    FSDPP_RETURN_IF_ERROR(OptimizerStep(&log));
   }
   log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
   ReportMemory(absl::StrCat("after step ", step));
@@ -704,7 +712,7 @@ absl::Status Trainer::CheckPendingSave(int64_t step) {
   absl::Status failed =
       done ? pending_save_->Wait().status() : absl::OkStatus();
   std::vector<double> v = {failed.ok() ? 0.0 : 1.0, done ? 0.0 : 1.0};
-  RETURN_IF_ERROR(AllReduceValues(world_, &v, ReduceOp::kMax));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &v, ReduceOp::kMax));
   if (v[0] > 0) {
     const int64_t saved = pending_save_->step();
     pending_save_.reset();
@@ -727,8 +735,8 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   options.lr = schedule_->LrAt(training_->optimizer().step());
   options.grad_clip = config_.training().grad_clip();
   options.scaler = scaler_.has_value() ? &*scaler_ : nullptr;
-  ASSIGN_OR_RETURN(const recipe::OptimizerStepResult result,
-                   training_->OptimizerStep(options));
+  FSDPP_ASSIGN_OR_RETURN(const recipe::OptimizerStepResult result,
+                         training_->OptimizerStep(options));
   log->grad_norm = result.grad_norm;
   log->skipped = result.skipped;
   if (result.skipped) {
@@ -815,10 +823,11 @@ absl::Status Trainer::Validate() {
   // training's are: the same sequences (the first batches x global_batch
   // windows of the split), so the same loss, at every layout.
   const int64_t micro_batches = vc.batches() * rc_.layout.grad_accumulation;
-  ASSIGN_OR_RETURN(const double loss,
-                   Context(training_->Evaluate(
-                               micro_batches, LoaderBatches(val_loader_.get())),
-                           absl::StrCat("step ", step, " validation")));
+  FSDPP_ASSIGN_OR_RETURN(
+      const double loss,
+      Context(
+          training_->Evaluate(micro_batches, LoaderBatches(val_loader_.get())),
+          absl::StrCat("step ", step, " validation")));
   result_.validation.emplace_back(step, loss);
   print_->Line(absl::StrFormat(
       "validation: step %d loss %.4f (%d sequences: %d global batch(es))", step,
@@ -842,17 +851,17 @@ absl::Status Trainer::Save() {
   const CheckpointConfig& cc = config_.checkpoint();
   const int64_t step = result_.end_step;
   TraceSpan span("checkpoint", "checkpoint");
-  RETURN_IF_ERROR(state_.SetBytes("train/step", absl::StrCat(step)));
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(state_.SetBytes("train/step", absl::StrCat(step)));
+  FSDPP_RETURN_IF_ERROR(
       state_.SetBytes("train/loader", loader_->state().SerializeAsString()));
-  RETURN_IF_ERROR(state_.SetBytes(
+  FSDPP_RETURN_IF_ERROR(state_.SetBytes(
       "train/loss_scaler", scaler_.has_value()
                                ? absl::StrFormat("%.9g %d", scaler_->scale(),
                                                  scaler_->growth_tracker())
                                : ""));
   if (async_saver_ != nullptr) {
-    ASSIGN_OR_RETURN(std::shared_ptr<PendingSave> pending,
-                     async_saver_->Save(state_, step));
+    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<PendingSave> pending,
+                           async_saver_->Save(state_, step));
     pending_save_ = pending;
     result_.last_checkpoint =
         absl::StrCat(cc.folder(), "/", CheckpointDirName(step));
@@ -863,8 +872,8 @@ absl::Status Trainer::Save() {
         absl::ToDoubleMilliseconds(pending->blocking_time())));
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(SaveResult saved,
-                   fsdpp::Save(state_, cc.folder(), step, save_options_));
+  FSDPP_ASSIGN_OR_RETURN(SaveResult saved,
+                         fsdpp::Save(state_, cc.folder(), step, save_options_));
   result_.last_checkpoint = saved.path;
   print_->Line(absl::StrFormat(
       "checkpoint: step %d saved to %s (%.1f MiB in %.2f s)", step, saved.path,
@@ -883,11 +892,12 @@ absl::Status Trainer::MaybeWriteTrace() {
     return absl::OkStatus();
   }
   trace_->SetRecording(false);
-  ASSIGN_OR_RETURN(std::vector<std::string> pieces,
-                   AllGatherStrings(world_, trace_->EventsJson()));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<std::string> pieces,
+                         AllGatherStrings(world_, trace_->EventsJson()));
   trace_->ClearEvents();
   if (env_.rank == 0) {
-    RETURN_IF_ERROR(WriteTraceFile(mc.trace_path(), ChromeTraceJson(pieces)));
+    FSDPP_RETURN_IF_ERROR(
+        WriteTraceFile(mc.trace_path(), ChromeTraceJson(pieces)));
     print_->Line(absl::StrFormat(
         "trace: steps %d-%d of every rank written to %s (open in "
         "https://ui.perfetto.dev)",
@@ -900,12 +910,12 @@ absl::Status Trainer::Summarize() {
   const TrainingConfig& tc = config_.training();
   trace_->SetRecording(false);
   if (async_saver_ != nullptr) {
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Annotate(async_saver_->Wait(), "trainer: the last checkpoint"));
   }
   // Old checkpoints dropped by keep_latest_k are deleted in the background;
   // finish before the process may exit.
-  RETURN_IF_ERROR(WaitForCheckpointCleanup());
+  FSDPP_RETURN_IF_ERROR(WaitForCheckpointCleanup());
 
   result_.tokens_per_s = meter_.tokens_per_s();
   result_.tokens_per_s_per_rank = result_.tokens_per_s / env_.world_size;
@@ -915,21 +925,21 @@ absl::Status Trainer::Summarize() {
   result_.exposed_comm_s_per_step =
       comm_steps_ > 0 ? comm_wait_us_ / 1e6 / comm_steps_ : 0;
   result_.memory = GetAllocator(Device::Cpu())->Stats();
-  ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
   std::vector<double> comm = {result_.exposed_comm_s_per_step};
-  RETURN_IF_ERROR(AllReduceValues(world_, &comm, ReduceOp::kMax));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &comm, ReduceOp::kMax));
   // The step's own report (the pipeline's waits, every rank's).
   const double busy = step_totals_.compute_seconds + step_totals_.wait_seconds;
   result_.pipeline_bubble = busy > 0 ? step_totals_.wait_seconds / busy : 0;
   result_.pipeline_peak_held_bytes = step_totals_.peak_held_bytes;
-  ASSIGN_OR_RETURN(const std::string table,
-                   training_->ReportTable(step_totals_));
+  FSDPP_ASSIGN_OR_RETURN(const std::string table,
+                         training_->ReportTable(step_totals_));
   if (result_.steps.empty()) {
     print_->Line(absl::StrFormat("nothing to do: %d of %d steps already done",
                                  result_.start_step, tc.steps()));
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(PrintResults(mem, comm[0]));
+  FSDPP_RETURN_IF_ERROR(PrintResults(mem, comm[0]));
   if (!table.empty()) print_->Line(table);
   return absl::OkStatus();
 }

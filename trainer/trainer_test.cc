@@ -78,8 +78,8 @@ std::string TestDir(const std::string& name) {
 // Trains this rank's share of `config` the way the binary does.
 absl::StatusOr<TrainResult> CreateAndRun(const TrainConfig& config,
                                          const TrainerEnv& env) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                   Trainer::Create(config, env));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                         Trainer::Create(config, env));
   return trainer->Run();
 }
 
@@ -492,8 +492,8 @@ TEST(TrainerTest, FailedAsyncSaveStopsTheRunOnEveryRank) {
   std::vector<int64_t> stopped_at(2, -1);
   auto results =
       OnRanks(2, 0, [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
-        ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                         Trainer::Create(config, env));
+        FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                               Trainer::Create(config, env));
         while (!trainer->done()) {
           absl::Status s = trainer->TrainStep();
           if (s.ok()) s = trainer->LogStep();
@@ -714,33 +714,34 @@ TEST(TrainerTest, StepByStepMatchesRunBitwise) {
   ASSERT_TRUE(want[0].ok()) << want[0].status();
   auto got =
       OnRanks(2, 0, [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
-        ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
-                         Trainer::Create(SmallConfig(parts), env));
+        FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Trainer> trainer,
+                               Trainer::Create(SmallConfig(parts), env));
         EXPECT_EQ(trainer->step(), 0);
         EXPECT_EQ(trainer->LogStep().code(),
                   absl::StatusCode::kFailedPrecondition);
         EXPECT_FALSE(trainer->ValidationDue());
-        RETURN_IF_ERROR(trainer->MaybeSave());  // Nothing to save yet.
+        FSDPP_RETURN_IF_ERROR(trainer->MaybeSave());  // Nothing to save yet.
         EXPECT_TRUE(trainer->result().last_checkpoint.empty());
         for (int64_t step = 1; step <= 8; ++step) {
           EXPECT_FALSE(trainer->done());
-          RETURN_IF_ERROR(trainer->TrainStep());
+          FSDPP_RETURN_IF_ERROR(trainer->TrainStep());
           EXPECT_EQ(trainer->step(), step);
           EXPECT_EQ(trainer->result().steps.size(), static_cast<size_t>(step));
-          RETURN_IF_ERROR(trainer->LogStep());
+          FSDPP_RETURN_IF_ERROR(trainer->LogStep());
           EXPECT_EQ(trainer->ValidationDue(), step % 4 == 0) << step;
-          if (trainer->ValidationDue()) RETURN_IF_ERROR(trainer->Validate());
-          RETURN_IF_ERROR(trainer->MaybeSave());
+          if (trainer->ValidationDue())
+            FSDPP_RETURN_IF_ERROR(trainer->Validate());
+          FSDPP_RETURN_IF_ERROR(trainer->MaybeSave());
           EXPECT_EQ(
               trainer->result().last_checkpoint,
               step < 4 ? "" : absl::StrCat(parts, "/ckpt/step-", step / 4 * 4))
               << step;
-          RETURN_IF_ERROR(trainer->MaybeWriteTrace());
+          FSDPP_RETURN_IF_ERROR(trainer->MaybeWriteTrace());
         }
         EXPECT_TRUE(trainer->done());
         EXPECT_EQ(trainer->TrainStep().code(),
                   absl::StatusCode::kFailedPrecondition);
-        RETURN_IF_ERROR(trainer->Summarize());
+        FSDPP_RETURN_IF_ERROR(trainer->Summarize());
         return trainer->result();
       });
   for (auto& r : got) ASSERT_TRUE(r.ok()) << r.status();

@@ -296,7 +296,7 @@ absl::Status WriteSafetensors(
     const std::string& path,
     const std::vector<std::pair<std::string, Tensor>>& tensors,
     const std::map<std::string, std::string>& metadata) {
-  RETURN_IF_ERROR(CheckWriteInputs(path, tensors, metadata));
+  FSDPP_RETURN_IF_ERROR(CheckWriteInputs(path, tensors, metadata));
   const DataLayout layout = LayOutData(tensors);
   const std::string header = HeaderJson(tensors, metadata, layout);
 
@@ -307,9 +307,9 @@ absl::Status WriteSafetensors(
   }
 
   AtomicFileWriter writer(path);
-  RETURN_IF_ERROR(writer.Create());
-  RETURN_IF_ERROR(writer.Write(length, sizeof(length)));
-  RETURN_IF_ERROR(writer.Write(header.data(), header.size()));
+  FSDPP_RETURN_IF_ERROR(writer.Create());
+  FSDPP_RETURN_IF_ERROR(writer.Write(length, sizeof(length)));
+  FSDPP_RETURN_IF_ERROR(writer.Write(header.data(), header.size()));
   // Every device goes through CopyBytes into a bounded host buffer: one code
   // path, exact bytes.
   std::vector<char> staging(std::min(layout.largest, kStagingBytes));
@@ -325,7 +325,7 @@ absl::Status WriteSafetensors(
                         absl::StrCat("WriteSafetensors ", path, ": tensor ",
                                      Quote(tensors[i].first)));
       }
-      RETURN_IF_ERROR(writer.Write(staging.data(), n));
+      FSDPP_RETURN_IF_ERROR(writer.Write(staging.data(), n));
       done += n;
     }
   }
@@ -364,7 +364,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(
     file->data_ = static_cast<const char*>(mapping);
   }
   ::close(fd);  // The mapping keeps the file alive.
-  RETURN_IF_ERROR(file->Parse());
+  FSDPP_RETURN_IF_ERROR(file->Parse());
   return file;
 }
 
@@ -375,7 +375,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::FromBuffer(
   file->buffer_ = std::move(contents);
   file->data_ = file->buffer_.data();
   file->size_ = file->buffer_.size();
-  RETURN_IF_ERROR(file->Parse());
+  FSDPP_RETURN_IF_ERROR(file->Parse());
   return file;
 }
 
@@ -430,7 +430,7 @@ absl::Status SafetensorsFile::Parse() {
     if (name == kMetadataKey) {
       if (seen_metadata) return Error(kInvalid, "duplicate \"__metadata__\"");
       seen_metadata = true;
-      RETURN_IF_ERROR(ParseMetadata(entry));
+      FSDPP_RETURN_IF_ERROR(ParseMetadata(entry));
       continue;
     }
     if (name.empty()) return Error(kInvalid, "empty tensor name");
@@ -438,8 +438,8 @@ absl::Status SafetensorsFile::Parse() {
       return Error(kInvalid,
                    absl::StrCat("duplicate tensor name ", Quote(name)));
     }
-    ASSIGN_OR_RETURN(SafetensorsTensorInfo info,
-                     ParseTensorEntry(name, entry, data_bytes));
+    FSDPP_ASSIGN_OR_RETURN(SafetensorsTensorInfo info,
+                           ParseTensorEntry(name, entry, data_bytes));
     tensors_.emplace(name, std::move(info));
   }
   return CheckTiling(data_bytes);
@@ -515,8 +515,8 @@ absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::ParseTensorEntry(
   info.dtype = known->dtype;
   info.element_size = known->size;
 
-  RETURN_IF_ERROR(ParseShape(what, *shape, &info.shape));
-  RETURN_IF_ERROR(ParseDataOffsets(what, *offsets, data_bytes, &info));
+  FSDPP_RETURN_IF_ERROR(ParseShape(what, *shape, &info.shape));
+  FSDPP_RETURN_IF_ERROR(ParseDataOffsets(what, *offsets, data_bytes, &info));
   return info;
 }
 
@@ -666,13 +666,13 @@ absl::StatusOr<const SafetensorsTensorInfo*> SafetensorsFile::Find(
 
 absl::StatusOr<SafetensorsTensorInfo> SafetensorsFile::Info(
     const std::string& name) const {
-  ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
+  FSDPP_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
   return *info;
 }
 
 absl::StatusOr<absl::Span<const char>> SafetensorsFile::Bytes(
     const std::string& name) const {
-  ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
+  FSDPP_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
   return absl::Span<const char>(data_ + data_start_ + info->begin,
                                 info->end - info->begin);
 }
@@ -680,7 +680,7 @@ absl::StatusOr<absl::Span<const char>> SafetensorsFile::Bytes(
 absl::StatusOr<Tensor> SafetensorsFile::Load(const std::string& name,
                                              Device device,
                                              MemoryTag tag) const {
-  ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
+  FSDPP_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
   return Copy(name, *info, info->shape, 0, info->end - info->begin, device,
               tag);
 }
@@ -689,7 +689,7 @@ absl::StatusOr<Tensor> SafetensorsFile::LoadRows(const std::string& name,
                                                  int64_t row_begin,
                                                  int64_t row_end, Device device,
                                                  MemoryTag tag) const {
-  ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
+  FSDPP_ASSIGN_OR_RETURN(const SafetensorsTensorInfo* info, Find(name));
   const std::string call = absl::StrCat("LoadRows(", Quote(name), ", ",
                                         row_begin, ", ", row_end, "): ");
   if (info->shape.empty()) {
@@ -721,10 +721,10 @@ absl::StatusOr<Tensor> SafetensorsFile::Copy(const std::string& name,
                      ", which fsdpp has no DType for; read it with "
                      "Bytes()"));
   }
-  ASSIGN_OR_RETURN(Tensor tensor,
-                   Tensor::Empty(std::move(shape), *info.dtype, device, tag));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor tensor, Tensor::Empty(std::move(shape), *info.dtype, device, tag));
   if (device.is_meta()) return tensor;
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       Annotate(CopyBytes(tensor.raw_data(), device,
                          data_ + data_start_ + info.begin + offset,
                          Device::Cpu(), bytes),

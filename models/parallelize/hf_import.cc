@@ -39,8 +39,9 @@ absl::StatusOr<Layout> LayoutOf(const fsdp::ShardedParameter& sp) {
 
 absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
                                                      Transformer* model) {
-  RETURN_IF_ERROR(dir.CheckConfig(model->config()));
-  ASSIGN_OR_RETURN(std::vector<HfImportItem> items, PlanHfImport(dir, *model));
+  FSDPP_RETURN_IF_ERROR(dir.CheckConfig(model->config()));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<HfImportItem> items,
+                         PlanHfImport(dir, *model));
   std::map<std::string, const HfImportItem*> by_name;
   for (const HfImportItem& item : items) by_name[item.entry.ours] = &item;
   const std::vector<fsdp::ShardedParameter*> params =
@@ -56,7 +57,7 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
       return absl::InternalError(absl::StrCat(
           "HF import: no tensor planned for sharded parameter ", sp->name));
     }
-    ASSIGN_OR_RETURN(Layout layout, LayoutOf(*sp));
+    FSDPP_ASSIGN_OR_RETURN(Layout layout, LayoutOf(*sp));
     layouts.push_back(layout);
   }
 
@@ -73,7 +74,7 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
     // One box of the parameter at a time into `dst`, a [rows, ...] slice of
     // the local master.
     const auto read_into = [&](const Box& part, Tensor* dst) -> absl::Status {
-      ASSIGN_OR_RETURN(Tensor buffer, ReadHfBox(item, sp->shape, part));
+      FSDPP_ASSIGN_OR_RETURN(Tensor buffer, ReadHfBox(item, sp->shape, part));
       stats.bytes_read += buffer.nbytes();
       stats.largest_buffer_bytes =
           std::max<uint64_t>(stats.largest_buffer_bytes, buffer.nbytes());
@@ -86,8 +87,8 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
     if (layouts[i] == Layout::kDirect) {
       // The local tensor may hold padding rows past the box (FSDP's uneven
       // last shard): they stay as they are (zeros).
-      ASSIGN_OR_RETURN(Tensor dst, local->Narrow(0, box.shape[0]));
-      RETURN_IF_ERROR(annotate(read_into(box, &dst)));
+      FSDPP_ASSIGN_OR_RETURN(Tensor dst, local->Narrow(0, box.shape[0]));
+      FSDPP_RETURN_IF_ERROR(annotate(read_into(box, &dst)));
     } else {
       // [k, rows / k, ...]: one box of the parameter per block of dim 0. The
       // local tensor is [k', r', rest...] (r' may include FSDP's padding
@@ -97,15 +98,15 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
       const int64_t block_rows = sp->master.shape()[1];
       Shape merged(local_shape.begin() + 1, local_shape.end());
       merged[0] = local_shape[0] * local_shape[1];
-      ASSIGN_OR_RETURN(Tensor rows, local->Reshape(merged));
+      FSDPP_ASSIGN_OR_RETURN(Tensor rows, local->Reshape(merged));
       for (int64_t k = 0; k < box.shape[0]; ++k) {
         Box part;
         part.offset.assign(box.offset.begin() + 1, box.offset.end());
         part.shape.assign(box.shape.begin() + 1, box.shape.end());
         part.offset[0] += (box.offset[0] + k) * block_rows;
-        ASSIGN_OR_RETURN(Tensor dst,
-                         rows.Narrow(k * local_shape[1], box.shape[1]));
-        RETURN_IF_ERROR(annotate(read_into(part, &dst)));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dst,
+                               rows.Narrow(k * local_shape[1], box.shape[1]));
+        FSDPP_RETURN_IF_ERROR(annotate(read_into(part, &dst)));
       }
     }
     ++stats.tensors;

@@ -171,7 +171,7 @@ absl::Status ApplyTensorParallelPlan(Transformer* model, ModelFamily family,
   parallel::TensorParallelOptions tp_options;
   tp_options.tp_axis = options.tp_axis;
   tp_options.timeout = options.timeout;
-  RETURN_IF_ERROR(Annotate(
+  FSDPP_RETURN_IF_ERROR(Annotate(
       parallel::ParallelizeModule(model, mesh, *plan, tp_options), caller));
   if (options.loss_parallel) {
     model->set_loss(std::make_unique<parallel::LossParallel>(

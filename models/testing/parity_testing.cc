@@ -98,8 +98,8 @@ absl::StatusOr<float> ForwardBackward(const Batch& batch, int64_t row_begin,
                                       int64_t rows, int64_t seq,
                                       Transformer* model) {
   auto [ids, targets] = Slice(batch, row_begin, rows, seq);
-  ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
-  RETURN_IF_ERROR(model->Backward());
+  FSDPP_ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
+  FSDPP_RETURN_IF_ERROR(model->Backward());
   return loss;
 }
 
@@ -108,7 +108,7 @@ absl::Status AverageMicroBatches(const TrainingRun& run,
                                  const std::vector<DTensor*>& grads) {
   if (run.micro_batches == 1) return absl::OkStatus();
   for (DTensor* g : grads) {
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Scale(g->local(), 1.0f / run.micro_batches, g->mutable_local()));
   }
   return absl::OkStatus();
@@ -164,18 +164,18 @@ absl::StatusOr<double> EmulatedShardedNorm(const std::vector<DTensor*>& grads,
       const Tensor& t = g->local();
       if (t.shape().empty()) {
         if (r != 0) continue;  // a replicated scalar counts on rank 0
-        ASSIGN_OR_RETURN(Tensor slot,
-                         Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
-        RETURN_IF_ERROR(SumOfSquares(t, &slot));
+        FSDPP_ASSIGN_OR_RETURN(Tensor slot,
+                               Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
+        FSDPP_RETURN_IF_ERROR(SumOfSquares(t, &slot));
         rank_total += slot.data<float>()[0];
         continue;
       }
       const Range range = ChunkRange(t.dim(0), ranks, r);
       if (range.length == 0) continue;
-      ASSIGN_OR_RETURN(Tensor chunk, t.Narrow(range.begin, range.length));
-      ASSIGN_OR_RETURN(Tensor slot,
-                       Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
-      RETURN_IF_ERROR(SumOfSquares(chunk, &slot));
+      FSDPP_ASSIGN_OR_RETURN(Tensor chunk, t.Narrow(range.begin, range.length));
+      FSDPP_ASSIGN_OR_RETURN(Tensor slot,
+                             Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
+      FSDPP_RETURN_IF_ERROR(SumOfSquares(chunk, &slot));
       rank_total += slot.data<float>()[0];
     }
     total += static_cast<float>(rank_total);
@@ -203,11 +203,11 @@ absl::StatusOr<double> EmulatedRanksGradients(
   // Micro-batches [first, last] of every rank, accumulated, then reduced.
   auto reduce = [&](int first, int last) -> absl::Status {
     for (int r = 0; r < w; ++r) {
-      RETURN_IF_ERROR(ZeroGrad(grads));
+      FSDPP_RETURN_IF_ERROR(ZeroGrad(grads));
       for (int m = first; m <= last; ++m) {
-        ASSIGN_OR_RETURN(float l,
-                         ForwardBackward(batch, r * rows + m * micro_rows,
-                                         micro_rows, run.seq, model));
+        FSDPP_ASSIGN_OR_RETURN(float l,
+                               ForwardBackward(batch, r * rows + m * micro_rows,
+                                               micro_rows, run.seq, model));
         losses[r] += l / micro;
       }
       ranks[r] = CopyGradients(grads);
@@ -216,15 +216,15 @@ absl::StatusOr<double> EmulatedRanksGradients(
     return absl::OkStatus();
   };
   if (run.sync_every_micro_batch) {
-    for (int m = 0; m < micro; ++m) RETURN_IF_ERROR(reduce(m, m));
+    for (int m = 0; m < micro; ++m) FSDPP_RETURN_IF_ERROR(reduce(m, m));
   } else {
-    RETURN_IF_ERROR(reduce(0, micro - 1));
+    FSDPP_RETURN_IF_ERROR(reduce(0, micro - 1));
   }
   for (size_t i = 0; i < grads.size(); ++i) {
     std::copy(sum[i].begin(), sum[i].end(),
               grads[i]->mutable_local()->data<float>());
   }
-  RETURN_IF_ERROR(AverageMicroBatches(run, grads));
+  FSDPP_RETURN_IF_ERROR(AverageMicroBatches(run, grads));
   float mean = 0;
   for (double l : losses) mean += static_cast<float>(l);
   return mean / static_cast<float>(w);
@@ -274,10 +274,10 @@ absl::Status WrapWholeParameters(Transformer* model, DeviceMesh* mesh,
         "whole parameters (no FSDP, no tensor parallelism) need a mesh of one "
         "rank");
   }
-  RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
-  RETURN_IF_ERROR(model->InitWeights(seed));
+  FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(model->InitWeights(seed));
   for (auto& [name, p] : model->NamedParameters()) {
-    RETURN_IF_ERROR(p->EnsureGrad());
+    FSDPP_RETURN_IF_ERROR(p->EnsureGrad());
     // Shard(0) over one rank is the whole tensor, laid out like FSDP's
     // masters, so the optimizer code takes the same paths on both
     // (ClipGradNorm rounds the squared norm to f32 for its all-reduce on
@@ -285,10 +285,10 @@ absl::Status WrapWholeParameters(Transformer* model, DeviceMesh* mesh,
     const std::vector<Placement> placements(
         mesh->ndim(),
         p->shape.empty() ? Placement::Replicate() : Placement::Shard(0));
-    ASSIGN_OR_RETURN(DTensor param,
-                     DTensor::FromLocal(p->data, mesh, placements, p->shape));
-    ASSIGN_OR_RETURN(DTensor grad,
-                     DTensor::FromLocal(p->grad, mesh, placements, p->shape));
+    FSDPP_ASSIGN_OR_RETURN(
+        DTensor param, DTensor::FromLocal(p->data, mesh, placements, p->shape));
+    FSDPP_ASSIGN_OR_RETURN(
+        DTensor grad, DTensor::FromLocal(p->grad, mesh, placements, p->shape));
     storage->push_back(std::move(param));
     DTensor* param_ptr = &storage->back();
     storage->push_back(std::move(grad));
@@ -302,7 +302,7 @@ Setup ReferenceSetup() {
             uint64_t seed) -> absl::StatusOr<TrainableModel> {
     auto storage = std::make_shared<std::deque<DTensor>>();
     TrainableModel out;
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(
         Annotate(WrapWholeParameters(model, mesh, seed, storage.get(), &out),
                  "ReferenceSetup"));
     out.storage = storage;
@@ -315,8 +315,8 @@ Setup FsdpPlanSetup(FsdpPlan plan, fsdp::FsdpPlanOptions options) {
                          uint64_t seed) -> absl::StatusOr<TrainableModel> {
     fsdp::FsdpPlanOptions o = options;
     o.shard.mesh = mesh;
-    ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units, plan(model, o));
-    RETURN_IF_ERROR(fsdp::InitShardedWeights(model, seed));
+    FSDPP_ASSIGN_OR_RETURN(std::vector<fsdp::FsdpUnit*> units, plan(model, o));
+    FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(model, seed));
     TrainableModel out;
     for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
       out.params.push_back({sp->name, &sp->master, &sp->grad});
@@ -329,8 +329,8 @@ Setup FsdpPlanSetup(FsdpPlan plan, fsdp::FsdpPlanOptions options) {
 Setup ReplicateSetup(bool bucket_per_block) {
   return [bucket_per_block](Transformer* model, DeviceMesh* mesh,
                             uint64_t seed) -> absl::StatusOr<TrainableModel> {
-    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
-    RETURN_IF_ERROR(model->InitWeights(seed));
+    FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(model->InitWeights(seed));
     fsdp::ReplicateOptions options;
     options.mesh = mesh;
     options.broadcast_parameters = false;
@@ -339,8 +339,8 @@ Setup ReplicateSetup(bool bucket_per_block) {
         options.bucket_modules.push_back(block);
       }
     }
-    ASSIGN_OR_RETURN(fsdp::ReplicatedModule * replicated,
-                     fsdp::Replicate(model, options));
+    FSDPP_ASSIGN_OR_RETURN(fsdp::ReplicatedModule * replicated,
+                           fsdp::Replicate(model, options));
     TrainableModel out;
     for (fsdp::ReplicatedParameter& rp : replicated->parameters()) {
       out.params.push_back({rp.name, &rp.param, &rp.grad});
@@ -353,11 +353,12 @@ Setup ReplicateSetup(bool bucket_per_block) {
 Setup TensorParallelSetup(TensorParallelPlanFn plan) {
   return [plan](Transformer* model, DeviceMesh* mesh,
                 uint64_t seed) -> absl::StatusOr<TrainableModel> {
-    RETURN_IF_ERROR(plan(model, mesh));
-    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
-    RETURN_IF_ERROR(model->InitWeights(seed));
-    ASSIGN_OR_RETURN(std::vector<parallel::TensorParallelParameter> params,
-                     parallel::TensorParallelParameters(model, mesh));
+    FSDPP_RETURN_IF_ERROR(plan(model, mesh));
+    FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(model->InitWeights(seed));
+    FSDPP_ASSIGN_OR_RETURN(
+        std::vector<parallel::TensorParallelParameter> params,
+        parallel::TensorParallelParameters(model, mesh));
     auto storage =
         std::make_shared<std::vector<parallel::TensorParallelParameter>>(
             std::move(params));
@@ -378,14 +379,14 @@ Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
   Setup fsdp = FsdpPlanSetup(std::move(plan), options);
   return [tp_plan, fsdp](Transformer* model, DeviceMesh* mesh,
                          uint64_t seed) -> absl::StatusOr<TrainableModel> {
-    RETURN_IF_ERROR(tp_plan(model, mesh));
-    ASSIGN_OR_RETURN(TrainableModel out, fsdp(model, mesh, seed));
+    FSDPP_RETURN_IF_ERROR(tp_plan(model, mesh));
+    FSDPP_ASSIGN_OR_RETURN(TrainableModel out, fsdp(model, mesh, seed));
     // The tp ranks of one data-parallel rank share its rows.
     std::vector<std::string> data_axes;
     for (const MeshAxis& a : mesh->axes()) {
       if (a.name != "tp") data_axes.push_back(a.name);
     }
-    ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
+    FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
     out.data_rank = data_mesh->rank();
     out.data_ranks = data_mesh->size();
     return out;
@@ -395,7 +396,7 @@ Setup FsdpTensorParallelSetup(TensorParallelPlanFn tp_plan, FsdpPlan plan,
 Setup PipelineSetup(PipelineLayout layout) {
   return [layout](Transformer* model, DeviceMesh* mesh,
                   uint64_t seed) -> absl::StatusOr<TrainableModel> {
-    ASSIGN_OR_RETURN(ProcessGroup * pp, mesh->Group("pp"));
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * pp, mesh->Group("pp"));
     std::vector<std::string> stage_axes, data_axes;
     for (const MeshAxis& a : mesh->axes()) {
       if (a.name == "pp") continue;
@@ -407,19 +408,19 @@ Setup PipelineSetup(PipelineLayout layout) {
           "PipelineSetup: the mesh needs a data-parallel axis besides pp (of "
           "size 1 for a pipeline alone)");
     }
-    ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh->SubMesh(stage_axes));
-    ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
+    FSDPP_ASSIGN_OR_RETURN(DeviceMesh * stage_mesh, mesh->SubMesh(stage_axes));
+    FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data_mesh, mesh->SubMesh(data_axes));
     // What the stages' parameters are handed over as (whole, or pieces).
     struct State {
       std::deque<DTensor> whole;
       std::vector<std::vector<parallel::TensorParallelParameter>> pieces;
     };
     auto state = std::make_shared<State>();
-    ASSIGN_OR_RETURN(parallel::PipelineSchedule schedule,
-                     parallel::MakePipelineSchedule(layout.schedule, pp->size(),
-                                                    layout.virtual_stages,
-                                                    layout.microbatches));
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(parallel::PipelineSchedule schedule,
+                           parallel::MakePipelineSchedule(
+                               layout.schedule, pp->size(),
+                               layout.virtual_stages, layout.microbatches));
+    FSDPP_ASSIGN_OR_RETURN(
         std::vector<models::PipelineStagePart> parts,
         models::BuildPipelineParts(model->config(), layout.model_options,
                                    schedule, pp->rank(), layout.cuts));
@@ -429,26 +430,27 @@ Setup PipelineSetup(PipelineLayout layout) {
       Transformer* m = part.model.get();
       recipe::PipelineStageTraining stage;
       const size_t first_param = out.params.size();
-      if (layout.tp_plan) RETURN_IF_ERROR(layout.tp_plan(m, stage_mesh));
+      if (layout.tp_plan) FSDPP_RETURN_IF_ERROR(layout.tp_plan(m, stage_mesh));
       if (layout.fsdp_plan) {
         fsdp::FsdpPlanOptions o = layout.fsdp_options;
         o.shard.mesh = stage_mesh;
         if (layout.tp_plan) o.shard.tp_axis = "tp";
-        ASSIGN_OR_RETURN(stage.units, layout.fsdp_plan(m, o));
-        RETURN_IF_ERROR(fsdp::InitShardedWeights(m, seed));
+        FSDPP_ASSIGN_OR_RETURN(stage.units, layout.fsdp_plan(m, o));
+        FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(m, seed));
         for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(m)) {
           out.params.push_back({sp->name, &sp->master, &sp->grad});
         }
       } else if (layout.tp_plan) {
-        RETURN_IF_ERROR(m->ToEmpty(Device::Cpu()));
-        RETURN_IF_ERROR(m->InitWeights(seed));
-        ASSIGN_OR_RETURN(state->pieces.emplace_back(),
-                         parallel::TensorParallelParameters(m, stage_mesh));
+        FSDPP_RETURN_IF_ERROR(m->ToEmpty(Device::Cpu()));
+        FSDPP_RETURN_IF_ERROR(m->InitWeights(seed));
+        FSDPP_ASSIGN_OR_RETURN(
+            state->pieces.emplace_back(),
+            parallel::TensorParallelParameters(m, stage_mesh));
         for (parallel::TensorParallelParameter& p : state->pieces.back()) {
           out.params.push_back({p.name, &p.param, &p.grad});
         }
       } else {
-        RETURN_IF_ERROR(Annotate(
+        FSDPP_RETURN_IF_ERROR(Annotate(
             WrapWholeParameters(m, stage_mesh, seed, &state->whole, &out),
             "PipelineSetup"));
       }
@@ -463,9 +465,9 @@ Setup PipelineSetup(PipelineLayout layout) {
         layout.tp_plan && layout.sequence_parallel ? *mesh->AxisSize("tp") : 1;
     options.hidden_dtype = layout.model_options.param_dtype;
     options.timeout = absl::Seconds(60);
-    ASSIGN_OR_RETURN(out.pipeline,
-                     recipe::PipelineStep::Create(pp, std::move(schedule),
-                                                  std::move(stages), options));
+    FSDPP_ASSIGN_OR_RETURN(
+        out.pipeline, recipe::PipelineStep::Create(pp, std::move(schedule),
+                                                   std::move(stages), options));
     out.data_rank = data_mesh->rank();
     out.data_ranks = data_mesh->size();
     out.storage = state;
@@ -557,7 +559,7 @@ TrainingResult Train(const TrainingRun& run, const std::vector<MeshAxis>& axes,
         DTensor* into = &tied_parts.back();
         computed.push_back(into);
         use->AddPostBackwardHook([tied, into](Module&) -> absl::Status {
-          RETURN_IF_ERROR(
+          FSDPP_RETURN_IF_ERROR(
               Add(into->local(), tied->grad, into->mutable_local()));
           return Zero(&tied->grad);
         });

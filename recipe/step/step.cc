@@ -57,9 +57,9 @@ void PlainStep::SetSync(bool last) {
 absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
     StepObserver* observer) {
-  RETURN_IF_ERROR(CheckCount(micro_batches));
+  FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   if (observer == nullptr) observer = Quiet();
-  RETURN_IF_ERROR(ZeroGrad(grads_));
+  FSDPP_RETURN_IF_ERROR(ZeroGrad(grads_));
   const int64_t run = observer->MicroBatchesToRun(micro_batches);
   const float backward_scale =
       1.0f / static_cast<float>(micro_batches) * static_cast<float>(loss_scale);
@@ -67,7 +67,7 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
   for (int64_t m = 0; m < run; ++m) {
     SetSync(m + 1 == run);
     observer->MicroBatchBegins(m, run);
-    ASSIGN_OR_RETURN(MicroBatch batch, Fetch(source, m));
+    FSDPP_ASSIGN_OR_RETURN(MicroBatch batch, Fetch(source, m));
     float loss = 0;
     {
       TraceSpan span("forward", "compute");
@@ -78,7 +78,8 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     observer->PhaseEnded(absl::StrCat("forward ", m + 1));
     {
       TraceSpan span("backward", "compute");
-      RETURN_IF_ERROR(Annotate(model_->Backward(backward_scale), "backward"));
+      FSDPP_RETURN_IF_ERROR(
+          Annotate(model_->Backward(backward_scale), "backward"));
     }
     observer->PhaseEnded(absl::StrCat("backward ", m + 1));
     observer->MicroBatchEnded(m, run);
@@ -89,11 +90,12 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
 
 absl::StatusOr<double> PlainStep::EvaluateSum(int64_t micro_batches,
                                               const MicroBatchSource& source) {
-  RETURN_IF_ERROR(CheckCount(micro_batches));
+  FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   double sum = 0;
   for (int64_t m = 0; m < micro_batches; ++m) {
-    ASSIGN_OR_RETURN(MicroBatch batch, source(m));
-    ASSIGN_OR_RETURN(float loss, model_->EvalLoss(batch.ids, batch.targets));
+    FSDPP_ASSIGN_OR_RETURN(MicroBatch batch, source(m));
+    FSDPP_ASSIGN_OR_RETURN(float loss,
+                           model_->EvalLoss(batch.ids, batch.targets));
     sum += loss;
   }
   return sum;
@@ -149,11 +151,11 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
                                   const MicroBatchSource& source,
                                   std::vector<Tensor>* ids,
                                   std::vector<Tensor>* targets) {
-  RETURN_IF_ERROR(CheckCount(micro_batches));
+  FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   {
     TraceSpan span("data", "data");
     for (int64_t m = 0; m < micro_batches; ++m) {
-      ASSIGN_OR_RETURN(MicroBatch batch, source(m));
+      FSDPP_ASSIGN_OR_RETURN(MicroBatch batch, source(m));
       ids->push_back(std::move(batch.ids));
       targets->push_back(std::move(batch.targets));
     }
@@ -181,9 +183,10 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
     for (fsdp::FsdpUnit* u : units_[stage]) u->SetRequiresGradientSync(true);
     return absl::OkStatus();
   };
-  ASSIGN_OR_RETURN(runner_, parallel::PipelineRunner::Create(
-                                pipeline_, schedule_, std::move(modules.stages),
-                                modules.loss, runner_options));
+  FSDPP_ASSIGN_OR_RETURN(
+      runner_, parallel::PipelineRunner::Create(pipeline_, schedule_,
+                                                std::move(modules.stages),
+                                                modules.loss, runner_options));
   hidden_ = hidden;
   return absl::OkStatus();
 }
@@ -197,14 +200,14 @@ absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
         "pipeline: ", micro_batches, " micro-batches for a schedule of ",
         schedule_.microbatches));
   }
-  RETURN_IF_ERROR(ZeroGrad(grads_));
+  FSDPP_RETURN_IF_ERROR(ZeroGrad(grads_));
   std::vector<Tensor> ids, targets;
-  RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
+  FSDPP_RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
   for (fsdp::FsdpUnit* u : all_units_) u->SetRequiresGradientSync(false);
   absl::StatusOr<parallel::PipelineStepStats> stats = runner_->Step(
       ids, targets, static_cast<float>(loss_scale / micro_batches));
   if (!stats.ok()) return Annotate(stats.status(), "pipeline");
-  RETURN_IF_ERROR(parallel::SumSharedGradients(
+  FSDPP_RETURN_IF_ERROR(parallel::SumSharedGradients(
       pipeline_, schedule_, tied_first_, tied_last_, options_.timeout));
   observer->PhaseEnded("pipeline");
   StepLoss out;
@@ -216,7 +219,7 @@ absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
   for (float l : stats->losses) {
     loss[0] += static_cast<double>(l) / micro_batches;
   }
-  RETURN_IF_ERROR(AllReduceValues(pipeline_, &loss, ReduceOp::kSum));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(pipeline_, &loss, ReduceOp::kSum));
   out.loss = loss[0];
   return out;
 }
@@ -224,13 +227,13 @@ absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
 absl::StatusOr<double> PipelineStep::EvaluateSum(
     int64_t micro_batches, const MicroBatchSource& source) {
   std::vector<Tensor> ids, targets;
-  RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
-  ASSIGN_OR_RETURN(
+  FSDPP_RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
+  FSDPP_ASSIGN_OR_RETURN(
       std::vector<float> losses,
       runner_->Evaluate(static_cast<int>(micro_batches), ids, targets));
   std::vector<double> sum = {0.0};
   for (float l : losses) sum[0] += l;
-  RETURN_IF_ERROR(AllReduceValues(pipeline_, &sum, ReduceOp::kSum));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(pipeline_, &sum, ReduceOp::kSum));
   return sum[0];
 }
 
@@ -241,8 +244,8 @@ absl::StatusOr<OptimizerStepResult> OptimizerStep(
   OptimizerStepResult out;
   if (options.scaler != nullptr) {
     TraceSpan span("unscale", "optimizer");
-    ASSIGN_OR_RETURN(bool finite, options.scaler->UnscaleAndCheck(
-                                      grads, kHostCollectiveTimeout));
+    FSDPP_ASSIGN_OR_RETURN(bool finite, options.scaler->UnscaleAndCheck(
+                                            grads, kHostCollectiveTimeout));
     options.scaler->Update(!finite);
     out.skipped = !finite;
   }
@@ -251,15 +254,15 @@ absl::StatusOr<OptimizerStepResult> OptimizerStep(
   } else {
     {
       TraceSpan span("clip", "optimizer");
-      ASSIGN_OR_RETURN(out.grad_norm, GradNorm(grads, step.norm_options(),
-                                               kHostCollectiveTimeout));
+      FSDPP_ASSIGN_OR_RETURN(out.grad_norm, GradNorm(grads, step.norm_options(),
+                                                     kHostCollectiveTimeout));
     }
     if (std::isfinite(out.grad_norm)) {
       TraceSpan span("optimizer", "optimizer");
-      RETURN_IF_ERROR(adamw.SetLr(options.lr));
+      FSDPP_RETURN_IF_ERROR(adamw.SetLr(options.lr));
       // Clipping is AdamW's grad_scale: the same update as scaling the
       // gradients first, without a pass of its own over them.
-      RETURN_IF_ERROR(
+      FSDPP_RETURN_IF_ERROR(
           adamw.Step(options.grad_clip > 0
                          ? ClipCoefficient(out.grad_norm, options.grad_clip)
                          : 1.0f));

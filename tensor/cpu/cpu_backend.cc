@@ -88,7 +88,7 @@ class CpuBackendImpl final : public Backend {
 #pragma omp parallel for schedule(static) if (n > kParallelElements)
       for (int64_t i = 0; i < n; ++i) p[i] = v;
     });
-    RETURN_IF_ERROR(dispatched);
+    FSDPP_RETURN_IF_ERROR(dispatched);
     return absl::OkStatus();
   }
 
@@ -151,7 +151,7 @@ class CpuBackendImpl final : public Backend {
   }
 
   absl::Status Reduce(ReduceKind kind, const Tensor& x, Tensor* out) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
     *out->data<float>() = static_cast<float>(ReduceLoop(
         x.dtype(), x.raw_data(), x.numel(), kind == ReduceKind::kSumOfSquares));
     return absl::OkStatus();
@@ -159,8 +159,8 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status SumRowsAccumulate(const Tensor& x, int64_t rows, int64_t cols,
                                  Tensor* out) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
-    RETURN_IF_ERROR(CheckFloat(out->dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(out->dtype()));
     rowwise::SumRowsAccumulate(x.dtype(), x.raw_data(), rows, cols,
                                out->dtype(), out->raw_data());
     return absl::OkStatus();
@@ -179,27 +179,27 @@ class CpuBackendImpl final : public Backend {
   // so computing in f32 and rounding c once gives the f16 result of an f32
   // accumulation, like cuBLASLt's f16 matmul with 32F compute.
   absl::Status MatmulViaF32(const MatmulArgs& m) {
-    ASSIGN_OR_RETURN(Tensor a,
-                     Tensor::Empty(m.a->shape(), DType::kF32, Device::Cpu()));
-    RETURN_IF_ERROR(Copy(*m.a, &a));
-    ASSIGN_OR_RETURN(Tensor b,
-                     Tensor::Empty(m.b->shape(), DType::kF32, Device::Cpu()));
-    RETURN_IF_ERROR(Copy(*m.b, &b));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor a, Tensor::Empty(m.a->shape(), DType::kF32, Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(Copy(*m.a, &a));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor b, Tensor::Empty(m.b->shape(), DType::kF32, Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(Copy(*m.b, &b));
     Tensor c = *m.c;
     Tensor bias;
     if (m.c->dtype() != DType::kF32) {
-      ASSIGN_OR_RETURN(c,
-                       Tensor::Empty(m.c->shape(), DType::kF32, Device::Cpu()));
-      if (m.beta != 0.0f) RETURN_IF_ERROR(Copy(*m.c, &c));
+      FSDPP_ASSIGN_OR_RETURN(
+          c, Tensor::Empty(m.c->shape(), DType::kF32, Device::Cpu()));
+      if (m.beta != 0.0f) FSDPP_RETURN_IF_ERROR(Copy(*m.c, &c));
       if (m.bias != nullptr) {
-        ASSIGN_OR_RETURN(
+        FSDPP_ASSIGN_OR_RETURN(
             bias, Tensor::Empty(m.bias->shape(), DType::kF32, Device::Cpu()));
-        RETURN_IF_ERROR(Copy(*m.bias, &bias));
+        FSDPP_RETURN_IF_ERROR(Copy(*m.bias, &bias));
       }
     } else if (m.bias != nullptr) {
       bias = *m.bias;
     }
-    RETURN_IF_ERROR(OneDnnMatmul(
+    FSDPP_RETURN_IF_ERROR(OneDnnMatmul(
         a.raw_data(), b.raw_data(), c.raw_data(), DType::kF32, DType::kF32,
         m.batch, m.m, m.n, m.k, m.transpose_a, m.transpose_b, m.broadcast_b,
         m.alpha, m.beta, bias.defined() ? bias.raw_data() : nullptr));
@@ -209,7 +209,7 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n, int64_t tq,
                        int64_t causal_offset, Tensor* y) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
     rowwise::SoftmaxForward(x.dtype(), x.raw_data(), rows, n, tq, causal_offset,
                             y->raw_data());
     return absl::OkStatus();
@@ -217,7 +217,7 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, int64_t rows,
                                int64_t n, Tensor* dx) override {
-    RETURN_IF_ERROR(CheckFloat(y.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(y.dtype()));
     rowwise::SoftmaxBackward(y.dtype(), y.raw_data(), dy.raw_data(), rows, n,
                              dx->raw_data());
     return absl::OkStatus();
@@ -275,7 +275,7 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
                     const float* inv_freq, bool inverse) override {
-    RETURN_IF_ERROR(CheckFloat(x->dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x->dtype()));
     rowwise::Rope(x->dtype(), x->raw_data(), rows, seq_len, head_dim, inv_freq,
                   inverse);
     return absl::OkStatus();
@@ -284,7 +284,7 @@ class CpuBackendImpl final : public Backend {
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                          const Tensor* bias, float eps, int64_t rows, int64_t c,
                          Tensor* out, Tensor* mean, Tensor* rstd) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
     rowwise::LayerNormForward(x.dtype(), x.raw_data(), weight.raw_data(),
                               bias != nullptr ? bias->raw_data() : nullptr, eps,
                               rows, c, out->raw_data(), mean->data<float>(),
@@ -297,7 +297,7 @@ class CpuBackendImpl final : public Backend {
                                  const Tensor& rstd, int64_t rows, int64_t c,
                                  Tensor* dx, Tensor* dweight,
                                  Tensor* dbias) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
     rowwise::LayerNormBackward(
         x.dtype(), dy.raw_data(), x.raw_data(), weight.raw_data(),
         mean.data<float>(), rstd.data<float>(), rows, c, dx->raw_data(),
@@ -308,7 +308,7 @@ class CpuBackendImpl final : public Backend {
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
                        int64_t rows, int64_t c, Tensor* out,
                        Tensor* rstd) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
     rowwise::RmsNormForward(x.dtype(), x.raw_data(), weight.raw_data(), eps,
                             rows, c, out->raw_data(), rstd->data<float>());
     return absl::OkStatus();
@@ -318,7 +318,7 @@ class CpuBackendImpl final : public Backend {
                                const Tensor& weight, const Tensor& rstd,
                                int64_t rows, int64_t c, Tensor* dx,
                                Tensor* dweight) override {
-    RETURN_IF_ERROR(CheckFloat(x.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(x.dtype()));
     rowwise::RmsNormBackward(x.dtype(), dy.raw_data(), x.raw_data(),
                              weight.raw_data(), rstd.data<float>(), rows, c,
                              dx->raw_data(), dweight->raw_data());
@@ -328,8 +328,8 @@ class CpuBackendImpl final : public Backend {
   absl::Status Embedding(const Tensor& ids, const Tensor& table, int64_t n,
                          int64_t v, int64_t c, int64_t row_offset,
                          int64_t vocab, Tensor* out) override {
-    ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
-                     CheckedIds(ids, n, vocab, false, 0, "Embedding"));
+    FSDPP_ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
+                           CheckedIds(ids, n, vocab, false, 0, "Embedding"));
     const size_t row_bytes = c * DTypeSize(table.dtype());
     const char* pt = static_cast<const char*>(table.raw_data());
     char* po = static_cast<char*>(out->raw_data());
@@ -349,9 +349,10 @@ class CpuBackendImpl final : public Backend {
                                  int64_t n, int64_t v, int64_t c,
                                  int64_t row_offset, int64_t vocab,
                                  Tensor* dtable) override {
-    ASSIGN_OR_RETURN(const std::vector<int64_t> rows,
-                     CheckedIds(ids, n, vocab, false, 0, "EmbeddingBackward"));
-    RETURN_IF_ERROR(CheckFloat(dout.dtype()));
+    FSDPP_ASSIGN_OR_RETURN(
+        const std::vector<int64_t> rows,
+        CheckedIds(ids, n, vocab, false, 0, "EmbeddingBackward"));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(dout.dtype()));
     const DType dt = dout.dtype();
     // Columns are independent: each thread takes a range of them and walks
     // the rows in order, adding each into its table row with the vector Add,
@@ -371,10 +372,10 @@ class CpuBackendImpl final : public Backend {
   absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                             int64_t n, int64_t v, int64_t ignore_index,
                             Tensor* losses) override {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         const std::vector<int64_t> ids,
         CheckedIds(targets, n, v, true, ignore_index, "CrossEntropy"));
-    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(logits.dtype()));
     rowwise::CrossEntropyForward(logits.dtype(), logits.raw_data(), ids.data(),
                                  n, v, ignore_index, losses->data<float>());
     return absl::OkStatus();
@@ -384,10 +385,10 @@ class CpuBackendImpl final : public Backend {
                                     const Tensor& dlosses, int64_t n, int64_t v,
                                     int64_t ignore_index,
                                     Tensor* dlogits) override {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         const std::vector<int64_t> ids,
         CheckedIds(targets, n, v, true, ignore_index, "CrossEntropyBackward"));
-    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(logits.dtype()));
     rowwise::CrossEntropyBackward(logits.dtype(), logits.raw_data(), ids.data(),
                                   dlosses.data<float>(), n, v, ignore_index,
                                   dlogits->raw_data());
@@ -400,10 +401,10 @@ class CpuBackendImpl final : public Backend {
                                       int64_t vocab_size, int64_t ignore_index,
                                       Tensor* max, Tensor* sumexp,
                                       Tensor* target_logit) override {
-    ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
-                     CheckedIds(targets, n, vocab_size, true, ignore_index,
-                                "CrossEntropyShardStats"));
-    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    FSDPP_ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
+                           CheckedIds(targets, n, vocab_size, true,
+                                      ignore_index, "CrossEntropyShardStats"));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(logits.dtype()));
     const ShardTargets st(ids, v, vocab_offset, ignore_index);
     rowwise::CrossEntropyShardStats(logits.dtype(), logits.raw_data(),
                                     st.local.data(), st.ignored.get(), n, v,
@@ -417,10 +418,11 @@ class CpuBackendImpl final : public Backend {
       const Tensor& sumexp, const Tensor& dlosses, int64_t n, int64_t v,
       int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
       Tensor* dlogits) override {
-    ASSIGN_OR_RETURN(const std::vector<int64_t> ids,
-                     CheckedIds(targets, n, vocab_size, true, ignore_index,
-                                "CrossEntropyShardBackward"));
-    RETURN_IF_ERROR(CheckFloat(logits.dtype()));
+    FSDPP_ASSIGN_OR_RETURN(
+        const std::vector<int64_t> ids,
+        CheckedIds(targets, n, vocab_size, true, ignore_index,
+                   "CrossEntropyShardBackward"));
+    FSDPP_RETURN_IF_ERROR(CheckFloat(logits.dtype()));
     const ShardTargets st(ids, v, vocab_offset, ignore_index);
     rowwise::CrossEntropyShardBackward(
         logits.dtype(), logits.raw_data(), st.local.data(), st.ignored.get(),

@@ -46,7 +46,7 @@ absl::Status LtStatus(cublasStatus_t status, const char* call) {
 
 // Calls the cuBLASLt function `fn` and returns a Status naming it on failure.
 #define FSDPP_CUBLASLT_RETURN_IF_ERROR(fn, ...) \
-  RETURN_IF_ERROR(LtStatus(fn(__VA_ARGS__), #fn))
+  FSDPP_RETURN_IF_ERROR(LtStatus(fn(__VA_ARGS__), #fn))
 
 template <typename Handle, cublasStatus_t (*Destroy)(Handle)>
 struct LtDeleter {
@@ -195,10 +195,10 @@ absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
                      "n, k; got batch ",
                      batch, " m ", m, " n ", n, " k ", k));
   }
-  ASSIGN_OR_RETURN(const cudaDataType_t ab_type, CudaType(ab_dtype));
-  ASSIGN_OR_RETURN(const cudaDataType_t c_type, CudaType(c_dtype));
+  FSDPP_ASSIGN_OR_RETURN(const cudaDataType_t ab_type, CudaType(ab_dtype));
+  FSDPP_ASSIGN_OR_RETURN(const cudaDataType_t c_type, CudaType(c_dtype));
   FSDPP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  ASSIGN_OR_RETURN(DeviceContext * context, ContextFor(device));
+  FSDPP_ASSIGN_OR_RETURN(DeviceContext * context, ContextFor(device));
 
   // Column-major C^T [n, m] = op(B)^T [n, k] @ op(A)^T [k, m]: cuBLASLt's
   // first operand is our b, its second our a. Row-major b [k, n] is already
@@ -217,15 +217,17 @@ absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
                                  CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                  sizeof(op_second));
   const int32_t batch32 = static_cast<int32_t>(batch);
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       Layout lt_first,
       transpose_b
           ? MakeLayout(ab_type, k, n, k, batch32, broadcast_b ? 0 : n * k)
           : MakeLayout(ab_type, n, k, n, batch32, broadcast_b ? 0 : n * k));
-  ASSIGN_OR_RETURN(Layout lt_second,
-                   transpose_a ? MakeLayout(ab_type, m, k, m, batch32, m * k)
-                               : MakeLayout(ab_type, k, m, k, batch32, m * k));
-  ASSIGN_OR_RETURN(Layout lt_c, MakeLayout(c_type, n, m, n, batch32, m * n));
+  FSDPP_ASSIGN_OR_RETURN(Layout lt_second,
+                         transpose_a
+                             ? MakeLayout(ab_type, m, k, m, batch32, m * k)
+                             : MakeLayout(ab_type, k, m, k, batch32, m * k));
+  FSDPP_ASSIGN_OR_RETURN(Layout lt_c,
+                         MakeLayout(c_type, n, m, n, batch32, m * n));
 
   const AlgoKey key{batch,        m,           n,        k,       transpose_a,
                     transpose_b,  broadcast_b, ab_dtype, c_dtype, Alignment(a),
@@ -233,7 +235,7 @@ absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
   std::lock_guard<std::mutex> lock(context->mu);
   auto it = context->algos.find(key);
   if (it == context->algos.end()) {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         cublasLtMatmulAlgo_t algo,
         PickAlgo(context->handle, raw_desc, lt_first.get(), lt_second.get(),
                  lt_c.get(), Alignment(b), Alignment(a), Alignment(c), key));

@@ -440,7 +440,7 @@ class CudaBackendImpl final : public Backend {
   }
 
   absl::Status Copy(const Tensor& src, Tensor* dst) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     if (src.dtype() == dst->dtype() &&
         (src.numel() == 0 || src.raw_data() == dst->raw_data())) {
       return absl::OkStatus();
@@ -457,8 +457,8 @@ class CudaBackendImpl final : public Backend {
     // Overlapping views of one storage: stage src in a fresh buffer, which
     // must outlive the work reading it (allocator blocks are reusable as soon
     // as they are freed), hence the synchronisation.
-    ASSIGN_OR_RETURN(Tensor staged,
-                     Tensor::Empty(src.shape(), src.dtype(), src.device()));
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor staged, Tensor::Empty(src.shape(), src.dtype(), src.device()));
     FSDPP_CUDA_RETURN_IF_ERROR(
         cudaMemcpyAsync(staged.raw_data(), src.raw_data(), src.nbytes(),
                         cudaMemcpyDeviceToDevice, cudaStreamLegacy));
@@ -467,14 +467,14 @@ class CudaBackendImpl final : public Backend {
           cudaMemcpyAsync(dst->raw_data(), staged.raw_data(), src.nbytes(),
                           cudaMemcpyDeviceToDevice, cudaStreamLegacy));
     } else {
-      RETURN_IF_ERROR(Cast(staged, dst));
+      FSDPP_RETURN_IF_ERROR(Cast(staged, dst));
     }
     FSDPP_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(cudaStreamLegacy));
     return absl::OkStatus();
   }
 
   absl::Status Fill(Tensor* t, float value) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     const int64_t n = t->numel();
     return DispatchFloat(t->dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
@@ -485,7 +485,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status Unary(UnaryKind kind, float alpha, const Tensor& x,
                      Tensor* out) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     const int64_t n = x.numel();
     return DispatchFloat(x.dtype(), [&](auto tag_T) -> absl::Status {
       using T = typename decltype(tag_T)::type;
@@ -508,7 +508,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status Binary(BinaryKind kind, float alpha, const Tensor& a,
                       const Tensor& b, Tensor* out) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     const int64_t n = a.numel();
     return DispatchFloat(a.dtype(), [&](auto tag_T) -> absl::Status {
       using T = typename decltype(tag_T)::type;
@@ -539,7 +539,7 @@ class CudaBackendImpl final : public Backend {
   }
 
   absl::Status Reduce(ReduceKind kind, const Tensor& x, Tensor* out) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     const int64_t n = x.numel();
     // Both stages share the scratch buffer: keep other threads' reductions
     // from interleaving their launches with ours.
@@ -550,7 +550,7 @@ class CudaBackendImpl final : public Backend {
     }
     const int blocks = static_cast<int>(
         std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kReduceBlocks));
-    RETURN_IF_ERROR(DispatchFloat(x.dtype(), [&](auto tag_T) {
+    FSDPP_RETURN_IF_ERROR(DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* px = static_cast<const T*>(x.raw_data());
       if (kind == ReduceKind::kSumOfSquares) {
@@ -569,7 +569,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status SumRowsAccumulate(const Tensor& x, int64_t rows, int64_t cols,
                                  Tensor* out) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return DispatchFloat(out->dtype(), [&](auto tag_O) {
@@ -585,9 +585,9 @@ class CudaBackendImpl final : public Backend {
     float beta = m.beta;
     if (m.bias != nullptr) {
       // The bias in every row of c, then the product added onto it.
-      RETURN_IF_ERROR(Prepare());
+      FSDPP_RETURN_IF_ERROR(Prepare());
       const int64_t rows = m.batch * m.m;
-      RETURN_IF_ERROR(DispatchFloat(m.c->dtype(), [&](auto tag_T) {
+      FSDPP_RETURN_IF_ERROR(DispatchFloat(m.c->dtype(), [&](auto tag_T) {
         using T = typename decltype(tag_T)::type;
         return Launch("Matmul bias", rows * m.n, kThreads,
                       BroadcastRowKernel<T>,
@@ -604,7 +604,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n, int64_t tq,
                        int64_t causal_offset, Tensor* y) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return Launch("Softmax", rows, kRowThreads, SoftmaxKernel<T>,
@@ -616,7 +616,7 @@ class CudaBackendImpl final : public Backend {
   absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b, int64_t t,
                          int64_t heads, int64_t first, int64_t n, int64_t hd,
                          bool merge) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     const int64_t total = b * n * t * hd;
     auto launch = [&](auto tag) {
       using E = decltype(tag);
@@ -639,7 +639,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
                     const float* inv_freq, bool inverse) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     if (head_dim / 2 > kMaxRopeFrequencies) {
       return absl::InvalidArgumentError(
           absl::StrCat("Rope on CUDA: head dim ", head_dim,
@@ -657,7 +657,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, int64_t rows,
                                int64_t n, Tensor* dx) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(y.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return Launch("SoftmaxBackward", rows, kRowThreads,
@@ -672,8 +672,8 @@ class CudaBackendImpl final : public Backend {
                                const Tensor& v, int64_t b, int64_t h,
                                int64_t kv, int64_t t, int64_t hd, float scale,
                                Tensor* out, Tensor* lse) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckAttentionHeadDim(hd));
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(CheckAttentionHeadDim(hd));
     return DispatchFloat(q.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return Launch("CausalAttention", b * h * t, kRowThreads,
@@ -692,8 +692,8 @@ class CudaBackendImpl final : public Backend {
                                        int64_t t, int64_t hd, float scale,
                                        Tensor* dq, Tensor* dk,
                                        Tensor* dv) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckAttentionHeadDim(hd));
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(CheckAttentionHeadDim(hd));
     return DispatchFloat(q.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* pq = static_cast<const T*>(q.raw_data());
@@ -701,10 +701,10 @@ class CudaBackendImpl final : public Backend {
       const T* pv = static_cast<const T*>(v.raw_data());
       const T* po = static_cast<const T*>(out.raw_data());
       const T* pdo = static_cast<const T*>(dout.raw_data());
-      RETURN_IF_ERROR(Launch("CausalAttentionBackward dq", b * h * t,
-                             kRowThreads, CausalAttentionDqKernel<T>, pq, pk,
-                             pv, po, lse.data<float>(), pdo, b, h, kv, t, hd,
-                             scale, static_cast<T*>(dq->raw_data())));
+      FSDPP_RETURN_IF_ERROR(
+          Launch("CausalAttentionBackward dq", b * h * t, kRowThreads,
+                 CausalAttentionDqKernel<T>, pq, pk, pv, po, lse.data<float>(),
+                 pdo, b, h, kv, t, hd, scale, static_cast<T*>(dq->raw_data())));
       return Launch("CausalAttentionBackward dk dv", b * kv * t, kRowThreads,
                     CausalAttentionDkDvKernel<T>, pq, pk, pv, po,
                     lse.data<float>(), pdo, b, h, kv, t, hd, scale,
@@ -723,7 +723,7 @@ class CudaBackendImpl final : public Backend {
   absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                          const Tensor* bias, float eps, int64_t rows, int64_t c,
                          Tensor* out, Tensor* mean, Tensor* rstd) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* pb = bias ? static_cast<const T*>(bias->raw_data()) : nullptr;
@@ -740,7 +740,7 @@ class CudaBackendImpl final : public Backend {
                                  const Tensor& rstd, int64_t rows, int64_t c,
                                  Tensor* dx, Tensor* dweight,
                                  Tensor* dbias) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* pdy = static_cast<const T*>(dy.raw_data());
@@ -748,10 +748,11 @@ class CudaBackendImpl final : public Backend {
       const float* pm = mean.data<float>();
       const float* pr = rstd.data<float>();
       T* pdb = dbias ? static_cast<T*>(dbias->raw_data()) : nullptr;
-      RETURN_IF_ERROR(Launch("LayerNormBackward rows", rows, kRowThreads,
-                             LayerNormBackwardRowsKernel<T>, pdy, px,
-                             static_cast<const T*>(weight.raw_data()), pm, pr,
-                             rows, c, static_cast<T*>(dx->raw_data())));
+      FSDPP_RETURN_IF_ERROR(Launch("LayerNormBackward rows", rows, kRowThreads,
+                                   LayerNormBackwardRowsKernel<T>, pdy, px,
+                                   static_cast<const T*>(weight.raw_data()), pm,
+                                   pr, rows, c,
+                                   static_cast<T*>(dx->raw_data())));
       return Launch("LayerNormBackward columns", c, kThreads,
                     LayerNormBackwardColumnsKernel<T>, pdy, px, pm, pr, rows, c,
                     static_cast<T*>(dweight->raw_data()), pdb);
@@ -761,7 +762,7 @@ class CudaBackendImpl final : public Backend {
   absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
                        int64_t rows, int64_t c, Tensor* out,
                        Tensor* rstd) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return Launch("RmsNorm", rows, kRowThreads, RmsNormKernel<T>,
@@ -775,16 +776,16 @@ class CudaBackendImpl final : public Backend {
                                const Tensor& weight, const Tensor& rstd,
                                int64_t rows, int64_t c, Tensor* dx,
                                Tensor* dweight) override {
-    RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(Prepare());
     return DispatchFloat(x.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       const T* pdy = static_cast<const T*>(dy.raw_data());
       const T* px = static_cast<const T*>(x.raw_data());
       const float* pr = rstd.data<float>();
-      RETURN_IF_ERROR(Launch("RmsNormBackward rows", rows, kRowThreads,
-                             RmsNormBackwardRowsKernel<T>, pdy, px,
-                             static_cast<const T*>(weight.raw_data()), pr, rows,
-                             c, static_cast<T*>(dx->raw_data())));
+      FSDPP_RETURN_IF_ERROR(Launch("RmsNormBackward rows", rows, kRowThreads,
+                                   RmsNormBackwardRowsKernel<T>, pdy, px,
+                                   static_cast<const T*>(weight.raw_data()), pr,
+                                   rows, c, static_cast<T*>(dx->raw_data())));
       return Launch("RmsNormBackward columns", c, kThreads,
                     RmsNormBackwardColumnsKernel<T>, pdy, px, pr, rows, c,
                     static_cast<T*>(dweight->raw_data()));
@@ -794,8 +795,8 @@ class CudaBackendImpl final : public Backend {
   absl::Status Embedding(const Tensor& ids, const Tensor& table, int64_t n,
                          int64_t v, int64_t c, int64_t row_offset,
                          int64_t vocab, Tensor* out) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckIds(ids, n, vocab, false, 0, "Embedding"));
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(CheckIds(ids, n, vocab, false, 0, "Embedding"));
     return DispatchFloat(table.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return DispatchId(ids.dtype(), [&](auto tag_I) {
@@ -812,8 +813,9 @@ class CudaBackendImpl final : public Backend {
                                  int64_t n, int64_t v, int64_t c,
                                  int64_t row_offset, int64_t vocab,
                                  Tensor* dtable) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckIds(ids, n, vocab, false, 0, "EmbeddingBackward"));
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(
+        CheckIds(ids, n, vocab, false, 0, "EmbeddingBackward"));
     if (n == 0) return absl::OkStatus();
     return DispatchFloat(dout.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
@@ -831,8 +833,8 @@ class CudaBackendImpl final : public Backend {
   absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                             int64_t n, int64_t v, int64_t ignore_index,
                             Tensor* losses) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(
         CheckIds(targets, n, v, true, ignore_index, "CrossEntropy"));
     return DispatchFloat(logits.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
@@ -850,8 +852,8 @@ class CudaBackendImpl final : public Backend {
                                     const Tensor& dlosses, int64_t n, int64_t v,
                                     int64_t ignore_index,
                                     Tensor* dlogits) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(
         CheckIds(targets, n, v, true, ignore_index, "CrossEntropyBackward"));
     return DispatchFloat(logits.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
@@ -873,9 +875,9 @@ class CudaBackendImpl final : public Backend {
                                       int64_t vocab_size, int64_t ignore_index,
                                       Tensor* max, Tensor* sumexp,
                                       Tensor* target_logit) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
-                             "CrossEntropyShardStats"));
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
+                                   "CrossEntropyShardStats"));
     return DispatchFloat(logits.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return DispatchId(targets.dtype(), [&](auto tag_I) {
@@ -895,9 +897,9 @@ class CudaBackendImpl final : public Backend {
       const Tensor& sumexp, const Tensor& dlosses, int64_t n, int64_t v,
       int64_t vocab_offset, int64_t vocab_size, int64_t ignore_index,
       Tensor* dlogits) override {
-    RETURN_IF_ERROR(Prepare());
-    RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
-                             "CrossEntropyShardBackward"));
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    FSDPP_RETURN_IF_ERROR(CheckIds(targets, n, vocab_size, true, ignore_index,
+                                   "CrossEntropyShardBackward"));
     return DispatchFloat(logits.dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
       return DispatchId(targets.dtype(), [&](auto tag_I) {

@@ -105,32 +105,32 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
   if (cache) {
     SetAllocator(new CachingAllocator(CpuRawAllocator()));  // Process-long.
   }
-  ASSIGN_OR_RETURN(RendezvousInfo info, RendezvousFromEnv());
-  ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
-                   StoreFromRendezvous(info, absl::Minutes(2)));
+  FSDPP_ASSIGN_OR_RETURN(RendezvousInfo info, RendezvousFromEnv());
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<Store> store,
+                         StoreFromRendezvous(info, absl::Minutes(2)));
   GlooOptions gloo;
   gloo.timeout = absl::Minutes(5);
-  ASSIGN_OR_RETURN(
+  FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<DeviceMesh> mesh,
       DeviceMesh::Create({{"dp", info.world_size}}, info.rank, info.world_size,
                          GlooGroupFactory(store.get(), gloo)));
   TraceRecorder trace(info.rank, "bench");
   ScopedCurrentTrace trace_scope(&trace);
-  ASSIGN_OR_RETURN(models::TransformerConfig config,
-                   models::ConfigByName(model_name));
+  FSDPP_ASSIGN_OR_RETURN(models::TransformerConfig config,
+                         models::ConfigByName(model_name));
   config.vocab_pad_multiple = 64;
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(config));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                         models::Transformer::Create(config));
   Trainable t;
   if (mode == "ddp") {
-    RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
-    RETURN_IF_ERROR(model->InitWeights(1234));
+    FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(model->InitWeights(1234));
     fsdp::ReplicateOptions ro;
     ro.mesh = mesh.get();
     ro.broadcast_parameters = false;
     for (Module* b : model->blocks()) ro.bucket_modules.push_back(b);
-    ASSIGN_OR_RETURN(fsdp::ReplicatedModule * replicated,
-                     fsdp::Replicate(model.get(), ro));
+    FSDPP_ASSIGN_OR_RETURN(fsdp::ReplicatedModule * replicated,
+                           fsdp::Replicate(model.get(), ro));
     t.sync.replicated = replicated;
     for (fsdp::ReplicatedParameter& rp : replicated->parameters()) {
       t.grads.push_back(&rp.grad);
@@ -141,9 +141,9 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
     po.shard.mesh = mesh.get();
     po.shard.reshard_after_forward = mode == "fsdp3";
     std::vector<Module*> blocks(model->blocks().begin(), model->blocks().end());
-    ASSIGN_OR_RETURN(t.sync.units,
-                     fsdp::ShardBlocksThenRoot(model.get(), blocks, po));
-    RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
+    FSDPP_ASSIGN_OR_RETURN(t.sync.units,
+                           fsdp::ShardBlocksThenRoot(model.get(), blocks, po));
+    FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
     for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
       t.grads.push_back(&sp->grad);
       t.adam.emplace_back(sp->name, &sp->master, &sp->grad);
@@ -152,8 +152,8 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
   AdamWOptions ao;
   ao.lr = 1e-4;
   ao.decay_filter = DecayMatricesOnly;
-  ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(t.adam), ao));
-  RETURN_IF_ERROR(adamw.Init());
+  FSDPP_ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(t.adam), ao));
+  FSDPP_RETURN_IF_ERROR(adamw.Init());
   const int64_t rows = kGlobalBatch / info.world_size;
   const int64_t seq = std::min(kSeq, config.context_length);
   std::vector<int64_t> ids(rows * seq), targets(rows * seq);
@@ -163,8 +163,8 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
     targets[i] = r.v[1] % config.vocab_size;
   }
   recipe::MicroBatch batch;
-  ASSIGN_OR_RETURN(batch.ids, Tensor::FromInts({rows, seq}, ids));
-  ASSIGN_OR_RETURN(batch.targets, Tensor::FromInts({rows, seq}, targets));
+  FSDPP_ASSIGN_OR_RETURN(batch.ids, Tensor::FromInts({rows, seq}, ids));
+  FSDPP_ASSIGN_OR_RETURN(batch.targets, Tensor::FromInts({rows, seq}, targets));
   // The trainer's step: one micro-batch, then the clipped AdamW update.
   recipe::PlainStep train_step(model.get(), t.grads, t.sync);
   const recipe::MicroBatchSource source =
@@ -178,8 +178,8 @@ absl::Status Worker(const std::string& mode, const std::string& model_name,
     if (step == warmup) alloc->ResetPeak();
     const int64_t wait0 = trace.TotalMicros("comm_wait");
     const absl::Time t0 = absl::Now();
-    RETURN_IF_ERROR(train_step.ForwardBackward(1, 1.0, source).status());
-    RETURN_IF_ERROR(
+    FSDPP_RETURN_IF_ERROR(train_step.ForwardBackward(1, 1.0, source).status());
+    FSDPP_RETURN_IF_ERROR(
         recipe::OptimizerStep(train_step, adamw, optimizer).status());
     if (step >= warmup) {
       step_s.push_back(absl::ToDoubleSeconds(absl::Now() - t0));

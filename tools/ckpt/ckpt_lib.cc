@@ -62,8 +62,8 @@ std::string Hex8(uint32_t v) {
 }  // namespace
 
 absl::Status Inspect(const std::string& dir, bool verify, std::ostream& out) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                   CheckpointReader::Open(dir));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                         CheckpointReader::Open(dir));
   const CheckpointMetadata& m = reader->metadata();
   size_t chunks = 0;
   for (const auto& [key, entry] : m.entries) chunks += entry.chunks.size();
@@ -110,21 +110,21 @@ absl::Status Inspect(const std::string& dir, bool verify, std::ostream& out) {
 
 absl::Status ConvertToSafetensors(const std::string& dir,
                                   const std::string& path) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                   CheckpointReader::Open(dir));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                         CheckpointReader::Open(dir));
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::vector<std::string> byte_keys;
   for (const auto& [key, entry] : reader->metadata().entries) {
     if (entry.kind == EntryKind::kBytes) {
-      ASSIGN_OR_RETURN(std::string value, reader->ReadBytes(key));
-      ASSIGN_OR_RETURN(Tensor t,
-                       Tensor::Empty({static_cast<int64_t>(value.size())},
-                                     DType::kU8, Device::Cpu()));
+      FSDPP_ASSIGN_OR_RETURN(std::string value, reader->ReadBytes(key));
+      FSDPP_ASSIGN_OR_RETURN(Tensor t,
+                             Tensor::Empty({static_cast<int64_t>(value.size())},
+                                           DType::kU8, Device::Cpu()));
       if (!value.empty()) std::memcpy(t.raw_data(), value.data(), value.size());
       tensors.emplace_back(key, std::move(t));
       byte_keys.push_back(JsonQuote(key));
     } else {
-      ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
+      FSDPP_ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
       tensors.emplace_back(key, std::move(t));
     }
   }
@@ -141,8 +141,8 @@ absl::Status ConvertToSafetensors(const std::string& dir,
 absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
                                                    const std::string& root,
                                                    int64_t step) {
-  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
-                   SafetensorsFile::Open(path));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                         SafetensorsFile::Open(path));
   std::set<std::string> byte_keys;
   auto it = file->metadata().find(kBytesKey);
   if (it != file->metadata().end()) {
@@ -170,16 +170,16 @@ absl::StatusOr<std::string> ConvertFromSafetensors(const std::string& path,
   StateDict state;
   for (const std::string& name : file->names()) {
     if (byte_keys.count(name) != 0) {
-      ASSIGN_OR_RETURN(absl::Span<const char> bytes, file->Bytes(name));
-      RETURN_IF_ERROR(
+      FSDPP_ASSIGN_OR_RETURN(absl::Span<const char> bytes, file->Bytes(name));
+      FSDPP_RETURN_IF_ERROR(
           state.AddBytes(name, std::string(bytes.data(), bytes.size())));
       continue;
     }
     absl::StatusOr<Tensor> t = file->Load(name);
     if (!t.ok()) return Annotate(t.status(), path);
-    RETURN_IF_ERROR(state.AddTensor(name, *std::move(t)));
+    FSDPP_RETURN_IF_ERROR(state.AddTensor(name, *std::move(t)));
   }
-  ASSIGN_OR_RETURN(SaveResult saved, Save(state, root, step));
+  FSDPP_ASSIGN_OR_RETURN(SaveResult saved, Save(state, root, step));
   return saved.path;
 }
 
@@ -214,8 +214,8 @@ absl::StatusOr<models::TransformerConfig> CheckpointModelConfig(
           reader.dir(), " records its model (", models::kModelConfigKey,
           "); --model applies only to checkpoints without it"));
     }
-    ASSIGN_OR_RETURN(std::string json,
-                     reader.ReadBytes(models::kModelConfigKey));
+    FSDPP_ASSIGN_OR_RETURN(std::string json,
+                           reader.ReadBytes(models::kModelConfigKey));
     return models::ParseModelConfigJson(
         json, absl::StrCat(reader.dir(), ":", models::kModelConfigKey));
   }
@@ -234,15 +234,15 @@ absl::StatusOr<models::TransformerConfig> CheckpointModelConfig(
 absl::StatusOr<std::vector<std::string>> ExportHf(
     const std::string& dir, const std::string& out_dir,
     const HfExportOptions& options) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
-                   CheckpointReader::Open(dir));
-  ASSIGN_OR_RETURN(const models::TransformerConfig config,
-                   CheckpointModelConfig(*reader, options.model));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
+                         CheckpointReader::Open(dir));
+  FSDPP_ASSIGN_OR_RETURN(const models::TransformerConfig config,
+                         CheckpointModelConfig(*reader, options.model));
   // Header checks first (the HF layout exists for this model).
-  RETURN_IF_ERROR(models::HfConfigJson(config, options.dtype).status());
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(config));
-  RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(models::HfConfigJson(config, options.dtype).status());
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                         models::Transformer::Create(config));
+  FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
   const auto& entries = reader->metadata().entries;
   std::vector<std::string> missing;
   for (const auto& [name, p] : model->NamedParameters()) {
@@ -256,7 +256,7 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
   }
   for (const auto& [name, p] : model->NamedParameters()) {
     const std::string key = "model/" + name;
-    ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
+    FSDPP_ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
     if (t.numel() != p->data.numel()) {
       return absl::InvalidArgumentError(absl::StrCat(
           dir, ": ", key, " is ", ShapeToString(t.shape()), ", the model's ",
@@ -264,17 +264,17 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
     }
     // Tensor-parallel checkpoints may hold a view with one dim split in two
     // (the same elements in the same order).
-    ASSIGN_OR_RETURN(t, t.Reshape(p->data.shape()));
-    RETURN_IF_ERROR(Copy(t, &p->data));
+    FSDPP_ASSIGN_OR_RETURN(t, t.Reshape(p->data.shape()));
+    FSDPP_RETURN_IF_ERROR(Copy(t, &p->data));
   }
-  ASSIGN_OR_RETURN(auto tensors, models::ExportHfTensors(*model));
+  FSDPP_ASSIGN_OR_RETURN(auto tensors, models::ExportHfTensors(*model));
   models::HfWriteOptions wo;
   wo.dtype = options.dtype;
   wo.max_shard_bytes = options.max_shard_bytes;
   std::string tokenizer_dir = options.tokenizer_dir;
   if (tokenizer_dir.empty() && entries.count("train/config") != 0) {
-    ASSIGN_OR_RETURN(const std::string train_config,
-                     reader->ReadBytes("train/config"));
+    FSDPP_ASSIGN_OR_RETURN(const std::string train_config,
+                           reader->ReadBytes("train/config"));
     tokenizer_dir = Gpt2TokenizerDirOf(train_config);
   }
   if (!tokenizer_dir.empty()) {
@@ -282,7 +282,7 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
     for (const auto& [ours, theirs] :
          {std::pair<std::string, std::string>{"encoder.json", "vocab.json"},
           std::pair<std::string, std::string>{"vocab.bpe", "merges.txt"}}) {
-      ASSIGN_OR_RETURN(
+      FSDPP_ASSIGN_OR_RETURN(
           std::string contents,
           ReadFileToString(tokenizer_dir + "/" + ours, "GPT-2 tokenizer file"));
       wo.extra_files.emplace_back(theirs, std::move(contents));
@@ -295,28 +295,30 @@ absl::StatusOr<std::string> ImportHf(const std::string& hf_dir,
                                      const std::string& root,
                                      const std::string& model_name,
                                      int64_t step) {
-  ASSIGN_OR_RETURN(std::unique_ptr<models::HfDirectory> dir,
-                   models::HfDirectory::Open(hf_dir));
-  ASSIGN_OR_RETURN(const std::string config_json, dir->RequireConfigJson());
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::HfDirectory> dir,
+                         models::HfDirectory::Open(hf_dir));
+  FSDPP_ASSIGN_OR_RETURN(const std::string config_json,
+                         dir->RequireConfigJson());
   models::TransformerConfig config;
   if (model_name.empty()) {
-    ASSIGN_OR_RETURN(
+    FSDPP_ASSIGN_OR_RETURN(
         config, models::ConfigFromHfJson(dir->config_json(), "hf",
                                          absl::StrCat(hf_dir, "/config.json")));
   } else {
-    ASSIGN_OR_RETURN(config, models::ConfigByName(model_name));
+    FSDPP_ASSIGN_OR_RETURN(config, models::ConfigByName(model_name));
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                   models::Transformer::Create(config));
-  RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
-  RETURN_IF_ERROR(models::ImportHfDirectory(*dir, model.get()));
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
+                         models::Transformer::Create(config));
+  FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
+  FSDPP_RETURN_IF_ERROR(models::ImportHfDirectory(*dir, model.get()));
   StateDict state;
   for (const auto& [name, p] : model->NamedParameters()) {
-    RETURN_IF_ERROR(state.AddTensor("model/" + name, p->data));
+    FSDPP_RETURN_IF_ERROR(state.AddTensor("model/" + name, p->data));
   }
-  RETURN_IF_ERROR(
+  FSDPP_RETURN_IF_ERROR(
       state.AddBytes(models::kModelConfigKey, models::ModelConfigJson(config)));
-  ASSIGN_OR_RETURN(SaveResult saved, Save(state, root, step < 0 ? 0 : step));
+  FSDPP_ASSIGN_OR_RETURN(SaveResult saved,
+                         Save(state, root, step < 0 ? 0 : step));
   return saved.path;
 }
 

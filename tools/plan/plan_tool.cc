@@ -51,25 +51,25 @@ absl::StatusOr<int64_t> ParseBytes(const std::string& text) {
 absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   trainer::TrainConfig config;
   if (o.config_path.empty()) {
-    ASSIGN_OR_RETURN(config,
-                     trainer::ParseTrainConfig(trainer::DefaultConfigText(),
-                                               "<embedded default config>"));
+    FSDPP_ASSIGN_OR_RETURN(
+        config, trainer::ParseTrainConfig(trainer::DefaultConfigText(),
+                                          "<embedded default config>"));
   } else {
-    ASSIGN_OR_RETURN(config, trainer::LoadTrainConfig(o.config_path));
+    FSDPP_ASSIGN_OR_RETURN(config, trainer::LoadTrainConfig(o.config_path));
   }
-  RETURN_IF_ERROR(trainer::ApplyOverrides(o.overrides, &config));
+  FSDPP_RETURN_IF_ERROR(trainer::ApplyOverrides(o.overrides, &config));
   if (o.world < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--world must be >= 1, got ", o.world));
   }
-  ASSIGN_OR_RETURN(trainer::ResolvedTrainConfig rc,
-                   trainer::ResolveTrainConfig(config, o.world));
+  FSDPP_ASSIGN_OR_RETURN(trainer::ResolvedTrainConfig rc,
+                         trainer::ResolveTrainConfig(config, o.world));
   const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world;
-  ASSIGN_OR_RETURN(plan::DeviceSpec device,
-                   plan::DeviceByName(o.device, per_node, o.calibrate));
+  FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
+                         plan::DeviceByName(o.device, per_node, o.calibrate));
   if (o.memory_budget > 0) device.memory_bytes = o.memory_budget;
-  ASSIGN_OR_RETURN(plan::Plan p,
-                   plan::MakePlan(rc.model, rc.layout, device, o.rank));
+  FSDPP_ASSIGN_OR_RETURN(plan::Plan p,
+                         plan::MakePlan(rc.model, rc.layout, device, o.rank));
   std::string out;
   // What the config resolution changed (trainer's header notes), first.
   for (const std::string& note : rc.notes) {
@@ -77,8 +77,8 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   }
   absl::StrAppend(&out, plan::FormatPlan(p));
   if (!o.search && o.memory_budget <= 0) return out;
-  ASSIGN_OR_RETURN(std::vector<plan::Candidate> ranked,
-                   plan::SearchStrategies(rc.model, rc.layout, device));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<plan::Candidate> ranked,
+                         plan::SearchStrategies(rc.model, rc.layout, device));
   absl::StrAppendFormat(&out,
                         "\nStrategies at W=%d against %s per rank "
                         "(fitting ones fastest first):\n",

@@ -163,10 +163,10 @@ absl::StatusOr<std::unique_ptr<Gpt2Tokenizer>> Gpt2Tokenizer::LoadFromDirectory(
           kDefaultGpt2Directory, ")"));
     }
   }
-  ASSIGN_OR_RETURN(std::string encoder_json,
-                   ReadFileToString(encoder_path, "GPT-2 encoder"));
-  ASSIGN_OR_RETURN(std::string vocab_bpe,
-                   ReadFileToString(merges_path, "GPT-2 merges"));
+  FSDPP_ASSIGN_OR_RETURN(std::string encoder_json,
+                         ReadFileToString(encoder_path, "GPT-2 encoder"));
+  FSDPP_ASSIGN_OR_RETURN(std::string vocab_bpe,
+                         ReadFileToString(merges_path, "GPT-2 merges"));
   return FromContents(encoder_json, vocab_bpe, encoder_path, merges_path);
 }
 
