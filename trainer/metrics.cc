@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "core/json_quote.h"
 #include "core/status.h"
 #include "formats/file_util.h"
 #include "tensor/ops.h"
@@ -159,6 +160,92 @@ std::string DirName(const std::string& path) {
   if (slash == std::string::npos) return "";
   if (slash == 0) return "/";
   return path.substr(0, slash);
+}
+
+namespace {
+
+// A JSON object built field by field, in order.
+class JsonObject {
+ public:
+  explicit JsonObject(absl::string_view kind) {
+    absl::StrAppend(&text_, "{\"kind\":", JsonQuote(kind));
+  }
+  JsonObject& Add(absl::string_view key, double value) {
+    return Raw(key, JsonNumber(value));
+  }
+  JsonObject& Add(absl::string_view key, int64_t value) {
+    return Raw(key, absl::StrCat(value));
+  }
+  JsonObject& Add(absl::string_view key, bool value) {
+    return Raw(key, value ? "true" : "false");
+  }
+  JsonObject& Add(absl::string_view key, const std::string& value) {
+    return Raw(key, JsonQuote(value));
+  }
+  std::string Done() const { return absl::StrCat(text_, "}"); }
+
+ private:
+  JsonObject& Raw(absl::string_view key, absl::string_view json) {
+    absl::StrAppend(&text_, ",", JsonQuote(key), ":", json);
+    return *this;
+  }
+  std::string text_;
+};
+
+}  // namespace
+
+std::string ToJson(const RunRecord& r) {
+  return JsonObject("run")
+      .Add("model", r.model)
+      .Add("world_size", int64_t{r.world_size})
+      .Add("params", r.params)
+      .Add("tokens_per_step", r.tokens_per_step)
+      .Add("steps", r.steps)
+      .Add("start_step", r.start_step)
+      .Add("unigram_loss", r.unigram_loss)
+      .Add("peak_tflops_per_rank", r.peak_tflops_per_rank)
+      .Add("flops_per_token", r.flops_per_token)
+      .Done();
+}
+
+std::string ToJson(const TrainRecord& r) {
+  JsonObject o("train");
+  o.Add("step", r.step)
+      .Add("loss", r.loss)
+      .Add("lr", r.lr)
+      .Add("grad_norm", r.grad_norm)
+      .Add("tokens_per_s", r.tokens_per_s)
+      .Add("tokens_per_s_per_rank", r.tokens_per_s_per_rank)
+      .Add("tflops_per_rank", r.tflops_per_rank)
+      .Add("mfu", r.mfu)
+      .Add("step_time_s", r.step_time_s)
+      .Add("exposed_comm_s", r.exposed_comm_s)
+      .Add("elapsed_s", r.elapsed_s)
+      .Add("warmup", r.warmup);
+  if (r.has_loss_scale) {
+    o.Add("loss_scale", r.loss_scale).Add("skipped", r.skipped);
+  }
+  return o.Done();
+}
+
+std::string ToJson(const ValidationRecord& r) {
+  return JsonObject("val")
+      .Add("step", r.step)
+      .Add("val_loss", r.val_loss)
+      .Done();
+}
+
+std::string ToJson(const SummaryRecord& r) {
+  return JsonObject("summary")
+      .Add("steps", r.steps)
+      .Add("loss", r.loss)
+      .Add("val_loss", r.val_loss)
+      .Add("tokens_per_s", r.tokens_per_s)
+      .Add("tokens_per_s_per_rank", r.tokens_per_s_per_rank)
+      .Add("tflops_per_rank", r.tflops_per_rank)
+      .Add("mfu", r.mfu)
+      .Add("exposed_comm_s_per_step", r.exposed_comm_s_per_step)
+      .Done();
 }
 
 }  // namespace trainer

@@ -68,6 +68,47 @@ std::string FormatEta(double seconds);
 // A JSON number, or null for NaN / infinities (JSON has no such numbers).
 std::string JsonNumber(double value);
 
+// The metrics JSONL's records, one object per line with a "kind" (read by
+// tools/plot and by whoever reads the file): the schema is here, once.
+//
+// {"kind":"run", ...}: the run's header, once per start (a resumed run
+// appends another).
+struct RunRecord {
+  std::string model;
+  int world_size = 0;
+  int64_t params = 0, tokens_per_step = 0, steps = 0, start_step = 0;
+  double unigram_loss = 0, peak_tflops_per_rank = 0, flops_per_token = 0;
+};
+// {"kind":"train", ...}: one logged optimizer step. The loss scale and
+// whether the step was skipped appear only with f16 (has_loss_scale).
+struct TrainRecord {
+  int64_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  double tokens_per_s = 0, tokens_per_s_per_rank = 0, tflops_per_rank = 0;
+  double mfu = 0, step_time_s = 0, exposed_comm_s = 0, elapsed_s = 0;
+  bool warmup = false;
+  bool has_loss_scale = false;
+  double loss_scale = 1;
+  bool skipped = false;
+};
+// {"kind":"val", ...}: one validation.
+struct ValidationRecord {
+  int64_t step = 0;
+  double val_loss = 0;
+};
+// {"kind":"summary", ...}: the run's end (val_loss null without one).
+struct SummaryRecord {
+  int64_t steps = 0;
+  double loss = 0, val_loss = 0;
+  double tokens_per_s = 0, tokens_per_s_per_rank = 0, tflops_per_rank = 0;
+  double mfu = 0, exposed_comm_s_per_step = 0;
+};
+// Each record as its JSON line (no newline); non-finite numbers are null.
+std::string ToJson(const RunRecord& r);
+std::string ToJson(const TrainRecord& r);
+std::string ToJson(const ValidationRecord& r);
+std::string ToJson(const SummaryRecord& r);
+
 // Appends lines to a file, flushing each (a crash loses at most the line
 // being written).
 class JsonlWriter {
@@ -81,6 +122,11 @@ class JsonlWriter {
   JsonlWriter& operator=(const JsonlWriter&) = delete;
   // Writes `json` and a newline.
   absl::Status Write(const std::string& json);
+  // Writes a record's line.
+  template <typename Record>
+  absl::Status WriteRecord(const Record& record) {
+    return Write(ToJson(record));
+  }
   const std::string& path() const { return path_; }
 
  private:

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "gtest/gtest.h"
 
@@ -107,6 +108,52 @@ TEST(MetricsTest, JsonlAppendsLinesAndCreatesTheDirectory) {
   EXPECT_EQ(DirName("a/b/c.jsonl"), "a/b");
   EXPECT_EQ(DirName("c.jsonl"), "");
   EXPECT_EQ(DirName("/c"), "/");
+}
+
+// Every record kind's line, field by field in order; NaN as null; the loss
+// scale only with f16.
+TEST(MetricsTest, RecordsAsJsonLines) {
+  RunRecord run;
+  run.model = "gpt2_\"debug\"";
+  run.world_size = 2;
+  run.params = 3;
+  run.tokens_per_step = 4;
+  run.steps = 5;
+  run.start_step = 1;
+  run.unigram_loss = 0.5;
+  run.peak_tflops_per_rank = 0.25;
+  run.flops_per_token = 8;
+  EXPECT_EQ(ToJson(run),
+            "{\"kind\":\"run\",\"model\":\"gpt2_\\\"debug\\\"\","
+            "\"world_size\":2,\"params\":3,\"tokens_per_step\":4,\"steps\":5,"
+            "\"start_step\":1,\"unigram_loss\":0.5,\"peak_tflops_per_rank\":"
+            "0.25,\"flops_per_token\":8}");
+  TrainRecord train;
+  train.step = 7;
+  train.loss = 2;
+  train.grad_norm = std::nan("");
+  train.warmup = true;
+  EXPECT_EQ(ToJson(train),
+            "{\"kind\":\"train\",\"step\":7,\"loss\":2,\"lr\":0,"
+            "\"grad_norm\":null,\"tokens_per_s\":0,\"tokens_per_s_per_rank\":0,"
+            "\"tflops_per_rank\":0,\"mfu\":0,\"step_time_s\":0,"
+            "\"exposed_comm_s\":0,\"elapsed_s\":0,\"warmup\":true}");
+  train.has_loss_scale = true;
+  train.loss_scale = 1024;
+  train.skipped = true;
+  EXPECT_TRUE(absl::EndsWith(ToJson(train),
+                             ",\"warmup\":true,\"loss_scale\":1024,"
+                             "\"skipped\":true}"))
+      << ToJson(train);
+  EXPECT_EQ(ToJson(ValidationRecord{9, 1.5}),
+            "{\"kind\":\"val\",\"step\":9,\"val_loss\":1.5}");
+  SummaryRecord summary;
+  summary.steps = 10;
+  summary.val_loss = std::nan("");
+  EXPECT_EQ(ToJson(summary),
+            "{\"kind\":\"summary\",\"steps\":10,\"loss\":0,\"val_loss\":null,"
+            "\"tokens_per_s\":0,\"tokens_per_s_per_rank\":0,"
+            "\"tflops_per_rank\":0,\"mfu\":0,\"exposed_comm_s_per_step\":0}");
 }
 
 }  // namespace

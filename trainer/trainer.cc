@@ -20,7 +20,6 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "comm/host_collectives.h"
-#include "core/json_quote.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/trace.h"
@@ -607,14 +606,17 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
                                  result_.resumed_from, result_.start_step));
   }
   if (jsonl_ != nullptr) {
-    FSDPP_RETURN_IF_ERROR(jsonl_->Write(absl::StrCat(
-        "{\"kind\":\"run\",\"model\":", JsonQuote(config_.model().name()),
-        ",\"world_size\":", env_.world_size, ",\"params\":", num_params,
-        ",\"tokens_per_step\":", rc_.tokens_per_step, ",\"steps\":", tc.steps(),
-        ",\"start_step\":", result_.start_step,
-        ",\"unigram_loss\":", JsonNumber(result_.unigram_loss),
-        ",\"peak_tflops_per_rank\":", JsonNumber(result_.peak_tflops_per_rank),
-        ",\"flops_per_token\":", JsonNumber(flops_per_token_), "}")));
+    RunRecord run;
+    run.model = config_.model().name();
+    run.world_size = env_.world_size;
+    run.params = num_params;
+    run.tokens_per_step = rc_.tokens_per_step;
+    run.steps = tc.steps();
+    run.start_step = result_.start_step;
+    run.unigram_loss = result_.unigram_loss;
+    run.peak_tflops_per_rank = result_.peak_tflops_per_rank;
+    run.flops_per_token = flops_per_token_;
+    FSDPP_RETURN_IF_ERROR(jsonl_->WriteRecord(run));
   }
   FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
   print_->Line(FormatMemoryTable(mem,
@@ -782,24 +784,24 @@ absl::Status Trainer::LogStep() {
           eta),
       log_now);
   if (jsonl_ == nullptr || !log_now) return absl::OkStatus();
-  return jsonl_->Write(absl::StrCat(
-      "{\"kind\":\"train\",\"step\":", step, ",\"loss\":", JsonNumber(log.loss),
-      ",\"lr\":", JsonNumber(log.lr), ",\"grad_norm\":",
-      JsonNumber(log.grad_norm), ",\"tokens_per_s\":", JsonNumber(tps_now),
-      ",\"tokens_per_s_per_rank\":", JsonNumber(tps_now / env_.world_size),
-      ",\"tflops_per_rank\":",
-      JsonNumber(flops_per_token_ * tps_now / env_.world_size / 1e12),
-      ",\"mfu\":", JsonNumber(mfu_now),
-      ",\"step_time_s\":", JsonNumber(log.step_s), ",\"exposed_comm_s\":",
-      JsonNumber((trace_->TotalMicros("comm_wait") - wait_before_) / 1e6),
-      ",\"elapsed_s\":",
-      JsonNumber(absl::ToDoubleSeconds(absl::Now() - run_start_)),
-      ",\"warmup\":", warmup_ ? "true" : "false",
-      scaler_.has_value()
-          ? absl::StrCat(",\"loss_scale\":", JsonNumber(log.loss_scale),
-                         ",\"skipped\":", log.skipped ? "true" : "false")
-          : "",
-      "}"));
+  TrainRecord record;
+  record.step = step;
+  record.loss = log.loss;
+  record.lr = log.lr;
+  record.grad_norm = log.grad_norm;
+  record.tokens_per_s = tps_now;
+  record.tokens_per_s_per_rank = tps_now / env_.world_size;
+  record.tflops_per_rank = flops_per_token_ * tps_now / env_.world_size / 1e12;
+  record.mfu = mfu_now;
+  record.step_time_s = log.step_s;
+  record.exposed_comm_s =
+      (trace_->TotalMicros("comm_wait") - wait_before_) / 1e6;
+  record.elapsed_s = absl::ToDoubleSeconds(absl::Now() - run_start_);
+  record.warmup = warmup_;
+  record.has_loss_scale = scaler_.has_value();
+  record.loss_scale = log.loss_scale;
+  record.skipped = log.skipped;
+  return jsonl_->WriteRecord(record);
 }
 
 bool Trainer::ValidationDue() const {
@@ -833,8 +835,7 @@ absl::Status Trainer::Validate() {
       "validation: step %d loss %.4f (%d sequences: %d global batch(es))", step,
       loss, vc.batches() * config_.training().global_batch(), vc.batches()));
   if (jsonl_ == nullptr) return absl::OkStatus();
-  return jsonl_->Write(absl::StrCat("{\"kind\":\"val\",\"step\":", step,
-                                    ",\"val_loss\":", JsonNumber(loss), "}"));
+  return jsonl_->WriteRecord(ValidationRecord{step, loss});
 }
 
 absl::Status Trainer::MaybeSave() {
@@ -981,17 +982,18 @@ absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
                                              plan_peak_bytes_ / 1048576.0)
                            : std::string()));
   if (jsonl_ == nullptr) return absl::OkStatus();
-  return jsonl_->Write(absl::StrCat(
-      "{\"kind\":\"summary\",\"steps\":", result_.end_step,
-      ",\"loss\":", JsonNumber(last.loss), ",\"val_loss\":",
-      JsonNumber(result_.validation.empty()
-                     ? std::numeric_limits<double>::quiet_NaN()
-                     : result_.validation.back().second),
-      ",\"tokens_per_s\":", JsonNumber(result_.tokens_per_s),
-      ",\"tokens_per_s_per_rank\":", JsonNumber(result_.tokens_per_s_per_rank),
-      ",\"tflops_per_rank\":", JsonNumber(result_.tflops_per_rank),
-      ",\"mfu\":", JsonNumber(result_.mfu),
-      ",\"exposed_comm_s_per_step\":", JsonNumber(exposed_comm_s), "}"));
+  SummaryRecord summary;
+  summary.steps = result_.end_step;
+  summary.loss = last.loss;
+  summary.val_loss = result_.validation.empty()
+                         ? std::numeric_limits<double>::quiet_NaN()
+                         : result_.validation.back().second;
+  summary.tokens_per_s = result_.tokens_per_s;
+  summary.tokens_per_s_per_rank = result_.tokens_per_s_per_rank;
+  summary.tflops_per_rank = result_.tflops_per_rank;
+  summary.mfu = result_.mfu;
+  summary.exposed_comm_s_per_step = exposed_comm_s;
+  return jsonl_->WriteRecord(summary);
 }
 
 }  // namespace trainer
