@@ -27,6 +27,7 @@ packages=(
                       # reference BLAS makes its step ~50x slower)
   python3-matplotlib  # tools/plot: loss and throughput curves to PNG
   clang               # clang++ for the libFuzzer runs (checkpoint/fuzz/run_fuzzers.sh)
+  clang-format        # the format check in CI (tools/lint/lint.sh)
   libclang-rt-dev     # libFuzzer + ASan/UBSan runtimes (libclang-rt-14-dev on bookworm)
   iproute2            # ip netns: trainer/multinode_test's two nodes (skips without)
   slurm-wlm           # slurmctld + slurmd + srun: trainer/slurm_test (skips without)
