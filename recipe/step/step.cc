@@ -61,6 +61,11 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
   if (observer == nullptr) observer = Quiet();
   FSDPP_RETURN_IF_ERROR(ZeroGrad(grads_));
   const int64_t run = observer->MicroBatchesToRun(micro_batches);
+  if (run < 1 || run > micro_batches) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: the observer asked to run ", run, " of ",
+                     micro_batches, " micro-batches"));
+  }
   const float backward_scale =
       1.0f / static_cast<float>(micro_batches) * static_cast<float>(loss_scale);
   StepLoss out;

@@ -73,8 +73,8 @@ using MicroBatchSource = std::function<absl::StatusOr<MicroBatch>(int64_t)>;
 class StepObserver {
  public:
   virtual ~StepObserver() = default;
-  // How many of a step's `micro_batches` to run (each still weighted
-  // 1 / micro_batches). PipelineStep always runs them all.
+  // How many of a step's `micro_batches` to run, 1 to micro_batches (each
+  // still weighted 1 / micro_batches). PipelineStep always runs them all.
   virtual int64_t MicroBatchesToRun(int64_t micro_batches) {
     return micro_batches;
   }

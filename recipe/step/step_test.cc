@@ -168,6 +168,13 @@ TEST(PlainStepTest, RefusesNoMicroBatchesAndPassesSourceErrorsOn) {
               absl::StatusCode::kInvalidArgument);
     EXPECT_EQ(step.EvaluateSum(0, Source(vocab)).status().code(),
               absl::StatusCode::kInvalidArgument);
+    Recorder none(0), too_many(3);
+    EXPECT_EQ(
+        step.ForwardBackward(2, 1.0, Source(vocab), &none).status().code(),
+        absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(
+        step.ForwardBackward(2, 1.0, Source(vocab), &too_many).status().code(),
+        absl::StatusCode::kInvalidArgument);
     absl::Status s =
         step.ForwardBackward(2, 1.0,
                              [](int64_t) -> absl::StatusOr<MicroBatch> {
