@@ -85,8 +85,8 @@ CpuRates MeasureCpuRates();
 
 // The fraction of the matmul rate a CPU training step's FLOPs run at (the
 // ops that are not matmuls, the optimizer), from the trainer's default run
-// here: MFU 72.8% against the measured matmul rate (docs/PERFORMANCE.md,
-// "Planner").
+// here: MFU 72-74% against the measured matmul rate (docs/PERFORMANCE.md,
+// "Trainer: the default run").
 inline constexpr double kCpuStepEfficiency = 0.75;
 
 struct StepTime {

@@ -21,7 +21,7 @@
 # store host (node 0) lost: node 1's ranks fail saying the store cannot be
 # reached. Then an elastic job (--nnodes=1:2) that loses node 1, goes on at
 # half the world size and grows back when node 1 returns (see below).
-# DRILL_TRIALS=5 repeats each drill 5 times (the docs' figures).
+# DRILL_TRIALS=5 repeats each drill 5 times (docs/TESTING.md's figures).
 # Needs root and `ip netns` (iproute2); skips, saying so, where namespaces
 # cannot be made.
 set -euo pipefail
