@@ -10,14 +10,13 @@
 
 #include <atomic>
 #include <cmath>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "comm/gloo_ranks.h"
 #include "comm/store.h"
 #include "core/dtype.h"
 #include "gtest/gtest.h"
@@ -37,28 +36,7 @@ GlooOptions FastOptions() {
 void RunRanks(int size, const std::function<void(int, GlooProcessGroup&)>& fn,
               const std::string& name = "g",
               GlooOptions options = FastOptions()) {
-  InMemoryStore store;
-  // No rank destroys its group before every rank is done with fn (a rank
-  // that sends nothing could close connections a peer is still opening).
-  std::mutex mu;
-  std::condition_variable cv;
-  int done = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      auto group = GlooProcessGroup::Create(&store, r, size, name, options);
-      if (group.ok()) {
-        fn(r, **group);
-      } else {
-        ADD_FAILURE() << group.status();
-      }
-      std::unique_lock<std::mutex> lock(mu);
-      ++done;
-      cv.notify_all();
-      cv.wait(lock, [&] { return done == size; });
-    });
-  }
-  for (auto& t : threads) t.join();
+  testing_util::RunGlooRanks(size, fn, name, options);
 }
 
 // Exactly representable test values (small integers, so f32/bf16/f16 sums

@@ -22,6 +22,19 @@ Buffer HostBuffer(void* data, int64_t count, DType dtype) {
   return Buffer{data, count, dtype, Device::Cpu()};
 }
 
+// Every rank's `count` elements of `in` into `out` (count x ranks), in rank
+// order.
+absl::Status AllGatherHost(ProcessGroup* group, void* in, void* out,
+                           int64_t count, DType dtype, absl::Duration timeout) {
+  return Blocking(
+      [&](const CollectiveOptions& o) {
+        return group->AllGather(HostBuffer(in, count, dtype),
+                                HostBuffer(out, count * group->size(), dtype),
+                                o);
+      },
+      timeout);
+}
+
 }  // namespace
 
 absl::Status AllReduceValues(ProcessGroup* group, std::vector<double>* values,
@@ -43,15 +56,9 @@ absl::StatusOr<std::vector<int64_t>> AllGatherInts(
     absl::Duration timeout) {
   std::vector<int64_t> in = values;
   std::vector<int64_t> out(in.size() * group->size());
-  FSDPP_RETURN_IF_ERROR(Blocking(
-      [&](const CollectiveOptions& o) {
-        return group->AllGather(
-            HostBuffer(in.data(), static_cast<int64_t>(in.size()), DType::kI64),
-            HostBuffer(out.data(), static_cast<int64_t>(out.size()),
-                       DType::kI64),
-            o);
-      },
-      timeout));
+  FSDPP_RETURN_IF_ERROR(AllGatherHost(group, in.data(), out.data(),
+                                      static_cast<int64_t>(in.size()),
+                                      DType::kI64, timeout));
   return out;
 }
 
@@ -64,15 +71,9 @@ absl::StatusOr<std::vector<std::string>> AllGatherStrings(
   std::vector<uint8_t> in(std::max<int64_t>(longest, 1), 0);
   std::copy(mine.begin(), mine.end(), in.begin());
   std::vector<uint8_t> out(in.size() * group->size());
-  FSDPP_RETURN_IF_ERROR(Blocking(
-      [&](const CollectiveOptions& o) {
-        return group->AllGather(
-            HostBuffer(in.data(), static_cast<int64_t>(in.size()), DType::kU8),
-            HostBuffer(out.data(), static_cast<int64_t>(out.size()),
-                       DType::kU8),
-            o);
-      },
-      timeout));
+  FSDPP_RETURN_IF_ERROR(AllGatherHost(group, in.data(), out.data(),
+                                      static_cast<int64_t>(in.size()),
+                                      DType::kU8, timeout));
   std::vector<std::string> result;
   for (int r = 0; r < group->size(); ++r) {
     const char* begin =

@@ -3,46 +3,23 @@
 // (the empty one included) gathered intact.
 #include "comm/host_collectives.h"
 
-#include <condition_variable>
 #include <functional>
-#include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "comm/gloo_backend.h"
-#include "comm/store.h"
+#include "comm/gloo_ranks.h"
 #include "gtest/gtest.h"
 
 namespace fsdpp {
 namespace {
 
-// fn(rank, group) on `size` thread ranks; no rank closes its group before
-// every rank is done.
+// fn(rank, group) on `size` thread ranks over real Gloo.
 void RunRanks(int size, const std::function<void(int, ProcessGroup*)>& fn) {
-  InMemoryStore store;
-  std::mutex mu;
-  std::condition_variable cv;
-  int done = 0;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < size; ++r) {
-    threads.emplace_back([&, r] {
-      GlooOptions options;
-      options.timeout = absl::Seconds(30);
-      auto group = GlooProcessGroup::Create(&store, r, size, "host", options);
-      if (group.ok()) {
-        fn(r, group->get());
-      } else {
-        ADD_FAILURE() << group.status();
-      }
-      std::unique_lock<std::mutex> lock(mu);
-      ++done;
-      cv.notify_all();
-      cv.wait(lock, [&] { return done == size; });
-    });
-  }
-  for (std::thread& t : threads) t.join();
+  GlooOptions options;
+  options.timeout = absl::Seconds(30);
+  testing_util::RunGlooRanks(
+      size, [&](int rank, GlooProcessGroup& group) { fn(rank, &group); },
+      "host", options);
 }
 
 TEST(HostCollectivesTest, AllReduceValuesElementWise) {

@@ -106,19 +106,25 @@ std::string Axis(const std::string& group) {
   return tail.substr(0, tail.find('@'));
 }
 
+// HSDP on 2 x 2 ranks, 1 x 32 tokens per micro-batch.
+recipe::Layout Hsdp2x2() {
+  recipe::Layout s;
+  s.world = 4;
+  s.dp_replicate = 2;
+  s.micro_batch = 1;
+  s.seq_len = 32;
+  return s;
+}
+
 // HSDP: the replicas all-reduce once per step whatever the accumulation
-// (trainer.cc ForwardBackward): one all-reduce per unit on the replicate
+// (recipe/step's PlainStep): one all-reduce per unit on the replicate
 // group at 1 to 5 micro-batches; each micro-batch past the third adds the
 // same collectives and tensors (the middle one's), and the peak is the same
 // from 2 on (the replicas' sum is held from the first micro-batch's
 // reduction to the last's).
 TEST(DryRunTest, HsdpAllReducesOncePerStep) {
   const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
-  recipe::Layout s;
-  s.world = 4;
-  s.dp_replicate = 2;
-  s.micro_batch = 1;
-  s.seq_len = 32;
+  const recipe::Layout s = Hsdp2x2();
   const std::vector<DryRunResult> runs = DryRunsAt(config, s, {1, 2, 3, 4, 5});
   ASSERT_EQ(runs.size(), 5u);
   for (size_t i = 0; i < runs.size(); ++i) {
@@ -143,11 +149,7 @@ TEST(DryRunTest, HsdpAllReducesOncePerStep) {
 // agree), each one f32.
 TEST(DryRunTest, LogsTheTrainersLossAndNormCollectives) {
   const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
-  recipe::Layout s;
-  s.world = 4;
-  s.dp_replicate = 2;
-  s.micro_batch = 1;
-  s.seq_len = 32;
+  const recipe::Layout s = Hsdp2x2();
   absl::StatusOr<DryRunResult> r = DryRun(config, s);
   ASSERT_TRUE(r.ok()) << r.status();
   std::vector<std::string> scalars;

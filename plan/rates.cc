@@ -54,10 +54,14 @@ double GpuPeakFlops(const std::string& device_name, DType dtype) {
     const char* fragment;
     double half, single;
   };
+  // First match wins: longer names before their fragments ("GB200" before
+  // "B200", "H100 PCIe" before "H100"). B200: HGX at 1000 W; GB200 at
+  // 1200 W.
   static const Entry kTable[] = {
-      {"H200", 989, 67},   {"H100 PCIe", 756, 51}, {"H100", 989, 67},
-      {"A100", 312, 19.5}, {"L40S", 362, 91.6},    {"A10G", 70, 31.2},
-      {"L4", 121, 30.3},   {"V100", 125, 15.7},    {"4090", 165, 82.6},
+      {"GB200", 2500, 90},    {"B200", 2250, 80},  {"H200", 989, 67},
+      {"H100 PCIe", 756, 51}, {"H100", 989, 67},   {"A100", 312, 19.5},
+      {"L40S", 362, 91.6},    {"A10G", 70, 31.2},  {"L4", 121, 30.3},
+      {"V100", 125, 15.7},    {"4090", 165, 82.6},
   };
   for (const Entry& e : kTable) {
     if (device_name.find(e.fragment) != std::string::npos) {

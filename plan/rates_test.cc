@@ -22,6 +22,10 @@ TEST(RatesTest, GpuPeaksFromTheTable) {
   EXPECT_EQ(GpuPeakFlops("NVIDIA H100 80GB HBM3", DType::kBF16), 989e12);
   EXPECT_EQ(GpuPeakFlops("NVIDIA H100 PCIe", DType::kBF16), 756e12);
   EXPECT_EQ(GpuPeakFlops("NVIDIA A100-SXM4-40GB", DType::kF32), 19.5e12);
+  EXPECT_EQ(GpuPeakFlops("NVIDIA H200", DType::kBF16), 989e12);
+  EXPECT_EQ(GpuPeakFlops("NVIDIA B200", DType::kBF16), 2250e12);
+  EXPECT_EQ(GpuPeakFlops("NVIDIA GB200", DType::kF32), 90e12);
+  EXPECT_EQ(GpuPeakFlops("NVIDIA L4", DType::kBF16), 121e12);
   EXPECT_EQ(GpuPeakFlops("Some CPU", DType::kBF16), 0);
 }
 

@@ -94,19 +94,23 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
     const models::TransformerConfig& model, const Layout& layout,
     DeviceMesh* mesh, const BuildOptions& options) {
   FSDPP_RETURN_IF_ERROR(layout.Validate(model));
-  if (mesh == nullptr || !SameAxes(mesh->axes(), layout.MeshAxes())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "recipe: the mesh ",
-        mesh == nullptr ? std::string("(none)") : AxesString(mesh->axes()),
-        " is not the layout's ", AxesString(layout.MeshAxes())));
+  DeviceMesh* host_mesh =
+      options.host_mesh != nullptr ? options.host_mesh : mesh;
+  for (DeviceMesh* m : {mesh, host_mesh}) {
+    if (m == nullptr || !SameAxes(m->axes(), layout.MeshAxes())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "recipe: the ", m == mesh ? "mesh " : "host mesh ",
+          m == nullptr ? std::string("(none)") : AxesString(m->axes()),
+          " is not the layout's ", AxesString(layout.MeshAxes())));
+    }
   }
   std::unique_ptr<Training> t(new Training);
   t->config_ = model;
   t->layout_ = layout;
   t->mesh_ = mesh;
-  FSDPP_ASSIGN_OR_RETURN(t->world_, mesh->FlatGroup());
+  FSDPP_ASSIGN_OR_RETURN(t->world_, host_mesh->FlatGroup());
   if (layout.pp > 1) {
-    FSDPP_RETURN_IF_ERROR(t->BuildPipeline(options));
+    FSDPP_RETURN_IF_ERROR(t->BuildPipeline(options, host_mesh));
   } else {
     FSDPP_RETURN_IF_ERROR(t->BuildModel(options));
   }
@@ -139,7 +143,8 @@ absl::Status Training::BuildModel(const BuildOptions& options) {
   return absl::OkStatus();
 }
 
-absl::Status Training::BuildPipeline(const BuildOptions& options) {
+absl::Status Training::BuildPipeline(const BuildOptions& options,
+                                     DeviceMesh* host_mesh) {
   FSDPP_ASSIGN_OR_RETURN(ProcessGroup * pipeline, mesh_->Group(kPipelineAxis));
   FSDPP_ASSIGN_OR_RETURN(DeviceMesh * stage_mesh,
                          mesh_->SubMesh(layout_.StageAxes()));
@@ -176,6 +181,8 @@ absl::Status Training::BuildPipeline(const BuildOptions& options) {
   step_options.seq_split = layout_.sequence_parallel ? layout_.tp : 1;
   step_options.hidden_dtype = layout_.param_dtype;
   step_options.timeout = options.timeout;
+  FSDPP_ASSIGN_OR_RETURN(step_options.host_pipeline,
+                         host_mesh->Group(kPipelineAxis));
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStep> step,
                          PipelineStep::Create(pipeline, std::move(schedule),
                                               std::move(stages), step_options));

@@ -56,6 +56,11 @@ struct BuildOptions {
   // AdamW's hyper-parameters (the decay rule above sets each parameter's
   // group; decay_filter is not used).
   AdamWOptions adamw;
+  // The mesh (the same axes) whose groups carry the step's host values (the
+  // loss, the pipeline's report) when `mesh`'s groups take device buffers
+  // only (NCCL: a Gloo mesh over the same store, as PyTorch keeps a Gloo
+  // group for its objects); null: `mesh` itself.
+  DeviceMesh* host_mesh = nullptr;
 };
 
 class Training {
@@ -101,7 +106,7 @@ class Training {
   const models::TransformerConfig& config() const { return config_; }
   const Layout& layout() const { return layout_; }
   DeviceMesh* mesh() const { return mesh_; }
-  // The mesh's flat group (the loss, the trainer's own collectives).
+  // The host mesh's flat group (the loss: host values).
   ProcessGroup* world() const { return world_; }
   // The models this rank trains: the whole model, or its stages' parts
   // (each with the whole model's parameter names).
@@ -116,7 +121,8 @@ class Training {
  private:
   Training() = default;
   absl::Status BuildModel(const BuildOptions& options);
-  absl::Status BuildPipeline(const BuildOptions& options);
+  absl::Status BuildPipeline(const BuildOptions& options,
+                             DeviceMesh* host_mesh);
 
   models::TransformerConfig config_;
   Layout layout_;

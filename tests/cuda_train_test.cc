@@ -1,7 +1,9 @@
 // FSDP training on a GPU against the same training on the CPU: GPT-2 and
-// Llama (debug configs) sharded with FullyShard over a one-rank mesh, on
-// cuda:0 through NCCL and on the host through Gloo, trained with AdamW and
-// gradient clipping from the same initial weights and batches. The losses of
+// Llama (debug configs) built and stepped by the trainer's recipe
+// (recipe::Training: the family's FSDP plan over a one-rank mesh, AdamW,
+// gradient clipping), on cuda:0 through NCCL with a Gloo mesh for the host
+// values as the trainer arranges it, and on the host through Gloo, from the
+// same initial weights and batches. The losses of
 // every step and the final parameters must agree (f32 within reduction-order
 // noise; bf16 compute within bf16 rounding). A last test times GPT-2 124M
 // steps on the GPU and prints them (informational, never asserted).
@@ -21,14 +23,14 @@
 #include "comm/store.h"
 #include "core/cuda_runtime.h"
 #include "core/status.h"
-#include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
 #include "gtest/gtest.h"
 #include "mesh/device_mesh.h"
 #include "models/config.h"
 #include "models/transformer.h"
-#include "optim/adamw.h"
-#include "optim/clip.h"
+#include "recipe/layout.h"
+#include "recipe/step/step.h"
+#include "recipe/training.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -101,65 +103,77 @@ absl::StatusOr<RunResult> PlainStep(const RunOptions& o) {
 
 absl::StatusOr<RunResult> Train(const RunOptions& o) {
   InMemoryStore store;
-  ProcessGroupFactory factory = o.device.is_cuda()
-                                    ? NcclGroupFactory(&store, o.device.index())
-                                    : GlooGroupFactory(&store);
-  FSDPP_ASSIGN_OR_RETURN(
-      std::unique_ptr<DeviceMesh> mesh,
-      DeviceMesh::Create({{"dp", 1}}, 0, 1, std::move(factory)));
   FSDPP_ASSIGN_OR_RETURN(models::TransformerConfig config,
                          models::ConfigByName(o.model));
-  if (o.vocab_pad_multiple > 0)
+  if (o.vocab_pad_multiple > 0) {
     config.vocab_pad_multiple = o.vocab_pad_multiple;
-  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
-                         models::Transformer::Create(config));
-  fsdp::FsdpPlanOptions po;
-  po.shard.mesh = mesh.get();
-  po.shard.mp_policy.param_dtype = o.param_dtype;
-  std::vector<Module*> blocks(model->blocks().begin(), model->blocks().end());
-  FSDPP_RETURN_IF_ERROR(
-      fsdp::ShardBlocksThenRoot(model.get(), blocks, po).status());
-  FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(model.get(), 1234));
-  std::vector<DTensor*> masters, grads;
-  std::vector<AdamWParam> adam;
+  }
+  recipe::Layout layout;
+  layout.param_dtype = o.param_dtype;
+  layout.micro_batch = o.rows;
+  layout.seq_len = o.seq;
+  // The trainer's arrangement: NCCL for the mesh on a GPU, and a Gloo mesh
+  // of the same axes for the host values (the loss).
+  FSDPP_ASSIGN_OR_RETURN(
+      std::unique_ptr<DeviceMesh> mesh,
+      DeviceMesh::Create(layout.MeshAxes(), 0, 1,
+                         o.device.is_cuda()
+                             ? NcclGroupFactory(&store, o.device.index())
+                             : GlooGroupFactory(&store),
+                         "train"));
+  std::unique_ptr<DeviceMesh> host_mesh;
+  recipe::BuildOptions options;
+  options.seed = 1234;
+  options.adamw.lr = 1e-3;
+  if (o.device.is_cuda()) {
+    FSDPP_ASSIGN_OR_RETURN(
+        host_mesh, DeviceMesh::Create(layout.MeshAxes(), 0, 1,
+                                      GlooGroupFactory(&store), "host"));
+    options.host_mesh = host_mesh.get();
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      std::unique_ptr<recipe::Training> training,
+      recipe::Training::Build(config, layout, mesh.get(), options));
   RunResult r;
-  for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
+  for (fsdp::ShardedParameter* sp : training->params()) {
     if (sp->master.local().device() != o.device) {
       return absl::InternalError(absl::StrCat(
           sp->name, " lives on ", sp->master.local().device().ToString(),
           ", not ", o.device.ToString()));
     }
     r.names.push_back(sp->name);
-    masters.push_back(&sp->master);
-    grads.push_back(&sp->grad);
-    adam.emplace_back(sp->name, &sp->master, &sp->grad);
   }
-  AdamWOptions ao;
-  ao.lr = 1e-3;
-  ao.decay_filter = DecayMatricesOnly;
-  FSDPP_ASSIGN_OR_RETURN(AdamW adamw, AdamW::Create(std::move(adam), ao));
-  FSDPP_RETURN_IF_ERROR(adamw.Init());
   FSDPP_ASSIGN_OR_RETURN(Tensor ids, Tokens(o, config.vocab_size, 0));
   FSDPP_ASSIGN_OR_RETURN(Tensor targets, Tokens(o, config.vocab_size, 3));
+  const recipe::MicroBatchSource batch =
+      [&](int64_t) -> absl::StatusOr<recipe::MicroBatch> {
+    return recipe::MicroBatch{ids, targets};
+  };
+  recipe::OptimizerStepOptions optimizer;
+  optimizer.lr = 1e-3;
+  optimizer.grad_clip = 1.0;
   for (int step = 0; step < o.steps; ++step) {
     FSDPP_RETURN_IF_ERROR(DeviceIdle(o.device));
     const absl::Time t0 = absl::Now();
-    FSDPP_RETURN_IF_ERROR(ZeroGrad(grads));
-    FSDPP_ASSIGN_OR_RETURN(float loss, model->ForwardLoss(ids, targets));
-    FSDPP_RETURN_IF_ERROR(model->Backward());
-    for (size_t i = 0; step == 0 && i < grads.size(); ++i) {
+    FSDPP_ASSIGN_OR_RETURN(recipe::StepLoss loss,
+                           training->ForwardBackward(batch));
+    for (size_t i = 0; step == 0 && i < training->params().size(); ++i) {
       FSDPP_ASSIGN_OR_RETURN(std::vector<float> v,
-                             grads[i]->local().ToFloats());
+                             training->params()[i]->grad.local().ToFloats());
       r.grads0.push_back(std::move(v));
     }
-    FSDPP_RETURN_IF_ERROR(ClipGradNorm(grads, 1.0).status());
-    FSDPP_RETURN_IF_ERROR(adamw.Step());
+    FSDPP_ASSIGN_OR_RETURN(recipe::OptimizerStepResult applied,
+                           training->OptimizerStep(optimizer));
+    if (!applied.applied) {
+      return absl::InternalError(
+          absl::StrCat("step ", step, ": gradient norm ", applied.grad_norm));
+    }
     FSDPP_RETURN_IF_ERROR(DeviceIdle(o.device));
     r.step_s.push_back(absl::ToDoubleSeconds(absl::Now() - t0));
-    r.losses.push_back(loss);
+    r.losses.push_back(static_cast<float>(loss.loss));
   }
-  for (DTensor* m : masters) {
-    FSDPP_ASSIGN_OR_RETURN(std::vector<float> v, m->local().ToFloats());
+  for (fsdp::ShardedParameter* sp : training->params()) {
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> v, sp->master.local().ToFloats());
     r.params.push_back(std::move(v));
   }
   return r;

@@ -554,6 +554,10 @@ absl::Status ResolveTraining(const TrainingConfig& config,
         config.seq_len()));
   }
   FSDPP_RETURN_IF_ERROR(CheckOptimizerFields(config));
+  if (config.device() != "cpu" && config.device() != "cuda") {
+    return Invalid(absl::StrCat("training.device \"", config.device(),
+                                "\" is not one of: cpu, cuda"));
+  }
   FSDPP_ASSIGN_OR_RETURN(layout.param_dtype,
                          FloatDType("training.mixed_precision.param_dtype",
                                     config.mixed_precision().param_dtype()));

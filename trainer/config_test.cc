@@ -51,6 +51,7 @@ const std::vector<Shipped>& ShippedConfigs() {
       {"finetune_default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
       {"gpt2_debug", 2, 1, 2, 1, 128, 2},
       {"gpt2_124m", 8, 1, 8, 1, 1024, 4},
+      {"gpt2_124m_gpu", 1, 1, 1, 1, 1024, 1, "gpt2_124m"},
       {"llama_debug", 4, 2, 2, 1, 128, 2},
       {"llama_1b", 8, 1, 8, 1, 2048, 8},
       {"smollm3_3b", 16, 2, 8, 1, 4096, 4},
@@ -146,7 +147,7 @@ TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
             "mixed_precision, seed, activation_checkpointing, adam_beta1, "
             "adam_beta2, adam_eps, initial_loss_scale, "
             "loss_scale_growth_interval, cpu_caching_allocator, "
-            "fused_attention, max_memory_gib, skip_memory_check)");
+            "fused_attention, max_memory_gib, skip_memory_check, device)");
   auto nested = ParseTrainConfig(
       "training { mixed_precision { param: \"bf16\" } }", "run.textproto");
   EXPECT_EQ(Message(nested),
@@ -718,6 +719,9 @@ TEST(ValidateTest, TrainingErrorMessages) {
        2,
        "training.schedule \"exponential\" is not one of: cosine, linear, "
        "constant"},
+      {{"training.device=gpu"},
+       2,
+       "training.device \"gpu\" is not one of: cpu, cuda"},
       {{"training.min_lr_ratio=1.5"},
        2,
        "training.min_lr_ratio must be in [0, 1], got 1.5"},

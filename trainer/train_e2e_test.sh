@@ -2,8 +2,9 @@
 # End-to-end tests of the `train` binary as users run it: 2 processes started
 # by the binary itself through tools/launch (TCP store, Gloo), a preemption
 # drill (--stop_after_steps) and resume whose losses equal the uninterrupted
-# run's digit for digit, a resume on 1 process, config errors, the plot, and
-# a stopped rank (SIGSTOP) named within comm.timeout_s + a few seconds.
+# run's digit for digit, a resume on 1 process, config errors (a GPU run
+# without GPUs among them), the plot, and a stopped rank (SIGSTOP) named
+# within comm.timeout_s + a few seconds.
 set -euo pipefail
 train=trainer/train
 work="${TEST_TMPDIR:-$(mktemp -d)}/e2e"
@@ -95,6 +96,17 @@ code=$("$cd_back/$train" --set training.global_batch=7 >/dev/null 2>&1; echo $?)
 [[ "$code" == 2 ]] || fail "bad config exit code $code, want 2"
 grep -q "training.global_batch" "$work/bad.log" || { cat "$work/bad.log"; fail "no field in error"; }
 grep -q "starting" "$work/bad.log" && fail "ranks started for a bad config"
+# A GPU run on a machine without one (or a CPU build) is refused at once,
+# saying why, before any rank starts.
+if "$cd_back/$train" "${common[@]}" --set checkpoint.interval=0 \
+    --set checkpoint.resume=false --set training.device=cuda \
+    --set "checkpoint.folder=$work/gpu" >"$work/gpu.log" 2>&1; then
+  nvidia-smi -L 2>/dev/null | grep -q GPU || fail "a GPU run ran without GPUs"
+else
+  grep -q 'training.device "cuda"' "$work/gpu.log" || { cat "$work/gpu.log"; fail "no device error"; }
+  grep -Eq "built without CUDA|this machine shows" "$work/gpu.log" || { cat "$work/gpu.log"; fail "no reason"; }
+  grep -q "starting" "$work/gpu.log" && fail "ranks started for a GPU run without GPUs"
+fi
 if "$cd_back/$train" --sett x=1 >"$work/flag.log" 2>&1; then fail "bad flag accepted"; fi
 grep -q "unknown flag --sett" "$work/flag.log" || fail "no flag error"
 

@@ -50,6 +50,7 @@
 #include "core/allocator.h"
 #include "core/caching_allocator.h"
 #include "core/cli.h"
+#include "core/gpus.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "formats/file_util.h"
@@ -57,6 +58,10 @@
 #include "trainer/config.h"
 #include "trainer/default_config.h"
 #include "trainer/trainer.h"
+
+#if defined(FSDPP_WITH_CUDA)
+#include "comm/nccl_backend.h"
+#endif
 
 ABSL_FLAG(std::string, config, "",
           "a text-format TrainConfig (default: the embedded "
@@ -285,6 +290,46 @@ void SetUpAllocator(const TrainConfig& config) {
   }
 }
 
+// Where a rank with `local_rank` computes, and its groups over `store`: the
+// CPU and Gloo, or (training.device "cuda") cuda:local_rank, NCCL for the
+// mesh and Gloo for the trainer's own host values.
+absl::Status SetUpDevice(const TrainConfig& config, int local_rank,
+                         Store* store, const GlooOptions& gloo,
+                         TrainerEnv* env) {
+  if (config.training().device() != "cuda") {
+    env->group_factory = GlooGroupFactory(store, gloo);
+    return absl::OkStatus();
+  }
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(UseGpu(local_rank), "training.device \"cuda\""));
+#if defined(FSDPP_WITH_CUDA)
+  env->device = Device::Cuda(local_rank);
+  NcclOptions nccl;
+  nccl.timeout = gloo.timeout;
+  env->group_factory = NcclGroupFactory(store, local_rank, nccl);
+  env->host_group_factory = GlooGroupFactory(store, gloo);
+#endif
+  return absl::OkStatus();
+}
+
+// The GPUs a local job of `nproc` ranks needs, checked before anything
+// starts: one per rank.
+absl::Status CheckGpus(const TrainConfig& config, int nproc) {
+  if (config.training().device() != "cuda") return absl::OkStatus();
+  if (!BuiltWithCuda()) {
+    return absl::FailedPreconditionError(
+        "training.device \"cuda\": this binary was built without CUDA; "
+        "run it with bazel run --config=cuda //trainer:train");
+  }
+  if (GpuCount() < nproc) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "training.device \"cuda\": ", nproc,
+        " local rank(s) need one GPU each, and this machine shows ", GpuCount(),
+        " (lower --nproc_per_node)"));
+  }
+  return absl::OkStatus();
+}
+
 // This rank's training: Trainer::Create, then Run. The trainer (the model,
 // its optimizer state, the loaders) is released before this returns.
 absl::StatusOr<TrainResult> TrainRank(const TrainConfig& config,
@@ -323,7 +368,12 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
   TrainerEnv env;
   env.rank = info.rank;
   env.world_size = info.world_size;
-  env.group_factory = GlooGroupFactory(store->get(), gloo);
+  if (absl::Status s =
+          SetUpDevice(config, info.local_rank, store->get(), gloo, &env);
+      !s.ok()) {
+    std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+    return 1;
+  }
   env.store = store->get();
   env.out = stdout;
   // tools/launch draws status lines in place when its stdout is a terminal.
@@ -359,7 +409,10 @@ int RunSingle(const TrainConfig& config, const char* argv0,
   TrainerEnv env;
   GlooOptions gloo;
   gloo.timeout = absl::Seconds(config.comm().timeout_s());
-  env.group_factory = GlooGroupFactory(&store, gloo);
+  if (absl::Status s = SetUpDevice(config, 0, &store, gloo, &env); !s.ok()) {
+    std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+    return 1;
+  }
   env.store = &store;
   env.progress = isatty(fileno(stdout)) ? TrainerEnv::Progress::kTerminal
                                         : TrainerEnv::Progress::kLines;
@@ -412,6 +465,10 @@ int Main(int argc, char** argv) {
                    s.ToString().c_str(), nproc * nodes, nproc, nodes);
       return 2;
     }
+  }
+  if (absl::Status s = CheckGpus(*config, nproc); !s.ok()) {
+    std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
+    return 2;
   }
   // Two spinning OpenMP pools on two cores cost a third of the speed.
   setenv("OMP_WAIT_POLICY", "PASSIVE", /*overwrite=*/0);

@@ -20,6 +20,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "comm/host_collectives.h"
+#include "core/gpus.h"
 #include "core/logging.h"
 #include "core/status.h"
 #include "core/trace.h"
@@ -37,6 +38,7 @@
 #include "recipe/step/step.h"
 #include "recipe/training.h"
 #include "runtime/launch.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
 #include "trainer/data/loader.h"
@@ -68,8 +70,9 @@ absl::StatusOr<LrDecay> ParseDecay(const std::string& name) {
 }
 
 // Every rank's allocator statistics (current and peak per tag, totals).
-absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
-  const MemoryStats mine = GetAllocator(Device::Cpu())->Stats();
+absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group,
+                                                      Device device) {
+  const MemoryStats mine = GetAllocator(device)->Stats();
   std::vector<int64_t> v;
   for (int t = 0; t < kNumMemoryTags; ++t) v.push_back(mine.current[t]);
   for (int t = 0; t < kNumMemoryTags; ++t) v.push_back(mine.peak[t]);
@@ -92,23 +95,34 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group) {
   return stats;
 }
 
-// The batch's ids and targets as i32 [batch, seq] tensors (one copy each).
-absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch) {
+// The batch's ids and targets as i32 [batch, seq] tensors on `device` (on
+// a GPU through a host copy of each).
+absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch,
+                                                Device device) {
   const Shape shape{batch.batch_size, batch.seq_len};
-  recipe::MicroBatch out;
-  FSDPP_ASSIGN_OR_RETURN(out.ids,
+  recipe::MicroBatch host;
+  FSDPP_ASSIGN_OR_RETURN(host.ids,
                          Tensor::Empty(shape, DType::kI32, Device::Cpu()));
-  FSDPP_ASSIGN_OR_RETURN(out.targets,
+  FSDPP_ASSIGN_OR_RETURN(host.targets,
                          Tensor::Empty(shape, DType::kI32, Device::Cpu()));
-  std::copy(batch.inputs.begin(), batch.inputs.end(), out.ids.data<int32_t>());
+  std::copy(batch.inputs.begin(), batch.inputs.end(), host.ids.data<int32_t>());
   std::copy(batch.targets.begin(), batch.targets.end(),
-            out.targets.data<int32_t>());
+            host.targets.data<int32_t>());
+  if (device.is_cpu()) return host;
+  recipe::MicroBatch out;
+  FSDPP_ASSIGN_OR_RETURN(out.ids, Tensor::Empty(shape, DType::kI32, device));
+  FSDPP_ASSIGN_OR_RETURN(out.targets,
+                         Tensor::Empty(shape, DType::kI32, device));
+  FSDPP_RETURN_IF_ERROR(Copy(host.ids, &out.ids));
+  FSDPP_RETURN_IF_ERROR(Copy(host.targets, &out.targets));
   return out;
 }
 
 // The loader's next batches, one per micro-batch the step asks for.
-recipe::MicroBatchSource LoaderBatches(DataLoader* loader) {
-  return [loader](int64_t) { return BatchTensors(loader->Next()); };
+recipe::MicroBatchSource LoaderBatches(DataLoader* loader, Device device) {
+  return [loader, device](int64_t) {
+    return BatchTensors(loader->Next(), device);
+  };
 }
 
 std::string TrainLine(const StepLog& s, int64_t steps, double tokens_per_s,
@@ -178,6 +192,12 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, const TrainerEnv& env) {
   FSDPP_ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
                          ResolveTrainConfig(config, env.world_size));
+  if ((config.training().device() == "cuda") != env.device.is_cuda()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("trainer: training.device is ", config.training().device(),
+                     " but this rank was given ", env.device.ToString(),
+                     " (train_main gives rank r cuda:LOCAL_RANK)"));
+  }
   std::unique_ptr<Trainer> trainer(new Trainer(config, env, std::move(rc)));
   FSDPP_RETURN_IF_ERROR(trainer->CheckMemoryPlan());
   FSDPP_RETURN_IF_ERROR(trainer->BuildMesh());
@@ -204,8 +224,22 @@ absl::Status Trainer::CheckMemoryPlan() {
     int n = 0;
     if (absl::SimpleAtoi(local, &n) && n > 0) ranks_per_node = n;
   }
+  // The planner's device: this CPU, or a GPU it has a data sheet for.
+  std::string planned_device = "cpu";
+  if (env_.device.is_cuda()) {
+    FSDPP_ASSIGN_OR_RETURN(const std::string name,
+                           GpuName(env_.device.index()));
+    planned_device = absl::StrContains(name, "H200")   ? "h200"
+                     : absl::StrContains(name, "H100") ? "h100"
+                                                       : "";
+    if (planned_device.empty()) {
+      plan_note_ = absl::StrCat("  memory plan: none (no data sheet for ", name,
+                                "; tools/plan knows h100, h200)");
+      return absl::OkStatus();
+    }
+  }
   FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
-                         plan::DeviceByName("cpu", ranks_per_node,
+                         plan::DeviceByName(planned_device, ranks_per_node,
                                             /*calibrate=*/false));
   const TrainingConfig& tc = config_.training();
   if (tc.max_memory_gib() > 0) {
@@ -254,7 +288,7 @@ absl::Status Trainer::CheckMemoryPlan() {
 void Trainer::ReportMemory(const std::string& when) const {
   const char* path = std::getenv(launch::kMemoryReportEnv);
   if (path == nullptr || *path == '\0') return;
-  const MemoryStats m = GetAllocator(Device::Cpu())->Stats();
+  const MemoryStats m = GetAllocator(env_.device)->Stats();
   std::ofstream f(path, std::ios::trunc);
   f << absl::StrFormat("%s: %s live, peak %s, %s held%s%s\n", when,
                        plan::FormatBytes(m.total_current),
@@ -270,7 +304,15 @@ absl::Status Trainer::BuildMesh() {
       Context(DeviceMesh::Create(rc_.layout.MeshAxes(), env_.rank,
                                  env_.world_size, env_.group_factory, "train"),
               "trainer: creating the device mesh"));
-  FSDPP_ASSIGN_OR_RETURN(world_, mesh_->FlatGroup());
+  if (env_.host_group_factory) {
+    FSDPP_ASSIGN_OR_RETURN(
+        host_mesh_, Context(DeviceMesh::Create(rc_.layout.MeshAxes(), env_.rank,
+                                               env_.world_size,
+                                               env_.host_group_factory, "host"),
+                            "trainer: creating the host mesh"));
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      world_, (host_mesh_ != nullptr ? host_mesh_ : mesh_)->FlatGroup());
   trace_ = std::make_unique<TraceRecorder>(env_.rank,
                                            absl::StrCat("rank ", env_.rank));
   trace_scope_.emplace(trace_.get());
@@ -323,6 +365,7 @@ absl::Status Trainer::BuildModel() {
   options.adamw.beta2 = tc.adam_beta2();
   options.adamw.eps = tc.adam_eps();
   options.adamw.weight_decay = tc.weight_decay();
+  options.host_mesh = host_mesh_.get();
   FSDPP_ASSIGN_OR_RETURN(training_,
                          Context(recipe::Training::Build(rc_.model, rc_.layout,
                                                          mesh_.get(), options),
@@ -551,7 +594,21 @@ absl::Status Trainer::BuildMetrics() {
   flops_per_token_ = models::FlopsPerToken(rc_.model, rc_.layout.seq_len);
   peak_ = mc.peak_tflops() * 1e12;
   std::string peak_source = "metrics.peak_tflops";
-  if (peak_ <= 0) {
+  const DType peak_dtype =
+      rc_.layout.param_dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
+  if (peak_ <= 0 && env_.device.is_cuda()) {
+    // A GPU's dense data-sheet peak, by its name.
+    FSDPP_ASSIGN_OR_RETURN(const std::string name,
+                           GpuName(env_.device.index()));
+    peak_ = plan::GpuPeakFlops(name, peak_dtype);
+    if (peak_ <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "trainer: no data-sheet peak for the GPU \"", name,
+          "\" (plan/rates.cc); set metrics.peak_tflops for its MFU"));
+    }
+    peak_source = absl::StrFormat("data sheet: %s, dense %s", name,
+                                  DTypeName(peak_dtype));
+  } else if (peak_ <= 0) {
     FSDPP_ASSIGN_OR_RETURN(
         peak_,
         plan::MeasureMatmulFlops(
@@ -570,6 +627,7 @@ absl::Status Trainer::BuildMetrics() {
   // peaks restart here, so that the reported peak is the training's own
   // (the sharded state is live, so it stays counted).
   if (Allocator* host = GetAllocator(Device::Cpu())) host->ResetPeak();
+  if (Allocator* device = GetAllocator(env_.device)) device->ResetPeak();
   result_.peak_tflops_per_rank = peak_ / 1e12;
   return PrintHeader(peak_source);
 }
@@ -618,7 +676,8 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
     run.flops_per_token = flops_per_token_;
     FSDPP_RETURN_IF_ERROR(jsonl_->WriteRecord(run));
   }
-  FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem,
+                         GatherMemory(world_, env_.device));
   print_->Line(FormatMemoryTable(mem,
                                  "Memory per rank at start (sharded state "
                                  "allocated, before the first step):"));
@@ -671,9 +730,10 @@ absl::Status Trainer::TrainStep() {
   {
     TraceSpan step_span("step", "step");
     FSDPP_ASSIGN_OR_RETURN(
-        last_step_, Context(training_->ForwardBackward(
-                                LoaderBatches(loader_.get()), log.loss_scale),
-                            absl::StrCat("step ", step)));
+        last_step_,
+        Context(training_->ForwardBackward(
+                    LoaderBatches(loader_.get(), env_.device), log.loss_scale),
+                absl::StrCat("step ", step)));
     log.loss = last_step_.loss;
     if (!std::isfinite(log.loss)) {
       return absl::InternalError(absl::StrFormat(
@@ -827,9 +887,9 @@ absl::Status Trainer::Validate() {
   const int64_t micro_batches = vc.batches() * rc_.layout.grad_accumulation;
   FSDPP_ASSIGN_OR_RETURN(
       const double loss,
-      Context(
-          training_->Evaluate(micro_batches, LoaderBatches(val_loader_.get())),
-          absl::StrCat("step ", step, " validation")));
+      Context(training_->Evaluate(
+                  micro_batches, LoaderBatches(val_loader_.get(), env_.device)),
+              absl::StrCat("step ", step, " validation")));
   result_.validation.emplace_back(step, loss);
   print_->Line(absl::StrFormat(
       "validation: step %d loss %.4f (%d sequences: %d global batch(es))", step,
@@ -925,8 +985,9 @@ absl::Status Trainer::Summarize() {
   result_.mfu = peak_ > 0 ? result_.tflops_per_rank * 1e12 / peak_ : 0;
   result_.exposed_comm_s_per_step =
       comm_steps_ > 0 ? comm_wait_us_ / 1e6 / comm_steps_ : 0;
-  result_.memory = GetAllocator(Device::Cpu())->Stats();
-  FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem, GatherMemory(world_));
+  result_.memory = GetAllocator(env_.device)->Stats();
+  FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem,
+                         GatherMemory(world_, env_.device));
   std::vector<double> comm = {result_.exposed_comm_s_per_step};
   FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &comm, ReduceOp::kMax));
   // The step's own report (the pipeline's waits, every rank's).

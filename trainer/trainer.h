@@ -81,9 +81,17 @@ namespace trainer {
 struct TrainerEnv {
   int rank = 0;
   int world_size = 1;
+  // Where this rank computes: the CPU, or its GPU (cuda:LOCAL_RANK, made
+  // current by the caller: core/gpus.h UseGpu).
+  Device device = Device::Cpu();
   // Makes the mesh's process groups (e.g. GlooGroupFactory over the
-  // rendezvous store).
+  // rendezvous store; NcclGroupFactory on a GPU).
   ProcessGroupFactory group_factory;
+  // Makes the groups of the trainer's own host values (the loss, timings,
+  // memory tables, the checkpoint coordinator) when the mesh's take device
+  // buffers only (NCCL: a GlooGroupFactory over the same store); empty:
+  // the mesh's own groups.
+  ProcessGroupFactory host_group_factory;
   // Coordinates asynchronous checkpoints (required for checkpoint.async with
   // more than one rank; not owned).
   Store* store = nullptr;
@@ -260,9 +268,11 @@ class Trainer {
   std::unique_ptr<Printer> print_;
   TrainResult result_;
 
-  // Mesh and trace.
+  // Mesh and trace. The host mesh carries the trainer's host values (the
+  // mesh itself when its groups take host buffers).
   std::unique_ptr<DeviceMesh> mesh_;
-  ProcessGroup* world_ = nullptr;  // The mesh's flat group.
+  std::unique_ptr<DeviceMesh> host_mesh_;  // null: mesh_
+  ProcessGroup* world_ = nullptr;          // The host mesh's flat group.
   std::unique_ptr<TraceRecorder> trace_;
   std::optional<ScopedCurrentTrace> trace_scope_;
   // Data.

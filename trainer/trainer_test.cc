@@ -784,6 +784,20 @@ TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
       << results[0].status();
 }
 
+// training.device must be the rank's device: a "cuda" run given the CPU
+// (the tests' thread ranks) is refused before anything is built.
+TEST(TrainerTest, TheConfigsDeviceMustBeTheRanks) {
+  TrainConfig config = SmallConfig(TestDir("device"));
+  CHECK_OK(ApplyOverrides({"training.device=cuda"}, &config));
+  auto results = RunRanks(config, 1);
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(results[0].status().message(),
+                                "training.device is cuda but this rank was "
+                                "given cpu"))
+      << results[0].status();
+}
+
 // The plan before anything is allocated or written: a run over its memory
 // budget fails on every rank naming the largest part and what would fit;
 // training.skip_memory_check runs it anyway, and the header says so.

@@ -224,7 +224,7 @@ absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
   for (float l : stats->losses) {
     loss[0] += static_cast<double>(l) / micro_batches;
   }
-  FSDPP_RETURN_IF_ERROR(AllReduceValues(pipeline_, &loss, ReduceOp::kSum));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(HostPipeline(), &loss, ReduceOp::kSum));
   out.loss = loss[0];
   return out;
 }
@@ -238,7 +238,7 @@ absl::StatusOr<double> PipelineStep::EvaluateSum(
       runner_->Evaluate(static_cast<int>(micro_batches), ids, targets));
   std::vector<double> sum = {0.0};
   for (float l : losses) sum[0] += l;
-  FSDPP_RETURN_IF_ERROR(AllReduceValues(pipeline_, &sum, ReduceOp::kSum));
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(HostPipeline(), &sum, ReduceOp::kSum));
   return sum[0];
 }
 

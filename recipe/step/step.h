@@ -206,6 +206,10 @@ struct PipelineStepOptions {
   DType hidden_dtype = DType::kF32;
   // Bound on every transfer between stages and the shared-gradient sum.
   absl::Duration timeout = absl::Minutes(5);
+  // The pipeline ranks' group for host values (the loss summed from the
+  // last stage) when the pipeline group takes device buffers only (NCCL);
+  // null: the pipeline group.
+  ProcessGroup* host_pipeline = nullptr;
 };
 
 class PipelineStep final : public Step {
@@ -235,6 +239,10 @@ class PipelineStep final : public Step {
   PipelineStep(ProcessGroup* pipeline, parallel::PipelineSchedule schedule,
                std::vector<PipelineStageTraining> stages,
                PipelineStepOptions options);
+  ProcessGroup* HostPipeline() const {
+    return options_.host_pipeline != nullptr ? options_.host_pipeline
+                                             : pipeline_;
+  }
   // The micro-batches, and the runner made for their shape.
   absl::Status Gather(int64_t micro_batches, const MicroBatchSource& source,
                       std::vector<Tensor>* ids, std::vector<Tensor>* targets);

@@ -1,48 +1,217 @@
 #!/usr/bin/env bash
-# Runs the CUDA tests packed by tools/gpu/bundle.sh on a GPU machine, then
-# the PyTorch peer of tests/cuda_train_test's GPT-2 124M timing. Run from the
-# repo root with .gpu_bundle/ beside it; logs go to $OUT (or /tmp/gpu_out).
+# The one GPU run, on a GPU machine (H100 / H200), from the repo root with
+# .gpu_bundle/ beside it (tools/gpu/bundle.sh made it on a machine without a
+# GPU). In about 8 minutes, writing everything under $OUT (default
+# /tmp/gpu_out):
+#
+#   1. the machine: GPU, driver, the CUDA / NCCL / cuDNN libraries found
+#      (the toolkit's, else the ones PyTorch's wheels ship) and cuDNN's
+#      version;                                            -> machine.json
+#   2. every CUDA test of the bundle, each bounded;        -> tests.json
+#   3. the trainer on the GPU (trainer/configs/gpt2_124m_gpu.textproto:
+#      GPT-2 124M, 8 x 1024 tokens, bf16, AdamW): its median step and MFU,
+#      and a second run's losses, which must equal the first's bit for bit;
+#   4. the trainer's first 10 losses on the GPU against the CPU trainer's
+#      on the same data (a smaller batch: 2 x 256);
+#   5. the PyTorch peers of step 3 (tools/bench/pytorch_gpt2_step.py:
+#      eager, SDPA + fused AdamW, and that under torch.compile), between two
+#      timings of fsdpp's, so both sides see the same machine;
+#                                                           -> bench.json
+#      ({device, date, fsdpp_ms, pytorch_sdpa_ms, pytorch_eager_ms,
+#      pytorch_compile_ms, mfu, ...}: median step times of this run);
+#   6. the per-kernel top 20 of one fsdpp step (ncu --clock-control none,
+#      kernel durations only).                              -> kernels.csv
+#
+# GPU_PEER=0 skips step 5, GPU_NCU=0 step 6.
 set -uo pipefail
 out="${OUT:-/tmp/gpu_out}"
 mkdir -p "$out"
+repo="$PWD"
 work=/tmp/gpu_bundle  # kept, for runs of single tests after this script
 rm -rf "$work" && mkdir -p "$work"
 tar -C "$work" -xJf .gpu_bundle/bundle.tar.xz || exit 1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv |
+export OMP_WAIT_POLICY=PASSIVE
+export PYTHONUNBUFFERED=1
+start=$SECONDS
+note() { echo "[$((SECONDS - start)) s] $*"; }
+
+# 1. The machine and its libraries.
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader |
   tee "$out/gpu.txt"
-# The machine's own CUDA libraries: the toolkit's, else the pip wheels'.
+torch_lib="$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__))' 2>/dev/null)"
+site="$(dirname "$torch_lib" 2>/dev/null)"
 libdirs=""
-for name in libcudart.so.13 libcublasLt.so.13 libnccl.so.2; do
-  found="$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
-    -name "$name*" -not -path '*/stubs/*' 2>/dev/null | head -1)"
-  echo "$name: ${found:-NOT FOUND}"
-  [ -n "$found" ] && libdirs="$libdirs:$(dirname "$found")"
+declare -A found
+for name in libcudart.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
+  path="$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
+    ${site:+"$site/nvidia"} -name "$name*" -not -path '*/stubs/*' 2>/dev/null |
+    head -1)"
+  found[$name]="${path:-NOT FOUND}"
+  echo "$name: ${found[$name]}"
+  [ -n "$path" ] && libdirs="$libdirs:$(dirname "$path")"
 done
 export LD_LIBRARY_PATH="$work/lib${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export OMP_WAIT_POLICY=PASSIVE
+python3 - "$out/machine.json" "${found[libcudnn.so.9]}" <<'EOF'
+import json, subprocess, sys
+import torch
+info = {
+    "gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
+                           "--format=csv,noheader"], capture_output=True,
+                          text=True).stdout.strip(),
+    "torch": torch.__version__,
+    "torch_cudnn_version": torch.backends.cudnn.version(),
+    "cudnn_library": sys.argv[2],
+}
+json.dump(info, open(sys.argv[1], "w"), indent=1)
+print(json.dumps(info))
+EOF
+
+# 2. The CUDA tests.
+note "CUDA tests"
 passed=0
 failed=0
+: >"$out/tests.jsonl"
 while read -r t; do
   log="$out/$(echo "$t" | tr / _).log"
-  echo "=== $t"
-  if timeout 240 "$work/bin/$t" >"$log" 2>&1; then
+  t0=$SECONDS
+  if timeout 180 "$work/bin/$t" >"$log" 2>&1; then
+    status=passed
     passed=$((passed + 1))
-    status=PASSED
   else
+    status="failed (rc $?)"
     failed=$((failed + 1))
-    status="FAILED (rc $?)"
+    tail -30 "$log"
   fi
   grep -E '^\[  (PASSED  |SKIPPED )\] [0-9]+ tests?|^\[  FAILED  \] [A-Z]' "$log" |
-    head -20
-  echo "$t: $status"
-  [ "$status" = PASSED ] || tail -30 "$log"
+    head -10
+  echo "{\"test\": \"$t\", \"status\": \"$status\", \"s\": $((SECONDS - t0))}" |
+    tee -a "$out/tests.jsonl"
 done <"$work/tests.txt"
-grep -h "loss cpu\|parameter error\|median step" "$out"/tests_cuda_train_test.log
-grep -h "planned" "$out"/plan_dry_run_cuda_test.log
-if [ "${GPU_PEER:-1}" = 1 ]; then  # GPU_PEER=0 skips the PyTorch peer
-  echo "=== PyTorch peer (GPT-2 124M bf16, 8 x 1024, cuda)"
-  timeout 180 python3 tools/bench/pytorch_gpt2_step.py --device=cuda \
-    --dtype=bf16 --batch=8 --seq=1024 --steps=5 --warmup=3 |
-    tee "$out/pytorch_peer.json"
+grep -h "loss cpu\|parameter error\|median step" \
+  "$out"/tests_cuda_train_test.log 2>/dev/null
+note "tests: $passed passed, $failed failed"
+
+# 3. The trainer on the GPU, twice (the second run's losses must be the
+# first's bits).
+train="$work/bin/trainer/train"
+gpu_config=(--config="$repo/trainer/configs/gpt2_124m_gpu.textproto"
+  --nproc_per_node=1 --set "data.tokenizer_dir=$work/share/gpt2"
+  --set validation.interval=0 --set metrics.log_interval=1
+  --set training.warmup_steps=2)
+fsdpp_run() {  # fsdpp_run NAME STEPS [--set ...]
+  local name=$1 steps=$2
+  shift 2
+  timeout 300 "$train" "${gpu_config[@]}" --set "training.steps=$steps" \
+    --set "metrics.jsonl_path=$out/$name.jsonl" "$@" >"$out/$name.log" 2>&1 ||
+    { echo "$name: the trainer failed (rc $?)"; tail -20 "$out/$name.log"; }
+  grep -E "MFU peak|memory plan|Time/step|MFU:|Peak memory" "$out/$name.log"
+}
+note "fsdpp, GPU, run 1"
+fsdpp_run fsdpp_1 12
+note "fsdpp, GPU, run 2 (bitwise)"
+fsdpp_run fsdpp_2 6
+
+# 4. The first 10 losses, GPU against CPU, at 2 x 256.
+small=(--set training.global_batch=2 --set training.micro_batch=2
+  --set training.seq_len=256)
+note "fsdpp, first 10 losses on the GPU and the CPU (2 x 256)"
+fsdpp_run small_gpu 10 "${small[@]}"
+fsdpp_run small_cpu 10 "${small[@]}" --set training.device=cpu
+
+# 5. The PyTorch peers, between two fsdpp timings.
+peer() {  # peer VARIANT
+  timeout 240 python3 "$repo/tools/bench/pytorch_gpt2_step.py" --device=cuda \
+    --dtype=bf16 --batch=8 --seq=1024 --steps=8 --warmup=3 --variant="$1" \
+    >"$out/peer_$1.json" 2>"$out/peer_$1.log" ||
+    { echo "peer $1 failed"; tail -5 "$out/peer_$1.log"; }
+  cat "$out/peer_$1.json"
+}
+if [ "${GPU_PEER:-1}" = 1 ]; then
+  for variant in eager sdpa compile; do
+    note "PyTorch peer: $variant"
+    peer "$variant"
+  done
+  note "fsdpp, GPU, run 3 (after the peers)"
+  fsdpp_run fsdpp_3 8
 fi
-echo "$passed passed, $failed failed"
+
+# 6. The kernels of one fsdpp step.
+if [ "${GPU_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
+  note "ncu: the kernels of step 3"
+  timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum \
+    --csv --log-file "$out/ncu.csv" \
+    "$train" "${gpu_config[@]}" --set training.steps=3 \
+    --set metrics.jsonl_path= >"$out/ncu_run.log" 2>&1 ||
+    { echo "ncu failed (rc $?)"; tail -5 "$out/ncu_run.log"; }
+fi
+
+# The summary.
+python3 - "$out" <<'EOF'
+import csv, collections, datetime, json, os, statistics, sys
+out = sys.argv[1]
+
+def steps(name):
+  path = os.path.join(out, name + ".jsonl")
+  if not os.path.exists(path):
+    return []
+  return [json.loads(l) for l in open(path) if '"kind":"train"' in l]
+
+def median_ms(records):
+  times = [r["step_time_s"] for r in records if not r["warmup"]]
+  return 1e3 * statistics.median(times) if times else None
+
+def peer_ms(variant):
+  try:
+    return 1e3 * json.load(open(os.path.join(out, f"peer_{variant}.json")))[
+        "median_step_s"]
+  except (OSError, ValueError, KeyError):
+    return None
+
+run1, run2, run3 = steps("fsdpp_1"), steps("fsdpp_2"), steps("fsdpp_3")
+small_gpu, small_cpu = steps("small_gpu"), steps("small_cpu")
+losses1 = [r["loss"] for r in run1]
+losses2 = [r["loss"] for r in run2]
+gpu10 = [r["loss"] for r in small_gpu][:10]
+cpu10 = [r["loss"] for r in small_cpu][:10]
+fsdpp = [m for m in (median_ms(run1), median_ms(run3)) if m is not None]
+bench = {
+    "device": open(os.path.join(out, "gpu.txt")).read().strip(),
+    "date": datetime.date.today().isoformat(),
+    "fsdpp_ms": statistics.median(fsdpp) if fsdpp else None,
+    "fsdpp_ms_runs": fsdpp,
+    "pytorch_sdpa_ms": peer_ms("sdpa"),
+    "pytorch_eager_ms": peer_ms("eager"),
+    "pytorch_compile_ms": peer_ms("compile"),
+    "mfu": statistics.median([r["mfu"] for r in run1 if not r["warmup"]])
+           if run1 else None,
+    "bitwise_rerun": bool(losses2) and losses1[:len(losses2)] == losses2,
+    "first_losses_gpu": gpu10,
+    "first_losses_cpu": cpu10,
+    "first_losses_max_rel": max((abs(g - c) / abs(c) for g, c in
+                                 zip(gpu10, cpu10)), default=None),
+    "shape": "GPT-2 124M, 8 x 1024 tokens, bf16, AdamW",
+}
+json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
+print(json.dumps(bench, indent=1))
+# Kernels: total time per kernel name over the profiled steps, top 20.
+path = os.path.join(out, "ncu.csv")
+if os.path.exists(path):
+  rows = [l for l in open(path) if l.startswith('"')]
+  totals = collections.Counter()
+  counts = collections.Counter()
+  for row in csv.DictReader(rows):
+    if row.get("Metric Name") != "gpu__time_duration.sum":
+      continue
+    value = float(row["Metric Value"].replace(",", ""))
+    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(
+        row.get("Metric Unit"), 1.0)
+    totals[row["Kernel Name"][:90]] += value * scale
+    counts[row["Kernel Name"][:90]] += 1
+  whole = sum(totals.values()) or 1.0
+  with open(os.path.join(out, "kernels.csv"), "w") as f:
+    f.write("kernel,calls,total_ms,share\n")
+    for name, ms in totals.most_common(20):
+      f.write(f'"{name}",{counts[name]},{ms:.3f},{ms / whole:.3f}\n')
+  print(open(os.path.join(out, "kernels.csv")).read())
+EOF
+note "done: tests $passed passed, $failed failed"
