@@ -1,10 +1,10 @@
 """Repository rule that finds the CUDA toolkit for --config=cuda.
 
 Looks at $CUDA_PATH, then /usr/local/cuda. When a toolkit with bin/nvcc is
-found, @local_cuda exposes cudart, cuBLASLt and NCCL as cc_library targets and
-defs.bzl records CUDA_PATH. When none is found the repository still exists
-(so the CPU build, which never references it, is unaffected) and a
---config=cuda build fails with a message saying that the toolkit is missing.
+found, @local_cuda exposes cudart, cuBLASLt, NCCL and cuDNN as cc_library
+targets and defs.bzl records CUDA_PATH. When none is found the repository
+still exists (so the CPU build, which never references it, is unaffected) and
+a --config=cuda build fails with a message saying that the toolkit is missing.
 """
 
 _CUDA_LIB_BUILD = """
@@ -33,10 +33,11 @@ cc_library(
             ("cudart", '"-lcudart"'),
             ("cublaslt", '"-lcublasLt"'),
             ("nccl", '"-lnccl"'),
+            ("cudnn", '"-lcudnn"'),
         ]:
             build.append(_CUDA_LIB_BUILD.format(name = name, path = cuda_path, libs = libs))
     else:
-        for name in ["headers", "cudart", "cublaslt", "nccl"]:
+        for name in ["headers", "cudart", "cublaslt", "nccl", "cudnn"]:
             build.append('cc_library(name = "{}")'.format(name))
     ctx.file("BUILD", "\n".join(build))
     ctx.file("defs.bzl", "CUDA_PATH = {}\nHAS_CUDA = {}\n".format(
