@@ -321,6 +321,11 @@ absl::Status CheckGpus(const TrainConfig& config, int nproc) {
         "training.device \"cuda\": this binary was built without CUDA; "
         "run it with bazel run --config=cuda //trainer:train");
   }
+  if (GpuCount() == 0) {
+    return absl::FailedPreconditionError(
+        "training.device \"cuda\": this machine shows no GPU (no driver or "
+        "device); train on the CPU with training.device \"cpu\"");
+  }
   if (GpuCount() < nproc) {
     return absl::FailedPreconditionError(absl::StrCat(
         "training.device \"cuda\": ", nproc,

@@ -19,6 +19,7 @@ TESTS=(
   //core:caching_allocator_test
   //core:device_test
   //tensor:cuda_backend_test
+  //tensor:cudnn_sdpa_test
   //tensor:attention_test
   //tensor:ops_errors_test
   //tensor:tensor_test
