@@ -81,11 +81,6 @@ struct Layout {
   int64_t seq(const models::TransformerConfig& model) const {
     return seq_len > 0 ? seq_len : model.context_length;
   }
-  // The rows of the hidden states a pipeline stage passes on: the sequence,
-  // split over tp with sequence parallelism.
-  int64_t stage_seq(const models::TransformerConfig& model) const {
-    return sequence_parallel ? seq(model) / tp : seq(model);
-  }
 
   // The mesh's axes, outermost first.
   std::vector<MeshAxis> MeshAxes() const;

@@ -47,16 +47,12 @@ TEST(LayoutTest, MeshAxesOutermostFirst) {
   EXPECT_EQ(l.FirstRankOfPipelineRank(1), 8);
 }
 
-TEST(LayoutTest, SequenceLengths) {
+TEST(LayoutTest, SequenceLength) {
   const models::TransformerConfig m = Gpt2Debug();
   Layout l;
   EXPECT_EQ(l.seq(m), m.context_length);
   l.seq_len = 32;
-  l.tp = 2;
-  l.world = 2;
-  EXPECT_EQ(l.stage_seq(m), 32);
-  l.sequence_parallel = true;
-  EXPECT_EQ(l.stage_seq(m), 16);
+  EXPECT_EQ(l.seq(m), 32);
 }
 
 TEST(LayoutTest, ToStringSaysEverything) {
