@@ -602,6 +602,46 @@ class SdpaDeviceTest : public ::testing::TestWithParam<Case> {
     return r;
   }
 
+  // A backward's inputs staged on the device from the reference forward and
+  // `d_out` (q, k, v and dq, dk, dv in one buffer each, laid out as the case
+  // says), and the pointers Execute takes.
+  struct BackwardBuffers {
+    BackwardBuffers(const Case& c, const SdpaBackwardShape& shape,
+                    const Reference& ref, const Tensor& d_out)
+        : layout(LayoutFor(c, shape.forward)),
+          qkv(layout.elements * 2),
+          o(Span(shape.forward.o) * 2),
+          d_o(Span(shape.d_o) * 2),
+          stats(ref.lse.nbytes()),
+          d_qkv(layout.elements * 2) {
+      std::vector<uint16_t> qkv_host(layout.elements, 0),
+          o_host(Span(shape.forward.o), 0), do_host(Span(shape.d_o), 0);
+      Scatter(ref.q, shape.forward.q, layout.q_base, &qkv_host);
+      Scatter(ref.k, shape.forward.k, layout.k_base, &qkv_host);
+      Scatter(ref.v, shape.forward.v, layout.v_base, &qkv_host);
+      Scatter(ref.out, shape.forward.o, 0, &o_host);
+      Scatter(d_out, shape.d_o, 0, &do_host);
+      qkv.Upload(qkv_host);
+      o.Upload(o_host);
+      d_o.Upload(do_host);
+      CHECK_OK(CudaStatus(cudaMemcpy(stats.get(), ref.lse.raw_data(),
+                                     ref.lse.nbytes(), cudaMemcpyHostToDevice),
+                          "cudaMemcpy"));
+      pointers.q = qkv.bytes() + layout.q_base * 2;
+      pointers.k = qkv.bytes() + layout.k_base * 2;
+      pointers.v = qkv.bytes() + layout.v_base * 2;
+      pointers.o = o.get();
+      pointers.stats = static_cast<float*>(stats.get());
+      pointers.d_o = d_o.get();
+      pointers.d_q = d_qkv.bytes() + layout.q_base * 2;
+      pointers.d_k = d_qkv.bytes() + layout.k_base * 2;
+      pointers.d_v = d_qkv.bytes() + layout.v_base * 2;
+    }
+    QkvLayout layout;
+    DeviceBuffer qkv, o, d_o, stats, d_qkv;
+    SdpaPointers pointers;
+  };
+
   // Runs `plan` after checking its workspace; synchronizes.
   void Run(const SdpaPlan& plan, const SdpaPointers& p) {
     DeviceBuffer workspace(plan.workspace_bytes());
@@ -682,39 +722,12 @@ TEST_P(SdpaDeviceTest, BackwardMatchesCpuReference) {
               << " backward: engine " << (*plan)->engine_index() << ", "
               << (*plan)->workspace_bytes() << " workspace bytes\n";
 
-    const QkvLayout in = LayoutFor(c, shape.forward);
-    std::vector<uint16_t> qkv_host(in.elements, 0);
-    Scatter(ref.q, shape.forward.q, in.q_base, &qkv_host);
-    Scatter(ref.k, shape.forward.k, in.k_base, &qkv_host);
-    Scatter(ref.v, shape.forward.v, in.v_base, &qkv_host);
-    std::vector<uint16_t> o_host(Span(shape.forward.o), 0),
-        do_host(Span(shape.d_o), 0);
-    Scatter(ref.out, shape.forward.o, 0, &o_host);
-    Scatter(d_out, shape.d_o, 0, &do_host);
-    DeviceBuffer qkv(qkv_host.size() * 2), o(o_host.size() * 2),
-        d_o(do_host.size() * 2), stats(ref.lse.nbytes()),
-        d_qkv(qkv_host.size() * 2);
-    qkv.Upload(qkv_host);
-    o.Upload(o_host);
-    d_o.Upload(do_host);
-    ASSERT_TRUE(CudaStatus(cudaMemcpy(stats.get(), ref.lse.raw_data(),
-                                      ref.lse.nbytes(), cudaMemcpyHostToDevice),
-                           "cudaMemcpy")
-                    .ok());
-    SdpaPointers p;
-    p.q = qkv.bytes() + in.q_base * 2;
-    p.k = qkv.bytes() + in.k_base * 2;
-    p.v = qkv.bytes() + in.v_base * 2;
-    p.o = o.get();
-    p.stats = static_cast<float*>(stats.get());
-    p.d_o = d_o.get();
-    p.d_q = d_qkv.bytes() + in.q_base * 2;
-    p.d_k = d_qkv.bytes() + in.k_base * 2;
-    p.d_v = d_qkv.bytes() + in.v_base * 2;
-    Run(**plan, p);
+    const BackwardBuffers b(c, shape, ref, d_out);
+    Run(**plan, b.pointers);
 
     const std::vector<uint16_t> grads =
-        d_qkv.Download<uint16_t>(0, qkv_host.size());
+        b.d_qkv.Download<uint16_t>(0, b.layout.elements);
+    const QkvLayout& in = b.layout;
     const double tol = Tol(c.dtype);
     EXPECT_TRUE(Close(Gather(grads, shape.d_q, in.q_base, c.dtype), *dq, tol))
         << "dQ";
@@ -738,34 +751,9 @@ TEST_P(SdpaDeviceTest, DeterministicBackwardIsBitIdentical) {
 
   const Reference ref = CpuForward(c, 40);
   const Tensor d_out = RandomTensor({c.b, c.h, c.t, c.d}, c.dtype, 50);
-  const QkvLayout in = LayoutFor(c, shape.forward);
-  std::vector<uint16_t> qkv_host(in.elements, 0),
-      o_host(Span(shape.forward.o), 0), do_host(Span(shape.d_o), 0);
-  Scatter(ref.q, shape.forward.q, in.q_base, &qkv_host);
-  Scatter(ref.k, shape.forward.k, in.k_base, &qkv_host);
-  Scatter(ref.v, shape.forward.v, in.v_base, &qkv_host);
-  Scatter(ref.out, shape.forward.o, 0, &o_host);
-  Scatter(d_out, shape.d_o, 0, &do_host);
-  DeviceBuffer qkv(qkv_host.size() * 2), o(o_host.size() * 2),
-      d_o(do_host.size() * 2), stats(ref.lse.nbytes()),
-      d_qkv(qkv_host.size() * 2);
-  qkv.Upload(qkv_host);
-  o.Upload(o_host);
-  d_o.Upload(do_host);
-  ASSERT_TRUE(CudaStatus(cudaMemcpy(stats.get(), ref.lse.raw_data(),
-                                    ref.lse.nbytes(), cudaMemcpyHostToDevice),
-                         "cudaMemcpy")
-                  .ok());
-  SdpaPointers p;
-  p.q = qkv.bytes() + in.q_base * 2;
-  p.k = qkv.bytes() + in.k_base * 2;
-  p.v = qkv.bytes() + in.v_base * 2;
-  p.o = o.get();
-  p.stats = static_cast<float*>(stats.get());
-  p.d_o = d_o.get();
-  p.d_q = d_qkv.bytes() + in.q_base * 2;
-  p.d_k = d_qkv.bytes() + in.k_base * 2;
-  p.d_v = d_qkv.bytes() + in.v_base * 2;
+  const BackwardBuffers buffers(c, shape, ref, d_out);
+  const QkvLayout& in = buffers.layout;
+  const DeviceBuffer& d_qkv = buffers.d_qkv;
 
   std::vector<std::vector<uint16_t>> runs;
   for (int run = 0; run < 2; ++run) {
@@ -773,8 +761,8 @@ TEST_P(SdpaDeviceTest, DeterministicBackwardIsBitIdentical) {
         CudaStatus(cudaMemset(d_qkv.get(), run == 0 ? 0 : 0x7f, d_qkv.size()),
                    "cudaMemset")
             .ok());
-    Run(**plan, p);
-    runs.push_back(d_qkv.Download<uint16_t>(0, qkv_host.size()));
+    Run(**plan, buffers.pointers);
+    runs.push_back(d_qkv.Download<uint16_t>(0, in.elements));
   }
   // Compare only the gradient views (a fused buffer's gaps keep the fill).
   for (const auto& [view, base] : {std::make_pair(shape.d_q, in.q_base),
