@@ -12,14 +12,14 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 base=""
 fix=0
-for arg in "$@"; do
-  case "$arg" in
-    --base=*) base="${arg#--base=}" ;;
-    --base) shift_base=1 ;;
+while (( $# > 0 )); do
+  case "$1" in
+    --base=*) base="${1#--base=}" ;;
+    --base) base="${2:-}"; shift ;;
     --fix) fix=1 ;;
-    *) if [[ "${shift_base:-0}" == 1 ]]; then base="$arg"; shift_base=0;
-       else echo "usage: lint.sh [--base REV] [--fix]" >&2; exit 2; fi ;;
+    *) echo "usage: lint.sh [--base REV] [--fix]" >&2; exit 2 ;;
   esac
+  shift
 done
 if [[ -n "$base" ]]; then
   files=$(git diff --name-only --diff-filter=d "$base" --)
