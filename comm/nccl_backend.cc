@@ -18,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "comm/nccl_kernels.h"
 #include "core/allocator.h"
+#include "core/device_wait.h"
 #include "core/logging.h"
 #include "core/status.h"
 
@@ -56,7 +57,7 @@ class Backoff {
  public:
   void Sleep() {
     absl::SleepFor(delay_);
-    delay_ = std::min(delay_ * 2, absl::Milliseconds(1));
+    delay_ = std::min(delay_ * 2, absl::Microseconds(50));
   }
 
  private:
@@ -270,6 +271,8 @@ bool NcclWorkEvent::IsCompleted() const { return op_->Poll(); }
 absl::Status NcclWorkEvent::Wait(absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   Backoff backoff;
+  // A host sync only when the host does wait (not for a completed op).
+  if (!op_->Poll()) CountHostSync();
   while (!op_->Poll()) {
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(
@@ -285,6 +288,11 @@ std::string NcclWorkEvent::name() const { return op_->description; }
 
 std::shared_ptr<CudaEvent> NcclWorkEvent::cuda_event() const {
   return op_->Done();
+}
+
+void* NcclWorkEvent::cuda_event_handle() const {
+  std::shared_ptr<CudaEvent> done = op_->Done();
+  return done == nullptr ? nullptr : done->get();
 }
 
 struct NcclProcessGroup::OpContext {

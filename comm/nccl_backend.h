@@ -81,6 +81,9 @@ class NcclWorkEvent final : public Event {
   // on this wrapper blocks in a host function instead); the op's Status is
   // only reported through this wrapper.
   std::shared_ptr<CudaEvent> cuda_event() const;
+  // cuda_event()'s cudaEvent_t (null likewise); the op record keeps the
+  // event alive.
+  void* cuda_event_handle() const override;
 
  private:
   std::shared_ptr<NcclOpRecord> op_;

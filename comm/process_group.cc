@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/device_wait.h"
 
 namespace fsdpp {
 
@@ -21,6 +22,16 @@ const char* ReduceOpName(ReduceOp op) {
       return "max";
   }
   return "?";
+}
+
+absl::Status Work::WaitForCompute(Device compute,
+                                  absl::Duration timeout) const {
+  if (compute.is_cuda()) {
+    if (void* handle = event_->cuda_event_handle(); handle != nullptr) {
+      return ComputeStreamWaitEvent(compute, handle);
+    }
+  }
+  return Wait(timeout);
 }
 
 absl::Status Work::Wait(absl::Duration timeout) const {

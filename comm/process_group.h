@@ -101,6 +101,14 @@ class Work {
   // itself when the comm thread has not started it yet and the op's time
   // bound fits inside `timeout` (core/stream.h).
   absl::Status Wait(absl::Duration timeout = absl::Minutes(30)) const;
+  // Orders the work that the host enqueues on `compute` from now on after
+  // this op. On a CUDA device, when the op's event is a CUDA event, the
+  // device's compute stream waits on it and the host goes on at once (as
+  // FSDP2 waits for its collectives); the op's own error then surfaces at a
+  // later host wait on it or on its group. Otherwise the host waits, as
+  // Wait(timeout).
+  absl::Status WaitForCompute(Device compute,
+                              absl::Duration timeout = absl::Minutes(30)) const;
   bool IsCompleted() const { return event_->IsCompleted(); }
   // Completes when the op's data is in place: a stream's WaitEvent target.
   const std::shared_ptr<Event>& event() const { return event_; }

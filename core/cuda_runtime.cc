@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "core/caching_allocator.h"
+#include "core/device_wait.h"
 #include "core/logging.h"
 
 namespace fsdpp {
@@ -57,9 +58,11 @@ bool CudaEvent::IsCompleted() const {
 absl::Status CudaEvent::Wait(absl::Duration timeout) const {
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration backoff = absl::Microseconds(2);
-  for (;;) {
+  for (bool first = true;; first = false) {
     cudaError_t e = cudaEventQuery(event_);
     if (e == cudaSuccess) return absl::OkStatus();
+    // A host sync only when the host does wait (not for a completed event).
+    if (first) CountHostSync();
     if (e == cudaErrorNotReady) cudaGetLastError();  // Not an error: clear it.
     if (e != cudaErrorNotReady) {
       return CudaStatus(e, absl::StrCat("cudaEventQuery(", name_, ")").c_str());
@@ -70,7 +73,9 @@ absl::Status CudaEvent::Wait(absl::Duration timeout) const {
                        absl::FormatDuration(timeout)));
     }
     absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, absl::Milliseconds(1));
+    // Short sleeps: a GPU step's waits are often tens of microseconds, and
+    // each one the host oversleeps is time the GPU's queue runs dry.
+    backoff = std::min(backoff * 2, absl::Microseconds(50));
   }
 }
 

@@ -42,6 +42,7 @@ class CudaEvent final : public Event {
   bool IsCompleted() const override;
   absl::Status Wait(absl::Duration timeout) const override;
   std::string name() const override { return name_; }
+  void* cuda_event_handle() const override { return event_; }
   cudaEvent_t get() const { return event_; }
 
  private:

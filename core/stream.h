@@ -45,6 +45,10 @@ class Event {
   virtual absl::Status Wait(absl::Duration timeout) const = 0;
   // A name for messages ("<stream>#<sequence>").
   virtual std::string name() const = 0;
+  // The cudaEvent_t (as void*) that completes with this event's work, for a
+  // CUDA stream to wait on without the host (core/device_wait.h); null when
+  // there is none (CPU work, or work not enqueued on a GPU).
+  virtual void* cuda_event_handle() const { return nullptr; }
 };
 
 // An event that is complete from the start (work done inline on the host).

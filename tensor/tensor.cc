@@ -148,6 +148,13 @@ absl::StatusOr<Tensor> Tensor::FromInts(Shape shape,
   return out;
 }
 
+void Tensor::MarkIdsCheckedBelow(int64_t bound) const {
+  CHECK(dtype_ == DType::kI32 || dtype_ == DType::kI64)
+      << "MarkIdsCheckedBelow on a " << DTypeName(dtype_) << " tensor";
+  CHECK(bound > 0) << "MarkIdsCheckedBelow(" << bound << ")";
+  if (storage_ != nullptr) storage_->set_ids_checked_below(bound);
+}
+
 int64_t Tensor::dim(int d) const {
   const int n = ndim();
   if (d < 0) d += n;

@@ -47,6 +47,11 @@ class Storage {
   Device device() const { return device_; }
   MemoryTag tag() const { return tag_; }
 
+  // Ids checked on the host: every id held here lies in [0, bound) (0:
+  // unchecked). See Tensor::MarkIdsCheckedBelow.
+  int64_t ids_checked_below() const { return ids_checked_below_; }
+  void set_ids_checked_below(int64_t bound) { ids_checked_below_ = bound; }
+
  private:
   Storage(void* data, size_t bytes, Device device, MemoryTag tag,
           Allocator* allocator)
@@ -60,6 +65,7 @@ class Storage {
   Device device_;
   MemoryTag tag_;
   Allocator* allocator_;
+  int64_t ids_checked_below_ = 0;
 };
 
 class Tensor {
@@ -131,6 +137,17 @@ class Tensor {
 
   // "f32[2, 3] cpu" (or "undefined").
   std::string ToString() const;
+
+  // Records that the caller checked on the host that every id in this
+  // tensor's storage lies in [0, bound) and will not write it again: a GPU
+  // op taking the ids then skips its own range check (a device-to-host copy
+  // of the ids) when bound is within the op's range. The trainer marks each
+  // batch it copies to a GPU. i32 / i64 tensors only; bound > 0.
+  void MarkIdsCheckedBelow(int64_t bound) const;
+  // That bound (0: not checked).
+  int64_t ids_checked_below() const {
+    return storage_ ? storage_->ids_checked_below() : 0;
+  }
 
  private:
   Tensor(std::shared_ptr<Storage> storage, size_t offset, Shape shape,
