@@ -63,16 +63,23 @@ using Preference = std::unique_ptr<
     LtDeleter<cublasLtMatmulPreference_t, cublasLtMatmulPreferenceDestroy>>;
 
 // batch, m, n, k, transpose_a, transpose_b, broadcast_b, ab_dtype, c_dtype,
-// alignment of a, b, c (bytes).
+// alignment of a, b, c (bytes), bias epilogue.
 using AlgoKey = std::tuple<int64_t, int64_t, int64_t, int64_t, bool, bool, bool,
-                           DType, DType, uint32_t, uint32_t, uint32_t>;
+                           DType, DType, uint32_t, uint32_t, uint32_t, bool>;
+
+// What one AlgoKey runs with: its descriptors and algorithm.
+struct MatmulPlan {
+  MatmulDesc desc;
+  Layout first, second, c;
+  cublasLtMatmulAlgo_t algo;
+};
 
 // The cuBLASLt state of one GPU. Lives for the whole process.
 struct DeviceContext {
   std::mutex mu;
   cublasLtHandle_t handle = nullptr;
   void* workspace = nullptr;
-  std::map<AlgoKey, cublasLtMatmulAlgo_t> algos;  // Guarded by mu.
+  std::map<AlgoKey, MatmulPlan> plans;  // Guarded by mu.
 };
 
 std::atomic<int64_t> cache_size{0};
@@ -172,38 +179,28 @@ absl::StatusOr<cublasLtMatmulAlgo_t> PickAlgo(
   for (int i = 0; i < returned; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS) return results[i].algo;
   }
-  const auto& [batch, m, n, k, ta, tb, bcast, ab_dtype, c_dtype, aa, ab, ac] =
-      key;
+  const auto& [batch, m, n, k, ta, tb, bcast, ab_dtype, c_dtype, aa, ab, ac,
+               bias] = key;
   return absl::NotFoundError(absl::StrCat(
       "cublasLtMatmulAlgoGetHeuristic: no algorithm for batch ", batch, " m ",
       m, " n ", n, " k ", k, " transpose_a ", ta, " transpose_b ", tb,
       " broadcast_b ", bcast, " ", DTypeName(ab_dtype), " x ",
       DTypeName(ab_dtype), " -> ", DTypeName(c_dtype), " (alignments a ", aa,
-      " b ", ab, " c ", ac, ")"));
+      " b ", ab, " c ", ac, bias ? "; bias epilogue" : "", ")"));
 }
 
-}  // namespace
-
-absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
-                            DType ab_dtype, DType c_dtype, int64_t batch,
-                            int64_t m, int64_t n, int64_t k, bool transpose_a,
-                            bool transpose_b, bool broadcast_b, float alpha,
-                            float beta) {
-  if (batch <= 0 || m <= 0 || n <= 0 || k <= 0 || batch > INT32_MAX) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("CublasLtMatmul: need 0 < batch <= 2^31-1 and positive m, "
-                     "n, k; got batch ",
-                     batch, " m ", m, " n ", n, " k ", k));
-  }
+// The descriptors and algorithm for `key` (see CublasLtMatmul).
+absl::StatusOr<MatmulPlan> MakePlan(cublasLtHandle_t handle,
+                                    const AlgoKey& key) {
+  const auto& [batch, m, n, k, transpose_a, transpose_b, broadcast_b, ab_dtype,
+               c_dtype, align_a, align_b, align_c, bias] = key;
   FSDPP_ASSIGN_OR_RETURN(const cudaDataType_t ab_type, CudaType(ab_dtype));
   FSDPP_ASSIGN_OR_RETURN(const cudaDataType_t c_type, CudaType(c_dtype));
-  FSDPP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-  FSDPP_ASSIGN_OR_RETURN(DeviceContext * context, ContextFor(device));
-
   // Column-major C^T [n, m] = op(B)^T [n, k] @ op(A)^T [k, m]: cuBLASLt's
   // first operand is our b, its second our a. Row-major b [k, n] is already
   // column-major [n, k] (no transpose); stored [n, k] it is column-major
-  // [k, n] and needs one. Likewise for a.
+  // [k, n] and needs one. Likewise for a. The bias, one value per row of
+  // C^T (per column of our c), is what the BIAS epilogue adds.
   cublasLtMatmulDesc_t raw_desc = nullptr;
   FSDPP_CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescCreate, &raw_desc,
                                  CUBLAS_COMPUTE_32F, CUDA_R_32F);
@@ -216,6 +213,16 @@ absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
   FSDPP_CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute, raw_desc,
                                  CUBLASLT_MATMUL_DESC_TRANSB, &op_second,
                                  sizeof(op_second));
+  if (bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    FSDPP_CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute, raw_desc,
+                                   CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue,
+                                   sizeof(epilogue));
+    const cudaDataType_t bias_type = c_type;
+    FSDPP_CUBLASLT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute, raw_desc,
+                                   CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+                                   &bias_type, sizeof(bias_type));
+  }
   const int32_t batch32 = static_cast<int32_t>(batch);
   FSDPP_ASSIGN_OR_RETURN(
       Layout lt_first,
@@ -228,24 +235,73 @@ absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
                              : MakeLayout(ab_type, k, m, k, batch32, m * k));
   FSDPP_ASSIGN_OR_RETURN(Layout lt_c,
                          MakeLayout(c_type, n, m, n, batch32, m * n));
+  FSDPP_ASSIGN_OR_RETURN(
+      cublasLtMatmulAlgo_t algo,
+      PickAlgo(handle, raw_desc, lt_first.get(), lt_second.get(), lt_c.get(),
+               align_b, align_a, align_c, key));
+  return MatmulPlan{std::move(desc), std::move(lt_first), std::move(lt_second),
+                    std::move(lt_c), algo};
+}
 
-  const AlgoKey key{batch,        m,           n,        k,       transpose_a,
-                    transpose_b,  broadcast_b, ab_dtype, c_dtype, Alignment(a),
-                    Alignment(b), Alignment(c)};
+}  // namespace
+
+bool CublasLtTakesBias(int64_t batch, const void* bias) {
+  return batch == 1 && bias != nullptr && Alignment(bias) >= 16;
+}
+
+absl::Status CublasLtMatmul(int device, const void* a, const void* b, void* c,
+                            DType ab_dtype, DType c_dtype, int64_t batch,
+                            int64_t m, int64_t n, int64_t k, bool transpose_a,
+                            bool transpose_b, bool broadcast_b, float alpha,
+                            float beta, const void* bias) {
+  if (batch <= 0 || m <= 0 || n <= 0 || k <= 0 || batch > INT32_MAX) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CublasLtMatmul: need 0 < batch <= 2^31-1 and positive m, "
+                     "n, k; got batch ",
+                     batch, " m ", m, " n ", n, " k ", k));
+  }
+  if (bias != nullptr && !CublasLtTakesBias(batch, bias)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CublasLtMatmul: the bias epilogue needs batch 1 and a 16-byte aligned "
+        "bias; got batch ",
+        batch, " and alignment ", Alignment(bias)));
+  }
+  FSDPP_RETURN_IF_ERROR(CudaType(ab_dtype).status());
+  FSDPP_RETURN_IF_ERROR(CudaType(c_dtype).status());
+  FSDPP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+  FSDPP_ASSIGN_OR_RETURN(DeviceContext * context, ContextFor(device));
+
+  const AlgoKey key{batch,
+                    m,
+                    n,
+                    k,
+                    transpose_a,
+                    transpose_b,
+                    broadcast_b,
+                    ab_dtype,
+                    c_dtype,
+                    Alignment(a),
+                    Alignment(b),
+                    Alignment(c),
+                    bias != nullptr};
   std::lock_guard<std::mutex> lock(context->mu);
-  auto it = context->algos.find(key);
-  if (it == context->algos.end()) {
-    FSDPP_ASSIGN_OR_RETURN(
-        cublasLtMatmulAlgo_t algo,
-        PickAlgo(context->handle, raw_desc, lt_first.get(), lt_second.get(),
-                 lt_c.get(), Alignment(b), Alignment(a), Alignment(c), key));
-    it = context->algos.emplace(key, algo).first;
+  auto it = context->plans.find(key);
+  if (it == context->plans.end()) {
+    FSDPP_ASSIGN_OR_RETURN(MatmulPlan plan, MakePlan(context->handle, key));
+    it = context->plans.emplace(key, std::move(plan)).first;
     cache_size.fetch_add(1, std::memory_order_relaxed);
   }
+  MatmulPlan& plan = it->second;
+  if (bias != nullptr) {
+    FSDPP_CUBLASLT_RETURN_IF_ERROR(
+        cublasLtMatmulDescSetAttribute, plan.desc.get(),
+        CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias));
+  }
   FSDPP_CUBLASLT_RETURN_IF_ERROR(
-      cublasLtMatmul, context->handle, raw_desc, &alpha, b, lt_first.get(), a,
-      lt_second.get(), &beta, c, lt_c.get(), c, lt_c.get(), &it->second,
-      context->workspace, kWorkspaceBytes, cudaStreamLegacy);
+      cublasLtMatmul, context->handle, plan.desc.get(), &alpha, b,
+      plan.first.get(), a, plan.second.get(), &beta, c, plan.c.get(), c,
+      plan.c.get(), &plan.algo, context->workspace, kWorkspaceBytes,
+      cudaStreamLegacy);
   return absl::OkStatus();
 }
 

@@ -1,6 +1,6 @@
 // Causal scaled-dot-product attention on tensor cores through cuDNN's fused
 // flash-attention engines, built on cuDNN's C backend API (--config=cuda
-// only; not yet wired into tensor/ops).
+// only; the CUDA backend calls it through tensor/cuda/cudnn_attention.h).
 //
 // What it computes is CausalAttention / CausalAttentionBackward of
 // tensor/ops.h: q [B, H, T, D], k and v [B, Hkv, T, D] (query head h reads

@@ -792,7 +792,7 @@ TEST_P(SdpaDeviceTest, CacheBuildsOncePerShape) {
   EXPECT_NE(*det, *nondet);
   EXPECT_EQ(cache.size(), 3);
   SdpaShape scaled = ShapeFor(c);
-  scaled.scale = 0.25f;
+  scaled.scale = 0.5f * SdpaScale(ShapeFor(c));  // not the default 1/sqrt(D)
   ASSERT_TRUE(cache.Forward(scaled).ok());
   EXPECT_EQ(cache.size(), 4);
 }
