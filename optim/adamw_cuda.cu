@@ -8,9 +8,11 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "absl/strings/str_cat.h"
 #include "core/cuda_runtime.h"
+#include "core/status.h"
 #include "optim/adamw_cuda.h"
 
 namespace fsdpp {
@@ -47,6 +49,40 @@ __global__ void AdamWKernel(kernels::AdamWScalars s,
   }
 }
 
+// The same over four elements per thread-iteration with 16-byte loads and
+// stores of the f32 tensors (all aligned; n4 = n / 4 quads), the update of
+// each element unchanged.
+template <typename C>
+__global__ void AdamWQuadKernel(kernels::AdamWScalars s,
+                                const float4* __restrict__ grad,
+                                float4* __restrict__ param,
+                                float4* __restrict__ exp_avg,
+                                float4* __restrict__ exp_avg_sq,
+                                C* __restrict__ copy, int64_t n4) {
+  for (int64_t i = FirstIndex(); i < n4; i += GridStride()) {
+    const float4 g = grad[i];
+    float4 p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
+    kernels::AdamWElement(s, g.x, &p.x, &m.x, &v.x);
+    kernels::AdamWElement(s, g.y, &p.y, &m.y, &v.y);
+    kernels::AdamWElement(s, g.z, &p.z, &m.z, &v.z);
+    kernels::AdamWElement(s, g.w, &p.w, &m.w, &v.w);
+    param[i] = p;
+    exp_avg[i] = m;
+    exp_avg_sq[i] = v;
+    if (copy != nullptr) {
+      C* c = copy + 4 * i;
+      c[0] = FromFloat<C>(p.x);
+      c[1] = FromFloat<C>(p.y);
+      c[2] = FromFloat<C>(p.z);
+      c[3] = FromFloat<C>(p.w);
+    }
+  }
+}
+
+bool Aligned16(const void* p) {
+  return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+}
+
 __global__ void UnscaleKernel(float* __restrict__ grad, int64_t n,
                               float inv_scale, int32_t* found_flag) {
   bool found = false;
@@ -74,8 +110,22 @@ template <typename C>
 absl::Status LaunchAdamW(const kernels::AdamWScalars& s, const float* grad,
                          float* param, float* exp_avg, float* exp_avg_sq,
                          void* copy, int64_t n) {
-  AdamWKernel<C><<<Blocks(n), kThreads, 0, cudaStreamLegacy>>>(
-      s, grad, param, exp_avg, exp_avg_sq, static_cast<C*>(copy), n);
+  C* c = static_cast<C*>(copy);
+  int64_t done = 0;
+  if (Aligned16(grad) && Aligned16(param) && Aligned16(exp_avg) &&
+      Aligned16(exp_avg_sq) && n >= 4) {
+    const int64_t n4 = n / 4;
+    AdamWQuadKernel<C><<<Blocks(n4), kThreads, 0, cudaStreamLegacy>>>(
+        s, reinterpret_cast<const float4*>(grad),
+        reinterpret_cast<float4*>(param), reinterpret_cast<float4*>(exp_avg),
+        reinterpret_cast<float4*>(exp_avg_sq), c, n4);
+    FSDPP_RETURN_IF_ERROR(LaunchStatus("AdamW kernel launch"));
+    done = 4 * n4;
+  }
+  if (done == n) return absl::OkStatus();
+  AdamWKernel<C><<<Blocks(n - done), kThreads, 0, cudaStreamLegacy>>>(
+      s, grad + done, param + done, exp_avg + done, exp_avg_sq + done,
+      c == nullptr ? nullptr : c + done, n - done);
   return LaunchStatus("AdamW kernel launch");
 }
 

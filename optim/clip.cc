@@ -1,8 +1,11 @@
 // Gradient clipping; see clip.h.
 //
 // Each gradient's local sum of squares lands in one slot of a small f32
-// tensor on the gradients' device, read back once; the per-rank total is
-// added up in double and rounded to f32 once for the all-reduces.
+// tensor on the gradients' device. On the host and with a pipeline the slots
+// are read back once, the per-rank total added up in double and rounded to
+// f32 once for the all-reduces; on a GPU (no pipeline) the slots are added
+// there (Sum: double accumulation), all-reduced there, and only the final
+// total is read back: one host sync.
 #include "optim/clip.h"
 
 #include <cmath>
@@ -51,6 +54,29 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
   return absl::OkStatus();
 }
 
+// The norm from the counted grads' sums of squares on a GPU: added there,
+// all-reduced over the `reduced` axes there (the compute stream waits on
+// each all-reduce), read back once.
+absl::StatusOr<double> DeviceNorm(const Tensor& sums, DeviceMesh* mesh,
+                                  const std::vector<bool>& reduced,
+                                  absl::Duration timeout) {
+  FSDPP_ASSIGN_OR_RETURN(Tensor total,
+                         Tensor::Zeros({1}, DType::kF32, sums.device()));
+  FSDPP_RETURN_IF_ERROR(Sum(sums, &total));
+  for (int a = 0; a < mesh->ndim(); ++a) {
+    if (!reduced[a]) continue;
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group,
+                           mesh->Group(mesh->axes()[a].name));
+    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                           group->AllReduce(Buffer{total.raw_data(), 1,
+                                                   DType::kF32, total.device()},
+                                            ReduceOp::kSum));
+    FSDPP_RETURN_IF_ERROR(work->WaitForCompute(total.device(), timeout));
+  }
+  FSDPP_ASSIGN_OR_RETURN(float value, Item(total));
+  return std::sqrt(static_cast<double>(value));
+}
+
 // GradNorm, its errors naming `op`.
 absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
                             const PipelineNormOptions& pipeline,
@@ -77,22 +103,9 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     }
   }
 
-  // Local sums of squares, one slot per grad, read back together (meta
-  // gradients, a dry run's, have no values: their sums are zeros).
-  const Device device = grads[0]->local().device();
-  FSDPP_ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros({n}, DType::kF32, device));
-  for (int64_t i = 0; i < n; ++i) {
-    FSDPP_ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
-    FSDPP_RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
-  }
-  std::vector<float> local_sums(n, 0.0f);
-  if (!device.is_meta()) {
-    FSDPP_ASSIGN_OR_RETURN(local_sums, sums.ToFloats());
-  }
-
   // This rank's share: a grad that is Replicate on a reduced axis counts only
   // on that axis' coordinate 0 (its other coordinates hold copies).
-  double total = 0.0;
+  std::vector<bool> counted(n);
   for (int64_t i = 0; i < n; ++i) {
     bool counts = pipeline.counts.empty() || pipeline.counts[i];
     for (int a = 0; a < mesh->ndim(); ++a) {
@@ -101,7 +114,28 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
         counts = false;
       }
     }
-    if (counts) total += local_sums[i];
+    counted[i] = counts;
+  }
+
+  // Local sums of squares of the counted grads, one slot per grad (meta
+  // gradients, a dry run's, have no values: their sums are zeros).
+  const Device device = grads[0]->local().device();
+  FSDPP_ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros({n}, DType::kF32, device));
+  for (int64_t i = 0; i < n; ++i) {
+    if (!counted[i]) continue;
+    FSDPP_ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
+    FSDPP_RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
+  }
+  if (device.is_cuda() && pipeline.pipeline == nullptr) {
+    return DeviceNorm(sums, mesh, reduced, timeout);
+  }
+  std::vector<float> local_sums(n, 0.0f);
+  if (!device.is_meta()) {
+    FSDPP_ASSIGN_OR_RETURN(local_sums, sums.ToFloats());
+  }
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (counted[i]) total += local_sums[i];
   }
 
   // Pipeline: the stages' totals gathered in double (as 64-bit words) and
