@@ -496,7 +496,8 @@ absl::Status FsdpUnit::FinishUnshard() {
   if (gather_work_ == nullptr) FSDPP_RETURN_IF_ERROR(BeginUnshard(false));
   {
     TraceSpan wait("wait all_gather", "comm_wait");
-    FSDPP_RETURN_IF_ERROR(gather_work_->Wait(kWaitTimeout));
+    FSDPP_RETURN_IF_ERROR(
+        gather_work_->WaitForCompute(compute_device_, kWaitTimeout));
   }
   const bool from_piece = gather_in_.defined();
   gather_work_.reset();
@@ -685,7 +686,8 @@ absl::Status FsdpUnit::FinishReductions() {
   for (Shared::PendingReduce& r : pending) {
     {
       TraceSpan wait("wait reduce_scatter", "comm_wait");
-      FSDPP_RETURN_IF_ERROR(r.work->Wait(kWaitTimeout));
+      FSDPP_RETURN_IF_ERROR(
+          r.work->WaitForCompute(r.output.device(), kWaitTimeout));
     }
     r.input = Tensor();
     FsdpUnit* unit = r.unit;
@@ -728,7 +730,8 @@ absl::Status FsdpUnit::FinishReductions() {
               AsBuffer(r.output), average ? ReduceOp::kAvg : ReduceOp::kSum));
       ++unit->stats_.replica_all_reduces;
       TraceSpan wait("wait all_reduce (replicas)", "comm_wait");
-      FSDPP_RETURN_IF_ERROR(ar->Wait(kWaitTimeout));
+      FSDPP_RETURN_IF_ERROR(
+          ar->WaitForCompute(r.output.device(), kWaitTimeout));
     }
     Tensor reduced = std::move(r.output);
     r.output = Tensor();

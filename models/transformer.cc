@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/logging.h"
+#include "core/memcpy.h"
 #include "core/status.h"
 #include "nn/attention.h"
 #include "nn/checkpoint_wrapper.h"
@@ -274,9 +275,14 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
       FSDPP_ASSIGN_OR_RETURN(positions,
                              Tensor::FromInts({b, t}, values, ids.dtype()));
       if (!ids.device().is_cpu()) {
+        // Staged without waiting for the GPU; they lie in [0, t), which
+        // spares the embedding its own check (a device-to-host copy).
         FSDPP_ASSIGN_OR_RETURN(
             Tensor on_device, Tensor::Empty({b, t}, ids.dtype(), ids.device()));
-        FSDPP_RETURN_IF_ERROR(Copy(positions, &on_device));
+        FSDPP_RETURN_IF_ERROR(
+            CopyBytesFromHostAsync(on_device.raw_data(), on_device.device(),
+                                   positions.raw_data(), positions.nbytes()));
+        on_device.MarkIdsCheckedBelow(t);
         positions = on_device;
       }
     }

@@ -16,6 +16,11 @@ namespace {
 // Targets that are not `ignore_index` (targets is i32 or i64, not meta).
 absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
                                      int64_t ignore_index) {
+  // Checked on the host to lie in [0, bound): none is a negative
+  // ignore_index, and the ids need no copy back from a GPU.
+  if (targets.ids_checked_below() > 0 && ignore_index < 0) {
+    return targets.numel();
+  }
   FSDPP_ASSIGN_OR_RETURN(const std::vector<int64_t> ids, targets.ToInts());
   int64_t count = 0;
   for (int64_t id : ids) count += id != ignore_index;

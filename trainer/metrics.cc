@@ -225,6 +225,7 @@ std::string ToJson(const TrainRecord& r) {
   if (r.has_loss_scale) {
     o.Add("loss_scale", r.loss_scale).Add("skipped", r.skipped);
   }
+  if (r.host_syncs >= 0) o.Add("host_syncs", r.host_syncs);
   return o.Done();
 }
 

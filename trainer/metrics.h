@@ -90,6 +90,9 @@ struct TrainRecord {
   bool has_loss_scale = false;
   double loss_scale = 1;
   bool skipped = false;
+  // On a GPU: the times the host blocked on it during the step (the loss
+  // and gradient-norm readbacks included); -1 (not written) on the CPU.
+  int64_t host_syncs = -1;
 };
 // {"kind":"val", ...}: one validation.
 struct ValidationRecord {

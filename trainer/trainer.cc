@@ -9,6 +9,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -20,8 +21,10 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/state_dict.h"
 #include "comm/host_collectives.h"
+#include "core/device_wait.h"
 #include "core/gpus.h"
 #include "core/logging.h"
+#include "core/memcpy.h"
 #include "core/status.h"
 #include "core/trace.h"
 #include "fsdp/fully_shard.h"
@@ -95,8 +98,10 @@ absl::StatusOr<std::vector<MemoryStats>> GatherMemory(ProcessGroup* group,
   return stats;
 }
 
-// The batch's ids and targets as i32 [batch, seq] tensors on `device` (on
-// a GPU through a host copy of each).
+// The batch's ids and targets as i32 [batch, seq] tensors on `device`. On a
+// GPU each is range-checked here, on the host (so the GPU's ops skip their
+// own check, a device-to-host copy), then copied without waiting for the GPU
+// (pinned staging, core/memcpy.h).
 absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch,
                                                 Device device) {
   const Shape shape{batch.batch_size, batch.seq_len};
@@ -113,8 +118,16 @@ absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch,
   FSDPP_ASSIGN_OR_RETURN(out.ids, Tensor::Empty(shape, DType::kI32, device));
   FSDPP_ASSIGN_OR_RETURN(out.targets,
                          Tensor::Empty(shape, DType::kI32, device));
-  FSDPP_RETURN_IF_ERROR(Copy(host.ids, &out.ids));
-  FSDPP_RETURN_IF_ERROR(Copy(host.targets, &out.targets));
+  for (auto [src, dst] :
+       {std::pair{&host.ids, &out.ids}, {&host.targets, &out.targets}}) {
+    const int32_t* ids = src->data<int32_t>();
+    const auto [lo, hi] = std::minmax_element(ids, ids + src->numel());
+    FSDPP_RETURN_IF_ERROR(CopyBytesFromHostAsync(
+        dst->raw_data(), device, src->raw_data(), src->nbytes()));
+    // Negative ids (none from the loader) keep the GPU's own check.
+    if (src->numel() > 0 && *lo >= 0)
+      dst->MarkIdsCheckedBelow(*hi + int64_t{1});
+  }
   return out;
 }
 
@@ -723,6 +736,7 @@ absl::Status Trainer::TrainStep() {
   trace_->SetRecording(tracing);
   wait_before_ = trace_->TotalMicros("comm_wait");
   const absl::Time t0 = absl::Now();
+  const int64_t syncs_before = HostSyncCount();
   StepLog log;
   log.step = step;
   if (scaler_.has_value()) log.loss_scale = scaler_->scale();
@@ -749,6 +763,7 @@ absl::Status Trainer::TrainStep() {
     FSDPP_RETURN_IF_ERROR(OptimizerStep(&log));
   }
   log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
+  log.host_syncs = HostSyncCount() - syncs_before;
   ReportMemory(absl::StrCat("after step ", step));
   result_.steps.push_back(log);
   result_.end_step = step;
@@ -861,6 +876,7 @@ absl::Status Trainer::LogStep() {
   record.has_loss_scale = scaler_.has_value();
   record.loss_scale = log.loss_scale;
   record.skipped = log.skipped;
+  if (env_.device.is_cuda()) record.host_syncs = log.host_syncs;
   return jsonl_->WriteRecord(record);
 }
 

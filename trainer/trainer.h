@@ -123,6 +123,7 @@ struct StepLog {
   // overflowed so that the optimizer step was skipped (GradScaler).
   double loss_scale = 1;
   bool skipped = false;
+  int64_t host_syncs = 0;  // the host's blocking waits on a GPU (device_wait.h)
 };
 
 // What a run did, as this rank saw it (the logged numbers are global).
