@@ -130,8 +130,9 @@ absl::Status RecordSetup(recipe::Training& training,
 // `result` (and `log`, when the groups are simulated).
 absl::Status Step(const models::TransformerConfig& config,
                   const recipe::Layout& layout, int rank,
-                  ProcessGroupFactory factory, Device device, Device host,
-                  SimulatedOpLog* log, DryRunResult* result) {
+                  ProcessGroupFactory factory, ProcessGroupFactory host_factory,
+                  Device device, Device host, SimulatedOpLog* log,
+                  DryRunResult* result) {
   Allocator* acct = GetAllocator(device);
   Allocator* host_acct = host == device ? nullptr : GetAllocator(host);
   if (acct == nullptr || (host != device && host_acct == nullptr)) {
@@ -142,10 +143,17 @@ absl::Status Step(const models::TransformerConfig& config,
       std::unique_ptr<DeviceMesh> mesh,
       DeviceMesh::Create(layout.MeshAxes(), rank, layout.world,
                          std::move(factory), "train"));
+  std::unique_ptr<DeviceMesh> host_mesh;
+  if (host_factory) {
+    FSDPP_ASSIGN_OR_RETURN(
+        host_mesh, DeviceMesh::Create(layout.MeshAxes(), rank, layout.world,
+                                      std::move(host_factory), "host"));
+  }
   Recorder recorder(acct, host_acct, log, layout.dp_replicate > 1, result);
   recorder.Begin();
   recipe::BuildOptions options;
   options.host = host;
+  options.host_mesh = host_mesh.get();
   FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<recipe::Training> training,
       recipe::Training::Build(config, layout, mesh.get(), options));
@@ -216,7 +224,7 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
     std::optional<ScopedMetaAccounting> host_accounting;
     if (separate_host) host_accounting.emplace(&host_accountant);
     FSDPP_RETURN_IF_ERROR(
-        Step(config, layout, rank, SimulatedGroupFactory(&log, backend),
+        Step(config, layout, rank, SimulatedGroupFactory(&log, backend), {},
              Device::DryRun(),
              separate_host ? Device::DryRunHost() : Device::DryRun(), &log,
              &result));
@@ -227,12 +235,14 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
 absl::StatusOr<DryRunResult> RunStepOn(const models::TransformerConfig& config,
                                        const recipe::Layout& layout, int rank,
                                        ProcessGroupFactory factory,
-                                       Device device) {
+                                       Device device,
+                                       ProcessGroupFactory host_factory) {
   FSDPP_RETURN_IF_ERROR(layout.Validate(config));
   FSDPP_RETURN_IF_ERROR(CheckRank(layout, rank));
   DryRunResult result;
-  FSDPP_RETURN_IF_ERROR(Step(config, layout, rank, std::move(factory), device,
-                             device, nullptr, &result));
+  FSDPP_RETURN_IF_ERROR(Step(config, layout, rank, std::move(factory),
+                             std::move(host_factory), device, device, nullptr,
+                             &result));
   return result;
 }
 

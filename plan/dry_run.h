@@ -94,10 +94,13 @@ absl::StatusOr<DryRunResult> DryRun(
 // The same step for real on `device`, its groups from `factory` (the test of
 // the dry run's exactness). The phases' figures are those of `device`'s
 // allocator (GetAllocator), which should start empty; no ops are recorded.
+// `host_factory`, when set, makes the groups of the step's host values (its
+// loss) as the trainer does on a GPU (NCCL groups take device buffers only).
 absl::StatusOr<DryRunResult> RunStepOn(const models::TransformerConfig& config,
                                        const recipe::Layout& layout, int rank,
                                        ProcessGroupFactory factory,
-                                       Device device);
+                                       Device device,
+                                       ProcessGroupFactory host_factory = {});
 
 }  // namespace plan
 }  // namespace fsdpp

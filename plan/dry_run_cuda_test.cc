@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "comm/gloo_backend.h"
 #include "comm/nccl_backend.h"
 #include "comm/store.h"
 #include "core/cuda_runtime.h"
@@ -45,9 +46,11 @@ TEST(DryRunCudaTest, IsExactOnAGpu) {
     absl::StatusOr<DryRunResult> dry = DryRun(
         config, c.layout, 0, /*separate_host=*/true, SimulatedBackend::kNccl);
     ASSERT_TRUE(dry.ok()) << dry.status();
+    // The trainer's arrangement: NCCL for the mesh, Gloo for host values.
     InMemoryStore store;
-    absl::StatusOr<DryRunResult> real = RunStepOn(
-        config, c.layout, 0, NcclGroupFactory(&store, 0), Device::Cuda(0));
+    absl::StatusOr<DryRunResult> real =
+        RunStepOn(config, c.layout, 0, NcclGroupFactory(&store, 0),
+                  Device::Cuda(0), GlooGroupFactory(&store));
     ASSERT_TRUE(real.ok()) << real.status();
     std::printf("%-12s %-70s planned %10.3f MiB, measured %10.3f MiB\n",
                 c.model, c.layout.ToString().c_str(),
