@@ -72,6 +72,24 @@ TEST(CrossEntropyLossTest, MeanAndFiniteDifferenceGradient) {
   }
 }
 
+// Targets checked on the host (all in [0, v), so none is the negative
+// ignore_index) are counted without reading them back: the same loss.
+TEST(CrossEntropyLossTest, HostCheckedTargetsGiveTheSameLoss) {
+  const std::vector<int64_t> targets = {3, 0, 10, 10, 7, 1};
+  Tensor logits = RandomTensor({2, 3, 11}, DType::kF32, 2, -3, 3);
+  ASSERT_OK_AND_ASSIGN(Tensor plain,
+                       Tensor::FromInts({2, 3}, targets, DType::kI32));
+  ASSERT_OK_AND_ASSIGN(Tensor checked,
+                       Tensor::FromInts({2, 3}, targets, DType::kI32));
+  checked.MarkIdsCheckedBelow(11);
+  CrossEntropyLoss loss(kIgnore);
+  ASSERT_OK_AND_ASSIGN(float a, loss.Forward(logits, plain));
+  ASSERT_OK_AND_ASSIGN(float b, loss.Forward(logits, checked));
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(loss.count(), 6);
+  EXPECT_NEAR(b, ReferenceLoss(Values(logits), targets, 11), 1e-6);
+}
+
 TEST(CrossEntropyLossTest, AllIgnoredGivesZeroAndZeroGradient) {
   ASSERT_OK_AND_ASSIGN(Tensor t, Tensor::FromInts({3}, {-1, -1, -1}));
   const Tensor logits = RandomTensor({3, 5}, DType::kF32, 2);

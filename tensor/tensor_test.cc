@@ -67,6 +67,23 @@ TEST_F(TensorTest, NarrowAndReshapeShareStorage) {
   EXPECT_EQ(empty.numel(), 0);
 }
 
+// Ids checked on the host: the bound belongs to the storage, so every view
+// of it sees it; a fresh tensor has none.
+TEST_F(TensorTest, IdsCheckedBelowIsSharedByViews) {
+  absl::StatusOr<Tensor> ids = Tensor::FromInts({2, 3}, {0, 1, 2, 3, 4, 5});
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids->ids_checked_below(), 0);
+  absl::StatusOr<Tensor> flat = ids->Reshape({6});
+  absl::StatusOr<Tensor> row = ids->Narrow(1, 1);
+  ASSERT_TRUE(flat.ok() && row.ok());
+  ids->MarkIdsCheckedBelow(6);
+  EXPECT_EQ(flat->ids_checked_below(), 6);
+  EXPECT_EQ(row->ids_checked_below(), 6);
+  absl::StatusOr<Tensor> other = Tensor::FromInts({1}, {7});
+  ASSERT_TRUE(other.ok());
+  EXPECT_EQ(other->ids_checked_below(), 0);
+}
+
 TEST_F(TensorTest, BadViewsAndShapesAreErrors) {
   Tensor t = *Tensor::Zeros({4, 3}, DType::kF32, Device::Cpu());
   absl::StatusOr<Tensor> n = t.Narrow(3, 2);
