@@ -9,8 +9,9 @@
 #      version;                                            -> machine.json
 #   2. every CUDA test of the bundle, each bounded;        -> tests.json
 #   3. the trainer on the GPU (trainer/configs/gpt2_124m_gpu.textproto:
-#      GPT-2 124M, 8 x 1024 tokens, bf16, AdamW): its median step and MFU,
-#      and a second run's losses, which must equal the first's bit for bit;
+#      GPT-2 124M, 8 x 1024 tokens, bf16, AdamW): its median step, MFU and
+#      host syncs per step, and a second run of as many steps, whose losses
+#      must equal the first's bit for bit;
 #   4. the trainer's first 10 losses on the GPU against the CPU trainer's
 #      on the same data (a smaller batch: 2 x 256);
 #   5. the PyTorch peers of step 3 (tools/bench/pytorch_gpt2_step.py:
@@ -22,7 +23,9 @@
 #   6. the per-kernel top 20 of one fsdpp step (ncu --clock-control none,
 #      kernel durations only).                              -> kernels.csv
 #
-# GPU_PEER=0 skips step 5, GPU_NCU=0 step 6.
+# GPU_PEER=0 skips step 5 (GPU_COMPILE=0 only its torch.compile line),
+# GPU_NCU=0 step 6. If the trainer fails with cuDNN's attention, it is run
+# again with FSDPP_CUDNN_ATTENTION=0 (fsdpp's own kernel) and says so.
 set -uo pipefail
 out="${OUT:-/tmp/gpu_out}"
 mkdir -p "$out"
@@ -42,19 +45,28 @@ torch_lib="$(python3 -c 'import os, torch; print(os.path.dirname(torch.__file__)
 site="$(dirname "$torch_lib" 2>/dev/null)"
 libdirs=""
 declare -A found
-for name in libcudart.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9; do
-  path="$(find /usr/local/cuda*/ /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
-    ${site:+"$site/nvidia"} -name "$name*" -not -path '*/stubs/*' 2>/dev/null |
-    head -1)"
+# PyTorch's own libraries first: its cuDNN is the one fsdpp is built against
+# (9.19) and the one the PyTorch peers use.
+for name in libcudart.so.13 libcublasLt.so.13 libnccl.so.2 libcudnn.so.9 \
+  libnvrtc.so.13 libnvrtc-builtins.so.13; do
+  path="$(find ${site:+"$site/nvidia"} /usr/local/cuda*/ \
+    /usr/lib/x86_64-linux-gnu /opt /usr/local/lib \
+    -name "$name*" -not -path '*/stubs/*' 2>/dev/null | head -1)"
   found[$name]="${path:-NOT FOUND}"
   echo "$name: ${found[$name]}"
   [ -n "$path" ] && libdirs="$libdirs:$(dirname "$path")"
 done
+# Python (the peers, PyTorch's own cuDNN) runs with the machine's library
+# path; fsdpp's binaries with the libraries found above.
+py() { LD_LIBRARY_PATH="$orig_ld" python3 "$@"; }
+orig_ld="${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH="$work/lib${libdirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-python3 - "$out/machine.json" "${found[libcudnn.so.9]}" <<'EOF'
-import json, subprocess, sys
+py - "$out/machine.json" "${found[libcudnn.so.9]}" <<'EOF'
+import ctypes, json, subprocess, sys
 import torch
+version = ctypes.CDLL(sys.argv[2]).cudnnGetVersion() if sys.argv[2] else 0
 info = {
+    "cudnn_version_fsdpp_uses": version,
     "gpu": subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version",
                            "--format=csv,noheader"], capture_output=True,
                           text=True).stdout.strip(),
@@ -74,7 +86,7 @@ failed=0
 while read -r t; do
   log="$out/$(echo "$t" | tr / _).log"
   t0=$SECONDS
-  if timeout 180 "$work/bin/$t" >"$log" 2>&1; then
+  if timeout 150 "$work/bin/$t" >"$log" 2>&1; then
     status=passed
     passed=$((passed + 1))
   else
@@ -101,15 +113,27 @@ gpu_config=(--config="$repo/trainer/configs/gpt2_124m_gpu.textproto"
 fsdpp_run() {  # fsdpp_run NAME STEPS [--set ...]
   local name=$1 steps=$2
   shift 2
-  timeout 300 "$train" "${gpu_config[@]}" --set "training.steps=$steps" \
-    --set "metrics.jsonl_path=$out/$name.jsonl" "$@" >"$out/$name.log" 2>&1 ||
-    { echo "$name: the trainer failed (rc $?)"; tail -20 "$out/$name.log"; }
-  grep -E "MFU peak|memory plan|Time/step|MFU:|Peak memory" "$out/$name.log"
+  if ! timeout 240 "$train" "${gpu_config[@]}" --set "training.steps=$steps" \
+    --set "metrics.jsonl_path=$out/$name.jsonl" "$@" >"$out/$name.log" 2>&1; then
+    echo "$name: the trainer failed (rc $?)"
+    tail -20 "$out/$name.log"
+    if [ -z "${FSDPP_CUDNN_ATTENTION:-}" ] && grep -q cuda "$out/$name.log"; then
+      echo "$name: again with FSDPP_CUDNN_ATTENTION=0 (fsdpp's own attention)"
+      export FSDPP_CUDNN_ATTENTION=0
+      echo 1 >"$out/cudnn_attention_off"
+      timeout 240 "$train" "${gpu_config[@]}" --set "training.steps=$steps" \
+        --set "metrics.jsonl_path=$out/$name.jsonl" "$@" >"$out/$name.log" 2>&1 ||
+        { echo "$name: failed again (rc $?)"; tail -20 "$out/$name.log"; }
+    fi
+  fi
+  grep -E "cuDNN|MFU peak|memory plan|Time/step|MFU:|Peak memory|host syncs" \
+    "$out/$name.log" | head -12
 }
+# The same number of steps each time: the learning-rate schedule depends on it.
 note "fsdpp, GPU, run 1"
 fsdpp_run fsdpp_1 12
 note "fsdpp, GPU, run 2 (bitwise)"
-fsdpp_run fsdpp_2 6
+fsdpp_run fsdpp_2 12
 
 # 4. The first 10 losses, GPU against CPU, at 2 x 256.
 small=(--set training.global_batch=2 --set training.micro_batch=2
@@ -120,34 +144,39 @@ fsdpp_run small_cpu 10 "${small[@]}" --set training.device=cpu
 
 # 5. The PyTorch peers, between two fsdpp timings.
 peer() {  # peer VARIANT
-  timeout 240 python3 "$repo/tools/bench/pytorch_gpt2_step.py" --device=cuda \
+  timeout 240 env LD_LIBRARY_PATH="$orig_ld" python3 \
+    "$repo/tools/bench/pytorch_gpt2_step.py" --device=cuda \
     --dtype=bf16 --batch=8 --seq=1024 --steps=8 --warmup=3 --variant="$1" \
     >"$out/peer_$1.json" 2>"$out/peer_$1.log" ||
     { echo "peer $1 failed"; tail -5 "$out/peer_$1.log"; }
   cat "$out/peer_$1.json"
 }
 if [ "${GPU_PEER:-1}" = 1 ]; then
-  for variant in eager sdpa compile; do
+  variants="eager sdpa"
+  [ "${GPU_COMPILE:-1}" = 1 ] && variants="$variants compile"
+  for variant in $variants; do
     note "PyTorch peer: $variant"
     peer "$variant"
   done
   note "fsdpp, GPU, run 3 (after the peers)"
-  fsdpp_run fsdpp_3 8
+  fsdpp_run fsdpp_3 12
 fi
 
 # 6. The kernels of one fsdpp step.
 if [ "${GPU_NCU:-1}" = 1 ] && command -v ncu >/dev/null; then
   note "ncu: the kernels of step 3"
-  timeout 240 ncu --clock-control none --metrics gpu__time_duration.sum \
-    --csv --log-file "$out/ncu.csv" \
-    "$train" "${gpu_config[@]}" --set training.steps=3 \
+  # Two steps (the first builds the cuDNN plans; ncu times only kernels),
+  # at most 6000 kernels.
+  timeout 200 ncu --clock-control none --metrics gpu__time_duration.sum \
+    --launch-count 6000 --csv --log-file "$out/ncu.csv" \
+    "$train" "${gpu_config[@]}" --set training.steps=2 \
     --set metrics.jsonl_path= >"$out/ncu_run.log" 2>&1 ||
     { echo "ncu failed (rc $?)"; tail -5 "$out/ncu_run.log"; }
 fi
 
 # The summary.
 python3 - "$out" <<'EOF'
-import csv, collections, datetime, json, os, statistics, sys
+import csv, collections, datetime, json, os, re, statistics, sys
 out = sys.argv[1]
 
 def steps(name):
@@ -190,12 +219,19 @@ bench = {
     "first_losses_max_rel": max((abs(g - c) / abs(c) for g, c in
                                  zip(gpu10, cpu10)), default=None),
     "shape": "GPT-2 124M, 8 x 1024 tokens, bf16, AdamW",
+    "cudnn_attention": not os.path.exists(os.path.join(out,
+                                                       "cudnn_attention_off")),
+    "host_syncs_per_step": statistics.median(
+        [r["host_syncs"] for r in run1 if not r["warmup"] and
+         "host_syncs" in r]) if any("host_syncs" in r for r in run1) else None,
 }
 json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
 print(json.dumps(bench, indent=1))
 # Kernels: total time per kernel name over the profiled steps, top 20.
 path = os.path.join(out, "ncu.csv")
 if os.path.exists(path):
+  # ncu profiled two steps; figures are per step (the first builds the
+  # cuDNN plans, which runs no extra kernels of the step's own).
   rows = [l for l in open(path) if l.startswith('"')]
   totals = collections.Counter()
   counts = collections.Counter()
@@ -203,15 +239,24 @@ if os.path.exists(path):
     if row.get("Metric Name") != "gpu__time_duration.sum":
       continue
     value = float(row["Metric Value"].replace(",", ""))
-    scale = {"nsecond": 1e-6, "usecond": 1e-3, "msecond": 1.0}.get(
-        row.get("Metric Unit"), 1.0)
-    totals[row["Kernel Name"][:90]] += value * scale
-    counts[row["Kernel Name"][:90]] += 1
+    unit = row.get("Metric Unit")
+    scale = {"nsecond": 1e-6, "ns": 1e-6, "usecond": 1e-3, "us": 1e-3,
+             "msecond": 1.0, "ms": 1.0}
+    if unit not in scale:
+      sys.exit(f"ncu.csv: unknown time unit {unit!r}")
+    name = re.sub(r"\(.*", "", row["Kernel Name"])[:100]
+    totals[name] += value * scale[unit] / 2
+    counts[name] += 0.5
   whole = sum(totals.values()) or 1.0
+  bench["kernel_ms_per_step"] = whole
+  bench["kernels_per_step"] = sum(counts.values())
+  json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
+  print(f"GPU kernel time per step (ncu): {whole:.2f} ms in "
+        f"{sum(counts.values()):.0f} kernels")
   with open(os.path.join(out, "kernels.csv"), "w") as f:
-    f.write("kernel,calls,total_ms,share\n")
+    f.write("kernel,calls_per_step,ms_per_step,share\n")
     for name, ms in totals.most_common(20):
-      f.write(f'"{name}",{counts[name]},{ms:.3f},{ms / whole:.3f}\n')
+      f.write(f'"{name}",{counts[name]:g},{ms:.3f},{ms / whole:.3f}\n')
   print(open(os.path.join(out, "kernels.csv")).read())
 EOF
 note "done: tests $passed passed, $failed failed"
