@@ -23,6 +23,7 @@
 #include "core/logging.h"
 #include "gtest/gtest.h"
 #include "tensor/cuda/cublaslt_matmul.h"
+#include "tensor/cuda/cudnn_attention.h"
 #include "tensor/ops.h"
 #include "tensor/test_tensors.h"
 
@@ -296,7 +297,11 @@ TEST_P(CudaOpsTest, Softmax) {
 TEST_P(CudaOpsTest, CausalAttention) {
   const DType dtype = GetParam();
   // [B, H, T, hd] queries against [B, KV, T, hd] keys and values: MHA, GQA,
-  // one token, a T over the CPU kernel's tiles.
+  // one token, a T over the CPU kernel's tiles. In bf16 / f16 cuDNN runs
+  // the forward where hd is a multiple of 8 and the backward also needs
+  // T > 1: the calls it ran are counted below.
+  const int64_t cudnn_calls = gpu::CudnnAttention::ForDevice(0)->calls();
+  int64_t expected_cudnn_calls = 0;
   for (const auto& [b, h, kv, t, hd] :
        {std::tuple{1, 1, 1, 1, 8}, std::tuple{2, 4, 2, 37, 12},
         std::tuple{1, 2, 1, 130, 64}, std::tuple{2, 3, 3, 256, 64}}) {
@@ -335,7 +340,13 @@ TEST_P(CudaOpsTest, CausalAttention) {
                                         &dv.gpu)
                     .ok());
     EXPECT_EQ(Values(dk.gpu), first_dk) << "dk rerun";
+    if (dtype != DType::kF32 && hd % 8 == 0) {
+      expected_cudnn_calls += t > 1 ? 3 : 1;  // forward, 2 backward if T > 1
+    }
   }
+  EXPECT_EQ(gpu::CudnnAttention::ForDevice(0)->calls() - cudnn_calls,
+            expected_cudnn_calls)
+      << "attention calls run on cuDNN";
 }
 
 TEST_P(CudaOpsTest, Rope) {
