@@ -743,6 +743,14 @@ __device__ __forceinline__ void RowSoftmaxGrad(const T* row, int64_t v,
   }
 }
 
+// drow[0, v) = 0 by the block's threads (an ignored target's gradient).
+template <typename T>
+__device__ __forceinline__ void ZeroRow(T* drow, int64_t v) {
+  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
+    drow[j] = FromFloat<T>(0.0f);
+  }
+}
+
 // Cross-entropy, a block per row (one online pass for max and sum).
 template <typename T, typename I>
 __global__ void CrossEntropyKernel(const T* logits, const I* targets, int64_t n,
@@ -774,9 +782,7 @@ __global__ void CrossEntropyBackwardKernel(const T* logits, const I* targets,
     const int64_t t = static_cast<int64_t>(targets[i]);
     T* drow = dlogits + i * v;
     if (t == ignore_index) {
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-        drow[j] = FromFloat<T>(0.0f);
-      }
+      ZeroRow(drow, v);
       continue;
     }
     const T* row = logits + i * v;
@@ -817,9 +823,7 @@ __global__ void CrossEntropyShardBackwardKernel(
     const int64_t t = static_cast<int64_t>(targets[i]);
     T* drow = dlogits + i * v;
     if (t == ignore_index) {
-      for (int64_t j = threadIdx.x; j < v; j += blockDim.x) {
-        drow[j] = FromFloat<T>(0.0f);
-      }
+      ZeroRow(drow, v);
       continue;
     }
     RowSoftmaxGrad(logits + i * v, v,
@@ -1066,14 +1070,14 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status Matmul(const MatmulArgs& m) override {
     float beta = m.beta;
-    if (m.bias != nullptr && m.bias->dtype() == m.c->dtype() &&
-        CublasLtTakesBias(m.batch, m.bias->raw_data())) {
-      return CublasLtMatmul(
-          device_, m.a->raw_data(), m.b->raw_data(), m.c->raw_data(),
-          m.a->dtype(), m.c->dtype(), m.batch, m.m, m.n, m.k, m.transpose_a,
-          m.transpose_b, m.broadcast_b, m.alpha, beta, m.bias->raw_data());
-    }
-    if (m.bias != nullptr) {
+    // The bias through cuBLASLt's epilogue where it takes it; else broadcast
+    // into c first.
+    const void* epilogue_bias =
+        m.bias != nullptr && m.bias->dtype() == m.c->dtype() &&
+                CublasLtTakesBias(m.batch, m.bias->raw_data())
+            ? m.bias->raw_data()
+            : nullptr;
+    if (m.bias != nullptr && epilogue_bias == nullptr) {
       // The bias in every row of c, then the product added onto it.
       FSDPP_RETURN_IF_ERROR(Prepare());
       const int64_t rows = m.batch * m.m;
@@ -1089,7 +1093,7 @@ class CudaBackendImpl final : public Backend {
     return CublasLtMatmul(device_, m.a->raw_data(), m.b->raw_data(),
                           m.c->raw_data(), m.a->dtype(), m.c->dtype(), m.batch,
                           m.m, m.n, m.k, m.transpose_a, m.transpose_b,
-                          m.broadcast_b, m.alpha, beta);
+                          m.broadcast_b, m.alpha, beta, epilogue_bias);
   }
 
   absl::Status Softmax(const Tensor& x, int64_t rows, int64_t n, int64_t tq,
