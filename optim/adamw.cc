@@ -199,7 +199,8 @@ absl::Status AdamW::CheckForStep(const Entry& e) const {
   return CheckDevice(e.name, local.device());
 }
 
-absl::Status AdamW::UpdateEntry(const Entry& e, float grad_scale) const {
+absl::Status AdamW::UpdateEntry(const Entry& e, float grad_scale,
+                                const StepGuard* guard) const {
   const Tensor& local = e.param->local();
   const int64_t n = local.numel();
   if (n == 0 || local.is_meta()) return absl::OkStatus();
@@ -215,9 +216,17 @@ absl::Status AdamW::UpdateEntry(const Entry& e, float grad_scale) const {
   const DType copy_dtype = e.copy != nullptr ? e.copy->dtype() : DType::kF32;
   if (local.device().is_cuda()) {
 #if defined(FSDPP_WITH_CUDA)
+    gpu::DeviceGradScale device_guard;
+    if (guard != nullptr) {
+      device_guard.loss = static_cast<const float*>(guard->loss->raw_data());
+      device_guard.norm_sq =
+          static_cast<const float*>(guard->norm_sq->raw_data());
+      device_guard.max_norm = guard->max_norm;
+    }
     return gpu::AdamWStepCuda(local.device().index(), s, grad, param, m, v,
-                              copy, copy_dtype, n);
+                              copy, copy_dtype, n, device_guard);
 #else
+    (void)guard;
     return CheckDevice(e.name, local.device());
 #endif
   }
@@ -230,17 +239,59 @@ absl::Status AdamW::UpdateEntry(const Entry& e, float grad_scale) const {
   return absl::OkStatus();
 }
 
+absl::Status AdamW::StepWith(
+    const std::function<absl::Status(const Entry&)>& update) {
+  FSDPP_RETURN_IF_ERROR(Init());
+  for (const Entry& e : entries_) FSDPP_RETURN_IF_ERROR(CheckForStep(e));
+  ++step_;
+  for (const Entry& e : entries_) FSDPP_RETURN_IF_ERROR(update(e));
+  return absl::OkStatus();
+}
+
 absl::Status AdamW::Step(float grad_scale) {
   if (!(grad_scale > 0.0f) || !std::isfinite(grad_scale)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "AdamW: grad_scale must be finite and > 0, got ", grad_scale));
   }
-  FSDPP_RETURN_IF_ERROR(Init());
-  for (const Entry& e : entries_) FSDPP_RETURN_IF_ERROR(CheckForStep(e));
-  ++step_;
-  for (const Entry& e : entries_)
-    FSDPP_RETURN_IF_ERROR(UpdateEntry(e, grad_scale));
-  return absl::OkStatus();
+  return StepWith([&](const Entry& e) { return UpdateEntry(e, grad_scale); });
+}
+
+absl::Status AdamW::Step(const StepGuard& guard) {
+  if (!(guard.max_norm >= 0.0) || !std::isfinite(guard.max_norm)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdamW: the guard's max_norm must be finite and >= 0, got ",
+        guard.max_norm));
+  }
+  const Device device = entries_.empty()
+                            ? Device::Meta()
+                            : entries_.front().param->local().device();
+  for (const auto& [what, t] :
+       {std::pair<const char*, const Tensor*>{"loss", guard.loss},
+        {"norm_sq", guard.norm_sq}}) {
+    if (t == nullptr || !t->defined() || t->dtype() != DType::kF32 ||
+        t->numel() != 1 || (!entries_.empty() && t->device() != device)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "AdamW: the guard's ", what,
+          " must be an f32 tensor of one element on the params' device (",
+          device.ToString(), "), got ",
+          t == nullptr ? std::string("null") : t->ToString()));
+    }
+  }
+  if (device.is_cuda()) {
+    return StepWith(
+        [&](const Entry& e) { return UpdateEntry(e, 1.0f, &guard); });
+  }
+  // On the host the values are read where they are (a meta step has none:
+  // it updates nothing either).
+  float grad_scale = 1.0f;
+  const bool apply = !device.is_meta() &&
+                     kernels::GuardedGradScale(
+                         *static_cast<const float*>(guard.loss->raw_data()),
+                         *static_cast<const float*>(guard.norm_sq->raw_data()),
+                         guard.max_norm, &grad_scale);
+  return StepWith([&](const Entry& e) {
+    return apply ? UpdateEntry(e, grad_scale) : absl::OkStatus();
+  });
 }
 
 AdamW::Entry* AdamW::Find(const std::string& name) {

@@ -108,6 +108,23 @@ class AdamW {
   // over the gradients; the grads themselves are left as they are.
   absl::Status Step(float grad_scale = 1.0f);
 
+  // A step whose gradient scale and skip are decided where the step's
+  // values are, so that a GPU step needs no host read: `loss` (this rank's
+  // loss of the step) and `norm_sq` (the squared global gradient norm,
+  // optim/clip.h's GradNormSquaredOnDevice), f32 tensors of one element on
+  // the params' device, are read by the update itself. When either is not
+  // finite nothing is updated (params, state and compute copies keep their
+  // bits; the step counter still advances, and the caller, reading the
+  // values later, stops the run); otherwise each gradient is scaled by
+  // ClipCoefficient(sqrt(norm_sq), max_norm) for max_norm > 0, else 1: the
+  // update Step(ClipCoefficient(...)) makes, bit for bit.
+  struct StepGuard {
+    const Tensor* loss = nullptr;
+    const Tensor* norm_sq = nullptr;
+    double max_norm = 0;  // 0: no clipping
+  };
+  absl::Status Step(const StepGuard& guard);
+
   // Makes `copy` (not owned; a view of this rank's local shard in any float
   // dtype, e.g. bf16, with the local shard's element count, on its device)
   // the compute copy of param `name`: written now from the master and then
@@ -159,8 +176,13 @@ class AdamW {
   Entry* Find(const std::string& name);
   // Checks the param, grad, state and copy of `e` before a step.
   absl::Status CheckForStep(const Entry& e) const;
-  // The fused update of one entry with `decay`-adjusted scalars.
-  absl::Status UpdateEntry(const Entry& e, float grad_scale) const;
+  // The fused update of one entry with `decay`-adjusted scalars; a GPU
+  // update reads its scale from `guard`'s tensors when they are given.
+  absl::Status UpdateEntry(const Entry& e, float grad_scale,
+                           const StepGuard* guard = nullptr) const;
+  // Step's checks and counter; then `update` per entry.
+  absl::Status StepWith(
+      const std::function<absl::Status(const Entry&)>& update);
 
   AdamWOptions options_;
   std::vector<Entry> entries_;

@@ -32,13 +32,22 @@ __device__ __forceinline__ int64_t GridStride() {
 }
 
 // `copy` may be null (no compute copy); C is its storage type.
+// The step's scalars with the guard's scale; false: the step is skipped.
+__device__ __forceinline__ bool Guarded(const DeviceGradScale& guard,
+                                        kernels::AdamWScalars* s) {
+  if (guard.loss == nullptr) return true;
+  return kernels::GuardedGradScale(*guard.loss, *guard.norm_sq, guard.max_norm,
+                                   &s->grad_scale);
+}
+
 template <typename C>
-__global__ void AdamWKernel(kernels::AdamWScalars s,
+__global__ void AdamWKernel(kernels::AdamWScalars s, DeviceGradScale guard,
                             const float* __restrict__ grad,
                             float* __restrict__ param,
                             float* __restrict__ exp_avg,
                             float* __restrict__ exp_avg_sq,
                             C* __restrict__ copy, int64_t n) {
+  if (!Guarded(guard, &s)) return;
   for (int64_t i = FirstIndex(); i < n; i += GridStride()) {
     float p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
     kernels::AdamWElement(s, grad[i], &p, &m, &v);
@@ -53,12 +62,13 @@ __global__ void AdamWKernel(kernels::AdamWScalars s,
 // stores of the f32 tensors (all aligned; n4 = n / 4 quads), the update of
 // each element unchanged.
 template <typename C>
-__global__ void AdamWQuadKernel(kernels::AdamWScalars s,
+__global__ void AdamWQuadKernel(kernels::AdamWScalars s, DeviceGradScale guard,
                                 const float4* __restrict__ grad,
                                 float4* __restrict__ param,
                                 float4* __restrict__ exp_avg,
                                 float4* __restrict__ exp_avg_sq,
                                 C* __restrict__ copy, int64_t n4) {
+  if (!Guarded(guard, &s)) return;
   for (int64_t i = FirstIndex(); i < n4; i += GridStride()) {
     const float4 g = grad[i];
     float4 p = param[i], m = exp_avg[i], v = exp_avg_sq[i];
@@ -107,7 +117,8 @@ absl::Status LaunchStatus(const char* what) {
 }
 
 template <typename C>
-absl::Status LaunchAdamW(const kernels::AdamWScalars& s, const float* grad,
+absl::Status LaunchAdamW(const kernels::AdamWScalars& s,
+                         const DeviceGradScale& guard, const float* grad,
                          float* param, float* exp_avg, float* exp_avg_sq,
                          void* copy, int64_t n) {
   C* c = static_cast<C*>(copy);
@@ -116,7 +127,7 @@ absl::Status LaunchAdamW(const kernels::AdamWScalars& s, const float* grad,
       Aligned16(exp_avg_sq) && n >= 4) {
     const int64_t n4 = n / 4;
     AdamWQuadKernel<C><<<Blocks(n4), kThreads, 0, cudaStreamLegacy>>>(
-        s, reinterpret_cast<const float4*>(grad),
+        s, guard, reinterpret_cast<const float4*>(grad),
         reinterpret_cast<float4*>(param), reinterpret_cast<float4*>(exp_avg),
         reinterpret_cast<float4*>(exp_avg_sq), c, n4);
     FSDPP_RETURN_IF_ERROR(LaunchStatus("AdamW kernel launch"));
@@ -124,7 +135,7 @@ absl::Status LaunchAdamW(const kernels::AdamWScalars& s, const float* grad,
   }
   if (done == n) return absl::OkStatus();
   AdamWKernel<C><<<Blocks(n - done), kThreads, 0, cudaStreamLegacy>>>(
-      s, grad + done, param + done, exp_avg + done, exp_avg_sq + done,
+      s, guard, grad + done, param + done, exp_avg + done, exp_avg_sq + done,
       c == nullptr ? nullptr : c + done, n - done);
   return LaunchStatus("AdamW kernel launch");
 }
@@ -134,23 +145,27 @@ absl::Status LaunchAdamW(const kernels::AdamWScalars& s, const float* grad,
 absl::Status AdamWStepCuda(int device, const kernels::AdamWScalars& scalars,
                            const float* grad, float* param, float* exp_avg,
                            float* exp_avg_sq, void* copy, DType copy_dtype,
-                           int64_t n) {
+                           int64_t n, const DeviceGradScale& guard) {
   if (n <= 0) return absl::OkStatus();
+  if ((guard.loss == nullptr) != (guard.norm_sq == nullptr)) {
+    return absl::InvalidArgumentError(
+        "AdamWStepCuda: the guard needs both the loss and the norm");
+  }
   FSDPP_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
   if (copy == nullptr) {
-    return LaunchAdamW<float>(scalars, grad, param, exp_avg, exp_avg_sq,
+    return LaunchAdamW<float>(scalars, guard, grad, param, exp_avg, exp_avg_sq,
                               nullptr, n);
   }
   switch (copy_dtype) {
     case DType::kF32:
-      return LaunchAdamW<float>(scalars, grad, param, exp_avg, exp_avg_sq, copy,
-                                n);
+      return LaunchAdamW<float>(scalars, guard, grad, param, exp_avg,
+                                exp_avg_sq, copy, n);
     case DType::kBF16:
-      return LaunchAdamW<BFloat16>(scalars, grad, param, exp_avg, exp_avg_sq,
-                                   copy, n);
+      return LaunchAdamW<BFloat16>(scalars, guard, grad, param, exp_avg,
+                                   exp_avg_sq, copy, n);
     case DType::kF16:
-      return LaunchAdamW<Float16>(scalars, grad, param, exp_avg, exp_avg_sq,
-                                  copy, n);
+      return LaunchAdamW<Float16>(scalars, guard, grad, param, exp_avg,
+                                  exp_avg_sq, copy, n);
     default:
       return absl::InvalidArgumentError(
           absl::StrCat("AdamWStepCuda: compute copy dtype ",

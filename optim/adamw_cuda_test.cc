@@ -1,4 +1,5 @@
-// The CUDA AdamW and unscale kernels against the CPU loops, bit for bit.
+// The CUDA AdamW and unscale kernels against the CPU loops, bit for bit,
+// with the step's scale given or read on the device (AdamW::StepGuard).
 //
 // Both run kernels::AdamWElement / UnscaleElement (optim/kernels/adamw.h)
 // with f32 multiplies, adds, one correctly rounded division and sqrt, and no
@@ -84,7 +85,13 @@ TEST_F(AdamWCudaTest, StepMatchesCpuBitwise) {
                 .ok());
       }
     }
-    for (int t = 0; t < 4; ++t) {
+    // Steps 4-6 read their scale from the guard's tensors on the params'
+    // device: clipped, skipped (a NaN loss), not clipped.
+    const float guard_values[3][2] = {
+        {2.0f, 9.0f},
+        {std::numeric_limits<float>::quiet_NaN(), 1.0f},
+        {2.0f, 0.25f}};
+    for (int t = 0; t < 7; ++t) {
       for (int s = 0; s < 2; ++s) {
         const Device device = s == 0 ? Device::Cpu() : kGpu;
         for (size_t i = 0; i < shapes.size(); ++i) {
@@ -94,8 +101,24 @@ TEST_F(AdamWCudaTest, StepMatchesCpuBitwise) {
                                                   {P::Shard(0)}, shapes[i]);
         }
         ASSERT_TRUE(opts[s].SetLr(1e-2 / (t + 1)).ok());
-        absl::Status st = opts[s].Step();
+        if (t < 4) {
+          absl::Status st = opts[s].Step();
+          ASSERT_TRUE(st.ok()) << st;
+          continue;
+        }
+        Tensor loss =
+            On(*Tensor::FromFloats({1}, {guard_values[t - 4][0]}), device);
+        Tensor norm_sq =
+            On(*Tensor::FromFloats({1}, {guard_values[t - 4][1]}), device);
+        AdamW::StepGuard guard;
+        guard.loss = &loss;
+        guard.norm_sq = &norm_sq;
+        guard.max_norm = 1.0;
+        const std::vector<uint32_t> before = Bits(sides[s].params[2].local());
+        absl::Status st = opts[s].Step(guard);
         ASSERT_TRUE(st.ok()) << st;
+        EXPECT_EQ(Bits(sides[s].params[2].local()) == before, t == 5)
+            << "step " << t << (s == 0 ? " cpu" : " cuda");
       }
     }
     OptimizerStateDict cpu_sd = *opts[0].StateDict();

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
@@ -24,11 +25,13 @@
 #include <mutex>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/allocator.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
+#include "optim/clip.h"
 #include "optim/counting_groups.h"
 #include "tensor/dtensor.h"
 #include "tensor/ops.h"
@@ -591,6 +594,87 @@ TEST(AdamWTest, GradScaleEqualsScalingTheGradsFirstBitForBit) {
       EXPECT_NE(s.message().find("grad_scale"), std::string::npos) << s;
     }
     EXPECT_EQ(fused.opt.step(), 3);
+  });
+}
+
+// Step(StepGuard) reads the loss and squared norm where they are: the same
+// bits as Step(ClipCoefficient(sqrt(norm_sq), max_norm)), nothing updated
+// for a non-finite value (the counter still advances), bad guards refused.
+TEST(AdamWTest, GuardedStepEqualsTheClippedStepAndSkipsNonFinite) {
+  testing_util::RunOnCountingMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    Training guarded = MakeTraining(mesh, {P::Shard(0)});
+    Training plain = MakeTraining(mesh, {P::Shard(0)});
+    Tensor loss = *Tensor::FromFloats({1}, {2.5f});
+    Tensor norm_sq = *Tensor::FromFloats({1}, {0.0f});
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    const float inf = std::numeric_limits<float>::infinity();
+    // (loss, norm_sq, max_norm): clipped, not clipped, no clipping, then
+    // a NaN loss, an infinite norm and a NaN norm (skipped).
+    const std::vector<std::array<float, 3>> steps = {
+        {2.5f, 9.0f, 1.0f}, {2.5f, 0.25f, 1.0f}, {2.5f, 16.0f, 0.0f},
+        {nan, 1.0f, 1.0f},  {2.5f, inf, 1.0f},   {2.5f, nan, 0.0f}};
+    for (size_t t = 0; t < steps.size(); ++t) {
+      const auto [l, n2, max_norm] = steps[t];
+      for (size_t i = 0; i < Cases().size(); ++i) {
+        for (Training* tr : {&guarded, &plain}) {
+          tr->grads[i] = *DTensor::Distribute(GradAt(i, static_cast<int>(t)),
+                                              &mesh, {P::Shard(0)});
+        }
+      }
+      ASSERT_TRUE(Fill(&loss, l).ok());
+      ASSERT_TRUE(Fill(&norm_sq, n2).ok());
+      std::vector<std::vector<uint32_t>> before;
+      for (const DTensor& p : guarded.params) before.push_back(Bits(p.local()));
+      AdamW::StepGuard guard;
+      guard.loss = &loss;
+      guard.norm_sq = &norm_sq;
+      guard.max_norm = max_norm;
+      ASSERT_TRUE(guarded.opt.Step(guard).ok()) << "step " << t;
+      EXPECT_EQ(guarded.opt.step(), static_cast<int64_t>(t + 1));
+      const bool finite = std::isfinite(l) && std::isfinite(n2);
+      for (size_t i = 0; i < Cases().size(); ++i) {
+        if (!finite) {
+          EXPECT_EQ(Bits(guarded.params[i].local()), before[i])
+              << Cases()[i].name << " step " << t;
+        }
+      }
+      if (!finite) {
+        // The plain optimizer takes no step either; its counter follows.
+        ASSERT_TRUE(plain.opt.SetStep(plain.opt.step() + 1).ok());
+        continue;
+      }
+      const float coef = max_norm > 0
+                             ? ClipCoefficient(std::sqrt(double{n2}), max_norm)
+                             : 1.0f;
+      EXPECT_EQ(coef < 1.0f, t == 0) << "step " << t;
+      ASSERT_TRUE(plain.opt.Step(coef).ok());
+      for (size_t i = 0; i < Cases().size(); ++i) {
+        ASSERT_EQ(Bits(guarded.params[i].local()),
+                  Bits(plain.params[i].local()))
+            << Cases()[i].name << " step " << t;
+      }
+    }
+    // Refused before anything changes: a missing tensor, two elements, an
+    // integer tensor, a negative or infinite max_norm.
+    Tensor two = *Tensor::FromFloats({2}, {1.0f, 1.0f});
+    Tensor ints = *Tensor::FromInts({1}, {1});
+    const int64_t steps_before = guarded.opt.step();
+    for (const auto& [bad_loss, bad_norm, max_norm] :
+         std::vector<std::tuple<const Tensor*, const Tensor*, double>>{
+             {nullptr, &norm_sq, 1.0},
+             {&loss, &two, 1.0},
+             {&ints, &norm_sq, 1.0},
+             {&loss, &norm_sq, -1.0},
+             {&loss, &norm_sq, std::numeric_limits<double>::infinity()}}) {
+      AdamW::StepGuard guard;
+      guard.loss = bad_loss;
+      guard.norm_sq = bad_norm;
+      guard.max_norm = max_norm;
+      const absl::Status s = guarded.opt.Step(guard);
+      EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+      EXPECT_NE(s.message().find("guard"), std::string::npos) << s;
+    }
+    EXPECT_EQ(guarded.opt.step(), steps_before);
   });
 }
 

@@ -5,7 +5,8 @@
 // are read back once, the per-rank total added up in double and rounded to
 // f32 once for the all-reduces; on a GPU (no pipeline) the slots are added
 // there (Sum: double accumulation), all-reduced there, and only the final
-// total is read back: one host sync.
+// total is read back: one host sync. GradNormSquaredOnDevice stops before
+// that read, on any device.
 #include "optim/clip.h"
 
 #include <cmath>
@@ -16,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "optim/kernels/adamw.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -54,84 +56,117 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
   return absl::OkStatus();
 }
 
-// The norm from the counted grads' sums of squares on a GPU: added there,
-// all-reduced over the `reduced` axes there (the compute stream waits on
-// each all-reduce), read back once.
-absl::StatusOr<double> DeviceNorm(const Tensor& sums, DeviceMesh* mesh,
-                                  const std::vector<bool>& reduced,
-                                  absl::Duration timeout) {
-  FSDPP_ASSIGN_OR_RETURN(Tensor total,
-                         Tensor::Zeros({1}, DType::kF32, sums.device()));
-  FSDPP_RETURN_IF_ERROR(Sum(sums, &total));
-  for (int a = 0; a < mesh->ndim(); ++a) {
-    if (!reduced[a]) continue;
+// This rank's share of the squared norm: one f32 slot per grad on the grads'
+// device, its local sum of squares or 0 for a grad not counted here, and
+// the mesh axes the total is reduced over.
+struct LocalSquares {
+  Tensor sums;
+  std::vector<bool> counted;
+  std::vector<bool> reduced;
+  DeviceMesh* mesh = nullptr;
+};
+
+// The squared norm from `local` on its device: the slots added there
+// (Sum: double accumulation), all-reduced over the reduced axes there (the
+// compute stream waits on each all-reduce), into *total (f32 [1]).
+absl::Status ReduceOnDevice(const LocalSquares& local, Tensor* total,
+                            absl::Duration timeout) {
+  FSDPP_RETURN_IF_ERROR(Sum(local.sums, total));
+  for (int a = 0; a < local.mesh->ndim(); ++a) {
+    if (!local.reduced[a]) continue;
     FSDPP_ASSIGN_OR_RETURN(ProcessGroup * group,
-                           mesh->Group(mesh->axes()[a].name));
-    FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
-                           group->AllReduce(Buffer{total.raw_data(), 1,
-                                                   DType::kF32, total.device()},
-                                            ReduceOp::kSum));
-    FSDPP_RETURN_IF_ERROR(work->WaitForCompute(total.device(), timeout));
+                           local.mesh->Group(local.mesh->axes()[a].name));
+    FSDPP_ASSIGN_OR_RETURN(
+        std::shared_ptr<Work> work,
+        group->AllReduce(
+            Buffer{total->raw_data(), 1, DType::kF32, total->device()},
+            ReduceOp::kSum));
+    FSDPP_RETURN_IF_ERROR(work->WaitForCompute(total->device(), timeout));
   }
-  FSDPP_ASSIGN_OR_RETURN(float value, Item(total));
-  return std::sqrt(static_cast<double>(value));
+  return absl::OkStatus();
+}
+
+// The checks, the reduced axes, the counted grads and their sums of squares
+// (GradNorm's first half, its errors naming `op`). grads is not empty.
+absl::StatusOr<LocalSquares> Squares(const char* op,
+                                     const std::vector<DTensor*>& grads,
+                                     const PipelineNormOptions& pipeline) {
+  FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads));
+  LocalSquares out;
+  DeviceMesh* mesh = out.mesh = grads[0]->mesh();
+  const int64_t n = static_cast<int64_t>(grads.size());
+
+  // The axes some grad is sharded on: the ones the total is reduced over.
+  out.reduced.assign(mesh->ndim(), false);
+  for (const DTensor* g : grads) {
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (g->placements()[a].is_shard()) out.reduced[a] = true;
+    }
+  }
+
+  // This rank's share: a grad that is Replicate on a reduced axis counts only
+  // on that axis' coordinate 0 (its other coordinates hold copies).
+  out.counted.assign(n, false);
+  for (int64_t i = 0; i < n; ++i) {
+    bool counts = pipeline.counts.empty() || pipeline.counts[i];
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (out.reduced[a] && !grads[i]->placements()[a].is_shard() &&
+          mesh->coordinate()[a] != 0) {
+        counts = false;
+      }
+    }
+    out.counted[i] = counts;
+  }
+
+  // Local sums of squares of the counted grads, one slot per grad (meta
+  // gradients, a dry run's, have no values: their sums are zeros).
+  FSDPP_ASSIGN_OR_RETURN(
+      out.sums, Tensor::Zeros({n}, DType::kF32, grads[0]->local().device()));
+  for (int64_t i = 0; i < n; ++i) {
+    if (!out.counted[i]) continue;
+    FSDPP_ASSIGN_OR_RETURN(Tensor slot, out.sums.Narrow(i, 1));
+    FSDPP_RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
+  }
+  return out;
+}
+
+absl::Status CheckCounts(const char* op, const std::vector<DTensor*>& grads,
+                         const PipelineNormOptions& pipeline) {
+  if (!pipeline.counts.empty() && pipeline.counts.size() != grads.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", pipeline.counts.size(), " count flags for ",
+                     grads.size(), " grads"));
+  }
+  return absl::OkStatus();
 }
 
 // GradNorm, its errors naming `op`.
 absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
                             const PipelineNormOptions& pipeline,
                             absl::Duration timeout) {
-  if (!pipeline.counts.empty() && pipeline.counts.size() != grads.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": ", pipeline.counts.size(), " count flags for ",
-                     grads.size(), " grads"));
-  }
+  FSDPP_RETURN_IF_ERROR(CheckCounts(op, grads, pipeline));
   if (grads.empty() && pipeline.pipeline == nullptr) return 0.0;
   if (grads.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": a pipeline rank without grads"));
   }
-  FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads));
-  DeviceMesh* mesh = grads[0]->mesh();
+  FSDPP_ASSIGN_OR_RETURN(LocalSquares local, Squares(op, grads, pipeline));
+  DeviceMesh* mesh = local.mesh;
+  const std::vector<bool>& reduced = local.reduced;
+  const std::vector<bool>& counted = local.counted;
   const int64_t n = static_cast<int64_t>(grads.size());
-
-  // The axes some grad is sharded on: the ones the total is reduced over.
-  std::vector<bool> reduced(mesh->ndim(), false);
-  for (const DTensor* g : grads) {
-    for (int a = 0; a < mesh->ndim(); ++a) {
-      if (g->placements()[a].is_shard()) reduced[a] = true;
-    }
-  }
-
-  // This rank's share: a grad that is Replicate on a reduced axis counts only
-  // on that axis' coordinate 0 (its other coordinates hold copies).
-  std::vector<bool> counted(n);
-  for (int64_t i = 0; i < n; ++i) {
-    bool counts = pipeline.counts.empty() || pipeline.counts[i];
-    for (int a = 0; a < mesh->ndim(); ++a) {
-      if (reduced[a] && !grads[i]->placements()[a].is_shard() &&
-          mesh->coordinate()[a] != 0) {
-        counts = false;
-      }
-    }
-    counted[i] = counts;
-  }
-
-  // Local sums of squares of the counted grads, one slot per grad (meta
-  // gradients, a dry run's, have no values: their sums are zeros).
-  const Device device = grads[0]->local().device();
-  FSDPP_ASSIGN_OR_RETURN(Tensor sums, Tensor::Zeros({n}, DType::kF32, device));
-  for (int64_t i = 0; i < n; ++i) {
-    if (!counted[i]) continue;
-    FSDPP_ASSIGN_OR_RETURN(Tensor slot, sums.Narrow(i, 1));
-    FSDPP_RETURN_IF_ERROR(SumOfSquares(grads[i]->local(), &slot));
-  }
+  const Device device = local.sums.device();
   if (device.is_cuda() && pipeline.pipeline == nullptr) {
-    return DeviceNorm(sums, mesh, reduced, timeout);
+    // On a GPU: added and all-reduced there, one host read.
+    FSDPP_ASSIGN_OR_RETURN(Tensor total,
+                           Tensor::Zeros({1}, DType::kF32, device));
+    FSDPP_RETURN_IF_ERROR(ReduceOnDevice(local, &total, timeout));
+    FSDPP_ASSIGN_OR_RETURN(float value, Item(total));
+    return std::sqrt(static_cast<double>(value));
   }
   std::vector<float> local_sums(n, 0.0f);
   if (!device.is_meta()) {
-    FSDPP_ASSIGN_OR_RETURN(local_sums, sums.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(local_sums, local.sums.ToFloats());
   }
   double total = 0.0;
   for (int64_t i = 0; i < n; ++i) {
@@ -220,9 +255,36 @@ absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
   return Norm("GradNorm", grads, pipeline, timeout);
 }
 
+absl::Status GradNormSquaredOnDevice(const std::vector<DTensor*>& grads,
+                                     const PipelineNormOptions& options,
+                                     Tensor* norm_sq, absl::Duration timeout) {
+  const char* op = "GradNormSquaredOnDevice";
+  FSDPP_RETURN_IF_ERROR(CheckCounts(op, grads, options));
+  if (options.pipeline != nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op,
+                     ": not with a pipeline (its stages' totals travel as host "
+                     "doubles); use GradNorm"));
+  }
+  if (norm_sq == nullptr || !norm_sq->defined() ||
+      norm_sq->dtype() != DType::kF32 || norm_sq->numel() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, ": the output must be an f32 tensor of one element, got ",
+        norm_sq == nullptr ? std::string("null") : norm_sq->ToString()));
+  }
+  if (grads.empty()) return Zero(norm_sq);
+  if (norm_sq->device() != grads[0]->local().device()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": the output ", norm_sq->ToString(),
+                     " is not on the grads' device ",
+                     grads[0]->local().device().ToString()));
+  }
+  FSDPP_ASSIGN_OR_RETURN(LocalSquares local, Squares(op, grads, options));
+  return ReduceOnDevice(local, norm_sq, timeout);
+}
+
 float ClipCoefficient(double norm, double max_norm) {
-  const double coef = max_norm / (norm + 1e-6);
-  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+  return kernels::ClipCoefficient(norm, max_norm);
 }
 
 absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,

@@ -61,6 +61,19 @@ absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
                                 const PipelineNormOptions& pipeline,
                                 absl::Duration timeout = absl::Minutes(30));
 
+// The square of GradNorm's norm (same arguments, same collectives), left in
+// `*norm_sq` (f32, one element, on the grads' device) with nothing read
+// back: the local sums of squares are added on the device and all-reduced
+// there, and the device, not the host, waits for each all-reduce
+// (Work::WaitForCompute). What AdamW::Step(StepGuard) reads on a GPU, so
+// that a step needs no host synchronisation. `options.pipeline` must be null
+// (the stages' totals travel as host doubles). Note the total is rounded to
+// f32 before the all-reduces, as on a GPU GradNorm does; on the host
+// GradNorm keeps a rank's total in double until then.
+absl::Status GradNormSquaredOnDevice(
+    const std::vector<DTensor*>& grads, const PipelineNormOptions& options,
+    Tensor* norm_sq, absl::Duration timeout = absl::Minutes(30));
+
 // The factor ClipGradNorm scales the grads by for `norm`: max_norm /
 // (norm + 1e-6) rounded to f32 when that is below 1, else exactly 1. Pass it
 // to AdamW::Step(grad_scale) to clip inside the optimizer's pass instead of

@@ -69,6 +69,25 @@ TEST_P(ClipGradNormTest, NormScalingAndOneAllReducePerShardingAxis) {
     std::vector<DTensor*> ptrs;
     for (DTensor& g : grads) ptrs.push_back(&g);
 
+    {
+      // The squared norm left on the device: the same collectives, the
+      // total rounded to f32 once more.
+      std::vector<testing_util::OpCounts> before;
+      for (const MeshAxis& a : mesh.axes()) {
+        before.push_back(testing_util::AxisCounts(mesh, a.name));
+      }
+      Tensor norm_sq = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
+      ASSERT_TRUE(GradNormSquaredOnDevice(ptrs, {}, &norm_sq).ok());
+      EXPECT_NEAR(std::sqrt(double{(*norm_sq.ToFloats())[0]}), expected_norm,
+                  1e-6 * expected_norm)
+          << mc.label << " rank " << rank;
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        EXPECT_EQ(testing_util::AxisCounts(mesh, mesh.axes()[a].name).total() -
+                      before[a].total(),
+                  mc.sharding_axes[a] ? 1 : 0)
+            << mc.label << " axis " << mesh.axes()[a].name;
+      }
+    }
     for (double ratio : {2.0, 0.5}) {  // No clipping, then clipping.
       SCOPED_TRACE(::testing::Message() << mc.label << " rank " << rank
                                         << " max_norm ratio " << ratio);
@@ -188,6 +207,28 @@ TEST(ClipTest, NonFiniteNormLeavesGradsAlone) {
     ASSERT_TRUE(norm.ok()) << norm.status();
     EXPECT_TRUE(std::isinf(*norm)) << "rank " << rank << ": " << *norm;
     EXPECT_EQ(*g.local().ToFloats(), before);
+  });
+}
+
+TEST(ClipTest, GradNormSquaredOnDeviceRefusesWhatItCannotDo) {
+  testing_util::RunOnMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
+    DTensor g = *DTensor::Distribute(FullGrad(0, {6, 2}), &mesh, {P::Shard(0)});
+    Tensor out = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
+    PipelineNormOptions pipeline;
+    pipeline.pipeline = mesh.FlatGroup().value();
+    absl::Status s = GradNormSquaredOnDevice({&g}, pipeline, &out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("pipeline"), std::string::npos) << s;
+    Tensor two = *Tensor::Zeros({2}, DType::kF32, Device::Cpu());
+    s = GradNormSquaredOnDevice({&g}, {}, &two);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("one element"), std::string::npos) << s;
+    EXPECT_EQ(GradNormSquaredOnDevice({&g}, {}, nullptr).code(),
+              absl::StatusCode::kInvalidArgument);
+    // No grads: 0.
+    ASSERT_TRUE(Fill(&out, 5.0f).ok());
+    ASSERT_TRUE(GradNormSquaredOnDevice({}, {}, &out).ok());
+    EXPECT_EQ((*out.ToFloats())[0], 0.0f);
   });
 }
 

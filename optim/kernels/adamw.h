@@ -86,6 +86,30 @@ FSDPP_INLINE bool IsNonFinite(float x) {
   return (FloatBits(x) & 0x7f800000u) == 0x7f800000u;
 }
 
+// Gradient clipping's coefficient for the global gradient `norm`:
+// max_norm / (norm + 1e-6) in double, rounded to f32 when below 1, else
+// exactly 1 (torch.nn.utils.clip_grad_norm_'s clip_coef clamped to 1). The
+// same double arithmetic on both devices, so a coefficient the GPU computes
+// from the norm it holds equals the host's bit for bit.
+FSDPP_INLINE float ClipCoefficient(double norm, double max_norm) {
+  const double coef = max_norm / (norm + 1e-6);
+  return coef < 1.0 ? static_cast<float>(coef) : 1.0f;
+}
+
+// A step decided where its values are (optim/adamw.h, AdamW::StepGuard):
+// false when the step's `loss` or squared global gradient norm `norm_sq` is
+// not finite (nothing is updated), else true with *grad_scale the clip
+// coefficient of sqrt(norm_sq) for max_norm > 0, or 1 without clipping.
+FSDPP_INLINE bool GuardedGradScale(float loss, float norm_sq, double max_norm,
+                                   float* grad_scale) {
+  if (IsNonFinite(loss) || IsNonFinite(norm_sq)) return false;
+  *grad_scale =
+      max_norm > 0.0
+          ? ClipCoefficient(sqrt(static_cast<double>(norm_sq)), max_norm)
+          : 1.0f;
+  return true;
+}
+
 // The loss scaler's unscale: returns g * inv_scale and sets *found_non_finite
 // when g itself is inf or NaN (the check runs on the scaled value, as torch's
 // _amp_foreach_non_finite_check_and_unscale_ does).
