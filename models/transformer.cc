@@ -346,6 +346,15 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
   return loss_->Forward(logits, targets);
 }
 
+absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
+                                                const Tensor& targets,
+                                                double weight, Tensor* sum) {
+  FSDPP_RETURN_IF_ERROR(
+      CheckTargets(input, targets, options_.head, "ForwardLossAccumulate"));
+  FSDPP_ASSIGN_OR_RETURN(Tensor logits, Forward(input));
+  return loss_->ForwardAccumulate(logits, targets, weight, sum);
+}
+
 absl::Status Transformer::Backward(float loss_scale) {
   FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
   return Module::Backward(dlogits).status();

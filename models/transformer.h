@@ -130,6 +130,12 @@ class Transformer : public Module {
   // Keeps the activations and logits for Backward(). FailedPrecondition on a
   // part without the head.
   absl::StatusOr<float> ForwardLoss(const Tensor& input, const Tensor& targets);
+  // ForwardLoss with the loss left on the device: `weight` times it is added
+  // to `*sum` (f32, one element, on the model's device) and nothing is read
+  // back (nn::LossFunction::ForwardAccumulate). Backward() follows as after
+  // ForwardLoss.
+  absl::Status ForwardLossAccumulate(const Tensor& input, const Tensor& targets,
+                                     double weight, Tensor* sum);
   // Accumulates loss_scale x d(last ForwardLoss)/d(parameter) into every
   // Parameter::grad (loss_scale: e.g. 1 / micro-batches for gradient
   // accumulation, times a LossScaler's scale for fp16; finite and > 0).

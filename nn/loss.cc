@@ -29,8 +29,20 @@ absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
 
 }  // namespace
 
-absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
-                                                const Tensor& targets) {
+absl::Status LossFunction::ForwardAccumulate(const Tensor& logits,
+                                             const Tensor& targets,
+                                             double weight, Tensor* sum) {
+  FSDPP_ASSIGN_OR_RETURN(float loss, Forward(logits, targets));
+  if (sum == nullptr || sum->is_meta()) return absl::OkStatus();
+  FSDPP_ASSIGN_OR_RETURN(Tensor value,
+                         EmptyTemporary({1}, DType::kF32, sum->device()));
+  FSDPP_RETURN_IF_ERROR(Fill(&value, loss));
+  return Axpy(static_cast<float>(weight), value, sum);
+}
+
+absl::Status CrossEntropyLoss::RowLosses(const Tensor& logits,
+                                         const Tensor& targets,
+                                         Tensor* losses) {
   saved_logits_ = Tensor();
   saved_targets_ = Tensor();
   count_ = 0;
@@ -38,26 +50,50 @@ absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
     return absl::InvalidArgumentError("CrossEntropyLoss: undefined targets");
   }
   FSDPP_ASSIGN_OR_RETURN(
-      Tensor losses,
+      Tensor rows,
       EmptyTemporary({targets.numel()}, DType::kF32, logits.device()));
-  FSDPP_RETURN_IF_ERROR(
-      Annotate(CrossEntropy(logits, targets, ignore_index_, &losses),
-               "CrossEntropyLoss"));
-  float loss = 0.0f;
+  FSDPP_RETURN_IF_ERROR(Annotate(
+      CrossEntropy(logits, targets, ignore_index_, &rows), "CrossEntropyLoss"));
+  if (!logits.is_meta()) {
+    FSDPP_ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
+  }
+  *losses = std::move(rows);
+  saved_logits_ = logits;
+  saved_targets_ = targets;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
+                                                const Tensor& targets) {
+  Tensor losses;
+  FSDPP_RETURN_IF_ERROR(RowLosses(logits, targets, &losses));
   // Allocated on meta too, so that a dry run (plan/) sees what a real one does.
   FSDPP_ASSIGN_OR_RETURN(Tensor sum,
                          EmptyTemporary({1}, DType::kF32, logits.device()));
-  if (!logits.is_meta()) {
-    FSDPP_ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
-    if (count_ > 0) {
-      FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
-      FSDPP_ASSIGN_OR_RETURN(float total, Item(sum));
-      loss = static_cast<float>(static_cast<double>(total) / count_);
-    }
+  if (count_ == 0) return 0.0f;  // meta, or nothing counted
+  FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
+  FSDPP_ASSIGN_OR_RETURN(float total, Item(sum));
+  return static_cast<float>(static_cast<double>(total) / count_);
+}
+
+absl::Status CrossEntropyLoss::ForwardAccumulate(const Tensor& logits,
+                                                 const Tensor& targets,
+                                                 double weight, Tensor* sum) {
+  if (sum == nullptr || !sum->defined() || sum->dtype() != DType::kF32 ||
+      sum->numel() != 1 || sum->device() != logits.device()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CrossEntropyLoss: the loss sum must be an f32 tensor of one element "
+        "on the logits' device (",
+        logits.device().ToString(), "), got ",
+        sum == nullptr ? std::string("null") : sum->ToString()));
   }
-  saved_logits_ = logits;
-  saved_targets_ = targets;
-  return loss;
+  Tensor losses;
+  FSDPP_RETURN_IF_ERROR(RowLosses(logits, targets, &losses));
+  FSDPP_ASSIGN_OR_RETURN(Tensor total,
+                         EmptyTemporary({1}, DType::kF32, logits.device()));
+  if (count_ == 0) return absl::OkStatus();  // meta, or nothing counted
+  FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &total));
+  return Axpy(static_cast<float>(weight / count_), total, sum);
 }
 
 absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {

@@ -28,6 +28,15 @@ class LossFunction {
   // The mean loss of `logits` against `targets`; saves what Backward needs.
   virtual absl::StatusOr<float> Forward(const Tensor& logits,
                                         const Tensor& targets) = 0;
+  // Forward with the mean loss left on the device: `weight` times it is
+  // added to `*sum` (f32, one element, on the logits' device) and nothing is
+  // returned, so that a GPU step need not wait for it. Saves what Backward
+  // needs, as Forward does. This default runs Forward (which may read the
+  // loss back) and adds the value; CrossEntropyLoss reads nothing back when
+  // its targets were checked on the host.
+  virtual absl::Status ForwardAccumulate(const Tensor& logits,
+                                         const Tensor& targets, double weight,
+                                         Tensor* sum);
   // dLoss/dlogits of the last Forward, times `scale`; releases the saved
   // tensors.
   virtual absl::StatusOr<Tensor> Backward(float scale = 1.0f) = 0;
@@ -51,6 +60,12 @@ class CrossEntropyLoss : public LossFunction {
   // Backward. On meta tensors it only validates shapes and returns 0.
   absl::StatusOr<float> Forward(const Tensor& logits,
                                 const Tensor& targets) override;
+  // The per-row losses summed on the device and added times weight / count
+  // (f32) to *sum: no host read when the targets were checked on the host
+  // (Tensor::ids_checked_below) and ignore_index is negative, since then
+  // every target counts.
+  absl::Status ForwardAccumulate(const Tensor& logits, const Tensor& targets,
+                                 double weight, Tensor* sum) override;
   // dLoss/dlogits of the last Forward's mean, times `scale` (logits' shape
   // and dtype; the scale is applied in f32 before the cast, so a loss scale
   // for fp16 or a 1/micro-batches factor costs no extra pass); then releases
@@ -65,6 +80,11 @@ class CrossEntropyLoss : public LossFunction {
   }
 
  private:
+  // Forward's checks, per-row losses (f32) and count (0 on meta tensors);
+  // saves logits and targets.
+  absl::Status RowLosses(const Tensor& logits, const Tensor& targets,
+                         Tensor* losses);
+
   int64_t ignore_index_;
   int64_t count_ = 0;
   Tensor saved_logits_;

@@ -4,6 +4,8 @@
 #include "nn/loss.h"
 
 #include <cmath>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -88,6 +90,53 @@ TEST(CrossEntropyLossTest, HostCheckedTargetsGiveTheSameLoss) {
   EXPECT_EQ(a, b);
   EXPECT_EQ(loss.count(), 6);
   EXPECT_NEAR(b, ReferenceLoss(Values(logits), targets, 11), 1e-6);
+}
+
+// ForwardAccumulate leaves weight x the mean loss in a tensor (added to what
+// is there) and saves the same for Backward as Forward; the default of the
+// interface (a loss without its own) adds Forward's value.
+TEST(CrossEntropyLossTest, ForwardAccumulateAddsTheWeightedMean) {
+  const std::vector<int64_t> targets = {3, 0, kIgnore, 10, 7, 1};
+  Tensor logits = RandomTensor({2, 3, 11}, DType::kF32, 4, -3, 3);
+  ASSERT_OK_AND_ASSIGN(Tensor t,
+                       Tensor::FromInts({2, 3}, targets, DType::kI32));
+  CrossEntropyLoss loss(kIgnore);
+  ASSERT_OK_AND_ASSIGN(float mean, loss.Forward(logits, t));
+  ASSERT_OK_AND_ASSIGN(Tensor want, loss.Backward(0.5f));
+  ASSERT_OK_AND_ASSIGN(Tensor sum, Tensor::FromFloats({1}, {1.0f}));
+  ASSERT_TRUE(loss.ForwardAccumulate(logits, t, 0.25, &sum).ok());
+  EXPECT_EQ(loss.count(), 5);
+  EXPECT_NEAR(Values(sum)[0], 1.0 + 0.25 * mean, 1e-6);
+  ASSERT_OK_AND_ASSIGN(Tensor got, loss.Backward(0.5f));
+  EXPECT_EQ(Values(got), Values(want));
+  // A second micro-batch adds to it.
+  ASSERT_TRUE(loss.ForwardAccumulate(logits, t, 0.25, &sum).ok());
+  EXPECT_NEAR(Values(sum)[0], 1.0 + 0.5 * mean, 1e-6);
+
+  // The interface's default, through a loss that only has Forward.
+  class ForwardOnly final : public LossFunction {
+   public:
+    absl::StatusOr<float> Forward(const Tensor&, const Tensor&) override {
+      return 3.0f;
+    }
+    absl::StatusOr<Tensor> Backward(float) override { return Tensor(); }
+    int64_t ignore_index() const override { return -100; }
+    int64_t count() const override { return 1; }
+    std::unique_ptr<LossFunction> Clone() const override {
+      return std::make_unique<ForwardOnly>();
+    }
+  };
+  ForwardOnly only;
+  ASSERT_TRUE(only.ForwardAccumulate(logits, t, 0.5, &sum).ok());
+  EXPECT_NEAR(Values(sum)[0], 1.0 + 0.5 * mean + 1.5, 1e-6);
+
+  // The sum must be one f32 element on the logits' device.
+  ASSERT_OK_AND_ASSIGN(Tensor two, Tensor::FromFloats({2}, {0.0f, 0.0f}));
+  absl::Status s = loss.ForwardAccumulate(logits, t, 1.0, &two);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("one element"), std::string::npos) << s;
+  EXPECT_EQ(loss.ForwardAccumulate(logits, t, 1.0, nullptr).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(CrossEntropyLossTest, AllIgnoredGivesZeroAndZeroGradient) {

@@ -131,7 +131,7 @@ absl::Status RecordSetup(recipe::Training& training,
 absl::Status Step(const models::TransformerConfig& config,
                   const recipe::Layout& layout, int rank,
                   ProcessGroupFactory factory, ProcessGroupFactory host_factory,
-                  Device device, Device host, SimulatedOpLog* log,
+                  Device device, Device host, bool gpu, SimulatedOpLog* log,
                   DryRunResult* result) {
   Allocator* acct = GetAllocator(device);
   Allocator* host_acct = host == device ? nullptr : GetAllocator(host);
@@ -154,6 +154,8 @@ absl::Status Step(const models::TransformerConfig& config,
   recipe::BuildOptions options;
   options.host = host;
   options.host_mesh = host_mesh.get();
+  // As the trainer builds it on a GPU: the step's values stay there.
+  options.step_values_on_device = gpu;
   FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<recipe::Training> training,
       recipe::Training::Build(config, layout, mesh.get(), options));
@@ -226,8 +228,8 @@ absl::StatusOr<DryRunResult> DryRun(const models::TransformerConfig& config,
     FSDPP_RETURN_IF_ERROR(
         Step(config, layout, rank, SimulatedGroupFactory(&log, backend), {},
              Device::DryRun(),
-             separate_host ? Device::DryRunHost() : Device::DryRun(), &log,
-             &result));
+             separate_host ? Device::DryRunHost() : Device::DryRun(),
+             /*gpu=*/backend == SimulatedBackend::kNccl, &log, &result));
   }
   return result;
 }
@@ -241,8 +243,8 @@ absl::StatusOr<DryRunResult> RunStepOn(const models::TransformerConfig& config,
   FSDPP_RETURN_IF_ERROR(CheckRank(layout, rank));
   DryRunResult result;
   FSDPP_RETURN_IF_ERROR(Step(config, layout, rank, std::move(factory),
-                             std::move(host_factory), device, device, nullptr,
-                             &result));
+                             std::move(host_factory), device, device,
+                             /*gpu=*/device.is_cuda(), nullptr, &result));
   return result;
 }
 

@@ -126,6 +126,15 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
                          AdamW::Create(std::move(adam_params), options.adamw));
   t->adamw_.emplace(std::move(adamw));
   FSDPP_RETURN_IF_ERROR(t->adamw_->Init());
+  t->values_on_device_ = options.step_values_on_device && layout.pp == 1 &&
+                         layout.param_dtype != DType::kF16 && !layout.offload &&
+                         !t->params_.empty();
+  if (t->values_on_device_) {
+    FSDPP_ASSIGN_OR_RETURN(
+        t->step_values_,
+        Tensor::Zeros({2 * kMaxPendingSteps}, DType::kF32,
+                      t->params_.front()->grad.local().device()));
+  }
   return t;
 }
 
@@ -193,6 +202,22 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
 
 absl::StatusOr<StepLoss> Training::ForwardBackward(
     const MicroBatchSource& source, double loss_scale, StepObserver* observer) {
+  if (values_on_device_) {
+    if (pending_steps_ == kMaxPendingSteps) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "recipe: ", pending_steps_,
+          " steps' values are still on the device; ReadStepValues first"));
+    }
+    FSDPP_ASSIGN_OR_RETURN(Tensor loss,
+                           step_values_.Narrow(2 * pending_steps_, 1));
+    loss_pending_ = false;
+    FSDPP_ASSIGN_OR_RETURN(
+        StepLoss out,
+        step_->ForwardBackward(layout_.grad_accumulation, loss_scale, source,
+                               observer, &loss));
+    loss_pending_ = true;
+    return out;
+  }
   FSDPP_ASSIGN_OR_RETURN(StepLoss out,
                          step_->ForwardBackward(layout_.grad_accumulation,
                                                 loss_scale, source, observer));
@@ -204,7 +229,52 @@ absl::StatusOr<StepLoss> Training::ForwardBackward(
 
 absl::StatusOr<OptimizerStepResult> Training::OptimizerStep(
     const OptimizerStepOptions& options, StepObserver* observer) {
-  return recipe::OptimizerStep(*step_, *adamw_, options, observer);
+  if (!values_on_device_) {
+    return recipe::OptimizerStep(*step_, *adamw_, options, observer);
+  }
+  if (!loss_pending_) {
+    return absl::FailedPreconditionError(
+        "recipe: OptimizerStep without a ForwardBackward before it");
+  }
+  FSDPP_ASSIGN_OR_RETURN(Tensor loss,
+                         step_values_.Narrow(2 * pending_steps_, 1));
+  FSDPP_ASSIGN_OR_RETURN(Tensor norm_sq,
+                         step_values_.Narrow(2 * pending_steps_ + 1, 1));
+  OptimizerStepOptions on_device = options;
+  on_device.device_loss = &loss;
+  on_device.device_norm_sq = &norm_sq;
+  FSDPP_ASSIGN_OR_RETURN(
+      OptimizerStepResult out,
+      recipe::OptimizerStep(*step_, *adamw_, on_device, observer));
+  loss_pending_ = false;
+  ++pending_steps_;
+  return out;
+}
+
+absl::StatusOr<std::vector<Training::StepValues>> Training::ReadStepValues() {
+  std::vector<StepValues> out;
+  if (loss_pending_) {
+    return absl::FailedPreconditionError(
+        "recipe: ReadStepValues between a ForwardBackward and its "
+        "OptimizerStep");
+  }
+  if (!values_on_device_ || pending_steps_ == 0) return out;
+  std::vector<float> values(2 * pending_steps_, 0.0f);
+  if (!step_values_.is_meta()) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor rows,
+                           step_values_.Narrow(0, 2 * pending_steps_));
+    FSDPP_ASSIGN_OR_RETURN(values, rows.ToFloats());
+  }
+  std::vector<double> losses(pending_steps_);
+  for (int64_t i = 0; i < pending_steps_; ++i) losses[i] = values[2 * i];
+  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &losses, ReduceOp::kAvg));
+  out.resize(pending_steps_);
+  for (int64_t i = 0; i < pending_steps_; ++i) {
+    out[i].loss = losses[i];
+    out[i].grad_norm = std::sqrt(static_cast<double>(values[2 * i + 1]));
+  }
+  pending_steps_ = 0;
+  return out;
 }
 
 absl::StatusOr<double> Training::Evaluate(int64_t micro_batches,

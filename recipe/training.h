@@ -23,6 +23,7 @@
 #ifndef FSDPP_RECIPE_TRAINING_H_
 #define FSDPP_RECIPE_TRAINING_H_
 
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,6 +62,11 @@ struct BuildOptions {
   // only (NCCL: a Gloo mesh over the same store, as PyTorch keeps a Gloo
   // group for its objects); null: `mesh` itself.
   DeviceMesh* host_mesh = nullptr;
+  // Keep each step's loss and gradient norm on the device, read only when
+  // asked (Training::ReadStepValues), so that a GPU step never waits for the
+  // GPU (torchtitan reads its loss only at logged steps). Honoured where
+  // the step can (Training::values_on_device); elsewhere ignored.
+  bool step_values_on_device = false;
 };
 
 class Training {
@@ -74,14 +80,39 @@ class Training {
 
   // The step's forward and backward over its layout.grad_accumulation
   // micro-batches (loss_scale folded into the backward); the loss averaged
-  // over the world.
+  // over the world (NaN with values_on_device: ReadStepValues has it).
   absl::StatusOr<StepLoss> ForwardBackward(const MicroBatchSource& source,
                                            double loss_scale = 1.0,
                                            StepObserver* observer = nullptr);
   // The optimizer's part of the step, after ForwardBackward
-  // (recipe::OptimizerStep on this rank's step and AdamW).
+  // (recipe::OptimizerStep on this rank's step and AdamW). With
+  // values_on_device the norm and the skip are decided on the device (the
+  // result's on_device; options.device_* are set here).
   absl::StatusOr<OptimizerStepResult> OptimizerStep(
       const OptimizerStepOptions& options, StepObserver* observer = nullptr);
+
+  // Whether the steps keep their loss and gradient norm on the device:
+  // BuildOptions::step_values_on_device, without pipeline parallelism (the
+  // loss is summed over the stages on the host), f16 (the loss scaler reads
+  // its overflow check) or offload (AdamW runs on the host).
+  bool values_on_device() const { return values_on_device_; }
+  // Steps run since the last ReadStepValues. ForwardBackward refuses to run
+  // more than kMaxPendingSteps without one.
+  static constexpr int64_t kMaxPendingSteps = 64;
+  int64_t pending_steps() const { return pending_steps_; }
+  // The values of the pending steps, oldest first, in one copy from the
+  // device (one host wait on a GPU) and one host all-reduce averaging the
+  // losses over the world: every rank calls it at the same step. A step
+  // whose loss (on any rank) or gradient norm is not finite was not
+  // applied: AdamW skipped it on the device. Empty when none is pending.
+  struct StepValues {
+    double loss = 0;
+    double grad_norm = 0;
+    bool applied() const {
+      return std::isfinite(loss) && std::isfinite(grad_norm);
+    }
+  };
+  absl::StatusOr<std::vector<StepValues>> ReadStepValues();
   // The mean loss of `micro_batches` forward-only micro-batches, averaged
   // over the world; what the forwards left gathered is freed after.
   absl::StatusOr<double> Evaluate(int64_t micro_batches,
@@ -136,6 +167,13 @@ class Training {
   PipelineStep* pipeline_ = nullptr;  // step_, with pp
   double schedule_bubble_ = 0;
   std::optional<AdamW> adamw_;
+  // values_on_device: per pending step its loss and squared gradient norm
+  // (f32 [2 * kMaxPendingSteps] on the parameters' device); whether
+  // ForwardBackward filled the next row's loss.
+  bool values_on_device_ = false;
+  Tensor step_values_;
+  int64_t pending_steps_ = 0;
+  bool loss_pending_ = false;
 };
 
 }  // namespace recipe

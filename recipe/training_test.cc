@@ -6,6 +6,8 @@
 // family has both plans.
 #include "recipe/training.h"
 
+#include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -18,6 +20,7 @@
 #include "recipe/families.h"
 #include "recipe/layout.h"
 #include "recipe/step/step.h"
+#include "tensor/ops.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -63,15 +66,20 @@ struct Outcome {
   std::vector<std::string> describe;
 };
 
-Outcome Train(const Layout& layout) {
+// `on_device`: BuildOptions::step_values_on_device (the values read after
+// the two steps).
+Outcome Train(const Layout& layout, bool on_device = false) {
   Outcome out;
   testing_util::RunOnMesh(layout.MeshAxes(), [&](int rank, DeviceMesh& mesh) {
     BuildOptions options;
     options.seed = 5;
     options.adamw.lr = 1e-3;
+    options.step_values_on_device = on_device;
     absl::StatusOr<std::unique_ptr<Training>> t =
         Training::Build(Gpt2Debug(), layout, &mesh, options);
     ASSERT_TRUE(t.ok()) << t.status();
+    const bool deferred = on_device && layout.pp == 1;
+    EXPECT_EQ((*t)->values_on_device(), deferred);
     const MicroBatchSource source =
         Source(layout.micro_batch, Gpt2Debug().vocab_size);
     for (int step = 0; step < 2; ++step) {
@@ -84,11 +92,31 @@ Outcome Train(const Layout& layout) {
       ASSERT_TRUE(opt.ok()) << opt.status();
       EXPECT_TRUE(opt->applied);
       EXPECT_FALSE(opt->skipped);
+      EXPECT_EQ(opt->on_device, deferred);
+      if (deferred) {
+        EXPECT_TRUE(std::isnan(loss->loss));
+        EXPECT_TRUE(std::isnan(opt->grad_norm));
+        EXPECT_EQ((*t)->pending_steps(), step + 1);
+        continue;
+      }
       EXPECT_GT(opt->grad_norm, 0);
       if (rank == 0) {
         out.losses.push_back(loss->loss);
         out.grad_norm = opt->grad_norm;
       }
+    }
+    if (deferred) {
+      absl::StatusOr<std::vector<Training::StepValues>> values =
+          (*t)->ReadStepValues();
+      ASSERT_TRUE(values.ok()) << values.status();
+      ASSERT_EQ(values->size(), 2u);
+      EXPECT_EQ((*t)->pending_steps(), 0);
+      EXPECT_TRUE((*t)->ReadStepValues()->empty());
+      for (const Training::StepValues& v : *values) {
+        EXPECT_TRUE(v.applied());
+        if (rank == 0) out.losses.push_back(v.loss);
+      }
+      if (rank == 0) out.grad_norm = values->back().grad_norm;
     }
     EXPECT_EQ((*t)->optimizer().step(), 2);
     absl::StatusOr<double> eval = (*t)->Evaluate(2, source);
@@ -126,6 +154,77 @@ TEST(TrainingTest, LayoutsTrainToTheSingleRanksLosses) {
   ASSERT_EQ(pp.describe.size(), 1u);
   EXPECT_TRUE(absl::StrContains(pp.describe[0], "pipeline: 1F1B over 2"))
       << pp.describe[0];
+}
+
+// The step's values kept on the device (as on a GPU) and read after: the
+// same losses and norms, to f32 rounding of the sums (the host path adds
+// them in double); a pipeline reads them every step all the same.
+TEST(TrainingTest, ValuesKeptOnTheDeviceAreTheStepsValues) {
+  const Outcome one = Train(Base(1));
+  Layout fsdp = Base(2);
+  Layout pipeline = Base(2);
+  pipeline.pp = 2;
+  for (const Layout& layout : {Base(1), fsdp, pipeline}) {
+    const Outcome on_device = Train(layout, /*on_device=*/true);
+    ASSERT_EQ(on_device.losses.size(), 2u);
+    for (int s = 0; s < 2; ++s) {
+      EXPECT_NEAR(on_device.losses[s], one.losses[s], 1e-5 * one.losses[s])
+          << layout.ToString() << " step " << s;
+    }
+    EXPECT_NEAR(on_device.grad_norm, one.grad_norm, 1e-4 * one.grad_norm)
+        << layout.ToString();
+  }
+}
+
+// A step whose gradient is not finite is skipped by AdamW itself (the
+// parameters keep their bits) and read back as not applied; the order of
+// the calls is checked.
+TEST(TrainingTest, ValuesOnTheDeviceSkipANonFiniteStep) {
+  testing_util::RunOnMesh({{"shard", 2}}, [](int, DeviceMesh& mesh) {
+    BuildOptions options;
+    options.seed = 5;
+    options.step_values_on_device = true;
+    absl::StatusOr<std::unique_ptr<Training>> t =
+        Training::Build(Gpt2Debug(), Base(2), &mesh, options);
+    ASSERT_TRUE(t.ok()) << t.status();
+    OptimizerStepOptions o;
+    o.lr = 1e-3;
+    EXPECT_EQ((*t)->OptimizerStep(o).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    const MicroBatchSource source = Source(2, Gpt2Debug().vocab_size);
+    ASSERT_TRUE((*t)->ForwardBackward(source).ok());
+    EXPECT_EQ((*t)->ReadStepValues().status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    // A NaN in one gradient of this rank: the norm is NaN on both.
+    fsdp::ShardedParameter* p = (*t)->params().front();
+    ASSERT_TRUE(Fill(p->grad.mutable_local(), std::nanf("")).ok());
+    std::vector<std::vector<float>> before;
+    for (fsdp::ShardedParameter* sp : (*t)->params()) {
+      before.push_back(*sp->master.local().ToFloats());
+    }
+    ASSERT_TRUE((*t)->OptimizerStep(o).ok());
+    for (size_t i = 0; i < before.size(); ++i) {
+      const std::vector<float> after =
+          *(*t)->params()[i]->master.local().ToFloats();
+      ASSERT_EQ(after.size(), before[i].size());
+      for (size_t j = 0; j < after.size(); ++j) {
+        // NaN-safe bitwise equality.
+        ASSERT_EQ(std::memcmp(&after[j], &before[i][j], sizeof(float)), 0)
+            << (*t)->params()[i]->name << " element " << j;
+      }
+    }
+    // The next step is fine again.
+    ASSERT_TRUE((*t)->ForwardBackward(source).ok());
+    ASSERT_TRUE((*t)->OptimizerStep(o).ok());
+    absl::StatusOr<std::vector<Training::StepValues>> values =
+        (*t)->ReadStepValues();
+    ASSERT_TRUE(values.ok()) << values.status();
+    ASSERT_EQ(values->size(), 2u);
+    EXPECT_FALSE((*values)[0].applied());
+    EXPECT_TRUE(std::isnan((*values)[0].grad_norm));
+    EXPECT_TRUE(std::isfinite((*values)[0].loss));
+    EXPECT_TRUE((*values)[1].applied());
+  });
 }
 
 TEST(TrainingTest, RefusesBadLayoutsAndOtherMeshes) {

@@ -56,10 +56,13 @@ void PlainStep::SetSync(bool last) {
 
 absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
-    StepObserver* observer) {
+    StepObserver* observer, Tensor* device_loss) {
   FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   if (observer == nullptr) observer = Quiet();
   FSDPP_RETURN_IF_ERROR(ZeroGrad(grads_));
+  if (device_loss != nullptr) {
+    FSDPP_RETURN_IF_ERROR(Annotate(Zero(device_loss), "step: device_loss"));
+  }
   const int64_t run = observer->MicroBatchesToRun(micro_batches);
   if (run < 1 || run > micro_batches) {
     return absl::InvalidArgumentError(
@@ -76,9 +79,17 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     float loss = 0;
     {
       TraceSpan span("forward", "compute");
-      absl::StatusOr<float> l = model_->ForwardLoss(batch.ids, batch.targets);
-      if (!l.ok()) return Annotate(l.status(), "forward");
-      loss = *l;
+      if (device_loss != nullptr) {
+        FSDPP_RETURN_IF_ERROR(
+            Annotate(model_->ForwardLossAccumulate(
+                         batch.ids, batch.targets,
+                         1.0 / static_cast<double>(micro_batches), device_loss),
+                     "forward"));
+      } else {
+        absl::StatusOr<float> l = model_->ForwardLoss(batch.ids, batch.targets);
+        if (!l.ok()) return Annotate(l.status(), "forward");
+        loss = *l;
+      }
     }
     observer->PhaseEnded(absl::StrCat("forward ", m + 1));
     {
@@ -90,6 +101,7 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     observer->MicroBatchEnded(m, run);
     out.loss += static_cast<double>(loss) / micro_batches;
   }
+  if (device_loss != nullptr) out.loss = std::nan("");
   return out;
 }
 
@@ -198,8 +210,13 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
 
 absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
     int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
-    StepObserver* observer) {
+    StepObserver* observer, Tensor* device_loss) {
   if (observer == nullptr) observer = Quiet();
+  if (device_loss != nullptr) {
+    return absl::InvalidArgumentError(
+        "pipeline: the loss lives on the last stage and is summed over the "
+        "pipeline on the host; a device_loss is not supported");
+  }
   if (micro_batches != schedule_.microbatches) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: ", micro_batches, " micro-batches for a schedule of ",
@@ -247,6 +264,35 @@ absl::StatusOr<OptimizerStepResult> OptimizerStep(
     StepObserver* observer) {
   const std::vector<DTensor*>& grads = step.grads();
   OptimizerStepResult out;
+  if ((options.device_loss == nullptr) != (options.device_norm_sq == nullptr)) {
+    return absl::InvalidArgumentError(
+        "OptimizerStep: device_loss and device_norm_sq go together");
+  }
+  if (options.device_loss != nullptr) {
+    if (options.scaler != nullptr) {
+      return absl::InvalidArgumentError(
+          "OptimizerStep: the loss scaler reads its overflow check back; it "
+          "does not run with the step's values on the device");
+    }
+    {
+      TraceSpan span("clip", "optimizer");
+      FSDPP_RETURN_IF_ERROR(GradNormSquaredOnDevice(grads, step.norm_options(),
+                                                    options.device_norm_sq,
+                                                    kHostCollectiveTimeout));
+    }
+    TraceSpan span("optimizer", "optimizer");
+    FSDPP_RETURN_IF_ERROR(adamw.SetLr(options.lr));
+    AdamW::StepGuard guard;
+    guard.loss = options.device_loss;
+    guard.norm_sq = options.device_norm_sq;
+    guard.max_norm = options.grad_clip > 0 ? options.grad_clip : 0.0;
+    FSDPP_RETURN_IF_ERROR(adamw.Step(guard));
+    out.grad_norm = std::nan("");
+    out.applied = true;
+    out.on_device = true;
+    if (observer != nullptr) observer->PhaseEnded("optimizer");
+    return out;
+  }
   if (options.scaler != nullptr) {
     TraceSpan span("unscale", "optimizer");
     FSDPP_ASSIGN_OR_RETURN(bool finite, options.scaler->UnscaleAndCheck(

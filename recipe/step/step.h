@@ -89,7 +89,8 @@ class StepObserver {
 // What a step's forward and backward did on this rank.
 struct StepLoss {
   // The mean loss over the step's micro-batches (of this data-parallel
-  // replica: every pipeline and tensor-parallel rank of it has the same).
+  // replica: every pipeline and tensor-parallel rank of it has the same);
+  // NaN when it was left on the device (ForwardBackward's device_loss).
   double loss = 0;
   // PipelineStep: seconds computing and waiting for other stages, and the
   // most bytes held for backward at once (the stashed activations).
@@ -104,10 +105,13 @@ class Step {
 
   // Zeroes the gradients, then runs `micro_batches` micro-batches from
   // `source`: forward, and backward scaled by loss_scale / micro_batches.
-  // Errors name the phase ("forward", "backward", "pipeline").
+  // With `device_loss` (f32, one element, on the model's device; PlainStep
+  // only) the mean loss is written there and not read back (StepLoss::loss
+  // is NaN): a GPU step then waits for nothing. Errors name the phase
+  // ("forward", "backward", "pipeline").
   virtual absl::StatusOr<StepLoss> ForwardBackward(
       int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
-      StepObserver* observer = nullptr) = 0;
+      StepObserver* observer = nullptr, Tensor* device_loss = nullptr) = 0;
 
   // Forward only: the sum of the losses of `micro_batches` micro-batches
   // (on every rank of the replica). Leaves the units as the forwards left
@@ -127,6 +131,13 @@ struct OptimizerStepOptions {
   double grad_clip = 0;
   // f16: unscale the gradients and skip the step when they overflowed.
   LossScaler* scaler = nullptr;
+  // Both set (and no scaler): the step decided on the device, nothing read
+  // back. The squared gradient norm is written to *device_norm_sq
+  // (GradNormSquaredOnDevice) and AdamW reads it and *device_loss (the
+  // step's device_loss) itself: it skips the update when either is not
+  // finite, and clips (AdamW::StepGuard).
+  const Tensor* device_loss = nullptr;
+  Tensor* device_norm_sq = nullptr;
 };
 
 struct OptimizerStepResult {
@@ -137,6 +148,10 @@ struct OptimizerStepResult {
   // AdamW updated the parameters (false when skipped, or when the norm is
   // not finite: the caller stops).
   bool applied = false;
+  // Decided on the device (the options' device tensors): grad_norm is NaN
+  // and `applied` only says that AdamW ran; whether it updated anything
+  // follows from the device values, read later.
+  bool on_device = false;
 };
 
 // The optimizer's part of a step, after `step`'s ForwardBackward: f16's
@@ -169,7 +184,7 @@ class PlainStep final : public Step {
 
   absl::StatusOr<StepLoss> ForwardBackward(
       int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
-      StepObserver* observer = nullptr) override;
+      StepObserver* observer = nullptr, Tensor* device_loss = nullptr) override;
   absl::StatusOr<double> EvaluateSum(int64_t micro_batches,
                                      const MicroBatchSource& source) override;
   const std::vector<DTensor*>& grads() const override { return grads_; }
@@ -225,7 +240,7 @@ class PipelineStep final : public Step {
 
   absl::StatusOr<StepLoss> ForwardBackward(
       int64_t micro_batches, double loss_scale, const MicroBatchSource& source,
-      StepObserver* observer = nullptr) override;
+      StepObserver* observer = nullptr, Tensor* device_loss = nullptr) override;
   absl::StatusOr<double> EvaluateSum(int64_t micro_batches,
                                      const MicroBatchSource& source) override;
   const std::vector<DTensor*>& grads() const override { return grads_; }
