@@ -52,6 +52,10 @@ void ThroughputMeter::Add(double seconds, int64_t tokens, bool warmup) {
   }
 }
 
+void ThroughputMeter::AddToLast(double seconds, bool warmup) {
+  (warmup ? warm_seconds_ : seconds_) += seconds;
+}
+
 double ThroughputMeter::tokens_per_s() const {
   if (steps_ > 0) return seconds_ > 0 ? tokens_ / seconds_ : 0;
   return warm_seconds_ > 0 ? warm_tokens_ / warm_seconds_ : 0;
@@ -237,8 +241,8 @@ std::string ToJson(const ValidationRecord& r) {
 }
 
 std::string ToJson(const SummaryRecord& r) {
-  return JsonObject("summary")
-      .Add("steps", r.steps)
+  JsonObject o("summary");
+  o.Add("steps", r.steps)
       .Add("loss", r.loss)
       .Add("val_loss", r.val_loss)
       .Add("tokens_per_s", r.tokens_per_s)
@@ -246,7 +250,9 @@ std::string ToJson(const SummaryRecord& r) {
       .Add("tflops_per_rank", r.tflops_per_rank)
       .Add("mfu", r.mfu)
       .Add("exposed_comm_s_per_step", r.exposed_comm_s_per_step)
-      .Done();
+      .Add("step_time_s", r.step_time_s);
+  if (r.host_syncs >= 0) o.Add("host_syncs", r.host_syncs);
+  return o.Done();
 }
 
 }  // namespace trainer

@@ -40,6 +40,9 @@ class ThroughputMeter {
  public:
   // One optimizer step of `seconds` that processed `tokens` (globally).
   void Add(double seconds, int64_t tokens, bool warmup);
+  // `seconds` more for the last step Add counted (time spent after it, e.g.
+  // waiting for its values from a GPU).
+  void AddToLast(double seconds, bool warmup);
   // Tokens per second over the non-warm-up steps (over all steps when every
   // step so far was warm-up; 0 before the first).
   double tokens_per_s() const;
@@ -105,6 +108,10 @@ struct SummaryRecord {
   double loss = 0, val_loss = 0;
   double tokens_per_s = 0, tokens_per_s_per_rank = 0, tflops_per_rank = 0;
   double mfu = 0, exposed_comm_s_per_step = 0;
+  // Mean over the measured (non-warm-up) steps.
+  double step_time_s = 0;
+  // On a GPU: the host's waits on it over the run's steps; -1 leaves it out.
+  int64_t host_syncs = -1;
 };
 // Each record as its JSON line (no newline); non-finite numbers are null.
 std::string ToJson(const RunRecord& r);

@@ -153,7 +153,15 @@ TEST(MetricsTest, RecordsAsJsonLines) {
   EXPECT_EQ(ToJson(summary),
             "{\"kind\":\"summary\",\"steps\":10,\"loss\":0,\"val_loss\":null,"
             "\"tokens_per_s\":0,\"tokens_per_s_per_rank\":0,"
-            "\"tflops_per_rank\":0,\"mfu\":0,\"exposed_comm_s_per_step\":0}");
+            "\"tflops_per_rank\":0,\"mfu\":0,\"exposed_comm_s_per_step\":0,"
+            "\"step_time_s\":0}");
+  // On a GPU: the host syncs over the run.
+  summary.step_time_s = 0.25;
+  summary.host_syncs = 3;
+  const std::string gpu = ToJson(summary);
+  EXPECT_NE(gpu.find("\"step_time_s\":0.25,\"host_syncs\":3}"),
+            std::string::npos)
+      << gpu;
 }
 
 }  // namespace

@@ -138,14 +138,18 @@ recipe::MicroBatchSource LoaderBatches(DataLoader* loader, Device device) {
   };
 }
 
-std::string TrainLine(const StepLog& s, int64_t steps, double tokens_per_s,
-                      double mfu, double eta_s) {
+// `pending`: the step's loss and norm are still on the device (shown as
+// "..." until a logged step reads them).
+std::string TrainLine(const StepLog& s, bool pending, int64_t steps,
+                      double tokens_per_s, double mfu, double eta_s) {
   return absl::StrFormat(
-      "step %*d/%d | loss %.4f | lr %.2e | gnorm %.3f | %s tok/s | MFU %.2f%% "
+      "step %*d/%d | loss %s | lr %.2e | gnorm %s | %s tok/s | MFU %.2f%% "
       "| %.0f ms/step | ETA %s",
-      static_cast<int>(absl::StrCat(steps).size()), s.step, steps, s.loss, s.lr,
-      s.grad_norm, absl::StrFormat("%.0f", tokens_per_s), 100.0 * mfu,
-      1000.0 * s.step_s, FormatEta(eta_s));
+      static_cast<int>(absl::StrCat(steps).size()), s.step, steps,
+      pending ? std::string("...") : absl::StrFormat("%.4f", s.loss), s.lr,
+      pending ? std::string("...") : absl::StrFormat("%.3f", s.grad_norm),
+      absl::StrFormat("%.0f", tokens_per_s), 100.0 * mfu, 1000.0 * s.step_s,
+      FormatEta(eta_s));
 }
 
 }  // namespace
@@ -379,6 +383,8 @@ absl::Status Trainer::BuildModel() {
   options.adamw.eps = tc.adam_eps();
   options.adamw.weight_decay = tc.weight_decay();
   options.host_mesh = host_mesh_.get();
+  options.step_values_on_device =
+      env_.step_values_on_device.value_or(env_.device.is_cuda());
   FSDPP_ASSIGN_OR_RETURN(training_,
                          Context(recipe::Training::Build(rc_.model, rc_.layout,
                                                          mesh_.get(), options),
@@ -707,6 +713,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (env_.stop_after_steps > 0 &&
         next > result_.start_step + env_.stop_after_steps) {
       if (async_saver_ != nullptr) FSDPP_RETURN_IF_ERROR(async_saver_->Wait());
+      FSDPP_RETURN_IF_ERROR(ReadStepValues());
       print_->Line(absl::StrFormat("stopping after step %d (stop_after_steps)",
                                    next - 1));
       return result_;
@@ -735,8 +742,8 @@ absl::Status Trainer::TrainStep() {
       mc.trace_steps() > 0 && step >= trace_begin && step < trace_end;
   trace_->SetRecording(tracing);
   wait_before_ = trace_->TotalMicros("comm_wait");
-  const absl::Time t0 = absl::Now();
-  const int64_t syncs_before = HostSyncCount();
+  const absl::Time t0 = step_start_ = absl::Now();
+  syncs_before_ = HostSyncCount();
   StepLog log;
   log.step = step;
   if (scaler_.has_value()) log.loss_scale = scaler_->scale();
@@ -749,7 +756,8 @@ absl::Status Trainer::TrainStep() {
                     LoaderBatches(loader_.get(), env_.device), log.loss_scale),
                 absl::StrCat("step ", step)));
     log.loss = last_step_.loss;
-    if (!std::isfinite(log.loss)) {
+    // Values on the device: NaN until read (LogStep).
+    if (!training_->values_on_device() && !std::isfinite(log.loss)) {
       return absl::InternalError(absl::StrFormat(
           "step %d: the loss is %f; stopping before the optimizer step. "
           "Nothing was saved after step %d%s. Lower training.lr or "
@@ -763,7 +771,7 @@ absl::Status Trainer::TrainStep() {
     FSDPP_RETURN_IF_ERROR(OptimizerStep(&log));
   }
   log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
-  log.host_syncs = HostSyncCount() - syncs_before;
+  log.host_syncs = HostSyncCount() - syncs_before_;
   ReportMemory(absl::StrCat("after step ", step));
   result_.steps.push_back(log);
   result_.end_step = step;
@@ -816,6 +824,10 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
                          training_->OptimizerStep(options));
   log->grad_norm = result.grad_norm;
   log->skipped = result.skipped;
+  if (result.on_device) {  // read later (ReadStepValues)
+    log->lr = options.lr;
+    return absl::OkStatus();
+  }
   if (result.skipped) {
     print_->Line(absl::StrFormat(
         "step %d: gradients overflowed at loss scale %g; optimizer step "
@@ -833,14 +845,77 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   return absl::OkStatus();
 }
 
+bool Trainer::SaveDue() const {
+  const CheckpointConfig& cc = config_.checkpoint();
+  const int64_t step = result_.end_step;
+  return cc.interval() > 0 && step > result_.start_step &&
+         (step % cc.interval() == 0 || step == config_.training().steps());
+}
+
+absl::Status Trainer::ReadStepValues() {
+  FSDPP_ASSIGN_OR_RETURN(
+      const std::vector<recipe::Training::StepValues> values,
+      Context(training_->ReadStepValues(),
+              absl::StrCat("step ", result_.end_step,
+                           ": reading the steps' loss and gradient norm")));
+  const size_t first = result_.steps.size() - values.size();
+  for (size_t i = 0; i < values.size(); ++i) {
+    StepLog& log = result_.steps[first + i];
+    log.loss = values[i].loss;
+    log.grad_norm = values[i].grad_norm;
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (values[i].applied()) continue;
+    const StepLog& log = result_.steps[first + i];
+    const std::string what =
+        std::isfinite(log.loss)
+            ? absl::StrFormat("the gradient norm is %f (loss %.4f)",
+                              log.grad_norm, log.loss)
+            : absl::StrFormat("the loss is %f", log.loss);
+    return absl::InternalError(absl::StrFormat(
+        "step %d: %s; the optimizer skipped the step on the device, and "
+        "the steps after it (to step %d, when their values were read) are "
+        "not kept. Nothing was saved after step %d%s. Lower training.lr or "
+        "enable clipping and resume.",
+        log.step, what, result_.end_step, log.step - 1,
+        result_.last_checkpoint.empty()
+            ? ""
+            : absl::StrCat("; the latest checkpoint is ",
+                           result_.last_checkpoint)));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::LogStep() {
   if (result_.steps.empty()) {
     return absl::FailedPreconditionError("trainer: no step to log yet");
   }
   const TrainingConfig& tc = config_.training();
   const MetricsConfig& mc = config_.metrics();
+  const int64_t step = result_.steps.back().step;
+  const bool log_now = step % mc.log_interval() == 0 || step == tc.steps() ||
+                       step == result_.start_step + 1;
+  // The last warm-up step is read too, so that the measured steps' time
+  // starts with the GPU caught up.
+  const bool warmup_ends =
+      step == result_.start_step + mc.throughput_warmup_steps();
+  if (training_->pending_steps() > 0 &&
+      (log_now || SaveDue() || warmup_ends ||
+       training_->pending_steps() == recipe::Training::kMaxPendingSteps ||
+       (env_.stop_after_steps > 0 &&
+        step >= result_.start_step + env_.stop_after_steps))) {
+    // The steps' values from the device: this step's time and host syncs
+    // include the wait.
+    const absl::Time read_start = absl::Now();
+    FSDPP_RETURN_IF_ERROR(ReadStepValues());
+    meter_.AddToLast(absl::ToDoubleSeconds(absl::Now() - read_start), warmup_);
+    StepLog& last = result_.steps.back();
+    last.step_s = absl::ToDoubleSeconds(absl::Now() - step_start_);
+    last.host_syncs = HostSyncCount() - syncs_before_;
+  }
   const StepLog& log = result_.steps.back();
-  const int64_t step = log.step;
+  host_syncs_ += log.host_syncs;
+  const bool pending = training_->pending_steps() > 0;
   const double tps_now = rc_.tokens_per_step / std::max(log.step_s, 1e-9);
   // Model FLOPs utilisation of one rank at `tokens_per_s` over all ranks.
   auto mfu = [&](double tokens_per_s) {
@@ -848,12 +923,10 @@ absl::Status Trainer::LogStep() {
            std::max(peak_, 1.0);
   };
   const double mfu_now = mfu(tps_now);
-  const bool log_now = step % mc.log_interval() == 0 || step == tc.steps() ||
-                       step == result_.start_step + 1;
   const double eta = meter_.mean_step_s() * (tc.steps() - step);
   print_->Progress(
       TrainLine(
-          log, tc.steps(),
+          log, pending, tc.steps(),
           meter_.measured_steps() > 0 ? meter_.tokens_per_s() : tps_now,
           meter_.measured_steps() > 0 ? mfu(meter_.tokens_per_s()) : mfu_now,
           eta),
@@ -915,13 +988,11 @@ absl::Status Trainer::Validate() {
 }
 
 absl::Status Trainer::MaybeSave() {
-  const CheckpointConfig& cc = config_.checkpoint();
-  const int64_t step = result_.end_step;
-  if (cc.interval() > 0 && step > result_.start_step &&
-      (step % cc.interval() == 0 || step == config_.training().steps())) {
-    return Save();
-  }
-  return absl::OkStatus();
+  if (!SaveDue()) return absl::OkStatus();
+  // Never a checkpoint of a step whose values were not seen (LogStep read
+  // them already when it ran).
+  FSDPP_RETURN_IF_ERROR(ReadStepValues());
+  return Save();
 }
 
 absl::Status Trainer::Save() {
@@ -986,6 +1057,7 @@ absl::Status Trainer::MaybeWriteTrace() {
 absl::Status Trainer::Summarize() {
   const TrainingConfig& tc = config_.training();
   trace_->SetRecording(false);
+  FSDPP_RETURN_IF_ERROR(ReadStepValues());
   if (async_saver_ != nullptr) {
     FSDPP_RETURN_IF_ERROR(
         Annotate(async_saver_->Wait(), "trainer: the last checkpoint"));
@@ -1058,6 +1130,15 @@ absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
       plan_peak_bytes_ > 0 ? absl::StrFormat(" (planned %.1f MiB for one step)",
                                              plan_peak_bytes_ / 1048576.0)
                            : std::string()));
+  if (env_.device.is_cuda()) {
+    const int64_t steps = result_.end_step - result_.start_step;
+    print_->Line(absl::StrFormat(
+        "  Host syncs:        %d in %d steps (%s)", host_syncs_, steps,
+        training_->values_on_device()
+            ? "the loss and gradient norm read at logged steps, saves and the "
+              "warm-up's end"
+            : "the loss and gradient norm read every step"));
+  }
   if (jsonl_ == nullptr) return absl::OkStatus();
   SummaryRecord summary;
   summary.steps = result_.end_step;
@@ -1070,6 +1151,8 @@ absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
   summary.tflops_per_rank = result_.tflops_per_rank;
   summary.mfu = result_.mfu;
   summary.exposed_comm_s_per_step = exposed_comm_s;
+  summary.step_time_s = meter_.mean_step_s();
+  if (env_.device.is_cuda()) summary.host_syncs = host_syncs_;
   return jsonl_->WriteRecord(summary);
 }
 

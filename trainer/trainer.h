@@ -110,6 +110,12 @@ struct TrainerEnv {
   // (0 = run to training.steps), as if the job had been killed there: no
   // validation, checkpoint or summary beyond what the steps before did.
   int64_t stop_after_steps = 0;
+  // Keep each step's loss and gradient norm on the device and read them
+  // only at logged steps, before a save and at the end
+  // (recipe::BuildOptions::step_values_on_device), so that a GPU step never
+  // waits for the GPU. Unset: on a GPU. Where the step cannot (pipeline
+  // parallelism, f16, offload) the values are read every step.
+  std::optional<bool> step_values_on_device;
 };
 
 // One optimizer step as logged.
@@ -193,8 +199,18 @@ class Trainer {
   // for a non-finite loss or gradient norm (before the optimizer step);
   // DataLoss when the asynchronous checkpoint in flight failed on any rank
   // (before anything of the step); FailedPrecondition when done().
+  // With the step values on the device (TrainerEnv::step_values_on_device)
+  // the loss and norm are NaN in result() until LogStep reads them, and a
+  // non-finite one is found there: AdamW skipped that step on the device.
   absl::Status TrainStep();
   // Prints (rank 0) and writes to the metrics JSONL the last step's line.
+  // With the step values on the device, first reads those of the steps
+  // since the last read when this step is logged (metrics.log_interval, the
+  // first and last), checkpointed, the last of the throughput warm-up (so
+  // the measured steps start with the GPU caught up), the end of a
+  // stop_after_steps run, or when recipe::Training::kMaxPendingSteps are
+  // waiting; Internal error naming the first step whose loss or gradient
+  // norm was not finite.
   absl::Status LogStep();
   // Whether Run validates after the current step (validation.interval, and
   // the last step).
@@ -254,6 +270,11 @@ class Trainer {
 
   // TrainStep's optimizer part: unscale (f16), clip, the LR, AdamW.
   absl::Status OptimizerStep(StepLog* log);
+  // Whether a checkpoint is due after the current step.
+  bool SaveDue() const;
+  // Reads the step values kept on the device into result().steps (nothing
+  // when none wait); Internal error for the first step not applied.
+  absl::Status ReadStepValues();
   // DataLoss on every rank when the asynchronous save in flight failed on
   // any: the run stops before `step` instead of training on unprotected.
   absl::Status CheckPendingSave(int64_t step);
@@ -315,6 +336,10 @@ class Trainer {
   // The last step's comm_wait total before it, and whether it was warm-up.
   int64_t wait_before_ = 0;
   bool warmup_ = false;
+  // When the last step began, and the host syncs before it.
+  absl::Time step_start_;
+  int64_t syncs_before_ = 0;
+  int64_t host_syncs_ = 0;  // Over this run's steps (LogStep).
 };
 
 }  // namespace trainer

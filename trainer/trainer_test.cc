@@ -607,6 +607,93 @@ TEST(TrainerTest, DivergenceStopsBeforeTheStepAndSavesNothingAfter) {
   EXPECT_EQ(*latest, absl::StrCat(dir, "/ckpt/step-", bad_step - 1));
 }
 
+// On the device (TrainerEnv::step_values_on_device): the same run as the
+// host-values one, each step's loss and norm read at logged steps, saves
+// and the end; bitwise the same on every rank.
+TEST(TrainerTest, StepValuesOnTheDeviceGiveTheSameRun) {
+  const std::string host_dir = TestDir("values_host"),
+                    device_dir = TestDir("values_device");
+  TrainConfig host_config = SmallConfig(host_dir);
+  TrainConfig device_config = SmallConfig(device_dir);
+  for (TrainConfig* c : {&host_config, &device_config}) {
+    CHECK_OK(
+        ApplyOverrides({"metrics.log_interval=3", "checkpoint.interval=5"}, c));
+  }
+  auto host = RunRanks(host_config, 2);
+  ASSERT_TRUE(host[0].ok()) << host[0].status();
+  auto device =
+      OnRanks(2, 0, [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
+        TrainerEnv on_device = env;
+        on_device.step_values_on_device = true;
+        return CreateAndRun(device_config, on_device);
+      });
+  for (auto& r : device) ASSERT_TRUE(r.ok()) << r.status();
+  const TrainResult& a = *host[0];
+  const TrainResult& b = *device[0];
+  ASSERT_EQ(b.steps.size(), a.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    // f32 sums on the device, double ones on the host.
+    EXPECT_NEAR(b.steps[i].loss, a.steps[i].loss, 1e-5 * a.steps[i].loss)
+        << "step " << i + 1;
+    EXPECT_NEAR(b.steps[i].grad_norm, a.steps[i].grad_norm,
+                1e-4 * a.steps[i].grad_norm)
+        << "step " << i + 1;
+    EXPECT_EQ(b.steps[i].lr, a.steps[i].lr) << "step " << i + 1;
+  }
+  EXPECT_EQ(Losses(*device[1]), Losses(b));
+  EXPECT_EQ(b.last_checkpoint, device_dir + "/ckpt/step-8");
+  ASSERT_EQ(b.validation.size(), a.validation.size());
+  // The JSONL has the logged steps (1, 3, 6, 8) with their values.
+  std::ifstream jsonl(device_dir + "/metrics.jsonl");
+  std::string line;
+  std::vector<int64_t> logged;
+  while (std::getline(jsonl, line)) {
+    if (!absl::StrContains(line, "\"kind\":\"train\"")) continue;
+    int64_t step = 0;
+    ASSERT_EQ(sscanf(line.c_str() + line.find("\"step\":") + 7, "%ld", &step),
+              1)
+        << line;
+    logged.push_back(step);
+    EXPECT_FALSE(absl::StrContains(line, "\"loss\":null")) << line;
+  }
+  EXPECT_EQ(logged, (std::vector<int64_t>{1, 3, 6, 8}));
+}
+
+// On the device a diverging step is found when its values are read: AdamW
+// skipped it there, the run stops naming it, and no checkpoint holds it or
+// a later step.
+TEST(TrainerTest, StepValuesOnTheDeviceStopAtTheFirstNonFiniteStep) {
+  const std::string dir = TestDir("diverge_on_device");
+  TrainConfig config = SmallConfig(dir);
+  CHECK_OK(ApplyOverrides(
+      {"training.lr=1e4", "training.grad_clip=0", "training.warmup_steps=0",
+       "training.steps=30", "checkpoint.interval=4", "metrics.log_interval=3",
+       "validation.interval=0"},
+      &config));
+  auto results =
+      OnRanks(2, 0, [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
+        TrainerEnv on_device = env;
+        on_device.step_values_on_device = true;
+        return CreateAndRun(config, on_device);
+      });
+  ASSERT_FALSE(results[0].ok());
+  const std::string message(results[0].status().message());
+  EXPECT_TRUE(absl::StrContains(message,
+                                "the optimizer skipped the step on the device"))
+      << results[0].status();
+  EXPECT_EQ(results[1].status(), results[0].status());
+  int bad_step = 0;
+  ASSERT_TRUE(sscanf(message.c_str(), "step %d", &bad_step) == 1) << message;
+  auto latest = LatestCheckpoint(dir + "/ckpt");
+  if (bad_step <= 4) {
+    EXPECT_FALSE(latest.ok()) << *latest;
+  } else {
+    ASSERT_TRUE(latest.ok()) << latest.status();
+    EXPECT_EQ(*latest,
+              absl::StrCat(dir, "/ckpt/step-", (bad_step - 1) / 4 * 4));
+  }
+}
+
 TEST(TrainerTest, Fp16WithLossScalerTracksF32) {
   auto f32 = RunRanks(SmallConfig(TestDir("f32")), 2);
   ASSERT_TRUE(f32[0].ok()) << f32[0].status();
