@@ -9,9 +9,10 @@
 #      version;                                            -> machine.json
 #   2. every CUDA test of the bundle, each bounded;        -> tests.json
 #   3. the trainer on the GPU (trainer/configs/gpt2_124m_gpu.textproto:
-#      GPT-2 124M, 8 x 1024 tokens, bf16, AdamW): its median step, MFU and
-#      host syncs per step, and a second run of as many steps, whose losses
-#      must equal the first's bit for bit;
+#      GPT-2 124M, 8 x 1024 tokens, bf16, AdamW): its mean step over the
+#      measured steps, MFU and host syncs (the loss and norm read at logged
+#      steps only), and a second run of as many steps logging every step,
+#      whose losses must equal the first's logged ones bit for bit;
 #   4. the trainer's first 10 losses on the GPU against the CPU trainer's
 #      on the same data (a smaller batch: 2 x 256);
 #   5. the PyTorch peers of step 3 (tools/bench/pytorch_gpt2_step.py:
@@ -19,7 +20,8 @@
 #      timings of fsdpp's, so both sides see the same machine;
 #                                                           -> bench.json
 #      ({device, date, fsdpp_ms, pytorch_sdpa_ms, pytorch_eager_ms,
-#      pytorch_compile_ms, mfu, ...}: median step times of this run);
+#      pytorch_compile_ms, mfu, ...}: fsdpp's mean step over the measured
+#      steps of each timed run, the median of the two; the peers' medians);
 #   6. the per-kernel top 20 of one fsdpp step (ncu --clock-control none,
 #      kernel durations only).                              -> kernels.csv
 #
@@ -108,8 +110,7 @@ note "tests: $passed passed, $failed failed"
 train="$work/bin/trainer/train"
 gpu_config=(--config="$repo/trainer/configs/gpt2_124m_gpu.textproto"
   --nproc_per_node=1 --set "data.tokenizer_dir=$work/share/gpt2"
-  --set validation.interval=0 --set metrics.log_interval=1
-  --set training.warmup_steps=2)
+  --set validation.interval=0 --set training.warmup_steps=2)
 fsdpp_run() {  # fsdpp_run NAME STEPS [--set ...]
   local name=$1 steps=$2
   shift 2
@@ -126,21 +127,24 @@ fsdpp_run() {  # fsdpp_run NAME STEPS [--set ...]
         { echo "$name: failed again (rc $?)"; tail -20 "$out/$name.log"; }
     fi
   fi
-  grep -E "cuDNN|MFU peak|memory plan|Time/step|MFU:|Peak memory|host syncs" \
+  grep -E "cuDNN|MFU peak|memory plan|Time/step|MFU:|Peak memory|Host syncs" \
     "$out/$name.log" | head -12
 }
-# The same number of steps each time: the learning-rate schedule depends on it.
+# The same number of steps each time: the learning-rate schedule depends on
+# it. Timed runs log every 10th step (the loss and norm are read only
+# then); the bitwise run logs every step.
 note "fsdpp, GPU, run 1"
-fsdpp_run fsdpp_1 12
-note "fsdpp, GPU, run 2 (bitwise)"
-fsdpp_run fsdpp_2 12
+fsdpp_run fsdpp_1 22 --set metrics.log_interval=10
+note "fsdpp, GPU, run 2 (every step logged: bitwise against run 1)"
+fsdpp_run fsdpp_2 22 --set metrics.log_interval=1
 
 # 4. The first 10 losses, GPU against CPU, at 2 x 256.
 small=(--set training.global_batch=2 --set training.micro_batch=2
   --set training.seq_len=256)
 note "fsdpp, first 10 losses on the GPU and the CPU (2 x 256)"
-fsdpp_run small_gpu 10 "${small[@]}"
-fsdpp_run small_cpu 10 "${small[@]}" --set training.device=cpu
+fsdpp_run small_gpu 10 "${small[@]}" --set metrics.log_interval=1
+fsdpp_run small_cpu 10 "${small[@]}" --set metrics.log_interval=1 \
+  --set training.device=cpu
 
 # 5. The PyTorch peers, between two fsdpp timings.
 peer() {  # peer VARIANT
@@ -159,7 +163,7 @@ if [ "${GPU_PEER:-1}" = 1 ]; then
     peer "$variant"
   done
   note "fsdpp, GPU, run 3 (after the peers)"
-  fsdpp_run fsdpp_3 12
+  fsdpp_run fsdpp_3 22 --set metrics.log_interval=10
 fi
 
 # 6. The kernels of one fsdpp step.
@@ -185,9 +189,19 @@ def steps(name):
     return []
   return [json.loads(l) for l in open(path) if '"kind":"train"' in l]
 
-def median_ms(records):
-  times = [r["step_time_s"] for r in records if not r["warmup"]]
-  return 1e3 * statistics.median(times) if times else None
+def summary(name):
+  path = os.path.join(out, name + ".jsonl")
+  if not os.path.exists(path):
+    return {}
+  s = [json.loads(l) for l in open(path) if '"kind":"summary"' in l]
+  return s[-1] if s else {}
+
+def mean_ms(name):
+  # The mean over the measured steps: with the values read only at logged
+  # steps, a step's own time is when the host got through it, and the
+  # logged steps wait for the GPU to catch up.
+  t = summary(name).get("step_time_s")
+  return 1e3 * t if t else None
 
 def peer_ms(variant):
   try:
@@ -198,11 +212,12 @@ def peer_ms(variant):
 
 run1, run2, run3 = steps("fsdpp_1"), steps("fsdpp_2"), steps("fsdpp_3")
 small_gpu, small_cpu = steps("small_gpu"), steps("small_cpu")
-losses1 = [r["loss"] for r in run1]
-losses2 = [r["loss"] for r in run2]
+logged1 = {r["step"]: r["loss"] for r in run1}
+losses1 = [logged1[k] for k in sorted(logged1)]
+losses2 = [r["loss"] for r in run2 if r["step"] in logged1]
 gpu10 = [r["loss"] for r in small_gpu][:10]
 cpu10 = [r["loss"] for r in small_cpu][:10]
-fsdpp = [m for m in (median_ms(run1), median_ms(run3)) if m is not None]
+fsdpp = [m for m in (mean_ms("fsdpp_1"), mean_ms("fsdpp_3")) if m is not None]
 bench = {
     "device": open(os.path.join(out, "gpu.txt")).read().strip(),
     "date": datetime.date.today().isoformat(),
@@ -211,9 +226,9 @@ bench = {
     "pytorch_sdpa_ms": peer_ms("sdpa"),
     "pytorch_eager_ms": peer_ms("eager"),
     "pytorch_compile_ms": peer_ms("compile"),
-    "mfu": statistics.median([r["mfu"] for r in run1 if not r["warmup"]])
-           if run1 else None,
-    "bitwise_rerun": bool(losses2) and losses1[:len(losses2)] == losses2,
+    "mfu": summary("fsdpp_1").get("mfu"),
+    "bitwise_rerun": bool(losses2) and losses1 == losses2,
+    "bitwise_steps": sorted(logged1),
     "first_losses_gpu": gpu10,
     "first_losses_cpu": cpu10,
     "first_losses_max_rel": max((abs(g - c) / abs(c) for g, c in
@@ -221,9 +236,10 @@ bench = {
     "shape": "GPT-2 124M, 8 x 1024 tokens, bf16, AdamW",
     "cudnn_attention": not os.path.exists(os.path.join(out,
                                                        "cudnn_attention_off")),
-    "host_syncs_per_step": statistics.median(
-        [r["host_syncs"] for r in run1 if not r["warmup"] and
-         "host_syncs" in r]) if any("host_syncs" in r for r in run1) else None,
+    # Over run 1's steps, and those of its steps not logged.
+    "host_syncs_run": summary("fsdpp_1").get("host_syncs"),
+    "steps_run": summary("fsdpp_1").get("steps"),
+    "host_syncs_logged_steps": sum(r.get("host_syncs", 0) for r in run1),
 }
 json.dump(bench, open(os.path.join(out, "bench.json"), "w"), indent=1)
 print(json.dumps(bench, indent=1))
