@@ -476,6 +476,8 @@ class SaveJob {
     std::string key;
     Box box;
     uint64_t length = 0;
+    // The elements' dtype; byte values are u8 (never checked for finite).
+    DType dtype = DType::kU8;
     const char* host = nullptr;  // Host bytes, or
     Tensor source;               // a tensor on another device.
   };
@@ -573,6 +575,7 @@ absl::StatusOr<std::unique_ptr<SaveJob>> SaveJob::Plan(
     mine.box = chunk.box;
     mine.length = static_cast<uint64_t>(NumElements(chunk.box.shape)) *
                   DTypeSize(item.dtype);
+    mine.dtype = item.bytes != nullptr ? DType::kU8 : item.dtype;
     if (item.bytes != nullptr) {
       mine.host = item.bytes->data();
     } else if (item.tensor.device().is_cpu()) {
@@ -640,6 +643,8 @@ absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
     chunk->set_byte_offset(writer.position());
     chunk->set_length(c.length);
     std::vector<uint32_t> block_crcs;
+    int64_t non_finite = 0;
+    const uint64_t esize = DTypeSize(c.dtype);
     for (uint64_t at = 0; at < c.length; at += piece_bytes) {
       const uint64_t n = std::min(piece_bytes, c.length - at);
       const char* data = c.host + at;
@@ -652,7 +657,19 @@ absl::Status SaveJob::WriteChunks(pb::RankWritten* written) {
         data = bounce.data();
       }
       for (uint64_t b = 0; b < n; b += block) {
-        block_crcs.push_back(Crc32c(data + b, std::min(block, n - b)));
+        const uint64_t len = std::min(block, n - b);
+        block_crcs.push_back(Crc32c(data + b, len));
+        // In the same pass, while the block is in cache (a piece and a
+        // block hold whole elements: both are multiples of 8 bytes).
+        if (options_.check_finite) {
+          non_finite += CountNonFinite(data + b, len / esize, c.dtype);
+        }
+      }
+      if (non_finite > 0) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "key ", Quote(c.key), " holds ", non_finite,
+            " non-finite value(s) in this rank's box ", BoxToString(c.box),
+            " (and perhaps more after it): not saved, nothing committed"));
       }
       FSDPP_RETURN_IF_ERROR(writer.Write(data, n));
     }
@@ -1145,6 +1162,7 @@ absl::StatusOr<LoadResult> Load(StateDict* state,
   const absl::Time start = absl::Now();
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader,
                          CheckpointReader::Open(checkpoint_dir));
+  reader->set_check_finite(options.check_finite);
   const CheckpointMetadata& metadata = reader->metadata();
   LoadResult result;
   result.path = reader->dir();

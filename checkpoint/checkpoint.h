@@ -85,6 +85,10 @@ struct SaveOptions {
   uint64_t block_bytes = kDefaultBlockBytes;
   // Bound for every wait on other ranks.
   absl::Duration timeout = absl::Minutes(10);
+  // Refuse to save inf or NaN: each float chunk is checked in the pass that
+  // computes its checksums, and a non-finite value fails the save on every
+  // rank before anything is committed, naming the key (FailedPrecondition).
+  bool check_finite = false;
 };
 
 // What a save did, on one rank.
@@ -182,6 +186,9 @@ struct LoadOptions {
   // strict (they are still reported): per-rank values such as "rng/rank3",
   // which each rank loads only for itself.
   std::vector<std::string> optional_prefixes;
+  // Refuse a checkpoint holding inf or NaN in what is loaded: every float
+  // block is checked as it is read and verified; DataLoss naming the key.
+  bool check_finite = false;
 };
 
 // What a load did, on one rank.

@@ -7,6 +7,7 @@
 #include "checkpoint/checkpoint.h"
 
 #include <atomic>
+#include <limits>
 #include <set>
 #include <string>
 #include <vector>
@@ -514,6 +515,53 @@ TEST(CheckpointTest, InconsistentStateFailsOnEveryRankAndLeavesNoDirectory) {
     ASSERT_TRUE(names.ok());
     EXPECT_EQ(*names, std::vector<std::string>{"step-2"});
   }
+}
+
+// check_finite: a NaN on one rank fails the save on every rank before it
+// commits (naming the key); a checkpoint saved without the check is refused
+// by a checking load, and read as it is by one that does not check.
+TEST(CheckpointTest, NonFiniteValuesAreNeitherCommittedNorLoaded) {
+  const std::string root = FreshDir("non_finite");
+  InMemoryStore store;
+  std::vector<float> values(12, 0.5f);
+  values[9] = std::numeric_limits<float>::quiet_NaN();  // rank 1's shard
+  const Tensor full = *Tensor::FromFloats({6, 2}, values);
+  RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
+    StateDict state;
+    ASSERT_TRUE(
+        state.AddDTensor("optim/w.exp_avg", MakeDTensor(full, &mesh, {S0}))
+            .ok());
+    ASSERT_TRUE(state.AddBytes("train/step", "3").ok());
+    SaveOptions options;
+    options.mesh = &mesh;
+    options.store = &store;
+    options.check_finite = true;
+    absl::StatusOr<SaveResult> saved = Save(state, root, 3, options);
+    ASSERT_FALSE(saved.ok());
+    EXPECT_EQ(saved.status().code(), absl::StatusCode::kFailedPrecondition)
+        << saved.status();
+    EXPECT_THAT(saved.status().message(), HasSubstr("rank 1: "));
+    EXPECT_THAT(saved.status().message(), HasSubstr("'optim/w.exp_avg'"));
+    EXPECT_THAT(saved.status().message(), HasSubstr("1 non-finite"));
+    // Without the check it is saved (as before the check existed).
+    options.check_finite = false;
+    ASSERT_TRUE(Save(state, root, 4, options).ok());
+  });
+  absl::StatusOr<std::vector<std::string>> names = ListDir(root);
+  ASSERT_TRUE(names.ok());
+  EXPECT_EQ(*names, std::vector<std::string>{"step-4"});
+  StateDict whole;
+  ASSERT_TRUE(
+      whole.AddTensor("optim/w.exp_avg", ZerosLike({6, 2}, DType::kF32)).ok());
+  ASSERT_TRUE(whole.AddBytes("train/step", "").ok());
+  LoadOptions checking;
+  checking.check_finite = true;
+  absl::StatusOr<LoadResult> refused = Load(&whole, root + "/step-4", checking);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kDataLoss)
+      << refused.status();
+  EXPECT_THAT(refused.status().message(), HasSubstr("'optim/w.exp_avg'"));
+  EXPECT_THAT(refused.status().message(), HasSubstr("1 non-finite"));
+  EXPECT_TRUE(Load(&whole, root + "/step-4").ok());
 }
 
 TEST(CheckpointTest, BadOptionsAreRejected) {

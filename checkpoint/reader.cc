@@ -273,7 +273,7 @@ absl::Status CheckpointReader::ReadBox(const std::string& key, const Box& box,
     if (contiguous) {
       const int64_t dst_row = n > 0 ? common.offset[0] - box.offset[0] : 0;
       char* out = static_cast<char*>(dst->raw_data()) + dst_row * row_bytes;
-      FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end, out));
+      FSDPP_RETURN_IF_ERROR(ReadChecked(key, chunk, begin, end, out));
       continue;
     }
     const int64_t count = static_cast<int64_t>((end - begin) / esize);
@@ -282,8 +282,8 @@ absl::Status CheckpointReader::ReadBox(const std::string& key, const Box& box,
       FSDPP_ASSIGN_OR_RETURN(
           staging, Tensor::Empty({count}, entry->dtype, Device::Cpu()));
     }
-    FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end,
-                                       static_cast<char*>(staging.raw_data())));
+    FSDPP_RETURN_IF_ERROR(ReadChecked(key, chunk, begin, end,
+                                      static_cast<char*>(staging.raw_data())));
     Shape rows_shape = chunk.box.shape;
     Shape src_offset(n, 0);
     if (n > 0) rows_shape[0] = hi - lo;
@@ -325,7 +325,30 @@ absl::StatusOr<std::string> CheckpointReader::ReadBytes(
   return value;
 }
 
-absl::Status CheckpointReader::VerifyAll() {
+int64_t CheckpointReader::NonFinite(const std::string& key, const char* out,
+                                    uint64_t bytes) const {
+  const DType dtype = metadata_.entries.at(key).dtype;
+  return CountNonFinite(out, static_cast<int64_t>(bytes / DTypeSize(dtype)),
+                        dtype);
+}
+
+absl::Status CheckpointReader::ReadChecked(const std::string& key,
+                                           const ChunkMetadata& chunk,
+                                           uint64_t begin, uint64_t end,
+                                           char* out) {
+  FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, begin, end, out));
+  if (!check_finite_) return absl::OkStatus();
+  if (const int64_t n = NonFinite(key, out, end - begin); n > 0) {
+    return absl::DataLossError(absl::StrCat(
+        dir_, ": ", Describe(key, chunk), " holds ", n,
+        " non-finite value(s) (inf or NaN) in the part read: the checkpoint "
+        "was saved from a diverged or damaged state"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::VerifyAll(
+    std::map<std::string, int64_t>* non_finite) {
   const uint64_t window = std::max(
       metadata_.block_bytes,
       kVerifyWindowBytes / metadata_.block_bytes * metadata_.block_bytes);
@@ -336,6 +359,12 @@ absl::Status CheckpointReader::VerifyAll() {
         const uint64_t end = std::min(chunk.length, at + window);
         buffer.resize(end - at);
         FSDPP_RETURN_IF_ERROR(ReadVerified(key, chunk, at, end, buffer.data()));
+        // The window is whole elements (a multiple of the block size).
+        if (non_finite != nullptr && entry.kind == EntryKind::kTensor) {
+          if (const int64_t n = NonFinite(key, buffer.data(), end - at)) {
+            (*non_finite)[key] += n;
+          }
+        }
       }
     }
   }

@@ -51,8 +51,12 @@ class CheckpointReader {
   // The whole byte value `key`.
   absl::StatusOr<std::string> ReadBytes(const std::string& key);
   // Reads every chunk of every entry and checks all checksums; the first
-  // error.
-  absl::Status VerifyAll();
+  // error. With `non_finite`, also counts the inf and NaN values of each
+  // float key into it (keys without any are left out).
+  absl::Status VerifyAll(std::map<std::string, int64_t>* non_finite = nullptr);
+  // From now on ReadBox / ReadTensor refuse a float value that is inf or
+  // NaN: DataLoss naming the key, the chunk and the count.
+  void set_check_finite(bool check) { check_finite_ = check; }
 
   // Bytes read from data files so far (including block edges read only to
   // verify them).
@@ -66,6 +70,12 @@ class CheckpointReader {
   // reading and verifying the whole blocks that cover them.
   absl::Status ReadVerified(const std::string& key, const ChunkMetadata& chunk,
                             uint64_t begin, uint64_t end, char* out);
+  // ReadVerified, then the finite check when it is on.
+  absl::Status ReadChecked(const std::string& key, const ChunkMetadata& chunk,
+                           uint64_t begin, uint64_t end, char* out);
+  // The inf and NaN values among bytes [out, out + bytes) of `key`'s dtype.
+  int64_t NonFinite(const std::string& key, const char* out,
+                    uint64_t bytes) const;
   // The open descriptor of data file `file`.
   absl::StatusOr<int> FileFd(const std::string& key, int64_t file);
   std::string FilePath(int64_t file) const;
@@ -81,6 +91,7 @@ class CheckpointReader {
   std::string head_scratch_;
   std::string tail_scratch_;
   uint64_t bytes_read_ = 0;
+  bool check_finite_ = false;
 };
 
 }  // namespace fsdpp

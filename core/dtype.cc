@@ -23,6 +23,36 @@ const char* DTypeName(DType dtype) {
   return "?";
 }
 
+namespace {
+
+// Elements of `data` (unsigned words) whose exponent field, `mask`, is all
+// ones.
+template <typename Word>
+int64_t CountExponentAllOnes(const void* data, int64_t count, Word mask) {
+  const Word* w = static_cast<const Word*>(data);
+  int64_t n = 0;
+  for (int64_t i = 0; i < count; ++i) n += (w[i] & mask) == mask;
+  return n;
+}
+
+}  // namespace
+
+int64_t CountNonFinite(const void* data, int64_t count, DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return CountExponentAllOnes<uint32_t>(data, count, 0x7f800000u);
+    case DType::kBF16:
+      return CountExponentAllOnes<uint16_t>(data, count, 0x7f80u);
+    case DType::kF16:
+      return CountExponentAllOnes<uint16_t>(data, count, 0x7c00u);
+    case DType::kI32:
+    case DType::kI64:
+    case DType::kU8:
+      return 0;
+  }
+  return 0;
+}
+
 absl::StatusOr<DType> ParseDType(absl::string_view name) {
   struct Entry {
     const char* short_name;

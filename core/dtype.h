@@ -46,6 +46,12 @@ constexpr bool IsFloatingPoint(DType dtype) {
 // "f32", "bf16", "f16", "i32", "i64", "u8".
 const char* DTypeName(DType dtype);
 
+// How many of the `count` elements of `dtype` at host address `data` are
+// inf or NaN (by their exponent bits, whatever the compiler's floating-point
+// flags); 0 for integer dtypes. One pass at memory speed: checkpoints run it
+// over what they write and read (SaveOptions / LoadOptions::check_finite).
+int64_t CountNonFinite(const void* data, int64_t count, DType dtype);
+
 // Parses DTypeName() output (also "float32", "bfloat16", "float16", "int32",
 // "int64", "uint8"); anything else is InvalidArgument naming the text.
 absl::StatusOr<DType> ParseDType(absl::string_view name);

@@ -113,6 +113,26 @@ TEST(DTypeTest, NamesAndSizes) {
   EXPECT_NE(bad.status().message().find("'f8'"), absl::string_view::npos);
 }
 
+TEST(DTypeTest, CountNonFiniteByExponentBits) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> f = {0.0f, -1.5f, inf, 3e38f, -inf, nan, 1e-45f};
+  EXPECT_EQ(CountNonFinite(f.data(), f.size(), DType::kF32), 3);
+  EXPECT_EQ(CountNonFinite(f.data(), 2, DType::kF32), 0);
+  std::vector<BFloat16> b;
+  std::vector<Float16> h;
+  for (float x : f) {
+    b.push_back(FloatToBFloat16(x));
+    h.push_back(FloatToFloat16(x));
+  }
+  EXPECT_EQ(CountNonFinite(b.data(), b.size(), DType::kBF16), 3);
+  // 3e38 overflows f16 to inf.
+  EXPECT_EQ(CountNonFinite(h.data(), h.size(), DType::kF16), 4);
+  // Integers have no non-finite values, whatever their bits.
+  const std::vector<int32_t> i = {0x7f800000, -1};
+  EXPECT_EQ(CountNonFinite(i.data(), i.size(), DType::kI32), 0);
+}
+
 TEST(DTypeTest, BFloat16MatchesReferenceRounding) {
   auto table = PositiveFinite([](uint16_t b) {
     return static_cast<double>(BFloat16ToFloat(BFloat16::FromBits(b)));

@@ -97,13 +97,27 @@ absl::Status Inspect(const std::string& dir, bool verify, std::ostream& out) {
     }
   }
   if (verify) {
-    absl::Status status = reader->VerifyAll();
+    std::map<std::string, int64_t> non_finite;
+    absl::Status status = reader->VerifyAll(&non_finite);
     if (!status.ok()) {
       out << "verify: FAILED: " << status << "\n";
       return status;
     }
+    if (!non_finite.empty()) {
+      // Intact bytes, but values no training can resume from.
+      std::string keys;
+      for (const auto& [key, count] : non_finite) {
+        out << "non-finite: " << key << ": " << count
+            << " value(s) are inf or NaN\n";
+        absl::StrAppend(&keys, keys.empty() ? "" : ", ", key);
+      }
+      out << "verify: FAILED: " << non_finite.size()
+          << " key(s) hold inf or NaN: " << keys << "\n";
+      return absl::DataLossError(absl::StrCat(
+          dir, ": ", non_finite.size(), " key(s) hold inf or NaN: ", keys));
+    }
     out << "verify: OK (" << chunks << " chunks, " << reader->bytes_read()
-        << " bytes checked)\n";
+        << " bytes checked, every float finite)\n";
   }
   return absl::OkStatus();
 }

@@ -4,6 +4,7 @@
 // for bit, byte values included), and the real `ckpt` binary's command line
 // (found at tools/ckpt/ckpt relative to the runfiles working directory).
 #include <cstdio>
+#include <limits>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -29,6 +30,7 @@ namespace ckpt {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using testing_util::BitPattern;
 using testing_util::BitwiseEqual;
 using testing_util::FreshDir;
@@ -74,7 +76,10 @@ TEST(CkptTest, InspectListsLayoutAndVerifies) {
   EXPECT_THAT(text, HasSubstr("[4, 0]+[3, 5] -> rank-1.data"));
   EXPECT_THAT(text, HasSubstr("b  tensor bf16[6]"));
   EXPECT_THAT(text, HasSubstr("step  bytes u8[2]"));
-  EXPECT_THAT(text, HasSubstr("verify: OK (4 chunks, 154 bytes checked)"));
+  EXPECT_THAT(
+      text,
+      HasSubstr(
+          "verify: OK (4 chunks, 154 bytes checked, every float finite)"));
 
   // A flipped byte is found by --verify, naming the key.
   const CheckpointMetadata m = *ReadMetadata(dir);
@@ -90,6 +95,29 @@ TEST(CkptTest, InspectListsLayoutAndVerifies) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(status.message(), HasSubstr("key 'w'"));
   EXPECT_THAT(damaged.str(), HasSubstr("verify: FAILED"));
+}
+
+// --verify reads every float too: intact bytes holding inf or NaN are
+// reported by key and count, and the command fails.
+TEST(CkptTest, VerifyReportsNonFiniteValues) {
+  const std::string root = FreshDir("non_finite");
+  std::vector<float> v(8, 1.0f);
+  v[2] = std::numeric_limits<float>::infinity();
+  v[5] = std::numeric_limits<float>::quiet_NaN();
+  StateDict state;
+  ASSERT_TRUE(
+      state.AddTensor("optim/w.exp_avg_sq", *Tensor::FromFloats({8}, v)).ok());
+  ASSERT_TRUE(
+      state.AddTensor("model/w", *Tensor::FromFloats({2}, {1, 2})).ok());
+  ASSERT_TRUE(Save(state, root, 7).ok());
+  std::ostringstream out;
+  const absl::Status status = Inspect(root + "/step-7", /*verify=*/true, out);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(out.str(),
+              HasSubstr("non-finite: optim/w.exp_avg_sq: 2 value(s) are inf "
+                        "or NaN"));
+  EXPECT_THAT(out.str(), Not(HasSubstr("non-finite: model/w")));
+  EXPECT_THAT(out.str(), HasSubstr("verify: FAILED: 1 key(s) hold inf or NaN"));
 }
 
 TEST(CkptTest, ConvertsToSafetensorsAndBack) {
