@@ -29,15 +29,18 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
@@ -320,6 +323,7 @@ class Launcher {
   int exit_code_ = 0;
   bool interrupted_ = false;  // SIGINT / SIGTERM to the launcher
   int restart_count_ = 0;
+  int launch_round_ = 0;  // times the ranks were started before
   std::optional<Clock::time_point> deadline_;
   sig_atomic_t seen_sigint_ = 0;
   sig_atomic_t seen_sigterm_ = 0;
@@ -348,10 +352,18 @@ absl::Status Launcher::SetUp() {
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     if (absl::StartsWith(*e, "FSDPP_LIVE_STATUS=") ||
         absl::StartsWith(*e, "TORCHELASTIC_RESTART_COUNT=") ||
+        absl::StartsWith(*e, absl::StrCat(kLaunchRoundEnv, "=")) ||
         absl::StartsWith(*e, absl::StrCat(kMemoryReportEnv, "="))) {
       continue;
     }
     base_env_.emplace_back(*e);
+  }
+  if (std::getenv(kJobIdEnv) == nullptr) {
+    // One identity for the whole job, kept over restarts and rounds.
+    std::random_device random;
+    base_env_.push_back(absl::StrFormat(
+        "%s=%08x%08x-%d", kJobIdEnv, random(), random(),
+        static_cast<int>(absl::ToUnixSeconds(absl::Now()) % 1000000)));
   }
   live_status_ = isatty(STDOUT_FILENO);
   if (live_status_) base_env_.push_back("FSDPP_LIVE_STATUS=1");
@@ -435,6 +447,7 @@ absl::Status Launcher::Spawn(Rank& rank) {
   std::vector<std::string> env =
       RankEnvironment(round_options_, rank.local_rank, base_env_, num_cpus_);
   env.push_back(absl::StrCat("TORCHELASTIC_RESTART_COUNT=", restart_count_));
+  env.push_back(absl::StrCat(kLaunchRoundEnv, "=", launch_round_));
   if (!report_dir_.empty()) {
     env.push_back(absl::StrCat(kMemoryReportEnv, "=", report_dir_,
                                "/memory.rank", rank.global_rank));
@@ -828,6 +841,7 @@ int Launcher::Run() {
         break;
       }
     }
+    ++launch_round_;
     while (true) {
       HandleSignals();
       Reap();
@@ -842,8 +856,12 @@ int Launcher::Run() {
       deadline_.reset();
       continue;
     }
-    if (exit_code_ == 0 || interrupted_ || !spawned ||
-        restart_count_ >= options_.max_restarts) {
+    if (exit_code_ == 0 || interrupted_ || !spawned) break;
+    if (restart_count_ >= options_.max_restarts) {
+      if (options_.max_restarts > 0) {
+        Message(absl::StrCat("no restarts left (--max_restarts=",
+                             options_.max_restarts, "): the job failed"));
+      }
       break;
     }
     ++restart_count_;

@@ -39,8 +39,9 @@ struct LaunchOptions {
   double grace_period_s = 5.0;
   // After a rank fails, stop the local ranks and start them all again, up
   // to this many times (torchrun's --max_restarts; not after SIGINT /
-  // SIGTERM to the launcher). The ranks see TORCHELASTIC_RESTART_COUNT; a
-  // trainer resumes from its latest checkpoint on its own.
+  // SIGTERM to the launcher). The ranks see TORCHELASTIC_RESTART_COUNT and
+  // FSDPP_LAUNCH_ROUND; a trainer resumes from its job's latest checkpoint
+  // on its own (kJobIdEnv).
   int max_restarts = 0;
   // Elastic (`--nnodes=MIN:MAX`, max_nodes > 0): the launchers agree on the
   // nodes of each run through an elastic rendezvous (runtime/elastic.h)
@@ -105,6 +106,16 @@ int64_t OomKillCount(const std::string& proc_root = "/proc",
 // trainer writes its plan and live / peak bytes there), which the launcher
 // quotes when the rank is killed for memory.
 inline constexpr char kMemoryReportEnv[] = "FSDPP_MEMORY_REPORT";
+
+// The job's identity, the same in every restart and elastic round of one
+// launcher (made up when the launcher starts unless its environment already
+// has one): the trainer records it in its checkpoints, so that restarted
+// ranks resume from this job's latest checkpoint and never adopt an earlier
+// run's (torchrun's TORCHELASTIC_RUN_ID plays this part).
+inline constexpr char kJobIdEnv[] = "FSDPP_JOB_ID";
+// How many times this launcher started its ranks before (0, then 1 after a
+// restart or a new elastic round, ...): > 0 tells the ranks to resume.
+inline constexpr char kLaunchRoundEnv[] = "FSDPP_LAUNCH_ROUND";
 
 // Cuts a byte stream into lines and puts `prefix` before each. A line longer
 // than `max_line_bytes` is emitted in pieces of that size so a child that

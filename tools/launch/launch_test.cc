@@ -357,6 +357,35 @@ TEST_F(LaunchEndToEndTest, RankKilledBySignal) {
   ExpectNoProcessLeft();
 }
 
+// Restarts: every attempt sees the same job identity and its attempt
+// number (what a trainer resumes by); when none is left, the launcher says
+// so last.
+TEST_F(LaunchEndToEndTest, RestartsKeepTheJobAndCountTheRoundsUntilNoneLeft) {
+  const Result r =
+      Run({"--nproc_per_node=1", "--max_restarts=2", "/bin/sh", "-c",
+           "echo \"job $FSDPP_JOB_ID round $FSDPP_LAUNCH_ROUND restart "
+           "$TORCHELASTIC_RESTART_COUNT\"; exit 4"});
+  EXPECT_EQ(r.exit_code, 4) << r.err;
+  const std::vector<std::string> lines =
+      absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  const std::string job = lines[0].substr(0, lines[0].find(" round"));
+  EXPECT_GT(job.size(), std::string("[rank 0] job ").size()) << r.out;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(lines[i], absl::StrCat(job, " round ", i, " restart ", i));
+  }
+  EXPECT_THAT(r.err, HasSubstr("launch: restarting the local ranks (restart 2 "
+                               "of 2)\n"));
+  EXPECT_TRUE(absl::EndsWith(
+      r.err, "launch: no restarts left (--max_restarts=2): the job failed\n"))
+      << r.err;
+  // A job identity given to the launcher is the job's.
+  const Result given =
+      Run({"--nproc_per_node=1", "/bin/sh", "-c", "echo $FSDPP_JOB_ID"},
+          {"FSDPP_JOB_ID=slurm-42"});
+  EXPECT_EQ(given.out, "[rank 0] slurm-42\n") << given.err;
+}
+
 TEST_F(LaunchEndToEndTest, RankIgnoringSigtermIsKilledAfterGracePeriod) {
   const Result r =
       Run({"--nproc_per_node=2", "--grace_period_s=1", "/bin/sh", "-c",
