@@ -2,8 +2,10 @@
 # Kill -9 drill for `train --max_restarts=3`: each trial starts 2 ranks on a
 # 200-step run (checkpoints every 20), kills a random rank at a random step
 # in 25..124, and expects the launcher to restart both ranks, the trainer to
-# resume from the latest checkpoint (losing at most one interval), and every
-# step's final loss to equal the uninterrupted run's digit for digit.
+# resume from the job's latest checkpoint (losing at most one interval) with
+# checkpoint.resume left at its default (false: a restart resumes anyway),
+# and every step's final loss to equal the uninterrupted run's digit for
+# digit.
 #
 #   bash trainer/kill_drill.sh [TRIALS] [TRAIN] [WORKDIR]
 #
@@ -26,7 +28,7 @@ flags=(
   --set training.steps=200 --set training.global_batch=8
   --set training.micro_batch=2 --set training.seq_len=32
   --set training.warmup_steps=2 --set checkpoint.interval=20
-  --set checkpoint.resume=true --set validation.interval=0
+  --set validation.interval=0
   --set metrics.log_interval=1 --set metrics.trace_steps=0
 )
 
@@ -58,6 +60,12 @@ for trial in $(seq "$trials"); do
     { cat "$dir.log"; fail "trial $trial: no restart (rank $victim, step $at)"; }
   resumed=$(grep -oP 'resumed from \S+/step-\K[0-9]+' "$dir.log" | head -1)
   [[ -n "$resumed" ]] || fail "trial $trial: no resume"
+  # The run records: the first attempt from step 0, the restart from the
+  # checkpoint it resumed.
+  starts=$(grep '"kind":"run"' "$dir/metrics.jsonl" |
+    grep -oP '"start_step":\K[0-9]+' | tr '\n' ' ')
+  [[ "$starts" == "0 $resumed " ]] ||
+    fail "trial $trial: run records start at [$starts], not [0 $resumed]"
   # At most one checkpoint interval lost: the resume point is the interval
   # before the step the rank died at (it may have died a few steps later
   # than $at, never before).

@@ -85,8 +85,8 @@ ABSL_FLAG(int, master_port, 0,
           "the rendezvous port; 0 = a free one (one node only)");
 ABSL_FLAG(int, max_restarts, 0,
           "after a rank fails, restart this node's ranks up to N times; "
-          "they resume from the latest checkpoint (torchrun's "
-          "--max_restarts)");
+          "they resume from this job's latest checkpoint, whatever "
+          "checkpoint.resume says (torchrun's --max_restarts)");
 ABSL_FLAG(int64_t, stop_after_steps, 0,
           "preemption drill: stop after N steps of this run as if killed "
           "(checkpoints up to then are kept); 0: off");
@@ -387,6 +387,17 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
     env.progress = TrainerEnv::Progress::kStatusLines;
   }
   env.stop_after_steps = stop_after_steps;
+  // The launcher's job identity and whether it started these ranks before
+  // (runtime/launch.h): a restarted rank resumes this job's checkpoints.
+  if (const char* job = std::getenv(launch::kJobIdEnv)) env.job_id = job;
+  for (const char* var :
+       {"TORCHELASTIC_RESTART_COUNT", launch::kLaunchRoundEnv}) {
+    int count = 0;
+    const char* value = std::getenv(var);
+    if (value != nullptr && absl::SimpleAtoi(value, &count) && count > 0) {
+      env.restarted = true;
+    }
+  }
   // On failure, report and exit at once, with the trainer still alive: its
   // process groups' and the store's destructors would wait on peers that may
   // be dead or cut off (a heartbeat write to an unreachable store blocks for

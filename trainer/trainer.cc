@@ -7,6 +7,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/reader.h"
 #include "checkpoint/state_dict.h"
 #include "comm/host_collectives.h"
 #include "core/device_wait.h"
@@ -27,6 +29,7 @@
 #include "core/memcpy.h"
 #include "core/status.h"
 #include "core/trace.h"
+#include "formats/file_util.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/device_mesh.h"
 #include "models/config.h"
@@ -50,6 +53,9 @@
 namespace fsdpp {
 namespace trainer {
 namespace {
+
+// The checkpoint key of the job that saved it (TrainerEnv::job_id).
+constexpr char kJobKey[] = "train/job";
 
 // `value`, or its error with `context` in front.
 template <typename T>
@@ -462,7 +468,19 @@ absl::Status Trainer::BuildCheckpointState() {
   // checkpoint alone (tools/ckpt export --format=hf).
   FSDPP_RETURN_IF_ERROR(state_.AddBytes(models::kModelConfigKey,
                                         models::ModelConfigJson(rc_.model)));
+  // The job: rank 0's identity (the launcher's, else a new one) on every
+  // rank.
+  std::string job = env_.job_id;
+  if (job.empty()) {
+    std::random_device random;
+    job = absl::StrFormat("%08x%08x", random(), random());
+  }
+  FSDPP_ASSIGN_OR_RETURN(std::vector<std::string> jobs,
+                         AllGatherStrings(world_, job));
+  job_ = jobs[0];
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes(kJobKey, job_));
   const CheckpointConfig& cc = config_.checkpoint();
+  if (!cc.resume() && !cc.folder().empty()) return ResumeOwnCheckpoint();
   if (cc.resume() && !cc.folder().empty()) {
     absl::StatusOr<std::vector<CheckpointDir>> dirs =
         ScanCheckpoints(cc.folder());
@@ -503,6 +521,41 @@ absl::Status Trainer::BuildCheckpointState() {
   return absl::OkStatus();
 }
 
+absl::Status Trainer::ResumeOwnCheckpoint() {
+  const std::string& folder = config_.checkpoint().folder();
+  absl::StatusOr<std::vector<CheckpointDir>> dirs = ScanCheckpoints(folder);
+  if (!dirs.ok() && !absl::IsNotFound(dirs.status())) return dirs.status();
+  std::string own, other;  // the newest of this job's, of another's
+  for (auto d = dirs.ok() ? dirs->rbegin() : decltype(dirs->rbegin())();
+       dirs.ok() && d != dirs->rend(); ++d) {
+    if (!d->committed) continue;
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::Open(d->path);
+    absl::StatusOr<std::string> job =
+        reader.ok() ? (*reader)->ReadBytes(kJobKey) : reader.status();
+    if (job.ok() && *job == job_) {
+      own = d->path;
+      break;
+    }
+    if (other.empty()) other = d->path;
+  }
+  if (!own.empty() && env_.restarted) {
+    resume_notes_.push_back(absl::StrCat(
+        "restart: resuming this job's latest checkpoint (", job_, ")"));
+    FSDPP_RETURN_IF_ERROR(Resume(own));
+  } else if (!other.empty() && own.empty()) {
+    resume_notes_.push_back(absl::StrCat(
+        env_.restarted ? "restart: no checkpoint of this job yet; " : "",
+        "checkpoint: ", folder, " holds an earlier run's checkpoints (latest ",
+        other,
+        "): not resumed (checkpoint.resume=false), and this run's saves "
+        "replace them step for step; --set checkpoint.resume=true continues "
+        "that run instead"));
+  }
+  result_.end_step = result_.start_step;
+  return absl::OkStatus();
+}
+
 absl::Status Trainer::Resume(const std::string& latest) {
   // Not strict: a pipeline rank holds only its stages' keys, the others'
   // are in the checkpoint too (CheckLoadedKeys: this rank's all there, the
@@ -510,10 +563,30 @@ absl::Status Trainer::Resume(const std::string& latest) {
   LoadOptions load_options;
   load_options.strict = false;
   // Checkpoints written before the key existed resume too.
-  load_options.optional_prefixes = {models::kModelConfigKey};
-  FSDPP_ASSIGN_OR_RETURN(
-      LoadResult loaded,
-      Context(Load(&state_, latest, load_options), "trainer: resuming"));
+  load_options.optional_prefixes = {models::kModelConfigKey, kJobKey};
+  // A checkpoint with inf / NaN (saved before this check existed, or by
+  // another tool) is refused, naming the key.
+  load_options.check_finite = true;
+  absl::StatusOr<LoadResult> load = Load(&state_, latest, load_options);
+  if (absl::IsDataLoss(load.status())) {
+    // Damaged or non-finite: say which checkpoint to fall back to.
+    std::string previous;
+    absl::StatusOr<std::vector<CheckpointDir>> dirs =
+        ScanCheckpoints(config_.checkpoint().folder());
+    for (const CheckpointDir& d :
+         dirs.ok() ? *dirs : std::vector<CheckpointDir>{}) {
+      if (d.path == latest) break;
+      if (d.committed) previous = d.path;
+    }
+    return absl::DataLossError(absl::StrCat(
+        "trainer: resuming: ", load.status().message(), "; ",
+        previous.empty()
+            ? std::string("no committed checkpoint before it to resume from")
+            : absl::StrCat("move ", latest, " aside to resume from ", previous,
+                           ", the checkpoint before it")));
+  }
+  FSDPP_ASSIGN_OR_RETURN(LoadResult loaded,
+                         Context(std::move(load), "trainer: resuming"));
   FSDPP_RETURN_IF_ERROR(CheckLoadedKeys(loaded));
   FSDPP_ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
   int64_t done = 0;
@@ -546,6 +619,9 @@ absl::Status Trainer::Resume(const std::string& latest) {
     }
     FSDPP_RETURN_IF_ERROR(scaler_->Restore(scale, tracker));
   }
+  // Saves from here on are this job's (a run resumed on purpose from
+  // another's checkpoint continues under its own identity).
+  FSDPP_RETURN_IF_ERROR(state_.SetBytes(kJobKey, job_));
   result_.start_step = done;
   result_.resumed_from = latest;
   return absl::OkStatus();
@@ -554,7 +630,7 @@ absl::Status Trainer::Resume(const std::string& latest) {
 absl::Status Trainer::CheckLoadedKeys(const LoadResult& loaded) const {
   std::vector<std::string> missing;
   for (const std::string& key : loaded.missing_keys) {
-    if (!absl::StartsWith(key, models::kModelConfigKey)) {
+    if (!absl::StartsWith(key, models::kModelConfigKey) && key != kJobKey) {
       missing.push_back(key);
     }
   }
@@ -591,6 +667,9 @@ absl::Status Trainer::BuildCheckpointWriter() {
   save_options_.mesh = mesh_.get();
   save_options_.timeout = rc_.comm_timeout;
   save_options_.keep_last = cc.keep_latest_k();
+  // Never a checkpoint no run can resume from: inf / NaN anywhere in the
+  // weights or the optimizer state fails the save before it commits.
+  save_options_.check_finite = true;
   save_options_.store_prefix = "fsdpp/trainer/checkpoint";
   if (cc.interval() > 0 && cc.async()) {
     if (env_.store == nullptr && env_.world_size > 1) {
@@ -759,14 +838,8 @@ absl::Status Trainer::TrainStep() {
     // Values on the device: NaN until read (LogStep).
     if (!training_->values_on_device() && !std::isfinite(log.loss)) {
       return absl::InternalError(absl::StrFormat(
-          "step %d: the loss is %f; stopping before the optimizer step. "
-          "Nothing was saved after step %d%s. Lower training.lr or "
-          "enable clipping and resume.",
-          step, log.loss, step - 1,
-          result_.last_checkpoint.empty()
-              ? ""
-              : absl::StrCat("; the latest checkpoint is ",
-                             result_.last_checkpoint)));
+          "step %d: the loss is %f; stopping before the optimizer step. %s",
+          step, log.loss, DivergenceAdvice(step)));
     }
     FSDPP_RETURN_IF_ERROR(OptimizerStep(&log));
   }
@@ -797,7 +870,10 @@ absl::Status Trainer::CheckPendingSave(int64_t step) {
   absl::Status failed =
       done ? pending_save_->Wait().status() : absl::OkStatus();
   std::vector<double> v = {failed.ok() ? 0.0 : 1.0, done ? 0.0 : 1.0};
-  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &v, ReduceOp::kMax));
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(AllReduceValues(world_, &v, ReduceOp::kMax),
+               absl::StrCat("step ", step,
+                            ": agreeing on the asynchronous checkpoint")));
   if (v[0] > 0) {
     const int64_t saved = pending_save_->step();
     pending_save_.reset();
@@ -838,11 +914,33 @@ absl::Status Trainer::OptimizerStep(StepLog* log) {
   if (!result.applied) {
     return absl::InternalError(absl::StrFormat(
         "step %d: the gradient norm is %f (loss %.4f); stopping before "
-        "the optimizer step. Nothing was saved after step %d.",
-        log->step, log->grad_norm, log->loss, log->step - 1));
+        "the optimizer step. %s",
+        log->step, log->grad_norm, log->loss, DivergenceAdvice(log->step)));
   }
   log->lr = options.lr;
   return absl::OkStatus();
+}
+
+std::string Trainer::DivergenceAdvice(int64_t bad_step) const {
+  const std::string saved =
+      absl::StrCat("Nothing was saved after step ", bad_step - 1,
+                   result_.last_checkpoint.empty()
+                       ? std::string()
+                       : absl::StrCat("; the latest checkpoint is ",
+                                      result_.last_checkpoint),
+                   ".");
+  if (bad_step == result_.start_step + 1 && !result_.resumed_from.empty()) {
+    // Resuming it again would loop: the checkpoint itself may be bad.
+    return absl::StrCat(
+        saved, " This is the first step after resuming ", result_.resumed_from,
+        ": its weights or optimizer state may not be finite (`bazel run "
+        "//tools/ckpt -- inspect --verify ",
+        result_.resumed_from,
+        "` says); resume from the checkpoint before it (move this one "
+        "aside), or lower training.lr.");
+  }
+  return absl::StrCat(saved,
+                      " Lower training.lr or enable clipping and resume.");
 }
 
 bool Trainer::SaveDue() const {
@@ -875,13 +973,8 @@ absl::Status Trainer::ReadStepValues() {
     return absl::InternalError(absl::StrFormat(
         "step %d: %s; the optimizer skipped the step on the device, and "
         "the steps after it (to step %d, when their values were read) are "
-        "not kept. Nothing was saved after step %d%s. Lower training.lr or "
-        "enable clipping and resume.",
-        log.step, what, result_.end_step, log.step - 1,
-        result_.last_checkpoint.empty()
-            ? ""
-            : absl::StrCat("; the latest checkpoint is ",
-                           result_.last_checkpoint)));
+        "not kept. %s",
+        log.step, what, result_.end_step, DivergenceAdvice(log.step)));
   }
   return absl::OkStatus();
 }
@@ -1044,6 +1137,10 @@ absl::Status Trainer::MaybeWriteTrace() {
                          AllGatherStrings(world_, trace_->EventsJson()));
   trace_->ClearEvents();
   if (env_.rank == 0) {
+    // Its folder may be no other output's (the default fsdpp_run/ when
+    // checkpoints and metrics go elsewhere).
+    const std::string dir = DirName(mc.trace_path());
+    if (!dir.empty()) FSDPP_RETURN_IF_ERROR(MakeDirs(dir));
     FSDPP_RETURN_IF_ERROR(
         WriteTraceFile(mc.trace_path(), ChromeTraceJson(pieces)));
     print_->Line(absl::StrFormat(
@@ -1075,9 +1172,12 @@ absl::Status Trainer::Summarize() {
       comm_steps_ > 0 ? comm_wait_us_ / 1e6 / comm_steps_ : 0;
   result_.memory = GetAllocator(env_.device)->Stats();
   FSDPP_ASSIGN_OR_RETURN(std::vector<MemoryStats> mem,
-                         GatherMemory(world_, env_.device));
+                         Context(GatherMemory(world_, env_.device),
+                                 "the end of the run: gathering memory"));
   std::vector<double> comm = {result_.exposed_comm_s_per_step};
-  FSDPP_RETURN_IF_ERROR(AllReduceValues(world_, &comm, ReduceOp::kMax));
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(AllReduceValues(world_, &comm, ReduceOp::kMax),
+               "the end of the run: gathering the exposed communication"));
   // The step's own report (the pipeline's waits, every rank's).
   const double busy = step_totals_.compute_seconds + step_totals_.wait_seconds;
   result_.pipeline_bubble = busy > 0 ? step_totals_.wait_seconds / busy : 0;

@@ -110,6 +110,13 @@ struct TrainerEnv {
   // (0 = run to training.steps), as if the job had been killed there: no
   // validation, checkpoint or summary beyond what the steps before did.
   int64_t stop_after_steps = 0;
+  // The job this rank belongs to (the launcher's FSDPP_JOB_ID; empty: a new
+  // one). Rank 0's is recorded in every checkpoint as `train/job`.
+  std::string job_id;
+  // The launcher started this job's ranks before (a restart or a new elastic
+  // round): resume from this job's latest committed checkpoint whatever
+  // checkpoint.resume says, never from another run's.
+  bool restarted = false;
   // Keep each step's loss and gradient norm on the device and read them
   // only at logged steps, before a save and at the end
   // (recipe::BuildOptions::step_values_on_device), so that a GPU step never
@@ -258,6 +265,10 @@ class Trainer {
   // Loads the checkpoint directory `latest` into the state (in place), the
   // loader, the optimizer's step count and the loss scaler.
   absl::Status Resume(const std::string& latest);
+  // checkpoint.resume=false: a restarted job resumes its own latest
+  // checkpoint (train/job equal to this run's), never another run's; a
+  // fresh one starts at step 0 and says what the folder already holds.
+  absl::Status ResumeOwnCheckpoint();
   // After a non-strict load: every key of this rank's state was there, and
   // the checkpoint's others are the model's (a pipeline rank holds only its
   // stages').
@@ -272,6 +283,10 @@ class Trainer {
   absl::Status OptimizerStep(StepLog* log);
   // Whether a checkpoint is due after the current step.
   bool SaveDue() const;
+  // What a stop at non-finite `bad_step` says was saved and what to do (not
+  // "resume" when the step is the first after resuming: the checkpoint may
+  // be the cause).
+  std::string DivergenceAdvice(int64_t bad_step) const;
   // Reads the step values kept on the device into result().steps (nothing
   // when none wait); Internal error for the first step not applied.
   absl::Status ReadStepValues();
@@ -319,6 +334,8 @@ class Trainer {
   StateDict state_;
   // What resuming found, for the header: skipped directories, or none.
   std::vector<std::string> resume_notes_;
+  // This run's job identity (rank 0's), saved as train/job.
+  std::string job_;
   SaveOptions save_options_;
   std::unique_ptr<AsyncSaver> async_saver_;
   // The asynchronous save in flight until every rank committed it; checked

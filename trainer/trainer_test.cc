@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/reader.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "core/device.h"
@@ -692,6 +693,90 @@ TEST(TrainerTest, StepValuesOnTheDeviceStopAtTheFirstNonFiniteStep) {
     EXPECT_EQ(*latest,
               absl::StrCat(dir, "/ckpt/step-", (bad_step - 1) / 4 * 4));
   }
+}
+
+// checkpoint.resume=false: a restarted job resumes its own latest
+// checkpoint and never another run's (train/job); the checkpoints say whose
+// they are.
+TEST(TrainerTest, RestartedJobsResumeTheirOwnCheckpointsOnly) {
+  const std::string dir = TestDir("restarts");
+  TrainConfig config = SmallConfig(dir);
+  CHECK_OK(ApplyOverrides({"checkpoint.resume=false"}, &config));
+  const auto run = [&](const std::string& job, bool restarted,
+                       int64_t stop_after) {
+    return OnRanks(2, stop_after,
+                   [&](const TrainerEnv& env) -> absl::StatusOr<TrainResult> {
+                     TrainerEnv e = env;
+                     e.job_id = job + (env.rank == 0 ? "" : "-ignored");
+                     e.restarted = restarted;
+                     return CreateAndRun(config, e);
+                   });
+  };
+  // Job a saves step 4 and "dies" after step 5.
+  auto a = run("job-a", false, 5);
+  ASSERT_TRUE(a[0].ok()) << a[0].status();
+  EXPECT_EQ(a[0]->start_step, 0);
+  auto reader = CheckpointReader::Open(dir + "/ckpt/step-4");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ(*(*reader)->ReadBytes("train/job"), "job-a");  // rank 0's
+  // A restart of another job does not adopt it: step 0 again.
+  auto b = run("job-b", true, 1);
+  ASSERT_TRUE(b[0].ok()) << b[0].status();
+  EXPECT_EQ(b[0]->start_step, 0);
+  EXPECT_TRUE(b[0]->resumed_from.empty());
+  // Job a restarted resumes its step 4 and trains to the end.
+  auto again = run("job-a", true, 0);
+  for (auto& r : again) ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(again[0]->start_step, 4);
+  EXPECT_EQ(again[0]->resumed_from, dir + "/ckpt/step-4");
+  EXPECT_EQ(again[0]->end_step, 8);
+  // A fresh job (not restarted) starts over whatever the folder holds.
+  auto fresh = run("job-c", false, 1);
+  ASSERT_TRUE(fresh[0].ok()) << fresh[0].status();
+  EXPECT_EQ(fresh[0]->start_step, 0);
+}
+
+// A checkpoint holding a NaN (here in an AdamW moment, written by a tool
+// that does not check) is refused at resume, naming the key and the
+// checkpoint to fall back to; nothing is trained or saved from it.
+TEST(TrainerTest, ResumeRefusesANonFiniteCheckpoint) {
+  const std::string dir = TestDir("nan_moment");
+  TrainConfig config = SmallConfig(dir);
+  CHECK_OK(ApplyOverrides({"checkpoint.interval=1"}, &config));
+  auto first = RunRanks(config, 2, /*stop_after_steps=*/3);
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  // step-3 copied to step-4 with one moment element NaN.
+  auto reader = CheckpointReader::Open(dir + "/ckpt/step-3");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  StateDict copy;
+  std::string poisoned;
+  for (const auto& [key, entry] : (*reader)->metadata().entries) {
+    if (entry.kind == EntryKind::kBytes) {
+      CHECK_OK(copy.AddBytes(key, *(*reader)->ReadBytes(key)));
+      continue;
+    }
+    Tensor t = *(*reader)->ReadTensor(key);
+    if (poisoned.empty() && absl::EndsWith(key, ".exp_avg")) {
+      static_cast<float*>(t.raw_data())[0] = std::nanf("");
+      poisoned = key;
+    }
+    CHECK_OK(copy.AddTensor(key, t));
+  }
+  ASSERT_FALSE(poisoned.empty());
+  ASSERT_TRUE(Save(copy, dir + "/ckpt", 4).ok());
+  auto resumed = RunRanks(config, 2);
+  ASSERT_FALSE(resumed[0].ok());
+  const absl::Status& s = resumed[0].status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "'" + poisoned + "'")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "non-finite")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(),
+                                absl::StrCat("move ", dir,
+                                             "/ckpt/step-4 aside to resume "
+                                             "from ",
+                                             dir, "/ckpt/step-3")))
+      << s;
+  EXPECT_EQ(*LatestCheckpoint(dir + "/ckpt"), dir + "/ckpt/step-4");
 }
 
 TEST(TrainerTest, Fp16WithLossScalerTracksF32) {
