@@ -16,16 +16,26 @@ def cc_proto(name, srcs, deps = [], visibility = None):
       visibility: as for cc_library.
     """
     pkg = native.package_name()
+
+    # From another workspace (fsdpp as @fsdpp) the sources are under
+    # external/<repo>/ and the outputs must go to the same place under
+    # $(GENDIR), so that the generated code's "pkg/x.pb.h" includes resolve.
+    repo = native.repository_name()
+    root = "" if repo == "@" else "external/" + repo[1:]
     outs = []
     for src in srcs:
         base = src[:-len(".proto")]
         outs.extend([base + ".pb.h", base + ".pb.cc"])
+    paths = ["/".join([p for p in [root, pkg, s] if p]) for s in srcs]
     native.genrule(
         name = name + "_gen",
         srcs = srcs + [d + "_srcs" for d in deps],
         outs = outs,
-        cmd = "/usr/bin/protoc --proto_path=. --cpp_out=$(GENDIR) " +
-              " ".join(["{}/{}".format(pkg, s) if pkg else s for s in srcs]),
+        cmd = "/usr/bin/protoc --proto_path={} --cpp_out=$(GENDIR){} {}".format(
+            root or ".",
+            "/" + root if root else "",
+            " ".join(paths),
+        ),
         message = "protoc " + name,
     )
     native.filegroup(
