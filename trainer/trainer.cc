@@ -22,6 +22,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/training/training_state.h"
 #include "comm/host_collectives.h"
 #include "core/device_wait.h"
 #include "core/gpus.h"
@@ -451,14 +452,9 @@ absl::Status Trainer::BuildOptimizer() {
 // Checkpoint state: views of the masters and the optimizer state, so loads
 // write in place; then the resume from the latest checkpoint.
 absl::Status Trainer::BuildCheckpointState() {
-  for (fsdp::ShardedParameter* sp : training_->params()) {
-    FSDPP_RETURN_IF_ERROR(state_.AddDTensor("model/" + sp->name, sp->master));
-  }
-  FSDPP_ASSIGN_OR_RETURN(OptimizerStateDict osd,
-                         training_->optimizer().StateDict());
-  for (auto& [name, t] : osd.tensors) {
-    FSDPP_RETURN_IF_ERROR(state_.AddDTensor("optim/" + name, t));
-  }
+  FSDPP_ASSIGN_OR_RETURN(
+      state_,
+      ModelAndOptimizerState(training_->params(), training_->optimizer()));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/step", "0"));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));

@@ -21,7 +21,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "checkpoint/checkpoint.h"
-#include "checkpoint/state_dict.h"
+#include "checkpoint/training/training_state.h"
 #include "comm/host_collectives.h"
 #include "core/status.h"
 #include "fsdp/fully_shard.h"
@@ -101,23 +101,13 @@ absl::Status Train(int rank, DeviceMesh& mesh, int first, int last,
   FSDPP_ASSIGN_OR_RETURN(fsdpp::AdamW adamw,
                          fsdpp::AdamW::Create(adam_params, adam_options));
 
-  // The training state as one checkpoint: the masters, AdamW's moments and
-  // its step, each rank saving and loading only its shards.
-  FSDPP_ASSIGN_OR_RETURN(fsdpp::OptimizerStateDict optim, adamw.StateDict());
-  fsdpp::StateDict state;
-  for (fsdpp::fsdp::ShardedParameter* sp :
-       fsdpp::fsdp::ShardedParameters(&model)) {
-    FSDPP_RETURN_IF_ERROR(state.AddDTensor("model/" + sp->name, sp->master));
-  }
-  for (auto& [name, t] : optim.tensors) {
-    FSDPP_RETURN_IF_ERROR(state.AddDTensor("optim/" + name, t));
-  }
-  FSDPP_RETURN_IF_ERROR(state.AddBytes("optim/step", "0"));
-  if (!resume.empty()) {
-    FSDPP_RETURN_IF_ERROR(fsdpp::Load(&state, resume).status());
-    FSDPP_ASSIGN_OR_RETURN(std::string step, state.bytes("optim/step"));
-    FSDPP_RETURN_IF_ERROR(adamw.SetStep(std::stoll(step)));
-  }
+  // The training state as one checkpoint (DCP's get_state_dict): the
+  // masters, AdamW's moments and its step, each rank saving and loading
+  // only its shards; a load writes them in place and sets the step.
+  FSDPP_ASSIGN_OR_RETURN(fsdpp::TrainingState training,
+                         fsdpp::TrainingState::Create(
+                             fsdpp::fsdp::ShardedParameters(&model), &adamw));
+  if (!resume.empty()) FSDPP_RETURN_IF_ERROR(training.Load(resume).status());
 
   FSDPP_ASSIGN_OR_RETURN(fsdpp::ProcessGroup * world, mesh.FlatGroup());
   const int64_t rows = kBatch / mesh.size();
@@ -137,11 +127,9 @@ absl::Status Train(int rank, DeviceMesh& mesh, int first, int last,
         fsdpp::AllReduceValues(world, &mean, fsdpp::ReduceOp::kAvg));
     if (rank == 0) out->losses.push_back(mean[0]);
     if (step + 1 == save_at) {
-      FSDPP_RETURN_IF_ERROR(
-          state.SetBytes("optim/step", std::to_string(adamw.step())));
       fsdpp::SaveOptions save;
       save.mesh = &mesh;
-      FSDPP_RETURN_IF_ERROR(fsdpp::Save(state, folder, save_at, save).status());
+      FSDPP_RETURN_IF_ERROR(training.Save(folder, save_at, save).status());
     }
   }
   for (fsdpp::fsdp::ShardedParameter* sp :

@@ -29,6 +29,8 @@ FLOORS = [
     ["fsdp"],
     ["parallel"],
     ["optim", "checkpoint"],
+    # A training run's state: FSDP's masters and AdamW's, as one checkpoint.
+    ["checkpoint/training"],
     ["models"],
     # The training step (the parity harness runs it too).
     ["recipe/step"],
