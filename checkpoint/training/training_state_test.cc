@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
+#include "core/status.h"
 #include "fsdp/fully_shard.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
@@ -82,6 +83,18 @@ std::map<std::string, std::vector<float>> Values(Trained& t) {
   return out;
 }
 
+// Loads `dir` into `fresh` in one call (not strict: the values the saving
+// program added are not this one's).
+absl::Status LoadInto(Trained& fresh, const std::string& dir) {
+  FSDPP_ASSIGN_OR_RETURN(
+      TrainingState state,
+      TrainingState::Create(fsdp::ShardedParameters(fresh.model.get()),
+                            fresh.adamw.get()));
+  LoadOptions lenient;
+  lenient.strict = false;
+  return state.Load(dir, lenient).status();
+}
+
 TEST(TrainingStateTest, OneCallSavesAndOneCallResumesBitwise) {
   const std::string folder = Root("training_state");
   std::map<std::string, std::vector<float>> saved, loaded_w2, loaded_w1;
@@ -116,12 +129,8 @@ TEST(TrainingStateTest, OneCallSavesAndOneCallResumesBitwise) {
   // At world size 1, from the 2-rank checkpoint.
   testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
     Trained fresh = Make(mesh);
-    absl::StatusOr<TrainingState> state = TrainingState::Create(
-        fsdp::ShardedParameters(fresh.model.get()), fresh.adamw.get());
-    ASSERT_TRUE(state.ok()) << state.status();
-    LoadOptions lenient;
-    lenient.strict = false;  // data/position is not this program's
-    ASSERT_TRUE(state->Load(folder + "/step-2", lenient).ok());
+    const absl::Status loaded = LoadInto(fresh, folder + "/step-2");
+    ASSERT_TRUE(loaded.ok()) << loaded;
     loaded_w1 = Values(fresh);
     step_w1 = fresh.adamw->step();
   });
@@ -151,12 +160,7 @@ TEST(TrainingStateTest, RefusesWhatItCannotUse) {
   ASSERT_TRUE(Save(bad, folder, 1).ok());
   testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
     Trained fresh = Make(mesh);
-    absl::StatusOr<TrainingState> state = TrainingState::Create(
-        fsdp::ShardedParameters(fresh.model.get()), fresh.adamw.get());
-    ASSERT_TRUE(state.ok()) << state.status();
-    LoadOptions lenient;
-    lenient.strict = false;
-    const absl::Status s = state->Load(folder + "/step-1", lenient).status();
+    const absl::Status s = LoadInto(fresh, folder + "/step-1");
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_EQ(fresh.adamw->step(), 0);
   });
