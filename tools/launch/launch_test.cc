@@ -386,6 +386,22 @@ TEST_F(LaunchEndToEndTest, RestartsKeepTheJobAndCountTheRoundsUntilNoneLeft) {
   EXPECT_EQ(given.out, "[rank 0] slurm-42\n") << given.err;
 }
 
+// A program of its own started as launched ranks (mesh/ranks.h
+// RunAsLaunchedRank): the world from the launcher's environment, a mesh over
+// it, a collective across the processes.
+TEST_F(LaunchEndToEndTest, LaunchedRanksBuildTheirMeshFromTheEnvironment) {
+  const Result r =
+      Run({"--nproc_per_node=3",
+           absl::StrCat("--master_port=", 20000 + getpid() % 20000),
+           "tools/launch/ranks_demo"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(SortedLines(r.out),
+            (std::vector<std::string>{"[rank 0] rank 0 of 3: sum 6",
+                                      "[rank 1] rank 1 of 3: sum 6",
+                                      "[rank 2] rank 2 of 3: sum 6"}))
+      << r.out << r.err;
+}
+
 TEST_F(LaunchEndToEndTest, RankIgnoringSigtermIsKilledAfterGracePeriod) {
   const Result r =
       Run({"--nproc_per_node=2", "--grace_period_s=1", "/bin/sh", "-c",
