@@ -521,9 +521,10 @@ absl::Status Trainer::ResumeOwnCheckpoint() {
   const std::string& folder = config_.checkpoint().folder();
   absl::StatusOr<std::vector<CheckpointDir>> dirs = ScanCheckpoints(folder);
   if (!dirs.ok() && !absl::IsNotFound(dirs.status())) return dirs.status();
+  const std::vector<CheckpointDir> found =
+      dirs.ok() ? *std::move(dirs) : std::vector<CheckpointDir>{};
   std::string own, other;  // the newest of this job's, of another's
-  for (auto d = dirs.ok() ? dirs->rbegin() : decltype(dirs->rbegin())();
-       dirs.ok() && d != dirs->rend(); ++d) {
+  for (auto d = found.rbegin(); d != found.rend(); ++d) {
     if (!d->committed) continue;
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
         CheckpointReader::Open(d->path);
