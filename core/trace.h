@@ -1,7 +1,9 @@
 // Tracing of compute and communication as Chrome trace events (the JSON
 // format Perfetto and chrome://tracing open), plus always-on per-category
 // time totals (e.g. the time the training thread spent waiting for
-// collectives: the exposed communication time).
+// collectives: the exposed communication time), plus an op profile: per
+// named span, its calls and its self time (time in no span nested inside
+// it), like PyTorch profiler's key_averages() table.
 //
 // A TraceRecorder belongs to one rank. The thread that trains installs it as
 // its thread's current recorder (ScopedCurrentTrace); TraceSpans on that
@@ -24,6 +26,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
@@ -105,9 +108,71 @@ class ScopedCurrentTrace {
   TraceRecorder* previous_;
 };
 
+// Calls and times of the spans (TraceSpan, OpSpan) of the threads it is
+// current on, by name. A span's self time is its time minus that of the
+// spans nested inside it on its thread, so the self times of a step's spans
+// add up to the outermost span's time. Thread-safe.
+class OpProfile {
+ public:
+  struct Row {
+    std::string name;
+    std::string category;
+    int64_t calls = 0;
+    int64_t self_ns = 0;
+    int64_t total_ns = 0;  // with nested spans (recursion counted once each)
+  };
+
+  // Adds one finished span.
+  void Add(const char* name, const char* category, int64_t self_ns,
+           int64_t total_ns);
+  // The rows, merged by (name, category), largest self time first.
+  std::vector<Row> Rows() const;
+  void Clear();
+
+ private:
+  mutable std::mutex mu_;
+  // Keyed by the span's name literal; merged by text in Rows().
+  absl::flat_hash_map<const char*, Row> rows_;
+};
+
+// The calling thread's current op profile, or nullptr.
+OpProfile* CurrentOpProfile();
+
+// Makes `profile` the calling thread's current op profile for its lifetime
+// (restoring the previous one after; nullptr turns profiling off).
+class ScopedOpProfile {
+ public:
+  explicit ScopedOpProfile(OpProfile* profile);
+  ~ScopedOpProfile();
+  ScopedOpProfile(const ScopedOpProfile&) = delete;
+  ScopedOpProfile& operator=(const ScopedOpProfile&) = delete;
+
+ private:
+  OpProfile* previous_;
+};
+
+// A text table of `rows` (Rows()' order): per op its calls, self time per
+// step and share of `step_ns` (the measured steps' time over `steps`
+// steps), then the shares of the categories. At most `max_rows` ops.
+std::string FormatOpTable(const std::vector<OpProfile::Row>& rows,
+                          int64_t step_ns, int64_t steps, int max_rows = 25);
+
+namespace trace_internal {
+// One open span of a thread's op profile (a stack through `parent`).
+struct ProfileFrame {
+  OpProfile* profile = nullptr;
+  int64_t start_ns = 0;
+  int64_t child_ns = 0;
+  ProfileFrame* parent = nullptr;
+};
+void Open(ProfileFrame* frame, OpProfile* profile);
+void Close(ProfileFrame* frame, const char* name, const char* category);
+}  // namespace trace_internal
+
 // Records [construction, destruction) into `recorder` (default: the calling
-// thread's current one; nothing when there is none). `name` and `category`
-// must outlive the span (string literals).
+// thread's current one; nothing when there is none) and into the thread's
+// op profile when one is current. `name` and `category` must outlive the
+// span (string literals).
 class TraceSpan {
  public:
   TraceSpan(const char* name, const char* category,
@@ -127,6 +192,39 @@ class TraceSpan {
   const char* track_;
   int64_t start_us_;
   std::string detail_;
+  trace_internal::ProfileFrame frame_;
+};
+
+// A fine-grained span (one kernel call: a matmul, a norm, a copy): recorded
+// into the thread's op profile when one is current, and as a trace event
+// only while the thread's recorder is recording (no per-category total, so
+// it costs two thread-local reads when neither is on). String literals.
+class OpSpan {
+ public:
+  explicit OpSpan(const char* name, const char* category = "op") {
+    OpProfile* profile = CurrentOpProfile();
+    TraceRecorder* recorder = CurrentTrace();
+    if (profile == nullptr && (recorder == nullptr || !recorder->recording())) {
+      return;
+    }
+    Start(name, category, profile, recorder);
+  }
+  ~OpSpan() {
+    if (name_ != nullptr) Finish();
+  }
+  OpSpan(const OpSpan&) = delete;
+  OpSpan& operator=(const OpSpan&) = delete;
+
+ private:
+  void Start(const char* name, const char* category, OpProfile* profile,
+             TraceRecorder* recorder);
+  void Finish();
+
+  const char* name_ = nullptr;
+  const char* category_ = nullptr;
+  TraceRecorder* recorder_ = nullptr;  // only while recording
+  int64_t start_us_ = 0;
+  trace_internal::ProfileFrame frame_;
 };
 
 }  // namespace fsdpp

@@ -77,5 +77,75 @@ TEST(TraceTest, ChromeJsonHasMetadataTracksAndEscapes) {
   EXPECT_EQ(trace.TotalMicros("comm"), 50);
 }
 
+TEST(OpProfileTest, SelfTimesExcludeNestedSpansAndAddUpToTheOuterSpan) {
+  OpProfile profile;
+  { OpSpan ignored("before"); }  // No profile: nothing is counted.
+  ScopedOpProfile scope(&profile);
+  {
+    TraceSpan step("step", "step", /*recorder=*/nullptr);
+    absl::SleepFor(absl::Milliseconds(4));
+    for (int i = 0; i < 3; ++i) {
+      OpSpan matmul("Matmul", "matmul");
+      absl::SleepFor(absl::Milliseconds(3));
+      OpSpan copy("Copy");  // Nested in the matmul: its own row.
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  const std::vector<OpProfile::Row> rows = profile.Rows();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].name, "Matmul");  // 9 ms self, the largest.
+  EXPECT_EQ(rows[0].category, "matmul");
+  EXPECT_EQ(rows[0].calls, 3);
+  EXPECT_GE(rows[0].self_ns, 9'000'000);
+  EXPECT_GE(rows[0].total_ns, rows[0].self_ns + 3'000'000);
+  int64_t self = 0;
+  const OpProfile::Row* step = nullptr;
+  for (const OpProfile::Row& r : rows) {
+    self += r.self_ns;
+    if (r.name == "step") step = &r;
+  }
+  ASSERT_NE(step, nullptr);
+  EXPECT_EQ(step->calls, 1);
+  EXPECT_GE(step->self_ns, 4'000'000);
+  EXPECT_LT(step->self_ns, step->total_ns - 12'000'000 + 1);
+  // The self times partition the outer span's time.
+  EXPECT_EQ(self, step->total_ns);
+  profile.Clear();
+  EXPECT_TRUE(profile.Rows().empty());
+}
+
+TEST(OpProfileTest, OpSpansBecomeTraceEventsOnlyWhileRecording) {
+  TraceRecorder trace(0, "rank 0");
+  ScopedCurrentTrace scope(&trace);
+  { OpSpan op("LayerNorm"); }
+  EXPECT_EQ(trace.num_events(), 0u);
+  EXPECT_EQ(trace.TotalMicros("op"), 0);
+  trace.SetRecording(true);
+  { OpSpan op("LayerNorm"); }
+  ASSERT_EQ(trace.num_events(), 1u);
+  EXPECT_EQ(trace.events()[0].name, "LayerNorm");
+  EXPECT_EQ(trace.events()[0].category, "op");
+}
+
+TEST(OpProfileTest, TableGivesPerStepTimesSharesAndCategories) {
+  std::vector<OpProfile::Row> rows = {
+      {"Matmul", "matmul", 40, 600'000'000, 600'000'000},
+      {"LayerNorm", "op", 20, 100'000'000, 100'000'000},
+      {"step", "step", 2, 200'000'000, 1'000'000'000},
+  };
+  const std::string table = FormatOpTable(rows, 1'000'000'000, 2, 2);
+  EXPECT_NE(table.find("Matmul"), std::string::npos) << table;
+  // 20 calls per step, 300 ms per step, 60% of the step.
+  EXPECT_NE(table.find("20.0      300.000      300.000   60.0%"),
+            std::string::npos)
+      << table;
+  EXPECT_EQ(table.find("step       "), std::string::npos) << table;
+  EXPECT_NE(table.find("(1 more ops)"), std::string::npos) << table;
+  EXPECT_NE(table.find("step 500.000 ms (mean of 2); by category: matmul "
+                       "60.0% step 20.0% op 10.0%; in no span 10.0%"),
+            std::string::npos)
+      << table;
+}
+
 }  // namespace
 }  // namespace fsdpp

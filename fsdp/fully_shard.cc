@@ -424,6 +424,7 @@ absl::Status FsdpUnit::CheckInitialized() const {
 }
 
 absl::Status FsdpUnit::CopyIn(Tensor* slot) {
+  OpSpan span("fsdp copy-in", "fsdp");
   const DType dtype = options_.mp_policy.param_dtype;
   const size_t esize = DTypeSize(dtype);
   // Offload: cast on the host into a host staging segment, then one
@@ -515,6 +516,7 @@ absl::Status FsdpUnit::FinishUnshard() {
                                          MemoryTag::kCommBuffers));
     FSDPP_RETURN_IF_ERROR(Copy(mine, &hpz_piece_));
   }
+  OpSpan span("fsdp copy-out", "fsdp");
   const char* gathered = static_cast<const char*>(gather_out_.raw_data());
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
@@ -645,6 +647,7 @@ absl::Status FsdpUnit::ReduceGradients() {
   // backward, so normally done) and free its buffers before allocating: at
   // most one reduce-scatter's buffers are alive.
   FSDPP_RETURN_IF_ERROR(FinishReductions());
+  OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
   FSDPP_ASSIGN_OR_RETURN(
       Tensor input, Tensor::Zeros({segment_ * world_}, reduce_dtype,
@@ -681,6 +684,7 @@ absl::Status FsdpUnit::ReduceGradients() {
 }
 
 absl::Status FsdpUnit::FinishReductions() {
+  OpSpan span("fsdp reduce-scatter epilogue", "fsdp");
   std::vector<Shared::PendingReduce> pending = std::move(shared_->pending);
   shared_->pending.clear();
   for (Shared::PendingReduce& r : pending) {

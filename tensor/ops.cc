@@ -1,6 +1,7 @@
 // Argument validation and device dispatch for tensor ops; see ops.h.
 #include "tensor/ops.h"
 
+#include <cstring>
 #include <initializer_list>
 #include <string>
 
@@ -8,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "core/memcpy.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "tensor/backend.h"
 #include "tensor/cpu/cpu_backend.h"
 
@@ -113,8 +115,18 @@ absl::StatusOr<Backend*> BackendFor([[maybe_unused]] const char* op,
   return absl::InternalError("unknown device type");
 }
 
-// Validates and resolves the backend of an op over `args`.
+// The op profile's category of an op (core/trace.h): matmuls and the fused
+// attention kernels apart from the rest.
+const char* OpCategory(const char* op) {
+  if (std::strcmp(op, "Matmul") == 0) return "matmul";
+  if (std::strncmp(op, "CausalAttention", 15) == 0) return "attention";
+  return "op";
+}
+
+// Validates and resolves the backend of an op over `args`; the op's span
+// (profile and trace) lasts to the end of the calling scope.
 #define FSDPP_BACKEND_OR_RETURN(var, op, ...)                                 \
+  OpSpan var##_span(op, OpCategory(op));                                      \
   FSDPP_ASSIGN_OR_RETURN(Device var##_device, CommonDevice(op, __VA_ARGS__)); \
   FSDPP_ASSIGN_OR_RETURN(Backend* var, BackendFor(op, var##_device))
 
@@ -127,6 +139,7 @@ int64_t Rows(const Tensor& t) {
 
 absl::Status Copy(const Tensor& src, Tensor* dst) {
   constexpr const char* kOp = "Copy";
+  OpSpan span(kOp);
   if (!src.defined() || !dst->defined()) {
     return Invalid(kOp, "undefined tensor", {{"src", &src}, {"dst", dst}});
   }
@@ -169,6 +182,7 @@ absl::Status Fill(Tensor* t, float value) {
 }
 
 absl::Status Zero(Tensor* t) {
+  OpSpan span("Zero");
   FSDPP_ASSIGN_OR_RETURN(Device device, CommonDevice("Zero", {{"t", t}}));
   if (device.is_meta()) return absl::OkStatus();
   return ZeroBytes(t->raw_data(), device, t->nbytes());

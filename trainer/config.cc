@@ -638,6 +638,8 @@ absl::Status CheckMetrics(const MetricsConfig& config) {
   }
   FSDPP_RETURN_IF_ERROR(CheckNonNegative("metrics.throughput_warmup_steps",
                                          config.throughput_warmup_steps()));
+  FSDPP_RETURN_IF_ERROR(CheckNonNegative(
+      "metrics.profile_steps", config.profile_steps(), " (0 = no profile)"));
   return absl::OkStatus();
 }
 

@@ -240,6 +240,18 @@ std::string ToJson(const ValidationRecord& r) {
       .Done();
 }
 
+std::string ToJson(const ProfileRecord& r) {
+  return JsonObject("profile")
+      .Add("op", r.op)
+      .Add("category", r.category)
+      .Add("steps", r.steps)
+      .Add("calls_per_step", r.calls_per_step)
+      .Add("self_ms_per_step", r.self_ms_per_step)
+      .Add("total_ms_per_step", r.total_ms_per_step)
+      .Add("share_of_step", r.share_of_step)
+      .Done();
+}
+
 std::string ToJson(const SummaryRecord& r) {
   JsonObject o("summary");
   o.Add("steps", r.steps)

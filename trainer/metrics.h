@@ -102,6 +102,14 @@ struct ValidationRecord {
   int64_t step = 0;
   double val_loss = 0;
 };
+// {"kind":"profile", ...}: one op of the --profile_steps table (rank 0's
+// spans, core/trace.h's OpProfile), per profiled step.
+struct ProfileRecord {
+  std::string op, category;
+  int64_t steps = 0;
+  double calls_per_step = 0, self_ms_per_step = 0, total_ms_per_step = 0;
+  double share_of_step = 0;  // self time / step time
+};
 // {"kind":"summary", ...}: the run's end (val_loss null without one).
 struct SummaryRecord {
   int64_t steps = 0;
@@ -118,6 +126,7 @@ std::string ToJson(const RunRecord& r);
 std::string ToJson(const TrainRecord& r);
 std::string ToJson(const ValidationRecord& r);
 std::string ToJson(const SummaryRecord& r);
+std::string ToJson(const ProfileRecord& r);
 
 // Appends lines to a file, flushing each (a crash loses at most the line
 // being written).

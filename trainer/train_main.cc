@@ -22,6 +22,8 @@
 //   --nproc_per_node N     local ranks to start when not launched (2)
 //   --stop_after_steps N   preemption drill: stop after N steps of this run
 //                          as if killed (checkpoints up to then are kept)
+//   --profile_steps N      per-op time table over N steps after the warm-up
+//                          (metrics.profile_steps)
 //   --print_config         print the effective config and exit
 //   --help
 // Relative paths in the config are relative to the directory the command
@@ -90,6 +92,10 @@ ABSL_FLAG(int, max_restarts, 0,
 ABSL_FLAG(int64_t, stop_after_steps, 0,
           "preemption drill: stop after N steps of this run as if killed "
           "(checkpoints up to then are kept); 0: off");
+ABSL_FLAG(int64_t, profile_steps, 0,
+          "print a per-op time table (calls, self time, share of the step) "
+          "over N steps after the throughput warm-up; sets "
+          "metrics.profile_steps");
 ABSL_FLAG(bool, print_config, false, "print the effective config and exit");
 
 namespace fsdpp {
@@ -98,7 +104,8 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: train [--config PATH] [--set SECTION.FIELD=VALUE ...] "
-    "[--nproc_per_node N] [--stop_after_steps N] [--print_config]\n"
+    "[--nproc_per_node N] [--stop_after_steps N] [--profile_steps N] "
+    "[--print_config]\n"
     "  Without --config: the embedded default run (a small GPT-2 on the "
     "embedded corpus).\n"
     "  Not under a launcher: starts --nproc_per_node local ranks (default 2) "
@@ -170,6 +177,15 @@ absl::StatusOr<Flags> ParseFlags(int argc, char** argv) {
   }
   flags.stop_after_steps = absl::GetFlag(FLAGS_stop_after_steps);
   flags.print_config = absl::GetFlag(FLAGS_print_config);
+  const int64_t profile_steps = absl::GetFlag(FLAGS_profile_steps);
+  if (profile_steps < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--profile_steps must be a non-negative integer, got ", profile_steps));
+  }
+  if (profile_steps > 0) {
+    flags.overrides.push_back(
+        absl::StrCat("metrics.profile_steps=", profile_steps));
+  }
   if (flags.stop_after_steps < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--stop_after_steps must be a non-negative integer, got ",

@@ -799,6 +799,7 @@ absl::StatusOr<TrainResult> Trainer::Run() {
     if (ValidationDue()) FSDPP_RETURN_IF_ERROR(Validate());
     FSDPP_RETURN_IF_ERROR(MaybeSave());
     FSDPP_RETURN_IF_ERROR(MaybeWriteTrace());
+    FSDPP_RETURN_IF_ERROR(MaybeReportProfile());
   }
   FSDPP_RETURN_IF_ERROR(Summarize());
   return result_;
@@ -824,6 +825,12 @@ absl::Status Trainer::TrainStep() {
   log.step = step;
   if (scaler_.has_value()) log.loss_scale = scaler_->scale();
   FSDPP_RETURN_IF_ERROR(CheckPendingSave(step));
+  const int64_t profile_begin = ProfileBegin();
+  const bool profiling = mc.profile_steps() > 0 && step >= profile_begin &&
+                         step < profile_begin + mc.profile_steps();
+  std::optional<ScopedOpProfile> profile_scope;
+  if (profiling) profile_scope.emplace(&op_profile_);
+  const absl::Time profile_t0 = absl::Now();
   {
     TraceSpan step_span("step", "step");
     FSDPP_ASSIGN_OR_RETURN(
@@ -839,6 +846,11 @@ absl::Status Trainer::TrainStep() {
           step, log.loss, DivergenceAdvice(step)));
     }
     FSDPP_RETURN_IF_ERROR(OptimizerStep(&log));
+  }
+  if (profiling) {
+    profile_scope.reset();
+    profiled_ns_ += absl::ToInt64Nanoseconds(absl::Now() - profile_t0);
+    ++profiled_steps_;
   }
   log.step_s = absl::ToDoubleSeconds(absl::Now() - t0);
   log.host_syncs = HostSyncCount() - syncs_before_;
@@ -1145,6 +1157,50 @@ absl::Status Trainer::MaybeWriteTrace() {
         "https://ui.perfetto.dev)",
         trace_begin, step, mc.trace_path()));
   }
+  return absl::OkStatus();
+}
+
+int64_t Trainer::ProfileBegin() const {
+  return std::min(
+      result_.start_step + config_.metrics().throughput_warmup_steps() + 1,
+      config_.training().steps());
+}
+
+absl::Status Trainer::MaybeReportProfile() {
+  const MetricsConfig& mc = config_.metrics();
+  const int64_t step = result_.end_step;
+  const int64_t last = std::min(ProfileBegin() + mc.profile_steps(),
+                                config_.training().steps() + 1) -
+                       1;
+  if (mc.profile_steps() <= 0 || step != last || profiled_steps_ == 0) {
+    return absl::OkStatus();
+  }
+  const std::vector<OpProfile::Row> rows = op_profile_.Rows();
+  op_profile_.Clear();
+  print_->Line(absl::StrFormat(
+      "profile: rank 0, steps %d-%d (\"step\": the step's time in no op; "
+      "\"comm_wait\": exposed communication):",
+      step - profiled_steps_ + 1, step));
+  for (absl::string_view line :
+       absl::StrSplit(FormatOpTable(rows, profiled_ns_, profiled_steps_), '\n',
+                      absl::SkipEmpty())) {
+    print_->Line(std::string(line));
+  }
+  if (jsonl_ != nullptr) {
+    for (const OpProfile::Row& r : rows) {
+      ProfileRecord record;
+      record.op = r.name;
+      record.category = r.category;
+      record.steps = profiled_steps_;
+      record.calls_per_step = static_cast<double>(r.calls) / profiled_steps_;
+      record.self_ms_per_step = r.self_ns / 1e6 / profiled_steps_;
+      record.total_ms_per_step = r.total_ns / 1e6 / profiled_steps_;
+      record.share_of_step =
+          profiled_ns_ > 0 ? static_cast<double>(r.self_ns) / profiled_ns_ : 0;
+      FSDPP_RETURN_IF_ERROR(jsonl_->WriteRecord(record));
+    }
+  }
+  profiled_ns_ = profiled_steps_ = 0;
   return absl::OkStatus();
 }
 

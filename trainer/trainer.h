@@ -232,6 +232,12 @@ class Trainer {
   // Writes the Chrome trace of the metrics.trace_* window when the current
   // step is its last.
   absl::Status MaybeWriteTrace();
+  // The first step metrics.profile_steps profiles: the first after the
+  // throughput warm-up (or the run's last, in a shorter run).
+  int64_t ProfileBegin() const;
+  // Prints (rank 0) and logs the op table when the current step is the
+  // profile's last.
+  absl::Status MaybeReportProfile();
   // Ends the run: waits for background checkpoint writes and deletions,
   // fills result()'s throughput, MFU, communication and memory numbers and
   // prints (rank 0) and logs the results. Call once, after the last step.
@@ -312,6 +318,9 @@ class Trainer {
   ProcessGroup* world_ = nullptr;          // The host mesh's flat group.
   std::unique_ptr<TraceRecorder> trace_;
   std::optional<ScopedCurrentTrace> trace_scope_;
+  // metrics.profile_steps: the spans of the profiled steps and their time.
+  OpProfile op_profile_;
+  int64_t profiled_ns_ = 0, profiled_steps_ = 0;
   // Data.
   Dataset data_;
   std::unique_ptr<DataLoader> loader_;

@@ -945,6 +945,59 @@ TEST(TrainerTest, StepByStepMatchesRunBitwise) {
   EXPECT_TRUE(again[0]->steps.empty());
 }
 
+// metrics.profile_steps: rank 0's op table over steps 2-3 (after the one
+// warm-up step), as "profile" records whose self times add up to
+// the profiled steps' time; the losses are those of an unprofiled run.
+TEST(TrainerTest, ProfileStepsLogsAnOpTableThatCoversTheStep) {
+  const std::string dir = TestDir("profile");
+  TrainConfig config = SmallConfig(dir);
+  CHECK_OK(ApplyOverrides(
+      {"checkpoint.interval=0", "checkpoint.resume=false",
+       "validation.interval=0", "training.steps=5", "metrics.profile_steps=2"},
+      &config));
+  auto profiled = RunRanks(config, 2);
+  for (auto& r : profiled) ASSERT_TRUE(r.ok()) << r.status();
+  std::ifstream in(dir + "/metrics.jsonl");
+  std::string line;
+  double share = 0, matmul_calls = 0, matmul_share = 0;
+  int rows = 0, steps_field = 0;
+  bool comm_wait = false, fsdp = false;
+  while (std::getline(in, line)) {
+    if (!absl::StartsWith(line, "{\"kind\":\"profile\"")) continue;
+    ++rows;
+    auto field = [&](absl::string_view key) {
+      const size_t at = line.find(absl::StrCat("\"", key, "\":"));
+      EXPECT_NE(at, std::string::npos) << key << " in " << line;
+      return std::atof(line.c_str() + at + key.size() + 3);
+    };
+    share += field("share_of_step");
+    steps_field = static_cast<int>(field("steps"));
+    if (absl::StrContains(line, "\"op\":\"Matmul\"")) {
+      matmul_calls = field("calls_per_step");
+      matmul_share = field("share_of_step");
+    }
+    comm_wait |= absl::StrContains(line, "\"category\":\"comm_wait\"");
+    fsdp |= absl::StrContains(line, "\"op\":\"fsdp copy-in\"");
+  }
+  EXPECT_GT(rows, 10);
+  EXPECT_EQ(steps_field, 2);
+  // gpt2_debug (fused attention): per micro-batch (2 a step per rank) 2
+  // blocks x 4 linears + the head forward, twice that backward.
+  EXPECT_EQ(matmul_calls, 2 * 3 * (2 * 4 + 1));
+  EXPECT_GT(matmul_share, 0.0);
+  EXPECT_TRUE(comm_wait);
+  EXPECT_TRUE(fsdp);
+  // The spans cover the step: the rest is the step's bookkeeping between
+  // TrainStep's clock and its outermost span.
+  EXPECT_GT(share, 0.95);
+  EXPECT_LE(share, 1.0 + 1e-9);
+  config.mutable_metrics()->set_profile_steps(0);
+  config.mutable_metrics()->set_jsonl_path("");
+  auto plain = RunRanks(config, 2);
+  ASSERT_TRUE(plain[0].ok()) << plain[0].status();
+  EXPECT_EQ(Losses(*plain[0]), Losses(*profiled[0]));
+}
+
 TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
   TrainConfig config = SmallConfig(TestDir("invalid"));
   CHECK_OK(ApplyOverrides({"training.global_batch=7"}, &config));
