@@ -231,6 +231,58 @@ TEST(MatmulTest, BiasRejectsWrongShapesDtypesAndAccumulation) {
       << s;
 }
 
+// OneDnnStridedMatmul (the blocked attention's matmuls): a broadcast b, a
+// transposed a read through swapped strides, padded row strides, alpha and
+// beta, against plain loops in double.
+TEST(MatmulTest, StridedMatmulMatchesLoops) {
+  const int64_t batch = 3, m = 5, k = 7, n = 6, lda = 9, ldc = 8;
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    // a stored transposed: a[bt][i][p] at bt * k * lda + p * lda + i.
+    const Tensor a_store =
+        testing_util::RandomTensor({batch * k * lda}, dtype, 1);
+    const Tensor b = testing_util::RandomTensor({k * n}, dtype, 2);
+    Tensor c = testing_util::RandomTensor({batch * m * ldc}, DType::kF32, 3);
+    const std::vector<double> av = testing_util::Values(a_store),
+                              bv = testing_util::Values(b),
+                              c0 = testing_util::Values(c);
+    const float alpha = 0.5f, beta = 2.0f;  // exact in every dtype
+    const cpu::StridedOperand a_op{
+        a_store.raw_data(), {batch, m, k}, {k * lda, 1, lda}};
+    const cpu::StridedOperand b_op{b.raw_data(), {1, k, n}, {0, n, 1}};
+    const int64_t c_strides[3] = {m * ldc, ldc, 1};
+    ASSERT_TRUE(cpu::OneDnnStridedMatmul(dtype, DType::kF32, a_op, b_op,
+                                         c.raw_data(), c_strides, alpha, beta)
+                    .ok());
+    const std::vector<double> got = testing_util::Values(c);
+    for (int64_t bt = 0; bt < batch; ++bt) {
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = 0; j < ldc; ++j) {
+          const int64_t at = bt * m * ldc + i * ldc + j;
+          if (j >= n) {  // padding: untouched
+            EXPECT_EQ(got[at], c0[at]);
+            continue;
+          }
+          double want = beta * c0[at];
+          for (int64_t p = 0; p < k; ++p) {
+            want += alpha *
+                    static_cast<double>(av[bt * k * lda + p * lda + i]) *
+                    bv[p * n + j];
+          }
+          EXPECT_NEAR(got[at], want, 1e-4 * (1 + std::abs(want)))
+              << DTypeName(dtype) << " " << bt << "," << i << "," << j;
+        }
+      }
+    }
+  }
+  const cpu::StridedOperand a{nullptr, {2, 3, 4}, {12, 4, 1}};
+  const cpu::StridedOperand bad{nullptr, {2, 5, 4}, {20, 4, 1}};
+  const int64_t c_strides[3] = {12, 4, 1};
+  const absl::Status s = cpu::OneDnnStridedMatmul(
+      DType::kF32, DType::kF32, a, bad, nullptr, c_strides, 1.0f, 0.0f);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(s.message().find("do not multiply"), std::string::npos) << s;
+}
+
 TEST(MatmulTest, EmptyInnerDimensionScalesC) {
   Tensor a = *Tensor::Empty({3, 0}, DType::kF32, Device::Cpu());
   Tensor b = *Tensor::Empty({0, 2}, DType::kF32, Device::Cpu());

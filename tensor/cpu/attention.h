@@ -8,6 +8,7 @@
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "core/dtype.h"
 
 namespace fsdpp {
@@ -26,6 +27,24 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
                              const void* dout, int64_t b, int64_t h, int64_t kv,
                              int64_t t, int64_t hd, float scale, void* dq,
                              void* dk, void* dv);
+
+// bf16 only, the same contract through oneDNN's bf16 matmuls on blocks of
+// kBlockedAttentionRows query rows (attention_blocked.cc): the CPU
+// backend's bf16 path, faster than the kernels above on CPUs with bf16 dot
+// products. Work memory O(b h kBlockedAttentionRows T) plus f32
+// accumulators of dk and dv: linear in T, no [T, T] matrix. Errors only
+// from oneDNN.
+inline constexpr int64_t kBlockedAttentionRows = 64;
+absl::Status BlockedAttentionForward(const void* q, const void* k,
+                                     const void* v, int64_t b, int64_t h,
+                                     int64_t kv, int64_t t, int64_t hd,
+                                     float scale, void* out, float* lse);
+absl::Status BlockedAttentionBackward(const void* q, const void* k,
+                                      const void* v, const void* out,
+                                      const float* lse, const void* dout,
+                                      int64_t b, int64_t h, int64_t kv,
+                                      int64_t t, int64_t hd, float scale,
+                                      void* dq, void* dk, void* dv);
 
 }  // namespace cpu
 }  // namespace fsdpp

@@ -227,6 +227,11 @@ class CpuBackendImpl final : public Backend {
                                const Tensor& v, int64_t b, int64_t h,
                                int64_t kv, int64_t t, int64_t hd, float scale,
                                Tensor* out, Tensor* lse) override {
+    if (q.dtype() == DType::kBF16) {
+      return cpu::BlockedAttentionForward(q.raw_data(), k.raw_data(),
+                                          v.raw_data(), b, h, kv, t, hd, scale,
+                                          out->raw_data(), lse->data<float>());
+    }
     cpu::CausalAttentionForward(q.dtype(), q.raw_data(), k.raw_data(),
                                 v.raw_data(), b, h, kv, t, hd, scale,
                                 out->raw_data(), lse->data<float>());
@@ -240,6 +245,12 @@ class CpuBackendImpl final : public Backend {
                                        int64_t t, int64_t hd, float scale,
                                        Tensor* dq, Tensor* dk,
                                        Tensor* dv) override {
+    if (q.dtype() == DType::kBF16) {
+      return cpu::BlockedAttentionBackward(
+          q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
+          lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
+          dq->raw_data(), dk->raw_data(), dv->raw_data());
+    }
     cpu::CausalAttentionBackward(
         q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
         lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,

@@ -3,21 +3,26 @@
 
 #include <cstdlib>
 #include <mutex>
-#include <tuple>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "absl/base/casts.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "core/status.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace fsdpp {
 namespace cpu {
 namespace {
 
-using Key = std::tuple<int, int, int64_t, int64_t, int64_t, int64_t, bool, bool,
-                       bool, float, float, bool>;
+// Everything a primitive depends on (shapes, strides, dtypes, alpha and
+// beta as bits, bias or not); OneDnnMatmul's and OneDnnStridedMatmul's keys
+// differ in length.
+using Key = std::vector<int64_t>;
 
 dnnl::engine& Engine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -89,59 +94,39 @@ Descs MakeDescs(DType ab_dtype, DType c_dtype, int64_t batch, int64_t m,
   return d;
 }
 
-}  // namespace
-
-absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
-                          DType c_dtype, int64_t batch, int64_t m, int64_t n,
-                          int64_t k, bool transpose_a, bool transpose_b,
-                          bool broadcast_b, float alpha, float beta,
-                          const void* bias) {
-  const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,
-                                transpose_b, broadcast_b);
-  const Key key{static_cast<int>(ab_dtype),
-                static_cast<int>(c_dtype),
-                batch,
-                m,
-                n,
-                k,
-                transpose_a,
-                transpose_b,
-                broadcast_b,
-                alpha,
-                beta,
-                bias != nullptr};
+// The cached primitive for `key` (built from the descriptors on a miss).
+absl::StatusOr<Cached> GetOrBuild(const Key& key, const Descs& descs,
+                                  bool with_bias, float alpha, float beta,
+                                  const std::string& what) {
+  std::lock_guard<std::mutex> lock(CacheMutex());
+  auto it = Cache().find(key);
+  if (it != Cache().end()) return it->second;
   Cached cached;
-  {
-    std::lock_guard<std::mutex> lock(CacheMutex());
-    auto it = Cache().find(key);
-    if (it != Cache().end()) {
-      cached = it->second;
-    } else {
-      try {
-        dnnl::primitive_attr attr;
-        attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-        if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
-        if (beta != 0.0f) {
-          dnnl::post_ops ops;
-          ops.append_sum(beta);
-          attr.set_post_ops(ops);
-        }
-        dnnl::matmul::desc desc =
-            bias != nullptr
-                ? dnnl::matmul::desc(descs.a, descs.b, descs.bias, descs.c)
-                : dnnl::matmul::desc(descs.a, descs.b, descs.c);
-        dnnl::matmul::primitive_desc pd(desc, attr, Engine());
-        cached.primitive = dnnl::matmul(pd);
-        cached.scratchpad_bytes = pd.scratchpad_desc().get_size();
-      } catch (const dnnl::error& e) {
-        return absl::InternalError(
-            absl::StrCat("oneDNN matmul [", batch, " x ", m, " x ", k, "] @ [",
-                         k, " x ", n, "] ", DTypeName(ab_dtype), " -> ",
-                         DTypeName(c_dtype), ": ", e.what()));
-      }
-      Cache().emplace(key, cached);
+  try {
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (alpha != 1.0f) attr.set_output_scales(0, {alpha});
+    if (beta != 0.0f) {
+      dnnl::post_ops ops;
+      ops.append_sum(beta);
+      attr.set_post_ops(ops);
     }
+    dnnl::matmul::desc desc =
+        with_bias ? dnnl::matmul::desc(descs.a, descs.b, descs.bias, descs.c)
+                  : dnnl::matmul::desc(descs.a, descs.b, descs.c);
+    dnnl::matmul::primitive_desc pd(desc, attr, Engine());
+    cached.primitive = dnnl::matmul(pd);
+    cached.scratchpad_bytes = pd.scratchpad_desc().get_size();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(
+        absl::StrCat("oneDNN matmul ", what, ": ", e.what()));
   }
+  Cache().emplace(key, cached);
+  return cached;
+}
+
+absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
+                     const void* b, void* c, const void* bias) {
   try {
     thread_local dnnl::stream stream(Engine());
     dnnl::memory a_mem(descs.a, Engine(), const_cast<void*>(a));
@@ -168,6 +153,73 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
         absl::StrCat("oneDNN matmul execute: ", e.what()));
   }
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
+                          DType c_dtype, int64_t batch, int64_t m, int64_t n,
+                          int64_t k, bool transpose_a, bool transpose_b,
+                          bool broadcast_b, float alpha, float beta,
+                          const void* bias) {
+  const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,
+                                transpose_b, broadcast_b);
+  const Key key = {static_cast<int64_t>(ab_dtype),
+                   static_cast<int64_t>(c_dtype),
+                   batch,
+                   m,
+                   n,
+                   k,
+                   transpose_a,
+                   transpose_b,
+                   broadcast_b,
+                   absl::bit_cast<int32_t>(alpha),
+                   absl::bit_cast<int32_t>(beta),
+                   bias != nullptr};
+  FSDPP_ASSIGN_OR_RETURN(
+      const Cached cached,
+      GetOrBuild(
+          key, descs, bias != nullptr, alpha, beta,
+          absl::StrCat("[", batch, " x ", m, " x ", k, "] @ [", k, " x ", n,
+                       "] ", DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
+  return Execute(cached, descs, a, b, c, bias);
+}
+
+absl::Status OneDnnStridedMatmul(DType ab_dtype, DType c_dtype,
+                                 const StridedOperand& a,
+                                 const StridedOperand& b, void* c,
+                                 const int64_t c_strides[3], float alpha,
+                                 float beta) {
+  using dims = dnnl::memory::dims;
+  const int64_t m = a.dims[1], k = a.dims[2], n = b.dims[2];
+  if (b.dims[1] != k || (b.dims[0] != a.dims[0] && b.dims[0] != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OneDnnStridedMatmul: [", a.dims[0], " x ", m, " x ", k, "] @ [",
+        b.dims[0], " x ", b.dims[1], " x ", n, "] do not multiply"));
+  }
+  Descs descs;
+  descs.a = dnnl::memory::desc(dims(a.dims, a.dims + 3), DnnlType(ab_dtype),
+                               dims(a.strides, a.strides + 3));
+  descs.b = dnnl::memory::desc(dims(b.dims, b.dims + 3), DnnlType(ab_dtype),
+                               dims(b.strides, b.strides + 3));
+  descs.c = dnnl::memory::desc(dims{a.dims[0], m, n}, DnnlType(c_dtype),
+                               dims(c_strides, c_strides + 3));
+  Key key = {static_cast<int64_t>(ab_dtype), static_cast<int64_t>(c_dtype),
+             absl::bit_cast<int32_t>(alpha), absl::bit_cast<int32_t>(beta),
+             -1};  // -1: not an OneDnnMatmul key
+  key.insert(key.end(), a.dims, a.dims + 3);
+  key.insert(key.end(), a.strides, a.strides + 3);
+  key.insert(key.end(), b.dims, b.dims + 3);
+  key.insert(key.end(), b.strides, b.strides + 3);
+  key.insert(key.end(), c_strides, c_strides + 3);
+  FSDPP_ASSIGN_OR_RETURN(
+      const Cached cached,
+      GetOrBuild(
+          key, descs, /*with_bias=*/false, alpha, beta,
+          absl::StrCat("strided [", a.dims[0], " x ", m, " x ", k, "] @ [",
+                       b.dims[0], " x ", k, " x ", n, "] ", DTypeName(ab_dtype),
+                       " -> ", DTypeName(c_dtype))));
+  return Execute(cached, descs, a.data, b.data, c, nullptr);
 }
 
 int64_t OneDnnMatmulCacheSize() {

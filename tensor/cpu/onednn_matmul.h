@@ -26,6 +26,25 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                           bool broadcast_b, float alpha, float beta,
                           const void* bias = nullptr);
 
+// One operand of OneDnnStridedMatmul: a batch of matrices, dims [batch,
+// rows, cols] with element strides (a batch of 1 broadcasts).
+struct StridedOperand {
+  const void* data;
+  int64_t dims[3];
+  int64_t strides[3];
+};
+
+// c[i] = alpha * a[i] @ b[i] + beta * c[i] for i < a's batch; a: [batch, m,
+// k], b: [batch or 1, k, n], c: [batch, m, n] with strides c_strides, any
+// strides (a transpose is a swap of the last two). a and b of `ab_dtype`
+// (f32 or bf16), c of `c_dtype` (f32 or ab_dtype). Cached like OneDnnMatmul
+// (by shapes and strides).
+absl::Status OneDnnStridedMatmul(DType ab_dtype, DType c_dtype,
+                                 const StridedOperand& a,
+                                 const StridedOperand& b, void* c,
+                                 const int64_t c_strides[3], float alpha,
+                                 float beta);
+
 // Number of distinct primitives built so far (for tests of the cache).
 int64_t OneDnnMatmulCacheSize();
 

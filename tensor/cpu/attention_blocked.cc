@@ -1,0 +1,384 @@
+// bf16 causal attention through oneDNN's bf16 matmuls on blocks of query
+// rows (see attention.h), compiled once per SIMD target by
+// hwy/foreach_target.h (this file includes itself through it) for its
+// row-wise parts.
+//
+// Query rows are taken kBlockRows at a time; block [r0, r1) needs keys [0,
+// r1) only (causal), so each block is a handful of batched matmuls over all
+// (batch, head) pairs at once, every one [rows, hd] x [hd, r1] or [rows, r1]
+// x [r1, hd]: oneDNN runs them on its bf16 dot-product kernels and spreads
+// the batch over the OpenMP pool. Between them the rows are exact softmaxes
+// (a block sees all of its keys, so no online rescaling): scores in f32,
+// probabilities rounded to bf16 for the next matmul, as the unfused path
+// rounds them. Work memory is O(b h kBlockRows T): scores of one block.
+//
+// Forward per block: S = scale Q K^T; P = softmax(S) (masked), lse; O = P V.
+// Backward per block: S again, P = exp(S - lse); dP = dO V^T; dS = P (dP -
+// D) with D = rowsum(dO O); dQ = scale dS K (final for these rows); dV +=
+// P^T dO and dK += scale dS^T Q into f32 accumulators over the blocks (the
+// heads sharing a kv head contract together: their rows are one matrix).
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "tensor/cpu/attention.h"
+#include "tensor/cpu/onednn_matmul.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "tensor/cpu/attention_blocked.cc"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+#include "hwy/highway.h"
+#include "tensor/cpu/convert-inl.h"
+#include "tensor/cpu/math-inl.h"
+
+#ifndef FSDPP_TENSOR_CPU_ATTENTION_BLOCKED_ONCE_
+#define FSDPP_TENSOR_CPU_ATTENTION_BLOCKED_ONCE_
+namespace fsdpp {
+namespace cpu {
+namespace blocked_internal {
+
+// Row strides of the score buffers are multiples of this many floats, so
+// every row-wise vector loop runs whole vectors (AVX-512: 16 lanes).
+constexpr int64_t kRowAlign = 16;
+
+inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+}  // namespace blocked_internal
+}  // namespace cpu
+}  // namespace fsdpp
+#endif  // FSDPP_TENSOR_CPU_ATTENTION_BLOCKED_ONCE_
+
+HWY_BEFORE_NAMESPACE();
+namespace fsdpp {
+namespace cpu {
+namespace blocked_internal {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+using DF = hn::ScalableTag<float>;
+using VF = hn::Vec<DF>;
+using simd_convert::HWY_NAMESPACE::StoreF;
+using simd_math::HWY_NAMESPACE::Exp;
+
+// Softmax of each of `rows` score rows (f32, stride ld) over its first
+// valid(r) = first_valid + r % rows_per_head + 1 entries (clamped to
+// `cols`): p (bf16, stride ld) gets the probabilities and zeros up to ld;
+// lse[r] = max + log(sum of exp).
+void SoftmaxRows(const float* s, int64_t rows, int64_t rows_per_head,
+                 int64_t first_valid, int64_t cols, int64_t ld, BFloat16* p,
+                 float* lse) {
+  const DF d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = s + r * ld;
+    BFloat16* out = p + r * ld;
+    const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
+    VF m = hn::Set(d, -INFINITY);
+    for (int64_t j = 0; j < valid; j += n) {
+      const auto keep = hn::FirstN(d, static_cast<size_t>(valid - j));
+      m = hn::Max(m, hn::IfThenElse(keep, hn::LoadU(d, row + j),
+                                    hn::Set(d, -INFINITY)));
+    }
+    const float max = hn::GetLane(hn::MaxOfLanes(d, m));
+    const VF shift = hn::Set(d, max);
+    VF sum = hn::Zero(d);
+    for (int64_t j = 0; j < valid; j += n) {
+      const auto keep = hn::FirstN(d, static_cast<size_t>(valid - j));
+      sum = hn::Add(sum,
+                    hn::IfThenElseZero(
+                        keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), shift))));
+    }
+    const float total = hn::GetLane(hn::SumOfLanes(d, sum));
+    const VF inv = hn::Set(d, 1.0f / total);
+    for (int64_t j = 0; j < ld; j += n) {
+      const auto keep =
+          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
+      const VF e = Exp(d, hn::Sub(hn::LoadU(d, row + j), shift));
+      StoreF(d, hn::IfThenElseZero(keep, hn::Mul(e, inv)), out + j);
+    }
+    lse[r] = max + std::log(total);
+  }
+}
+
+// Backward's probabilities: s[r][j] = exp(s[r][j] - lse[r]) over the valid
+// entries (as SoftmaxRows counts them), 0 after; p = the same in bf16.
+void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
+                     int64_t first_valid, int64_t cols, int64_t ld,
+                     const float* lse, BFloat16* p) {
+  const DF d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = s + r * ld;
+    BFloat16* out = p + r * ld;
+    const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
+    const VF shift = hn::Set(d, lse[r]);
+    for (int64_t j = 0; j < ld; j += n) {
+      const auto keep =
+          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
+      const VF e = hn::IfThenElseZero(
+          keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), shift)));
+      hn::StoreU(e, d, row + j);
+      StoreF(d, e, out + j);
+    }
+  }
+}
+
+// ds[r][j] = p[r][j] (dp[r][j] - delta[r]) in bf16, over the whole stride.
+void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
+                   const float* delta, BFloat16* ds) {
+  const DF d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    const VF dl = hn::Set(d, delta[r]);
+    for (int64_t j = 0; j < ld; j += n) {
+      const VF g = hn::Mul(hn::LoadU(d, p + r * ld + j),
+                           hn::Sub(hn::LoadU(d, dp + r * ld + j), dl));
+      StoreF(d, g, ds + r * ld + j);
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace blocked_internal
+}  // namespace cpu
+}  // namespace fsdpp
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace fsdpp {
+namespace cpu {
+namespace blocked_internal {
+HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(ProbabilityRows);
+HWY_EXPORT(ScoreGradRows);
+
+// The matmuls see a batch of b * kv matrices: per kv head, the rows of its
+// rep query heads stacked ([rep * rows, ...]; gathered into a contiguous
+// buffer when rep > 1, read in place when rep == 1).
+struct Dims {
+  int64_t b, h, kv, rep, t, hd;
+  int64_t batch() const { return b * kv; }
+};
+
+// Keys [0, keys) of a [b, kv, t, hd] tensor (k, v) as [b * kv, keys, hd],
+// or transposed as [b * kv, hd, keys].
+StridedOperand KvRows(const void* data, const Dims& d, int64_t keys,
+                      bool transpose) {
+  if (transpose) return {data, {d.batch(), d.hd, keys}, {d.t * d.hd, 1, d.hd}};
+  return {data, {d.batch(), keys, d.hd}, {d.t * d.hd, d.hd, 1}};
+}
+
+// A block's query-side rows (q, dout, out's or dq's block) as [b * kv, rep
+// * rows, hd]: in place for rep == 1, else in `gathered` (bf16, contiguous).
+struct BlockRowsView {
+  StridedOperand op;
+  int64_t c_strides[3];
+};
+
+BlockRowsView QueryRows(const void* data, const Dims& d, int64_t r0,
+                        int64_t rows, const BFloat16* gathered) {
+  if (d.rep == 1) {
+    const BFloat16* base = static_cast<const BFloat16*>(data) + r0 * d.hd;
+    return {{base, {d.batch(), rows, d.hd}, {d.t * d.hd, d.hd, 1}},
+            {d.t * d.hd, d.hd, 1}};
+  }
+  const int64_t n = d.rep * rows;
+  return {{gathered, {d.batch(), n, d.hd}, {n * d.hd, d.hd, 1}},
+          {n * d.hd, d.hd, 1}};
+}
+
+// Rows [r0, r0 + rows) of every head of `src` ([b, h, t, hd]) into dst
+// ([b * h, rows, hd]: per kv head its rep heads' rows, one after another),
+// or back (`scatter`).
+void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter,
+              BFloat16* wide, BFloat16* narrow) {
+  const int64_t heads = d.b * d.h;
+#pragma omp parallel for schedule(static)
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    BFloat16* w = wide + (bh * d.t + r0) * d.hd;
+    BFloat16* n = narrow + bh * rows * d.hd;
+    if (scatter) {
+      std::copy(n, n + rows * d.hd, w);
+    } else {
+      std::copy(w, w + rows * d.hd, n);
+    }
+  }
+}
+
+const BFloat16* Gather(const void* src, const Dims& d, int64_t r0, int64_t rows,
+                       std::vector<BFloat16>* buffer) {
+  if (d.rep == 1) return nullptr;
+  MoveRows(d, r0, rows, /*scatter=*/false,
+           const_cast<BFloat16*>(static_cast<const BFloat16*>(src)),
+           buffer->data());
+  return buffer->data();
+}
+
+// A block's score-shaped buffer ([b * kv, rep * rows, ld]) as an operand
+// with `cols` columns, or transposed ([b * kv, cols, rep * rows]).
+StridedOperand ScoreOperand(const void* data, const Dims& d, int64_t rows,
+                            int64_t cols, int64_t ld, bool transpose) {
+  const int64_t n = d.rep * rows;
+  if (transpose) return {data, {d.batch(), cols, n}, {n * ld, 1, ld}};
+  return {data, {d.batch(), n, cols}, {n * ld, ld, 1}};
+}
+
+int64_t BlockRows(int64_t t) {
+  return std::min<int64_t>(t, kBlockedAttentionRows);
+}
+
+}  // namespace blocked_internal
+
+absl::Status BlockedAttentionForward(const void* q, const void* k,
+                                     const void* v, int64_t b, int64_t h,
+                                     int64_t kv, int64_t t, int64_t hd,
+                                     float scale, void* out, float* lse) {
+  using namespace blocked_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
+  const Dims d{b, h, kv, h / kv, t, hd};
+  const int64_t block = BlockRows(t), heads = b * h;
+  const int64_t ld_max = RoundUp(t, kRowAlign);
+  std::vector<float> s(heads * block * ld_max);
+  std::vector<BFloat16> p(s.size());
+  std::vector<float> block_lse(heads * block);
+  std::vector<BFloat16> q_rows, out_rows;
+  if (d.rep > 1) {
+    q_rows.resize(heads * block * hd);
+    out_rows.resize(q_rows.size());
+  }
+  for (int64_t r0 = 0; r0 < t; r0 += block) {
+    const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
+    const int64_t ld = RoundUp(keys, kRowAlign);
+    const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
+    // S = scale q k^T.
+    const BlockRowsView qv =
+        QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kF32, qv.op, KvRows(k, d, keys, true), s.data(),
+        s_strides, scale, 0.0f));
+    HWY_DYNAMIC_DISPATCH(SoftmaxRows)
+    (s.data(), heads * rows, rows, r0, keys, ld, p.data(), block_lse.data());
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      std::copy(block_lse.begin() + bh * rows,
+                block_lse.begin() + (bh + 1) * rows, lse + bh * t + r0);
+    }
+    // out = P v.
+    const BlockRowsView ov = QueryRows(out, d, r0, rows, out_rows.data());
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kBF16,
+        ScoreOperand(p.data(), d, rows, keys, ld, false),
+        KvRows(v, d, keys, false), const_cast<void*>(ov.op.data), ov.c_strides,
+        1.0f, 0.0f));
+    if (d.rep > 1) {
+      MoveRows(d, r0, rows, /*scatter=*/true, static_cast<BFloat16*>(out),
+               out_rows.data());
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockedAttentionBackward(const void* q, const void* k,
+                                      const void* v, const void* out,
+                                      const float* lse, const void* dout,
+                                      int64_t b, int64_t h, int64_t kv,
+                                      int64_t t, int64_t hd, float scale,
+                                      void* dq, void* dk, void* dv) {
+  using namespace blocked_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
+  const Dims d{b, h, kv, h / kv, t, hd};
+  const int64_t block = BlockRows(t), heads = b * h;
+  const int64_t ld_max = RoundUp(t, kRowAlign);
+  // D = rowsum(dout * out), per (batch, head, row).
+  std::vector<float> delta(heads * t);
+  {
+    const BFloat16* o = static_cast<const BFloat16*>(out);
+    const BFloat16* g = static_cast<const BFloat16*>(dout);
+#pragma omp parallel for schedule(static)
+    for (int64_t r = 0; r < heads * t; ++r) {
+      float acc = 0.0f;
+      for (int64_t e = 0; e < hd; ++e) {
+        acc += BFloat16ToFloat(o[r * hd + e]) * BFloat16ToFloat(g[r * hd + e]);
+      }
+      delta[r] = acc;
+    }
+  }
+  std::vector<float> s(heads * block * ld_max), dp(s.size());
+  std::vector<BFloat16> p(s.size()), ds(s.size());
+  std::vector<float> block_lse(heads * block), block_delta(heads * block);
+  // f32 accumulators of dk and dv over the blocks.
+  std::vector<float> dk_acc(b * kv * t * hd, 0.0f), dv_acc(dk_acc.size(), 0.0f);
+  std::vector<BFloat16> q_rows, dout_rows, dq_rows;
+  if (d.rep > 1) {
+    q_rows.resize(heads * block * hd);
+    dout_rows.resize(q_rows.size());
+    dq_rows.resize(q_rows.size());
+  }
+  const int64_t acc_strides[3] = {t * hd, hd, 1};
+  for (int64_t r0 = 0; r0 < t; r0 += block) {
+    const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
+    const int64_t ld = RoundUp(keys, kRowAlign);
+    const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
+    for (int64_t bh = 0; bh < heads; ++bh) {
+      std::copy(lse + bh * t + r0, lse + bh * t + r0 + rows,
+                block_lse.begin() + bh * rows);
+      std::copy(delta.begin() + bh * t + r0, delta.begin() + bh * t + r0 + rows,
+                block_delta.begin() + bh * rows);
+    }
+    const BlockRowsView qv =
+        QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
+    const BlockRowsView gv =
+        QueryRows(dout, d, r0, rows, Gather(dout, d, r0, rows, &dout_rows));
+    // P = exp(scale q k^T - lse).
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kF32, qv.op, KvRows(k, d, keys, true), s.data(),
+        s_strides, scale, 0.0f));
+    HWY_DYNAMIC_DISPATCH(ProbabilityRows)
+    (s.data(), heads * rows, rows, r0, keys, ld, block_lse.data(), p.data());
+    // dP = dout v^T; dS = P (dP - D).
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kF32, gv.op, KvRows(v, d, keys, true), dp.data(),
+        s_strides, 1.0f, 0.0f));
+    HWY_DYNAMIC_DISPATCH(ScoreGradRows)
+    (s.data(), dp.data(), heads * rows, ld, block_delta.data(), ds.data());
+    // dq = scale dS k: these rows' final values.
+    const BlockRowsView dqv = QueryRows(dq, d, r0, rows, dq_rows.data());
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kBF16,
+        ScoreOperand(ds.data(), d, rows, keys, ld, false),
+        KvRows(k, d, keys, false), const_cast<void*>(dqv.op.data),
+        dqv.c_strides, scale, 0.0f));
+    if (d.rep > 1) {
+      MoveRows(d, r0, rows, /*scatter=*/true, static_cast<BFloat16*>(dq),
+               dq_rows.data());
+    }
+    // dv += P^T dout, dk += scale dS^T q (keys [0, keys)).
+    FSDPP_RETURN_IF_ERROR(
+        OneDnnStridedMatmul(DType::kBF16, DType::kF32,
+                            ScoreOperand(p.data(), d, rows, keys, ld, true),
+                            gv.op, dv_acc.data(), acc_strides, 1.0f, 1.0f));
+    FSDPP_RETURN_IF_ERROR(
+        OneDnnStridedMatmul(DType::kBF16, DType::kF32,
+                            ScoreOperand(ds.data(), d, rows, keys, ld, true),
+                            qv.op, dk_acc.data(), acc_strides, scale, 1.0f));
+  }
+  BFloat16* dk_out = static_cast<BFloat16*>(dk);
+  BFloat16* dv_out = static_cast<BFloat16*>(dv);
+  const int64_t total = static_cast<int64_t>(dk_acc.size());
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < total; ++i) {
+    dk_out[i] = FloatToBFloat16(dk_acc[i]);
+    dv_out[i] = FloatToBFloat16(dv_acc[i]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace cpu
+}  // namespace fsdpp
+#endif  // HWY_ONCE
