@@ -642,6 +642,15 @@ absl::Status FsdpUnit::PostBackward() {
   return absl::OkStatus();
 }
 
+absl::Status FsdpUnit::FinishZeroGrad() {
+  if (!zero_on_next_reduction_) return absl::OkStatus();
+  zero_on_next_reduction_ = false;
+  for (ShardedParameter& sp : params_) {
+    FSDPP_RETURN_IF_ERROR(Zero(sp.grad.mutable_local()));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FsdpUnit::ReduceGradients() {
   // Finish the previous unit's reduce-scatter (issued during this unit's
   // backward, so normally done) and free its buffers before allocating: at
@@ -752,11 +761,24 @@ absl::Status FsdpUnit::FinishReductions() {
     }
     const float scale =
         average ? 1.0f : 1.0f / unit->options_.gradient_divide_factor;
+    // After ZeroGradOnNextReduction: write (cast and scale) instead of
+    // zero + accumulate.
+    const bool overwrite = unit->zero_on_next_reduction_;
+    unit->zero_on_next_reduction_ = false;
     for (size_t i = 0; i < unit->params_.size(); ++i) {
       Tensor grad = unit->params_[i].grad.local().Flatten();
       if (grad.numel() == 0) continue;
       FSDPP_ASSIGN_OR_RETURN(Tensor piece,
                              reduced.Narrow(unit->offsets_[i], grad.numel()));
+      if (overwrite) {
+        if (piece.dtype() != DType::kF32 || scale == 1.0f) {
+          FSDPP_RETURN_IF_ERROR(Copy(piece, &grad));  // cast fused
+          if (scale != 1.0f) FSDPP_RETURN_IF_ERROR(Scale(grad, scale, &grad));
+        } else {
+          FSDPP_RETURN_IF_ERROR(Scale(piece, scale, &grad));
+        }
+        continue;
+      }
       if (piece.dtype() != DType::kF32) {
         FSDPP_ASSIGN_OR_RETURN(
             Tensor f32, Tensor::Empty(piece.shape(), DType::kF32,

@@ -228,6 +228,14 @@ class FsdpUnit {
   }
   // Whether reduced shards wait in the replica buffer for an all-reduce.
   bool has_pending_replica_sum() const { return replica_sum_.defined(); }
+  // A step's zero_grad for this unit, done lazily (as FSDP2 assigns a fresh
+  // sharded gradient on the first reduction after zero_grad): the unit's
+  // next reduction writes its sharded gradients instead of adding to them,
+  // so they are neither zeroed nor read. FinishZeroGrad() after the step's
+  // backward passes zeroes them if no reduction came (a unit that took no
+  // part in the step).
+  void ZeroGradOnNextReduction() { zero_on_next_reduction_ = true; }
+  absl::Status FinishZeroGrad();
   // Units whose all-gather to issue when this unit starts forward (explicit
   // prefetching, in this order; once called, the recorded order no longer
   // decides for this unit, and an empty list prefetches nothing).
@@ -323,6 +331,7 @@ class FsdpUnit {
   bool is_root_ = false;
   bool requires_gradient_sync_ = true;
   bool requires_all_reduce_ = true;
+  bool zero_on_next_reduction_ = false;
   // HSDP with requires_all_reduce_ off: this replica's sum of reduced
   // shards ([segment_] f32) awaiting the all-reduce.
   Tensor replica_sum_;

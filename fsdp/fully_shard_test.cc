@@ -198,6 +198,60 @@ TEST(FullyShardTest, UnevenShardsMatchUnshardedGradients) {
   }
 }
 
+// ZeroGradOnNextReduction: the next reduction writes the sharded gradients
+// (whatever they held: filled with 7 here), the one after adds to them, and
+// FinishZeroGrad zeroes those of a unit that had no reduction.
+TEST(FullyShardTest, LazyZeroGradWritesOnTheFirstReduction) {
+  const Result ref = RunReference(/*tied=*/false);
+  Result once, twice;
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int rank, DeviceMesh& mesh) {
+    auto stack = MakeStack(false);
+    std::vector<FsdpUnit*> units = PerLayer()(stack.get(), &mesh);
+    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+    auto fill_and_zero_lazily = [&] {
+      for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+        ASSERT_TRUE(Fill(sp->grad.mutable_local(), 7.0f).ok());
+      }
+      for (FsdpUnit* u : units) u->ZeroGradOnNextReduction();
+    };
+    auto step = [&] {
+      nn::CrossEntropyLoss loss;
+      ASSERT_TRUE(Forward(stack.get(), &loss, rank * 3, 3, false).ok());
+      ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+    };
+    auto full_grads = [&](Result* r) {  // rank 0 keeps them
+      for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+        absl::StatusOr<Tensor> param = sp->master.FullTensor();
+        absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
+        ASSERT_TRUE(param.ok() && grad.ok()) << sp->name;
+        if (rank != 0) continue;
+        r->params[sp->name] = testing_util::Values(*param);
+        r->grads[sp->name] = testing_util::Values(*grad);
+      }
+    };
+    fill_and_zero_lazily();
+    step();
+    for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
+    full_grads(&once);
+    step();  // no flag: accumulates
+    full_grads(&twice);
+    // No reduction after the flag: FinishZeroGrad zeroes.
+    fill_and_zero_lazily();
+    for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
+    for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+      for (double v : testing_util::Values(sp->grad.local())) {
+        ASSERT_EQ(v, 0.0) << sp->name;
+      }
+    }
+  });
+  ExpectParity(ref, once, "lazy zero");
+  Result doubled = ref;
+  for (auto& [name, g] : doubled.grads) {
+    for (double& v : g) v *= 2;
+  }
+  ExpectParity(doubled, twice, "accumulated");
+}
+
 // The unsharded bytes of a unit's parameters (f32).
 int64_t UnshardedBytes(FsdpUnit* unit) {
   int64_t n = 0;

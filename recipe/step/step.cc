@@ -4,6 +4,7 @@
 #include <cmath>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "comm/host_collectives.h"
 #include "core/status.h"
@@ -38,7 +39,17 @@ absl::Status CheckCount(int64_t micro_batches) {
 
 PlainStep::PlainStep(models::Transformer* model, std::vector<DTensor*> grads,
                      GradientSync sync)
-    : model_(model), grads_(std::move(grads)), sync_(std::move(sync)) {}
+    : model_(model), grads_(std::move(grads)), sync_(std::move(sync)) {
+  absl::flat_hash_set<const DTensor*> lazy;
+  for (fsdp::FsdpUnit* u : sync_.units) {
+    for (const fsdp::ShardedParameter& sp : u->parameters()) {
+      lazy.insert(&sp.grad);
+    }
+  }
+  for (DTensor* g : grads_) {
+    if (!lazy.contains(g)) eager_grads_.push_back(g);
+  }
+}
 
 void PlainStep::SetSync(bool last) {
   const bool sync = sync_.every_micro_batch || last;
@@ -59,7 +70,8 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     StepObserver* observer, Tensor* device_loss) {
   FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   if (observer == nullptr) observer = Quiet();
-  FSDPP_RETURN_IF_ERROR(ZeroGrad(grads_));
+  FSDPP_RETURN_IF_ERROR(ZeroGrad(eager_grads_));
+  for (fsdp::FsdpUnit* u : sync_.units) u->ZeroGradOnNextReduction();
   if (device_loss != nullptr) {
     FSDPP_RETURN_IF_ERROR(Annotate(Zero(device_loss), "step: device_loss"));
   }
@@ -100,6 +112,9 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
     observer->PhaseEnded(absl::StrCat("backward ", m + 1));
     observer->MicroBatchEnded(m, run);
     out.loss += static_cast<double>(loss) / micro_batches;
+  }
+  for (fsdp::FsdpUnit* u : sync_.units) {
+    FSDPP_RETURN_IF_ERROR(u->FinishZeroGrad());
   }
   if (device_loss != nullptr) out.loss = std::nan("");
   return out;

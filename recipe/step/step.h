@@ -196,6 +196,9 @@ class PlainStep final : public Step {
   models::Transformer* model_;
   std::vector<DTensor*> grads_;
   GradientSync sync_;
+  // grads_ that are not sync_.units' sharded gradients: zeroed at the start
+  // of a step (the units' are zeroed lazily by their first reduction).
+  std::vector<DTensor*> eager_grads_;
   PipelineNormOptions norm_;  // nothing across stages
 };
 
