@@ -658,25 +658,36 @@ absl::Status FsdpUnit::ReduceGradients() {
   FSDPP_RETURN_IF_ERROR(FinishReductions());
   OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  // Every element is written once: the gradient's rows (cast fused), zeros
+  // for the padding and for parameters unused this step.
   FSDPP_ASSIGN_OR_RETURN(
-      Tensor input, Tensor::Zeros({segment_ * world_}, reduce_dtype,
+      Tensor input, Tensor::Empty({segment_ * world_}, reduce_dtype,
                                   compute_device_, MemoryTag::kCommBuffers));
   FSDPP_ASSIGN_OR_RETURN(
       Tensor output, Tensor::Empty({segment_}, reduce_dtype, compute_device_,
                                    MemoryTag::kCommBuffers));
+  char* input_base = static_cast<char*>(input.raw_data());
+  const size_t esize = DTypeSize(reduce_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     Parameter* p = sp.parameter;
-    if (!p->grad.defined()) continue;  // Unused this step: contributes zeros.
+    const bool used = p->grad.defined();  // else it contributes zeros
     const SplitView& v = views_[i];
-    const Tensor flat = p->grad.Flatten();
+    const int64_t padded = PaddedElements(v, world_);
+    const Tensor flat = used ? p->grad.Flatten() : Tensor();
     for (int r = 0; r < world_; ++r) {
       const Range range = ChunkRange(v.rows, world_, r);
-      if (range.length == 0) continue;
-      FSDPP_ASSIGN_OR_RETURN(Tensor dst,
-                             input.Narrow(r * segment_ + offsets_[i],
-                                          v.outer * range.length * v.inner));
-      FSDPP_RETURN_IF_ERROR(CopyRows(v, range, flat, dst));
+      const int64_t start = r * segment_ + offsets_[i];
+      const int64_t rows = used ? v.outer * range.length * v.inner : 0;
+      if (rows > 0) {
+        FSDPP_ASSIGN_OR_RETURN(Tensor dst, input.Narrow(start, rows));
+        FSDPP_RETURN_IF_ERROR(CopyRows(v, range, flat, dst));
+      }
+      if (padded > rows && input_base != nullptr) {
+        FSDPP_RETURN_IF_ERROR(ZeroBytes(input_base + (start + rows) * esize,
+                                        compute_device_,
+                                        (padded - rows) * esize));
+      }
     }
     p->grad = Tensor();  // Free the unsharded gradient.
   }

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "core/allocator.h"
 #include "core/logging.h"
@@ -250,6 +251,48 @@ TEST(FullyShardTest, LazyZeroGradWritesOnTheFirstReduction) {
     for (double& v : g) v *= 2;
   }
   ExpectParity(doubled, twice, "accumulated");
+}
+
+// A parameter of a unit that takes no part in forward gets a zero gradient
+// from every reduction (its rows of the reduce-scatter input are zeros,
+// whatever the reused buffer held before).
+TEST(FullyShardTest, UnusedParametersReduceToZero) {
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int rank, DeviceMesh& mesh) {
+    auto stack = MakeStack(false);
+    nn::Linear spare(kDim, 3, /*bias=*/true, 0.5f);
+    FullyShardOptions options;
+    options.mesh = &mesh;
+    ASSERT_TRUE(FullyShard({stack->at(1), &spare}, options).ok());
+    absl::StatusOr<FsdpUnit*> root = FullyShard({stack.get()}, options);
+    ASSERT_TRUE(root.ok()) << root.status();
+    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+    FsdpUnit* unit = UnitOf(stack->at(1));
+    ASSERT_NE(unit, nullptr);
+    for (int step = 0; step < 3; ++step) {
+      for (ShardedParameter& sp : unit->parameters()) {
+        ASSERT_TRUE(Fill(sp.grad.mutable_local(), 7.0f).ok());
+      }
+      unit->ZeroGradOnNextReduction();
+      nn::CrossEntropyLoss loss;
+      ASSERT_TRUE(Forward(stack.get(), &loss, rank * 3, 3, false).ok());
+      ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+      ASSERT_TRUE(unit->FinishZeroGrad().ok());
+      for (ShardedParameter& sp : unit->parameters()) {
+        const std::vector<double> g = testing_util::Values(sp.grad.local());
+        const bool is_spare = !absl::StartsWith(sp.name, "1.");
+        double norm = 0;
+        for (double v : g) norm += v * v;
+        if (is_spare) {
+          EXPECT_EQ(norm, 0.0) << "step " << step << " " << sp.name;
+        } else if (!g.empty()) {
+          EXPECT_GT(norm, 0.0) << "step " << step << " " << sp.name;
+          EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double v) {
+            return v != 7.0;
+          })) << sp.name;
+        }
+      }
+    }
+  });
 }
 
 // The unsharded bytes of a unit's parameters (f32).
