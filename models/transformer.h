@@ -208,8 +208,10 @@ class Transformer : public Module {
   std::vector<TransformerBlock*> blocks_;
   Module* final_norm_ = nullptr;
   nn::Linear* lm_head_ = nullptr;
+  // The logits are the loss's alone: their gradient overwrites them.
   std::unique_ptr<nn::LossFunction> loss_ =
-      std::make_unique<nn::CrossEntropyLoss>();
+      std::make_unique<nn::CrossEntropyLoss>(-100,
+                                             /*gradient_in_place=*/true);
 };
 
 }  // namespace models

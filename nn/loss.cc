@@ -111,9 +111,12 @@ absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {
       Tensor dlosses,
       EmptyTemporary({saved_targets_.numel()}, DType::kF32, logits.device()));
   FSDPP_RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor dlogits,
-      EmptyTemporary(logits.shape(), logits.dtype(), logits.device()));
+  Tensor dlogits = logits;  // in place: row by row, read before written
+  if (!gradient_in_place_) {
+    FSDPP_ASSIGN_OR_RETURN(
+        dlogits,
+        EmptyTemporary(logits.shape(), logits.dtype(), logits.device()));
+  }
   FSDPP_RETURN_IF_ERROR(
       Annotate(CrossEntropyBackward(logits, saved_targets_, ignore_index_,
                                     dlosses, &dlogits),

@@ -52,8 +52,12 @@ class LossFunction {
 // mean over i with targets[i] != ignore_index of -log softmax(logits[i])[t].
 class CrossEntropyLoss : public LossFunction {
  public:
-  explicit CrossEntropyLoss(int64_t ignore_index = -100)
-      : ignore_index_(ignore_index) {}
+  // gradient_in_place: Backward writes dlogits over the saved logits
+  // (saving a [tokens, V] buffer at the step's peak) -- for callers that do
+  // not read the logits after Backward, as models::Transformer's loss.
+  explicit CrossEntropyLoss(int64_t ignore_index = -100,
+                            bool gradient_in_place = false)
+      : ignore_index_(ignore_index), gradient_in_place_(gradient_in_place) {}
 
   // logits [.., V] (f32/bf16/f16) with one row per element of targets
   // (i32/i64, in [0, V) or ignore_index). Saves logits and targets for
@@ -76,8 +80,10 @@ class CrossEntropyLoss : public LossFunction {
   int64_t ignore_index() const override { return ignore_index_; }
   int64_t count() const override { return count_; }
   std::unique_ptr<LossFunction> Clone() const override {
-    return std::make_unique<CrossEntropyLoss>(ignore_index_);
+    return std::make_unique<CrossEntropyLoss>(ignore_index_,
+                                              gradient_in_place_);
   }
+  bool gradient_in_place() const { return gradient_in_place_; }
 
  private:
   // Forward's checks, per-row losses (f32) and count (0 on meta tensors);
@@ -86,6 +92,7 @@ class CrossEntropyLoss : public LossFunction {
                          Tensor* losses);
 
   int64_t ignore_index_;
+  bool gradient_in_place_;
   int64_t count_ = 0;
   Tensor saved_logits_;
   Tensor saved_targets_;

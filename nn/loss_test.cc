@@ -207,6 +207,32 @@ TEST(CrossEntropyLossTest, ScaledBackwardIsTheScaledGradient) {
   }
 }
 
+// gradient_in_place: the same gradient bitwise (f32 and bf16, ignored rows
+// and targets anywhere in a row, a vocabulary not a multiple of the vector
+// width), written over the logits; no new buffer.
+TEST(CrossEntropyLossTest, GradientInPlaceIsTheSameGradient) {
+  ASSERT_OK_AND_ASSIGN(
+      Tensor t, Tensor::FromInts({5}, {1, kIgnore, 0, 36, 20}, DType::kI64));
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    const Tensor logits = RandomTensor({5, 37}, dtype, 9, -3, 3);
+    CrossEntropyLoss plain(kIgnore);
+    ASSERT_OK_AND_ASSIGN(float plain_loss, plain.Forward(logits, t));
+    ASSERT_OK_AND_ASSIGN(Tensor expected, plain.Backward(0.5f));
+    ASSERT_OK_AND_ASSIGN(Tensor copy,
+                         Tensor::Empty(logits.shape(), dtype, Device::Cpu()));
+    ASSERT_OK(Copy(logits, &copy));
+    CrossEntropyLoss in_place(kIgnore, /*gradient_in_place=*/true);
+    const std::unique_ptr<LossFunction> clone = in_place.Clone();
+    EXPECT_TRUE(
+        dynamic_cast<const CrossEntropyLoss&>(*clone).gradient_in_place());
+    ASSERT_OK_AND_ASSIGN(float loss, in_place.Forward(copy, t));
+    EXPECT_EQ(loss, plain_loss);
+    ASSERT_OK_AND_ASSIGN(Tensor got, in_place.Backward(0.5f));
+    EXPECT_EQ(got.raw_data(), copy.raw_data()) << "not in place";
+    EXPECT_EQ(Values(got), Values(expected)) << DTypeName(dtype);
+  }
+}
+
 TEST(CrossEntropyLossTest, MetaValidatesShapes) {
   ASSERT_OK_AND_ASSIGN(Tensor logits,
                        Tensor::Empty({2, 3, 11}, DType::kF32, Device::Meta()));

@@ -491,6 +491,13 @@ HWY_INLINE void SoftmaxGradRow(const T* row, int64_t v, float max, float inv,
   const int64_t lanes = static_cast<int64_t>(hn::Lanes(d));
   const VF vmax = hn::Set(d, max);
   const VF vscale = hn::Set(d, inv * dloss);
+  // The target's entry, dloss * (p - 1), read before the row is written
+  // (out may be row: the gradient in place of the logits).
+  const float target_grad =
+      target >= 0
+          ? dloss *
+                (kernels::ExpApprox(ToFloat(row[target]) - max) * inv - 1.0f)
+          : 0.0f;
   int64_t j = 0;
   for (; j + lanes <= v; j += lanes) {
     StoreF(d, hn::Mul(Exp(d, hn::Sub(LoadF(d, row + j), vmax)), vscale),
@@ -500,10 +507,7 @@ HWY_INLINE void SoftmaxGradRow(const T* row, int64_t v, float max, float inv,
     out[j] =
         FromFloat<T>(kernels::ExpApprox(ToFloat(row[j]) - max) * (inv * dloss));
   }
-  if (target >= 0) {  // The target's entry: dloss * (p - 1).
-    const float p = kernels::ExpApprox(ToFloat(row[target]) - max) * inv;
-    out[target] = FromFloat<T>(dloss * (p - 1.0f));
-  }
+  if (target >= 0) out[target] = FromFloat<T>(target_grad);
 }
 
 void CrossEntropyBackwardAll(DType dtype, const void* logits_raw,
