@@ -34,7 +34,7 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 // products. Work memory O(b h kBlockedAttentionRows T) plus f32
 // accumulators of dk and dv: linear in T, no [T, T] matrix. Errors only
 // from oneDNN.
-inline constexpr int64_t kBlockedAttentionRows = 64;
+inline constexpr int64_t kBlockedAttentionRows = 128;
 absl::Status BlockedAttentionForward(const void* q, const void* k,
                                      const void* v, int64_t b, int64_t h,
                                      int64_t kv, int64_t t, int64_t hd,

@@ -22,7 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "absl/status/status.h"
 #include "core/dtype.h"
@@ -70,14 +70,14 @@ using simd_math::HWY_NAMESPACE::Exp;
 // valid(r) = first_valid + r % rows_per_head + 1 entries (clamped to
 // `cols`): p (bf16, stride ld) gets the probabilities and zeros up to ld;
 // lse[r] = max + log(sum of exp).
-void SoftmaxRows(const float* s, int64_t rows, int64_t rows_per_head,
+void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
                  int64_t first_valid, int64_t cols, int64_t ld, BFloat16* p,
                  float* lse) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* row = s + r * ld;
+    float* row = s + r * ld;
     BFloat16* out = p + r * ld;
     const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
     VF m = hn::Set(d, -INFINITY);
@@ -88,20 +88,20 @@ void SoftmaxRows(const float* s, int64_t rows, int64_t rows_per_head,
     }
     const float max = hn::GetLane(hn::MaxOfLanes(d, m));
     const VF shift = hn::Set(d, max);
+    // The exponentials once, kept in the score row (0 where masked).
     VF sum = hn::Zero(d);
-    for (int64_t j = 0; j < valid; j += n) {
-      const auto keep = hn::FirstN(d, static_cast<size_t>(valid - j));
-      sum = hn::Add(sum,
-                    hn::IfThenElseZero(
-                        keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), shift))));
+    for (int64_t j = 0; j < ld; j += n) {
+      const auto keep =
+          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
+      const VF e = hn::IfThenElseZero(
+          keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), shift)));
+      hn::StoreU(e, d, row + j);
+      sum = hn::Add(sum, e);
     }
     const float total = hn::GetLane(hn::SumOfLanes(d, sum));
     const VF inv = hn::Set(d, 1.0f / total);
     for (int64_t j = 0; j < ld; j += n) {
-      const auto keep =
-          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
-      const VF e = Exp(d, hn::Sub(hn::LoadU(d, row + j), shift));
-      StoreF(d, hn::IfThenElseZero(keep, hn::Mul(e, inv)), out + j);
+      StoreF(d, hn::Mul(hn::LoadU(d, row + j), inv), out + j);
     }
     lse[r] = max + std::log(total);
   }
@@ -214,8 +214,26 @@ void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter,
   }
 }
 
+// A work buffer of n elements, not initialised (a fresh std::vector would
+// write every element once more).
+template <typename T>
+class Buffer {
+ public:
+  explicit Buffer(int64_t n)
+      : data_(new T[std::max<int64_t>(n, 1)]), size_(n) {}
+  T* data() { return data_.get(); }
+  int64_t size() const { return size_; }
+  T* begin() { return data_.get(); }
+  T* end() { return data_.get() + size_; }
+  T& operator[](int64_t i) { return data_[i]; }
+
+ private:
+  std::unique_ptr<T[]> data_;
+  int64_t size_;
+};
+
 const BFloat16* Gather(const void* src, const Dims& d, int64_t r0, int64_t rows,
-                       std::vector<BFloat16>* buffer) {
+                       Buffer<BFloat16>* buffer) {
   if (d.rep == 1) return nullptr;
   MoveRows(d, r0, rows, /*scatter=*/false,
            const_cast<BFloat16*>(static_cast<const BFloat16*>(src)),
@@ -246,14 +264,10 @@ absl::Status BlockedAttentionForward(const void* q, const void* k,
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
-  std::vector<float> s(heads * block * ld_max);
-  std::vector<BFloat16> p(s.size());
-  std::vector<float> block_lse(heads * block);
-  std::vector<BFloat16> q_rows, out_rows;
-  if (d.rep > 1) {
-    q_rows.resize(heads * block * hd);
-    out_rows.resize(q_rows.size());
-  }
+  const int64_t scores = heads * block * ld_max;
+  const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
+  Buffer<float> s(scores), block_lse(heads * block);
+  Buffer<BFloat16> p(scores), q_rows(gathered), out_rows(gathered);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
     const int64_t ld = RoundUp(keys, kRowAlign);
@@ -296,7 +310,7 @@ absl::Status BlockedAttentionBackward(const void* q, const void* k,
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
   // D = rowsum(dout * out), per (batch, head, row).
-  std::vector<float> delta(heads * t);
+  Buffer<float> delta(heads * t);
   {
     const BFloat16* o = static_cast<const BFloat16*>(out);
     const BFloat16* g = static_cast<const BFloat16*>(dout);
@@ -309,17 +323,18 @@ absl::Status BlockedAttentionBackward(const void* q, const void* k,
       delta[r] = acc;
     }
   }
-  std::vector<float> s(heads * block * ld_max), dp(s.size());
-  std::vector<BFloat16> p(s.size()), ds(s.size());
-  std::vector<float> block_lse(heads * block), block_delta(heads * block);
+  // Not initialised: every element read is written first (the score
+  // rows' padding up to ld is masked, never read by a matmul).
+  const int64_t scores = heads * block * ld_max;
+  const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
+  Buffer<float> s(scores), dp(scores);
+  Buffer<BFloat16> p(scores), ds(scores);
+  Buffer<float> block_lse(heads * block), block_delta(heads * block);
   // f32 accumulators of dk and dv over the blocks.
-  std::vector<float> dk_acc(b * kv * t * hd, 0.0f), dv_acc(dk_acc.size(), 0.0f);
-  std::vector<BFloat16> q_rows, dout_rows, dq_rows;
-  if (d.rep > 1) {
-    q_rows.resize(heads * block * hd);
-    dout_rows.resize(q_rows.size());
-    dq_rows.resize(q_rows.size());
-  }
+  Buffer<float> dk_acc(b * kv * t * hd), dv_acc(b * kv * t * hd);
+  std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
+  std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
+  Buffer<BFloat16> q_rows(gathered), dout_rows(gathered), dq_rows(gathered);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
