@@ -34,17 +34,20 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 // products. Work memory O(b h kBlockedAttentionRows T) plus f32
 // accumulators of dk and dv: linear in T, no [T, T] matrix. Errors only
 // from oneDNN.
+// The kv heads (with their query heads) are taken in groups whose score
+// buffers fit `work_bytes` (at least one kv head a group); the buffers are
+// kept per thread for its next call.
 inline constexpr int64_t kBlockedAttentionRows = 128;
-absl::Status BlockedAttentionForward(const void* q, const void* k,
-                                     const void* v, int64_t b, int64_t h,
-                                     int64_t kv, int64_t t, int64_t hd,
-                                     float scale, void* out, float* lse);
-absl::Status BlockedAttentionBackward(const void* q, const void* k,
-                                      const void* v, const void* out,
-                                      const float* lse, const void* dout,
-                                      int64_t b, int64_t h, int64_t kv,
-                                      int64_t t, int64_t hd, float scale,
-                                      void* dq, void* dk, void* dv);
+inline constexpr int64_t kBlockedAttentionWorkBytes = int64_t{64} << 20;
+absl::Status BlockedAttentionForward(
+    const void* q, const void* k, const void* v, int64_t b, int64_t h,
+    int64_t kv, int64_t t, int64_t hd, float scale, void* out, float* lse,
+    int64_t work_bytes = kBlockedAttentionWorkBytes);
+absl::Status BlockedAttentionBackward(
+    const void* q, const void* k, const void* v, const void* out,
+    const float* lse, const void* dout, int64_t b, int64_t h, int64_t kv,
+    int64_t t, int64_t hd, float scale, void* dq, void* dk, void* dv,
+    int64_t work_bytes = kBlockedAttentionWorkBytes);
 
 }  // namespace cpu
 }  // namespace fsdpp

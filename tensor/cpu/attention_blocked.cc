@@ -49,6 +49,9 @@ constexpr int64_t kRowAlign = 16;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// Work buffers per call (Buffer's slots).
+constexpr int kWorkSlots = 12;
+
 }  // namespace blocked_internal
 }  // namespace cpu
 }  // namespace fsdpp
@@ -65,6 +68,27 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 using simd_convert::HWY_NAMESPACE::StoreF;
 using simd_math::HWY_NAMESPACE::Exp;
+
+// row[j] = exp(row[j] - shift) for j < valid, 0 for valid <= j < ld (a
+// multiple of the vector width), also into `copy` (bf16) unless null;
+// returns the sum.
+HWY_INLINE float MaskedExpRow(float* row, int64_t valid, int64_t ld,
+                              float shift, BFloat16* copy) {
+  const DF d;
+  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
+  const VF sh = hn::Set(d, shift);
+  VF sum = hn::Zero(d);
+  for (int64_t j = 0; j < ld; j += n) {
+    const auto keep =
+        hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
+    const VF e =
+        hn::IfThenElseZero(keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), sh)));
+    hn::StoreU(e, d, row + j);
+    if (copy != nullptr) StoreF(d, e, copy + j);
+    sum = hn::Add(sum, e);
+  }
+  return hn::GetLane(hn::SumOfLanes(d, sum));
+}
 
 // Softmax of each of `rows` score rows (f32, stride ld) over its first
 // valid(r) = first_valid + r % rows_per_head + 1 entries (clamped to
@@ -87,18 +111,8 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
                                     hn::Set(d, -INFINITY)));
     }
     const float max = hn::GetLane(hn::MaxOfLanes(d, m));
-    const VF shift = hn::Set(d, max);
     // The exponentials once, kept in the score row (0 where masked).
-    VF sum = hn::Zero(d);
-    for (int64_t j = 0; j < ld; j += n) {
-      const auto keep =
-          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
-      const VF e = hn::IfThenElseZero(
-          keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), shift)));
-      hn::StoreU(e, d, row + j);
-      sum = hn::Add(sum, e);
-    }
-    const float total = hn::GetLane(hn::SumOfLanes(d, sum));
+    const float total = MaskedExpRow(row, valid, ld, max, nullptr);
     const VF inv = hn::Set(d, 1.0f / total);
     for (int64_t j = 0; j < ld; j += n) {
       StoreF(d, hn::Mul(hn::LoadU(d, row + j), inv), out + j);
@@ -112,22 +126,10 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
 void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
                      int64_t first_valid, int64_t cols, int64_t ld,
                      const float* lse, BFloat16* p) {
-  const DF d;
-  const int64_t n = static_cast<int64_t>(hn::Lanes(d));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    float* row = s + r * ld;
-    BFloat16* out = p + r * ld;
     const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
-    const VF shift = hn::Set(d, lse[r]);
-    for (int64_t j = 0; j < ld; j += n) {
-      const auto keep =
-          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
-      const VF e = hn::IfThenElseZero(
-          keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), shift)));
-      hn::StoreU(e, d, row + j);
-      StoreF(d, e, out + j);
-    }
+    MaskedExpRow(s + r * ld, valid, ld, lse[r], p + r * ld);
   }
 }
 
@@ -214,21 +216,37 @@ void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter,
   }
 }
 
-// A work buffer of n elements, not initialised (a fresh std::vector would
-// write every element once more).
+// A work buffer of n elements, not initialised, in slot `slot` of the
+// calling thread's work memory: grown on demand and kept for the thread's
+// next call (as oneDNN's scratchpad in onednn_matmul.cc), since fresh pages
+// on every call (page faults, the kernel zeroing them) cost more than the
+// row-wise work itself. A call's buffers take distinct slots.
 template <typename T>
 class Buffer {
  public:
-  explicit Buffer(int64_t n)
-      : data_(new T[std::max<int64_t>(n, 1)]), size_(n) {}
-  T* data() { return data_.get(); }
+  Buffer(int slot, int64_t n) : size_(n) {
+    struct Slot {
+      std::unique_ptr<char[]> data;
+      size_t bytes = 0;
+    };
+    thread_local Slot slots[kWorkSlots];
+    Slot& s = slots[slot];
+    const size_t bytes = std::max<size_t>(1, n * sizeof(T));
+    if (s.bytes < bytes) {
+      s.data.reset();  // the old one first: peak = the new size
+      s.data.reset(new char[bytes]);
+      s.bytes = bytes;
+    }
+    data_ = reinterpret_cast<T*>(s.data.get());
+  }
+  T* data() { return data_; }
   int64_t size() const { return size_; }
-  T* begin() { return data_.get(); }
-  T* end() { return data_.get() + size_; }
+  T* begin() { return data_; }
+  T* end() { return data_ + size_; }
   T& operator[](int64_t i) { return data_[i]; }
 
  private:
-  std::unique_ptr<T[]> data_;
+  T* data_;
   int64_t size_;
 };
 
@@ -254,20 +272,16 @@ int64_t BlockRows(int64_t t) {
   return std::min<int64_t>(t, kBlockedAttentionRows);
 }
 
-}  // namespace blocked_internal
-
-absl::Status BlockedAttentionForward(const void* q, const void* k,
-                                     const void* v, int64_t b, int64_t h,
-                                     int64_t kv, int64_t t, int64_t hd,
-                                     float scale, void* out, float* lse) {
-  using namespace blocked_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
+absl::Status ForwardGroup(const void* q, const void* k, const void* v,
+                          int64_t b, int64_t h, int64_t kv, int64_t t,
+                          int64_t hd, float scale, void* out, float* lse) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
-  Buffer<float> s(scores), block_lse(heads * block);
-  Buffer<BFloat16> p(scores), q_rows(gathered), out_rows(gathered);
+  Buffer<float> s(0, scores), block_lse(1, heads * block);
+  Buffer<BFloat16> p(2, scores), q_rows(3, gathered), out_rows(4, gathered);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
     const int64_t ld = RoundUp(keys, kRowAlign);
@@ -299,18 +313,16 @@ absl::Status BlockedAttentionForward(const void* q, const void* k,
   return absl::OkStatus();
 }
 
-absl::Status BlockedAttentionBackward(const void* q, const void* k,
-                                      const void* v, const void* out,
-                                      const float* lse, const void* dout,
-                                      int64_t b, int64_t h, int64_t kv,
-                                      int64_t t, int64_t hd, float scale,
-                                      void* dq, void* dk, void* dv) {
-  using namespace blocked_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
+absl::Status BackwardGroup(const void* q, const void* k, const void* v,
+                           const void* out, const float* lse, const void* dout,
+                           int64_t b, int64_t h, int64_t kv, int64_t t,
+                           int64_t hd, float scale, void* dq, void* dk,
+                           void* dv) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
   // D = rowsum(dout * out), per (batch, head, row).
-  Buffer<float> delta(heads * t);
+  Buffer<float> delta(0, heads * t);
   {
     const BFloat16* o = static_cast<const BFloat16*>(out);
     const BFloat16* g = static_cast<const BFloat16*>(dout);
@@ -327,14 +339,15 @@ absl::Status BlockedAttentionBackward(const void* q, const void* k,
   // rows' padding up to ld is masked, never read by a matmul).
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
-  Buffer<float> s(scores), dp(scores);
-  Buffer<BFloat16> p(scores), ds(scores);
-  Buffer<float> block_lse(heads * block), block_delta(heads * block);
+  Buffer<float> s(1, scores), dp(2, scores);
+  Buffer<BFloat16> p(3, scores), ds(4, scores);
+  Buffer<float> block_lse(5, heads * block), block_delta(6, heads * block);
   // f32 accumulators of dk and dv over the blocks.
-  Buffer<float> dk_acc(b * kv * t * hd), dv_acc(b * kv * t * hd);
+  Buffer<float> dk_acc(7, b * kv * t * hd), dv_acc(8, b * kv * t * hd);
   std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
   std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
-  Buffer<BFloat16> q_rows(gathered), dout_rows(gathered), dq_rows(gathered);
+  Buffer<BFloat16> q_rows(9, gathered), dout_rows(10, gathered),
+      dq_rows(11, gathered);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
@@ -390,6 +403,67 @@ absl::Status BlockedAttentionBackward(const void* q, const void* k,
   for (int64_t i = 0; i < total; ++i) {
     dk_out[i] = FloatToBFloat16(dk_acc[i]);
     dv_out[i] = FloatToBFloat16(dv_acc[i]);
+  }
+  return absl::OkStatus();
+}
+
+// Kv heads (with their rep query heads) per ForwardGroup / BackwardGroup
+// call: as many as keep the score-shaped work buffers (12 bytes a score)
+// within work_bytes, at least one. [b, h, t, hd] is [b * kv, rep, t, hd],
+// so a run of kv heads is a contiguous slice of every tensor.
+int64_t KvHeadsPerGroup(int64_t rep, int64_t t, int64_t work_bytes) {
+  const int64_t per_kv_head =
+      rep * BlockRows(t) * RoundUp(t, kRowAlign) * int64_t{12};
+  return std::max<int64_t>(1, work_bytes / per_kv_head);
+}
+
+}  // namespace blocked_internal
+
+absl::Status BlockedAttentionForward(const void* q, const void* k,
+                                     const void* v, int64_t b, int64_t h,
+                                     int64_t kv, int64_t t, int64_t hd,
+                                     float scale, void* out, float* lse,
+                                     int64_t work_bytes) {
+  using namespace blocked_internal;  // NOLINT
+  const int64_t rep = h / kv, units = b * kv;
+  const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
+  const BFloat16* qb = static_cast<const BFloat16*>(q);
+  const BFloat16* kb = static_cast<const BFloat16*>(k);
+  const BFloat16* vb = static_cast<const BFloat16*>(v);
+  BFloat16* ob = static_cast<BFloat16*>(out);
+  for (int64_t u = 0; u < units; u += group) {
+    const int64_t n = std::min(group, units - u);
+    const int64_t qo = u * rep * t * hd, ko = u * t * hd;
+    FSDPP_RETURN_IF_ERROR(ForwardGroup(qb + qo, kb + ko, vb + ko, n, rep, 1, t,
+                                       hd, scale, ob + qo, lse + u * rep * t));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BlockedAttentionBackward(const void* q, const void* k,
+                                      const void* v, const void* out,
+                                      const float* lse, const void* dout,
+                                      int64_t b, int64_t h, int64_t kv,
+                                      int64_t t, int64_t hd, float scale,
+                                      void* dq, void* dk, void* dv,
+                                      int64_t work_bytes) {
+  using namespace blocked_internal;  // NOLINT
+  const int64_t rep = h / kv, units = b * kv;
+  const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
+  const BFloat16* qb = static_cast<const BFloat16*>(q);
+  const BFloat16* kb = static_cast<const BFloat16*>(k);
+  const BFloat16* vb = static_cast<const BFloat16*>(v);
+  const BFloat16* ob = static_cast<const BFloat16*>(out);
+  const BFloat16* gb = static_cast<const BFloat16*>(dout);
+  BFloat16* dqb = static_cast<BFloat16*>(dq);
+  BFloat16* dkb = static_cast<BFloat16*>(dk);
+  BFloat16* dvb = static_cast<BFloat16*>(dv);
+  for (int64_t u = 0; u < units; u += group) {
+    const int64_t n = std::min(group, units - u);
+    const int64_t qo = u * rep * t * hd, ko = u * t * hd;
+    FSDPP_RETURN_IF_ERROR(BackwardGroup(
+        qb + qo, kb + ko, vb + ko, ob + qo, lse + u * rep * t, gb + qo, n, rep,
+        1, t, hd, scale, dqb + qo, dkb + ko, dvb + ko));
   }
   return absl::OkStatus();
 }
