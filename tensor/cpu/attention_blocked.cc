@@ -268,6 +268,16 @@ StridedOperand ScoreOperand(const void* data, const Dims& d, int64_t rows,
   return {data, {d.batch(), n, cols}, {n * ld, ld, 1}};
 }
 
+// A block's scores s = scale q k^T (keys [0, keys)), f32 with strides
+// s_strides.
+absl::Status Scores(const Dims& d, const BlockRowsView& q, const void* k,
+                    int64_t keys, const int64_t s_strides[3], float scale,
+                    float* s) {
+  return OneDnnStridedMatmul(DType::kBF16, DType::kF32, q.op,
+                             KvRows(k, d, keys, /*transpose=*/true), s,
+                             s_strides, scale, 0.0f);
+}
+
 int64_t BlockRows(int64_t t) {
   return std::min<int64_t>(t, kBlockedAttentionRows);
 }
@@ -286,12 +296,9 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
     const int64_t ld = RoundUp(keys, kRowAlign);
     const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
-    // S = scale q k^T.
     const BlockRowsView qv =
         QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
-    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kF32, qv.op, KvRows(k, d, keys, true), s.data(),
-        s_strides, scale, 0.0f));
+    FSDPP_RETURN_IF_ERROR(Scores(d, qv, k, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(SoftmaxRows)
     (s.data(), heads * rows, rows, r0, keys, ld, p.data(), block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
@@ -364,9 +371,7 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     const BlockRowsView gv =
         QueryRows(dout, d, r0, rows, Gather(dout, d, r0, rows, &dout_rows));
     // P = exp(scale q k^T - lse).
-    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kF32, qv.op, KvRows(k, d, keys, true), s.data(),
-        s_strides, scale, 0.0f));
+    FSDPP_RETURN_IF_ERROR(Scores(d, qv, k, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(ProbabilityRows)
     (s.data(), heads * rows, rows, r0, keys, ld, block_lse.data(), p.data());
     // dP = dout v^T; dS = P (dP - D).
