@@ -49,9 +49,6 @@ constexpr int64_t kRowAlign = 16;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// Work buffers per call (Buffer's slots).
-constexpr int kWorkSlots = 12;
-
 }  // namespace blocked_internal
 }  // namespace cpu
 }  // namespace fsdpp
@@ -216,29 +213,50 @@ void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter,
   }
 }
 
-// A work buffer of n elements, not initialised, in slot `slot` of the
-// calling thread's work memory: grown on demand and kept for the thread's
-// next call (as oneDNN's scratchpad in onednn_matmul.cc), since fresh pages
-// on every call (page faults, the kernel zeroing them) cost more than the
-// row-wise work itself. A call's buffers take distinct slots.
+// The calling thread's work memory, one buffer per WorkSlot: grown on
+// demand and kept for the thread's next call (as oneDNN's scratchpad in
+// onednn_matmul.cc), since fresh pages on every call (page faults, the
+// kernel zeroing them) cost more than the row-wise work itself. Forward and
+// backward name the same slots, so a thread keeps one set.
+enum WorkSlot {
+  kScores,      // f32 scores, then probabilities
+  kScoreGrads,  // f32 dP
+  kProbs,       // bf16 P
+  kProbGrads,   // bf16 dS
+  kBlockLse,
+  kBlockDelta,
+  kDelta,
+  kDkSum,
+  kDvSum,
+  kQRows,  // gathered rows (rep > 1)
+  kDoutRows,
+  kOutRows,  // out's or dq's rows before the scatter
+  kWorkSlots
+};
+
+char* WorkMemory(WorkSlot slot, size_t bytes) {
+  struct Held {
+    std::unique_ptr<char[]> data;
+    size_t bytes = 0;
+  };
+  thread_local Held held[kWorkSlots];
+  Held& h = held[slot];
+  bytes = std::max<size_t>(1, bytes);
+  if (h.bytes < bytes) {
+    h.data.reset();  // the old one first: peak = the new size
+    h.data.reset(new char[bytes]);
+    h.bytes = bytes;
+  }
+  return h.data.get();
+}
+
+// n elements of T, not initialised, in `slot` of the work memory.
 template <typename T>
 class Buffer {
  public:
-  Buffer(int slot, int64_t n) : size_(n) {
-    struct Slot {
-      std::unique_ptr<char[]> data;
-      size_t bytes = 0;
-    };
-    thread_local Slot slots[kWorkSlots];
-    Slot& s = slots[slot];
-    const size_t bytes = std::max<size_t>(1, n * sizeof(T));
-    if (s.bytes < bytes) {
-      s.data.reset();  // the old one first: peak = the new size
-      s.data.reset(new char[bytes]);
-      s.bytes = bytes;
-    }
-    data_ = reinterpret_cast<T*>(s.data.get());
-  }
+  Buffer(WorkSlot slot, int64_t n)
+      : data_(reinterpret_cast<T*>(WorkMemory(slot, n * sizeof(T)))),
+        size_(n) {}
   T* data() { return data_; }
   int64_t size() const { return size_; }
   T* begin() { return data_; }
@@ -290,8 +308,9 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   const int64_t ld_max = RoundUp(t, kRowAlign);
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
-  Buffer<float> s(0, scores), block_lse(1, heads * block);
-  Buffer<BFloat16> p(2, scores), q_rows(3, gathered), out_rows(4, gathered);
+  Buffer<float> s(kScores, scores), block_lse(kBlockLse, heads * block);
+  Buffer<BFloat16> p(kProbs, scores), q_rows(kQRows, gathered),
+      out_rows(kOutRows, gathered);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
     const int64_t ld = RoundUp(keys, kRowAlign);
@@ -329,7 +348,7 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
   // D = rowsum(dout * out), per (batch, head, row).
-  Buffer<float> delta(0, heads * t);
+  Buffer<float> delta(kDelta, heads * t);
   {
     const BFloat16* o = static_cast<const BFloat16*>(out);
     const BFloat16* g = static_cast<const BFloat16*>(dout);
@@ -346,15 +365,17 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   // rows' padding up to ld is masked, never read by a matmul).
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
-  Buffer<float> s(1, scores), dp(2, scores);
-  Buffer<BFloat16> p(3, scores), ds(4, scores);
-  Buffer<float> block_lse(5, heads * block), block_delta(6, heads * block);
+  Buffer<float> s(kScores, scores), dp(kScoreGrads, scores);
+  Buffer<BFloat16> p(kProbs, scores), ds(kProbGrads, scores);
+  Buffer<float> block_lse(kBlockLse, heads * block),
+      block_delta(kBlockDelta, heads * block);
   // f32 accumulators of dk and dv over the blocks.
-  Buffer<float> dk_acc(7, b * kv * t * hd), dv_acc(8, b * kv * t * hd);
+  Buffer<float> dk_acc(kDkSum, b * kv * t * hd),
+      dv_acc(kDvSum, b * kv * t * hd);
   std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
   std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
-  Buffer<BFloat16> q_rows(9, gathered), dout_rows(10, gathered),
-      dq_rows(11, gathered);
+  Buffer<BFloat16> q_rows(kQRows, gathered), dout_rows(kDoutRows, gathered),
+      dq_rows(kOutRows, gathered);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;

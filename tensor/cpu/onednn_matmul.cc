@@ -5,10 +5,10 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
-#include <vector>
 
 #include "absl/base/casts.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
@@ -21,8 +21,8 @@ namespace {
 
 // Everything a primitive depends on (shapes, strides, dtypes, alpha and
 // beta as bits, bias or not); OneDnnMatmul's and OneDnnStridedMatmul's keys
-// differ in length.
-using Key = std::vector<int64_t>;
+// differ in length. Inline: the lookup every matmul makes allocates nothing.
+using Key = absl::InlinedVector<int64_t, 24>;
 
 dnnl::engine& Engine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
