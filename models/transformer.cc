@@ -210,12 +210,12 @@ absl::Status Transformer::Build() {
     final_norm_ = AddModule(gpt2 ? "ln_f" : "norm", make_norm());
     const std::string head_name = gpt2 ? "lm_head" : "output";
     if (c.tied_embeddings) {
-      lm_head_ = AddModule(head_name, std::make_unique<nn::Linear>(
+      lm_head_ = AddModule(head_name, std::make_unique<nn::LinearCrossEntropy>(
                                           token_embedding_->weight(), false));
     } else {
-      lm_head_ = AddModule(
-          head_name,
-          std::make_unique<nn::Linear>(c.dim, vocab, false, init_std, dtype));
+      lm_head_ =
+          AddModule(head_name, std::make_unique<nn::LinearCrossEntropy>(
+                                   c.dim, vocab, false, init_std, dtype));
     }
   }
 
@@ -338,12 +338,28 @@ absl::Status CheckTargets(const Tensor& input, const Tensor& targets,
 
 }  // namespace
 
+absl::Status Transformer::ArmFusedLoss(const Tensor& targets) {
+  const int64_t chunk = options_.loss_chunk_tokens;
+  if (chunk == 0 || !default_loss_ || lm_head_ == nullptr ||
+      !lm_head_->CanFuseLoss()) {
+    return absl::OkStatus();
+  }
+  return lm_head_->ArmLoss(
+      targets, loss_->ignore_index(),
+      chunk < 0 ? nn::LinearCrossEntropy::kAutoChunk : chunk);
+}
+
 absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
                                                const Tensor& targets) {
   FSDPP_RETURN_IF_ERROR(
       CheckTargets(input, targets, options_.head, "ForwardLoss"));
-  FSDPP_ASSIGN_OR_RETURN(Tensor logits, Forward(input));
-  return loss_->Forward(logits, targets);
+  FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
+  FSDPP_ASSIGN_OR_RETURN(Tensor output, Forward(input));
+  if (!lm_head_->last_forward_fused()) return loss_->Forward(output, targets);
+  const int64_t count = lm_head_->count();
+  if (count == 0 || output.is_meta()) return 0.0f;
+  FSDPP_ASSIGN_OR_RETURN(float total, Item(output));
+  return static_cast<float>(static_cast<double>(total) / count);
 }
 
 absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
@@ -351,11 +367,28 @@ absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
                                                 double weight, Tensor* sum) {
   FSDPP_RETURN_IF_ERROR(
       CheckTargets(input, targets, options_.head, "ForwardLossAccumulate"));
-  FSDPP_ASSIGN_OR_RETURN(Tensor logits, Forward(input));
-  return loss_->ForwardAccumulate(logits, targets, weight, sum);
+  if (sum == nullptr || !sum->defined() || sum->dtype() != DType::kF32 ||
+      sum->numel() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Transformer::ForwardLossAccumulate: the loss sum must be an f32 "
+        "tensor of one element, got ",
+        sum == nullptr ? std::string("null") : sum->ToString()));
+  }
+  FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
+  FSDPP_ASSIGN_OR_RETURN(Tensor output, Forward(input));
+  if (!lm_head_->last_forward_fused()) {
+    return loss_->ForwardAccumulate(output, targets, weight, sum);
+  }
+  const int64_t count = lm_head_->count();
+  if (count == 0 || output.is_meta()) return absl::OkStatus();
+  return Axpy(static_cast<float>(weight / count), output, sum);
 }
 
 absl::Status Transformer::Backward(float loss_scale) {
+  if (lm_head_ != nullptr && lm_head_->fused_pending()) {
+    lm_head_->set_backward_scale(loss_scale);
+    return Module::Backward(Tensor()).status();
+  }
   FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
   return Module::Backward(dlogits).status();
 }

@@ -55,6 +55,7 @@
 #include "nn/block.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
+#include "nn/linear_cross_entropy.h"
 #include "nn/loss.h"
 #include "nn/module.h"
 #include "tensor/tensor.h"
@@ -83,6 +84,15 @@ struct TransformerOptions {
   // query row); false: the unfused Matmul + Softmax path that saves the
   // [B, H, T, T] probabilities (nn::AttentionConfig::fused_attention).
   bool fused_attention = true;
+  // The LM head fused with the loss in ForwardLoss* (nn::LinearCrossEntropy):
+  // logits and their gradient computed this many tokens at a time, never
+  // whole. -1: automatic (chunks of at most 128 MiB of logits, and only where
+  // that saves memory: more tokens than a chunk plus the model width); 0:
+  // never (the head writes whole logits, as Forward does); > 0: always, in
+  // chunks of this many tokens. Only with the default loss (not one set by
+  // set_loss) and a head holding its whole weight with no bias; pipeline
+  // stages run the head unfused.
+  int64_t loss_chunk_tokens = -1;
 
   // Pipeline parallelism: build only a contiguous part of the model (one
   // stage), with the whole model's parameter names. Blocks first_block ..
@@ -142,13 +152,19 @@ class Transformer : public Module {
   absl::Status Backward(float loss_scale = 1.0f);
   using Module::Backward;
   // Targets counted by the last ForwardLoss (the mean's denominator).
-  int64_t last_target_count() const { return loss_->count(); }
+  int64_t last_target_count() const {
+    return lm_head_ != nullptr && lm_head_->last_forward_fused()
+               ? lm_head_->count()
+               : loss_->count();
+  }
 
   // The loss ForwardLoss, Backward() and EvalLoss use (default: mean
   // cross-entropy with ignore index -100). Tensor parallelism's loss
   // parallel sets one that reads vocabulary-sharded logits.
+  // It turns off the fused head (TransformerOptions::loss_chunk_tokens).
   void set_loss(std::unique_ptr<nn::LossFunction> loss) {
     loss_ = std::move(loss);
+    default_loss_ = false;
   }
   const nn::LossFunction& loss() const { return *loss_; }
   nn::LossFunction* mutable_loss() { return loss_.get(); }
@@ -176,7 +192,7 @@ class Transformer : public Module {
   Module* final_norm() const { return final_norm_; }
   // LM head (lm_head / output); shares the token embedding when tied;
   // nullptr for a part without the head.
-  nn::Linear* lm_head() const { return lm_head_; }
+  nn::LinearCrossEntropy* lm_head() const { return lm_head_; }
 
   // Whether forwards recompute each block's activations in backward
   // (nn::ActivationCheckpoint) instead of keeping them. Takes effect at the
@@ -199,6 +215,9 @@ class Transformer : public Module {
   // The final norm and head on the blocks' output x (x itself for a part
   // without the head).
   absl::StatusOr<Tensor> Head(const Tensor& x);
+  // Arms the head's fused loss for this ForwardLoss* when
+  // options_.loss_chunk_tokens and the model allow it.
+  absl::Status ArmFusedLoss(const Tensor& targets);
 
   TransformerConfig config_;
   TransformerOptions options_;
@@ -207,11 +226,12 @@ class Transformer : public Module {
   BlockStack* stack_ = nullptr;
   std::vector<TransformerBlock*> blocks_;
   Module* final_norm_ = nullptr;
-  nn::Linear* lm_head_ = nullptr;
+  nn::LinearCrossEntropy* lm_head_ = nullptr;
   // The logits are the loss's alone: their gradient overwrites them.
   std::unique_ptr<nn::LossFunction> loss_ =
       std::make_unique<nn::CrossEntropyLoss>(-100,
                                              /*gradient_in_place=*/true);
+  bool default_loss_ = true;
 };
 
 }  // namespace models

@@ -184,9 +184,11 @@ TEST(TransformerTest, InitialLossIsNearLogVocab) {
 
 // Central differences of the loss for the largest-gradient element of every
 // parameter, with weights scaled up so the loss is far from flat.
-void CheckGradientsByFiniteDifferences(const TransformerConfig& c) {
-  SCOPED_TRACE(c.name);
-  absl::StatusOr<std::unique_ptr<Transformer>> created = Transformer::Create(c);
+void CheckGradientsByFiniteDifferences(const TransformerConfig& c,
+                                       const TransformerOptions& options = {}) {
+  SCOPED_TRACE(absl::StrCat(c.name, " loss chunk ", options.loss_chunk_tokens));
+  absl::StatusOr<std::unique_ptr<Transformer>> created =
+      Transformer::Create(c, options);
   ASSERT_TRUE(created.ok());
   Transformer& model = **created;
   for (auto& [name, p] : model.NamedParameters()) {
@@ -230,6 +232,10 @@ TEST(TransformerTest, GradientsMatchFiniteDifferences) {
   smol_like.no_rope_every = 2;
   smol_like.name = "llama_debug_nope";
   CheckGradientsByFiniteDifferences(smol_like);
+  TransformerOptions fused_head;
+  fused_head.loss_chunk_tokens = 5;
+  CheckGradientsByFiniteDifferences(Named("gpt2_debug"), fused_head);
+  CheckGradientsByFiniteDifferences(Named("llama_debug"), fused_head);
 }
 
 std::map<std::string, std::vector<float>> Grads(const Module& m) {
@@ -315,6 +321,53 @@ TEST(TransformerTest, IgnoredTargetsAndGradientAccumulation) {
                   1e-6f + 1e-5f * std::fabs(g[i]))
           << name;
     }
+  }
+}
+
+// The LM head fused with the loss (chunks of 5 tokens over 2 x 9, ignored
+// targets, two accumulated micro-batches scaled 0.5 each, on the device
+// sum) against the unfused head: the same losses, counts and gradients (tied
+// GPT-2 head, untied Llama head).
+TEST(TransformerTest, FusedLossHeadMatchesTheUnfusedHead) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(name);
+    TransformerOptions unfused_options;
+    unfused_options.loss_chunk_tokens = 0;
+    TransformerOptions fused_options;
+    fused_options.loss_chunk_tokens = 5;
+    auto unfused = Build(Named(name), unfused_options);
+    auto fused = Build(Named(name), fused_options);
+    const Tensor ids = Ids(2, 9, 512, 21);
+    std::vector<int64_t> t(18);
+    for (int i = 0; i < 18; ++i) t[i] = i % 4 == 2 ? -100 : (i * 53) % 512;
+    const Tensor targets = *Tensor::FromInts({2, 9}, t, DType::kI64);
+    std::vector<float> sums;
+    for (Transformer* m : {unfused.get(), fused.get()}) {
+      Tensor sum = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
+      for (int micro = 0; micro < 2; ++micro) {
+        ASSERT_TRUE(m->ForwardLossAccumulate(ids, targets, 0.5, &sum).ok());
+        EXPECT_EQ(m->last_target_count(), 14);
+        ASSERT_TRUE(m->Backward(0.5f).ok());
+      }
+      sums.push_back(Floats(sum)[0]);
+    }
+    EXPECT_TRUE(fused->lm_head()->last_forward_fused());
+    EXPECT_FALSE(unfused->lm_head()->last_forward_fused());
+    EXPECT_NEAR(sums[1], sums[0], 1e-6f * sums[0]);
+    const auto a = Grads(*unfused), b = Grads(*fused);
+    for (const auto& [param, g] : a) {
+      const std::vector<float>& h = b.at(param);
+      for (size_t i = 0; i < g.size(); ++i) {
+        ASSERT_NEAR(h[i], g[i], 1e-7f + 1e-5f * std::fabs(g[i])) << param;
+      }
+    }
+    EXPECT_NEAR(*fused->ForwardLoss(ids, targets),
+                *unfused->ForwardLoss(ids, targets), 1e-6f * sums[0]);
+    // A loss set from outside (loss parallel's) turns the fused head off.
+    fused->set_loss(std::make_unique<nn::CrossEntropyLoss>());
+    ASSERT_TRUE(fused->ForwardLoss(ids, targets).ok());
+    EXPECT_FALSE(fused->lm_head()->last_forward_fused());
+    ASSERT_TRUE(fused->Backward().ok());
   }
 }
 

@@ -11,9 +11,7 @@
 
 namespace fsdpp {
 namespace nn {
-namespace {
 
-// Targets that are not `ignore_index` (targets is i32 or i64, not meta).
 absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
                                      int64_t ignore_index) {
   // Checked on the host to lie in [0, bound): none is a negative
@@ -26,8 +24,6 @@ absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
   for (int64_t id : ids) count += id != ignore_index;
   return count;
 }
-
-}  // namespace
 
 absl::Status LossFunction::ForwardAccumulate(const Tensor& logits,
                                              const Tensor& targets,

@@ -18,6 +18,12 @@
 namespace fsdpp {
 namespace nn {
 
+// Targets (i32/i64, not meta) that are not `ignore_index`; read from the host
+// copy unless they were checked on the host (Tensor::ids_checked_below) and
+// ignore_index is negative, in which case every target counts.
+absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
+                                     int64_t ignore_index);
+
 // A loss on a model's output: the mean of a per-target loss over the
 // targets that are not ignore_index, and its gradient. A model holds one and
 // can be given another (tensor parallelism's loss parallel computes it on

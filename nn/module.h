@@ -232,6 +232,10 @@ class Module {
   void AddOutputTransform(Transform t) {
     output_transforms_.push_back(std::move(t));
   }
+  // Whether any layout transform is set on this module.
+  bool has_transforms() const {
+    return !input_transforms_.empty() || !output_transforms_.empty();
+  }
 
   using Hook = std::function<absl::Status(Module&)>;
   void AddPreForwardHook(Hook hook) { pre_forward_.push_back(std::move(hook)); }

@@ -89,6 +89,12 @@ absl::Status CheckTensorParallel(const Layout& l,
 }
 
 absl::Status CheckBatch(const Layout& l, const models::TransformerConfig& m) {
+  if (l.loss_chunk_tokens < -1) {
+    return Invalid(
+        absl::StrCat("training.loss_chunk_tokens must be -1 (auto), "
+                     "0 (off) or > 0, got ",
+                     l.loss_chunk_tokens));
+  }
   if (l.micro_batch < 1 || l.grad_accumulation < 1 || l.seq_len < 0) {
     return Invalid(absl::StrCat(
         "training: micro batch ", l.micro_batch, " and accumulation steps ",
@@ -195,13 +201,17 @@ std::string Layout::ToString() const {
                         : std::string());
   }
   return absl::StrFormat(
-      "%s, %s%s, %s/%s%s%s, %s attention, batch %d x %d x %d", mesh,
+      "%s, %s%s, %s/%s%s%s, %s attention%s, batch %d x %d x %d", mesh,
       reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
       hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
       DTypeName(param_dtype), DTypeName(reduce_dtype),
       activation_checkpointing ? ", AC" : "", offload ? ", offload" : "",
-      fused_attention ? "fused" : "unfused", micro_batch, seq_len,
-      grad_accumulation);
+      fused_attention ? "fused" : "unfused",
+      loss_chunk_tokens == -1 ? std::string()
+      : loss_chunk_tokens == 0
+          ? std::string(", unfused loss head")
+          : absl::StrCat(", loss head in ", loss_chunk_tokens, "-token chunks"),
+      micro_batch, seq_len, grad_accumulation);
 }
 
 }  // namespace recipe

@@ -67,6 +67,8 @@ struct Layout {
   bool offload = false;
   bool activation_checkpointing = false;
   bool fused_attention = true;
+  // models::TransformerOptions::loss_chunk_tokens (-1 auto, 0 off, > 0).
+  int64_t loss_chunk_tokens = -1;
   // One micro-batch: micro_batch sequences of seq_len tokens (0: the
   // model's context length); grad_accumulation of them per step and rank.
   int64_t micro_batch = 1;

@@ -71,6 +71,15 @@ TEST(LayoutTest, ToStringSaysEverything) {
   EXPECT_EQ(l.ToString(),
             "W=8 (2 x 2 HSDP) x TP 2 + SP + loss parallel, ZeRO-3 hpZ 2, "
             "bf16/f32, AC, fused attention, batch 2 x 256 x 3");
+  // The loss head's setting when it is not the automatic one.
+  l.loss_chunk_tokens = 0;
+  EXPECT_NE(l.ToString().find("fused attention, unfused loss head, batch"),
+            std::string::npos)
+      << l.ToString();
+  l.loss_chunk_tokens = 512;
+  EXPECT_NE(l.ToString().find(", loss head in 512-token chunks, batch"),
+            std::string::npos)
+      << l.ToString();
 }
 
 TEST(LayoutTest, ValidAndDefaultLayoutsPass) {
@@ -115,6 +124,8 @@ std::vector<Refusal> Refusals() {
        "parallelism.hpz_degree 2 needs parallelism.reshard_after_forward"},
       {[](Layout* l) { l->hpz_degree = 0; },
        "parallelism.hpz_degree must be >= 1"},
+      {[](Layout* l) { l->loss_chunk_tokens = -2; },
+       "training.loss_chunk_tokens must be -1 (auto), 0 (off) or > 0, got -2"},
       {[](Layout* l) {
          l->world = 3;
          l->tp = 3;

@@ -23,6 +23,7 @@ models::TransformerOptions ModelOptions(const Layout& layout) {
   models::TransformerOptions options;
   options.activation_checkpointing = layout.activation_checkpointing;
   options.fused_attention = layout.fused_attention;
+  options.loss_chunk_tokens = layout.loss_chunk_tokens;
   return options;
 }
 

@@ -570,6 +570,7 @@ absl::Status ResolveTraining(const TrainingConfig& config,
   layout.grad_accumulation = config.global_batch() / per_pass;
   layout.activation_checkpointing = config.activation_checkpointing();
   layout.fused_attention = config.fused_attention();
+  layout.loss_chunk_tokens = config.loss_chunk_tokens();
   out->tokens_per_step = config.global_batch() * layout.seq_len;
   return absl::OkStatus();
 }

@@ -147,7 +147,8 @@ TEST(ParseTrainConfigTest, UnknownFieldsWithLineAndColumn) {
             "mixed_precision, seed, activation_checkpointing, adam_beta1, "
             "adam_beta2, adam_eps, initial_loss_scale, "
             "loss_scale_growth_interval, cpu_caching_allocator, "
-            "fused_attention, max_memory_gib, skip_memory_check, device)");
+            "fused_attention, max_memory_gib, skip_memory_check, device, "
+            "loss_chunk_tokens)");
   auto nested = ParseTrainConfig(
       "training { mixed_precision { param: \"bf16\" } }", "run.textproto");
   EXPECT_EQ(Message(nested),

@@ -12,7 +12,9 @@
 #      GPT-2 124M, 8 x 1024 tokens, bf16, AdamW): its mean step over the
 #      measured steps, MFU and host syncs (the loss and norm read at logged
 #      steps only), and a second run of as many steps logging every step,
-#      whose losses must equal the first's logged ones bit for bit;
+#      whose losses must equal the first's logged ones bit for bit; and
+#      once with the LM head and loss unfused (training.loss_chunk_tokens=0)
+#      for its time and peak memory against the fused default;
 #   4. the trainer's first 10 losses on the GPU against the CPU trainer's
 #      on the same data (a smaller batch: 2 x 256);
 #   5. the PyTorch peers of step 3 (tools/bench/pytorch_gpt2_step.py:
@@ -137,6 +139,9 @@ note "fsdpp, GPU, run 1"
 fsdpp_run fsdpp_1 22 --set metrics.log_interval=10
 note "fsdpp, GPU, run 2 (every step logged: bitwise against run 1)"
 fsdpp_run fsdpp_2 22 --set metrics.log_interval=1
+note "fsdpp, GPU, the LM head and loss unfused (time and peak against run 1)"
+fsdpp_run fsdpp_unfused_head 22 --set metrics.log_interval=10 \
+  --set training.loss_chunk_tokens=0
 
 # 4. The first 10 losses, GPU against CPU, at 2 x 256.
 small=(--set training.global_batch=2 --set training.micro_batch=2
@@ -203,6 +208,15 @@ def mean_ms(name):
   t = summary(name).get("step_time_s")
   return 1e3 * t if t else None
 
+def peak_mib(name):
+  # The trainer's "Peak memory/rank: X MiB (planned Y MiB ...)" line.
+  try:
+    m = re.search(r"Peak memory/rank:\s+([0-9.]+) MiB \(planned ([0-9.]+)",
+                  open(os.path.join(out, name + ".log")).read())
+  except OSError:
+    return None
+  return [float(m.group(1)), float(m.group(2))] if m else None
+
 def peer_ms(variant):
   try:
     return 1e3 * json.load(open(os.path.join(out, f"peer_{variant}.json")))[
@@ -227,6 +241,11 @@ bench = {
     "pytorch_eager_ms": peer_ms("eager"),
     "pytorch_compile_ms": peer_ms("compile"),
     "mfu": summary("fsdpp_1").get("mfu"),
+    # The LM head fused with the loss (the default) against unfused
+    # (training.loss_chunk_tokens=0): mean step and [measured, planned] peak.
+    "fsdpp_unfused_head_ms": mean_ms("fsdpp_unfused_head"),
+    "peak_mib_measured_planned": peak_mib("fsdpp_1"),
+    "peak_mib_measured_planned_unfused_head": peak_mib("fsdpp_unfused_head"),
     "bitwise_rerun": bool(losses2) and losses1 == losses2,
     "bitwise_steps": sorted(logged1),
     "first_losses_gpu": gpu10,
