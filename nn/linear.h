@@ -5,10 +5,9 @@
 // embedding table [V, C] as-is: the shared-weight constructor registers the
 // table with ShareParameter, so it is listed (and initialised, sharded,
 // checkpointed) once, under the embedding's name, and both layers accumulate
-// into the same Parameter::grad. The bias is added by a rank-1 Matmul
-// (ones[N, 1] @ b[1, out]) before the main Matmul accumulates on top
-// (beta = 1), so a bf16 output is rounded once. Compute follows the input
-// dtype; parameters of another dtype are cast for the call.
+// into the same Parameter::grad. The bias is added in the matmul's own pass
+// (MatmulOptions::bias), so a bf16 output is rounded once. Compute follows
+// the input dtype; parameters of another dtype are cast for the call.
 #ifndef FSDPP_NN_LINEAR_H_
 #define FSDPP_NN_LINEAR_H_
 
