@@ -22,8 +22,9 @@ struct Case {
 };
 
 // GPT-2 and Llama debug at one rank, 2 x 32 tokens: f32; bf16 compute; bf16
-// with activation checkpointing and 2 micro-batches; ZeRO-2 with the unfused
-// attention; and, with `offload`, FSDP's offloaded state.
+// with activation checkpointing and 2 micro-batches; bf16 with the LM head
+// fused with the loss in chunks of 24 tokens and 2 micro-batches; ZeRO-2 with
+// the unfused attention; and, with `offload`, FSDP's offloaded state.
 inline std::vector<Case> SmallCases(bool offload) {
   std::vector<Case> cases;
   for (const char* model : {"gpt2_debug", "llama_debug"}) {
@@ -38,6 +39,10 @@ inline std::vector<Case> SmallCases(bool offload) {
     ac.activation_checkpointing = true;
     ac.grad_accumulation = 2;
     cases.push_back({model, ac});
+    recipe::Layout fused_head = bf16;
+    fused_head.loss_chunk_tokens = 24;
+    fused_head.grad_accumulation = 2;
+    cases.push_back({model, fused_head});
     recipe::Layout unfused = s;
     unfused.fused_attention = false;
     unfused.reshard_after_forward = false;

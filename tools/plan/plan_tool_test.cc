@@ -85,11 +85,22 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   EXPECT_TRUE(absl::StrContains(
       *out, "params 2.30 GiB (617907200 of 1235814400 elements)"))
       << *out;
-  // Smaller micro-batches (the same global batch) fit.
+  // None fits; the list leads with the least memory: 2 x 2048 tokens a
+  // micro-batch, whose LM head runs fused with the loss (the 2048 of 1 x
+  // 2048 do not outweigh a chunk of logits plus dW, so it stays unfused).
   EXPECT_TRUE(absl::StrContains(
       *out,
-      " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, batch 1 x 2048 "
-      "x 128"))
+      " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, batch 2 x 2048 "
+      "x 64  13.21 GiB"))
+      << *out;
+  // Unfused everywhere, 1 x 2048 needs the least.
+  o.overrides.push_back("training.loss_chunk_tokens=0");
+  out = RunPlanTool(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::StrContains(*out,
+                                " 1. W=2, ZeRO-3, bf16/f32, AC, fused "
+                                "attention, unfused loss head, batch 1 x 2048 "
+                                "x 128  13.38 GiB"))
       << *out;
 }
 
