@@ -33,7 +33,8 @@ absl::Status LinearCrossEntropy::ArmLoss(const Tensor& targets,
   }
   if (chunk_rows < 1 && chunk_rows != kAutoChunk) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "LinearCrossEntropy: chunk_rows must be >= 1 or kAutoChunk, got ", chunk_rows));
+        "LinearCrossEntropy: chunk_rows must be >= 1 or kAutoChunk, got ",
+        chunk_rows));
   }
   if (!targets.defined() ||
       (targets.dtype() != DType::kI32 && targets.dtype() != DType::kI64)) {
@@ -124,8 +125,7 @@ absl::StatusOr<Tensor> LinearCrossEntropy::FusedForward(
     MatmulOptions head;
     head.transpose_b = true;
     FSDPP_RETURN_IF_ERROR(Matmul(x_c, w, &logits, head));
-    FSDPP_RETURN_IF_ERROR(
-        CrossEntropy(logits, t_c, ignore_index_, &losses_c));
+    FSDPP_RETURN_IF_ERROR(CrossEntropy(logits, t_c, ignore_index_, &losses_c));
     // In place: each row is read before it is written.
     FSDPP_RETURN_IF_ERROR(
         CrossEntropyBackward(logits, t_c, ignore_index_, dlosses_c, &logits));
@@ -163,8 +163,8 @@ absl::StatusOr<Tensor> LinearCrossEntropy::FusedBackward() {
   Tensor dx = saved_dx_;
   if (scale != 1.0f) FSDPP_RETURN_IF_ERROR(Scale(dx, scale, &dx));
   if (saved_dw_.defined() && weight()->requires_grad) {
-    FSDPP_ASSIGN_OR_RETURN(
-        GradSink sink, GradSink::For(weight(), saved_dw_.dtype(), true));
+    FSDPP_ASSIGN_OR_RETURN(GradSink sink,
+                           GradSink::For(weight(), saved_dw_.dtype(), true));
     FSDPP_ASSIGN_OR_RETURN(Tensor dw,
                            CastTo(saved_dw_, sink.target()->dtype()));
     FSDPP_RETURN_IF_ERROR(Axpy(scale, dw, sink.target()));

@@ -63,8 +63,8 @@ Result RunHead(LinearCrossEntropy& head, const Tensor& x, const Tensor& targets,
     EXPECT_TRUE(head.last_forward_fused());
     EXPECT_EQ(sum->shape(), (Shape{1}));
     r.count = head.count();
-    r.loss = r.count == 0 ? 0.0f
-                          : static_cast<float>(Values(*sum)[0] / r.count);
+    r.loss =
+        r.count == 0 ? 0.0f : static_cast<float>(Values(*sum)[0] / r.count);
     head.set_backward_scale(scale);
     absl::StatusOr<Tensor> d = head.Backward(Tensor());
     EXPECT_TRUE(d.ok()) << d.status();
@@ -170,8 +170,7 @@ TEST(LinearCrossEntropyTest, AutomaticChunkRunsFusedOnlyWhereItSavesMemory) {
                            LinearCrossEntropy::kAutoChunk));
     ASSERT_OK_AND_ASSIGN(Tensor out, head.Forward(x));
     EXPECT_EQ(head.last_forward_fused(), rows == 515);
-    const Shape expected =
-        rows == 515 ? Shape{1} : Shape{rows, vocab};
+    const Shape expected = rows == 515 ? Shape{1} : Shape{rows, vocab};
     EXPECT_EQ(out.shape(), expected);
     head.ReleaseSavedTensors();
     EXPECT_FALSE(head.fused_pending());
@@ -232,8 +231,8 @@ TEST(LinearCrossEntropyTest, Refusals) {
   ASSERT_OK_AND_ASSIGN(Tensor logits, head.Forward(x));
   EXPECT_EQ(logits.shape(), (Shape{3, 5}));
   // A bad backward scale.
-  ASSERT_OK(head.ArmLoss(*Tensor::FromInts({3}, {1, 2, 3}, DType::kI64),
-                         kIgnore, 2));
+  ASSERT_OK(
+      head.ArmLoss(*Tensor::FromInts({3}, {1, 2, 3}, DType::kI64), kIgnore, 2));
   ASSERT_OK(head.Forward(x).status());
   head.set_backward_scale(0.0f);
   EXPECT_EQ(head.Backward(Tensor()).status().code(),
