@@ -63,16 +63,23 @@ class BlockStack : public Module {
         std::to_string(index),
         std::make_unique<nn::ActivationCheckpoint>(std::move(block))));
     blocks_.push_back(raw);
+    indices_.push_back(index);
     return raw;
   }
 
-  // Whether the next Forward goes through the checkpoint wrappers.
-  void set_checkpointing(bool enabled) { checkpointing_ = enabled; }
-  bool checkpointing() const { return checkpointing_; }
+  // Which blocks the next Forward runs through their checkpoint wrappers,
+  // and in which mode.
+  void set_checkpointing(const nn::CheckpointPolicy& policy) {
+    policy_ = policy;
+  }
+  const nn::CheckpointPolicy& checkpointing() const { return policy_; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override {
-    forward_checkpointed_ = checkpointing_;
+    forward_policy_ = policy_;
+    for (nn::ActivationCheckpoint* w : wrappers_) {
+      w->set_selective(policy_.kind == nn::CheckpointPolicy::Kind::kSelective);
+    }
     Tensor h = x;
     for (size_t i = 0; i < blocks_.size(); ++i) {
       FSDPP_ASSIGN_OR_RETURN(h, Unit(i)->Forward(h));
@@ -90,14 +97,18 @@ class BlockStack : public Module {
 
  private:
   Module* Unit(size_t i) const {
-    return forward_checkpointed_ ? static_cast<Module*>(wrappers_[i])
-                                 : static_cast<Module*>(blocks_[i]);
+    // By the block's index in the whole model: every:N checkpoints the same
+    // blocks whatever the pipeline split.
+    return forward_policy_.Wraps(indices_[i])
+               ? static_cast<Module*>(wrappers_[i])
+               : static_cast<Module*>(blocks_[i]);
   }
 
   std::vector<nn::ActivationCheckpoint*> wrappers_;
   std::vector<TransformerBlock*> blocks_;
-  bool checkpointing_ = false;
-  bool forward_checkpointed_ = false;  // The path the last Forward took.
+  std::vector<int64_t> indices_;
+  nn::CheckpointPolicy policy_;
+  nn::CheckpointPolicy forward_policy_;  // The paths the last Forward took.
 };
 
 // ----------------------------------------------------------------- Transformer
@@ -228,11 +239,12 @@ absl::Status Transformer::Build() {
   return absl::OkStatus();
 }
 
-void Transformer::set_activation_checkpointing(bool enabled) {
-  stack_->set_checkpointing(enabled);
+void Transformer::set_activation_checkpointing(
+    const nn::CheckpointPolicy& policy) {
+  stack_->set_checkpointing(policy);
 }
 
-bool Transformer::activation_checkpointing() const {
+const nn::CheckpointPolicy& Transformer::activation_checkpointing() const {
   return stack_->checkpointing();
 }
 

@@ -53,6 +53,7 @@
 #include "core/dtype.h"
 #include "models/config.h"
 #include "nn/block.h"
+#include "nn/checkpoint_wrapper.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
 #include "nn/linear_cross_entropy.h"
@@ -78,8 +79,9 @@ class TransformerBlock : public nn::Block {
 struct TransformerOptions {
   // dtype of every parameter (f32, bf16 or f16); activations follow it.
   DType param_dtype = DType::kF32;
-  // Initial value of the activation-checkpointing flag.
-  bool activation_checkpointing = false;
+  // Initial activation checkpointing of the blocks (none, full, every Nth
+  // block, or selective: see nn::CheckpointPolicy).
+  nn::CheckpointPolicy activation_checkpointing;
   // The attention core as the fused CausalAttention op (memory O(T) per
   // query row); false: the unfused Matmul + Softmax path that saves the
   // [B, H, T, T] probabilities (nn::AttentionConfig::fused_attention).
@@ -194,11 +196,11 @@ class Transformer : public Module {
   // nullptr for a part without the head.
   nn::LinearCrossEntropy* lm_head() const { return lm_head_; }
 
-  // Whether forwards recompute each block's activations in backward
-  // (nn::ActivationCheckpoint) instead of keeping them. Takes effect at the
-  // next Forward; a Backward follows the path its Forward took.
-  void set_activation_checkpointing(bool enabled);
-  bool activation_checkpointing() const;
+  // Which blocks' forwards recompute their activations in backward
+  // (nn::ActivationCheckpoint) instead of keeping them, and how. Takes effect
+  // at the next Forward; a Backward follows the path its Forward took.
+  void set_activation_checkpointing(const nn::CheckpointPolicy& policy);
+  const nn::CheckpointPolicy& activation_checkpointing() const;
 
  protected:
   // ids [B, T] (i32/i64, 1 <= T <= context_length) -> logits [B, T, Vp]

@@ -244,14 +244,55 @@ std::map<std::string, std::vector<float>> Grads(const Module& m) {
   return out;
 }
 
+// Every policy (full, every:2 on 2 blocks, selective) gives the losses and
+// gradients of no checkpointing bitwise; the activations kept after forward
+// order none > selective > every:2 > full.
+TEST(TransformerTest, EveryCheckpointPolicyIsBitwiseEqual) {
+  for (const char* name : {"gpt2_debug", "llama_debug"}) {
+    SCOPED_TRACE(name);
+    std::vector<int64_t> kept;
+    std::map<std::string, std::vector<float>> reference;
+    float reference_loss = 0;
+    for (const nn::CheckpointPolicy& policy :
+         {nn::CheckpointPolicy::None(), nn::CheckpointPolicy::Selective(),
+          nn::CheckpointPolicy::Every(2), nn::CheckpointPolicy::Full()}) {
+      SCOPED_TRACE(policy.ToString());
+      CpuAllocator fresh;  // exact counts from zero
+      Allocator* previous = SetAllocator(&fresh);
+      TransformerOptions options;
+      options.activation_checkpointing = policy;
+      auto model = Build(Named(name), options);
+      const Tensor ids = Ids(2, 16, 512, 5);
+      const Tensor targets = Ids(2, 16, 512, 6);
+      const float loss = *model->ForwardLoss(ids, targets);
+      kept.push_back(fresh.Stats().current_of(MemoryTag::kActivations) +
+                     fresh.Stats().current_of(MemoryTag::kAttention));
+      ASSERT_TRUE(model->Backward().ok());
+      const auto grads = Grads(*model);
+      model.reset();
+      SetAllocator(previous);
+      if (policy == nn::CheckpointPolicy::None()) {
+        reference = grads;
+        reference_loss = loss;
+        continue;
+      }
+      EXPECT_EQ(loss, reference_loss);
+      EXPECT_EQ(grads, reference);
+    }
+    EXPECT_GT(kept[0], kept[1]);
+    EXPECT_GT(kept[1], kept[2]);
+    EXPECT_GT(kept[2], kept[3]);
+  }
+}
+
 TEST(TransformerTest, ActivationCheckpointingIsBitwiseEqual) {
   for (const char* name : {"gpt2_debug", "llama_debug"}) {
     SCOPED_TRACE(name);
     auto plain = Build(Named(name));
     TransformerOptions options;
-    options.activation_checkpointing = true;
+    options.activation_checkpointing = nn::CheckpointPolicy::Full();
     auto checkpointed = Build(Named(name), options);
-    EXPECT_TRUE(checkpointed->activation_checkpointing());
+    EXPECT_TRUE(checkpointed->activation_checkpointing().enabled());
     const Tensor ids = Ids(2, 16, 512, 5);
     const Tensor targets = Ids(2, 16, 512, 6);
     const float a = *plain->ForwardLoss(ids, targets);
@@ -262,7 +303,7 @@ TEST(TransformerTest, ActivationCheckpointingIsBitwiseEqual) {
     EXPECT_EQ(Grads(*plain), Grads(*checkpointed));
 
     // Toggling off again gives the same gradients once more.
-    checkpointed->set_activation_checkpointing(false);
+    checkpointed->set_activation_checkpointing(nn::CheckpointPolicy::None());
     ASSERT_TRUE(checkpointed->ZeroGrad().ok());
     EXPECT_EQ(*checkpointed->ForwardLoss(ids, targets), a);
     ASSERT_TRUE(checkpointed->Backward().ok());
@@ -289,7 +330,7 @@ TEST(TransformerTest, BlockHooksFireInOrderAndAgainWhenRecomputing) {
   ASSERT_TRUE(model->Backward().ok());
   EXPECT_EQ(events, (std::vector<std::string>{"F0", "F1", "B1", "B0"}));
   events.clear();
-  model->set_activation_checkpointing(true);
+  model->set_activation_checkpointing(nn::CheckpointPolicy::Full());
   ASSERT_TRUE(model->ForwardLoss(ids, ids).ok());
   ASSERT_TRUE(model->Backward().ok());
   EXPECT_EQ(events,

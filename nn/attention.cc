@@ -241,6 +241,13 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
 absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
   const int64_t b = batch_, h = heads_.h, t = seq_len_, hd = config_.head_dim();
   const Device device = q_heads_.device();
+  SelectiveRecompute* selective = SelectiveRecompute::Active();
+  if (selective != nullptr && selective->replaying()) {
+    FSDPP_ASSIGN_OR_RETURN(std::vector<Tensor> out, selective->Replay(this));
+    heads_out_ = out[0];
+    lse_ = out[1];
+    return heads_out_;
+  }
   FSDPP_ASSIGN_OR_RETURN(heads_out_,
                          Tensor::Empty({b, h, t, hd}, q_heads_.dtype(), device,
                                        MemoryTag::kAttention));
@@ -248,6 +255,7 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
                                              MemoryTag::kAttention));
   FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
                                         &heads_out_, &lse_));
+  if (selective != nullptr) selective->Record(this, {heads_out_, lse_});
   return heads_out_;
 }
 

@@ -1,7 +1,8 @@
-// ActivationCheckpoint: gradients bitwise equal to the unwrapped module,
-// finite differences, only the input and the output left in activation
-// memory after forward, transparent names, and the exact hook order with the
-// recomputation.
+// ActivationCheckpoint: gradients bitwise equal to the unwrapped module
+// (full and selective), finite differences, only the input and the output
+// left in activation memory after forward (selective: and the matmuls'
+// outputs, exactly), transparent names, the exact hook order with the
+// recomputation; CheckpointPolicy's forms; SelectiveRecompute's refusals.
 #include "nn/checkpoint_wrapper.h"
 
 #include <cstring>
@@ -60,9 +61,12 @@ TEST(ActivationCheckpointTest, NamesAreTransparent) {
   EXPECT_EQ(modules[10], "blocks.1.norm1:LayerNorm");
 }
 
-TEST(ActivationCheckpointTest, GradientsEqualUnwrappedBitwise) {
+class ActivationCheckpointModeTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ActivationCheckpointModeTest, GradientsEqualUnwrappedBitwise) {
   std::unique_ptr<Block> plain = Gpt2Block(5, 7);
   ActivationCheckpoint wrapped(Gpt2Block(5, 7));
+  wrapped.set_selective(GetParam());
   ASSERT_EQ(Names(*plain), Names(wrapped));
   // Same names, same seed: the same weights.
   ASSERT_OK(Materialize(*plain, 1));
@@ -85,11 +89,15 @@ TEST(ActivationCheckpointTest, GradientsEqualUnwrappedBitwise) {
   }
 }
 
-TEST(ActivationCheckpointTest, FiniteDifferenceGradients) {
+TEST_P(ActivationCheckpointModeTest, FiniteDifferenceGradients) {
   ActivationCheckpoint wrapped(Gpt2Block(5, 7));
+  wrapped.set_selective(GetParam());
   ASSERT_OK(Materialize(wrapped, 4));
   EXPECT_TRUE(CheckGradients(wrapped, RandomTensor({2, 3, 5}, DType::kF32, 5)));
 }
+
+INSTANTIATE_TEST_SUITE_P(FullAndSelective, ActivationCheckpointModeTest,
+                         ::testing::Bool());
 
 TEST(ActivationCheckpointTest, KeepsOnlyInputAndOutput) {
   testing_util::ScopedCpuAllocator fresh;
@@ -119,6 +127,73 @@ TEST(ActivationCheckpointTest, KeepsOnlyInputAndOutput) {
   }
   EXPECT_EQ(activations(), 0);
   EXPECT_GT(plain_saved, 5 * output_bytes);
+
+  // Selective: the output and the three Linears' outputs ([2, 3, 5] of the
+  // attention stand-in, [2, 3, 7] of fc, [2, 3, 5] of proj), nothing else.
+  wrapped.set_selective(true);
+  {
+    ASSERT_OK_AND_ASSIGN(Tensor y, wrapped.Forward(x));
+    EXPECT_EQ(activations(), output_bytes + 2 * 3 * (5 + 7 + 5) * 4);
+    EXPECT_LT(activations(), plain_saved + output_bytes);
+    ASSERT_OK(wrapped.Backward(dy));
+  }
+  EXPECT_EQ(activations(), 0);
+}
+
+TEST(ActivationCheckpointTest, SelectiveReplayNeedsARecordedCall) {
+  Linear a(3, 3), b(3, 3);
+  SelectiveRecompute store;
+  store.Record(&a, {RandomTensor({2, 3}, DType::kF32, 1)});
+  ASSERT_OK(store.Replay(&a).status());
+  // Once only; and nothing for a module that recorded nothing.
+  EXPECT_EQ(store.Replay(&a).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  const absl::Status none = store.Replay(&b).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.message().find("Linear has no recorded output"),
+            std::string::npos)
+      << none;
+  // Released outputs are not replayed.
+  store.Record(&b, {RandomTensor({2, 3}, DType::kF32, 2)});
+  for (Tensor* slot : store.Slots()) *slot = Tensor();
+  EXPECT_EQ(store.Replay(&b).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  // Installed only within its scope.
+  EXPECT_EQ(SelectiveRecompute::Active(), nullptr);
+  {
+    SelectiveRecompute::Scope scope(&store, /*replay=*/true);
+    EXPECT_EQ(SelectiveRecompute::Active(), &store);
+    EXPECT_TRUE(store.replaying());
+  }
+  EXPECT_EQ(SelectiveRecompute::Active(), nullptr);
+}
+
+TEST(CheckpointPolicyTest, FormsAndBlocks) {
+  for (const char* text : {"none", "full", "every:1", "every:3", "selective"}) {
+    ASSERT_OK_AND_ASSIGN(CheckpointPolicy p, CheckpointPolicy::Parse(text));
+    EXPECT_EQ(p.ToString(), text);
+  }
+  EXPECT_EQ(*CheckpointPolicy::Parse("true"), CheckpointPolicy::Full());
+  EXPECT_EQ(*CheckpointPolicy::Parse("false"), CheckpointPolicy::None());
+  for (const char* bad : {"", "every:0", "every:", "every:x", "some", "Full"}) {
+    const absl::Status s = CheckpointPolicy::Parse(bad).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(s.message().find("\"every:N\" (N >= 1)"), std::string::npos) << s;
+  }
+  EXPECT_NE(
+      CheckpointPolicy::Parse("every:0").status().message().find("\"every:0\""),
+      std::string::npos);
+  const CheckpointPolicy every3 = CheckpointPolicy::Every(3);
+  std::vector<int64_t> wrapped;
+  for (int64_t i = 0; i < 7; ++i) {
+    if (every3.Wraps(i)) wrapped.push_back(i);
+  }
+  EXPECT_EQ(wrapped, (std::vector<int64_t>{0, 3, 6}));
+  EXPECT_EQ(every3.FullyRecomputed(7), 3);
+  EXPECT_EQ(CheckpointPolicy::Full().FullyRecomputed(7), 7);
+  EXPECT_EQ(CheckpointPolicy::Selective().FullyRecomputed(7), 0);
+  EXPECT_TRUE(CheckpointPolicy::Selective().Wraps(5));
+  EXPECT_FALSE(CheckpointPolicy::None().Wraps(0));
 }
 
 TEST(ActivationCheckpointTest, HookOrderWithRecomputation) {

@@ -92,5 +92,52 @@ absl::Status GradSink::Commit() {
   return absl::OkStatus();
 }
 
+namespace {
+thread_local SelectiveRecompute* active_recompute = nullptr;
+}  // namespace
+
+SelectiveRecompute* SelectiveRecompute::Active() { return active_recompute; }
+
+void SelectiveRecompute::Record(const Module* module,
+                                std::vector<Tensor> outputs) {
+  calls_.push_back({module, std::move(outputs)});
+}
+
+absl::StatusOr<std::vector<Tensor>> SelectiveRecompute::Replay(
+    const Module* module) {
+  for (Call& call : calls_) {
+    if (call.module != module || call.replayed) continue;
+    call.replayed = true;
+    bool recorded = !call.outputs.empty();
+    for (const Tensor& t : call.outputs) recorded = recorded && t.defined();
+    if (!recorded) break;  // released since
+    std::vector<Tensor> outputs = std::move(call.outputs);
+    call.outputs.clear();
+    return outputs;
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "selective activation checkpointing: ", module->kind(),
+      " has no recorded output to reuse in the recomputation (the "
+      "recomputation must run the first forward's ops in its order)"));
+}
+
+std::vector<Tensor*> SelectiveRecompute::Slots() {
+  std::vector<Tensor*> slots;
+  for (Call& call : calls_) {
+    for (Tensor& t : call.outputs) slots.push_back(&t);
+  }
+  return slots;
+}
+
+void SelectiveRecompute::Clear() { calls_.clear(); }
+
+SelectiveRecompute::Scope::Scope(SelectiveRecompute* store, bool replay)
+    : previous_(active_recompute) {
+  store->replaying_ = replay;
+  active_recompute = store;
+}
+
+SelectiveRecompute::Scope::~Scope() { active_recompute = previous_; }
+
 }  // namespace nn
 }  // namespace fsdpp

@@ -14,6 +14,7 @@
 #define FSDPP_NN_LAYER_UTIL_H_
 
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -83,6 +84,52 @@ class GradSink {
   Parameter* parameter_ = nullptr;
   bool direct_ = false;
   Tensor temporary_;
+};
+
+// Selective activation checkpointing's store (ActivationCheckpoint in
+// selective mode): while one is installed on this thread, the expensive ops
+// of a checkpointed subtree (Linear's matmul, the fused attention core)
+// record their outputs in the first forward and, in the recomputation,
+// take them back instead of computing them again; the cheap ops between
+// them (norms, activations, head copies, RoPE) are recomputed. Each module's
+// outputs come back in the order it recorded them.
+class SelectiveRecompute {
+ public:
+  // The store installed on this thread, or null.
+  static SelectiveRecompute* Active();
+
+  // Whether the installed scope recomputes (else it records).
+  bool replaying() const { return replaying_; }
+  // Records the outputs of one call of `module`'s op.
+  void Record(const Module* module, std::vector<Tensor> outputs);
+  // The outputs `module` recorded for its next call; FailedPrecondition if
+  // it recorded none (the recomputation took another path, or the store
+  // was released).
+  absl::StatusOr<std::vector<Tensor>> Replay(const Module* module);
+  // Every recorded tensor (for ActivationCheckpoint's saved-tensor slots).
+  std::vector<Tensor*> Slots();
+  void Clear();
+
+  // Installs `store` on this thread for the scope, recording or replaying.
+  class Scope {
+   public:
+    Scope(SelectiveRecompute* store, bool replay);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    SelectiveRecompute* previous_;
+  };
+
+ private:
+  struct Call {
+    const Module* module;
+    std::vector<Tensor> outputs;
+    bool replayed = false;
+  };
+  bool replaying_ = false;
+  std::vector<Call> calls_;
 };
 
 }  // namespace nn

@@ -36,6 +36,16 @@ Linear::Linear(Parameter* shared_weight, bool bias)
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   const int64_t in = local_in_features(), out = local_out_features();
   FSDPP_ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
+  // Selective checkpointing reuses the matmul's output, unless a layout
+  // transform (tensor parallelism's collectives, which may work in place)
+  // follows it: that layer recomputes.
+  SelectiveRecompute* selective =
+      has_transforms() ? nullptr : SelectiveRecompute::Active();
+  if (selective != nullptr && selective->replaying()) {
+    FSDPP_ASSIGN_OR_RETURN(std::vector<Tensor> y, selective->Replay(this));
+    saved_x_ = x;
+    return y[0];
+  }
   const DType dtype = x.dtype();
   Shape out_shape = x.shape();
   out_shape.back() = out;
@@ -52,6 +62,7 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   }
   FSDPP_RETURN_IF_ERROR(Matmul(x_rows, w, &y_rows, options));
   saved_x_ = x;
+  if (selective != nullptr) selective->Record(this, {y});
   return y;
 }
 

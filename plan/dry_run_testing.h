@@ -36,7 +36,7 @@ inline std::vector<Case> SmallCases(bool offload) {
     bf16.param_dtype = DType::kBF16;
     cases.push_back({model, bf16});
     recipe::Layout ac = bf16;
-    ac.activation_checkpointing = true;
+    ac.activation_checkpointing = nn::CheckpointPolicy::Full();
     ac.grad_accumulation = 2;
     cases.push_back({model, ac});
     recipe::Layout fused_head = bf16;

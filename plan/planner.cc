@@ -68,10 +68,17 @@ StepTime PredictTime(const models::TransformerConfig& model,
   // pipeline parallelism over its stages (the blocks).
   const int split = s.tp * std::max(1, s.pp);
   const double model_flops = models::FlopsPerToken(model, seq) * tokens / split;
-  // Activation checkpointing runs each block's forward again in backward:
-  // the forward is a third of the training FLOPs.
-  const double flops =
-      model_flops * (s.activation_checkpointing ? 4.0 / 3.0 : 1.0);
+  // Activation checkpointing runs a fully checkpointed block's forward again
+  // in backward (the forward is a third of the training FLOPs); selective
+  // recomputes only the cheap ops between the matmuls (their time is in the
+  // dry run's allocations, below).
+  const double recomputed =
+      model.n_layers > 0
+          ? static_cast<double>(
+                s.activation_checkpointing.FullyRecomputed(model.n_layers)) /
+                model.n_layers
+          : 0.0;
+  const double flops = model_flops * (1.0 + recomputed / 3.0);
   const double rate = s.param_dtype == DType::kF32 ? d.f32_flops : d.bf16_flops;
   const bool llama = model.family == models::ModelFamily::kLlama;
   const bool half = s.param_dtype != DType::kF32;
@@ -445,7 +452,8 @@ absl::StatusOr<std::vector<Candidate>> SearchStrategies(
   for (int64_t mb = base.micro_batch; mb >= 1; mb /= 2) {
     if (per_rank_batch % mb != 0) continue;
     for (bool zero3 : {true, false}) {
-      for (bool ac : {false, true}) {
+      for (const nn::CheckpointPolicy& ac :
+           {nn::CheckpointPolicy::None(), nn::CheckpointPolicy::Full()}) {
         for (bool offload : {false, true}) {
           recipe::Layout s = base;
           s.micro_batch = mb;

@@ -13,7 +13,7 @@ TEST(PlannerTest, Smoke) {
   recipe::Layout s;
   s.world = 8;
   s.param_dtype = DType::kBF16;
-  s.activation_checkpointing = true;
+  s.activation_checkpointing = nn::CheckpointPolicy::Full();
   s.micro_batch = 1;
   s.seq_len = 8192;
   absl::StatusOr<Plan> p = MakePlan(*models::ConfigByName("llama3_8b"), s, d);

@@ -11,6 +11,20 @@ namespace fsdpp {
 namespace recipe {
 namespace {
 
+// ", AC", ", AC every:2", ", AC selective", or nothing.
+std::string AcLabel(const nn::CheckpointPolicy& policy) {
+  switch (policy.kind) {
+    case nn::CheckpointPolicy::Kind::kNone:
+      return "";
+    case nn::CheckpointPolicy::Kind::kFull:
+      return ", AC";
+    case nn::CheckpointPolicy::Kind::kEvery:
+    case nn::CheckpointPolicy::Kind::kSelective:
+      return absl::StrCat(", AC ", policy.ToString());
+  }
+  return "";
+}
+
 absl::Status Invalid(absl::string_view message) {
   return absl::InvalidArgumentError(message);
 }
@@ -205,7 +219,7 @@ std::string Layout::ToString() const {
       reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
       hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
       DTypeName(param_dtype), DTypeName(reduce_dtype),
-      activation_checkpointing ? ", AC" : "", offload ? ", offload" : "",
+      AcLabel(activation_checkpointing), offload ? ", offload" : "",
       fused_attention ? "fused" : "unfused",
       loss_chunk_tokens == -1 ? std::string()
       : loss_chunk_tokens == 0

@@ -26,6 +26,7 @@
 #include "core/dtype.h"
 #include "mesh/device_mesh.h"
 #include "models/config.h"
+#include "nn/checkpoint_wrapper.h"
 
 namespace fsdpp {
 namespace recipe {
@@ -65,7 +66,7 @@ struct Layout {
   DType reduce_dtype = DType::kF32;
   // FSDP offload: masters, gradients and optimizer state in host memory.
   bool offload = false;
-  bool activation_checkpointing = false;
+  nn::CheckpointPolicy activation_checkpointing;
   bool fused_attention = true;
   // models::TransformerOptions::loss_chunk_tokens (-1 auto, 0 off, > 0).
   int64_t loss_chunk_tokens = -1;

@@ -64,7 +64,7 @@ TEST(LayoutTest, ToStringSaysEverything) {
   l.loss_parallel = true;
   l.hpz_degree = 2;
   l.param_dtype = DType::kBF16;
-  l.activation_checkpointing = true;
+  l.activation_checkpointing = nn::CheckpointPolicy::Full();
   l.micro_batch = 2;
   l.seq_len = 256;
   l.grad_accumulation = 3;

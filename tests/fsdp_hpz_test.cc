@@ -131,7 +131,7 @@ TEST(HpzTest, WithActivationCheckpointing) {
   run.axes = {{"dp", 4}};
   run.options.hpz_degree = 2;
   run.setup = [](int, DeviceMesh&, models::Transformer& model, const Units&) {
-    model.set_activation_checkpointing(true);
+    model.set_activation_checkpointing(nn::CheckpointPolicy::Full());
   };
   run.finish = [](int, DeviceMesh&, const Units& units) {
     for (FsdpUnit* block : units.blocks) {

@@ -50,7 +50,7 @@ TEST(ReplicateTest, LlamaParityCheckpointingMicroBatchesAnd2dMesh) {
   run.config = "llama_debug";
   const TrainingResult ref = testing_util::TrainReference(run);
   models::TransformerOptions checkpointed;
-  checkpointed.activation_checkpointing = true;
+  checkpointed.activation_checkpointing = nn::CheckpointPolicy::Full();
   ExpectParity(
       ref,
       testing_util::Train(run, {{"dp", 3}}, testing_util::ReplicateSetup(true),

@@ -22,6 +22,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/text_format.h"
+#include "nn/checkpoint_wrapper.h"
 #include "trainer/data/tokenizers.h"
 
 namespace fsdpp {
@@ -568,7 +569,13 @@ absl::Status ResolveTraining(const TrainingConfig& config,
       config.seq_len() == 0 ? out->model.context_length : config.seq_len();
   layout.micro_batch = micro_batch;
   layout.grad_accumulation = config.global_batch() / per_pass;
-  layout.activation_checkpointing = config.activation_checkpointing();
+  absl::StatusOr<nn::CheckpointPolicy> ac =
+      nn::CheckpointPolicy::Parse(config.activation_checkpointing());
+  if (!ac.ok()) {
+    return Invalid(absl::StrCat("training.activation_checkpointing: ",
+                                ac.status().message()));
+  }
+  layout.activation_checkpointing = *ac;
   layout.fused_attention = config.fused_attention();
   layout.loss_chunk_tokens = config.loss_chunk_tokens();
   out->tokens_per_step = config.global_batch() * layout.seq_len;

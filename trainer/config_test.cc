@@ -203,7 +203,7 @@ TEST(ApplyOverrideTest, SetsEveryScalarType) {
   EXPECT_EQ(config.parallelism().dp_shard(), -1);
   EXPECT_EQ(config.training().seed(), 18446744073709551615ull);
   EXPECT_DOUBLE_EQ(config.training().lr(), 2.5e-4);
-  EXPECT_TRUE(config.training().activation_checkpointing());
+  EXPECT_EQ(config.training().activation_checkpointing(), "true");
   EXPECT_TRUE(config.checkpoint().has_async());
   EXPECT_FALSE(config.checkpoint().async());
   EXPECT_EQ(config.model().name(), "llama_1b");
@@ -723,6 +723,11 @@ TEST(ValidateTest, TrainingErrorMessages) {
       {{"training.device=gpu"},
        2,
        "training.device \"gpu\" is not one of: cpu, cuda"},
+      {{"training.activation_checkpointing=every:0"},
+       2,
+       "training.activation_checkpointing: activation checkpointing "
+       "\"every:0\" must be \"none\", \"full\", \"every:N\" (N >= 1) or "
+       "\"selective\""},
       {{"training.min_lr_ratio=1.5"},
        2,
        "training.min_lr_ratio must be in [0, 1], got 1.5"},

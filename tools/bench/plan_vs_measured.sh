@@ -22,14 +22,14 @@ common=(training.steps="$steps" training.warmup_steps=0 checkpoint.interval=0
 # name | config | world | overrides
 cases=(
   "gpt2 W=1 ZeRO-3|default|1|"
-  "gpt2 W=1 AC|default|1|training.activation_checkpointing=true"
+  "gpt2 W=1 AC|default|1|training.activation_checkpointing=full"
   "gpt2 W=2 ZeRO-3|default|2|"
   "gpt2 W=2 ZeRO-2|default|2|parallelism.reshard_after_forward=false"
   "gpt2 W=2 offload|default|2|parallelism.offload=true"
   "gpt2 W=4 hpZ 2|default|4|parallelism.hpz_degree=2,training.micro_batch=4"
   "gpt2 W=4 HSDP 2x2|default|4|parallelism.dp_replicate=2,parallelism.dp_shard=2,training.micro_batch=4"
   "llama W=4 HSDP bf16|llama_debug|4|"
-  "llama W=2 AC bf16|llama_debug|2|parallelism.dp_replicate=1,parallelism.dp_shard=2,training.activation_checkpointing=true"
+  "llama W=2 AC bf16|llama_debug|2|parallelism.dp_replicate=1,parallelism.dp_shard=2,training.activation_checkpointing=full"
   "gpt2 W=2 TP 2|default|2|parallelism.dp_shard=1,parallelism.tp=2"
   "gpt2 W=4 FSDP 2 x TP 2 SP|default|4|parallelism.dp_shard=2,parallelism.tp=2,parallelism.sequence_parallel=true"
   "gpt2 W=4 TP 4|default|4|parallelism.dp_shard=1,parallelism.tp=4"
@@ -37,7 +37,7 @@ cases=(
   "gpt2 W=2 PP 2 1F1B|default|2|parallelism.dp_shard=1,parallelism.pp=2"
   "gpt2 W=2 PP 2 GPipe|default|2|parallelism.dp_shard=1,parallelism.pp=2,parallelism.pp_schedule=gpipe"
   "gpt2 W=4 PP 2 x TP 2|default|4|parallelism.dp_shard=1,parallelism.pp=2,parallelism.tp=2"
-  "gpt2_124m W=2 bf16 AC|gpt2_124m|2|parallelism.dp_shard=2,training.global_batch=2,training.micro_batch=1,training.seq_len=256,training.activation_checkpointing=true"
+  "gpt2_124m W=2 bf16 AC|gpt2_124m|2|parallelism.dp_shard=2,training.global_batch=2,training.micro_batch=1,training.seq_len=256,training.activation_checkpointing=full"
   "gpt2_124m W=1 f32|gpt2_124m|1|parallelism.dp_shard=1,training.global_batch=2,training.micro_batch=2,training.seq_len=256,training.mixed_precision.param_dtype=f32"
 )
 printf '%-24s %10s %10s %6s   %9s %9s %6s\n' case "peak MiB" planned ratio \
