@@ -25,16 +25,17 @@ std::vector<Tensor*> ActivationCheckpoint::SavedTensorSlots() {
   return slots;
 }
 
+absl::StatusOr<Tensor> ActivationCheckpoint::RunInner(const Tensor& x,
+                                                      bool replay) {
+  if (!forward_selective_) return inner_->Forward(x);
+  SelectiveRecompute::Scope scope(&store_, replay);
+  return inner_->Forward(x);
+}
+
 absl::StatusOr<Tensor> ActivationCheckpoint::ForwardImpl(const Tensor& x) {
   store_.Clear();
   forward_selective_ = selective_;
-  absl::StatusOr<Tensor> y;
-  if (forward_selective_) {
-    SelectiveRecompute::Scope record(&store_, /*replay=*/false);
-    y = inner_->Forward(x);
-  } else {
-    y = inner_->Forward(x);
-  }
+  absl::StatusOr<Tensor> y = RunInner(x, /*replay=*/false);
   inner_->ReleaseSavedTensors();
   if (!y.ok()) {
     store_.Clear();
@@ -47,13 +48,7 @@ absl::StatusOr<Tensor> ActivationCheckpoint::ForwardImpl(const Tensor& x) {
 absl::StatusOr<Tensor> ActivationCheckpoint::BackwardImpl(const Tensor& dy) {
   if (!saved_x_.defined()) return NoSavedForward(kind());
   recomputing_ = true;
-  absl::StatusOr<Tensor> recomputed;
-  if (forward_selective_) {
-    SelectiveRecompute::Scope replay(&store_, /*replay=*/true);
-    recomputed = inner_->Forward(saved_x_);
-  } else {
-    recomputed = inner_->Forward(saved_x_);
-  }
+  absl::StatusOr<Tensor> recomputed = RunInner(saved_x_, /*replay=*/true);
   recomputing_ = false;
   // What the recomputation reused is now held by the modules that saved it.
   store_.Clear();

@@ -91,6 +91,10 @@ class ActivationCheckpoint : public Module {
   std::vector<Tensor*> SavedTensorSlots() override;
 
  private:
+  // inner->Forward(x), in the pending Forward's mode (selective: recording,
+  // or with `replay` reusing what was recorded).
+  absl::StatusOr<Tensor> RunInner(const Tensor& x, bool replay);
+
   Module* inner_;
   Tensor saved_x_;
   bool recomputing_ = false;
