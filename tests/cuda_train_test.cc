@@ -31,6 +31,7 @@
 #include "mesh/device_mesh.h"
 #include "models/config.h"
 #include "models/transformer.h"
+#include "nn/checkpoint_wrapper.h"
 #include "recipe/layout.h"
 #include "recipe/step/step.h"
 #include "recipe/training.h"
@@ -46,6 +47,8 @@ struct RunOptions {
   int steps = 4;
   int64_t rows = 4, seq = 32;
   int64_t vocab_pad_multiple = 0;  // 0 keeps the config's
+  nn::CheckpointPolicy activation_checkpointing;
+  int64_t loss_chunk_tokens = -1;  // recipe::Layout's
 };
 
 struct RunResult {
@@ -121,6 +124,8 @@ absl::StatusOr<RunResult> Train(const RunOptions& o) {
   layout.param_dtype = o.param_dtype;
   layout.micro_batch = o.rows;
   layout.seq_len = o.seq;
+  layout.activation_checkpointing = o.activation_checkpointing;
+  layout.loss_chunk_tokens = o.loss_chunk_tokens;
   // The trainer's arrangement: NCCL for the mesh on a GPU, and a Gloo mesh
   // of the same axes for the host values (the loss).
   FSDPP_ASSIGN_OR_RETURN(
@@ -313,6 +318,42 @@ TEST_P(CudaTrainTest, F32MatchesTheCpu) {
 
 TEST_P(CudaTrainTest, Bf16ComputeMatchesTheCpu) {
   ExpectMatchesCpu(GetParam(), DType::kBF16, 3e-2, 2e-2, 2 * 1e-3 * 4);
+}
+
+// On the GPU (cuDNN's attention in bf16): selective, every:2 and full
+// activation checkpointing train to the bits of none; the LM head fused with
+// the loss (5-token chunks of 128 rows, f32) matches the unfused head.
+TEST_P(CudaTrainTest, CheckpointPoliciesAndTheFusedHead) {
+  RunOptions o;
+  o.model = GetParam();
+  o.device = Device::Cuda(0);
+  o.param_dtype = DType::kBF16;
+  o.loss_chunk_tokens = 0;
+  absl::StatusOr<RunResult> none = Train(o);
+  ASSERT_TRUE(none.ok()) << none.status();
+  for (const nn::CheckpointPolicy& policy :
+       {nn::CheckpointPolicy::Selective(), nn::CheckpointPolicy::Every(2),
+        nn::CheckpointPolicy::Full()}) {
+    SCOPED_TRACE(policy.ToString());
+    o.activation_checkpointing = policy;
+    absl::StatusOr<RunResult> r = Train(o);
+    ASSERT_TRUE(r.ok()) << r.status();
+    ExpectSameBits(*r, *none);
+  }
+  o.activation_checkpointing = nn::CheckpointPolicy::None();
+  o.param_dtype = DType::kF32;
+  absl::StatusOr<RunResult> unfused = Train(o);
+  ASSERT_TRUE(unfused.ok()) << unfused.status();
+  o.loss_chunk_tokens = 5;
+  absl::StatusOr<RunResult> fused = Train(o);
+  ASSERT_TRUE(fused.ok()) << fused.status();
+  ExpectGradientsMatch(*fused, *unfused, 1e-5);
+  ASSERT_EQ(fused->losses.size(), unfused->losses.size());
+  for (size_t s = 0; s < fused->losses.size(); ++s) {
+    EXPECT_NEAR(fused->losses[s], unfused->losses[s],
+                1e-5 * std::fabs(unfused->losses[s]))
+        << "step " << s;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, CudaTrainTest,

@@ -14,7 +14,8 @@
 #      steps only), and a second run of as many steps logging every step,
 #      whose losses must equal the first's logged ones bit for bit; and
 #      once with the LM head and loss unfused (training.loss_chunk_tokens=0)
-#      for its time and peak memory against the fused default;
+#      for its time and peak memory against the fused default; and with
+#      selective and full activation checkpointing;
 #   4. the trainer's first 10 losses on the GPU against the CPU trainer's
 #      on the same data (a smaller batch: 2 x 256);
 #   5. the PyTorch peers of step 3 (tools/bench/pytorch_gpt2_step.py:
@@ -142,6 +143,11 @@ fsdpp_run fsdpp_2 22 --set metrics.log_interval=1
 note "fsdpp, GPU, the LM head and loss unfused (time and peak against run 1)"
 fsdpp_run fsdpp_unfused_head 22 --set metrics.log_interval=10 \
   --set training.loss_chunk_tokens=0
+note "fsdpp, GPU, selective and full activation checkpointing"
+fsdpp_run fsdpp_ac_selective 22 --set metrics.log_interval=10 \
+  --set training.activation_checkpointing=selective
+fsdpp_run fsdpp_ac_full 22 --set metrics.log_interval=10 \
+  --set training.activation_checkpointing=full
 
 # 4. The first 10 losses, GPU against CPU, at 2 x 256.
 small=(--set training.global_batch=2 --set training.micro_batch=2
@@ -246,6 +252,11 @@ bench = {
     "fsdpp_unfused_head_ms": mean_ms("fsdpp_unfused_head"),
     "peak_mib_measured_planned": peak_mib("fsdpp_1"),
     "peak_mib_measured_planned_unfused_head": peak_mib("fsdpp_unfused_head"),
+    # Activation checkpointing (none in run 1): mean step, peak.
+    "fsdpp_ac_selective_ms": mean_ms("fsdpp_ac_selective"),
+    "peak_mib_measured_planned_ac_selective": peak_mib("fsdpp_ac_selective"),
+    "fsdpp_ac_full_ms": mean_ms("fsdpp_ac_full"),
+    "peak_mib_measured_planned_ac_full": peak_mib("fsdpp_ac_full"),
     "bitwise_rerun": bool(losses2) and losses1 == losses2,
     "bitwise_steps": sorted(logged1),
     "first_losses_gpu": gpu10,
