@@ -453,7 +453,8 @@ absl::StatusOr<std::vector<Candidate>> SearchStrategies(
     if (per_rank_batch % mb != 0) continue;
     for (bool zero3 : {true, false}) {
       for (const nn::CheckpointPolicy& ac :
-           {nn::CheckpointPolicy::None(), nn::CheckpointPolicy::Full()}) {
+           {nn::CheckpointPolicy::None(), nn::CheckpointPolicy::Selective(),
+            nn::CheckpointPolicy::Full()}) {
         for (bool offload : {false, true}) {
           recipe::Layout s = base;
           s.micro_batch = mb;

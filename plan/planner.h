@@ -127,10 +127,11 @@ absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
 // predicted step time, tokens/s and MFU.
 std::string FormatPlan(const Plan& plan);
 
-// Strategies for `base` (its world, model, batch and precision kept) with
-// ZeRO-2/3, activation checkpointing, hpZ, offload and micro-batches that
-// keep the global batch, each planned; the ones that fit first (fastest
-// first), then the others (smallest peak first), each with why it does not.
+// Strategies for `base` (its world, model, batch, precision and hpZ kept)
+// with ZeRO-2/3, activation checkpointing (none, selective, full), offload
+// and micro-batches that keep the global batch, each planned; the ones that
+// fit first (fastest first), then the others (smallest peak first), each
+// with why it does not.
 struct Candidate {
   Plan plan;
   std::string why_not;  // empty when it fits
