@@ -366,7 +366,9 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
   FSDPP_RETURN_IF_ERROR(
       CheckTargets(input, targets, options_.head, "ForwardLoss"));
   FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
-  FSDPP_ASSIGN_OR_RETURN(Tensor output, Forward(input));
+  absl::StatusOr<Tensor> forward = Forward(input);
+  lm_head_->Disarm();  // used up, unless the forward failed before the head
+  FSDPP_ASSIGN_OR_RETURN(Tensor output, std::move(forward));
   if (!lm_head_->last_forward_fused()) return loss_->Forward(output, targets);
   const int64_t count = lm_head_->count();
   if (count == 0 || output.is_meta()) return 0.0f;
@@ -387,7 +389,9 @@ absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
         sum == nullptr ? std::string("null") : sum->ToString()));
   }
   FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
-  FSDPP_ASSIGN_OR_RETURN(Tensor output, Forward(input));
+  absl::StatusOr<Tensor> forward = Forward(input);
+  lm_head_->Disarm();  // used up, unless the forward failed before the head
+  FSDPP_ASSIGN_OR_RETURN(Tensor output, std::move(forward));
   if (!lm_head_->last_forward_fused()) {
     return loss_->ForwardAccumulate(output, targets, weight, sum);
   }

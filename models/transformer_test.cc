@@ -404,6 +404,12 @@ TEST(TransformerTest, FusedLossHeadMatchesTheUnfusedHead) {
     }
     EXPECT_NEAR(*fused->ForwardLoss(ids, targets),
                 *unfused->ForwardLoss(ids, targets), 1e-6f * sums[0]);
+    // A forward that fails before the head leaves it unarmed: the next
+    // plain forward gives logits.
+    EXPECT_FALSE(fused->ForwardLoss(Ids(2, 9, 100000, 1), targets).ok());
+    absl::StatusOr<Tensor> logits = fused->Logits(ids);
+    ASSERT_TRUE(logits.ok()) << logits.status();
+    EXPECT_EQ(logits->ndim(), 3);
     // A loss set from outside (loss parallel's) turns the fused head off.
     fused->set_loss(std::make_unique<nn::CrossEntropyLoss>());
     ASSERT_TRUE(fused->ForwardLoss(ids, targets).ok());

@@ -60,6 +60,9 @@ class LinearCrossEntropy : public Linear {
   // used up by that Forward (a failed one too).
   absl::Status ArmLoss(const Tensor& targets, int64_t ignore_index,
                        int64_t chunk_rows);
+  // Drops an arming no Forward used (after a failed forward upstream, so
+  // that a later plain Forward gives logits).
+  void Disarm() { armed_targets_ = Tensor(); }
   // Whether the last Forward ran the fused form.
   bool last_forward_fused() const { return last_fused_; }
   // Non-ignored targets in the last fused Forward (the mean's denominator).
