@@ -370,10 +370,7 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
   lm_head_->Disarm();  // used up, unless the forward failed before the head
   FSDPP_ASSIGN_OR_RETURN(Tensor output, std::move(forward));
   if (!lm_head_->last_forward_fused()) return loss_->Forward(output, targets);
-  const int64_t count = lm_head_->count();
-  if (count == 0 || output.is_meta()) return 0.0f;
-  FSDPP_ASSIGN_OR_RETURN(float total, Item(output));
-  return static_cast<float>(static_cast<double>(total) / count);
+  return nn::MeanOfTotal(output, lm_head_->count());  // count 0 on meta
 }
 
 absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
@@ -381,13 +378,6 @@ absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
                                                 double weight, Tensor* sum) {
   FSDPP_RETURN_IF_ERROR(
       CheckTargets(input, targets, options_.head, "ForwardLossAccumulate"));
-  if (sum == nullptr || !sum->defined() || sum->dtype() != DType::kF32 ||
-      sum->numel() != 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Transformer::ForwardLossAccumulate: the loss sum must be an f32 "
-        "tensor of one element, got ",
-        sum == nullptr ? std::string("null") : sum->ToString()));
-  }
   FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
   absl::StatusOr<Tensor> forward = Forward(input);
   lm_head_->Disarm();  // used up, unless the forward failed before the head
@@ -395,9 +385,9 @@ absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
   if (!lm_head_->last_forward_fused()) {
     return loss_->ForwardAccumulate(output, targets, weight, sum);
   }
-  const int64_t count = lm_head_->count();
-  if (count == 0 || output.is_meta()) return absl::OkStatus();
-  return Axpy(static_cast<float>(weight / count), output, sum);
+  FSDPP_RETURN_IF_ERROR(nn::CheckLossSum(sum, output.device(),
+                                         "Transformer::ForwardLossAccumulate"));
+  return nn::AccumulateMean(output, lm_head_->count(), weight, sum);
 }
 
 absl::Status Transformer::Backward(float loss_scale) {

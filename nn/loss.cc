@@ -25,6 +25,32 @@ absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
   return count;
 }
 
+absl::Status CheckLossSum(const Tensor* sum, Device device,
+                          absl::string_view who) {
+  if (sum != nullptr && sum->defined() && sum->dtype() == DType::kF32 &&
+      sum->numel() == 1 && sum->device() == device) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(who,
+                   ": the loss sum must be an f32 tensor of one element on the "
+                   "logits' device (",
+                   device.ToString(), "), got ",
+                   sum == nullptr ? std::string("null") : sum->ToString()));
+}
+
+absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count) {
+  if (count == 0) return 0.0f;
+  FSDPP_ASSIGN_OR_RETURN(float value, Item(total));
+  return static_cast<float>(static_cast<double>(value) / count);
+}
+
+absl::Status AccumulateMean(const Tensor& total, int64_t count, double weight,
+                            Tensor* sum) {
+  if (count == 0) return absl::OkStatus();
+  return Axpy(static_cast<float>(weight / count), total, sum);
+}
+
 absl::Status LossFunction::ForwardAccumulate(const Tensor& logits,
                                              const Tensor& targets,
                                              double weight, Tensor* sum) {
@@ -68,28 +94,20 @@ absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
                          EmptyTemporary({1}, DType::kF32, logits.device()));
   if (count_ == 0) return 0.0f;  // meta, or nothing counted
   FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
-  FSDPP_ASSIGN_OR_RETURN(float total, Item(sum));
-  return static_cast<float>(static_cast<double>(total) / count_);
+  return MeanOfTotal(sum, count_);
 }
 
 absl::Status CrossEntropyLoss::ForwardAccumulate(const Tensor& logits,
                                                  const Tensor& targets,
                                                  double weight, Tensor* sum) {
-  if (sum == nullptr || !sum->defined() || sum->dtype() != DType::kF32 ||
-      sum->numel() != 1 || sum->device() != logits.device()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CrossEntropyLoss: the loss sum must be an f32 tensor of one element "
-        "on the logits' device (",
-        logits.device().ToString(), "), got ",
-        sum == nullptr ? std::string("null") : sum->ToString()));
-  }
+  FSDPP_RETURN_IF_ERROR(CheckLossSum(sum, logits.device(), "CrossEntropyLoss"));
   Tensor losses;
   FSDPP_RETURN_IF_ERROR(RowLosses(logits, targets, &losses));
   FSDPP_ASSIGN_OR_RETURN(Tensor total,
                          EmptyTemporary({1}, DType::kF32, logits.device()));
   if (count_ == 0) return absl::OkStatus();  // meta, or nothing counted
   FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &total));
-  return Axpy(static_cast<float>(weight / count_), total, sum);
+  return AccumulateMean(total, count_, weight, sum);
 }
 
 absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {

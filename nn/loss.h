@@ -13,6 +13,8 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/device.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -23,6 +25,17 @@ namespace nn {
 // ignore_index is negative, in which case every target counts.
 absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
                                      int64_t ignore_index);
+
+// InvalidArgument, naming `who`, unless `sum` (ForwardAccumulate's running
+// loss) is an f32 tensor of one element on `device`.
+absl::Status CheckLossSum(const Tensor* sum, Device device,
+                          absl::string_view who);
+// The mean `total` / `count` of a loss total (f32, one element), read back;
+// 0 when nothing was counted (or on meta tensors, count 0 there).
+absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count);
+// *sum += weight * total / count on the device; nothing when count is 0.
+absl::Status AccumulateMean(const Tensor& total, int64_t count, double weight,
+                            Tensor* sum);
 
 // A loss on a model's output: the mean of a per-target loss over the
 // targets that are not ignore_index, and its gradient. A model holds one and
