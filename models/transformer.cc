@@ -136,6 +136,23 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
         options.num_blocks, " blocks, -1 = to the end) does not fit the ", n,
         " blocks of ", config.name));
   }
+  if (options.document_eot_id >= 0 &&
+      (!options.fused_attention || !options.embedding ||
+       options.first_block != 0 ||
+       (options.num_blocks != -1 && options.num_blocks != n) ||
+       !options.head)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Transformer: document masking (end-of-text id ",
+        options.document_eot_id,
+        ") needs the fused attention and a whole model (not a pipeline "
+        "stage)"));
+  }
+  if (options.document_eot_id >= config.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transformer: document masking's end-of-text id ",
+                     options.document_eot_id, " is not in the vocabulary of ",
+                     config.vocab_size, " tokens"));
+  }
   TransformerOptions resolved = options;
   if (resolved.num_blocks == -1) resolved.num_blocks = n - options.first_block;
   if (resolved.num_blocks == 0 && !resolved.embedding && !resolved.head) {
@@ -274,9 +291,27 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
         "ids ", ids.ToString(),
         " must be i32/i64 [B, T] with 1 <= T <= ", config_.context_length));
   }
+  const int64_t b = ids.dim(0), t = ids.dim(1);
+  documents_ = nn::DocumentMasks();
+  if (options_.document_eot_id >= 0) {
+    FSDPP_ASSIGN_OR_RETURN(documents_.key_start,
+                           Tensor::Empty({b, t}, DType::kI32, ids.device(),
+                                         MemoryTag::kActivations));
+    FSDPP_ASSIGN_OR_RETURN(documents_.positions,
+                           Tensor::Empty({b, t}, DType::kI32, ids.device(),
+                                         MemoryTag::kActivations));
+    FSDPP_RETURN_IF_ERROR(DocumentMask(ids, options_.document_eot_id,
+                                       &documents_.key_start,
+                                       &documents_.positions));
+  }
   FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(ids));
-  if (position_embedding_ != nullptr) {
-    const int64_t b = ids.dim(0), t = ids.dim(1);
+  if (position_embedding_ != nullptr && documents_.positions.defined()) {
+    // Positions within the documents (< t: no range check needed).
+    documents_.positions.MarkIdsCheckedBelow(t);
+    FSDPP_ASSIGN_OR_RETURN(Tensor pos,
+                           position_embedding_->Forward(documents_.positions));
+    FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
+  } else if (position_embedding_ != nullptr) {
     Tensor positions;
     if (ids.is_meta()) {
       FSDPP_ASSIGN_OR_RETURN(positions,
@@ -302,6 +337,8 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
     // The token embedding's output is saved by no one: add in place.
     FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
   }
+  const nn::DocumentMasks::Scope masks(
+      documents_.key_start.defined() ? &documents_ : nullptr);
   FSDPP_ASSIGN_OR_RETURN(x, stack_->Forward(x));
   return Head(x);
 }
@@ -313,12 +350,15 @@ absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
+  const nn::DocumentMasks::Scope masks(
+      documents_.key_start.defined() ? &documents_ : nullptr);
   Tensor dx = doutput;
   if (options_.head) {
     FSDPP_ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));
     FSDPP_ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
   }
   FSDPP_ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
+  ReleaseOwnSavedTensors();  // the document masks
   if (!options_.embedding) return dx;
   // x = wte(ids) + wpe(positions): both tables get dx.
   FSDPP_RETURN_IF_ERROR(token_embedding_->Backward(dx).status());

@@ -52,6 +52,7 @@
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "models/config.h"
+#include "nn/attention.h"
 #include "nn/block.h"
 #include "nn/checkpoint_wrapper.h"
 #include "nn/embedding.h"
@@ -95,6 +96,13 @@ struct TransformerOptions {
   // set_loss) and a head holding its whole weight with no bias; pipeline
   // stages run the head unfused.
   int64_t loss_chunk_tokens = -1;
+  // Document masking of packed sequences: >= 0 is the end-of-text id that
+  // begins each document (ops.h DocumentMask); attention then stays within
+  // each document and positions (RoPE's, wpe's) restart at each one, so a
+  // packed row trains as its documents would one by one. -1: off (whole
+  // rows are one sequence). Needs the fused attention and the embeddings
+  // (a whole model, not a pipeline stage). CPU only for now.
+  int64_t document_eot_id = -1;
 
   // Pipeline parallelism: build only a contiguous part of the model (one
   // stage), with the whole model's parameter names. Blocks first_block ..
@@ -209,6 +217,9 @@ class Transformer : public Module {
   // dlogits [B, T, Vp] -> undefined (ids have no gradient); a part: the
   // gradient of its output -> that of its input.
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& doutput) override;
+  std::vector<Tensor*> SavedTensorSlots() override {
+    return {&documents_.key_start, &documents_.positions};
+  }
 
  private:
   Transformer(const TransformerConfig& config,
@@ -234,6 +245,10 @@ class Transformer : public Module {
       std::make_unique<nn::CrossEntropyLoss>(-100,
                                              /*gradient_in_place=*/true);
   bool default_loss_ = true;
+  // Document masking: the masks of the batch in flight, from Forward to the
+  // end of Backward (installed over both: activation checkpointing's
+  // recomputation runs inside Backward).
+  nn::DocumentMasks documents_;
 };
 
 }  // namespace models

@@ -22,15 +22,31 @@ namespace fsdpp {
 namespace nn {
 namespace {
 
-// Rotates every [hd] row of t [B, n, T, hd] in place (position = t), or
-// applies the inverse rotation with `backward`.
+thread_local const DocumentMasks* active_documents = nullptr;
+
+// Rotates every [hd] row of t [B, n, T, hd] in place (position = t, or
+// `positions` [B, T] when defined), or applies the inverse rotation with
+// `backward`.
 absl::Status ApplyRope(Tensor* t, const std::vector<float>& inv_freq,
-                       bool backward) {
+                       bool backward, const Tensor& positions) {
   if (t->is_meta() || t->numel() == 0) return absl::OkStatus();
-  return Rope(t, inv_freq, backward);
+  return Rope(t, inv_freq, backward,
+              positions.defined() ? &positions : nullptr);
 }
 
+// Null for an undefined tensor.
+const Tensor* OrNull(const Tensor& t) { return t.defined() ? &t : nullptr; }
+
 }  // namespace
+
+const DocumentMasks* DocumentMasks::Active() { return active_documents; }
+
+DocumentMasks::Scope::Scope(const DocumentMasks* masks)
+    : previous_(active_documents) {
+  active_documents = masks;
+}
+
+DocumentMasks::Scope::~Scope() { active_documents = previous_; }
 
 AttentionConfig AttentionConfig::Gpt2(int64_t dim, int64_t n_heads,
                                       int64_t max_seq_len) {
@@ -214,9 +230,28 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     FSDPP_RETURN_IF_ERROR(SplitHeads(k4, heads_.kv_first, &k));
     FSDPP_RETURN_IF_ERROR(SplitHeads(v4, heads_.kv_first, &v));
   }
+  key_start_ = positions_ = Tensor();
+  if (const DocumentMasks* docs = DocumentMasks::Active(); docs != nullptr) {
+    if (!config_.fused_attention) {
+      return absl::UnimplementedError(
+          "CausalSelfAttention: document masking needs the fused attention "
+          "(fused_attention = true)");
+    }
+    const Shape bt = {b, t};
+    if (docs->key_start.shape() != bt || docs->positions.shape() != bt) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CausalSelfAttention: document masks ", docs->key_start.ToString(),
+          " / ", docs->positions.ToString(),
+          " must be [B, T] = ", ShapeToString(bt), " like the input"));
+    }
+    key_start_ = docs->key_start;
+    positions_ = docs->positions;
+  }
   if (config_.rope) {
-    FSDPP_RETURN_IF_ERROR(ApplyRope(&q, rope_inv_freq_, /*backward=*/false));
-    FSDPP_RETURN_IF_ERROR(ApplyRope(&k, rope_inv_freq_, /*backward=*/false));
+    FSDPP_RETURN_IF_ERROR(
+        ApplyRope(&q, rope_inv_freq_, /*backward=*/false, positions_));
+    FSDPP_RETURN_IF_ERROR(
+        ApplyRope(&k, rope_inv_freq_, /*backward=*/false, positions_));
   }
   q_heads_ = std::move(q);
   k_heads_ = std::move(k);
@@ -254,7 +289,8 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
   FSDPP_ASSIGN_OR_RETURN(lse_, Tensor::Empty({b, h, t}, DType::kF32, device,
                                              MemoryTag::kAttention));
   FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
-                                        &heads_out_, &lse_));
+                                        &heads_out_, &lse_,
+                                        OrNull(key_start_)));
   if (selective != nullptr) selective->Record(this, {heads_out_, lse_});
   return heads_out_;
 }
@@ -330,18 +366,21 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   FSDPP_ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
   if (config_.fused_attention) {
-    FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(q_heads_, k_heads_, v_heads_,
-                                                  heads_out_, lse_, dout,
-                                                  Scale(), &dq, &dk, &dv));
+    FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(
+        q_heads_, k_heads_, v_heads_, heads_out_, lse_, dout, Scale(), &dq, &dk,
+        &dv, OrNull(key_start_)));
   } else {
     FSDPP_RETURN_IF_ERROR(UnfusedBackward(dout, &dq, &dk, &dv));
   }
   dout = Tensor();
+  const Tensor positions = positions_;  // shared, outlives the release
   ReleaseOwnSavedTensors();
 
   if (config_.rope) {
-    FSDPP_RETURN_IF_ERROR(ApplyRope(&dq, rope_inv_freq_, /*backward=*/true));
-    FSDPP_RETURN_IF_ERROR(ApplyRope(&dk, rope_inv_freq_, /*backward=*/true));
+    FSDPP_RETURN_IF_ERROR(
+        ApplyRope(&dq, rope_inv_freq_, /*backward=*/true, positions));
+    FSDPP_RETURN_IF_ERROR(
+        ApplyRope(&dk, rope_inv_freq_, /*backward=*/true, positions));
   }
 
   // Heads back to the projections' layout, then through the projections

@@ -26,6 +26,12 @@
 // by the output projection) are tagged kActivations, the core's own memory
 // (probabilities and score buffers, or the fused output and log-sum-exp)
 // kAttention; all are released by Backward or ReleaseSavedTensors.
+//
+// Document masking: while a DocumentMasks::Scope is installed on the thread
+// (the Transformer installs its batch's over its forward and backward), the
+// attention core keeps each token within its document (ops.h DocumentMask's
+// key starts) and RoPE rotates by the positions within the documents; the
+// forward keeps references to both for its backward. Fused attention only.
 #ifndef FSDPP_NN_ATTENTION_H_
 #define FSDPP_NN_ATTENTION_H_
 
@@ -42,6 +48,27 @@
 
 namespace fsdpp {
 namespace nn {
+
+// The packed documents of the batch being run (ops.h DocumentMask):
+// key_start and positions, i32 [B, T], on the activations' device.
+struct DocumentMasks {
+  Tensor key_start;
+  Tensor positions;
+
+  // The masks installed on this thread, or null.
+  static const DocumentMasks* Active();
+  // Installs `masks` (null: none) on this thread for the scope.
+  class Scope {
+   public:
+    explicit Scope(const DocumentMasks* masks);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    const DocumentMasks* previous_;
+  };
+};
 
 // Shape and options of a CausalSelfAttention.
 struct AttentionConfig {
@@ -94,7 +121,8 @@ class CausalSelfAttention : public Module {
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
   std::vector<Tensor*> SavedTensorSlots() override {
-    return {&q_heads_, &k_heads_, &v_heads_, &probs_, &heads_out_, &lse_};
+    return {&q_heads_,   &k_heads_, &v_heads_,   &probs_,
+            &heads_out_, &lse_,     &key_start_, &positions_};
   }
 
  private:
@@ -145,6 +173,10 @@ class CausalSelfAttention : public Module {
   // [B, H, T] f32.
   Tensor heads_out_;
   Tensor lse_;
+  // Document masking (the installed DocumentMasks' tensors, shared): the
+  // keys' starts and RoPE's positions; undefined without.
+  Tensor key_start_;
+  Tensor positions_;
 };
 
 }  // namespace nn

@@ -63,29 +63,36 @@ class Backend {
                                        int64_t rows, int64_t n, Tensor* dx) = 0;
   // Fused causal attention (tensor/kernels/attention.h): q [b, h, t, hd],
   // k and v [b, kv, t, hd], out [b, h, t, hd] in q's dtype, lse [b, h, t]
-  // f32. Shapes and dtypes are checked by tensor/ops.cc.
+  // f32; key_start: null or i32 [b, t] (document masking, ops.h). Shapes and
+  // dtypes are checked by tensor/ops.cc.
   virtual absl::Status CausalAttention(const Tensor& q, const Tensor& k,
                                        const Tensor& v, int64_t b, int64_t h,
                                        int64_t kv, int64_t t, int64_t hd,
-                                       float scale, Tensor* out,
-                                       Tensor* lse) = 0;
+                                       float scale, const Tensor* key_start,
+                                       Tensor* out, Tensor* lse) = 0;
   // Its backward, recomputing the probabilities from lse: dq like q, dk and
   // dv like k and v (overwritten, not accumulated).
   virtual absl::Status CausalAttentionBackward(
       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
       const Tensor& lse, const Tensor& dout, int64_t b, int64_t h, int64_t kv,
-      int64_t t, int64_t hd, float scale, Tensor* dq, Tensor* dk,
-      Tensor* dv) = 0;
+      int64_t t, int64_t hd, float scale, const Tensor* key_start, Tensor* dq,
+      Tensor* dk, Tensor* dv) = 0;
+  // ops.h DocumentMask on ids [b, t] (i32 or i64).
+  virtual absl::Status DocumentMask(const Tensor& ids, int64_t b, int64_t t,
+                                    int64_t eot_id, Tensor* key_start,
+                                    Tensor* positions) = 0;
   // Head layouts: the wide tensor is [b, t, heads, hd], the other [b, n, t,
   // hd] holding heads [first, first + n); merge copies into the wide one.
   virtual absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b,
                                  int64_t t, int64_t heads, int64_t first,
                                  int64_t n, int64_t hd, bool merge) = 0;
   // Rotary embedding in place on `rows` rows of head_dim (row r at position
-  // r % seq_len); inv_freq: head_dim / 2 floats on the host.
+  // r % seq_len, or with `positions` (i32 [batch, seq_len]) at
+  // positions[r / (rows / batch), r % seq_len]); inv_freq: head_dim / 2
+  // floats on the host.
   virtual absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len,
                             int64_t head_dim, const float* inv_freq,
-                            bool inverse) = 0;
+                            bool inverse, const Tensor* positions) = 0;
   virtual absl::Status LayerNorm(const Tensor& x, const Tensor& weight,
                                  const Tensor* bias, float eps, int64_t rows,
                                  int64_t c, Tensor* out, Tensor* mean,

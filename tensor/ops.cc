@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <initializer_list>
+#include <limits>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -435,10 +436,28 @@ absl::StatusOr<AttentionDims> CheckAttention(
   return d;
 }
 
+// A document mask's key starts: null, or i32 [B, T] on the op's device.
+absl::Status CheckKeyStart(const char* op, const Tensor* key_start,
+                           const Device& device, const AttentionDims& d,
+                           std::initializer_list<Named> args) {
+  if (key_start == nullptr) return absl::OkStatus();
+  if (!key_start->defined() || key_start->dtype() != DType::kI32 ||
+      key_start->shape() != Shape{d.b, d.t} || key_start->device() != device) {
+    return Invalid(op,
+                   absl::StrCat("key_start ",
+                                key_start->defined() ? key_start->ToString()
+                                                     : "(undefined)",
+                                " must be i32 [B, T] on the device of q"),
+                   args);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
-                             float scale, Tensor* out, Tensor* lse) {
+                             float scale, Tensor* out, Tensor* lse,
+                             const Tensor* key_start) {
   constexpr const char* kOp = "CausalAttention";
   std::initializer_list<Named> args = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"out", out}, {"lse", lse}};
@@ -450,17 +469,18 @@ absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (lse->dtype() != DType::kF32 || lse->shape() != Shape{d.b, d.h, d.t}) {
     return Invalid(kOp, "lse must be f32 [B, H, T]", args);
   }
+  FSDPP_RETURN_IF_ERROR(CheckKeyStart(kOp, key_start, backend_device, d, args));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->CausalAttention(q, k, v, d.b, d.h, d.kv, d.t, d.hd,
-                                        scale, out, lse);
+                                        scale, key_start, out, lse);
 }
 
 absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out,
                                      const Tensor& lse, const Tensor& dout,
                                      float scale, Tensor* dq, Tensor* dk,
-                                     Tensor* dv) {
+                                     Tensor* dv, const Tensor* key_start) {
   constexpr const char* kOp = "CausalAttentionBackward";
   std::initializer_list<Named> args = {
       {"q", &q},       {"k", &k},  {"v", &v},  {"out", &out}, {"lse", &lse},
@@ -481,10 +501,34 @@ absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
   if (lse.dtype() != DType::kF32 || lse.shape() != Shape{d.b, d.h, d.t}) {
     return Invalid(kOp, "lse must be f32 [B, H, T]", args);
   }
+  FSDPP_RETURN_IF_ERROR(CheckKeyStart(kOp, key_start, backend_device, d, args));
   return backend == nullptr ? absl::OkStatus()
                             : backend->CausalAttentionBackward(
                                   q, k, v, out, lse, dout, d.b, d.h, d.kv, d.t,
-                                  d.hd, scale, dq, dk, dv);
+                                  d.hd, scale, key_start, dq, dk, dv);
+}
+
+absl::Status DocumentMask(const Tensor& ids, int64_t eot_id, Tensor* key_start,
+                          Tensor* positions) {
+  constexpr const char* kOp = "DocumentMask";
+  std::initializer_list<Named> args = {
+      {"ids", &ids}, {"key_start", key_start}, {"positions", positions}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  if (ids.ndim() != 2 ||
+      (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64)) {
+    return Invalid(kOp, "ids must be i32 or i64 [B, T]", args);
+  }
+  if (key_start->dtype() != DType::kI32 || key_start->shape() != ids.shape() ||
+      positions->dtype() != DType::kI32 || positions->shape() != ids.shape()) {
+    return Invalid(kOp, "key_start and positions must be i32 shaped like ids",
+                   args);
+  }
+  if (ids.dim(1) > std::numeric_limits<int32_t>::max()) {
+    return Invalid(kOp, "rows longer than int32 positions", args);
+  }
+  if (backend == nullptr || ids.numel() == 0) return absl::OkStatus();
+  return backend->DocumentMask(ids, ids.dim(0), ids.dim(1), eot_id, key_start,
+                               positions);
 }
 
 namespace {
@@ -635,7 +679,8 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst) {
                             first, src.dim(1), dst->dim(3), /*merge=*/true);
 }
 
-absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse) {
+absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse,
+                  const Tensor* positions) {
   constexpr const char* kOp = "Rope";
   FSDPP_BACKEND_OR_RETURN(backend, kOp, {{"x", x}});
   FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"x", x}));
@@ -651,8 +696,19 @@ absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse) {
                      " (needs ", hd / 2, ")"),
         {{"x", x}});
   }
+  if (positions != nullptr &&
+      (!positions->defined() || positions->dtype() != DType::kI32 ||
+       positions->ndim() != 2 || x->ndim() != 4 ||
+       positions->shape() != Shape{x->dim(0), x->dim(2)} ||
+       positions->device() != backend_device)) {
+    return Invalid(kOp,
+                   "positions must be i32 [B, T] on x's device, x [B, N, T, "
+                   "hd]",
+                   {{"x", x}, {"positions", positions}});
+  }
   if (backend == nullptr || x->numel() == 0) return absl::OkStatus();
-  return backend->Rope(x, Rows(*x), x->dim(-2), hd, inv_freq.data(), inverse);
+  return backend->Rope(x, Rows(*x), x->dim(-2), hd, inv_freq.data(), inverse,
+                       positions);
 }
 
 absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,

@@ -99,15 +99,31 @@ absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
 // out [B, H, T, hd] in that dtype; lse [B, H, T] f32, the log-sum-exp of
 // each query row's scaled scores, saved for the backward. Query i attends
 // to keys 0..i; no [T, T] matrix is materialised (memory O(T) per row tile).
+// Document masking: with `key_start` (i32 [B, T], from DocumentMask), query
+// i of batch row b attends to keys key_start[b, i]..i only (values outside
+// [0, i] are clamped into it). CPU only for now: the CUDA backend refuses it.
 absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
-                             float scale, Tensor* out, Tensor* lse);
+                             float scale, Tensor* out, Tensor* lse,
+                             const Tensor* key_start = nullptr);
 // Its backward from dout (like out): dq like q, dk and dv like k and v
-// (overwritten). Recomputes the probabilities from q, k and lse.
+// (overwritten). Recomputes the probabilities from q, k and lse; `key_start`
+// as in the forward.
 absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out,
                                      const Tensor& lse, const Tensor& dout,
                                      float scale, Tensor* dq, Tensor* dk,
-                                     Tensor* dv);
+                                     Tensor* dv,
+                                     const Tensor* key_start = nullptr);
+
+// Packed documents in ids [B, T] (i32 or i64): a document begins at every
+// `eot_id` token (the llm.c layout: each document is its end-of-text token
+// followed by its text) and at the start of each row. key_start (i32 [B, T])
+// gets, for every token, the index of its document's first token in the row;
+// positions (i32 [B, T]) its position in its document (i - key_start[i]).
+// CausalAttention's mask and Rope's / an embedding's positions. CPU only for
+// now: the CUDA backend refuses it.
+absl::Status DocumentMask(const Tensor& ids, int64_t eot_id, Tensor* key_start,
+                          Tensor* positions);
 
 // Attention's head layouts, one pass each: SplitHeads copies heads
 // [first, first + n) of src [B, T, N, hd] into dst [B, n, T, hd]; MergeHeads
@@ -120,8 +136,11 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst);
 // position is its index along T): each pair (x[i], x[i + hd/2]) rotates by
 // the angle position * inv_freq[i] (hd/2 frequencies, f32, on the host; see
 // kernels::RopeInvFreqs), or back by it with `inverse` (the backward). The
-// math is tensor/kernels/rope.h's, on every backend.
-absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse);
+// math is tensor/kernels/rope.h's, on every backend. With `positions` (i32
+// [B, T], x [B, N, T, hd]; DocumentMask's) row t of batch row b is at
+// positions[b, t] (clamped to [0, T)) instead; CPU only for now.
+absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse,
+                  const Tensor* positions = nullptr);
 
 // x: [.., C]; weight, bias: [C] (bias optional: pass nullptr); out like x;
 // mean, rstd: f32 with one element per row (saved for backward).

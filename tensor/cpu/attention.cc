@@ -20,6 +20,11 @@
 // Head dims are padded with zeros to a multiple of 16 floats and sequence
 // lengths to a multiple of kKeyTile in the f32 work buffers, so every vector
 // loop runs whole vectors; padded keys are masked like future ones.
+//
+// Document masking (key_start): row i also masks the keys before its
+// document's first one, and the key tiles of a query tile start at the tile
+// holding the smallest first key among its rows (a row may then see a tile
+// with none of its keys: its probabilities there are 0).
 #include "tensor/cpu/attention.h"
 
 #include <omp.h>
@@ -45,11 +50,29 @@ namespace fsdpp {
 namespace cpu {
 namespace attention_internal {
 
-constexpr int64_t kQueryTile = 32;  // divides kKeyTile: no row of a
-constexpr int64_t kKeyTile = 64;    // processed tile is wholly masked
-constexpr int64_t kHeadPad = 16;
+constexpr int64_t kQueryTile = 32;  // divides kKeyTile: without document
+constexpr int64_t kKeyTile = 64;    // masks no row of a processed tile is
+constexpr int64_t kHeadPad = 16;    // wholly masked
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
+
+// The first key of query row i (0 without document masks; `starts` is the
+// row's batch row, clamped into [0, i]).
+inline int64_t FirstKey(const int32_t* starts, int64_t i) {
+  if (starts == nullptr) return 0;
+  return std::clamp<int64_t>(starts[i], 0, i);
+}
+
+// The first key tile query rows [q0, q0 + rows) need: the one holding the
+// smallest of their first keys.
+inline int64_t FirstKeyTile(const int32_t* starts, int64_t q0, int64_t rows) {
+  if (starts == nullptr) return 0;
+  int64_t first = q0 + rows - 1;
+  for (int64_t i = q0; i < q0 + rows; ++i) {
+    first = std::min(first, FirstKey(starts, i));
+  }
+  return first / kKeyTile * kKeyTile;
+}
 
 // `rows` rows of `width` elements of T (row stride `width`) as f32 rows of
 // stride `ld` (zero padded), each multiplied by `scale`.
@@ -175,12 +198,15 @@ HWY_INLINE void AccumulateRows(const float* w, int64_t w_row, int64_t w_col,
   }
 }
 
-// Sets s[j] (j < kKeyTile) for key key0 + j > `query` or >= `keys` to -inf;
-// returns the max of the row.
-HWY_INLINE float MaskAndMax(float* s, int64_t key0, int64_t query,
-                            int64_t keys) {
+// Sets s[j] (j < kKeyTile) for key key0 + j > `query`, >= `keys` or <
+// `first` to -inf; returns the max of the row.
+HWY_INLINE float MaskAndMax(float* s, int64_t key0, int64_t query, int64_t keys,
+                            int64_t first) {
   const int64_t last = std::min(query, keys - 1) - key0;  // last valid j
   for (int64_t j = std::max<int64_t>(last + 1, 0); j < kKeyTile; ++j) {
+    s[j] = -INFINITY;
+  }
+  for (int64_t j = 0; j < std::min(first - key0, kKeyTile); ++j) {
     s[j] = -INFINITY;
   }
   const DF d;
@@ -216,13 +242,15 @@ HWY_INLINE void SoftmaxGrad(const float* p, float delta, float* dp) {
 }
 
 // One key tile of row `query`'s online softmax: masks the scores s (keys
-// key0 + j beyond the diagonal or the sequence), turns them into exp(s -
-// new max) in place, updates *max and *sum, and returns the factor the
-// row's accumulator must be multiplied by (exp(old max - new max); 1 with
-// the probabilities all 0 when the tile has no key for this row).
+// key0 + j beyond the diagonal or the sequence, or before `first`), turns
+// them into exp(s - new max) in place, updates *max and *sum, and returns
+// the factor the row's accumulator must be multiplied by (exp(old max - new
+// max); 1 with the probabilities all 0 when the tile has no key for this
+// row).
 HWY_INLINE float OnlineSoftmaxStep(float* s, int64_t key0, int64_t query,
-                                   int64_t keys, float* max, float* sum) {
-  const float tile_max = MaskAndMax(s, key0, query, keys);
+                                   int64_t keys, int64_t first, float* max,
+                                   float* sum) {
+  const float tile_max = MaskAndMax(s, key0, query, keys, first);
   if (tile_max == -INFINITY) {
     std::fill(s, s + kKeyTile, 0.0f);
     return 1.0f;
@@ -239,9 +267,11 @@ struct ForwardWork {
   std::vector<float> kt, v, q, s, acc, max, sum;
 };
 
+// `starts`: the batch row's document key starts, or null.
 template <typename T>
 void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
-                 float scale, T* out, float* lse, ForwardWork& w) {
+                 float scale, const int32_t* starts, T* out, float* lse,
+                 ForwardWork& w) {
   const int64_t hdp = RoundUp(hd, kHeadPad), tp = RoundUp(t, kKeyTile);
   w.kt.resize(hdp * tp);
   w.v.resize(tp * hdp);
@@ -259,7 +289,8 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
     std::fill(max, max + kQueryTile, -INFINITY);
     std::fill(sum, sum + kQueryTile, 0.0f);
     const int64_t last_query = q0 + rows - 1;
-    for (int64_t k0 = 0; k0 <= last_query; k0 += kKeyTile) {
+    for (int64_t k0 = FirstKeyTile(starts, q0, rows); k0 <= last_query;
+         k0 += kKeyTile) {
       const int64_t count = std::min(kKeyTile, t - k0);
       const float* kt = w.kt.data() + k0;
       const float* vk = w.v.data() + k0 * hdp;
@@ -268,8 +299,10 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
         RowsTimesTile<2>(w.q.data() + i * hdp, kt, tp, hdp, w.s.data());
         float keep[2];
         for (int r = 0; r < 2; ++r) {
-          keep[r] = OnlineSoftmaxStep(w.s.data() + r * kKeyTile, k0, q0 + i + r,
-                                      t, &max[i + r], &sum[i + r]);
+          const int64_t query = q0 + i + r;
+          keep[r] = OnlineSoftmaxStep(w.s.data() + r * kKeyTile, k0, query, t,
+                                      FirstKey(starts, query), &max[i + r],
+                                      &sum[i + r]);
         }
         AccumulateRows<2>(w.s.data(), kKeyTile, 1, vk, count, hdp, keep,
                           w.acc.data() + i * hdp);
@@ -277,7 +310,8 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
       if (i < rows) {
         RowsTimesTile<1>(w.q.data() + i * hdp, kt, tp, hdp, w.s.data());
         const float keep =
-            OnlineSoftmaxStep(w.s.data(), k0, q0 + i, t, &max[i], &sum[i]);
+            OnlineSoftmaxStep(w.s.data(), k0, q0 + i, t,
+                              FirstKey(starts, q0 + i), &max[i], &sum[i]);
         AccumulateRows<1>(w.s.data(), kKeyTile, 1, vk, count, hdp, &keep,
                           w.acc.data() + i * hdp);
       }
@@ -295,7 +329,8 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
 template <typename T>
 void ForwardT(const void* q_raw, const void* k_raw, const void* v_raw,
               int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
-              float scale, void* out_raw, float* lse) {
+              float scale, void* out_raw, float* lse,
+              const int32_t* key_start) {
   const T* q = static_cast<const T*>(q_raw);
   const T* k = static_cast<const T*>(k_raw);
   const T* v = static_cast<const T*>(v_raw);
@@ -309,25 +344,27 @@ void ForwardT(const void* q_raw, const void* k_raw, const void* v_raw,
       const int64_t bi = task / h, hi = task % h;
       const int64_t kv_head = bi * kv + hi / rep;
       ForwardHead(q + task * head, k + kv_head * head, v + kv_head * head, t,
-                  hd, scale, out + task * head, lse + task * t, work);
+                  hd, scale,
+                  key_start == nullptr ? nullptr : key_start + bi * t,
+                  out + task * head, lse + task * t, work);
     }
   }
 }
 
 void ForwardF32(const void* q, const void* k, const void* v, int64_t b,
                 int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                void* out, float* lse) {
-  ForwardT<float>(q, k, v, b, h, kv, t, hd, scale, out, lse);
+                void* out, float* lse, const int32_t* key_start) {
+  ForwardT<float>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_start);
 }
 void ForwardBf16(const void* q, const void* k, const void* v, int64_t b,
                  int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                 void* out, float* lse) {
-  ForwardT<BFloat16>(q, k, v, b, h, kv, t, hd, scale, out, lse);
+                 void* out, float* lse, const int32_t* key_start) {
+  ForwardT<BFloat16>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_start);
 }
 void ForwardF16(const void* q, const void* k, const void* v, int64_t b,
                 int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                void* out, float* lse) {
-  ForwardT<Float16>(q, k, v, b, h, kv, t, hd, scale, out, lse);
+                void* out, float* lse, const int32_t* key_start) {
+  ForwardT<Float16>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_start);
 }
 
 // Per-thread f32 work buffers of one backward task.
@@ -339,8 +376,8 @@ struct BackwardWork {
 template <typename T>
 void BackwardKvHead(const T* q, const T* k, const T* v, const T* out,
                     const float* lse, const T* dout, int64_t rep, int64_t t,
-                    int64_t hd, float scale, T* dq, T* dk, T* dv,
-                    BackwardWork& w) {
+                    int64_t hd, float scale, const int32_t* starts, T* dq,
+                    T* dk, T* dv, BackwardWork& w) {
   const int64_t hdp = RoundUp(hd, kHeadPad), tp = RoundUp(t, kKeyTile);
   const int64_t head = t * hd;
   w.kt.resize(hdp * tp);
@@ -374,7 +411,8 @@ void BackwardKvHead(const T* q, const T* k, const T* v, const T* out,
       }
       std::fill(w.dq.begin(), w.dq.end(), 0.0f);
       const int64_t last_query = q0 + rows - 1;
-      for (int64_t k0 = 0; k0 <= last_query; k0 += kKeyTile) {
+      for (int64_t k0 = FirstKeyTile(starts, q0, rows); k0 <= last_query;
+           k0 += kKeyTile) {
         const int64_t count = std::min(kKeyTile, t - k0);
         const float* kt = w.kt.data() + k0;
         const float* vt = w.vt.data() + k0;
@@ -393,7 +431,8 @@ void BackwardKvHead(const T* q, const T* k, const T* v, const T* out,
             RowsTimesTile<1>(w.dout.data() + i * hdp, vt, tp, hdp, ds);
           }
           for (int x = 0; x < r; ++x) {
-            MaskAndMax(p + x * kKeyTile, k0, q0 + i + x, t);
+            MaskAndMax(p + x * kKeyTile, k0, q0 + i + x, t,
+                       FirstKey(starts, q0 + i + x));
             ExpShifted(p + x * kKeyTile, lh[q0 + i + x]);  // masked: 0
             SoftmaxGrad(p + x * kKeyTile, delta[i + x], ds + x * kKeyTile);
           }
@@ -440,7 +479,8 @@ template <typename T>
 void BackwardT(const void* q_raw, const void* k_raw, const void* v_raw,
                const void* out_raw, const float* lse, const void* dout_raw,
                int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
-               float scale, void* dq_raw, void* dk_raw, void* dv_raw) {
+               float scale, void* dq_raw, void* dk_raw, void* dv_raw,
+               const int32_t* key_start) {
   const T* q = static_cast<const T*>(q_raw);
   const T* k = static_cast<const T*>(k_raw);
   const T* v = static_cast<const T*>(v_raw);
@@ -456,10 +496,11 @@ void BackwardT(const void* q_raw, const void* k_raw, const void* v_raw,
 #pragma omp for schedule(dynamic, 1)
     for (int64_t task = 0; task < tasks; ++task) {
       const int64_t first = (task / kv) * h + (task % kv) * rep;  // q head
-      BackwardKvHead(q + first * head, k + task * head, v + task * head,
-                     out + first * head, lse + first * t, dout + first * head,
-                     rep, t, hd, scale, dq + first * head, dk + task * head,
-                     dv + task * head, work);
+      BackwardKvHead(
+          q + first * head, k + task * head, v + task * head,
+          out + first * head, lse + first * t, dout + first * head, rep, t, hd,
+          scale, key_start == nullptr ? nullptr : key_start + (task / kv) * t,
+          dq + first * head, dk + task * head, dv + task * head, work);
     }
   }
 }
@@ -467,22 +508,23 @@ void BackwardT(const void* q_raw, const void* k_raw, const void* v_raw,
 void BackwardF32(const void* q, const void* k, const void* v, const void* out,
                  const float* lse, const void* dout, int64_t b, int64_t h,
                  int64_t kv, int64_t t, int64_t hd, float scale, void* dq,
-                 void* dk, void* dv) {
-  BackwardT<float>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk, dv);
+                 void* dk, void* dv, const int32_t* key_start) {
+  BackwardT<float>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk, dv,
+                   key_start);
 }
 void BackwardBf16(const void* q, const void* k, const void* v, const void* out,
                   const float* lse, const void* dout, int64_t b, int64_t h,
                   int64_t kv, int64_t t, int64_t hd, float scale, void* dq,
-                  void* dk, void* dv) {
+                  void* dk, void* dv, const int32_t* key_start) {
   BackwardT<BFloat16>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk,
-                      dv);
+                      dv, key_start);
 }
 void BackwardF16(const void* q, const void* k, const void* v, const void* out,
                  const float* lse, const void* dout, int64_t b, int64_t h,
                  int64_t kv, int64_t t, int64_t hd, float scale, void* dq,
-                 void* dk, void* dv) {
+                 void* dk, void* dv, const int32_t* key_start) {
   BackwardT<Float16>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk,
-                     dv);
+                     dv, key_start);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -506,18 +548,18 @@ HWY_EXPORT(BackwardF16);
 void CausalAttentionForward(DType dtype, const void* q, const void* k,
                             const void* v, int64_t b, int64_t h, int64_t kv,
                             int64_t t, int64_t hd, float scale, void* out,
-                            float* lse) {
+                            float* lse, const int32_t* key_start) {
   using namespace attention_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
   switch (dtype) {
     case DType::kF32:
       return HWY_DYNAMIC_DISPATCH(ForwardF32)(q, k, v, b, h, kv, t, hd, scale,
-                                              out, lse);
+                                              out, lse, key_start);
     case DType::kBF16:
       return HWY_DYNAMIC_DISPATCH(ForwardBf16)(q, k, v, b, h, kv, t, hd, scale,
-                                               out, lse);
+                                               out, lse, key_start);
     default:
       return HWY_DYNAMIC_DISPATCH(ForwardF16)(q, k, v, b, h, kv, t, hd, scale,
-                                              out, lse);
+                                              out, lse, key_start);
   }
 }
 
@@ -525,18 +567,21 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
                              const void* v, const void* out, const float* lse,
                              const void* dout, int64_t b, int64_t h, int64_t kv,
                              int64_t t, int64_t hd, float scale, void* dq,
-                             void* dk, void* dv) {
+                             void* dk, void* dv, const int32_t* key_start) {
   using namespace attention_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
   switch (dtype) {
     case DType::kF32:
       return HWY_DYNAMIC_DISPATCH(BackwardF32)(q, k, v, out, lse, dout, b, h,
-                                               kv, t, hd, scale, dq, dk, dv);
+                                               kv, t, hd, scale, dq, dk, dv,
+                                               key_start);
     case DType::kBF16:
       return HWY_DYNAMIC_DISPATCH(BackwardBf16)(q, k, v, out, lse, dout, b, h,
-                                                kv, t, hd, scale, dq, dk, dv);
+                                                kv, t, hd, scale, dq, dk, dv,
+                                                key_start);
     default:
       return HWY_DYNAMIC_DISPATCH(BackwardF16)(q, k, v, out, lse, dout, b, h,
-                                               kv, t, hd, scale, dq, dk, dv);
+                                               kv, t, hd, scale, dq, dk, dv,
+                                               key_start);
   }
 }
 

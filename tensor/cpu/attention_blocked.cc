@@ -17,6 +17,10 @@
 // D) with D = rowsum(dO O); dQ = scale dS K (final for these rows); dV +=
 // P^T dO and dK += scale dS^T Q into f32 accumulators over the blocks (the
 // heads sharing a kv head contract together: their rows are one matrix).
+//
+// Document masking (key_start): each row's softmax also masks the keys
+// before its document's first one (probabilities 0 there, so the matmuls
+// over keys [0, r1) stay exact).
 #include <omp.h>
 
 #include <algorithm>
@@ -66,18 +70,19 @@ using VF = hn::Vec<DF>;
 using simd_convert::HWY_NAMESPACE::StoreF;
 using simd_math::HWY_NAMESPACE::Exp;
 
-// row[j] = exp(row[j] - shift) for j < valid, 0 for valid <= j < ld (a
-// multiple of the vector width), also into `copy` (bf16) unless null;
+// row[j] = exp(row[j] - shift) for first <= j < valid, 0 for the other j <
+// ld (a multiple of the vector width), also into `copy` (bf16) unless null;
 // returns the sum.
-HWY_INLINE float MaskedExpRow(float* row, int64_t valid, int64_t ld,
-                              float shift, BFloat16* copy) {
+HWY_INLINE float MaskedExpRow(float* row, int64_t first, int64_t valid,
+                              int64_t ld, float shift, BFloat16* copy) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   const VF sh = hn::Set(d, shift);
   VF sum = hn::Zero(d);
   for (int64_t j = 0; j < ld; j += n) {
-    const auto keep =
-        hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j)));
+    const auto keep = hn::AndNot(
+        hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, first - j))),
+        hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, valid - j))));
     const VF e =
         hn::IfThenElseZero(keep, Exp(d, hn::Sub(hn::LoadU(d, row + j), sh)));
     hn::StoreU(e, d, row + j);
@@ -87,13 +92,14 @@ HWY_INLINE float MaskedExpRow(float* row, int64_t valid, int64_t ld,
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
-// Softmax of each of `rows` score rows (f32, stride ld) over its first
-// valid(r) = first_valid + r % rows_per_head + 1 entries (clamped to
-// `cols`): p (bf16, stride ld) gets the probabilities and zeros up to ld;
-// lse[r] = max + log(sum of exp).
+// Softmax of each of `rows` score rows (f32, stride ld) over its entries
+// [first(r), valid(r)), valid(r) = first_valid + r % rows_per_head + 1
+// (clamped to `cols`), first(r) = row_first[r] (0 when row_first is null):
+// p (bf16, stride ld) gets the probabilities and zeros up to ld; lse[r] =
+// max + log(sum of exp).
 void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
-                 int64_t first_valid, int64_t cols, int64_t ld, BFloat16* p,
-                 float* lse) {
+                 int64_t first_valid, int64_t cols, int64_t ld,
+                 const int32_t* row_first, BFloat16* p, float* lse) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
 #pragma omp parallel for schedule(static)
@@ -101,15 +107,18 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
     float* row = s + r * ld;
     BFloat16* out = p + r * ld;
     const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
+    const int64_t first = row_first == nullptr ? 0 : row_first[r];
     VF m = hn::Set(d, -INFINITY);
-    for (int64_t j = 0; j < valid; j += n) {
-      const auto keep = hn::FirstN(d, static_cast<size_t>(valid - j));
+    for (int64_t j = first / n * n; j < valid; j += n) {
+      const auto keep = hn::AndNot(
+          hn::FirstN(d, static_cast<size_t>(std::max<int64_t>(0, first - j))),
+          hn::FirstN(d, static_cast<size_t>(valid - j)));
       m = hn::Max(m, hn::IfThenElse(keep, hn::LoadU(d, row + j),
                                     hn::Set(d, -INFINITY)));
     }
     const float max = hn::GetLane(hn::MaxOfLanes(d, m));
     // The exponentials once, kept in the score row (0 where masked).
-    const float total = MaskedExpRow(row, valid, ld, max, nullptr);
+    const float total = MaskedExpRow(row, first, valid, ld, max, nullptr);
     const VF inv = hn::Set(d, 1.0f / total);
     for (int64_t j = 0; j < ld; j += n) {
       StoreF(d, hn::Mul(hn::LoadU(d, row + j), inv), out + j);
@@ -119,14 +128,15 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
 }
 
 // Backward's probabilities: s[r][j] = exp(s[r][j] - lse[r]) over the valid
-// entries (as SoftmaxRows counts them), 0 after; p = the same in bf16.
+// entries (as SoftmaxRows counts them), 0 elsewhere; p = the same in bf16.
 void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
                      int64_t first_valid, int64_t cols, int64_t ld,
-                     const float* lse, BFloat16* p) {
+                     const int32_t* row_first, const float* lse, BFloat16* p) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
-    MaskedExpRow(s + r * ld, valid, ld, lse[r], p + r * ld);
+    const int64_t first = row_first == nullptr ? 0 : row_first[r];
+    MaskedExpRow(s + r * ld, first, valid, ld, lse[r], p + r * ld);
   }
 }
 
@@ -230,7 +240,8 @@ enum WorkSlot {
   kDvSum,
   kQRows,  // gathered rows (rep > 1)
   kDoutRows,
-  kOutRows,  // out's or dq's rows before the scatter
+  kOutRows,   // out's or dq's rows before the scatter
+  kRowFirst,  // the block rows' first keys (document masking)
   kWorkSlots
 };
 
@@ -300,9 +311,36 @@ int64_t BlockRows(int64_t t) {
   return std::min<int64_t>(t, kBlockedAttentionRows);
 }
 
+// Document masking of a group's calls: the key starts of the whole batch
+// ([batch, t]), the group's first unit (kv head of a batch row: unit / kv
+// is its batch row) and the whole call's kv heads.
+struct KeyStarts {
+  const int32_t* starts = nullptr;
+  int64_t first_unit = 0;
+  int64_t kv = 1;
+};
+
+// The first key of every row of block [r0, r0 + rows) ([d.batch() rep,
+// rows], the score rows' order) into `first`; null without document masks.
+const int32_t* BlockFirstKeys(const Dims& d, const KeyStarts& ks, int64_t r0,
+                              int64_t rows, Buffer<int32_t>* first) {
+  if (ks.starts == nullptr) return nullptr;
+  const int64_t heads = d.b * d.h;
+  for (int64_t bh = 0; bh < heads; ++bh) {
+    const int64_t batch = (ks.first_unit + bh / d.rep) / ks.kv;
+    const int32_t* row = ks.starts + batch * d.t;
+    for (int64_t i = 0; i < rows; ++i) {
+      (*first)[bh * rows + i] =
+          static_cast<int32_t>(std::clamp<int64_t>(row[r0 + i], 0, r0 + i));
+    }
+  }
+  return first->data();
+}
+
 absl::Status ForwardGroup(const void* q, const void* k, const void* v,
                           int64_t b, int64_t h, int64_t kv, int64_t t,
-                          int64_t hd, float scale, void* out, float* lse) {
+                          int64_t hd, float scale, const KeyStarts& ks,
+                          void* out, float* lse) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
@@ -311,6 +349,8 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   Buffer<float> s(kScores, scores), block_lse(kBlockLse, heads * block);
   Buffer<BFloat16> p(kProbs, scores), q_rows(kQRows, gathered),
       out_rows(kOutRows, gathered);
+  Buffer<int32_t> row_first(kRowFirst,
+                            ks.starts != nullptr ? heads * block : 0);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
     const int64_t ld = RoundUp(keys, kRowAlign);
@@ -319,7 +359,8 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
         QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
     FSDPP_RETURN_IF_ERROR(Scores(d, qv, k, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(SoftmaxRows)
-    (s.data(), heads * rows, rows, r0, keys, ld, p.data(), block_lse.data());
+    (s.data(), heads * rows, rows, r0, keys, ld,
+     BlockFirstKeys(d, ks, r0, rows, &row_first), p.data(), block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(block_lse.begin() + bh * rows,
                 block_lse.begin() + (bh + 1) * rows, lse + bh * t + r0);
@@ -342,8 +383,8 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
 absl::Status BackwardGroup(const void* q, const void* k, const void* v,
                            const void* out, const float* lse, const void* dout,
                            int64_t b, int64_t h, int64_t kv, int64_t t,
-                           int64_t hd, float scale, void* dq, void* dk,
-                           void* dv) {
+                           int64_t hd, float scale, const KeyStarts& ks,
+                           void* dq, void* dk, void* dv) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
@@ -376,6 +417,8 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
   Buffer<BFloat16> q_rows(kQRows, gathered), dout_rows(kDoutRows, gathered),
       dq_rows(kOutRows, gathered);
+  Buffer<int32_t> row_first(kRowFirst,
+                            ks.starts != nullptr ? heads * block : 0);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
@@ -394,7 +437,8 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     // P = exp(scale q k^T - lse).
     FSDPP_RETURN_IF_ERROR(Scores(d, qv, k, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(ProbabilityRows)
-    (s.data(), heads * rows, rows, r0, keys, ld, block_lse.data(), p.data());
+    (s.data(), heads * rows, rows, r0, keys, ld,
+     BlockFirstKeys(d, ks, r0, rows, &row_first), block_lse.data(), p.data());
     // dP = dout v^T; dS = P (dP - D).
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
         DType::kBF16, DType::kF32, gv.op, KvRows(v, d, keys, true), dp.data(),
@@ -449,6 +493,7 @@ absl::Status BlockedAttentionForward(const void* q, const void* k,
                                      const void* v, int64_t b, int64_t h,
                                      int64_t kv, int64_t t, int64_t hd,
                                      float scale, void* out, float* lse,
+                                     const int32_t* key_start,
                                      int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
   const int64_t rep = h / kv, units = b * kv;
@@ -461,18 +506,17 @@ absl::Status BlockedAttentionForward(const void* q, const void* k,
     const int64_t n = std::min(group, units - u);
     const int64_t qo = u * rep * t * hd, ko = u * t * hd;
     FSDPP_RETURN_IF_ERROR(ForwardGroup(qb + qo, kb + ko, vb + ko, n, rep, 1, t,
-                                       hd, scale, ob + qo, lse + u * rep * t));
+                                       hd, scale, KeyStarts{key_start, u, kv},
+                                       ob + qo, lse + u * rep * t));
   }
   return absl::OkStatus();
 }
 
-absl::Status BlockedAttentionBackward(const void* q, const void* k,
-                                      const void* v, const void* out,
-                                      const float* lse, const void* dout,
-                                      int64_t b, int64_t h, int64_t kv,
-                                      int64_t t, int64_t hd, float scale,
-                                      void* dq, void* dk, void* dv,
-                                      int64_t work_bytes) {
+absl::Status BlockedAttentionBackward(
+    const void* q, const void* k, const void* v, const void* out,
+    const float* lse, const void* dout, int64_t b, int64_t h, int64_t kv,
+    int64_t t, int64_t hd, float scale, void* dq, void* dk, void* dv,
+    const int32_t* key_start, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
   const int64_t rep = h / kv, units = b * kv;
   const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
@@ -489,7 +533,8 @@ absl::Status BlockedAttentionBackward(const void* q, const void* k,
     const int64_t qo = u * rep * t * hd, ko = u * t * hd;
     FSDPP_RETURN_IF_ERROR(BackwardGroup(
         qb + qo, kb + ko, vb + ko, ob + qo, lse + u * rep * t, gb + qo, n, rep,
-        1, t, hd, scale, dqb + qo, dkb + ko, dvb + ko));
+        1, t, hd, scale, KeyStarts{key_start, u, kv}, dqb + qo, dkb + ko,
+        dvb + ko));
   }
   return absl::OkStatus();
 }

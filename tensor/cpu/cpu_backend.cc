@@ -35,6 +35,11 @@ inline const void* At(const void* p, DType dtype, int64_t i) {
          i * static_cast<int64_t>(DTypeSize(dtype));
 }
 
+// A document mask's key starts (ops.h CausalAttention), or null.
+inline const int32_t* KeyStarts(const Tensor* key_start) {
+  return key_start != nullptr ? key_start->data<int32_t>() : nullptr;
+}
+
 // Sum (or sum of squares) in double: each thread sums a contiguous part with
 // the vectorised kernel, and the parts are added in thread order, so the
 // result depends only on the data and the thread count.
@@ -238,15 +243,17 @@ class CpuBackendImpl final : public Backend {
   absl::Status CausalAttention(const Tensor& q, const Tensor& k,
                                const Tensor& v, int64_t b, int64_t h,
                                int64_t kv, int64_t t, int64_t hd, float scale,
-                               Tensor* out, Tensor* lse) override {
+                               const Tensor* key_start, Tensor* out,
+                               Tensor* lse) override {
+    const int32_t* starts = KeyStarts(key_start);
     if (q.dtype() == DType::kBF16) {
-      return cpu::BlockedAttentionForward(q.raw_data(), k.raw_data(),
-                                          v.raw_data(), b, h, kv, t, hd, scale,
-                                          out->raw_data(), lse->data<float>());
+      return cpu::BlockedAttentionForward(
+          q.raw_data(), k.raw_data(), v.raw_data(), b, h, kv, t, hd, scale,
+          out->raw_data(), lse->data<float>(), starts);
     }
     cpu::CausalAttentionForward(q.dtype(), q.raw_data(), k.raw_data(),
                                 v.raw_data(), b, h, kv, t, hd, scale,
-                                out->raw_data(), lse->data<float>());
+                                out->raw_data(), lse->data<float>(), starts);
     return absl::OkStatus();
   }
 
@@ -255,18 +262,42 @@ class CpuBackendImpl final : public Backend {
                                        const Tensor& lse, const Tensor& dout,
                                        int64_t b, int64_t h, int64_t kv,
                                        int64_t t, int64_t hd, float scale,
-                                       Tensor* dq, Tensor* dk,
-                                       Tensor* dv) override {
+                                       const Tensor* key_start, Tensor* dq,
+                                       Tensor* dk, Tensor* dv) override {
+    const int32_t* starts = KeyStarts(key_start);
     if (q.dtype() == DType::kBF16) {
       return cpu::BlockedAttentionBackward(
           q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
           lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
-          dq->raw_data(), dk->raw_data(), dv->raw_data());
+          dq->raw_data(), dk->raw_data(), dv->raw_data(), starts);
     }
     cpu::CausalAttentionBackward(
         q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
         lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
-        dq->raw_data(), dk->raw_data(), dv->raw_data());
+        dq->raw_data(), dk->raw_data(), dv->raw_data(), starts);
+    return absl::OkStatus();
+  }
+
+  absl::Status DocumentMask(const Tensor& ids, int64_t b, int64_t t,
+                            int64_t eot_id, Tensor* key_start,
+                            Tensor* positions) override {
+    int32_t* starts = key_start->data<int32_t>();
+    int32_t* pos = positions->data<int32_t>();
+    const auto fill = [&](const auto* id) {
+      for (int64_t r = 0; r < b; ++r) {
+        int32_t start = 0;
+        for (int64_t i = 0; i < t; ++i) {
+          if (id[r * t + i] == eot_id) start = static_cast<int32_t>(i);
+          starts[r * t + i] = start;
+          pos[r * t + i] = static_cast<int32_t>(i) - start;
+        }
+      }
+    };
+    if (ids.dtype() == DType::kI32) {
+      fill(ids.data<int32_t>());
+    } else {
+      fill(ids.data<int64_t>());
+    }
     return absl::OkStatus();
   }
 
@@ -297,10 +328,13 @@ class CpuBackendImpl final : public Backend {
   }
 
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
-                    const float* inv_freq, bool inverse) override {
+                    const float* inv_freq, bool inverse,
+                    const Tensor* positions) override {
     FSDPP_RETURN_IF_ERROR(CheckFloat(x->dtype()));
     rowwise::Rope(x->dtype(), x->raw_data(), rows, seq_len, head_dim, inv_freq,
-                  inverse);
+                  inverse,
+                  positions != nullptr ? positions->data<int32_t>() : nullptr,
+                  positions != nullptr ? positions->dim(0) : 1);
     return absl::OkStatus();
   }
 

@@ -660,7 +660,8 @@ void RopeRow(T* x, const float* cs, const float* sn, size_t half,
 }
 
 void RopeAll(DType dtype, void* x_raw, int64_t rows, int64_t seq_len,
-             int64_t head_dim, const float* inv_freq, bool inverse) {
+             int64_t head_dim, const float* inv_freq, bool inverse,
+             const int32_t* positions, int64_t batch) {
   const int64_t half = head_dim / 2;
   // cos and sin of every (position, frequency), as the reference computes
   // them for each row.
@@ -673,13 +674,19 @@ void RopeAll(DType dtype, void* x_raw, int64_t rows, int64_t seq_len,
       sn[p * half + i] = sinf(angle);
     }
   }
+  const int64_t rows_per_batch = std::max<int64_t>(1, rows / batch);
   ByDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* x = static_cast<T*>(x_raw);
 #pragma omp parallel for schedule(static) if (rows * head_dim > \
                                               kParallelElements)
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t p = r % seq_len;
+      const int64_t p =
+          positions == nullptr
+              ? r % seq_len
+              : std::clamp<int64_t>(
+                    positions[r / rows_per_batch * seq_len + r % seq_len], 0,
+                    seq_len - 1);
       RopeRow(x + r * head_dim, cs.data() + p * half, sn.data() + p * half,
               half, inverse);
     }
@@ -791,9 +798,10 @@ double SumF64(DType dtype, const void* x, int64_t n, bool squares) {
 }
 
 void Rope(DType dtype, void* x, int64_t rows, int64_t seq_len, int64_t head_dim,
-          const float* inv_freq, bool inverse) {
+          const float* inv_freq, bool inverse, const int32_t* positions,
+          int64_t batch) {
   HWY_DYNAMIC_DISPATCH(rowwise_internal::RopeAll)
-  (dtype, x, rows, seq_len, head_dim, inv_freq, inverse);
+  (dtype, x, rows, seq_len, head_dim, inv_freq, inverse, positions, batch);
 }
 
 void SumRowsAccumulate(DType x_dtype, const void* x, int64_t rows, int64_t cols,

@@ -75,11 +75,14 @@ void CrossEntropyBackward(DType dtype, const void* logits,
                           void* dlogits);
 
 // Rotary embedding in place on rows of head_dim (row r at position
-// r % seq_len), or its inverse: kernels::RopeRowForward / RopeRowBackward
-// bit for bit (the cos / sin of each position are computed once per call,
-// with the same cosf / sinf of the same angle).
+// r % seq_len, or with `positions` ([batch, seq_len]) at positions[r /
+// (rows / batch) * seq_len + r % seq_len] clamped to [0, seq_len)), or its
+// inverse: kernels::RopeRowForward / RopeRowBackward bit for bit (the cos /
+// sin of each position are computed once per call, with the same cosf /
+// sinf of the same angle).
 void Rope(DType dtype, void* x, int64_t rows, int64_t seq_len, int64_t head_dim,
-          const float* inv_freq, bool inverse);
+          const float* inv_freq, bool inverse,
+          const int32_t* positions = nullptr, int64_t batch = 1);
 
 // sum of x[i] (or of x[i]^2 with `squares`) over n elements, accumulated in
 // double: lane-wise partial sums, then the lanes (single-threaded; the

@@ -1146,7 +1146,9 @@ class CudaBackendImpl final : public Backend {
   }
 
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
-                    const float* inv_freq, bool inverse) override {
+                    const float* inv_freq, bool inverse,
+                    const Tensor* positions) override {
+    if (positions != nullptr) return NoDocumentMasking("Rope");
     FSDPP_RETURN_IF_ERROR(Prepare());
     if (head_dim / 2 > kMaxRopeFrequencies) {
       return absl::InvalidArgumentError(
@@ -1179,7 +1181,9 @@ class CudaBackendImpl final : public Backend {
   absl::Status CausalAttention(const Tensor& q, const Tensor& k,
                                const Tensor& v, int64_t b, int64_t h,
                                int64_t kv, int64_t t, int64_t hd, float scale,
-                               Tensor* out, Tensor* lse) override {
+                               const Tensor* key_start, Tensor* out,
+                               Tensor* lse) override {
+    if (key_start != nullptr) return NoDocumentMasking("CausalAttention");
     FSDPP_RETURN_IF_ERROR(Prepare());
     const AttentionCall call{q.dtype(), b, h, kv, t, hd, scale};
     if (CudnnAttention::Applies(call, false)) {
@@ -1206,8 +1210,11 @@ class CudaBackendImpl final : public Backend {
                                        const Tensor& lse, const Tensor& dout,
                                        int64_t b, int64_t h, int64_t kv,
                                        int64_t t, int64_t hd, float scale,
-                                       Tensor* dq, Tensor* dk,
-                                       Tensor* dv) override {
+                                       const Tensor* key_start, Tensor* dq,
+                                       Tensor* dk, Tensor* dv) override {
+    if (key_start != nullptr) {
+      return NoDocumentMasking("CausalAttentionBackward");
+    }
     FSDPP_RETURN_IF_ERROR(Prepare());
     const AttentionCall call{q.dtype(), b, h, kv, t, hd, scale};
     if (CudnnAttention::Applies(call, true)) {
@@ -1237,6 +1244,21 @@ class CudaBackendImpl final : public Backend {
                     static_cast<T*>(dk->raw_data()),
                     static_cast<T*>(dv->raw_data()));
     });
+  }
+
+  absl::Status DocumentMask(const Tensor& /*ids*/, int64_t /*b*/, int64_t /*t*/,
+                            int64_t /*eot_id*/, Tensor* /*key_start*/,
+                            Tensor* /*positions*/) override {
+    return NoDocumentMasking("DocumentMask");
+  }
+
+  // Document masking (ops.h DocumentMask) is not on this backend yet: its
+  // attention kernels and cuDNN's graphs take whole causal sequences only.
+  static absl::Status NoDocumentMasking(const char* op) {
+    return absl::UnimplementedError(absl::StrCat(
+        op,
+        " on CUDA: document masking is not supported on this backend yet "
+        "(set data.document_masking: false)"));
   }
 
   static absl::Status CheckAttentionHeadDim(int64_t hd) {
