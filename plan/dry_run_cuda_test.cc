@@ -27,7 +27,7 @@ using testing_util::SmallCases;
 // The small cases (host offload aside: RunStepOn keeps everything on one
 // device) and a real size: GPT-2 124M, bf16 compute, 4 x 512 tokens.
 std::vector<Case> Cases() {
-  std::vector<Case> cases = SmallCases(/*offload=*/false);
+  std::vector<Case> cases = SmallCases(/*host=*/false);
   recipe::Layout big;
   big.micro_batch = 4;
   big.seq_len = 512;

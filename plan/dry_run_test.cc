@@ -40,7 +40,7 @@ absl::StatusOr<DryRunResult> RealStep(const models::TransformerConfig& config,
 }
 
 TEST(DryRunTest, IsExactAtWorldSizeOne) {
-  for (const Case& c : SmallCases(/*offload=*/true)) {
+  for (const Case& c : SmallCases(/*host=*/true)) {
     const models::TransformerConfig config = *models::ConfigByName(c.model);
     const std::string what = absl::StrCat(c.model, " ", c.layout.ToString());
     SCOPED_TRACE(what);

@@ -24,8 +24,10 @@ struct Case {
 // GPT-2 and Llama debug at one rank, 2 x 32 tokens: f32; bf16 compute; bf16
 // with activation checkpointing and 2 micro-batches; bf16 with the LM head
 // fused with the loss in chunks of 24 tokens and 2 micro-batches; ZeRO-2 with
-// the unfused attention; and, with `offload`, FSDP's offloaded state.
-inline std::vector<Case> SmallCases(bool offload) {
+// the unfused attention; and, with `host` (the CPU backend), FSDP's
+// offloaded state and bf16 with document masks and selective activation
+// checkpointing.
+inline std::vector<Case> SmallCases(bool host) {
   std::vector<Case> cases;
   for (const char* model : {"gpt2_debug", "llama_debug"}) {
     recipe::Layout s;
@@ -47,10 +49,14 @@ inline std::vector<Case> SmallCases(bool offload) {
     unfused.fused_attention = false;
     unfused.reshard_after_forward = false;
     cases.push_back({model, unfused});
-    if (offload) {
+    if (host) {
       recipe::Layout off = s;
       off.offload = true;
       cases.push_back({model, off});
+      recipe::Layout docs = bf16;
+      docs.document_eot_id = 3;
+      docs.activation_checkpointing = nn::CheckpointPolicy::Selective();
+      cases.push_back({model, docs});
     }
   }
   return cases;

@@ -109,6 +109,17 @@ absl::Status CheckBatch(const Layout& l, const models::TransformerConfig& m) {
                      "0 (off) or > 0, got ",
                      l.loss_chunk_tokens));
   }
+  if (l.document_eot_id >= 0 && (l.pp > 1 || !l.fused_attention)) {
+    return Invalid(
+        absl::StrCat("data.document_masking needs parallelism.pp 1 (got ", l.pp,
+                     ") and training.fused_attention (got ",
+                     l.fused_attention ? "true" : "false", ")"));
+  }
+  if (l.document_eot_id >= m.vocab_size) {
+    return Invalid(absl::StrCat("data.document_masking: end-of-text id ",
+                                l.document_eot_id, " is not below ", m.name,
+                                "'s vocab_size ", m.vocab_size));
+  }
   if (l.micro_batch < 1 || l.grad_accumulation < 1 || l.seq_len < 0) {
     return Invalid(absl::StrCat(
         "training: micro batch ", l.micro_batch, " and accumulation steps ",
@@ -215,7 +226,7 @@ std::string Layout::ToString() const {
                         : std::string());
   }
   return absl::StrFormat(
-      "%s, %s%s, %s/%s%s%s, %s attention%s, batch %d x %d x %d", mesh,
+      "%s, %s%s, %s/%s%s%s, %s attention%s%s, batch %d x %d x %d", mesh,
       reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
       hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
       DTypeName(param_dtype), DTypeName(reduce_dtype),
@@ -225,7 +236,8 @@ std::string Layout::ToString() const {
       : loss_chunk_tokens == 0
           ? std::string(", unfused loss head")
           : absl::StrCat(", loss head in ", loss_chunk_tokens, "-token chunks"),
-      micro_batch, seq_len, grad_accumulation);
+      document_eot_id >= 0 ? ", document masks" : "", micro_batch, seq_len,
+      grad_accumulation);
 }
 
 }  // namespace recipe

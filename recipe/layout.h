@@ -70,6 +70,9 @@ struct Layout {
   bool fused_attention = true;
   // models::TransformerOptions::loss_chunk_tokens (-1 auto, 0 off, > 0).
   int64_t loss_chunk_tokens = -1;
+  // models::TransformerOptions::document_eot_id: document masking at this
+  // end-of-text id (-1 off; needs pp 1 and the fused attention).
+  int64_t document_eot_id = -1;
   // One micro-batch: micro_batch sequences of seq_len tokens (0: the
   // model's context length); grad_accumulation of them per step and rank.
   int64_t micro_batch = 1;

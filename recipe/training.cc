@@ -24,6 +24,7 @@ models::TransformerOptions ModelOptions(const Layout& layout) {
   options.activation_checkpointing = layout.activation_checkpointing;
   options.fused_attention = layout.fused_attention;
   options.loss_chunk_tokens = layout.loss_chunk_tokens;
+  options.document_eot_id = layout.document_eot_id;
   return options;
 }
 

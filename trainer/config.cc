@@ -612,6 +612,35 @@ absl::Status ResolveData(const DataConfig& config, ResolvedTrainConfig* out) {
   return absl::OkStatus();
 }
 
+// data.document_masking: on at the tokenizer's end-of-text id where the run
+// supports it; where not, an error when the config asks for it explicitly,
+// else off with a note saying why.
+absl::Status ResolveDocumentMasking(const TrainConfig& config,
+                                    ResolvedTrainConfig* out) {
+  if (!config.data().document_masking()) return absl::OkStatus();
+  std::string unsupported;
+  if (config.training().device() == "cuda") {
+    unsupported = "the CUDA backend does not take document masks yet";
+  } else if (out->layout.pp > 1) {
+    unsupported = "pipeline stages do not carry document masks yet";
+  } else if (!out->layout.fused_attention) {
+    unsupported = "it needs training.fused_attention";
+  }
+  if (!unsupported.empty()) {
+    if (config.data().has_document_masking()) {
+      return Invalid(absl::StrCat("data.document_masking: ", unsupported,
+                                  " (set it false)"));
+    }
+    out->notes.push_back(
+        absl::StrCat("data.document_masking off: ", unsupported));
+    return absl::OkStatus();
+  }
+  FSDPP_ASSIGN_OR_RETURN(const int32_t eot,
+                         TokenizerEotId(config.data().tokenizer()));
+  out->layout.document_eot_id = eot;
+  return out->layout.Validate(out->model);
+}
+
 absl::Status CheckCheckpoint(const CheckpointConfig& config) {
   FSDPP_RETURN_IF_ERROR(CheckNonNegative("checkpoint.interval",
                                          config.interval(), " (0 = never)"));
@@ -824,6 +853,7 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
       ResolvePipeline(config.parallelism(), config.training(), &resolved));
   FSDPP_RETURN_IF_ERROR(resolved.layout.Validate(resolved.model));
   FSDPP_RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
+  FSDPP_RETURN_IF_ERROR(ResolveDocumentMasking(config, &resolved));
   FSDPP_RETURN_IF_ERROR(CheckCheckpoint(config.checkpoint()));
   FSDPP_RETURN_IF_ERROR(CheckMetrics(config.metrics()));
   FSDPP_RETURN_IF_ERROR(CheckValidation(config.validation(), config.data()));

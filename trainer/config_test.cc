@@ -173,7 +173,8 @@ TEST(ParseTrainConfigTest, SyntaxAndTypeErrors) {
   // A tab counts as one column.
   EXPECT_EQ(Message(ParseTrainConfig("data {\n\t\tpath: \"x\" }", "a")),
             "a:2:3: unknown field \"path\" in data (fields: dataset, "
-            "tokenizer, tokenizer_dir, validation_fraction, shuffle)");
+            "tokenizer, tokenizer_dir, validation_fraction, shuffle, "
+            "document_masking)");
 }
 
 TEST(LoadTrainConfigTest, MissingFile) {
@@ -223,7 +224,8 @@ TEST(ApplyOverrideTest, Errors) {
        "training, data, checkpoint, metrics, validation, comm)"},
       {"data.path=x",
        "--set data.path=x: unknown field \"path\" in data (fields: dataset, "
-       "tokenizer, tokenizer_dir, validation_fraction, shuffle)"},
+       "tokenizer, tokenizer_dir, validation_fraction, shuffle, "
+       "document_masking)"},
       {"training.mixed_precision.param=bf16",
        "--set training.mixed_precision.param=bf16: unknown field \"param\" in "
        "training.mixed_precision (fields: param_dtype, reduce_dtype)"},
@@ -572,6 +574,7 @@ TEST(ValidateTest, PipelineMicroBatchesFillThePipeline) {
     TrainConfig config;
     config.mutable_model()->set_name("gpt2_debug");
     config.mutable_training()->set_seq_len(64);
+    config.mutable_data()->set_document_masking(false);  // no note of its own
     ASSERT_TRUE(ApplyOverrides(c.overrides, &config).ok());
     auto resolved = ResolveTrainConfig(config, c.world);
     ASSERT_TRUE(resolved.ok()) << resolved.status();
@@ -593,11 +596,14 @@ TEST(ValidateTest, PipelineMicroBatchesNoteAndRefusal) {
           .ok());
   auto resolved = ResolveTrainConfig(config, 4);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
-  EXPECT_EQ(resolved->notes, std::vector<std::string>{
-                                 "pipeline micro-batches: 2 (micro batch 4), "
-                                 "raised from the 1 accumulation step(s) of "
-                                 "micro batch 8 to fill 2 pipeline ranks; set "
-                                 "parallelism.pp_microbatches to choose"});
+  EXPECT_EQ(resolved->notes,
+            (std::vector<std::string>{
+                "pipeline micro-batches: 2 (micro batch 4), "
+                "raised from the 1 accumulation step(s) of "
+                "micro batch 8 to fill 2 pipeline ranks; set "
+                "parallelism.pp_microbatches to choose",
+                "data.document_masking off: pipeline stages do not carry "
+                "document masks yet"}));
   // One row per data-parallel rank cannot fill 2 pipeline ranks: refused.
   EXPECT_EQ(ValidateWith({"parallelism.pp=2", "training.global_batch=2",
                           "training.micro_batch=1"},
@@ -606,6 +612,53 @@ TEST(ValidateTest, PipelineMicroBatchesNoteAndRefusal) {
             "parallelism (pp 2, 1 micro-batches per step): 1F1B: 1 "
             "micro-batches for 2 pipeline ranks; it needs at least one per "
             "rank");
+}
+
+// data.document_masking: on by default at the tokenizer's end-of-text id;
+// where unsupported off with a note by default, an error when asked for.
+TEST(ValidateTest, DocumentMaskingResolution) {
+  struct Case {
+    std::vector<std::string> overrides;
+    int64_t eot;       // the layout's document_eot_id
+    std::string note;  // the one note, or ""
+    std::string error;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{}, 256, "", ""},
+           {{"data.tokenizer=gpt2", "model.name=gpt2_124m"}, 50256, "", ""},
+           {{"data.document_masking=false"}, -1, "", ""},
+           {{"training.device=cuda"},
+            -1,
+            "data.document_masking off: the CUDA backend does not take "
+            "document masks yet",
+            ""},
+           {{"training.fused_attention=false"},
+            -1,
+            "data.document_masking off: it needs training.fused_attention",
+            ""},
+           {{"training.device=cuda", "data.document_masking=true"},
+            -1,
+            "",
+            "data.document_masking: the CUDA backend does not take document "
+            "masks yet (set it false)"},
+       }) {
+    SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
+    TrainConfig config;
+    config.mutable_model()->set_name("gpt2_debug");
+    ASSERT_TRUE(ApplyOverrides(c.overrides, &config).ok());
+    auto resolved = ResolveTrainConfig(config, 2);
+    if (!c.error.empty()) {
+      EXPECT_EQ(resolved.status().message(), c.error);
+      continue;
+    }
+    ASSERT_TRUE(resolved.ok()) << resolved.status();
+    EXPECT_EQ(resolved->layout.document_eot_id, c.eot);
+    EXPECT_EQ(resolved->notes, c.note.empty()
+                                   ? std::vector<std::string>()
+                                   : std::vector<std::string>{c.note});
+    EXPECT_EQ(absl::StrContains(resolved->layout.ToString(), "document masks"),
+              c.eot >= 0);
+  }
 }
 
 // Every trainer command line the README shows validates at its world size

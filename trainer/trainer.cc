@@ -747,6 +747,12 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
       rc_.tokens_per_step, rc_.layout.micro_batch, rc_.layout.grad_accumulation,
       result_.unigram_loss, result_.peak_tflops_per_rank, peak_source,
       flops_per_token_));
+  if (rc_.layout.document_eot_id >= 0) {
+    print_->Line(absl::StrCat(
+        "  documents: masked at end-of-text id ", rc_.layout.document_eot_id,
+        " (attention and positions stay within each packed document; "
+        "data.document_masking)"));
+  }
   for (const std::string& note : rc_.notes) print_->Line("  " + note);
   for (const std::string& line : training_->Describe()) {
     print_->Line("  " + line);

@@ -90,8 +90,8 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   // 2048 do not outweigh a chunk of logits plus dW, so it stays unfused).
   EXPECT_TRUE(absl::StrContains(
       *out,
-      " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, batch 2 x 2048 "
-      "x 64  13.21 GiB"))
+      " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, document masks, "
+      "batch 2 x 2048 x 64  13.21 GiB"))
       << *out;
   // Unfused everywhere, 1 x 2048 needs the least.
   o.overrides.push_back("training.loss_chunk_tokens=0");
@@ -99,8 +99,8 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(absl::StrContains(*out,
                                 " 1. W=2, ZeRO-3, bf16/f32, AC, fused "
-                                "attention, unfused loss head, batch 1 x 2048 "
-                                "x 128  13.38 GiB"))
+                                "attention, unfused loss head, document "
+                                "masks, batch 1 x 2048 x 128  13.38 GiB"))
       << *out;
 }
 

@@ -26,6 +26,12 @@ absl::StatusOr<int32_t> TokenizerVocabSize(const std::string& name) {
   return UnknownTokenizer(name);
 }
 
+absl::StatusOr<int32_t> TokenizerEotId(const std::string& name) {
+  if (name == "byte") return ByteTokenizer(/*with_eot=*/true).eot_id();
+  if (name == "gpt2") return 50256;  // <|endoftext|>, encoder.json's last
+  return UnknownTokenizer(name);
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> MakeTokenizer(
     const std::string& name, const std::string& gpt2_directory) {
   if (name == "byte") {

@@ -22,6 +22,10 @@ std::vector<std::string> TokenizerNames();
 // unknown name.
 absl::StatusOr<int32_t> TokenizerVocabSize(const std::string& name);
 
+// The end-of-text id of tokenizer `name` (byte: 256, gpt2: 50256), known
+// without loading any file. InvalidArgument for an unknown name.
+absl::StatusOr<int32_t> TokenizerEotId(const std::string& name);
+
 // A tokenizer by name: "byte" (ByteTokenizer with EOT) or "gpt2"
 // (Gpt2Tokenizer from `gpt2_directory`, or kDefaultGpt2Directory when it is
 // empty). InvalidArgument for an unknown name; the GPT-2 loader's errors
