@@ -1,7 +1,9 @@
 // The attention core, fused (CausalAttention, flash style) against the
 // unfused path the nn layer can also take (Matmul + causal Softmax + Matmul,
 // saving the [B, H, T, T] probabilities), forward and forward + backward, at
-// GPT-2 124M's head shape (H = 12, hd = 64) with B * T = 1024 tokens.
+// GPT-2 124M's head shape (H = 12, hd = 64) with B * T = 1024 tokens; and
+// the fused op with document masks (packed documents of `doc` tokens each)
+// against the same op unmasked at T = 1024.
 //
 //   bazel run -c opt //tensor:attention_benchmark
 #include <cmath>
@@ -43,18 +45,30 @@ Heads MakeHeads(const Shapes& s) {
 
 const float kScale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
 
-void Fused(benchmark::State& state, bool backward) {
+// Document key starts [b, t] for packed documents of `doc` tokens.
+Tensor DocumentStarts(int64_t b, int64_t t, int64_t doc) {
+  Tensor starts = Empty({b, t}, DType::kI32);
+  int32_t* p = starts.data<int32_t>();
+  for (int64_t i = 0; i < b * t; ++i) {
+    p[i] = static_cast<int32_t>((i % t) / doc * doc);
+  }
+  return starts;
+}
+
+void Fused(benchmark::State& state, bool backward, int64_t doc = 0) {
   const Shapes s = Args(state);
   const Heads x = MakeHeads(s);
+  const Tensor starts = DocumentStarts(s.b, s.t, doc > 0 ? doc : s.t);
+  const Tensor* key_start = doc > 0 ? &starts : nullptr;
   Tensor out = Empty(x.q.shape(), s.dtype);
   Tensor lse = Empty({s.b, kHeads, s.t}, DType::kF32);
   Tensor dq = Empty(x.q.shape(), s.dtype), dk = Empty(x.q.shape(), s.dtype),
          dv = Empty(x.q.shape(), s.dtype);
   auto step = [&] {
-    CHECK_OK(CausalAttention(x.q, x.k, x.v, kScale, &out, &lse));
+    CHECK_OK(CausalAttention(x.q, x.k, x.v, kScale, &out, &lse, key_start));
     if (backward) {
       CHECK_OK(CausalAttentionBackward(x.q, x.k, x.v, out, lse, x.dout, kScale,
-                                       &dq, &dk, &dv));
+                                       &dq, &dk, &dv, key_start));
     }
   };
   step();  // Warm-up, untimed (as for the unfused path's oneDNN set-up).
@@ -118,6 +132,18 @@ FSDPP_ATTENTION_BENCHMARK(BM_FusedForward);
 FSDPP_ATTENTION_BENCHMARK(BM_UnfusedForward);
 FSDPP_ATTENTION_BENCHMARK(BM_FusedForwardBackward);
 FSDPP_ATTENTION_BENCHMARK(BM_UnfusedForwardBackward);
+
+// Forward + backward at T = 1024 with document masks of doc = 1024 (one
+// document: the masks' own cost) and 256 tokens (four documents), f32 and
+// bf16; BM_FusedForwardBackward/T:1024 is the unmasked op.
+void BM_FusedDocumentsForwardBackward(benchmark::State& state) {
+  Fused(state, true, state.range(2));
+}
+BENCHMARK(BM_FusedDocumentsForwardBackward)
+    ->ArgsProduct({{1024}, {0, 1}, {1024, 256}})
+    ->ArgNames({"T", "bf16", "doc"})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 }  // namespace
 }  // namespace fsdpp
