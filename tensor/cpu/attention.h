@@ -43,8 +43,8 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 // kept per thread for its next call.
 inline constexpr int64_t kBlockedAttentionRows = 128;
 inline constexpr int64_t kBlockedAttentionWorkBytes = int64_t{64} << 20;
-// key_start as above (masked scores; every block still multiplies against
-// keys from 0).
+// key_start as above (masked scores; a block's matmuls start at the first
+// key of its rows, over all heads).
 absl::Status BlockedAttentionForward(
     const void* q, const void* k, const void* v, int64_t b, int64_t h,
     int64_t kv, int64_t t, int64_t hd, float scale, void* out, float* lse,

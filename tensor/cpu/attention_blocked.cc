@@ -19,8 +19,9 @@
 // heads sharing a kv head contract together: their rows are one matrix).
 //
 // Document masking (key_start): each row's softmax also masks the keys
-// before its document's first one (probabilities 0 there, so the matmuls
-// over keys [0, r1) stay exact).
+// before its document's first one (probabilities 0 there), and a block's
+// matmuls start at the smallest first key among its rows (of every head of
+// the group), so packed short documents skip most of the keys.
 #include <omp.h>
 
 #include <algorithm>
@@ -178,12 +179,13 @@ struct Dims {
   int64_t batch() const { return b * kv; }
 };
 
-// Keys [0, keys) of a [b, kv, t, hd] tensor (k, v) as [b * kv, keys, hd],
-// or transposed as [b * kv, hd, keys].
-StridedOperand KvRows(const void* data, const Dims& d, int64_t keys,
+// Keys [k0, k0 + keys) of a [b, kv, t, hd] tensor (k, v) as [b * kv, keys,
+// hd], or transposed as [b * kv, hd, keys].
+StridedOperand KvRows(const void* data, const Dims& d, int64_t k0, int64_t keys,
                       bool transpose) {
-  if (transpose) return {data, {d.batch(), d.hd, keys}, {d.t * d.hd, 1, d.hd}};
-  return {data, {d.batch(), keys, d.hd}, {d.t * d.hd, d.hd, 1}};
+  const BFloat16* at = static_cast<const BFloat16*>(data) + k0 * d.hd;
+  if (transpose) return {at, {d.batch(), d.hd, keys}, {d.t * d.hd, 1, d.hd}};
+  return {at, {d.batch(), keys, d.hd}, {d.t * d.hd, d.hd, 1}};
 }
 
 // A block's query-side rows (q, dout, out's or dq's block) as [b * kv, rep
@@ -297,13 +299,13 @@ StridedOperand ScoreOperand(const void* data, const Dims& d, int64_t rows,
   return {data, {d.batch(), n, cols}, {n * ld, ld, 1}};
 }
 
-// A block's scores s = scale q k^T (keys [0, keys)), f32 with strides
-// s_strides.
+// A block's scores s = scale q k^T (keys [k0, k0 + keys)), f32 with
+// strides s_strides.
 absl::Status Scores(const Dims& d, const BlockRowsView& q, const void* k,
-                    int64_t keys, const int64_t s_strides[3], float scale,
-                    float* s) {
+                    int64_t k0, int64_t keys, const int64_t s_strides[3],
+                    float scale, float* s) {
   return OneDnnStridedMatmul(DType::kBF16, DType::kF32, q.op,
-                             KvRows(k, d, keys, /*transpose=*/true), s,
+                             KvRows(k, d, k0, keys, /*transpose=*/true), s,
                              s_strides, scale, 0.0f);
 }
 
@@ -320,21 +322,33 @@ struct KeyStarts {
   int64_t kv = 1;
 };
 
-// The first key of every row of block [r0, r0 + rows) ([d.batch() rep,
-// rows], the score rows' order) into `first`; null without document masks.
-const int32_t* BlockFirstKeys(const Dims& d, const KeyStarts& ks, int64_t r0,
-                              int64_t rows, Buffer<int32_t>* first) {
-  if (ks.starts == nullptr) return nullptr;
+// The keys block [r0, r0 + rows) multiplies against: [k0, r0 + rows), k0
+// the smallest first key of its rows; and every row's first key relative
+// to k0 (in the score rows' order, [d.batch() rep, rows]), null without
+// document masks (k0 = 0 then).
+struct BlockKeys {
+  int64_t k0 = 0;
+  const int32_t* first = nullptr;
+};
+
+BlockKeys FirstKeys(const Dims& d, const KeyStarts& ks, int64_t r0,
+                    int64_t rows, Buffer<int32_t>* first) {
+  if (ks.starts == nullptr) return {};
   const int64_t heads = d.b * d.h;
+  int64_t k0 = r0;  // every row's first key is at most r0 + i; row 0's r0
   for (int64_t bh = 0; bh < heads; ++bh) {
     const int64_t batch = (ks.first_unit + bh / d.rep) / ks.kv;
     const int32_t* row = ks.starts + batch * d.t;
     for (int64_t i = 0; i < rows; ++i) {
-      (*first)[bh * rows + i] =
-          static_cast<int32_t>(std::clamp<int64_t>(row[r0 + i], 0, r0 + i));
+      const int64_t f = std::clamp<int64_t>(row[r0 + i], 0, r0 + i);
+      (*first)[bh * rows + i] = static_cast<int32_t>(f);
+      k0 = std::min(k0, f);
     }
   }
-  return first->data();
+  for (int64_t r = 0; r < heads * rows; ++r) {
+    (*first)[r] -= static_cast<int32_t>(k0);
+  }
+  return {k0, first->data()};
 }
 
 absl::Status ForwardGroup(const void* q, const void* k, const void* v,
@@ -352,15 +366,18 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   Buffer<int32_t> row_first(kRowFirst,
                             ks.starts != nullptr ? heads * block : 0);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
-    const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
+    const int64_t rows = std::min(block, t - r0);
+    const BlockKeys bk = FirstKeys(d, ks, r0, rows, &row_first);
+    const int64_t k0 = bk.k0, keys = r0 + rows - k0;
     const int64_t ld = RoundUp(keys, kRowAlign);
     const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
     const BlockRowsView qv =
         QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
-    FSDPP_RETURN_IF_ERROR(Scores(d, qv, k, keys, s_strides, scale, s.data()));
+    FSDPP_RETURN_IF_ERROR(
+        Scores(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(SoftmaxRows)
-    (s.data(), heads * rows, rows, r0, keys, ld,
-     BlockFirstKeys(d, ks, r0, rows, &row_first), p.data(), block_lse.data());
+    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.first, p.data(),
+     block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(block_lse.begin() + bh * rows,
                 block_lse.begin() + (bh + 1) * rows, lse + bh * t + r0);
@@ -370,8 +387,8 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
         DType::kBF16, DType::kBF16,
         ScoreOperand(p.data(), d, rows, keys, ld, false),
-        KvRows(v, d, keys, false), const_cast<void*>(ov.op.data), ov.c_strides,
-        1.0f, 0.0f));
+        KvRows(v, d, k0, keys, false), const_cast<void*>(ov.op.data),
+        ov.c_strides, 1.0f, 0.0f));
     if (d.rep > 1) {
       MoveRows(d, r0, rows, /*scatter=*/true, static_cast<BFloat16*>(out),
                out_rows.data());
@@ -421,7 +438,9 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
                             ks.starts != nullptr ? heads * block : 0);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
   for (int64_t r0 = 0; r0 < t; r0 += block) {
-    const int64_t rows = std::min(block, t - r0), keys = r0 + rows;
+    const int64_t rows = std::min(block, t - r0);
+    const BlockKeys bk = FirstKeys(d, ks, r0, rows, &row_first);
+    const int64_t k0 = bk.k0, keys = r0 + rows - k0;
     const int64_t ld = RoundUp(keys, kRowAlign);
     const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
     for (int64_t bh = 0; bh < heads; ++bh) {
@@ -435,14 +454,15 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     const BlockRowsView gv =
         QueryRows(dout, d, r0, rows, Gather(dout, d, r0, rows, &dout_rows));
     // P = exp(scale q k^T - lse).
-    FSDPP_RETURN_IF_ERROR(Scores(d, qv, k, keys, s_strides, scale, s.data()));
+    FSDPP_RETURN_IF_ERROR(
+        Scores(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(ProbabilityRows)
-    (s.data(), heads * rows, rows, r0, keys, ld,
-     BlockFirstKeys(d, ks, r0, rows, &row_first), block_lse.data(), p.data());
+    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.first,
+     block_lse.data(), p.data());
     // dP = dout v^T; dS = P (dP - D).
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kF32, gv.op, KvRows(v, d, keys, true), dp.data(),
-        s_strides, 1.0f, 0.0f));
+        DType::kBF16, DType::kF32, gv.op, KvRows(v, d, k0, keys, true),
+        dp.data(), s_strides, 1.0f, 0.0f));
     HWY_DYNAMIC_DISPATCH(ScoreGradRows)
     (s.data(), dp.data(), heads * rows, ld, block_delta.data(), ds.data());
     // dq = scale dS k: these rows' final values.
@@ -450,21 +470,21 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
         DType::kBF16, DType::kBF16,
         ScoreOperand(ds.data(), d, rows, keys, ld, false),
-        KvRows(k, d, keys, false), const_cast<void*>(dqv.op.data),
+        KvRows(k, d, k0, keys, false), const_cast<void*>(dqv.op.data),
         dqv.c_strides, scale, 0.0f));
     if (d.rep > 1) {
       MoveRows(d, r0, rows, /*scatter=*/true, static_cast<BFloat16*>(dq),
                dq_rows.data());
     }
-    // dv += P^T dout, dk += scale dS^T q (keys [0, keys)).
-    FSDPP_RETURN_IF_ERROR(
-        OneDnnStridedMatmul(DType::kBF16, DType::kF32,
-                            ScoreOperand(p.data(), d, rows, keys, ld, true),
-                            gv.op, dv_acc.data(), acc_strides, 1.0f, 1.0f));
-    FSDPP_RETURN_IF_ERROR(
-        OneDnnStridedMatmul(DType::kBF16, DType::kF32,
-                            ScoreOperand(ds.data(), d, rows, keys, ld, true),
-                            qv.op, dk_acc.data(), acc_strides, scale, 1.0f));
+    // dv += P^T dout, dk += scale dS^T q (keys [k0, k0 + keys)).
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kF32,
+        ScoreOperand(p.data(), d, rows, keys, ld, true), gv.op,
+        dv_acc.data() + k0 * hd, acc_strides, 1.0f, 1.0f));
+    FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
+        DType::kBF16, DType::kF32,
+        ScoreOperand(ds.data(), d, rows, keys, ld, true), qv.op,
+        dk_acc.data() + k0 * hd, acc_strides, scale, 1.0f));
   }
   BFloat16* dk_out = static_cast<BFloat16*>(dk);
   BFloat16* dv_out = static_cast<BFloat16*>(dv);
