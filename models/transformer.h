@@ -101,7 +101,8 @@ struct TransformerOptions {
   // each document and positions (RoPE's, wpe's) restart at each one, so a
   // packed row trains as its documents would one by one. -1: off (whole
   // rows are one sequence). Needs the fused attention and the embeddings
-  // (a whole model, not a pipeline stage). CPU only for now.
+  // (a whole model, not a pipeline stage). On CUDA the masked attention is
+  // the reference kernel, not cuDNN.
   int64_t document_eot_id = -1;
 
   // Pipeline parallelism: build only a contiguous part of the model (one

@@ -101,7 +101,8 @@ absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
 // to keys 0..i; no [T, T] matrix is materialised (memory O(T) per row tile).
 // Document masking: with `key_start` (i32 [B, T], from DocumentMask), query
 // i of batch row b attends to keys key_start[b, i]..i only (values outside
-// [0, i] are clamped into it). CPU only for now: the CUDA backend refuses it.
+// [0, i] are clamped into it). On CUDA masked calls run the reference kernel
+// (one thread per row), not cuDNN.
 absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, Tensor* out, Tensor* lse,
                              const Tensor* key_start = nullptr);
@@ -120,8 +121,7 @@ absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
 // followed by its text) and at the start of each row. key_start (i32 [B, T])
 // gets, for every token, the index of its document's first token in the row;
 // positions (i32 [B, T]) its position in its document (i - key_start[i]).
-// CausalAttention's mask and Rope's / an embedding's positions. CPU only for
-// now: the CUDA backend refuses it.
+// CausalAttention's mask and Rope's / an embedding's positions.
 absl::Status DocumentMask(const Tensor& ids, int64_t eot_id, Tensor* key_start,
                           Tensor* positions);
 
@@ -138,7 +138,7 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst);
 // kernels::RopeInvFreqs), or back by it with `inverse` (the backward). The
 // math is tensor/kernels/rope.h's, on every backend. With `positions` (i32
 // [B, T], x [B, N, T, hd]; DocumentMask's) row t of batch row b is at
-// positions[b, t] (clamped to [0, T)) instead; CPU only for now.
+// positions[b, t] (clamped to [0, T)) instead.
 absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse,
                   const Tensor* positions = nullptr);
 

@@ -614,14 +614,20 @@ absl::Status ResolveData(const DataConfig& config, ResolvedTrainConfig* out) {
 
 // data.document_masking: on at the tokenizer's end-of-text id where the run
 // supports it; where not, an error when the config asks for it explicitly,
-// else off with a note saying why.
+// else off with a note saying why. On CUDA it is off unless asked for: the
+// masked attention runs there on the reference kernel, not cuDNN.
 absl::Status ResolveDocumentMasking(const TrainConfig& config,
                                     ResolvedTrainConfig* out) {
   if (!config.data().document_masking()) return absl::OkStatus();
   std::string unsupported;
-  if (config.training().device() == "cuda") {
-    unsupported = "the CUDA backend does not take document masks yet";
-  } else if (out->layout.pp > 1) {
+  if (config.training().device() == "cuda" &&
+      !config.data().has_document_masking()) {
+    out->notes.push_back(
+        "data.document_masking off: on CUDA the masked attention runs on the "
+        "reference kernel, not cuDNN (set it true to use it)");
+    return absl::OkStatus();
+  }
+  if (out->layout.pp > 1) {
     unsupported = "pipeline stages do not carry document masks yet";
   } else if (!out->layout.fused_attention) {
     unsupported = "it needs training.fused_attention";

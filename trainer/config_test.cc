@@ -629,18 +629,22 @@ TEST(ValidateTest, DocumentMaskingResolution) {
            {{"data.document_masking=false"}, -1, "", ""},
            {{"training.device=cuda"},
             -1,
-            "data.document_masking off: the CUDA backend does not take "
-            "document masks yet",
+            "data.document_masking off: on CUDA the masked attention runs on "
+            "the reference kernel, not cuDNN (set it true to use it)",
             ""},
+           {{"training.device=cuda", "data.document_masking=true"},
+            256,
+            "",
+            ""},
+           {{"parallelism.pp=2", "data.document_masking=true"},
+            -1,
+            "",
+            "data.document_masking: pipeline stages do not carry document "
+            "masks yet (set it false)"},
            {{"training.fused_attention=false"},
             -1,
             "data.document_masking off: it needs training.fused_attention",
             ""},
-           {{"training.device=cuda", "data.document_masking=true"},
-            -1,
-            "",
-            "data.document_masking: the CUDA backend does not take document "
-            "masks yet (set it false)"},
        }) {
     SCOPED_TRACE(absl::StrJoin(c.overrides, " "));
     TrainConfig config;

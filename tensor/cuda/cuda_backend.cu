@@ -27,6 +27,7 @@
 #include <initializer_list>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -442,14 +443,23 @@ struct RopeFrequencies {
   float inv_freq[kMaxRopeFrequencies];
 };
 
+// Row r is at position r % seq_len, or with `positions` ([batch, seq_len])
+// at positions[r / rows_per_batch * seq_len + r % seq_len] clamped to [0,
+// seq_len).
 template <typename T>
 __global__ void RopeKernel(T* x, int64_t rows, int64_t seq_len,
-                           int64_t head_dim, RopeFrequencies f, bool inverse) {
+                           int64_t head_dim, RopeFrequencies f, bool inverse,
+                           const int32_t* positions, int64_t rows_per_batch) {
   const int64_t half = head_dim / 2;
   for (int64_t e = FirstIndex(); e < rows * half; e += GridStride()) {
     const int64_t r = e / half, i = e % half;
     T* row = x + r * head_dim;
-    const float angle = static_cast<float>(r % seq_len) * f.inv_freq[i];
+    int64_t p = r % seq_len;
+    if (positions != nullptr) {
+      p = positions[r / rows_per_batch * seq_len + p];
+      p = p < 0 ? 0 : (p >= seq_len ? seq_len - 1 : p);
+    }
+    const float angle = static_cast<float>(p) * f.inv_freq[i];
     const float c = cosf(angle), sn = sinf(angle);
     const float a = ToFloat(row[i]), b = ToFloat(row[i + half]);
     if (inverse) {
@@ -464,21 +474,49 @@ __global__ void RopeKernel(T* x, int64_t rows, int64_t seq_len,
 
 // Fused causal attention (tensor/kernels/attention.h): one thread per query
 // row (forward, dq) or per key row (dk, dv), f32 accumulators of at most
-// kMaxAttentionHeadDim floats in local memory.
+// kMaxAttentionHeadDim floats in local memory. key_start: null, or the
+// document masks' key starts [b, t] (query i of batch row bi attends to
+// keys FirstKey(..) .. i).
 constexpr int64_t kMaxAttentionHeadDim = 256;
+
+__device__ __forceinline__ int64_t FirstKey(const int32_t* key_start,
+                                            int64_t bi, int64_t t, int64_t i) {
+  if (key_start == nullptr) return 0;
+  const int64_t f = key_start[bi * t + i];
+  return f < 0 ? 0 : (f > i ? i : f);
+}
+
+// Packed documents (ops.h DocumentMask): one thread per batch row.
+template <typename Id>
+__global__ void DocumentMaskKernel(const Id* ids, int64_t b, int64_t t,
+                                   int64_t eot_id, int32_t* key_start,
+                                   int32_t* positions) {
+  for (int64_t r = FirstIndex(); r < b; r += GridStride()) {
+    int32_t start = 0;
+    for (int64_t i = 0; i < t; ++i) {
+      if (static_cast<int64_t>(ids[r * t + i]) == eot_id) {
+        start = static_cast<int32_t>(i);
+      }
+      key_start[r * t + i] = start;
+      positions[r * t + i] = static_cast<int32_t>(i) - start;
+    }
+  }
+}
 
 template <typename T>
 __global__ void CausalAttentionKernel(const T* q, const T* k, const T* v,
                                       int64_t b, int64_t h, int64_t kv,
                                       int64_t t, int64_t hd, float scale,
-                                      T* out, float* lse) {
+                                      const int32_t* key_start, T* out,
+                                      float* lse) {
   for (int64_t r = FirstIndex(); r < b * h * t; r += GridStride()) {
     const int64_t head = r / t, i = r % t;
     const int64_t kv_head = (head / h) * kv + (head % h) / (h / kv);
+    const int64_t first = FirstKey(key_start, head / h, t, i);
     float acc[kMaxAttentionHeadDim];
-    kernels::CausalAttentionRow(q + r * hd, k + kv_head * t * hd,
-                                v + kv_head * t * hd, i + 1, hd, scale, acc,
-                                out + r * hd, lse + r);
+    kernels::CausalAttentionRow(q + r * hd, k + (kv_head * t + first) * hd,
+                                v + (kv_head * t + first) * hd, i + 1 - first,
+                                hd, scale, acc, out + r * hd, lse + r);
   }
 }
 
@@ -487,15 +525,18 @@ __global__ void CausalAttentionDqKernel(const T* q, const T* k, const T* v,
                                         const T* out, const float* lse,
                                         const T* dout, int64_t b, int64_t h,
                                         int64_t kv, int64_t t, int64_t hd,
-                                        float scale, T* dq) {
+                                        float scale, const int32_t* key_start,
+                                        T* dq) {
   for (int64_t r = FirstIndex(); r < b * h * t; r += GridStride()) {
     const int64_t head = r / t, i = r % t;
     const int64_t kv_head = (head / h) * kv + (head % h) / (h / kv);
+    const int64_t first = FirstKey(key_start, head / h, t, i);
     float acc[kMaxAttentionHeadDim];
     const float delta = kernels::DotF32(dout + r * hd, out + r * hd, hd);
-    kernels::CausalAttentionDqRow(q + r * hd, k + kv_head * t * hd,
-                                  v + kv_head * t * hd, dout + r * hd, delta,
-                                  lse[r], i + 1, hd, scale, acc, dq + r * hd);
+    kernels::CausalAttentionDqRow(q + r * hd, k + (kv_head * t + first) * hd,
+                                  v + (kv_head * t + first) * hd, dout + r * hd,
+                                  delta, lse[r], i + 1 - first, hd, scale, acc,
+                                  dq + r * hd);
   }
 }
 
@@ -504,15 +545,17 @@ __global__ void CausalAttentionDkDvKernel(const T* q, const T* k, const T* v,
                                           const T* out, const float* lse,
                                           const T* dout, int64_t b, int64_t h,
                                           int64_t kv, int64_t t, int64_t hd,
-                                          float scale, T* dk, T* dv) {
+                                          float scale, const int32_t* key_start,
+                                          T* dk, T* dv) {
   const int64_t rep = h / kv;
   for (int64_t r = FirstIndex(); r < b * kv * t; r += GridStride()) {
-    const int64_t kv_head = r / t, j = r % t;
-    const int64_t first = (kv_head / kv) * h + (kv_head % kv) * rep;
+    const int64_t kv_head = r / t, j = r % t, bi = kv_head / kv;
+    const int64_t first = bi * h + (kv_head % kv) * rep;
     float dk_acc[kMaxAttentionHeadDim], dv_acc[kMaxAttentionHeadDim];
     for (int64_t e = 0; e < hd; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
     for (int64_t head = first; head < first + rep; ++head) {
       for (int64_t i = j; i < t; ++i) {
+        if (FirstKey(key_start, bi, t, i) > j) continue;  // another document
         const int64_t row = head * t + i;
         const float delta =
             kernels::DotF32(dout + row * hd, out + row * hd, hd);
@@ -1148,7 +1191,6 @@ class CudaBackendImpl final : public Backend {
   absl::Status Rope(Tensor* x, int64_t rows, int64_t seq_len, int64_t head_dim,
                     const float* inv_freq, bool inverse,
                     const Tensor* positions) override {
-    if (positions != nullptr) return NoDocumentMasking("Rope");
     FSDPP_RETURN_IF_ERROR(Prepare());
     if (head_dim / 2 > kMaxRopeFrequencies) {
       return absl::InvalidArgumentError(
@@ -1159,9 +1201,12 @@ class CudaBackendImpl final : public Backend {
     for (int64_t i = 0; i < head_dim / 2; ++i) f.inv_freq[i] = inv_freq[i];
     return DispatchFloat(x->dtype(), [&](auto tag_T) {
       using T = typename decltype(tag_T)::type;
+      const int64_t batch = positions != nullptr ? positions->dim(0) : 1;
       return Launch("Rope", rows * (head_dim / 2), kThreads, RopeKernel<T>,
                     static_cast<T*>(x->raw_data()), rows, seq_len, head_dim, f,
-                    inverse);
+                    inverse,
+                    positions != nullptr ? positions->data<int32_t>() : nullptr,
+                    std::max<int64_t>(1, rows / batch));
     });
   }
 
@@ -1183,10 +1228,11 @@ class CudaBackendImpl final : public Backend {
                                int64_t kv, int64_t t, int64_t hd, float scale,
                                const Tensor* key_start, Tensor* out,
                                Tensor* lse) override {
-    if (key_start != nullptr) return NoDocumentMasking("CausalAttention");
     FSDPP_RETURN_IF_ERROR(Prepare());
     const AttentionCall call{q.dtype(), b, h, kv, t, hd, scale};
-    if (CudnnAttention::Applies(call, false)) {
+    // Document masks: the reference kernel (cuDNN's graphs here take whole
+    // causal sequences only).
+    if (key_start == nullptr && CudnnAttention::Applies(call, false)) {
       FSDPP_ASSIGN_OR_RETURN(const bool ran,
                              CudnnAttention::ForDevice(device_)->Forward(
                                  call, q.raw_data(), k.raw_data(), v.raw_data(),
@@ -1201,7 +1247,8 @@ class CudaBackendImpl final : public Backend {
                     static_cast<const T*>(q.raw_data()),
                     static_cast<const T*>(k.raw_data()),
                     static_cast<const T*>(v.raw_data()), b, h, kv, t, hd, scale,
-                    static_cast<T*>(out->raw_data()), lse->data<float>());
+                    KeyStarts(key_start), static_cast<T*>(out->raw_data()),
+                    lse->data<float>());
     });
   }
 
@@ -1212,12 +1259,9 @@ class CudaBackendImpl final : public Backend {
                                        int64_t t, int64_t hd, float scale,
                                        const Tensor* key_start, Tensor* dq,
                                        Tensor* dk, Tensor* dv) override {
-    if (key_start != nullptr) {
-      return NoDocumentMasking("CausalAttentionBackward");
-    }
     FSDPP_RETURN_IF_ERROR(Prepare());
     const AttentionCall call{q.dtype(), b, h, kv, t, hd, scale};
-    if (CudnnAttention::Applies(call, true)) {
+    if (key_start == nullptr && CudnnAttention::Applies(call, true)) {
       FSDPP_ASSIGN_OR_RETURN(
           const bool ran,
           CudnnAttention::ForDevice(device_)->Backward(
@@ -1234,31 +1278,35 @@ class CudaBackendImpl final : public Backend {
       const T* pv = static_cast<const T*>(v.raw_data());
       const T* po = static_cast<const T*>(out.raw_data());
       const T* pdo = static_cast<const T*>(dout.raw_data());
-      FSDPP_RETURN_IF_ERROR(
-          Launch("CausalAttentionBackward dq", b * h * t, kRowThreads,
-                 CausalAttentionDqKernel<T>, pq, pk, pv, po, lse.data<float>(),
-                 pdo, b, h, kv, t, hd, scale, static_cast<T*>(dq->raw_data())));
+      FSDPP_RETURN_IF_ERROR(Launch("CausalAttentionBackward dq", b * h * t,
+                                   kRowThreads, CausalAttentionDqKernel<T>, pq,
+                                   pk, pv, po, lse.data<float>(), pdo, b, h, kv,
+                                   t, hd, scale, KeyStarts(key_start),
+                                   static_cast<T*>(dq->raw_data())));
       return Launch("CausalAttentionBackward dk dv", b * kv * t, kRowThreads,
                     CausalAttentionDkDvKernel<T>, pq, pk, pv, po,
                     lse.data<float>(), pdo, b, h, kv, t, hd, scale,
-                    static_cast<T*>(dk->raw_data()),
+                    KeyStarts(key_start), static_cast<T*>(dk->raw_data()),
                     static_cast<T*>(dv->raw_data()));
     });
   }
 
-  absl::Status DocumentMask(const Tensor& /*ids*/, int64_t /*b*/, int64_t /*t*/,
-                            int64_t /*eot_id*/, Tensor* /*key_start*/,
-                            Tensor* /*positions*/) override {
-    return NoDocumentMasking("DocumentMask");
+  absl::Status DocumentMask(const Tensor& ids, int64_t b, int64_t t,
+                            int64_t eot_id, Tensor* key_start,
+                            Tensor* positions) override {
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    const auto launch = [&](const auto* id) {
+      using Id = std::remove_const_t<std::remove_pointer_t<decltype(id)>>;
+      return Launch("DocumentMask", b, kThreads, DocumentMaskKernel<Id>, id, b,
+                    t, eot_id, key_start->data<int32_t>(),
+                    positions->data<int32_t>());
+    };
+    if (ids.dtype() == DType::kI32) return launch(ids.data<int32_t>());
+    return launch(ids.data<int64_t>());
   }
 
-  // Document masking (ops.h DocumentMask) is not on this backend yet: its
-  // attention kernels and cuDNN's graphs take whole causal sequences only.
-  static absl::Status NoDocumentMasking(const char* op) {
-    return absl::UnimplementedError(absl::StrCat(
-        op,
-        " on CUDA: document masking is not supported on this backend yet "
-        "(set data.document_masking: false)"));
+  static const int32_t* KeyStarts(const Tensor* key_start) {
+    return key_start != nullptr ? key_start->data<int32_t>() : nullptr;
   }
 
   static absl::Status CheckAttentionHeadDim(int64_t hd) {

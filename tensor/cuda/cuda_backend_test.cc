@@ -349,6 +349,65 @@ TEST_P(CudaOpsTest, CausalAttention) {
       << "attention calls run on cuDNN";
 }
 
+// Document masks (packed documents from DocumentMask on the device, against
+// the CPU's): attention forward and backward on the reference kernel (cuDNN
+// is not called with masks) and RoPE at the documents' positions, both
+// matching the CPU backend.
+TEST_P(CudaOpsTest, DocumentMasks) {
+  const DType dtype = GetParam();
+  const int64_t cudnn_calls = gpu::CudnnAttention::ForDevice(0)->calls();
+  const int64_t b = 2, h = 4, kv = 2, t = 150, hd = 64, eot = 7;
+  std::vector<int64_t> ids_host(b * t, 1);
+  for (int64_t i : {0, 40, 41, 97, 149}) ids_host[i] = eot;  // row 0
+  for (int64_t i : {3, 64, 65, 66}) ids_host[t + i] = eot;   // row 1
+  const Pair ids = Ids({b, t}, ids_host, DType::kI64);
+  Pair starts = Zeros({b, t}, DType::kI32),
+       positions = Zeros({b, t}, DType::kI32);
+  ASSERT_TRUE(Both([&](bool g) {
+    return DocumentMask(ids.on(g), eot, starts.ptr(g), positions.ptr(g));
+  }));
+  EXPECT_EQ(Values(starts.gpu), Values(starts.cpu));
+  EXPECT_EQ(Values(positions.gpu), Values(positions.cpu));
+
+  const Shape qs{b, h, t, hd}, ks{b, kv, t, hd};
+  Pair q = Random(qs, dtype, 41, -2, 2), k = Random(ks, dtype, 42, -2, 2),
+       v = Random(ks, dtype, 43);
+  Pair out = Zeros(qs, dtype), lse = Zeros({b, h, t}, DType::kF32);
+  const float scale = 0.125f;
+  ASSERT_TRUE(Both([&](bool g) {
+    return CausalAttention(q.on(g), k.on(g), v.on(g), scale, out.ptr(g),
+                           lse.ptr(g), &starts.on(g));
+  }));
+  const double tol = AttentionTol(dtype);
+  EXPECT_TRUE(MatchScaled(out, tol)) << "out";
+  EXPECT_TRUE(Match(lse, dtype == DType::kF32 ? 1e-4 : 1e-3)) << "lse";
+  out.gpu = ToGpu(out.cpu);
+  lse.gpu = ToGpu(lse.cpu);
+  Pair dout = Random(qs, dtype, 44);
+  Pair dq = Zeros(qs, dtype), dk = Zeros(ks, dtype), dv = Zeros(ks, dtype);
+  ASSERT_TRUE(Both([&](bool g) {
+    return CausalAttentionBackward(q.on(g), k.on(g), v.on(g), out.on(g),
+                                   lse.on(g), dout.on(g), scale, dq.ptr(g),
+                                   dk.ptr(g), dv.ptr(g), &starts.on(g));
+  }));
+  EXPECT_TRUE(MatchScaled(dq, tol)) << "dq";
+  EXPECT_TRUE(MatchScaled(dk, tol)) << "dk";
+  EXPECT_TRUE(MatchScaled(dv, tol)) << "dv";
+  EXPECT_EQ(gpu::CudnnAttention::ForDevice(0)->calls(), cudnn_calls);
+
+  std::vector<float> inv_freq(hd / 2);
+  for (int64_t i = 0; i < hd / 2; ++i) {
+    inv_freq[i] = std::pow(10000.0f, -2.0f * i / hd);
+  }
+  for (bool inverse : {false, true}) {
+    Pair x = Random(qs, dtype, 45 + inverse, -2, 2);
+    ASSERT_TRUE(Both([&](bool g) {
+      return Rope(x.ptr(g), inv_freq, inverse, &positions.on(g));
+    }));
+    EXPECT_TRUE(Match(x, Tol(dtype))) << (inverse ? "inverse" : "forward");
+  }
+}
+
 TEST_P(CudaOpsTest, Rope) {
   const DType dtype = GetParam();
   for (const Shape& shape : {Shape{1, 1, 1, 2}, Shape{2, 3, 17, 64}}) {
