@@ -290,7 +290,7 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
                                              MemoryTag::kAttention));
   FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
                                         &heads_out_, &lse_,
-                                        OrNull(key_start_)));
+                                        KeyRange{OrNull(key_start_)}));
   if (selective != nullptr) selective->Record(this, {heads_out_, lse_});
   return heads_out_;
 }
@@ -368,7 +368,7 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   if (config_.fused_attention) {
     FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(
         q_heads_, k_heads_, v_heads_, heads_out_, lse_, dout, Scale(), &dq, &dk,
-        &dv, OrNull(key_start_)));
+        &dv, KeyRange{OrNull(key_start_)}));
   } else {
     FSDPP_RETURN_IF_ERROR(UnfusedBackward(dout, &dq, &dk, &dv));
   }

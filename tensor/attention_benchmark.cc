@@ -59,16 +59,16 @@ void Fused(benchmark::State& state, bool backward, int64_t doc = 0) {
   const Shapes s = Args(state);
   const Heads x = MakeHeads(s);
   const Tensor starts = DocumentStarts(s.b, s.t, doc > 0 ? doc : s.t);
-  const Tensor* key_start = doc > 0 ? &starts : nullptr;
+  const KeyRange keys = doc > 0 ? KeyRange{&starts} : KeyRange{};
   Tensor out = Empty(x.q.shape(), s.dtype);
   Tensor lse = Empty({s.b, kHeads, s.t}, DType::kF32);
   Tensor dq = Empty(x.q.shape(), s.dtype), dk = Empty(x.q.shape(), s.dtype),
          dv = Empty(x.q.shape(), s.dtype);
   auto step = [&] {
-    CHECK_OK(CausalAttention(x.q, x.k, x.v, kScale, &out, &lse, key_start));
+    CHECK_OK(CausalAttention(x.q, x.k, x.v, kScale, &out, &lse, keys));
     if (backward) {
       CHECK_OK(CausalAttentionBackward(x.q, x.k, x.v, out, lse, x.dout, kScale,
-                                       &dq, &dk, &dv, key_start));
+                                       &dq, &dk, &dv, keys));
     }
   };
   step();  // Warm-up, untimed (as for the unfused path's oneDNN set-up).

@@ -63,20 +63,24 @@ class Backend {
                                        int64_t rows, int64_t n, Tensor* dx) = 0;
   // Fused causal attention (tensor/kernels/attention.h): q [b, h, t, hd],
   // k and v [b, kv, t, hd], out [b, h, t, hd] in q's dtype, lse [b, h, t]
-  // f32; key_start: null or i32 [b, t] (document masking, ops.h). Shapes and
-  // dtypes are checked by tensor/ops.cc.
+  // f32; keys: the rows' key ranges (ops.h KeyRange), lo and hi each null or
+  // i32 [b, t]. Shapes and dtypes are checked by tensor/ops.cc.
   virtual absl::Status CausalAttention(const Tensor& q, const Tensor& k,
                                        const Tensor& v, int64_t b, int64_t h,
                                        int64_t kv, int64_t t, int64_t hd,
-                                       float scale, const Tensor* key_start,
+                                       float scale, const KeyRange& keys,
                                        Tensor* out, Tensor* lse) = 0;
   // Its backward, recomputing the probabilities from lse: dq like q, dk and
   // dv like k and v (overwritten, not accumulated).
   virtual absl::Status CausalAttentionBackward(
       const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
       const Tensor& lse, const Tensor& dout, int64_t b, int64_t h, int64_t kv,
-      int64_t t, int64_t hd, float scale, const Tensor* key_start, Tensor* dq,
+      int64_t t, int64_t hd, float scale, const KeyRange& keys, Tensor* dq,
       Tensor* dk, Tensor* dv) = 0;
+  // ops.h MergeAttention over `rows` rows of hd (lse: rows floats).
+  virtual absl::Status MergeAttention(const Tensor& out_part,
+                                      const Tensor& lse_part, int64_t rows,
+                                      int64_t hd, Tensor* out, Tensor* lse) = 0;
   // ops.h DocumentMask on ids [b, t] (i32 or i64).
   virtual absl::Status DocumentMask(const Tensor& ids, int64_t b, int64_t t,
                                     int64_t eot_id, Tensor* key_start,

@@ -436,19 +436,22 @@ absl::StatusOr<AttentionDims> CheckAttention(
   return d;
 }
 
-// A document mask's key starts: null, or i32 [B, T] on the op's device.
-absl::Status CheckKeyStart(const char* op, const Tensor* key_start,
+// The key ranges' bounds: each null, or i32 [B, T] on the op's device.
+absl::Status CheckKeyRange(const char* op, const KeyRange& keys,
                            const Device& device, const AttentionDims& d,
                            std::initializer_list<Named> args) {
-  if (key_start == nullptr) return absl::OkStatus();
-  if (!key_start->defined() || key_start->dtype() != DType::kI32 ||
-      key_start->shape() != Shape{d.b, d.t} || key_start->device() != device) {
-    return Invalid(op,
-                   absl::StrCat("key_start ",
-                                key_start->defined() ? key_start->ToString()
-                                                     : "(undefined)",
-                                " must be i32 [B, T] on the device of q"),
-                   args);
+  for (const auto& [name, bound] :
+       {std::pair{"keys.lo", keys.lo}, std::pair{"keys.hi", keys.hi}}) {
+    if (bound == nullptr) continue;
+    if (!bound->defined() || bound->dtype() != DType::kI32 ||
+        bound->shape() != Shape{d.b, d.t} || bound->device() != device) {
+      return Invalid(
+          op,
+          absl::StrCat(name, " ",
+                       bound->defined() ? bound->ToString() : "(undefined)",
+                       " must be i32 [B, T] on the device of q"),
+          args);
+    }
   }
   return absl::OkStatus();
 }
@@ -457,7 +460,7 @@ absl::Status CheckKeyStart(const char* op, const Tensor* key_start,
 
 absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, Tensor* out, Tensor* lse,
-                             const Tensor* key_start) {
+                             const KeyRange& keys) {
   constexpr const char* kOp = "CausalAttention";
   std::initializer_list<Named> args = {
       {"q", &q}, {"k", &k}, {"v", &v}, {"out", out}, {"lse", lse}};
@@ -469,18 +472,18 @@ absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
   if (lse->dtype() != DType::kF32 || lse->shape() != Shape{d.b, d.h, d.t}) {
     return Invalid(kOp, "lse must be f32 [B, H, T]", args);
   }
-  FSDPP_RETURN_IF_ERROR(CheckKeyStart(kOp, key_start, backend_device, d, args));
+  FSDPP_RETURN_IF_ERROR(CheckKeyRange(kOp, keys, backend_device, d, args));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->CausalAttention(q, k, v, d.b, d.h, d.kv, d.t, d.hd,
-                                        scale, key_start, out, lse);
+                                        scale, keys, out, lse);
 }
 
 absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out,
                                      const Tensor& lse, const Tensor& dout,
                                      float scale, Tensor* dq, Tensor* dk,
-                                     Tensor* dv, const Tensor* key_start) {
+                                     Tensor* dv, const KeyRange& keys) {
   constexpr const char* kOp = "CausalAttentionBackward";
   std::initializer_list<Named> args = {
       {"q", &q},       {"k", &k},  {"v", &v},  {"out", &out}, {"lse", &lse},
@@ -501,11 +504,35 @@ absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
   if (lse.dtype() != DType::kF32 || lse.shape() != Shape{d.b, d.h, d.t}) {
     return Invalid(kOp, "lse must be f32 [B, H, T]", args);
   }
-  FSDPP_RETURN_IF_ERROR(CheckKeyStart(kOp, key_start, backend_device, d, args));
+  FSDPP_RETURN_IF_ERROR(CheckKeyRange(kOp, keys, backend_device, d, args));
   return backend == nullptr ? absl::OkStatus()
                             : backend->CausalAttentionBackward(
                                   q, k, v, out, lse, dout, d.b, d.h, d.kv, d.t,
-                                  d.hd, scale, key_start, dq, dk, dv);
+                                  d.hd, scale, keys, dq, dk, dv);
+}
+
+absl::Status MergeAttention(const Tensor& out_part, const Tensor& lse_part,
+                            Tensor* out, Tensor* lse) {
+  constexpr const char* kOp = "MergeAttention";
+  std::initializer_list<Named> args = {{"out_part", &out_part},
+                                       {"lse_part", &lse_part},
+                                       {"out", out},
+                                       {"lse", lse}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  FSDPP_RETURN_IF_ERROR(FloatDType(kOp, {"out", out}));
+  FSDPP_RETURN_IF_ERROR(
+      SameDType(kOp, {{"out_part", &out_part}, {"out", out}}));
+  FSDPP_RETURN_IF_ERROR(
+      SameShape(kOp, {{"out_part", &out_part}, {"out", out}}));
+  if (out->ndim() != 4 || lse->dtype() != DType::kF32 ||
+      lse_part.dtype() != DType::kF32 ||
+      lse->shape() != Shape{out->dim(0), out->dim(1), out->dim(2)} ||
+      lse_part.shape() != lse->shape()) {
+    return Invalid(kOp, "needs out [B, H, T, hd] and lse f32 [B, H, T]", args);
+  }
+  if (backend == nullptr || out->numel() == 0) return absl::OkStatus();
+  return backend->MergeAttention(out_part, lse_part, lse->numel(), out->dim(3),
+                                 out, lse);
 }
 
 absl::Status DocumentMask(const Tensor& ids, int64_t eot_id, Tensor* key_start,

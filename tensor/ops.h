@@ -99,29 +99,44 @@ absl::Status SoftmaxBackward(const Tensor& y, const Tensor& dy, Tensor* dx);
 // out [B, H, T, hd] in that dtype; lse [B, H, T] f32, the log-sum-exp of
 // each query row's scaled scores, saved for the backward. Query i attends
 // to keys 0..i; no [T, T] matrix is materialised (memory O(T) per row tile).
-// Document masking: with `key_start` (i32 [B, T], from DocumentMask), query
-// i of batch row b attends to keys key_start[b, i]..i only (values outside
-// [0, i] are clamped into it). On CUDA masked calls run the reference kernel
-// (one thread per row), not cuDNN.
+// Other masks through `keys` (KeyRange): document masking (lo =
+// DocumentMask's key starts) and context parallelism's blocks (a rank's
+// queries against another rank's keys). On CUDA such calls run the
+// reference kernel (one thread per row), not cuDNN.
+//
+// KeyRange (tensor/tensor.h): the keys each query row attends to. A row
+// with no key gets out 0 and lse -inf (and adds nothing to dk, dv); calls
+// over disjoint parts of the keys merge exactly with MergeAttention.
 absl::Status CausalAttention(const Tensor& q, const Tensor& k, const Tensor& v,
                              float scale, Tensor* out, Tensor* lse,
-                             const Tensor* key_start = nullptr);
+                             const KeyRange& keys = {});
 // Its backward from dout (like out): dq like q, dk and dv like k and v
-// (overwritten). Recomputes the probabilities from q, k and lse; `key_start`
-// as in the forward.
+// (overwritten). Recomputes the probabilities from q, k and lse; `keys` as
+// in the forward. With a part of the keys, out and lse must be the whole
+// attention's (merged) ones: dq then sums over the parts' calls, and each
+// part's dk and dv are its keys' whole gradients from these queries.
 absl::Status CausalAttentionBackward(const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out,
                                      const Tensor& lse, const Tensor& dout,
                                      float scale, Tensor* dq, Tensor* dk,
-                                     Tensor* dv,
-                                     const Tensor* key_start = nullptr);
+                                     Tensor* dv, const KeyRange& keys = {});
+
+// Merges the attention of the same queries over another part of the keys
+// (out_part [B, H, T, hd], lse_part [B, H, T] f32) into (out, lse): lse' =
+// log(exp(lse) + exp(lse_part)), out' = exp(lse - lse') out + exp(lse_part -
+// lse') out_part, per row (a row -inf on one side takes the other's). The
+// partial results of CausalAttention over disjoint key ranges merge into
+// the whole one's, in any order, to rounding.
+absl::Status MergeAttention(const Tensor& out_part, const Tensor& lse_part,
+                            Tensor* out, Tensor* lse);
 
 // Packed documents in ids [B, T] (i32 or i64): a document begins at every
 // `eot_id` token (the llm.c layout: each document is its end-of-text token
 // followed by its text) and at the start of each row. key_start (i32 [B, T])
 // gets, for every token, the index of its document's first token in the row;
 // positions (i32 [B, T]) its position in its document (i - key_start[i]).
-// CausalAttention's mask and Rope's / an embedding's positions.
+// CausalAttention's mask (KeyRange::lo) and Rope's / an embedding's
+// positions.
 absl::Status DocumentMask(const Tensor& ids, int64_t eot_id, Tensor* key_start,
                           Tensor* positions);
 

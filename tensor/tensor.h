@@ -167,6 +167,15 @@ class Tensor {
   Device device_ = Device::Cpu();
 };
 
+// The keys each query row of an attention call attends to (tensor/ops.h
+// CausalAttention): keys [lo[b, i], hi[b, i]) for query i of batch row b;
+// lo and hi are i32 [B, T] on the call's device, each optional (lo default
+// 0, hi default i + 1: causal), values clamped to [0, T].
+struct KeyRange {
+  const Tensor* lo = nullptr;
+  const Tensor* hi = nullptr;
+};
+
 }  // namespace fsdpp
 
 #endif  // FSDPP_TENSOR_TENSOR_H_

@@ -21,10 +21,12 @@
 // lengths to a multiple of kKeyTile in the f32 work buffers, so every vector
 // loop runs whole vectors; padded keys are masked like future ones.
 //
-// Document masking (key_start): row i also masks the keys before its
-// document's first one, and the key tiles of a query tile start at the tile
-// holding the smallest first key among its rows (a row may then see a tile
-// with none of its keys: its probabilities there are 0).
+// Key ranges (key_lo, key_hi: document masks, context parallelism's
+// blocks): row i masks the keys outside [lo_i, hi_i), and a query tile
+// walks the key tiles from the one holding its rows' smallest lo to the one
+// holding their largest hi - 1 (a row may then see a tile with none of its
+// keys: its probabilities there are 0; a row with no key at all gets out 0
+// and lse -inf).
 #include "tensor/cpu/attention.h"
 
 #include <omp.h>
@@ -56,22 +58,35 @@ constexpr int64_t kHeadPad = 16;    // wholly masked
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// The first key of query row i (0 without document masks; `starts` is the
-// row's batch row, clamped into [0, i]).
-inline int64_t FirstKey(const int32_t* starts, int64_t i) {
-  if (starts == nullptr) return 0;
-  return std::clamp<int64_t>(starts[i], 0, i);
-}
-
-// The first key tile query rows [q0, q0 + rows) need: the one holding the
-// smallest of their first keys.
-inline int64_t FirstKeyTile(const int32_t* starts, int64_t q0, int64_t rows) {
-  if (starts == nullptr) return 0;
-  int64_t first = q0 + rows - 1;
-  for (int64_t i = q0; i < q0 + rows; ++i) {
-    first = std::min(first, FirstKey(starts, i));
+// One batch row's key bounds ([t] arrays, null for the causal defaults).
+struct RowKeys {
+  const int32_t* lo = nullptr;
+  const int32_t* hi = nullptr;
+  // Batch row `row` of [b, t] bounds (each null or [b, t]).
+  static RowKeys Of(const int32_t* lo, const int32_t* hi, int64_t row,
+                    int64_t t) {
+    return {lo == nullptr ? nullptr : lo + row * t,
+            hi == nullptr ? nullptr : hi + row * t};
   }
-  return first / kKeyTile * kKeyTile;
+  int64_t Lo(int64_t i, int64_t t) const { return kernels::KeyLo(lo, i, t); }
+  int64_t Hi(int64_t i, int64_t t) const { return kernels::KeyHi(hi, i, t); }
+};
+
+// The key tiles query rows [q0, q0 + rows) need: [begin, end), begin the
+// start of the tile holding their smallest lo, end past their largest hi.
+struct TileRange {
+  int64_t begin, end;
+};
+inline TileRange KeyTiles(const RowKeys& keys, int64_t q0, int64_t rows,
+                          int64_t t) {
+  int64_t lo = t, hi = 0;
+  for (int64_t i = q0; i < q0 + rows; ++i) {
+    if (keys.Lo(i, t) >= keys.Hi(i, t)) continue;  // no key
+    lo = std::min(lo, keys.Lo(i, t));
+    hi = std::max(hi, keys.Hi(i, t));
+  }
+  if (lo >= hi) return {0, 0};
+  return {lo / kKeyTile * kKeyTile, hi};
 }
 
 // `rows` rows of `width` elements of T (row stride `width`) as f32 rows of
@@ -198,15 +213,13 @@ HWY_INLINE void AccumulateRows(const float* w, int64_t w_row, int64_t w_col,
   }
 }
 
-// Sets s[j] (j < kKeyTile) for key key0 + j > `query`, >= `keys` or <
-// `first` to -inf; returns the max of the row.
-HWY_INLINE float MaskAndMax(float* s, int64_t key0, int64_t query, int64_t keys,
-                            int64_t first) {
-  const int64_t last = std::min(query, keys - 1) - key0;  // last valid j
-  for (int64_t j = std::max<int64_t>(last + 1, 0); j < kKeyTile; ++j) {
+// Sets s[j] (j < kKeyTile) for key key0 + j outside [lo, hi) to -inf;
+// returns the max of the row.
+HWY_INLINE float MaskAndMax(float* s, int64_t key0, int64_t lo, int64_t hi) {
+  for (int64_t j = std::max<int64_t>(hi - key0, 0); j < kKeyTile; ++j) {
     s[j] = -INFINITY;
   }
-  for (int64_t j = 0; j < std::min(first - key0, kKeyTile); ++j) {
+  for (int64_t j = 0; j < std::min(lo - key0, kKeyTile); ++j) {
     s[j] = -INFINITY;
   }
   const DF d;
@@ -241,16 +254,14 @@ HWY_INLINE void SoftmaxGrad(const float* p, float delta, float* dp) {
   }
 }
 
-// One key tile of row `query`'s online softmax: masks the scores s (keys
-// key0 + j beyond the diagonal or the sequence, or before `first`), turns
-// them into exp(s - new max) in place, updates *max and *sum, and returns
-// the factor the row's accumulator must be multiplied by (exp(old max - new
-// max); 1 with the probabilities all 0 when the tile has no key for this
-// row).
-HWY_INLINE float OnlineSoftmaxStep(float* s, int64_t key0, int64_t query,
-                                   int64_t keys, int64_t first, float* max,
-                                   float* sum) {
-  const float tile_max = MaskAndMax(s, key0, query, keys, first);
+// One key tile of a row's online softmax: masks the scores s (keys key0 + j
+// outside the row's [lo, hi)), turns them into exp(s - new max) in place,
+// updates *max and *sum, and returns the factor the row's accumulator must
+// be multiplied by (exp(old max - new max); 1 with the probabilities all 0
+// when the tile has no key for this row).
+HWY_INLINE float OnlineSoftmaxStep(float* s, int64_t key0, int64_t lo,
+                                   int64_t hi, float* max, float* sum) {
+  const float tile_max = MaskAndMax(s, key0, lo, hi);
   if (tile_max == -INFINITY) {
     std::fill(s, s + kKeyTile, 0.0f);
     return 1.0f;
@@ -267,10 +278,10 @@ struct ForwardWork {
   std::vector<float> kt, v, q, s, acc, max, sum;
 };
 
-// `starts`: the batch row's document key starts, or null.
+// `keys`: the batch row's key bounds.
 template <typename T>
 void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
-                 float scale, const int32_t* starts, T* out, float* lse,
+                 float scale, const RowKeys& keys, T* out, float* lse,
                  ForwardWork& w) {
   const int64_t hdp = RoundUp(hd, kHeadPad), tp = RoundUp(t, kKeyTile);
   w.kt.resize(hdp * tp);
@@ -288,9 +299,8 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
     std::fill(w.acc.begin(), w.acc.end(), 0.0f);
     std::fill(max, max + kQueryTile, -INFINITY);
     std::fill(sum, sum + kQueryTile, 0.0f);
-    const int64_t last_query = q0 + rows - 1;
-    for (int64_t k0 = FirstKeyTile(starts, q0, rows); k0 <= last_query;
-         k0 += kKeyTile) {
+    const TileRange tiles = KeyTiles(keys, q0, rows, t);
+    for (int64_t k0 = tiles.begin; k0 < tiles.end; k0 += kKeyTile) {
       const int64_t count = std::min(kKeyTile, t - k0);
       const float* kt = w.kt.data() + k0;
       const float* vk = w.v.data() + k0 * hdp;
@@ -300,9 +310,9 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
         float keep[2];
         for (int r = 0; r < 2; ++r) {
           const int64_t query = q0 + i + r;
-          keep[r] = OnlineSoftmaxStep(w.s.data() + r * kKeyTile, k0, query, t,
-                                      FirstKey(starts, query), &max[i + r],
-                                      &sum[i + r]);
+          keep[r] = OnlineSoftmaxStep(w.s.data() + r * kKeyTile, k0,
+                                      keys.Lo(query, t), keys.Hi(query, t),
+                                      &max[i + r], &sum[i + r]);
         }
         AccumulateRows<2>(w.s.data(), kKeyTile, 1, vk, count, hdp, keep,
                           w.acc.data() + i * hdp);
@@ -310,18 +320,18 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
       if (i < rows) {
         RowsTimesTile<1>(w.q.data() + i * hdp, kt, tp, hdp, w.s.data());
         const float keep =
-            OnlineSoftmaxStep(w.s.data(), k0, q0 + i, t,
-                              FirstKey(starts, q0 + i), &max[i], &sum[i]);
+            OnlineSoftmaxStep(w.s.data(), k0, keys.Lo(q0 + i, t),
+                              keys.Hi(q0 + i, t), &max[i], &sum[i]);
         AccumulateRows<1>(w.s.data(), kKeyTile, 1, vk, count, hdp, &keep,
                           w.acc.data() + i * hdp);
       }
     }
     for (int64_t i = 0; i < rows; ++i) {
-      const float inv = 1.0f / sum[i];
+      const float inv = sum[i] > 0.0f ? 1.0f / sum[i] : 0.0f;  // 0: no key
       for (int64_t e = 0; e < hd; ++e) {
         out[(q0 + i) * hd + e] = FromFloat<T>(w.acc[i * hdp + e] * inv);
       }
-      lse[q0 + i] = max[i] + std::log(sum[i]);
+      lse[q0 + i] = sum[i] > 0.0f ? max[i] + std::log(sum[i]) : -INFINITY;
     }
   }
 }
@@ -329,8 +339,8 @@ void ForwardHead(const T* q, const T* k, const T* v, int64_t t, int64_t hd,
 template <typename T>
 void ForwardT(const void* q_raw, const void* k_raw, const void* v_raw,
               int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
-              float scale, void* out_raw, float* lse,
-              const int32_t* key_start) {
+              float scale, void* out_raw, float* lse, const int32_t* key_lo,
+              const int32_t* key_hi) {
   const T* q = static_cast<const T*>(q_raw);
   const T* k = static_cast<const T*>(k_raw);
   const T* v = static_cast<const T*>(v_raw);
@@ -344,8 +354,7 @@ void ForwardT(const void* q_raw, const void* k_raw, const void* v_raw,
       const int64_t bi = task / h, hi = task % h;
       const int64_t kv_head = bi * kv + hi / rep;
       ForwardHead(q + task * head, k + kv_head * head, v + kv_head * head, t,
-                  hd, scale,
-                  key_start == nullptr ? nullptr : key_start + bi * t,
+                  hd, scale, RowKeys::Of(key_lo, key_hi, bi, t),
                   out + task * head, lse + task * t, work);
     }
   }
@@ -353,18 +362,21 @@ void ForwardT(const void* q_raw, const void* k_raw, const void* v_raw,
 
 void ForwardF32(const void* q, const void* k, const void* v, int64_t b,
                 int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                void* out, float* lse, const int32_t* key_start) {
-  ForwardT<float>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_start);
+                void* out, float* lse, const int32_t* key_lo,
+                const int32_t* key_hi) {
+  ForwardT<float>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_lo, key_hi);
 }
 void ForwardBf16(const void* q, const void* k, const void* v, int64_t b,
                  int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                 void* out, float* lse, const int32_t* key_start) {
-  ForwardT<BFloat16>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_start);
+                 void* out, float* lse, const int32_t* key_lo,
+                 const int32_t* key_hi) {
+  ForwardT<BFloat16>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_lo, key_hi);
 }
 void ForwardF16(const void* q, const void* k, const void* v, int64_t b,
                 int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                void* out, float* lse, const int32_t* key_start) {
-  ForwardT<Float16>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_start);
+                void* out, float* lse, const int32_t* key_lo,
+                const int32_t* key_hi) {
+  ForwardT<Float16>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_lo, key_hi);
 }
 
 // Per-thread f32 work buffers of one backward task.
@@ -376,8 +388,8 @@ struct BackwardWork {
 template <typename T>
 void BackwardKvHead(const T* q, const T* k, const T* v, const T* out,
                     const float* lse, const T* dout, int64_t rep, int64_t t,
-                    int64_t hd, float scale, const int32_t* starts, T* dq,
-                    T* dk, T* dv, BackwardWork& w) {
+                    int64_t hd, float scale, const RowKeys& keys, T* dq, T* dk,
+                    T* dv, BackwardWork& w) {
   const int64_t hdp = RoundUp(hd, kHeadPad), tp = RoundUp(t, kKeyTile);
   const int64_t head = t * hd;
   w.kt.resize(hdp * tp);
@@ -410,9 +422,8 @@ void BackwardKvHead(const T* q, const T* k, const T* v, const T* out,
         delta[i] = kernels::DotF32(doh + (q0 + i) * hd, oh + (q0 + i) * hd, hd);
       }
       std::fill(w.dq.begin(), w.dq.end(), 0.0f);
-      const int64_t last_query = q0 + rows - 1;
-      for (int64_t k0 = FirstKeyTile(starts, q0, rows); k0 <= last_query;
-           k0 += kKeyTile) {
+      const TileRange tiles = KeyTiles(keys, q0, rows, t);
+      for (int64_t k0 = tiles.begin; k0 < tiles.end; k0 += kKeyTile) {
         const int64_t count = std::min(kKeyTile, t - k0);
         const float* kt = w.kt.data() + k0;
         const float* vt = w.vt.data() + k0;
@@ -431,9 +442,14 @@ void BackwardKvHead(const T* q, const T* k, const T* v, const T* out,
             RowsTimesTile<1>(w.dout.data() + i * hdp, vt, tp, hdp, ds);
           }
           for (int x = 0; x < r; ++x) {
-            MaskAndMax(p + x * kKeyTile, k0, q0 + i + x, t,
-                       FirstKey(starts, q0 + i + x));
-            ExpShifted(p + x * kKeyTile, lh[q0 + i + x]);  // masked: 0
+            const int64_t query = q0 + i + x;
+            MaskAndMax(p + x * kKeyTile, k0, keys.Lo(query, t),
+                       keys.Hi(query, t));
+            if (lh[query] == -INFINITY) {  // a row with no key
+              std::fill(p + x * kKeyTile, p + (x + 1) * kKeyTile, 0.0f);
+            } else {
+              ExpShifted(p + x * kKeyTile, lh[query]);  // masked: 0
+            }
             SoftmaxGrad(p + x * kKeyTile, delta[i + x], ds + x * kKeyTile);
           }
           // dq_i += sum_j ds_ij k_j (scaled at the end).
@@ -480,7 +496,7 @@ void BackwardT(const void* q_raw, const void* k_raw, const void* v_raw,
                const void* out_raw, const float* lse, const void* dout_raw,
                int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
                float scale, void* dq_raw, void* dk_raw, void* dv_raw,
-               const int32_t* key_start) {
+               const int32_t* key_lo, const int32_t* key_hi) {
   const T* q = static_cast<const T*>(q_raw);
   const T* k = static_cast<const T*>(k_raw);
   const T* v = static_cast<const T*>(v_raw);
@@ -499,8 +515,8 @@ void BackwardT(const void* q_raw, const void* k_raw, const void* v_raw,
       BackwardKvHead(
           q + first * head, k + task * head, v + task * head,
           out + first * head, lse + first * t, dout + first * head, rep, t, hd,
-          scale, key_start == nullptr ? nullptr : key_start + (task / kv) * t,
-          dq + first * head, dk + task * head, dv + task * head, work);
+          scale, RowKeys::Of(key_lo, key_hi, task / kv, t), dq + first * head,
+          dk + task * head, dv + task * head, work);
     }
   }
 }
@@ -508,23 +524,26 @@ void BackwardT(const void* q_raw, const void* k_raw, const void* v_raw,
 void BackwardF32(const void* q, const void* k, const void* v, const void* out,
                  const float* lse, const void* dout, int64_t b, int64_t h,
                  int64_t kv, int64_t t, int64_t hd, float scale, void* dq,
-                 void* dk, void* dv, const int32_t* key_start) {
+                 void* dk, void* dv, const int32_t* key_lo,
+                 const int32_t* key_hi) {
   BackwardT<float>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk, dv,
-                   key_start);
+                   key_lo, key_hi);
 }
 void BackwardBf16(const void* q, const void* k, const void* v, const void* out,
                   const float* lse, const void* dout, int64_t b, int64_t h,
                   int64_t kv, int64_t t, int64_t hd, float scale, void* dq,
-                  void* dk, void* dv, const int32_t* key_start) {
+                  void* dk, void* dv, const int32_t* key_lo,
+                  const int32_t* key_hi) {
   BackwardT<BFloat16>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk,
-                      dv, key_start);
+                      dv, key_lo, key_hi);
 }
 void BackwardF16(const void* q, const void* k, const void* v, const void* out,
                  const float* lse, const void* dout, int64_t b, int64_t h,
                  int64_t kv, int64_t t, int64_t hd, float scale, void* dq,
-                 void* dk, void* dv, const int32_t* key_start) {
+                 void* dk, void* dv, const int32_t* key_lo,
+                 const int32_t* key_hi) {
   BackwardT<Float16>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale, dq, dk,
-                     dv, key_start);
+                     dv, key_lo, key_hi);
 }
 
 }  // namespace HWY_NAMESPACE
@@ -548,18 +567,19 @@ HWY_EXPORT(BackwardF16);
 void CausalAttentionForward(DType dtype, const void* q, const void* k,
                             const void* v, int64_t b, int64_t h, int64_t kv,
                             int64_t t, int64_t hd, float scale, void* out,
-                            float* lse, const int32_t* key_start) {
+                            float* lse, const int32_t* key_lo,
+                            const int32_t* key_hi) {
   using namespace attention_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
   switch (dtype) {
     case DType::kF32:
       return HWY_DYNAMIC_DISPATCH(ForwardF32)(q, k, v, b, h, kv, t, hd, scale,
-                                              out, lse, key_start);
+                                              out, lse, key_lo, key_hi);
     case DType::kBF16:
       return HWY_DYNAMIC_DISPATCH(ForwardBf16)(q, k, v, b, h, kv, t, hd, scale,
-                                               out, lse, key_start);
+                                               out, lse, key_lo, key_hi);
     default:
       return HWY_DYNAMIC_DISPATCH(ForwardF16)(q, k, v, b, h, kv, t, hd, scale,
-                                              out, lse, key_start);
+                                              out, lse, key_lo, key_hi);
   }
 }
 
@@ -567,21 +587,22 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
                              const void* v, const void* out, const float* lse,
                              const void* dout, int64_t b, int64_t h, int64_t kv,
                              int64_t t, int64_t hd, float scale, void* dq,
-                             void* dk, void* dv, const int32_t* key_start) {
+                             void* dk, void* dv, const int32_t* key_lo,
+                             const int32_t* key_hi) {
   using namespace attention_internal;  // NOLINT: HWY_DYNAMIC_DISPATCH names
   switch (dtype) {
     case DType::kF32:
       return HWY_DYNAMIC_DISPATCH(BackwardF32)(q, k, v, out, lse, dout, b, h,
                                                kv, t, hd, scale, dq, dk, dv,
-                                               key_start);
+                                               key_lo, key_hi);
     case DType::kBF16:
       return HWY_DYNAMIC_DISPATCH(BackwardBf16)(q, k, v, out, lse, dout, b, h,
                                                 kv, t, hd, scale, dq, dk, dv,
-                                                key_start);
+                                                key_lo, key_hi);
     default:
       return HWY_DYNAMIC_DISPATCH(BackwardF16)(q, k, v, out, lse, dout, b, h,
                                                kv, t, hd, scale, dq, dk, dv,
-                                               key_start);
+                                               key_lo, key_hi);
   }
 }
 

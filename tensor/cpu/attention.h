@@ -15,14 +15,14 @@ namespace fsdpp {
 namespace cpu {
 
 // q [b, h, t, hd], k and v [b, kv, t, hd], out [b, h, t, hd], all of the
-// float dtype `dtype`; lse [b, h, t]. Runs on the OpenMP pool. key_start:
-// null, or [b, t] (document masking, tensor/ops.h): query i of batch row bi
-// attends to keys key_start[bi t + i]..i only (clamped into [0, i]); key
-// tiles wholly before a query tile's first key are skipped.
+// float dtype `dtype`; lse [b, h, t]. Runs on the OpenMP pool. key_lo,
+// key_hi: the rows' key ranges (tensor/ops.h KeyRange), each null or
+// [b, t]; key tiles outside a query tile's rows' ranges are skipped.
 void CausalAttentionForward(DType dtype, const void* q, const void* k,
                             const void* v, int64_t b, int64_t h, int64_t kv,
                             int64_t t, int64_t hd, float scale, void* out,
-                            float* lse, const int32_t* key_start = nullptr);
+                            float* lse, const int32_t* key_lo = nullptr,
+                            const int32_t* key_hi = nullptr);
 
 // dq, dk, dv (overwritten) from dout, recomputing the probabilities from lse.
 void CausalAttentionBackward(DType dtype, const void* q, const void* k,
@@ -30,7 +30,8 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
                              const void* dout, int64_t b, int64_t h, int64_t kv,
                              int64_t t, int64_t hd, float scale, void* dq,
                              void* dk, void* dv,
-                             const int32_t* key_start = nullptr);
+                             const int32_t* key_lo = nullptr,
+                             const int32_t* key_hi = nullptr);
 
 // bf16 only, the same contract through oneDNN's bf16 matmuls on blocks of
 // kBlockedAttentionRows query rows (attention_blocked.cc): the CPU
@@ -43,18 +44,18 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 // kept per thread for its next call.
 inline constexpr int64_t kBlockedAttentionRows = 128;
 inline constexpr int64_t kBlockedAttentionWorkBytes = int64_t{64} << 20;
-// key_start as above (masked scores; a block's matmuls start at the first
-// key of its rows, over all heads).
+// key_lo, key_hi as above (masked scores; a block's matmuls run over the
+// keys from its rows' smallest lo to their largest hi, over all heads).
 absl::Status BlockedAttentionForward(
     const void* q, const void* k, const void* v, int64_t b, int64_t h,
     int64_t kv, int64_t t, int64_t hd, float scale, void* out, float* lse,
-    const int32_t* key_start = nullptr,
+    const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr,
     int64_t work_bytes = kBlockedAttentionWorkBytes);
 absl::Status BlockedAttentionBackward(
     const void* q, const void* k, const void* v, const void* out,
     const float* lse, const void* dout, int64_t b, int64_t h, int64_t kv,
     int64_t t, int64_t hd, float scale, void* dq, void* dk, void* dv,
-    const int32_t* key_start = nullptr,
+    const int32_t* key_lo = nullptr, const int32_t* key_hi = nullptr,
     int64_t work_bytes = kBlockedAttentionWorkBytes);
 
 }  // namespace cpu

@@ -18,10 +18,11 @@
 // P^T dO and dK += scale dS^T Q into f32 accumulators over the blocks (the
 // heads sharing a kv head contract together: their rows are one matrix).
 //
-// Document masking (key_start): each row's softmax also masks the keys
-// before its document's first one (probabilities 0 there), and a block's
-// matmuls start at the smallest first key among its rows (of every head of
-// the group), so packed short documents skip most of the keys.
+// Key ranges (key_lo, key_hi: document masks, context parallelism's
+// blocks): each row's softmax masks the keys outside its [lo, hi) (a row
+// with none gets probabilities 0 and lse -inf), and a block's matmuls run
+// over the keys from its rows' smallest lo to their largest hi (of every
+// head of the group), so packed short documents skip most of the keys.
 #include <omp.h>
 
 #include <algorithm>
@@ -34,6 +35,7 @@
 #include "core/status.h"
 #include "tensor/cpu/attention.h"
 #include "tensor/cpu/onednn_matmul.h"
+#include "tensor/kernels/attention.h"
 
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "tensor/cpu/attention_blocked.cc"
@@ -93,22 +95,34 @@ HWY_INLINE float MaskedExpRow(float* row, int64_t first, int64_t valid,
   return hn::GetLane(hn::SumOfLanes(d, sum));
 }
 
+// Score row r's entries [first, valid): causal, [0, first_valid + r %
+// rows_per_head + 1) clamped to `cols`; or [row_lo[r], row_hi[r]) when the
+// block has key ranges (both arrays non-null).
+struct RowEntries {
+  int64_t first, valid;
+};
+HWY_INLINE RowEntries Entries(int64_t r, int64_t rows_per_head,
+                              int64_t first_valid, int64_t cols,
+                              const int32_t* row_lo, const int32_t* row_hi) {
+  if (row_lo != nullptr) return {row_lo[r], row_hi[r]};
+  return {0, std::min(cols, first_valid + r % rows_per_head + 1)};
+}
+
 // Softmax of each of `rows` score rows (f32, stride ld) over its entries
-// [first(r), valid(r)), valid(r) = first_valid + r % rows_per_head + 1
-// (clamped to `cols`), first(r) = row_first[r] (0 when row_first is null):
-// p (bf16, stride ld) gets the probabilities and zeros up to ld; lse[r] =
-// max + log(sum of exp).
+// (Entries): p (bf16, stride ld) gets the probabilities and zeros up to ld;
+// lse[r] = max + log(sum of exp) (a row with no entry: p 0, lse -inf).
 void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
                  int64_t first_valid, int64_t cols, int64_t ld,
-                 const int32_t* row_first, BFloat16* p, float* lse) {
+                 const int32_t* row_lo, const int32_t* row_hi, BFloat16* p,
+                 float* lse) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
     BFloat16* out = p + r * ld;
-    const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
-    const int64_t first = row_first == nullptr ? 0 : row_first[r];
+    const auto [first, valid] =
+        Entries(r, rows_per_head, first_valid, cols, row_lo, row_hi);
     VF m = hn::Set(d, -INFINITY);
     for (int64_t j = first / n * n; j < valid; j += n) {
       const auto keep = hn::AndNot(
@@ -119,12 +133,17 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
     }
     const float max = hn::GetLane(hn::MaxOfLanes(d, m));
     // The exponentials once, kept in the score row (0 where masked).
-    const float total = MaskedExpRow(row, first, valid, ld, max, nullptr);
-    const VF inv = hn::Set(d, 1.0f / total);
+    const float total =
+        first < valid ? MaskedExpRow(row, first, valid, ld, max, nullptr) : 0;
+    const VF inv = hn::Set(d, total > 0.0f ? 1.0f / total : 0.0f);
     for (int64_t j = 0; j < ld; j += n) {
-      StoreF(d, hn::Mul(hn::LoadU(d, row + j), inv), out + j);
+      StoreF(d,
+             hn::Mul(hn::IfThenElseZero(hn::Ne(inv, hn::Zero(d)),
+                                        hn::LoadU(d, row + j)),
+                     inv),
+             out + j);
     }
-    lse[r] = max + std::log(total);
+    lse[r] = total > 0.0f ? max + std::log(total) : -INFINITY;
   }
 }
 
@@ -132,11 +151,12 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
 // entries (as SoftmaxRows counts them), 0 elsewhere; p = the same in bf16.
 void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
                      int64_t first_valid, int64_t cols, int64_t ld,
-                     const int32_t* row_first, const float* lse, BFloat16* p) {
+                     const int32_t* row_lo, const int32_t* row_hi,
+                     const float* lse, BFloat16* p) {
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t valid = std::min(cols, first_valid + r % rows_per_head + 1);
-    const int64_t first = row_first == nullptr ? 0 : row_first[r];
+    const auto [first, valid] =
+        Entries(r, rows_per_head, first_valid, cols, row_lo, row_hi);
     MaskedExpRow(s + r * ld, first, valid, ld, lse[r], p + r * ld);
   }
 }
@@ -242,8 +262,8 @@ enum WorkSlot {
   kDvSum,
   kQRows,  // gathered rows (rep > 1)
   kDoutRows,
-  kOutRows,   // out's or dq's rows before the scatter
-  kRowFirst,  // the block rows' first keys (document masking)
+  kOutRows,    // out's or dq's rows before the scatter
+  kRowBounds,  // the block rows' key ranges (key_lo, key_hi)
   kWorkSlots
 };
 
@@ -313,47 +333,63 @@ int64_t BlockRows(int64_t t) {
   return std::min<int64_t>(t, kBlockedAttentionRows);
 }
 
-// Document masking of a group's calls: the key starts of the whole batch
-// ([batch, t]), the group's first unit (kv head of a batch row: unit / kv
+// The key ranges of a group's calls: the whole batch's bounds (each null
+// or [batch, t]), the group's first unit (kv head of a batch row: unit / kv
 // is its batch row) and the whole call's kv heads.
-struct KeyStarts {
-  const int32_t* starts = nullptr;
+struct GroupKeys {
+  const int32_t* lo = nullptr;
+  const int32_t* hi = nullptr;
   int64_t first_unit = 0;
   int64_t kv = 1;
+  bool causal() const { return lo == nullptr && hi == nullptr; }
 };
 
-// The keys block [r0, r0 + rows) multiplies against: [k0, r0 + rows), k0
-// the smallest first key of its rows; and every row's first key relative
-// to k0 (in the score rows' order, [d.batch() rep, rows]), null without
-// document masks (k0 = 0 then).
+// The keys block [r0, r0 + rows) multiplies against, [k0, k1), and every
+// row's entries [lo, hi) relative to k0 (in the score rows' order,
+// [d.batch() rep, rows]; null when causal: keys [0, r0 + rows) then).
 struct BlockKeys {
-  int64_t k0 = 0;
-  const int32_t* first = nullptr;
+  int64_t k0 = 0, k1 = 0;
+  const int32_t* lo = nullptr;
+  const int32_t* hi = nullptr;
 };
 
-BlockKeys FirstKeys(const Dims& d, const KeyStarts& ks, int64_t r0,
-                    int64_t rows, Buffer<int32_t>* first) {
-  if (ks.starts == nullptr) return {};
-  const int64_t heads = d.b * d.h;
-  int64_t k0 = r0;  // every row's first key is at most r0 + i; row 0's r0
+// `bounds` holds 2 heads x rows entries.
+BlockKeys KeysOfBlock(const Dims& d, const GroupKeys& gk, int64_t r0,
+                      int64_t rows, Buffer<int32_t>* bounds) {
+  if (gk.causal()) return {0, r0 + rows, nullptr, nullptr};
+  const int64_t heads = d.b * d.h, n = heads * rows;
+  int32_t* lo = bounds->data();
+  int32_t* hi = lo + n;
+  int64_t k0 = d.t, k1 = 0;
   for (int64_t bh = 0; bh < heads; ++bh) {
-    const int64_t batch = (ks.first_unit + bh / d.rep) / ks.kv;
-    const int32_t* row = ks.starts + batch * d.t;
+    const int64_t batch = (gk.first_unit + bh / d.rep) / gk.kv;
+    const int32_t* lo_row = gk.lo == nullptr ? nullptr : gk.lo + batch * d.t;
+    const int32_t* hi_row = gk.hi == nullptr ? nullptr : gk.hi + batch * d.t;
     for (int64_t i = 0; i < rows; ++i) {
-      const int64_t f = std::clamp<int64_t>(row[r0 + i], 0, r0 + i);
-      (*first)[bh * rows + i] = static_cast<int32_t>(f);
-      k0 = std::min(k0, f);
+      const int64_t a = kernels::KeyLo(lo_row, r0 + i, d.t);
+      const int64_t b = kernels::KeyHi(hi_row, r0 + i, d.t);
+      lo[bh * rows + i] = static_cast<int32_t>(a);
+      hi[bh * rows + i] = static_cast<int32_t>(b);
+      if (a < b) {
+        k0 = std::min(k0, a);
+        k1 = std::max(k1, b);
+      }
     }
   }
-  for (int64_t r = 0; r < heads * rows; ++r) {
-    (*first)[r] -= static_cast<int32_t>(k0);
+  if (k0 >= k1) {  // no row has a key: one key, masked for every row
+    k0 = std::min<int64_t>(r0, d.t - 1);
+    k1 = k0 + 1;
   }
-  return {k0, first->data()};
+  for (int64_t r = 0; r < n; ++r) {
+    lo[r] = static_cast<int32_t>(std::clamp<int64_t>(lo[r] - k0, 0, k1 - k0));
+    hi[r] = static_cast<int32_t>(std::clamp<int64_t>(hi[r] - k0, 0, k1 - k0));
+  }
+  return {k0, k1, lo, hi};
 }
 
 absl::Status ForwardGroup(const void* q, const void* k, const void* v,
                           int64_t b, int64_t h, int64_t kv, int64_t t,
-                          int64_t hd, float scale, const KeyStarts& ks,
+                          int64_t hd, float scale, const GroupKeys& gk,
                           void* out, float* lse) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
@@ -363,12 +399,11 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   Buffer<float> s(kScores, scores), block_lse(kBlockLse, heads * block);
   Buffer<BFloat16> p(kProbs, scores), q_rows(kQRows, gathered),
       out_rows(kOutRows, gathered);
-  Buffer<int32_t> row_first(kRowFirst,
-                            ks.starts != nullptr ? heads * block : 0);
+  Buffer<int32_t> bounds(kRowBounds, gk.causal() ? 0 : 2 * heads * block);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0);
-    const BlockKeys bk = FirstKeys(d, ks, r0, rows, &row_first);
-    const int64_t k0 = bk.k0, keys = r0 + rows - k0;
+    const BlockKeys bk = KeysOfBlock(d, gk, r0, rows, &bounds);
+    const int64_t k0 = bk.k0, keys = bk.k1 - k0;
     const int64_t ld = RoundUp(keys, kRowAlign);
     const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
     const BlockRowsView qv =
@@ -376,7 +411,7 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
     FSDPP_RETURN_IF_ERROR(
         Scores(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(SoftmaxRows)
-    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.first, p.data(),
+    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi, p.data(),
      block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(block_lse.begin() + bh * rows,
@@ -400,7 +435,7 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
 absl::Status BackwardGroup(const void* q, const void* k, const void* v,
                            const void* out, const float* lse, const void* dout,
                            int64_t b, int64_t h, int64_t kv, int64_t t,
-                           int64_t hd, float scale, const KeyStarts& ks,
+                           int64_t hd, float scale, const GroupKeys& gk,
                            void* dq, void* dk, void* dv) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
@@ -434,13 +469,12 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
   Buffer<BFloat16> q_rows(kQRows, gathered), dout_rows(kDoutRows, gathered),
       dq_rows(kOutRows, gathered);
-  Buffer<int32_t> row_first(kRowFirst,
-                            ks.starts != nullptr ? heads * block : 0);
+  Buffer<int32_t> bounds(kRowBounds, gk.causal() ? 0 : 2 * heads * block);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0);
-    const BlockKeys bk = FirstKeys(d, ks, r0, rows, &row_first);
-    const int64_t k0 = bk.k0, keys = r0 + rows - k0;
+    const BlockKeys bk = KeysOfBlock(d, gk, r0, rows, &bounds);
+    const int64_t k0 = bk.k0, keys = bk.k1 - k0;
     const int64_t ld = RoundUp(keys, kRowAlign);
     const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
     for (int64_t bh = 0; bh < heads; ++bh) {
@@ -457,7 +491,7 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     FSDPP_RETURN_IF_ERROR(
         Scores(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(ProbabilityRows)
-    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.first,
+    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
      block_lse.data(), p.data());
     // dP = dout v^T; dS = P (dP - D).
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
@@ -509,12 +543,10 @@ int64_t KvHeadsPerGroup(int64_t rep, int64_t t, int64_t work_bytes) {
 
 }  // namespace blocked_internal
 
-absl::Status BlockedAttentionForward(const void* q, const void* k,
-                                     const void* v, int64_t b, int64_t h,
-                                     int64_t kv, int64_t t, int64_t hd,
-                                     float scale, void* out, float* lse,
-                                     const int32_t* key_start,
-                                     int64_t work_bytes) {
+absl::Status BlockedAttentionForward(
+    const void* q, const void* k, const void* v, int64_t b, int64_t h,
+    int64_t kv, int64_t t, int64_t hd, float scale, void* out, float* lse,
+    const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
   const int64_t rep = h / kv, units = b * kv;
   const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
@@ -525,9 +557,9 @@ absl::Status BlockedAttentionForward(const void* q, const void* k,
   for (int64_t u = 0; u < units; u += group) {
     const int64_t n = std::min(group, units - u);
     const int64_t qo = u * rep * t * hd, ko = u * t * hd;
-    FSDPP_RETURN_IF_ERROR(ForwardGroup(qb + qo, kb + ko, vb + ko, n, rep, 1, t,
-                                       hd, scale, KeyStarts{key_start, u, kv},
-                                       ob + qo, lse + u * rep * t));
+    FSDPP_RETURN_IF_ERROR(ForwardGroup(
+        qb + qo, kb + ko, vb + ko, n, rep, 1, t, hd, scale,
+        GroupKeys{key_lo, key_hi, u, kv}, ob + qo, lse + u * rep * t));
   }
   return absl::OkStatus();
 }
@@ -536,7 +568,7 @@ absl::Status BlockedAttentionBackward(
     const void* q, const void* k, const void* v, const void* out,
     const float* lse, const void* dout, int64_t b, int64_t h, int64_t kv,
     int64_t t, int64_t hd, float scale, void* dq, void* dk, void* dv,
-    const int32_t* key_start, int64_t work_bytes) {
+    const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
   const int64_t rep = h / kv, units = b * kv;
   const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
@@ -553,7 +585,7 @@ absl::Status BlockedAttentionBackward(
     const int64_t qo = u * rep * t * hd, ko = u * t * hd;
     FSDPP_RETURN_IF_ERROR(BackwardGroup(
         qb + qo, kb + ko, vb + ko, ob + qo, lse + u * rep * t, gb + qo, n, rep,
-        1, t, hd, scale, KeyStarts{key_start, u, kv}, dqb + qo, dkb + ko,
+        1, t, hd, scale, GroupKeys{key_lo, key_hi, u, kv}, dqb + qo, dkb + ko,
         dvb + ko));
   }
   return absl::OkStatus();

@@ -20,6 +20,7 @@
 #include "tensor/cpu/onednn_matmul.h"
 #include "tensor/cpu/rowwise.h"
 #include "tensor/cpu/simd.h"
+#include "tensor/kernels/attention.h"
 #include "tensor/kernels/rowwise.h"
 
 namespace fsdpp {
@@ -35,9 +36,9 @@ inline const void* At(const void* p, DType dtype, int64_t i) {
          i * static_cast<int64_t>(DTypeSize(dtype));
 }
 
-// A document mask's key starts (ops.h CausalAttention), or null.
-inline const int32_t* KeyStarts(const Tensor* key_start) {
-  return key_start != nullptr ? key_start->data<int32_t>() : nullptr;
+// A key range's bound (ops.h KeyRange), or null.
+inline const int32_t* Bound(const Tensor* bound) {
+  return bound != nullptr ? bound->data<int32_t>() : nullptr;
 }
 
 // Sum (or sum of squares) in double: each thread sums a contiguous part with
@@ -243,17 +244,18 @@ class CpuBackendImpl final : public Backend {
   absl::Status CausalAttention(const Tensor& q, const Tensor& k,
                                const Tensor& v, int64_t b, int64_t h,
                                int64_t kv, int64_t t, int64_t hd, float scale,
-                               const Tensor* key_start, Tensor* out,
+                               const KeyRange& keys, Tensor* out,
                                Tensor* lse) override {
-    const int32_t* starts = KeyStarts(key_start);
+    const int32_t* lo = Bound(keys.lo);
+    const int32_t* hi = Bound(keys.hi);
     if (q.dtype() == DType::kBF16) {
       return cpu::BlockedAttentionForward(
           q.raw_data(), k.raw_data(), v.raw_data(), b, h, kv, t, hd, scale,
-          out->raw_data(), lse->data<float>(), starts);
+          out->raw_data(), lse->data<float>(), lo, hi);
     }
     cpu::CausalAttentionForward(q.dtype(), q.raw_data(), k.raw_data(),
                                 v.raw_data(), b, h, kv, t, hd, scale,
-                                out->raw_data(), lse->data<float>(), starts);
+                                out->raw_data(), lse->data<float>(), lo, hi);
     return absl::OkStatus();
   }
 
@@ -262,20 +264,43 @@ class CpuBackendImpl final : public Backend {
                                        const Tensor& lse, const Tensor& dout,
                                        int64_t b, int64_t h, int64_t kv,
                                        int64_t t, int64_t hd, float scale,
-                                       const Tensor* key_start, Tensor* dq,
+                                       const KeyRange& keys, Tensor* dq,
                                        Tensor* dk, Tensor* dv) override {
-    const int32_t* starts = KeyStarts(key_start);
+    const int32_t* lo = Bound(keys.lo);
+    const int32_t* hi = Bound(keys.hi);
     if (q.dtype() == DType::kBF16) {
       return cpu::BlockedAttentionBackward(
           q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
           lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
-          dq->raw_data(), dk->raw_data(), dv->raw_data(), starts);
+          dq->raw_data(), dk->raw_data(), dv->raw_data(), lo, hi);
     }
     cpu::CausalAttentionBackward(
         q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
         lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
-        dq->raw_data(), dk->raw_data(), dv->raw_data(), starts);
+        dq->raw_data(), dk->raw_data(), dv->raw_data(), lo, hi);
     return absl::OkStatus();
+  }
+
+  absl::Status MergeAttention(const Tensor& out_part, const Tensor& lse_part,
+                              int64_t rows, int64_t hd, Tensor* out,
+                              Tensor* lse) override {
+    float* l = lse->data<float>();
+    const float* lp = lse_part.data<float>();
+    return DispatchFloat(out->dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      T* o = static_cast<T*>(out->raw_data());
+      const T* op = static_cast<const T*>(out_part.raw_data());
+#pragma omp parallel for schedule(static) if (rows * hd > kParallelElements)
+      for (int64_t r = 0; r < rows; ++r) {
+        const kernels::MergeWeights w =
+            kernels::MergeAttentionWeights(l[r], lp[r]);
+        for (int64_t e = 0; e < hd; ++e) {
+          o[r * hd + e] = FromFloat<T>(w.self * ToFloat(o[r * hd + e]) +
+                                       w.part * ToFloat(op[r * hd + e]));
+        }
+        l[r] = w.lse;
+      }
+    });
   }
 
   absl::Status DocumentMask(const Tensor& ids, int64_t b, int64_t t,

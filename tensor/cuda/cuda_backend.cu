@@ -474,16 +474,31 @@ __global__ void RopeKernel(T* x, int64_t rows, int64_t seq_len,
 
 // Fused causal attention (tensor/kernels/attention.h): one thread per query
 // row (forward, dq) or per key row (dk, dv), f32 accumulators of at most
-// kMaxAttentionHeadDim floats in local memory. key_start: null, or the
-// document masks' key starts [b, t] (query i of batch row bi attends to
-// keys FirstKey(..) .. i).
+// kMaxAttentionHeadDim floats in local memory. lo, hi: the rows' key ranges
+// (ops.h KeyRange), each null or [b, t]: query i of batch row bi attends to
+// keys [KeyLo, KeyHi).
 constexpr int64_t kMaxAttentionHeadDim = 256;
 
-__device__ __forceinline__ int64_t FirstKey(const int32_t* key_start,
-                                            int64_t bi, int64_t t, int64_t i) {
-  if (key_start == nullptr) return 0;
-  const int64_t f = key_start[bi * t + i];
-  return f < 0 ? 0 : (f > i ? i : f);
+// Batch row bi of a [b, t] bound, or null.
+__device__ __forceinline__ const int32_t* BoundRow(const int32_t* bound,
+                                                   int64_t bi, int64_t t) {
+  return bound == nullptr ? nullptr : bound + bi * t;
+}
+
+// ops.h MergeAttention: one thread per row.
+template <typename T>
+__global__ void MergeAttentionKernel(const T* out_part, const float* lse_part,
+                                     int64_t rows, int64_t hd, T* out,
+                                     float* lse) {
+  for (int64_t r = FirstIndex(); r < rows; r += GridStride()) {
+    const kernels::MergeWeights w =
+        kernels::MergeAttentionWeights(lse[r], lse_part[r]);
+    for (int64_t e = 0; e < hd; ++e) {
+      out[r * hd + e] = FromFloat<T>(w.self * ToFloat(out[r * hd + e]) +
+                                     w.part * ToFloat(out_part[r * hd + e]));
+    }
+    lse[r] = w.lse;
+  }
 }
 
 // Packed documents (ops.h DocumentMask): one thread per batch row.
@@ -507,16 +522,18 @@ template <typename T>
 __global__ void CausalAttentionKernel(const T* q, const T* k, const T* v,
                                       int64_t b, int64_t h, int64_t kv,
                                       int64_t t, int64_t hd, float scale,
-                                      const int32_t* key_start, T* out,
-                                      float* lse) {
+                                      const int32_t* lo, const int32_t* hi,
+                                      T* out, float* lse) {
   for (int64_t r = FirstIndex(); r < b * h * t; r += GridStride()) {
     const int64_t head = r / t, i = r % t;
     const int64_t kv_head = (head / h) * kv + (head % h) / (h / kv);
-    const int64_t first = FirstKey(key_start, head / h, t, i);
+    const int64_t first = kernels::KeyLo(BoundRow(lo, head / h, t), i, t);
+    const int64_t end = kernels::KeyHi(BoundRow(hi, head / h, t), i, t);
     float acc[kMaxAttentionHeadDim];
     kernels::CausalAttentionRow(q + r * hd, k + (kv_head * t + first) * hd,
-                                v + (kv_head * t + first) * hd, i + 1 - first,
-                                hd, scale, acc, out + r * hd, lse + r);
+                                v + (kv_head * t + first) * hd,
+                                end > first ? end - first : 0, hd, scale, acc,
+                                out + r * hd, lse + r);
   }
 }
 
@@ -525,18 +542,19 @@ __global__ void CausalAttentionDqKernel(const T* q, const T* k, const T* v,
                                         const T* out, const float* lse,
                                         const T* dout, int64_t b, int64_t h,
                                         int64_t kv, int64_t t, int64_t hd,
-                                        float scale, const int32_t* key_start,
-                                        T* dq) {
+                                        float scale, const int32_t* lo,
+                                        const int32_t* hi, T* dq) {
   for (int64_t r = FirstIndex(); r < b * h * t; r += GridStride()) {
     const int64_t head = r / t, i = r % t;
     const int64_t kv_head = (head / h) * kv + (head % h) / (h / kv);
-    const int64_t first = FirstKey(key_start, head / h, t, i);
+    const int64_t first = kernels::KeyLo(BoundRow(lo, head / h, t), i, t);
+    const int64_t end = kernels::KeyHi(BoundRow(hi, head / h, t), i, t);
     float acc[kMaxAttentionHeadDim];
     const float delta = kernels::DotF32(dout + r * hd, out + r * hd, hd);
     kernels::CausalAttentionDqRow(q + r * hd, k + (kv_head * t + first) * hd,
                                   v + (kv_head * t + first) * hd, dout + r * hd,
-                                  delta, lse[r], i + 1 - first, hd, scale, acc,
-                                  dq + r * hd);
+                                  delta, lse[r], end > first ? end - first : 0,
+                                  hd, scale, acc, dq + r * hd);
   }
 }
 
@@ -545,17 +563,23 @@ __global__ void CausalAttentionDkDvKernel(const T* q, const T* k, const T* v,
                                           const T* out, const float* lse,
                                           const T* dout, int64_t b, int64_t h,
                                           int64_t kv, int64_t t, int64_t hd,
-                                          float scale, const int32_t* key_start,
-                                          T* dk, T* dv) {
+                                          float scale, const int32_t* lo,
+                                          const int32_t* hi, T* dk, T* dv) {
   const int64_t rep = h / kv;
   for (int64_t r = FirstIndex(); r < b * kv * t; r += GridStride()) {
     const int64_t kv_head = r / t, j = r % t, bi = kv_head / kv;
     const int64_t first = bi * h + (kv_head % kv) * rep;
+    const int32_t* lo_row = BoundRow(lo, bi, t);
+    const int32_t* hi_row = BoundRow(hi, bi, t);
     float dk_acc[kMaxAttentionHeadDim], dv_acc[kMaxAttentionHeadDim];
     for (int64_t e = 0; e < hd; ++e) dk_acc[e] = dv_acc[e] = 0.0f;
     for (int64_t head = first; head < first + rep; ++head) {
-      for (int64_t i = j; i < t; ++i) {
-        if (FirstKey(key_start, bi, t, i) > j) continue;  // another document
+      // Causal rows i < j never see key j.
+      for (int64_t i = hi == nullptr ? j : 0; i < t; ++i) {
+        if (j < kernels::KeyLo(lo_row, i, t) ||
+            j >= kernels::KeyHi(hi_row, i, t)) {
+          continue;  // key j is outside row i's range
+        }
         const int64_t row = head * t + i;
         const float delta =
             kernels::DotF32(dout + row * hd, out + row * hd, hd);
@@ -1226,13 +1250,13 @@ class CudaBackendImpl final : public Backend {
   absl::Status CausalAttention(const Tensor& q, const Tensor& k,
                                const Tensor& v, int64_t b, int64_t h,
                                int64_t kv, int64_t t, int64_t hd, float scale,
-                               const Tensor* key_start, Tensor* out,
+                               const KeyRange& keys, Tensor* out,
                                Tensor* lse) override {
     FSDPP_RETURN_IF_ERROR(Prepare());
     const AttentionCall call{q.dtype(), b, h, kv, t, hd, scale};
     // Document masks: the reference kernel (cuDNN's graphs here take whole
     // causal sequences only).
-    if (key_start == nullptr && CudnnAttention::Applies(call, false)) {
+    if (Causal(keys) && CudnnAttention::Applies(call, false)) {
       FSDPP_ASSIGN_OR_RETURN(const bool ran,
                              CudnnAttention::ForDevice(device_)->Forward(
                                  call, q.raw_data(), k.raw_data(), v.raw_data(),
@@ -1247,8 +1271,8 @@ class CudaBackendImpl final : public Backend {
                     static_cast<const T*>(q.raw_data()),
                     static_cast<const T*>(k.raw_data()),
                     static_cast<const T*>(v.raw_data()), b, h, kv, t, hd, scale,
-                    KeyStarts(key_start), static_cast<T*>(out->raw_data()),
-                    lse->data<float>());
+                    Bound(keys.lo), Bound(keys.hi),
+                    static_cast<T*>(out->raw_data()), lse->data<float>());
     });
   }
 
@@ -1257,11 +1281,11 @@ class CudaBackendImpl final : public Backend {
                                        const Tensor& lse, const Tensor& dout,
                                        int64_t b, int64_t h, int64_t kv,
                                        int64_t t, int64_t hd, float scale,
-                                       const Tensor* key_start, Tensor* dq,
+                                       const KeyRange& keys, Tensor* dq,
                                        Tensor* dk, Tensor* dv) override {
     FSDPP_RETURN_IF_ERROR(Prepare());
     const AttentionCall call{q.dtype(), b, h, kv, t, hd, scale};
-    if (key_start == nullptr && CudnnAttention::Applies(call, true)) {
+    if (Causal(keys) && CudnnAttention::Applies(call, true)) {
       FSDPP_ASSIGN_OR_RETURN(
           const bool ran,
           CudnnAttention::ForDevice(device_)->Backward(
@@ -1281,13 +1305,13 @@ class CudaBackendImpl final : public Backend {
       FSDPP_RETURN_IF_ERROR(Launch("CausalAttentionBackward dq", b * h * t,
                                    kRowThreads, CausalAttentionDqKernel<T>, pq,
                                    pk, pv, po, lse.data<float>(), pdo, b, h, kv,
-                                   t, hd, scale, KeyStarts(key_start),
+                                   t, hd, scale, Bound(keys.lo), Bound(keys.hi),
                                    static_cast<T*>(dq->raw_data())));
-      return Launch("CausalAttentionBackward dk dv", b * kv * t, kRowThreads,
-                    CausalAttentionDkDvKernel<T>, pq, pk, pv, po,
-                    lse.data<float>(), pdo, b, h, kv, t, hd, scale,
-                    KeyStarts(key_start), static_cast<T*>(dk->raw_data()),
-                    static_cast<T*>(dv->raw_data()));
+      return Launch(
+          "CausalAttentionBackward dk dv", b * kv * t, kRowThreads,
+          CausalAttentionDkDvKernel<T>, pq, pk, pv, po, lse.data<float>(), pdo,
+          b, h, kv, t, hd, scale, Bound(keys.lo), Bound(keys.hi),
+          static_cast<T*>(dk->raw_data()), static_cast<T*>(dv->raw_data()));
     });
   }
 
@@ -1305,8 +1329,24 @@ class CudaBackendImpl final : public Backend {
     return launch(ids.data<int64_t>());
   }
 
-  static const int32_t* KeyStarts(const Tensor* key_start) {
-    return key_start != nullptr ? key_start->data<int32_t>() : nullptr;
+  static const int32_t* Bound(const Tensor* bound) {
+    return bound != nullptr ? bound->data<int32_t>() : nullptr;
+  }
+  static bool Causal(const KeyRange& keys) {
+    return keys.lo == nullptr && keys.hi == nullptr;
+  }
+
+  absl::Status MergeAttention(const Tensor& out_part, const Tensor& lse_part,
+                              int64_t rows, int64_t hd, Tensor* out,
+                              Tensor* lse) override {
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    return DispatchFloat(out->dtype(), [&](auto tag_T) {
+      using T = typename decltype(tag_T)::type;
+      return Launch("MergeAttention", rows, kThreads, MergeAttentionKernel<T>,
+                    static_cast<const T*>(out_part.raw_data()),
+                    lse_part.data<float>(), rows, hd,
+                    static_cast<T*>(out->raw_data()), lse->data<float>());
+    });
   }
 
   static absl::Status CheckAttentionHeadDim(int64_t hd) {

@@ -376,7 +376,7 @@ TEST_P(CudaOpsTest, DocumentMasks) {
   const float scale = 0.125f;
   ASSERT_TRUE(Both([&](bool g) {
     return CausalAttention(q.on(g), k.on(g), v.on(g), scale, out.ptr(g),
-                           lse.ptr(g), &starts.on(g));
+                           lse.ptr(g), KeyRange{&starts.on(g)});
   }));
   const double tol = AttentionTol(dtype);
   EXPECT_TRUE(MatchScaled(out, tol)) << "out";
@@ -386,9 +386,9 @@ TEST_P(CudaOpsTest, DocumentMasks) {
   Pair dout = Random(qs, dtype, 44);
   Pair dq = Zeros(qs, dtype), dk = Zeros(ks, dtype), dv = Zeros(ks, dtype);
   ASSERT_TRUE(Both([&](bool g) {
-    return CausalAttentionBackward(q.on(g), k.on(g), v.on(g), out.on(g),
-                                   lse.on(g), dout.on(g), scale, dq.ptr(g),
-                                   dk.ptr(g), dv.ptr(g), &starts.on(g));
+    return CausalAttentionBackward(
+        q.on(g), k.on(g), v.on(g), out.on(g), lse.on(g), dout.on(g), scale,
+        dq.ptr(g), dk.ptr(g), dv.ptr(g), KeyRange{&starts.on(g)});
   }));
   EXPECT_TRUE(MatchScaled(dq, tol)) << "dq";
   EXPECT_TRUE(MatchScaled(dk, tol)) << "dk";
@@ -406,6 +406,63 @@ TEST_P(CudaOpsTest, DocumentMasks) {
     }));
     EXPECT_TRUE(Match(x, Tol(dtype))) << (inverse ? "inverse" : "forward");
   }
+}
+
+// Arbitrary key ranges (keys after the query, empty rows; context
+// parallelism's blocks) on the reference kernels, and MergeAttention, both
+// against the CPU backend.
+TEST_P(CudaOpsTest, KeyRangesAndMerge) {
+  const DType dtype = GetParam();
+  const int64_t b = 2, h = 2, kv = 1, t = 90, hd = 32;
+  std::vector<int64_t> lo_host(b * t), hi_host(b * t);
+  uint64_t x = 5;
+  for (int64_t r = 0; r < b * t; ++r) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const int64_t a = static_cast<int64_t>((x >> 33) % (t + 4)) - 2;
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const int64_t c = static_cast<int64_t>((x >> 33) % (t + 4)) - 2;
+    lo_host[r] = r % 9 == 0 ? std::max(a, c) : std::min(a, c);  // some empty
+    hi_host[r] = r % 9 == 0 ? std::min(a, c) : std::max(a, c);
+  }
+  const Pair lo = Ids({b, t}, lo_host, DType::kI32);
+  const Pair hi = Ids({b, t}, hi_host, DType::kI32);
+  const Shape qs{b, h, t, hd}, ks{b, kv, t, hd};
+  Pair q = Random(qs, dtype, 51, -2, 2), k = Random(ks, dtype, 52, -2, 2),
+       v = Random(ks, dtype, 53);
+  Pair out = Zeros(qs, dtype), lse = Zeros({b, h, t}, DType::kF32);
+  ASSERT_TRUE(Both([&](bool g) {
+    return CausalAttention(q.on(g), k.on(g), v.on(g), 0.2f, out.ptr(g),
+                           lse.ptr(g), KeyRange{&lo.on(g), &hi.on(g)});
+  }));
+  const double tol = AttentionTol(dtype);
+  EXPECT_TRUE(MatchScaled(out, tol)) << "out";
+  EXPECT_EQ(Values(lse.gpu).size(), Values(lse.cpu).size());
+  EXPECT_TRUE(Match(lse, dtype == DType::kF32 ? 1e-4 : 1e-3)) << "lse";
+  out.gpu = ToGpu(out.cpu);
+  lse.gpu = ToGpu(lse.cpu);
+  Pair dout = Random(qs, dtype, 54);
+  Pair dq = Zeros(qs, dtype), dk = Zeros(ks, dtype), dv = Zeros(ks, dtype);
+  ASSERT_TRUE(Both([&](bool g) {
+    return CausalAttentionBackward(
+        q.on(g), k.on(g), v.on(g), out.on(g), lse.on(g), dout.on(g), 0.2f,
+        dq.ptr(g), dk.ptr(g), dv.ptr(g), KeyRange{&lo.on(g), &hi.on(g)});
+  }));
+  EXPECT_TRUE(MatchScaled(dq, tol)) << "dq";
+  EXPECT_TRUE(MatchScaled(dk, tol)) << "dk";
+  EXPECT_TRUE(MatchScaled(dv, tol)) << "dv";
+  // Merge a second attention (causal) into the ranged one.
+  Pair out2 = Zeros(qs, dtype), lse2 = Zeros({b, h, t}, DType::kF32);
+  ASSERT_TRUE(Both([&](bool g) {
+    return CausalAttention(q.on(g), k.on(g), v.on(g), 0.2f, out2.ptr(g),
+                           lse2.ptr(g));
+  }));
+  out2.gpu = ToGpu(out2.cpu);
+  lse2.gpu = ToGpu(lse2.cpu);
+  ASSERT_TRUE(Both([&](bool g) {
+    return MergeAttention(out2.on(g), lse2.on(g), out.ptr(g), lse.ptr(g));
+  }));
+  EXPECT_TRUE(MatchScaled(out, tol)) << "merged out";
+  EXPECT_TRUE(Match(lse, 1e-5)) << "merged lse";
 }
 
 TEST_P(CudaOpsTest, Rope) {

@@ -18,6 +18,10 @@
 // The functions here are the plain reference, one query (or key) row at a
 // time: CausalAttentionRow runs the online softmax one key at a time, which
 // is what the tiled CPU kernel does a tile at a time.
+//
+// Key ranges (tensor/ops.h KeyRange): query i may attend to keys [lo_i,
+// hi_i) instead of 0..i (document masks, context parallelism's blocks); a
+// row with no key gets out 0 and lse -inf, and adds nothing to dk, dv.
 #ifndef FSDPP_TENSOR_KERNELS_ATTENTION_H_
 #define FSDPP_TENSOR_KERNELS_ATTENTION_H_
 
@@ -39,8 +43,23 @@ FSDPP_INLINE float DotF32(const T* a, const T* b, int64_t n) {
   return s;
 }
 
+// The key range of query row i among t keys: [KeyLo, KeyHi), from the
+// row's entries of lo / hi (a batch row's [t] arrays, null for the causal
+// defaults 0 and i + 1), clamped to [0, t].
+FSDPP_INLINE int64_t KeyLo(const int32_t* lo, int64_t i, int64_t t) {
+  if (lo == nullptr) return 0;
+  const int64_t v = lo[i];
+  return v < 0 ? 0 : (v > t ? t : v);
+}
+FSDPP_INLINE int64_t KeyHi(const int32_t* hi, int64_t i, int64_t t) {
+  if (hi == nullptr) return i + 1;
+  const int64_t v = hi[i];
+  return v < 0 ? 0 : (v > t ? t : v);
+}
+
 // One query row: out (hd elements) and lse from q (hd) against the first
-// `keys` rows of k and v (row stride hd). `acc` is hd floats of scratch.
+// `keys` rows of k and v (row stride hd); no keys: out 0, lse -inf. `acc` is
+// hd floats of scratch.
 template <typename T>
 FSDPP_INLINE void CausalAttentionRow(const T* q, const T* k, const T* v,
                                      int64_t keys, int64_t hd, float scale,
@@ -58,9 +77,25 @@ FSDPP_INLINE void CausalAttentionRow(const T* q, const T* k, const T* v,
     }
     max = new_max;
   }
-  const float inv = 1.0f / sum;
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   for (int64_t d = 0; d < hd; ++d) out[d] = FromFloat<T>(acc[d] * inv);
-  *lse = max + logf(sum);
+  *lse = sum > 0.0f ? max + logf(sum) : -INFINITY;
+}
+
+// Merging two attentions of one query row over disjoint key sets (ops.h
+// MergeAttention): out = self out_self + part out_part, with the merged
+// log-sum-exp `lse`. A side with lse -inf (no key) has weight 0.
+struct MergeWeights {
+  float self, part, lse;
+};
+FSDPP_INLINE MergeWeights MergeAttentionWeights(float lse_self,
+                                                float lse_part) {
+  if (lse_part == -INFINITY) return {1.0f, 0.0f, lse_self};
+  if (lse_self == -INFINITY) return {0.0f, 1.0f, lse_part};
+  const float m = lse_self > lse_part ? lse_self : lse_part;
+  const float a = expf(lse_self - m), b = expf(lse_part - m);
+  const float sum = a + b;
+  return {a / sum, b / sum, m + logf(sum)};
 }
 
 // p_ij = exp(s_ij - lse_i) (0 when lse_i is -inf: no keys).
