@@ -1,0 +1,103 @@
+// Context parallelism's attention: ring attention over a cp process group.
+//
+// A sequence of T tokens is split over cp ranks with causal load balancing
+// (ContextLayout): 2 cp chunks of T / (2 cp) tokens, rank r holding chunks r
+// and 2 cp - 1 - r, so that every rank has as many (query, earlier key)
+// pairs as any other. Each rank keeps its own rows' q, k and v; RingAttention
+// passes k and v round the ring (to rank r + 1, from rank r - 1, the next
+// step's transfer in flight while the current step computes) and runs the
+// fused attention of its queries against each rank's keys with the key
+// ranges of their global positions (tensor/ops.h KeyRange; document masks
+// too), merging the partial results by their log-sum-exp (MergeAttention).
+// The backward passes k, v and the f32 accumulators of their gradients
+// round the ring the same way: each rank adds its queries' share to the
+// keys it holds, and after cp steps every accumulator is back with its
+// owner. The results equal the unsplit attention's to rounding
+// (context_parallel_test: 1e-6 in f32).
+//
+// Not yet: the all-to-all (Ulysses) style, and the model-level integration
+// (the cp mesh axis, FSDP over dp x cp, the loss over the split sequence).
+#ifndef FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
+#define FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "comm/process_group.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace parallel {
+
+// Which rows of a sequence each context-parallel rank holds.
+class ContextLayout {
+ public:
+  // InvalidArgument unless cp >= 1 and seq_len is a positive multiple of 2
+  // cp (chunks of equal size: uneven chunks are refused).
+  static absl::StatusOr<ContextLayout> Create(int cp, int64_t seq_len);
+
+  int cp() const { return cp_; }
+  int64_t seq_len() const { return seq_len_; }
+  // Tokens per chunk, and per rank (two chunks).
+  int64_t chunk() const { return seq_len_ / (2 * cp_); }
+  int64_t local() const { return 2 * chunk(); }
+  // Rank r's global positions, ascending: chunk r then chunk 2 cp - 1 - r.
+  std::vector<int64_t> Positions(int rank) const;
+
+ private:
+  ContextLayout(int cp, int64_t seq_len) : cp_(cp), seq_len_(seq_len) {}
+  int cp_;
+  int64_t seq_len_;
+};
+
+// Ring attention on one rank of `group` (the cp axis: size layout.cp()).
+// Shapes: q, out, dq, dout [B, H, L, hd] and k, v, dk, dv [B, KV, L, hd]
+// with L = layout.local(), this rank's rows in its positions' order; lse
+// [B, H, L] f32. doc_start: null, or the document start (a global
+// position) of each of this rank's rows, i32 [B, L] on the host (ops.h
+// DocumentMask's key starts of the whole rows, gathered at this rank's
+// positions); attention then stays within documents. Every rank of the
+// group calls each method with the same shapes. Transfers fail after
+// `timeout`, naming the peer.
+class RingAttention {
+ public:
+  RingAttention(ProcessGroup* group, const ContextLayout& layout,
+                absl::Duration timeout = absl::Minutes(5));
+
+  absl::Status Forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale, const Tensor* doc_start, Tensor* out,
+                       Tensor* lse);
+  // dq, dk, dv overwritten; out and lse those of Forward.
+  absl::Status Backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, float scale,
+                        const Tensor* doc_start, Tensor* dq, Tensor* dk,
+                        Tensor* dv);
+
+ private:
+  // Key ranges of this rank's queries over rank `src`'s keys, i32 [B, L]
+  // each, on `device`.
+  absl::Status Ranges(int src, int64_t batch, const Tensor* doc_start,
+                      Device device, Tensor* lo, Tensor* hi) const;
+  absl::Status CheckShapes(const char* op, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor* doc_start) const;
+  // Starts sending `send` to the next rank and receiving `recv` from the
+  // previous one (both kept alive by the caller until the work is waited).
+  absl::StatusOr<std::shared_ptr<Work>> StartShift(const Tensor& send,
+                                                   const Tensor& recv) const;
+  absl::Status Wait(const std::shared_ptr<Work>& work) const;
+
+  ProcessGroup* group_;
+  ContextLayout layout_;
+  absl::Duration timeout_;
+  std::vector<std::vector<int64_t>> positions_;  // every rank's
+};
+
+}  // namespace parallel
+}  // namespace fsdpp
+
+#endif  // FSDPP_PARALLEL_CONTEXT_PARALLEL_H_

@@ -1,0 +1,167 @@
+// Ring attention on thread ranks over real Gloo against the unsplit fused
+// attention on one process: cp = 2, 3, 4, with and without document masks,
+// grouped-query heads, forward (out, lse) and backward (dq, dk, dv) within
+// 1e-6 in f32 (bf16 to its rounding); uneven chunks and bad shapes are
+// refused with clear errors.
+#include "parallel/context_parallel.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "mesh/device_mesh.h"
+#include "mesh/run_on_mesh.h"
+#include "tensor/ops.h"
+#include "tensor/test_tensors.h"
+
+namespace fsdpp {
+namespace parallel {
+namespace {
+
+using testing_util::AllClose;
+using testing_util::RandomTensor;
+using testing_util::RelTol;
+using testing_util::RunOnMesh;
+using testing_util::Values;
+
+Tensor Empty(const Shape& shape, DType dtype) {
+  return *Tensor::Empty(shape, dtype, Device::Cpu());
+}
+
+// Rows `rows` (indices along T) of a [B, N, T, hd] tensor, as [B, N,
+// rows.size(), hd] (any dtype).
+Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows) {
+  const int64_t b = x.dim(0), n = x.dim(1), t = x.dim(2), hd = x.dim(3);
+  const int64_t m = static_cast<int64_t>(rows.size());
+  const int64_t esize = static_cast<int64_t>(DTypeSize(x.dtype()));
+  Tensor out = Empty({b, n, m, hd}, x.dtype());
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out.raw_data());
+  for (int64_t bn = 0; bn < b * n; ++bn) {
+    for (int64_t i = 0; i < m; ++i) {
+      std::copy(src + (bn * t + rows[i]) * hd * esize,
+                src + (bn * t + rows[i] + 1) * hd * esize,
+                dst + (bn * m + i) * hd * esize);
+    }
+  }
+  return out;
+}
+
+// Packed documents: a new one at every 7th-to-40th token, per batch row.
+Tensor DocumentIds(int64_t b, int64_t t) {
+  std::vector<int64_t> ids(b * t, 1);
+  uint64_t x = 3;
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t i = 0; i < t;) {
+      ids[r * t + i] = 0;  // end-of-text: a document begins
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      i += 7 + static_cast<int64_t>((x >> 33) % 34);
+    }
+  }
+  return *Tensor::FromInts({b, t}, ids, DType::kI32);
+}
+
+struct Case {
+  int cp;
+  bool documents;
+  DType dtype;
+};
+
+TEST(RingAttentionTest, EqualsTheUnsplitAttention) {
+  for (const Case& c :
+       {Case{2, false, DType::kF32}, Case{3, false, DType::kF32},
+        Case{4, false, DType::kF32}, Case{2, true, DType::kF32},
+        Case{3, true, DType::kF32}, Case{4, true, DType::kF32},
+        Case{4, true, DType::kBF16}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "cp " << c.cp << " documents " << c.documents << " "
+                 << DTypeName(c.dtype));
+    const int64_t b = 2, h = 4, kv = 2, hd = 16, t = 2 * c.cp * 20;
+    const float scale = 0.25f;
+    const Tensor q = RandomTensor({b, h, t, hd}, c.dtype, 1, -2, 2);
+    const Tensor k = RandomTensor({b, kv, t, hd}, c.dtype, 2, -2, 2);
+    const Tensor v = RandomTensor({b, kv, t, hd}, c.dtype, 3);
+    const Tensor dout = RandomTensor({b, h, t, hd}, c.dtype, 4);
+    // The unsplit reference, with the documents' key starts.
+    Tensor starts = Empty({b, t}, DType::kI32), positions = starts;
+    positions = Empty({b, t}, DType::kI32);
+    ASSERT_TRUE(DocumentMask(DocumentIds(b, t), 0, &starts, &positions).ok());
+    const KeyRange keys = c.documents ? KeyRange{&starts} : KeyRange{};
+    Tensor out = Empty(q.shape(), c.dtype), lse = Empty({b, h, t}, DType::kF32);
+    ASSERT_TRUE(CausalAttention(q, k, v, scale, &out, &lse, keys).ok());
+    Tensor dq = Empty(q.shape(), c.dtype), dk = Empty(k.shape(), c.dtype),
+           dv = Empty(k.shape(), c.dtype);
+    ASSERT_TRUE(CausalAttentionBackward(q, k, v, out, lse, dout, scale, &dq,
+                                        &dk, &dv, keys)
+                    .ok());
+    const ContextLayout layout = *ContextLayout::Create(c.cp, t);
+    const double tol = c.dtype == DType::kF32 ? 1e-6 : 4 * RelTol(c.dtype);
+    RunOnMesh({{"cp", c.cp}}, [&](int rank, DeviceMesh& mesh) {
+      SCOPED_TRACE(::testing::Message() << "rank " << rank);
+      const std::vector<int64_t> mine = layout.Positions(rank);
+      // This rank's document starts (global positions).
+      Tensor doc_start = Empty({b, layout.local()}, DType::kI32);
+      for (int64_t r = 0; r < b; ++r) {
+        for (int64_t i = 0; i < layout.local(); ++i) {
+          doc_start.data<int32_t>()[r * layout.local() + i] =
+              starts.data<int32_t>()[r * t + mine[i]];
+        }
+      }
+      const Tensor* ds = c.documents ? &doc_start : nullptr;
+      RingAttention ring(*mesh.Group("cp"), layout);
+      const Tensor lq = GatherRows(q, mine), lk = GatherRows(k, mine),
+                   lv = GatherRows(v, mine), ldout = GatherRows(dout, mine);
+      Tensor lout = Empty(lq.shape(), c.dtype);
+      Tensor llse = Empty({b, h, layout.local()}, DType::kF32);
+      ASSERT_TRUE(ring.Forward(lq, lk, lv, scale, ds, &lout, &llse).ok());
+      EXPECT_TRUE(
+          AllClose(Values(lout), Values(GatherRows(out, mine)), tol, tol))
+          << "out";
+      // lse as [B, H, T, 1] rows to gather.
+      const Tensor lse_rows = *lse.Reshape({b, h, t, 1});
+      EXPECT_TRUE(AllClose(Values(llse), Values(GatherRows(lse_rows, mine)),
+                           1e-6, 1e-6))
+          << "lse";
+      Tensor ldq = Empty(lq.shape(), c.dtype), ldk = Empty(lk.shape(), c.dtype),
+             ldv = Empty(lk.shape(), c.dtype);
+      ASSERT_TRUE(ring.Backward(lq, lk, lv, lout, llse, ldout, scale, ds, &ldq,
+                                &ldk, &ldv)
+                      .ok());
+      EXPECT_TRUE(AllClose(Values(ldq), Values(GatherRows(dq, mine)), tol, tol))
+          << "dq";
+      EXPECT_TRUE(AllClose(Values(ldk), Values(GatherRows(dk, mine)), tol, tol))
+          << "dk";
+      EXPECT_TRUE(AllClose(Values(ldv), Values(GatherRows(dv, mine)), tol, tol))
+          << "dv";
+    });
+  }
+}
+
+TEST(RingAttentionTest, RefusesUnevenChunksAndBadShapes) {
+  absl::StatusOr<ContextLayout> uneven = ContextLayout::Create(3, 100);
+  EXPECT_EQ(uneven.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(uneven.status().message().find(
+                "must be a positive multiple of 2 x cp = 6"),
+            std::string::npos)
+      << uneven.status();
+  EXPECT_FALSE(ContextLayout::Create(0, 8).ok());
+  const ContextLayout layout = *ContextLayout::Create(2, 16);
+  EXPECT_EQ(layout.Positions(1),
+            (std::vector<int64_t>{4, 5, 6, 7, 8, 9, 10, 11}));
+  RunOnMesh({{"cp", 2}}, [&](int rank, DeviceMesh& mesh) {
+    RingAttention ring(*mesh.Group("cp"), layout);
+    const Tensor q = RandomTensor({1, 2, 6, 8}, DType::kF32, 1);  // L is 8
+    Tensor out = Empty(q.shape(), DType::kF32);
+    Tensor lse = Empty({1, 2, 6}, DType::kF32);
+    const absl::Status s = ring.Forward(q, q, q, 1.0f, nullptr, &out, &lse);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << rank;
+    EXPECT_NE(s.message().find("with L = 8 (this rank's rows)"),
+              std::string::npos)
+        << s;
+  });
+}
+
+}  // namespace
+}  // namespace parallel
+}  // namespace fsdpp
