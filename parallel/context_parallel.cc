@@ -2,6 +2,8 @@
 #include "parallel/context_parallel.h"
 
 #include <algorithm>
+#include <memory>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -136,14 +138,10 @@ absl::Status RingAttention::Wait(const std::shared_ptr<Work>& work) const {
   return work->Wait(timeout_ + absl::Minutes(1));
 }
 
-absl::Status RingAttention::Forward(const Tensor& q, const Tensor& k,
-                                    const Tensor& v, float scale,
-                                    const Tensor* doc_start, Tensor* out,
-                                    Tensor* lse) {
-  FSDPP_RETURN_IF_ERROR(CheckShapes("Forward", q, k, v, doc_start));
-  OpSpan span("RingAttention", "attention");
+absl::Status RingAttention::Ring(const Tensor& k, const Tensor& v,
+                                 int64_t batch, const Tensor* doc_start,
+                                 const RingStep& step_fn) const {
   const int cp = layout_.cp(), rank = group_->rank();
-  const int64_t b = q.dim(0);
   FSDPP_ASSIGN_OR_RETURN(KvPair cur,
                          KvPair::Make(k.shape(), k.dtype(), k.device()));
   FSDPP_RETURN_IF_ERROR(Copy(k, &cur.k));
@@ -153,33 +151,45 @@ absl::Status RingAttention::Forward(const Tensor& q, const Tensor& k,
     FSDPP_ASSIGN_OR_RETURN(next,
                            KvPair::Make(k.shape(), k.dtype(), k.device()));
   }
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor part_out,
-      Tensor::Empty(q.shape(), q.dtype(), q.device(), MemoryTag::kAttention));
-  FSDPP_ASSIGN_OR_RETURN(Tensor part_lse,
-                         Tensor::Empty(lse->shape(), DType::kF32, q.device(),
-                                       MemoryTag::kAttention));
   for (int step = 0; step < cp; ++step) {
     std::shared_ptr<Work> shift;
     if (step + 1 < cp) {
       FSDPP_ASSIGN_OR_RETURN(shift, StartShift(cur.packed, next.packed));
     }
-    const int src = (rank - step + cp) % cp;
     Tensor lo, hi;
-    FSDPP_RETURN_IF_ERROR(Ranges(src, b, doc_start, q.device(), &lo, &hi));
-    Tensor* o = step == 0 ? out : &part_out;
-    Tensor* l = step == 0 ? lse : &part_lse;
-    FSDPP_RETURN_IF_ERROR(
-        CausalAttention(q, cur.k, cur.v, scale, o, l, KeyRange{&lo, &hi}));
-    if (step > 0) {
-      FSDPP_RETURN_IF_ERROR(MergeAttention(part_out, part_lse, out, lse));
-    }
+    FSDPP_RETURN_IF_ERROR(Ranges((rank - step + cp) % cp, batch, doc_start,
+                                 k.device(), &lo, &hi));
+    FSDPP_RETURN_IF_ERROR(step_fn(step, cur.k, cur.v, KeyRange{&lo, &hi}));
     if (shift != nullptr) {
       FSDPP_RETURN_IF_ERROR(Wait(shift));
       std::swap(cur, next);
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status RingAttention::Forward(const Tensor& q, const Tensor& k,
+                                    const Tensor& v, float scale,
+                                    const Tensor* doc_start, Tensor* out,
+                                    Tensor* lse) {
+  FSDPP_RETURN_IF_ERROR(CheckShapes("Forward", q, k, v, doc_start));
+  OpSpan span("RingAttention", "attention");
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor part_out,
+      Tensor::Empty(q.shape(), q.dtype(), q.device(), MemoryTag::kAttention));
+  FSDPP_ASSIGN_OR_RETURN(Tensor part_lse,
+                         Tensor::Empty(lse->shape(), DType::kF32, q.device(),
+                                       MemoryTag::kAttention));
+  return Ring(k, v, q.dim(0), doc_start,
+              [&](int step, const Tensor& kk, const Tensor& vv,
+                  const KeyRange& keys) -> absl::Status {
+                if (step == 0) {
+                  return CausalAttention(q, kk, vv, scale, out, lse, keys);
+                }
+                FSDPP_RETURN_IF_ERROR(CausalAttention(
+                    q, kk, vv, scale, &part_out, &part_lse, keys));
+                return MergeAttention(part_out, part_lse, out, lse);
+              });
 }
 
 absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
@@ -189,20 +199,14 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
                                      Tensor* dq, Tensor* dk, Tensor* dv) {
   FSDPP_RETURN_IF_ERROR(CheckShapes("Backward", q, k, v, doc_start));
   OpSpan span("RingAttentionBackward", "attention");
-  const int cp = layout_.cp(), rank = group_->rank();
-  const int64_t b = q.dim(0);
+  const int cp = layout_.cp();
   const Device device = q.device();
-  // What travels: k, v and the f32 accumulators of their gradients.
-  FSDPP_ASSIGN_OR_RETURN(KvPair cur,
-                         KvPair::Make(k.shape(), k.dtype(), device));
-  FSDPP_RETURN_IF_ERROR(Copy(k, &cur.k));
-  FSDPP_RETURN_IF_ERROR(Copy(v, &cur.v));
+  // The f32 accumulators of k's and v's gradients travel behind them.
   FSDPP_ASSIGN_OR_RETURN(KvPair grad,
                          KvPair::Make(k.shape(), DType::kF32, device));
   FSDPP_RETURN_IF_ERROR(Fill(&grad.packed, 0.0f));
-  KvPair next, next_grad;
+  KvPair next_grad;
   if (cp > 1) {
-    FSDPP_ASSIGN_OR_RETURN(next, KvPair::Make(k.shape(), k.dtype(), device));
     FSDPP_ASSIGN_OR_RETURN(next_grad,
                            KvPair::Make(k.shape(), DType::kF32, device));
   }
@@ -217,39 +221,29 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
   FSDPP_ASSIGN_OR_RETURN(Tensor dq_part32, temp(q.shape(), DType::kF32));
   FSDPP_ASSIGN_OR_RETURN(Tensor dk_part32, temp(k.shape(), DType::kF32));
   FSDPP_ASSIGN_OR_RETURN(Tensor dv_part32, temp(k.shape(), DType::kF32));
-  for (int step = 0; step < cp; ++step) {
-    // k and v move on while this step computes; the gradient accumulators
-    // move once this step has added to them.
-    std::shared_ptr<Work> shift;
-    if (step + 1 < cp) {
-      FSDPP_ASSIGN_OR_RETURN(shift, StartShift(cur.packed, next.packed));
-    }
-    const int src = (rank - step + cp) % cp;
-    Tensor lo, hi;
-    FSDPP_RETURN_IF_ERROR(Ranges(src, b, doc_start, device, &lo, &hi));
-    FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(
-        q, cur.k, cur.v, out, lse, dout, scale, &dq_part, &dk_part, &dv_part,
-        KeyRange{&lo, &hi}));
-    for (auto [part, part32, acc] :
-         {std::tuple{&dq_part, &dq_part32, &dq_acc},
-          std::tuple{&dk_part, &dk_part32, &grad.k},
-          std::tuple{&dv_part, &dv_part32, &grad.v}}) {
-      FSDPP_RETURN_IF_ERROR(Copy(*part, part32));
-      FSDPP_RETURN_IF_ERROR(Add(*acc, *part32, acc));
-    }
-    // The accumulators go to the next rank (after the last step, home: the
-    // keys of rank src = rank + 1 were last with this rank).
-    if (cp > 1) {
-      FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> grad_shift,
-                             StartShift(grad.packed, next_grad.packed));
-      FSDPP_RETURN_IF_ERROR(Wait(grad_shift));
-      std::swap(grad, next_grad);
-    }
-    if (shift != nullptr) {
-      FSDPP_RETURN_IF_ERROR(Wait(shift));
-      std::swap(cur, next);
-    }
-  }
+  FSDPP_RETURN_IF_ERROR(Ring(
+      k, v, q.dim(0), doc_start,
+      [&](int, const Tensor& kk, const Tensor& vv,
+          const KeyRange& keys) -> absl::Status {
+        FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(q, kk, vv, out, lse, dout,
+                                                      scale, &dq_part, &dk_part,
+                                                      &dv_part, keys));
+        for (auto [part, part32, acc] :
+             {std::tuple{&dq_part, &dq_part32, &dq_acc},
+              std::tuple{&dk_part, &dk_part32, &grad.k},
+              std::tuple{&dv_part, &dv_part32, &grad.v}}) {
+          FSDPP_RETURN_IF_ERROR(Copy(*part, part32));
+          FSDPP_RETURN_IF_ERROR(Add(*acc, *part32, acc));
+        }
+        // The accumulators go to the next rank (after the last step, home:
+        // the keys of rank + 1 were last with this rank).
+        if (cp == 1) return absl::OkStatus();
+        FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> shift,
+                               StartShift(grad.packed, next_grad.packed));
+        FSDPP_RETURN_IF_ERROR(Wait(shift));
+        std::swap(grad, next_grad);
+        return absl::OkStatus();
+      }));
   FSDPP_RETURN_IF_ERROR(Copy(dq_acc, dq));
   FSDPP_RETURN_IF_ERROR(Copy(grad.k, dk));
   return Copy(grad.v, dv);

@@ -21,6 +21,7 @@
 #define FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -85,6 +86,13 @@ class RingAttention {
                       Device device, Tensor* lo, Tensor* hi) const;
   absl::Status CheckShapes(const char* op, const Tensor& q, const Tensor& k,
                            const Tensor& v, const Tensor* doc_start) const;
+  // Runs step_fn(step, k, v, keys) cp times: step s with rank (rank - s)'s
+  // k and v (the next pair already on its way) and the key ranges of this
+  // rank's queries over them.
+  using RingStep = std::function<absl::Status(
+      int step, const Tensor& k, const Tensor& v, const KeyRange& keys)>;
+  absl::Status Ring(const Tensor& k, const Tensor& v, int64_t batch,
+                    const Tensor* doc_start, const RingStep& step_fn) const;
   // Starts sending `send` to the next rank and receiving `recv` from the
   // previous one (both kept alive by the caller until the work is waited).
   absl::StatusOr<std::shared_ptr<Work>> StartShift(const Tensor& send,

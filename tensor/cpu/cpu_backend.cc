@@ -292,13 +292,7 @@ class CpuBackendImpl final : public Backend {
       const T* op = static_cast<const T*>(out_part.raw_data());
 #pragma omp parallel for schedule(static) if (rows * hd > kParallelElements)
       for (int64_t r = 0; r < rows; ++r) {
-        const kernels::MergeWeights w =
-            kernels::MergeAttentionWeights(l[r], lp[r]);
-        for (int64_t e = 0; e < hd; ++e) {
-          o[r * hd + e] = FromFloat<T>(w.self * ToFloat(o[r * hd + e]) +
-                                       w.part * ToFloat(op[r * hd + e]));
-        }
-        l[r] = w.lse;
+        kernels::MergeAttentionRow(op + r * hd, lp[r], hd, o + r * hd, l + r);
       }
     });
   }

@@ -491,13 +491,8 @@ __global__ void MergeAttentionKernel(const T* out_part, const float* lse_part,
                                      int64_t rows, int64_t hd, T* out,
                                      float* lse) {
   for (int64_t r = FirstIndex(); r < rows; r += GridStride()) {
-    const kernels::MergeWeights w =
-        kernels::MergeAttentionWeights(lse[r], lse_part[r]);
-    for (int64_t e = 0; e < hd; ++e) {
-      out[r * hd + e] = FromFloat<T>(w.self * ToFloat(out[r * hd + e]) +
-                                     w.part * ToFloat(out_part[r * hd + e]));
-    }
-    lse[r] = w.lse;
+    kernels::MergeAttentionRow(out_part + r * hd, lse_part[r], hd, out + r * hd,
+                               lse + r);
   }
 }
 

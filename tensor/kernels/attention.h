@@ -98,6 +98,19 @@ FSDPP_INLINE MergeWeights MergeAttentionWeights(float lse_self,
   return {a / sum, b / sum, m + logf(sum)};
 }
 
+// One row of MergeAttention: out (hd) and *lse take in out_part and
+// lse_part.
+template <typename T>
+FSDPP_INLINE void MergeAttentionRow(const T* out_part, float lse_part,
+                                    int64_t hd, T* out, float* lse) {
+  const MergeWeights w = MergeAttentionWeights(*lse, lse_part);
+  for (int64_t e = 0; e < hd; ++e) {
+    out[e] =
+        FromFloat<T>(w.self * ToFloat(out[e]) + w.part * ToFloat(out_part[e]));
+  }
+  *lse = w.lse;
+}
+
 // p_ij = exp(s_ij - lse_i) (0 when lse_i is -inf: no keys).
 FSDPP_INLINE float AttentionProbability(float score, float lse) {
   return ExpApprox(score - lse);
