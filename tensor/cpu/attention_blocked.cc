@@ -541,6 +541,32 @@ int64_t KvHeadsPerGroup(int64_t rep, int64_t t, int64_t work_bytes) {
   return std::max<int64_t>(1, work_bytes / per_kv_head);
 }
 
+// Runs fn(n, q_offset, kv_offset, lse_offset, keys) for each group of n kv
+// heads (KvHeadsPerGroup) of a [b, h | kv, t, hd] call: the offsets, in
+// elements, of the group's first query head, kv head and lse row.
+template <typename Fn>
+absl::Status ForEachKvGroup(int64_t b, int64_t h, int64_t kv, int64_t t,
+                            int64_t hd, int64_t work_bytes,
+                            const int32_t* key_lo, const int32_t* key_hi,
+                            Fn&& fn) {
+  const int64_t rep = h / kv, units = b * kv;
+  const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
+  for (int64_t u = 0; u < units; u += group) {
+    FSDPP_RETURN_IF_ERROR(fn(std::min(group, units - u), u * rep * t * hd,
+                             u * t * hd, u * rep * t,
+                             GroupKeys{key_lo, key_hi, u, kv}));
+  }
+  return absl::OkStatus();
+}
+
+// bf16 element `offset` of a raw buffer.
+inline const BFloat16* Bf16At(const void* p, int64_t offset) {
+  return static_cast<const BFloat16*>(p) + offset;
+}
+inline BFloat16* Bf16At(void* p, int64_t offset) {
+  return static_cast<BFloat16*>(p) + offset;
+}
+
 }  // namespace blocked_internal
 
 absl::Status BlockedAttentionForward(
@@ -548,20 +574,14 @@ absl::Status BlockedAttentionForward(
     int64_t kv, int64_t t, int64_t hd, float scale, void* out, float* lse,
     const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
-  const int64_t rep = h / kv, units = b * kv;
-  const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
-  const BFloat16* qb = static_cast<const BFloat16*>(q);
-  const BFloat16* kb = static_cast<const BFloat16*>(k);
-  const BFloat16* vb = static_cast<const BFloat16*>(v);
-  BFloat16* ob = static_cast<BFloat16*>(out);
-  for (int64_t u = 0; u < units; u += group) {
-    const int64_t n = std::min(group, units - u);
-    const int64_t qo = u * rep * t * hd, ko = u * t * hd;
-    FSDPP_RETURN_IF_ERROR(ForwardGroup(
-        qb + qo, kb + ko, vb + ko, n, rep, 1, t, hd, scale,
-        GroupKeys{key_lo, key_hi, u, kv}, ob + qo, lse + u * rep * t));
-  }
-  return absl::OkStatus();
+  return ForEachKvGroup(b, h, kv, t, hd, work_bytes, key_lo, key_hi,
+                        [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
+                            const GroupKeys& keys) {
+                          return ForwardGroup(Bf16At(q, qo), Bf16At(k, ko),
+                                              Bf16At(v, ko), n, h / kv, 1, t,
+                                              hd, scale, keys, Bf16At(out, qo),
+                                              lse + lo);
+                        });
 }
 
 absl::Status BlockedAttentionBackward(
@@ -570,25 +590,15 @@ absl::Status BlockedAttentionBackward(
     int64_t t, int64_t hd, float scale, void* dq, void* dk, void* dv,
     const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
-  const int64_t rep = h / kv, units = b * kv;
-  const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
-  const BFloat16* qb = static_cast<const BFloat16*>(q);
-  const BFloat16* kb = static_cast<const BFloat16*>(k);
-  const BFloat16* vb = static_cast<const BFloat16*>(v);
-  const BFloat16* ob = static_cast<const BFloat16*>(out);
-  const BFloat16* gb = static_cast<const BFloat16*>(dout);
-  BFloat16* dqb = static_cast<BFloat16*>(dq);
-  BFloat16* dkb = static_cast<BFloat16*>(dk);
-  BFloat16* dvb = static_cast<BFloat16*>(dv);
-  for (int64_t u = 0; u < units; u += group) {
-    const int64_t n = std::min(group, units - u);
-    const int64_t qo = u * rep * t * hd, ko = u * t * hd;
-    FSDPP_RETURN_IF_ERROR(BackwardGroup(
-        qb + qo, kb + ko, vb + ko, ob + qo, lse + u * rep * t, gb + qo, n, rep,
-        1, t, hd, scale, GroupKeys{key_lo, key_hi, u, kv}, dqb + qo, dkb + ko,
-        dvb + ko));
-  }
-  return absl::OkStatus();
+  return ForEachKvGroup(b, h, kv, t, hd, work_bytes, key_lo, key_hi,
+                        [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
+                            const GroupKeys& keys) {
+                          return BackwardGroup(
+                              Bf16At(q, qo), Bf16At(k, ko), Bf16At(v, ko),
+                              Bf16At(out, qo), lse + lo, Bf16At(dout, qo), n,
+                              h / kv, 1, t, hd, scale, keys, Bf16At(dq, qo),
+                              Bf16At(dk, ko), Bf16At(dv, ko));
+                        });
 }
 
 }  // namespace cpu
