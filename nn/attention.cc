@@ -23,6 +23,7 @@ namespace nn {
 namespace {
 
 thread_local const DocumentMasks* active_documents = nullptr;
+thread_local ContextParallelCore* active_context_parallel = nullptr;
 
 // Rotates every [hd] row of t [B, n, T, hd] in place (position = t, or
 // `positions` [B, T] when defined), or applies the inverse rotation with
@@ -47,6 +48,17 @@ DocumentMasks::Scope::Scope(const DocumentMasks* masks)
 }
 
 DocumentMasks::Scope::~Scope() { active_documents = previous_; }
+
+ContextParallelCore* ContextParallelCore::Active() {
+  return active_context_parallel;
+}
+
+ContextParallelCore::Scope::Scope(ContextParallelCore* core)
+    : previous_(active_context_parallel) {
+  active_context_parallel = core;
+}
+
+ContextParallelCore::Scope::~Scope() { active_context_parallel = previous_; }
 
 AttentionConfig AttentionConfig::Gpt2(int64_t dim, int64_t n_heads,
                                       int64_t max_seq_len) {
@@ -247,6 +259,20 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     key_start_ = docs->key_start;
     positions_ = docs->positions;
   }
+  context_parallel_ = ContextParallelCore::Active();
+  if (context_parallel_ != nullptr) {
+    if (!config_.fused_attention || key_start_.defined()) {
+      return absl::UnimplementedError(
+          "CausalSelfAttention: context parallelism needs the fused attention "
+          "and takes document masks through its core, not DocumentMasks");
+    }
+    positions_ = context_parallel_->positions();
+    if (positions_.shape() != Shape{b, t}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CausalSelfAttention: the context-parallel positions ",
+          positions_.ToString(), " must be [B, T] = [", b, ", ", t, "]"));
+    }
+  }
   if (config_.rope) {
     FSDPP_RETURN_IF_ERROR(
         ApplyRope(&q, rope_inv_freq_, /*backward=*/false, positions_));
@@ -288,9 +314,14 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
                                        MemoryTag::kAttention));
   FSDPP_ASSIGN_OR_RETURN(lse_, Tensor::Empty({b, h, t}, DType::kF32, device,
                                              MemoryTag::kAttention));
-  FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
-                                        &heads_out_, &lse_,
-                                        KeyRange{OrNull(key_start_)}));
+  if (context_parallel_ != nullptr) {
+    FSDPP_RETURN_IF_ERROR(context_parallel_->Forward(
+        q_heads_, k_heads_, v_heads_, Scale(), &heads_out_, &lse_));
+  } else {
+    FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
+                                          &heads_out_, &lse_,
+                                          KeyRange{OrNull(key_start_)}));
+  }
   if (selective != nullptr) selective->Record(this, {heads_out_, lse_});
   return heads_out_;
 }
@@ -365,7 +396,11 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   FSDPP_ASSIGN_OR_RETURN(Tensor dq, empty({b, h, t, hd}, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
-  if (config_.fused_attention) {
+  if (context_parallel_ != nullptr) {
+    FSDPP_RETURN_IF_ERROR(
+        context_parallel_->Backward(q_heads_, k_heads_, v_heads_, heads_out_,
+                                    lse_, dout, Scale(), &dq, &dk, &dv));
+  } else if (config_.fused_attention) {
     FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(
         q_heads_, k_heads_, v_heads_, heads_out_, lse_, dout, Scale(), &dq, &dk,
         &dv, KeyRange{OrNull(key_start_)}));

@@ -32,6 +32,13 @@
 // attention core keeps each token within its document (ops.h DocumentMask's
 // key starts) and RoPE rotates by the positions within the documents; the
 // forward keeps references to both for its backward. Fused attention only.
+//
+// Context parallelism: while a ContextParallelCore::Scope is installed, the
+// input holds this rank's rows of the sequence, RoPE rotates by their global
+// positions and the attention core is the installed one (parallel::
+// RingAttention's), whose forward and backward reach the other ranks' keys;
+// the layer's parameter gradients are this rank's share (summed over the cp
+// ranks by the caller, as FSDP does over dp x cp).
 #ifndef FSDPP_NN_ATTENTION_H_
 #define FSDPP_NN_ATTENTION_H_
 
@@ -67,6 +74,39 @@ struct DocumentMasks {
 
    private:
     const DocumentMasks* previous_;
+  };
+};
+
+// The attention core over a context-parallel group (parallel/
+// context_parallel.h implements it): q, k, v hold this rank's rows (in
+// positions()' order) and the core attends to every rank's keys. It must
+// outlive the backward of every forward that ran under its scope.
+class ContextParallelCore {
+ public:
+  virtual ~ContextParallelCore() = default;
+  // tensor/ops.h CausalAttention's contract over the whole sequence.
+  virtual absl::Status Forward(const Tensor& q, const Tensor& k,
+                               const Tensor& v, float scale, Tensor* out,
+                               Tensor* lse) = 0;
+  virtual absl::Status Backward(const Tensor& q, const Tensor& k,
+                                const Tensor& v, const Tensor& out,
+                                const Tensor& lse, const Tensor& dout,
+                                float scale, Tensor* dq, Tensor* dk,
+                                Tensor* dv) = 0;
+  // This rank's rows' positions (RoPE's), i32 [B, L] on the device.
+  virtual const Tensor& positions() const = 0;
+
+  // The core installed on this thread, or null.
+  static ContextParallelCore* Active();
+  class Scope {
+   public:
+    explicit Scope(ContextParallelCore* core);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    ContextParallelCore* previous_;
   };
 };
 
@@ -177,6 +217,8 @@ class CausalSelfAttention : public Module {
   // keys' starts and RoPE's positions; undefined without.
   Tensor key_start_;
   Tensor positions_;
+  // Context parallelism: the core the forward ran with, or null.
+  ContextParallelCore* context_parallel_ = nullptr;
 };
 
 }  // namespace nn

@@ -65,6 +65,15 @@ std::vector<int64_t> ContextLayout::Positions(int rank) const {
   return p;
 }
 
+absl::StatusOr<Tensor> ContextLayout::PositionsTensor(int rank, int64_t batch,
+                                                      Device device) const {
+  const std::vector<int64_t> p = Positions(rank);
+  std::vector<int64_t> all;
+  all.reserve(batch * p.size());
+  for (int64_t b = 0; b < batch; ++b) all.insert(all.end(), p.begin(), p.end());
+  return Tensor::FromInts({batch, local()}, all, DType::kI32, device);
+}
+
 RingAttention::RingAttention(ProcessGroup* group, const ContextLayout& layout,
                              absl::Duration timeout)
     : group_(group), layout_(layout), timeout_(timeout) {

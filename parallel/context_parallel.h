@@ -15,20 +15,25 @@
 // owner. The results equal the unsplit attention's to rounding
 // (context_parallel_test: 1e-6 in f32).
 //
-// Not yet: the all-to-all (Ulysses) style, and the model-level integration
-// (the cp mesh axis, FSDP over dp x cp, the loss over the split sequence).
+// RingAttentionCore plugs it into nn::CausalSelfAttention (a layer then
+// runs on this rank's rows, RoPE at their global positions). Not yet: the
+// all-to-all (Ulysses) style, and the model-level integration (the cp mesh
+// axis, the Transformer's split of ids and targets, FSDP over dp x cp, the
+// loss over the split sequence, the trainer and the planner).
 #ifndef FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
 #define FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "comm/process_group.h"
+#include "nn/attention.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -48,6 +53,9 @@ class ContextLayout {
   int64_t local() const { return 2 * chunk(); }
   // Rank r's global positions, ascending: chunk r then chunk 2 cp - 1 - r.
   std::vector<int64_t> Positions(int rank) const;
+  // The same for every one of `batch` rows, i32 [batch, L] on `device`.
+  absl::StatusOr<Tensor> PositionsTensor(int rank, int64_t batch,
+                                         Device device) const;
 
  private:
   ContextLayout(int cp, int64_t seq_len) : cp_(cp), seq_len_(seq_len) {}
@@ -103,6 +111,42 @@ class RingAttention {
   ContextLayout layout_;
   absl::Duration timeout_;
   std::vector<std::vector<int64_t>> positions_;  // every rank's
+};
+
+// RingAttention as a layer's attention core (nn::ContextParallelCore, the
+// layer's forward and backward run under its Scope): positions, RoPE's
+// positions of this rank's rows (their global positions,
+// ContextLayout::PositionsTensor, or with document masks their positions
+// within their documents); doc_start as RingAttention's (undefined: no
+// document masks). The ring must outlive the core.
+class RingAttentionCore : public nn::ContextParallelCore {
+ public:
+  RingAttentionCore(RingAttention* ring, Tensor positions,
+                    Tensor doc_start = Tensor())
+      : ring_(ring),
+        positions_(std::move(positions)),
+        doc_start_(std::move(doc_start)) {}
+
+  absl::Status Forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale, Tensor* out, Tensor* lse) override {
+    return ring_->Forward(q, k, v, scale, DocStart(), out, lse);
+  }
+  absl::Status Backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, float scale, Tensor* dq, Tensor* dk,
+                        Tensor* dv) override {
+    return ring_->Backward(q, k, v, out, lse, dout, scale, DocStart(), dq, dk,
+                           dv);
+  }
+  const Tensor& positions() const override { return positions_; }
+
+ private:
+  const Tensor* DocStart() const {
+    return doc_start_.defined() ? &doc_start_ : nullptr;
+  }
+  RingAttention* ring_;
+  Tensor positions_;
+  Tensor doc_start_;
 };
 
 }  // namespace parallel

@@ -611,17 +611,17 @@ TEST(RopePositionsTest, RotatesEachRowByItsPosition) {
     const std::vector<float> inv_freq =
         kernels::RopeInvFreqs(10000.0f, hd, kernels::RopeScaling());
     const Tensor x = RandomTensor({b, n, t, hd}, dtype, 17);
-    const Tensor pos =
-        *Tensor::FromInts({b, t}, {0, 1, 0, 1, 2, 3, 4, 0, 1, 9}, DType::kI32);
+    const Tensor pos = *Tensor::FromInts(
+        {b, t}, {0, 1, 0, 1, 2, 3, 4, 0, 1 - 7, 900}, DType::kI32);
     Tensor y = RandomTensor({b, n, t, hd}, dtype, 17);
     ASSERT_TRUE(Rope(&y, inv_freq, /*inverse=*/false, &pos).ok());
     const std::vector<double> xs = Values(x), ys = Values(y);
     const std::vector<double> ps = Values(pos);
     for (int64_t r = 0; r < b * n * t; ++r) {
       const int64_t bi = r / (n * t), ti = r % t;
-      // Positions are clamped to [0, T): 9 is 4.
+      // Any position >= 0 (900: beyond T); a negative one counts as 0.
       const int64_t p =
-          std::min<int64_t>(static_cast<int64_t>(ps[bi * t + ti]), t - 1);
+          std::max<int64_t>(static_cast<int64_t>(ps[bi * t + ti]), 0);
       std::vector<float> in(xs.begin() + r * hd, xs.begin() + (r + 1) * hd),
           want(hd);
       kernels::RopeRowForward(in.data(), p, inv_freq.data(), hd, want.data());

@@ -153,7 +153,8 @@ absl::Status MergeHeads(const Tensor& src, int64_t first, Tensor* dst);
 // kernels::RopeInvFreqs), or back by it with `inverse` (the backward). The
 // math is tensor/kernels/rope.h's, on every backend. With `positions` (i32
 // [B, T], x [B, N, T, hd]; DocumentMask's) row t of batch row b is at
-// positions[b, t] (clamped to [0, T)) instead.
+// positions[b, t] instead (any position >= 0, e.g. a context-parallel
+// rank's global ones; negative ones count as 0).
 absl::Status Rope(Tensor* x, const std::vector<float>& inv_freq, bool inverse,
                   const Tensor* positions = nullptr);
 

@@ -663,31 +663,32 @@ void RopeAll(DType dtype, void* x_raw, int64_t rows, int64_t seq_len,
              int64_t head_dim, const float* inv_freq, bool inverse,
              const int32_t* positions, int64_t batch) {
   const int64_t half = head_dim / 2;
-  // cos and sin of every (position, frequency), as the reference computes
-  // them for each row.
-  std::vector<float> cs(seq_len * half), sn(seq_len * half);
-#pragma omp parallel for schedule(static) if (seq_len * half > 4096)
-  for (int64_t p = 0; p < seq_len; ++p) {
+  const int64_t rows_per_batch = std::max<int64_t>(1, rows / batch);
+  // cos and sin of every (entry, frequency), as the reference computes them
+  // for each row: an entry per position 0 .. seq_len - 1, or with
+  // `positions` one per (batch row, t) at its given position.
+  const int64_t entries = positions == nullptr ? seq_len : batch * seq_len;
+  std::vector<float> cs(entries * half), sn(entries * half);
+#pragma omp parallel for schedule(static) if (entries * half > 4096)
+  for (int64_t e = 0; e < entries; ++e) {
+    const int64_t p =
+        positions == nullptr ? e : std::max<int64_t>(positions[e], 0);
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(p) * inv_freq[i];
-      cs[p * half + i] = cosf(angle);
-      sn[p * half + i] = sinf(angle);
+      cs[e * half + i] = cosf(angle);
+      sn[e * half + i] = sinf(angle);
     }
   }
-  const int64_t rows_per_batch = std::max<int64_t>(1, rows / batch);
   ByDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     T* x = static_cast<T*>(x_raw);
 #pragma omp parallel for schedule(static) if (rows * head_dim > \
                                               kParallelElements)
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t p =
-          positions == nullptr
-              ? r % seq_len
-              : std::clamp<int64_t>(
-                    positions[r / rows_per_batch * seq_len + r % seq_len], 0,
-                    seq_len - 1);
-      RopeRow(x + r * head_dim, cs.data() + p * half, sn.data() + p * half,
+      const int64_t e = positions == nullptr
+                            ? r % seq_len
+                            : r / rows_per_batch * seq_len + r % seq_len;
+      RopeRow(x + r * head_dim, cs.data() + e * half, sn.data() + e * half,
               half, inverse);
     }
   });

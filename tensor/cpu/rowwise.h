@@ -76,7 +76,7 @@ void CrossEntropyBackward(DType dtype, const void* logits,
 
 // Rotary embedding in place on rows of head_dim (row r at position
 // r % seq_len, or with `positions` ([batch, seq_len]) at positions[r /
-// (rows / batch) * seq_len + r % seq_len] clamped to [0, seq_len)), or its
+// (rows / batch) * seq_len + r % seq_len], negative ones as 0), or its
 // inverse: kernels::RopeRowForward / RopeRowBackward bit for bit (the cos /
 // sin of each position are computed once per call, with the same cosf /
 // sinf of the same angle).

@@ -444,8 +444,8 @@ struct RopeFrequencies {
 };
 
 // Row r is at position r % seq_len, or with `positions` ([batch, seq_len])
-// at positions[r / rows_per_batch * seq_len + r % seq_len] clamped to [0,
-// seq_len).
+// at positions[r / rows_per_batch * seq_len + r % seq_len] (negative ones
+// as 0).
 template <typename T>
 __global__ void RopeKernel(T* x, int64_t rows, int64_t seq_len,
                            int64_t head_dim, RopeFrequencies f, bool inverse,
@@ -457,7 +457,7 @@ __global__ void RopeKernel(T* x, int64_t rows, int64_t seq_len,
     int64_t p = r % seq_len;
     if (positions != nullptr) {
       p = positions[r / rows_per_batch * seq_len + p];
-      p = p < 0 ? 0 : (p >= seq_len ? seq_len - 1 : p);
+      p = p < 0 ? 0 : p;
     }
     const float angle = static_cast<float>(p) * f.inv_freq[i];
     const float c = cosf(angle), sn = sinf(angle);
