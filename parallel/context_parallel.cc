@@ -227,9 +227,15 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
   FSDPP_ASSIGN_OR_RETURN(Tensor dq_part, temp(q.shape(), q.dtype()));
   FSDPP_ASSIGN_OR_RETURN(Tensor dk_part, temp(k.shape(), k.dtype()));
   FSDPP_ASSIGN_OR_RETURN(Tensor dv_part, temp(k.shape(), k.dtype()));
-  FSDPP_ASSIGN_OR_RETURN(Tensor dq_part32, temp(q.shape(), DType::kF32));
-  FSDPP_ASSIGN_OR_RETURN(Tensor dk_part32, temp(k.shape(), DType::kF32));
-  FSDPP_ASSIGN_OR_RETURN(Tensor dv_part32, temp(k.shape(), DType::kF32));
+  // 16-bit parts are widened to f32 before they are added (f32 ones as
+  // they are).
+  const bool widen = q.dtype() != DType::kF32;
+  Tensor dq_part32, dk_part32, dv_part32;
+  if (widen) {
+    FSDPP_ASSIGN_OR_RETURN(dq_part32, temp(q.shape(), DType::kF32));
+    FSDPP_ASSIGN_OR_RETURN(dk_part32, temp(k.shape(), DType::kF32));
+    FSDPP_ASSIGN_OR_RETURN(dv_part32, temp(k.shape(), DType::kF32));
+  }
   FSDPP_RETURN_IF_ERROR(Ring(
       k, v, q.dim(0), doc_start,
       [&](int, const Tensor& kk, const Tensor& vv,
@@ -241,8 +247,10 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
              {std::tuple{&dq_part, &dq_part32, &dq_acc},
               std::tuple{&dk_part, &dk_part32, &grad.k},
               std::tuple{&dv_part, &dv_part32, &grad.v}}) {
-          FSDPP_RETURN_IF_ERROR(Copy(*part, part32));
-          FSDPP_RETURN_IF_ERROR(Add(*acc, *part32, acc));
+          if (widen) {
+            FSDPP_RETURN_IF_ERROR(Copy(*part, part32));
+          }
+          FSDPP_RETURN_IF_ERROR(Add(*acc, widen ? *part32 : *part, acc));
         }
         // The accumulators go to the next rank (after the last step, home:
         // the keys of rank + 1 were last with this rank).

@@ -5,8 +5,8 @@
 // refused with clear errors.
 #include "parallel/context_parallel.h"
 
-#include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -23,6 +23,7 @@ namespace parallel {
 namespace {
 
 using testing_util::AllClose;
+using testing_util::GatherRows;
 using testing_util::RandomTensor;
 using testing_util::RelTol;
 using testing_util::RunOnMesh;
@@ -30,25 +31,6 @@ using testing_util::Values;
 
 Tensor Empty(const Shape& shape, DType dtype) {
   return *Tensor::Empty(shape, dtype, Device::Cpu());
-}
-
-// Rows `rows` (indices along T) of a [B, N, T, hd] tensor, as [B, N,
-// rows.size(), hd] (any dtype).
-Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows) {
-  const int64_t b = x.dim(0), n = x.dim(1), t = x.dim(2), hd = x.dim(3);
-  const int64_t m = static_cast<int64_t>(rows.size());
-  const int64_t esize = static_cast<int64_t>(DTypeSize(x.dtype()));
-  Tensor out = Empty({b, n, m, hd}, x.dtype());
-  const char* src = static_cast<const char*>(x.raw_data());
-  char* dst = static_cast<char*>(out.raw_data());
-  for (int64_t bn = 0; bn < b * n; ++bn) {
-    for (int64_t i = 0; i < m; ++i) {
-      std::copy(src + (bn * t + rows[i]) * hd * esize,
-                src + (bn * t + rows[i] + 1) * hd * esize,
-                dst + (bn * m + i) * hd * esize);
-    }
-  }
-  return out;
 }
 
 // Packed documents: a new one at every 7th-to-40th token, per batch row.

@@ -8,6 +8,7 @@
 // a document's positions and the argument checks.
 #include "tensor/kernels/attention.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -22,6 +23,7 @@ namespace fsdpp {
 namespace {
 
 using testing_util::AllClose;
+using testing_util::GatherRows;
 using testing_util::RandomTensor;
 using testing_util::RelTol;
 using testing_util::Values;
@@ -405,23 +407,6 @@ INSTANTIATE_TEST_SUITE_P(Masks, CausalAttentionGradientTest,
                          ::testing::Values(MaskKind::kCausal,
                                            MaskKind::kDocuments,
                                            MaskKind::kRanges));
-
-// Rows `rows` (indices along T) of a [B, N, T, hd] f32 tensor, as [B, N,
-// rows.size(), hd].
-Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows) {
-  const int64_t b = x.dim(0), n = x.dim(1), t = x.dim(2), hd = x.dim(3);
-  const int64_t m = static_cast<int64_t>(rows.size());
-  const float* src = x.data<float>();
-  std::vector<float> out(b * n * m * hd);
-  for (int64_t bn = 0; bn < b * n; ++bn) {
-    for (int64_t i = 0; i < m; ++i) {
-      std::copy(src + (bn * t + rows[i]) * hd,
-                src + (bn * t + rows[i] + 1) * hd,
-                out.begin() + (bn * m + i) * hd);
-    }
-  }
-  return *Tensor::FromFloats({b, n, m, hd}, out);
-}
 
 // The attention of the same queries over two disjoint key ranges, merged
 // (MergeAttention, both orders), equals the attention over their union;

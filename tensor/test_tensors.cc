@@ -3,7 +3,9 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/rng.h"
 
@@ -70,6 +72,24 @@ bool BitwiseEqual(const Tensor& a, const Tensor& b) {
   return a.dtype() == b.dtype() && a.shape() == b.shape() &&
          (a.nbytes() == 0 ||
           std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0);
+}
+
+Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows) {
+  const int64_t b = x.dim(0), n = x.dim(1), t = x.dim(2), hd = x.dim(3);
+  const int64_t m = static_cast<int64_t>(rows.size());
+  const int64_t row = hd * static_cast<int64_t>(DTypeSize(x.dtype()));
+  absl::StatusOr<Tensor> out =
+      Tensor::Empty({b, n, m, hd}, x.dtype(), Device::Cpu());
+  EXPECT_TRUE(out.ok()) << out.status();
+  const char* src = static_cast<const char*>(x.raw_data());
+  char* dst = static_cast<char*>(out->raw_data());
+  for (int64_t bn = 0; bn < b * n; ++bn) {
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(dst + (bn * m + i) * row, src + (bn * t + rows[i]) * row,
+                  row);
+    }
+  }
+  return *std::move(out);
 }
 
 }  // namespace testing_util

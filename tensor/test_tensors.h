@@ -35,6 +35,10 @@ bool BitwiseEqual(const Tensor& a, const Tensor& b);
 // output rounding (2^-8 relative for bf16, 2^-11 for f16).
 double RelTol(DType dtype);
 
+// Rows `rows` (indices along T) of a host [B, N, T, hd] tensor of any
+// dtype, as [B, N, rows.size(), hd] (a context-parallel rank's rows).
+Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows);
+
 }  // namespace testing_util
 }  // namespace fsdpp
 

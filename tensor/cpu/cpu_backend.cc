@@ -304,12 +304,8 @@ class CpuBackendImpl final : public Backend {
     int32_t* pos = positions->data<int32_t>();
     const auto fill = [&](const auto* id) {
       for (int64_t r = 0; r < b; ++r) {
-        int32_t start = 0;
-        for (int64_t i = 0; i < t; ++i) {
-          if (id[r * t + i] == eot_id) start = static_cast<int32_t>(i);
-          starts[r * t + i] = start;
-          pos[r * t + i] = static_cast<int32_t>(i) - start;
-        }
+        kernels::DocumentMaskRow(id + r * t, t, eot_id, starts + r * t,
+                                 pos + r * t);
       }
     };
     if (ids.dtype() == DType::kI32) {

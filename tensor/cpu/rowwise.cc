@@ -665,14 +665,24 @@ void RopeAll(DType dtype, void* x_raw, int64_t rows, int64_t seq_len,
   const int64_t half = head_dim / 2;
   const int64_t rows_per_batch = std::max<int64_t>(1, rows / batch);
   // cos and sin of every (entry, frequency), as the reference computes them
-  // for each row: an entry per position 0 .. seq_len - 1, or with
-  // `positions` one per (batch row, t) at its given position.
-  const int64_t entries = positions == nullptr ? seq_len : batch * seq_len;
+  // for each row: an entry per position 0 .. seq_len - 1; with `positions`
+  // one per position 0 .. their largest (documents' positions: < seq_len),
+  // or, when that is more, one per (batch row, t) at its given position
+  // (a context-parallel rank's global positions).
+  int64_t largest = 0;
+  if (positions != nullptr) {
+    for (int64_t e = 0; e < batch * seq_len; ++e) {
+      largest = std::max<int64_t>(largest, positions[e]);
+    }
+  }
+  const bool per_entry = positions != nullptr && largest >= batch * seq_len;
+  const int64_t entries = positions == nullptr ? seq_len
+                          : per_entry          ? batch * seq_len
+                                               : largest + 1;
   std::vector<float> cs(entries * half), sn(entries * half);
 #pragma omp parallel for schedule(static) if (entries * half > 4096)
   for (int64_t e = 0; e < entries; ++e) {
-    const int64_t p =
-        positions == nullptr ? e : std::max<int64_t>(positions[e], 0);
+    const int64_t p = per_entry ? std::max<int64_t>(positions[e], 0) : e;
     for (int64_t i = 0; i < half; ++i) {
       const float angle = static_cast<float>(p) * inv_freq[i];
       cs[e * half + i] = cosf(angle);
@@ -685,9 +695,11 @@ void RopeAll(DType dtype, void* x_raw, int64_t rows, int64_t seq_len,
 #pragma omp parallel for schedule(static) if (rows * head_dim > \
                                               kParallelElements)
     for (int64_t r = 0; r < rows; ++r) {
-      const int64_t e = positions == nullptr
-                            ? r % seq_len
-                            : r / rows_per_batch * seq_len + r % seq_len;
+      int64_t e = r % seq_len;
+      if (positions != nullptr) {
+        const int64_t at = r / rows_per_batch * seq_len + e;
+        e = per_entry ? at : std::max<int64_t>(positions[at], 0);
+      }
       RopeRow(x + r * head_dim, cs.data() + e * half, sn.data() + e * half,
               half, inverse);
     }

@@ -502,14 +502,8 @@ __global__ void DocumentMaskKernel(const Id* ids, int64_t b, int64_t t,
                                    int64_t eot_id, int32_t* key_start,
                                    int32_t* positions) {
   for (int64_t r = FirstIndex(); r < b; r += GridStride()) {
-    int32_t start = 0;
-    for (int64_t i = 0; i < t; ++i) {
-      if (static_cast<int64_t>(ids[r * t + i]) == eot_id) {
-        start = static_cast<int32_t>(i);
-      }
-      key_start[r * t + i] = start;
-      positions[r * t + i] = static_cast<int32_t>(i) - start;
-    }
+    kernels::DocumentMaskRow(ids + r * t, t, eot_id, key_start + r * t,
+                             positions + r * t);
   }
 }
 

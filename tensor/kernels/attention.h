@@ -98,6 +98,20 @@ FSDPP_INLINE MergeWeights MergeAttentionWeights(float lse_self,
   return {a / sum, b / sum, m + logf(sum)};
 }
 
+// One row of t ids of ops.h DocumentMask: each token's document's first
+// index (a document begins at every eot_id and at the row's start) and its
+// position within the document.
+template <typename Id>
+FSDPP_INLINE void DocumentMaskRow(const Id* ids, int64_t t, int64_t eot_id,
+                                  int32_t* key_start, int32_t* positions) {
+  int32_t start = 0;
+  for (int64_t i = 0; i < t; ++i) {
+    if (static_cast<int64_t>(ids[i]) == eot_id) start = static_cast<int32_t>(i);
+    key_start[i] = start;
+    positions[i] = static_cast<int32_t>(i) - start;
+  }
+}
+
 // One row of MergeAttention: out (hd) and *lse take in out_part and
 // lse_part.
 template <typename T>
