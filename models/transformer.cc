@@ -147,6 +147,15 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
         ") needs the fused attention and a whole model (not a pipeline "
         "stage)"));
   }
+  if (options.context_parallel != nullptr &&
+      (!options.fused_attention || !options.embedding ||
+       options.first_block != 0 ||
+       (options.num_blocks != -1 && options.num_blocks != n) ||
+       !options.head)) {
+    return absl::InvalidArgumentError(
+        "Transformer: context parallelism needs the fused attention and a "
+        "whole model (not a pipeline stage)");
+  }
   if (options.document_eot_id >= config.vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("Transformer: document masking's end-of-text id ",
@@ -292,6 +301,7 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
         " must be i32/i64 [B, T] with 1 <= T <= ", config_.context_length));
   }
   const int64_t b = ids.dim(0), t = ids.dim(1);
+  cp_core_.reset();
   documents_ = nn::DocumentMasks();
   if (options_.document_eot_id >= 0) {
     FSDPP_ASSIGN_OR_RETURN(documents_.key_start,
@@ -303,6 +313,12 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
     FSDPP_RETURN_IF_ERROR(DocumentMask(ids, options_.document_eot_id,
                                        &documents_.key_start,
                                        &documents_.positions));
+  }
+  if (options_.context_parallel != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor x, EmbedContextParallel(ids));
+    const nn::ContextParallelCore::Scope core(cp_core_.get());
+    FSDPP_ASSIGN_OR_RETURN(x, stack_->Forward(x));
+    return Head(x);
   }
   FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(ids));
   if (position_embedding_ != nullptr && documents_.positions.defined()) {
@@ -343,6 +359,71 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
   return Head(x);
 }
 
+absl::StatusOr<Tensor> Transformer::LocalColumns(const Tensor& whole) const {
+  const nn::ContextParallel* cp = options_.context_parallel;
+  if (cp == nullptr) return whole;
+  if (whole.ndim() != 2 || whole.dim(1) != cp->seq_len()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Transformer: context parallelism takes whole rows [B, ", cp->seq_len(),
+        "] of ids and targets, got ", whole.ToString()));
+  }
+  int64_t local = 0;
+  for (const nn::ContextParallel::Run& run : cp->runs()) local += run.length;
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor out, Tensor::Empty({whole.dim(0), local}, whole.dtype(),
+                                whole.device(), MemoryTag::kActivations));
+  int64_t at = 0;
+  for (const nn::ContextParallel::Run& run : cp->runs()) {
+    FSDPP_RETURN_IF_ERROR(CopyColumns(whole, run.start, run.length, &out, at));
+    at += run.length;
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> Transformer::EmbedContextParallel(const Tensor& ids) {
+  nn::ContextParallel* cp = options_.context_parallel;
+  FSDPP_ASSIGN_OR_RETURN(Tensor local_ids, LocalColumns(ids));
+  const int64_t b = local_ids.dim(0), l = local_ids.dim(1);
+  // RoPE's and wpe's positions: within the documents, or the global ones.
+  Tensor positions, doc_start;
+  if (documents_.positions.defined()) {
+    FSDPP_ASSIGN_OR_RETURN(positions, LocalColumns(documents_.positions));
+    FSDPP_ASSIGN_OR_RETURN(Tensor starts, LocalColumns(documents_.key_start));
+    if (starts.is_meta()) {
+      doc_start = starts;
+    } else {
+      FSDPP_ASSIGN_OR_RETURN(doc_start,
+                             Tensor::Empty({b, l}, DType::kI32, Device::Cpu()));
+      FSDPP_RETURN_IF_ERROR(Copy(starts, &doc_start));
+    }
+    documents_ = nn::DocumentMasks();  // the core keeps what it needs
+  } else if (ids.is_meta()) {
+    FSDPP_ASSIGN_OR_RETURN(positions,
+                           Tensor::Empty({b, l}, DType::kI32, ids.device()));
+  } else {
+    std::vector<int64_t> values;
+    values.reserve(b * l);
+    for (int64_t row = 0; row < b; ++row) {
+      for (const nn::ContextParallel::Run& run : cp->runs()) {
+        for (int64_t i = 0; i < run.length; ++i)
+          values.push_back(run.start + i);
+      }
+    }
+    FSDPP_ASSIGN_OR_RETURN(
+        positions, Tensor::FromInts({b, l}, values, DType::kI32, ids.device()));
+  }
+  // Every position is below the sequence length: no range check needed.
+  positions.MarkIdsCheckedBelow(cp->seq_len());
+  FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(local_ids));
+  if (position_embedding_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor pos, position_embedding_->Forward(positions));
+    FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      cp_core_, cp->MakeCore(std::move(positions), std::move(doc_start)));
+  return x;
+}
+
 absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
   if (!options_.head) return x;
   FSDPP_ASSIGN_OR_RETURN(Tensor h, final_norm_->Forward(x));
@@ -352,6 +433,7 @@ absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
 absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
   const nn::DocumentMasks::Scope masks(
       documents_.key_start.defined() ? &documents_ : nullptr);
+  const nn::ContextParallelCore::Scope core(cp_core_.get());
   Tensor dx = doutput;
   if (options_.head) {
     FSDPP_ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));
@@ -359,6 +441,7 @@ absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
   }
   FSDPP_ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
   ReleaseOwnSavedTensors();  // the document masks
+  cp_core_.reset();
   if (!options_.embedding) return dx;
   // x = wte(ids) + wpe(positions): both tables get dx.
   FSDPP_RETURN_IF_ERROR(token_embedding_->Backward(dx).status());
@@ -405,11 +488,12 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
                                                const Tensor& targets) {
   FSDPP_RETURN_IF_ERROR(
       CheckTargets(input, targets, options_.head, "ForwardLoss"));
-  FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor local, LocalColumns(targets));
+  FSDPP_RETURN_IF_ERROR(ArmFusedLoss(local));
   absl::StatusOr<Tensor> forward = Forward(input);
   lm_head_->Disarm();  // used up, unless the forward failed before the head
   FSDPP_ASSIGN_OR_RETURN(Tensor output, std::move(forward));
-  if (!lm_head_->last_forward_fused()) return loss_->Forward(output, targets);
+  if (!lm_head_->last_forward_fused()) return loss_->Forward(output, local);
   return nn::MeanOfTotal(output, lm_head_->count());  // count 0 on meta
 }
 
@@ -418,12 +502,13 @@ absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
                                                 double weight, Tensor* sum) {
   FSDPP_RETURN_IF_ERROR(
       CheckTargets(input, targets, options_.head, "ForwardLossAccumulate"));
-  FSDPP_RETURN_IF_ERROR(ArmFusedLoss(targets));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor local, LocalColumns(targets));
+  FSDPP_RETURN_IF_ERROR(ArmFusedLoss(local));
   absl::StatusOr<Tensor> forward = Forward(input);
   lm_head_->Disarm();  // used up, unless the forward failed before the head
   FSDPP_ASSIGN_OR_RETURN(Tensor output, std::move(forward));
   if (!lm_head_->last_forward_fused()) {
-    return loss_->ForwardAccumulate(output, targets, weight, sum);
+    return loss_->ForwardAccumulate(output, local, weight, sum);
   }
   FSDPP_RETURN_IF_ERROR(nn::CheckLossSum(sum, output.device(),
                                          "Transformer::ForwardLossAccumulate"));
@@ -448,9 +533,10 @@ absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {
 absl::StatusOr<float> Transformer::EvalLoss(const Tensor& ids,
                                             const Tensor& targets) {
   FSDPP_RETURN_IF_ERROR(CheckTargets(ids, targets, options_.head, "EvalLoss"));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor local, LocalColumns(targets));
   FSDPP_ASSIGN_OR_RETURN(Tensor logits, Logits(ids));
   std::unique_ptr<nn::LossFunction> loss = loss_->Clone();
-  return loss->Forward(logits, targets);
+  return loss->Forward(logits, local);
 }
 
 }  // namespace models

@@ -104,6 +104,17 @@ struct TransformerOptions {
   // (a whole model, not a pipeline stage). On CUDA the masked attention is
   // the reference kernel, not cuDNN.
   int64_t document_eot_id = -1;
+  // Context parallelism (not owned; null: off): Forward, ForwardLoss*,
+  // EvalLoss take whole rows of ids and targets [B, T] (T = the split's
+  // seq_len) and run this rank's columns of them (context_parallel->runs()),
+  // the attention through the split's core (every rank's keys), positions
+  // the global ones (or those within documents); the logits are this rank's
+  // [B, L, Vp] and the loss the mean over its targets. The whole rows' mean
+  // is the mean over the cp ranks (each holds as many tokens), and the
+  // parameter gradients averaged over them (FSDP over dp x cp) are the whole
+  // sequence's. Needs the fused attention and a whole model; composes with
+  // document masking (masks from the whole rows).
+  nn::ContextParallel* context_parallel = nullptr;
 
   // Pipeline parallelism: build only a contiguous part of the model (one
   // stage), with the whole model's parameter names. Blocks first_block ..
@@ -229,6 +240,12 @@ class Transformer : public Module {
   // The final norm and head on the blocks' output x (x itself for a part
   // without the head).
   absl::StatusOr<Tensor> Head(const Tensor& x);
+  // This rank's columns of whole rows [B, T] under context parallelism
+  // (the rows themselves without).
+  absl::StatusOr<Tensor> LocalColumns(const Tensor& whole) const;
+  // The embeddings of whole rows of ids on a context-parallel rank; installs
+  // the batch's core (cp_core_).
+  absl::StatusOr<Tensor> EmbedContextParallel(const Tensor& ids);
   // Arms the head's fused loss for this ForwardLoss* when
   // options_.loss_chunk_tokens and the model allow it.
   absl::Status ArmFusedLoss(const Tensor& targets);
@@ -250,6 +267,8 @@ class Transformer : public Module {
   // end of Backward (installed over both: activation checkpointing's
   // recomputation runs inside Backward).
   nn::DocumentMasks documents_;
+  // Context parallelism: the batch in flight's attention core, likewise.
+  std::unique_ptr<nn::ContextParallelCore> cp_core_;
 };
 
 }  // namespace models

@@ -110,6 +110,31 @@ class ContextParallelCore {
   };
 };
 
+// A model's split of its sequences over a context-parallel group (parallel/
+// context_parallel.h implements it): which of a sequence's positions this
+// rank holds, as runs of consecutive positions in the order its rows keep
+// them, and the attention core for one batch. models::Transformer takes
+// whole rows of ids and targets, keeps this rank's columns and runs its
+// layers under the batch's core.
+class ContextParallel {
+ public:
+  virtual ~ContextParallel() = default;
+  struct Run {
+    int64_t start = 0;  // first global position
+    int64_t length = 0;
+  };
+  // The sequence length the split is for.
+  virtual int64_t seq_len() const = 0;
+  // This rank's runs, in its rows' order.
+  virtual const std::vector<Run>& runs() const = 0;
+  // The core for a batch: rope_positions, RoPE's (and a position
+  // embedding's) positions of this rank's rows, i32 [B, L] on the device;
+  // doc_start, each row's document start (a global position), i32 [B, L]
+  // on the host, or undefined without document masks.
+  virtual absl::StatusOr<std::unique_ptr<ContextParallelCore>> MakeCore(
+      Tensor rope_positions, Tensor doc_start) = 0;
+};
+
 // Shape and options of a CausalSelfAttention.
 struct AttentionConfig {
   int64_t dim = 0;          // C: model width (input and output features).

@@ -266,5 +266,26 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
   return Copy(grad.v, dv);
 }
 
+RingContextParallel::RingContextParallel(ProcessGroup* group,
+                                         const ContextLayout& layout,
+                                         absl::Duration timeout)
+    : layout_(layout), ring_(group, layout, timeout) {
+  const int rank = group != nullptr ? group->rank() : 0;
+  for (int64_t position : layout_.Positions(rank)) {
+    if (!runs_.empty() &&
+        runs_.back().start + runs_.back().length == position) {
+      ++runs_.back().length;
+    } else {
+      runs_.push_back({position, 1});
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>>
+RingContextParallel::MakeCore(Tensor rope_positions, Tensor doc_start) {
+  return std::make_unique<RingAttentionCore>(&ring_, std::move(rope_positions),
+                                             std::move(doc_start));
+}
+
 }  // namespace parallel
 }  // namespace fsdpp

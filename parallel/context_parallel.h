@@ -149,6 +149,25 @@ class RingAttentionCore : public nn::ContextParallelCore {
   Tensor doc_start_;
 };
 
+// Context parallelism for a whole model (nn::ContextParallel, models::
+// TransformerOptions::context_parallel): this rank's chunks of `layout`
+// (group->rank()'s) and ring attention over `group`.
+class RingContextParallel : public nn::ContextParallel {
+ public:
+  RingContextParallel(ProcessGroup* group, const ContextLayout& layout,
+                      absl::Duration timeout = absl::Minutes(5));
+
+  int64_t seq_len() const override { return layout_.seq_len(); }
+  const std::vector<Run>& runs() const override { return runs_; }
+  absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> MakeCore(
+      Tensor rope_positions, Tensor doc_start) override;
+
+ private:
+  ContextLayout layout_;
+  RingAttention ring_;
+  std::vector<Run> runs_;
+};
+
 }  // namespace parallel
 }  // namespace fsdpp
 

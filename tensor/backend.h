@@ -42,6 +42,11 @@ class Backend {
   // Same device; dst and src have equal numel; float<->float casts or equal
   // dtypes.
   virtual absl::Status Copy(const Tensor& src, Tensor* dst) = 0;
+  // `count` elements from column src_first of each of `rows` rows of src
+  // into column dst_first of dst's (2-d, equal dtypes, ranges in bounds).
+  virtual absl::Status CopyColumns(const Tensor& src, int64_t src_first,
+                                   Tensor* dst, int64_t dst_first, int64_t rows,
+                                   int64_t count) = 0;
   virtual absl::Status Fill(Tensor* t, float value) = 0;
   // out = op(alpha, x).
   virtual absl::Status Unary(UnaryKind kind, float alpha, const Tensor& x,

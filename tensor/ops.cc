@@ -686,6 +686,30 @@ absl::Status CheckHeads(const char* op, const Tensor& wide, const Tensor& heads,
 
 }  // namespace
 
+absl::Status CopyColumns(const Tensor& src, int64_t src_first, int64_t count,
+                         Tensor* dst, int64_t dst_first) {
+  constexpr const char* kOp = "CopyColumns";
+  std::initializer_list<Named> args = {{"src", &src}, {"dst", dst}};
+  FSDPP_BACKEND_OR_RETURN(backend, kOp, args);
+  if (src.ndim() != 2 || dst->ndim() != 2 || src.dim(0) != dst->dim(0) ||
+      src.dtype() != dst->dtype()) {
+    return Invalid(kOp, "needs src [R, S] and dst [R, D] of one dtype", args);
+  }
+  if (count < 0 || src_first < 0 || dst_first < 0 ||
+      src_first + count > src.dim(1) || dst_first + count > dst->dim(1)) {
+    return Invalid(kOp,
+                   absl::StrCat("columns [", src_first, ", ", src_first + count,
+                                ") into [", dst_first, ", ", dst_first + count,
+                                ") are out of range"),
+                   args);
+  }
+  if (backend == nullptr || count == 0 || src.dim(0) == 0) {
+    return absl::OkStatus();
+  }
+  return backend->CopyColumns(src, src_first, dst, dst_first, src.dim(0),
+                              count);
+}
+
 absl::Status SplitHeads(const Tensor& src, int64_t first, Tensor* dst) {
   constexpr const char* kOp = "SplitHeads";
   std::initializer_list<Named> args = {{"src", &src}, {"dst", dst}};

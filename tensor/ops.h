@@ -26,6 +26,13 @@ namespace fsdpp {
 // same dtype) and moving between devices. Shapes must have equal numel.
 absl::Status Copy(const Tensor& src, Tensor* dst);
 
+// Columns [src_first, src_first + count) of src [R, S] into columns
+// [dst_first, dst_first + count) of dst [R, D]: the same dtype (any), one
+// device, the ranges within each row (e.g. a context-parallel rank's chunks
+// of a batch's ids).
+absl::Status CopyColumns(const Tensor& src, int64_t src_first, int64_t count,
+                         Tensor* dst, int64_t dst_first);
+
 // Every element of `t` (float dtype) = value.
 absl::Status Fill(Tensor* t, float value);
 

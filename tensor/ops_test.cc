@@ -460,8 +460,12 @@ TEST(OpsTest, RmsNormForwardAndBackward) {
 
 // ------------------------------------------------------------ head layouts
 
-// Element values of a float or i32 tensor, as double.
+// Element values of a float, i32 or i64 tensor, as double.
 Vec AnyValues(const Tensor& t) {
+  if (t.dtype() == DType::kI64) {
+    const int64_t* p = t.data<int64_t>();
+    return Vec(p, p + t.numel());
+  }
   if (t.dtype() != DType::kI32) return Values(t);
   const int32_t* p = t.data<int32_t>();
   return Vec(p, p + t.numel());
@@ -501,6 +505,46 @@ TEST(OpsTest, SplitAndMergeHeadsMoveEachHeadAndLeaveTheOthers) {
       ASSERT_EQ(vb[e], h >= first && h < first + n ? vw[e] : 0.0) << e;
     }
   }
+}
+
+TEST(OpsTest, CopyColumnsMovesOneRangePerRowAndLeavesTheRest) {
+  for (DType dtype : {DType::kI32, DType::kI64, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const int64_t rows = 3, s = 7, d = 5;
+    std::vector<int64_t> ints(rows * s);
+    for (size_t i = 0; i < ints.size(); ++i) ints[i] = i + 1;
+    const std::vector<float> floats(ints.begin(), ints.end());
+    Tensor src = IsFloatingPoint(dtype)
+                     ? *Tensor::FromFloats({rows, s}, floats, dtype)
+                     : *Tensor::FromInts({rows, s}, ints, dtype);
+    Tensor dst = *Tensor::Zeros({rows, d}, dtype, Device::Cpu());
+    ASSERT_TRUE(CopyColumns(src, 4, 3, &dst, 1).ok());
+    const Vec vs = AnyValues(src), vd = AnyValues(dst);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t j = 0; j < d; ++j) {
+        ASSERT_EQ(vd[r * d + j], j >= 1 && j < 4 ? vs[r * s + 3 + j] : 0.0)
+            << r << "," << j;
+      }
+    }
+  }
+}
+
+TEST(OpsTest, CopyColumnsRejectsRangesOutsideTheRowsAndMismatches) {
+  Tensor src = *Tensor::Zeros({2, 6}, DType::kI32, Device::Cpu());
+  Tensor dst = *Tensor::Zeros({2, 4}, DType::kI32, Device::Cpu());
+  const absl::Status range = CopyColumns(src, 4, 3, &dst, 0);
+  EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(range.message().find("columns [4, 7) into [0, 3) are out of range"),
+            std::string::npos)
+      << range;
+  EXPECT_EQ(CopyColumns(src, 0, 3, &dst, 2).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor rows3 = *Tensor::Zeros({3, 4}, DType::kI32, Device::Cpu());
+  EXPECT_EQ(CopyColumns(src, 0, 2, &rows3, 0).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor i64 = *Tensor::Zeros({2, 4}, DType::kI64, Device::Cpu());
+  EXPECT_EQ(CopyColumns(src, 0, 2, &i64, 0).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(OpsTest, SplitHeadsRejectsMismatchedShapesAndHeadsOutOfRange) {

@@ -316,6 +316,20 @@ class CpuBackendImpl final : public Backend {
     return absl::OkStatus();
   }
 
+  absl::Status CopyColumns(const Tensor& src, int64_t src_first, Tensor* dst,
+                           int64_t dst_first, int64_t rows,
+                           int64_t count) override {
+    const int64_t esize = static_cast<int64_t>(DTypeSize(src.dtype()));
+    const char* s = static_cast<const char*>(src.raw_data());
+    char* d = static_cast<char*>(dst->raw_data());
+    const int64_t src_row = src.dim(1) * esize, dst_row = dst->dim(1) * esize;
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memmove(d + r * dst_row + dst_first * esize,
+                   s + r * src_row + src_first * esize, count * esize);
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b, int64_t t,
                          int64_t heads, int64_t first, int64_t n, int64_t hd,
                          bool merge) override {

@@ -1163,6 +1163,20 @@ class CudaBackendImpl final : public Backend {
     });
   }
 
+  absl::Status CopyColumns(const Tensor& src, int64_t src_first, Tensor* dst,
+                           int64_t dst_first, int64_t rows,
+                           int64_t count) override {
+    FSDPP_RETURN_IF_ERROR(Prepare());
+    const size_t esize = DTypeSize(src.dtype());
+    FSDPP_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        static_cast<char*>(dst->raw_data()) + dst_first * esize,
+        dst->dim(1) * esize,
+        static_cast<const char*>(src.raw_data()) + src_first * esize,
+        src.dim(1) * esize, count * esize, rows, cudaMemcpyDeviceToDevice,
+        cudaStreamLegacy));
+    return absl::OkStatus();
+  }
+
   absl::Status CopyHeads(const Tensor& src, Tensor* dst, int64_t b, int64_t t,
                          int64_t heads, int64_t first, int64_t n, int64_t hd,
                          bool merge) override {

@@ -368,6 +368,14 @@ TEST_P(CudaOpsTest, DocumentMasks) {
   }));
   EXPECT_EQ(Values(starts.gpu), Values(starts.cpu));
   EXPECT_EQ(Values(positions.gpu), Values(positions.cpu));
+  // A context-parallel rank's two chunks of the ids (CopyColumns).
+  Pair local = Zeros({b, 60}, DType::kI64);
+  ASSERT_TRUE(Both([&](bool g) {
+    const absl::Status first = CopyColumns(ids.on(g), 30, 30, local.ptr(g), 0);
+    if (!first.ok()) return first;
+    return CopyColumns(ids.on(g), 90, 30, local.ptr(g), 30);
+  }));
+  EXPECT_EQ(Values(local.gpu), Values(local.cpu));
 
   const Shape qs{b, h, t, hd}, ks{b, kv, t, hd};
   Pair q = Random(qs, dtype, 41, -2, 2), k = Random(ks, dtype, 42, -2, 2),
