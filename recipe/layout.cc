@@ -30,18 +30,20 @@ absl::Status Invalid(absl::string_view message) {
 }
 
 absl::Status CheckDegrees(const Layout& l) {
-  if (l.world < 1 || l.dp_replicate < 1 || l.tp < 1 || l.pp < 1 ||
+  if (l.world < 1 || l.dp_replicate < 1 || l.tp < 1 || l.cp < 1 || l.pp < 1 ||
       l.pp_virtual_stages < 1) {
-    return Invalid(absl::StrCat("parallelism: the world size ", l.world,
-                                ", dp_replicate ", l.dp_replicate, ", tp ",
-                                l.tp, ", pp ", l.pp, " and pp_virtual_stages ",
-                                l.pp_virtual_stages, " must be positive"));
+    return Invalid(absl::StrCat(
+        "parallelism: the world size ", l.world, ", dp_replicate ",
+        l.dp_replicate, ", tp ", l.tp, ", cp ", l.cp, ", pp ", l.pp,
+        " and pp_virtual_stages ", l.pp_virtual_stages, " must be positive"));
   }
-  const int64_t others = static_cast<int64_t>(l.pp) * l.dp_replicate * l.tp;
+  const int64_t others =
+      static_cast<int64_t>(l.pp) * l.dp_replicate * l.cp * l.tp;
   if (l.world % others != 0) {
     return Invalid(absl::StrCat(
         "parallelism: ", l.pp > 1 ? absl::StrCat("pp ", l.pp, " x ") : "",
-        "dp_replicate ", l.dp_replicate, " x tp ", l.tp,
+        "dp_replicate ", l.dp_replicate,
+        l.cp > 1 ? absl::StrCat(" x cp ", l.cp) : "", " x tp ", l.tp,
         " does not divide the world size ", l.world));
   }
   if (l.tp == 1 && l.sequence_parallel) {
@@ -64,9 +66,10 @@ absl::Status CheckDegrees(const Layout& l) {
                                   " needs parallelism.reshard_after_forward: "
                                   "true"));
     }
-    if (l.dp_shard() % l.hpz_degree != 0) {
-      return Invalid(absl::StrCat("parallelism.hpz_degree ", l.hpz_degree,
-                                  " does not divide dp_shard ", l.dp_shard()));
+    if (l.fsdp_shard() % l.hpz_degree != 0) {
+      return Invalid(absl::StrCat(
+          "parallelism.hpz_degree ", l.hpz_degree, " does not divide ",
+          l.cp > 1 ? "dp_shard x cp " : "dp_shard ", l.fsdp_shard()));
     }
   }
   return absl::OkStatus();
@@ -98,6 +101,32 @@ absl::Status CheckTensorParallel(const Layout& l,
   }
   if (l.sequence_parallel && l.seq(m) % tp != 0) {
     return not_divisible("training.seq_len with sequence_parallel", l.seq(m));
+  }
+  return absl::OkStatus();
+}
+
+// Context parallelism: a whole model per rank, the fused attention, the
+// sequence in 2 cp equal chunks.
+absl::Status CheckContextParallel(const Layout& l,
+                                  const models::TransformerConfig& m) {
+  if (l.cp == 1) return absl::OkStatus();
+  if (l.pp > 1 || !l.fused_attention) {
+    return Invalid(absl::StrCat("parallelism.cp ", l.cp,
+                                " needs parallelism.pp 1 (got ", l.pp,
+                                ") and training.fused_attention (got ",
+                                l.fused_attention ? "true" : "false", ")"));
+  }
+  const int64_t seq = l.seq(m);
+  if (seq % (2 * l.cp) != 0) {
+    return Invalid(
+        absl::StrCat("parallelism.cp ", l.cp, ": training.seq_len ", seq,
+                     " must be a multiple of 2 x cp = ", 2 * l.cp,
+                     " (each rank holds two equal chunks of every sequence)"));
+  }
+  if (l.sequence_parallel && (seq / l.cp) % l.tp != 0) {
+    return Invalid(absl::StrCat(
+        "parallelism.cp ", l.cp, " with sequence_parallel: a cp rank's ",
+        seq / l.cp, " tokens are not divisible by tp ", l.tp));
   }
   return absl::OkStatus();
 }
@@ -185,7 +214,7 @@ std::vector<MeshAxis> Layout::MeshAxes() const {
   std::vector<MeshAxis> axes;
   if (pp > 1) axes.push_back({kPipelineAxis, pp});
   if (dp_replicate > 1) axes.push_back({kReplicateAxis, dp_replicate});
-  axes.push_back({kShardAxis, dp_shard()});
+  axes.push_back({kShardAxis, fsdp_shard()});
   if (tp > 1) axes.push_back({kTensorAxis, tp});
   return axes;
 }
@@ -207,14 +236,16 @@ absl::Status Layout::Validate(const models::TransformerConfig& model) const {
   FSDPP_RETURN_IF_ERROR(CheckDegrees(*this));
   FSDPP_RETURN_IF_ERROR(CheckBatch(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckTensorParallel(*this, model));
+  FSDPP_RETURN_IF_ERROR(CheckContextParallel(*this, model));
   return CheckPipeline(*this, model);
 }
 
 std::string Layout::ToString() const {
   std::string mesh = absl::StrCat("W=", world);
   if (dp_replicate > 1) {
-    absl::StrAppend(&mesh, " (", dp_replicate, " x ", dp_shard(), " HSDP)");
+    absl::StrAppend(&mesh, " (", dp_replicate, " x ", fsdp_shard(), " HSDP)");
   }
+  if (cp > 1) absl::StrAppend(&mesh, " x CP ", cp);
   if (tp > 1) {
     absl::StrAppend(&mesh, " x TP ", tp, sequence_parallel ? " + SP" : "",
                     loss_parallel ? " + loss parallel" : "");

@@ -9,7 +9,10 @@
 // The mesh is [pp,] [replicate,] shard [, tp], outermost first, each axis
 // present when its degree is above 1 (shard always): a rank's coordinates
 // follow from its global rank in that order, so pipeline rank q's ranks are
-// [q x world / pp, (q + 1) x world / pp).
+// [q x world / pp, (q + 1) x world / pp). Context parallelism lives inside
+// the shard axis (torchtitan's dp_shard x cp, flattened): its cp groups are
+// the runs of cp consecutive shard coordinates (DeviceMesh::Subgroup), so
+// FSDP shards over dp_shard x cp without an axis of its own.
 //
 // Every option has one encoding: a degree of 1 is "off" (hpZ included).
 // Validate names the trainer config's fields in its errors (the planner's
@@ -38,7 +41,7 @@ inline constexpr char kShardAxis[] = "shard";
 inline constexpr char kTensorAxis[] = "tp";
 
 struct Layout {
-  // Ranks in all: pp x dp_replicate x dp_shard() x tp.
+  // Ranks in all: pp x dp_replicate x dp_shard() x cp x tp.
   int world = 1;
   // HSDP: replicas of a sharded model, each sharded over dp_shard() ranks.
   int dp_replicate = 1;
@@ -48,6 +51,11 @@ struct Layout {
   // sequence; loss parallelism computes the loss on vocabulary-split
   // logits. Both need tp > 1.
   int tp = 1;
+  // Context parallelism: each sequence split over cp ranks (2 cp chunks,
+  // rank i holding chunks i and 2 cp - 1 - i) with ring attention
+  // (parallel/context_parallel.h); the cp ranks read the same batches.
+  // Needs pp 1 and the fused attention; the sequence a multiple of 2 cp.
+  int cp = 1;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   // Pipeline parallelism on the outermost axis: the schedule ("gpipe",
@@ -79,10 +87,15 @@ struct Layout {
   int64_t seq_len = 0;
   int64_t grad_accumulation = 1;
 
-  // The FSDP shard degree: world / (pp x dp_replicate x tp).
-  int dp_shard() const { return world / (pp * dp_replicate * tp); }
+  // The data-parallel shard degree: world / (pp x dp_replicate x cp x tp).
+  int dp_shard() const { return world / (pp * dp_replicate * cp * tp); }
+  // The shard axis: FSDP's shard degree, dp_shard() x cp.
+  int fsdp_shard() const { return dp_shard() * cp; }
   // Data-parallel ranks (the ranks that read different batches).
   int data_parallel() const { return dp_replicate * dp_shard(); }
+  // The data-parallel rank of the rank at `data_axes_rank` in the mesh over
+  // DataAxes() (the cp ranks of one sequence share it).
+  int DataRank(int data_axes_rank) const { return data_axes_rank / cp; }
   // The sequence length for `model` (seq_len, or its context length).
   int64_t seq(const models::TransformerConfig& model) const {
     return seq_len > 0 ? seq_len : model.context_length;
@@ -90,8 +103,9 @@ struct Layout {
 
   // The mesh's axes, outermost first.
   std::vector<MeshAxis> MeshAxes() const;
-  // The names of the axes that split the model's work but read the same
-  // batches (tp, pp), and of the data-parallel ones (replicate, shard).
+  // The names of the data-parallel axes (replicate, shard: the ranks that
+  // read different batches, but for the cp ranks within shard; see
+  // DataRank), which the others (tp, pp) split the model's work within.
   std::vector<std::string> DataAxes() const;
   // The axes of one pipeline stage's mesh (all but pp).
   std::vector<std::string> StageAxes() const;
@@ -105,7 +119,8 @@ struct Layout {
   // tensor parallelism dividing the heads, MLP width and vocabulary (and
   // the sequence with sequence parallelism), a valid pipeline schedule and
   // split of the blocks, batch sizes, the sequence within the context,
-  // floating-point dtypes. InvalidArgument naming the config field.
+  // floating-point dtypes, context parallelism's sequence split.
+  // InvalidArgument naming the config field.
   absl::Status Validate(const models::TransformerConfig& model) const;
 
   // "W=4 (2 x 2 HSDP), ZeRO-3, bf16/f32, AC, fused attention, batch 2 x 256

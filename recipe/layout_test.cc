@@ -47,6 +47,31 @@ TEST(LayoutTest, MeshAxesOutermostFirst) {
   EXPECT_EQ(l.FirstRankOfPipelineRank(1), 8);
 }
 
+// Context parallelism lives inside the shard axis: FSDP shards over
+// dp_shard x cp, and the cp ranks of one sequence share a data rank.
+TEST(LayoutTest, ContextParallelInsideTheShardAxis) {
+  Layout l;
+  l.world = 16;
+  l.dp_replicate = 2;
+  l.cp = 2;
+  l.tp = 2;
+  EXPECT_EQ(l.dp_shard(), 2);
+  EXPECT_EQ(l.fsdp_shard(), 4);
+  EXPECT_EQ(l.data_parallel(), 4);
+  EXPECT_EQ(Names(l.MeshAxes()),
+            (std::vector<std::string>{"replicate=2", "shard=4", "tp=2"}));
+  // Data-axes ranks 0..7 (replicate x shard): pairs share a data rank.
+  EXPECT_EQ(l.DataRank(0), 0);
+  EXPECT_EQ(l.DataRank(1), 0);
+  EXPECT_EQ(l.DataRank(2), 1);
+  EXPECT_EQ(l.DataRank(7), 3);
+  l.seq_len = 64;
+  EXPECT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
+  EXPECT_EQ(l.ToString(),
+            "W=16 (2 x 4 HSDP) x CP 2 x TP 2, ZeRO-3, f32/f32, fused "
+            "attention, batch 1 x 64 x 1");
+}
+
 TEST(LayoutTest, SequenceLength) {
   const models::TransformerConfig m = Gpt2Debug();
   Layout l;
@@ -166,6 +191,43 @@ std::vector<Refusal> Refusals() {
          l->param_dtype = DType::kF16;
        },
        "parallelism.pp > 1 with training.mixed_precision.param_dtype f16"},
+      {[](Layout* l) {
+         l->world = 4;
+         l->cp = 3;
+       },
+       "parallelism: dp_replicate 1 x cp 3 x tp 1 does not divide the world "
+       "size 4"},
+      {[](Layout* l) { l->cp = 0; }, "cp 0"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->cp = 2;
+         l->seq_len = 30;
+       },
+       "parallelism.cp 2: training.seq_len 30 must be a multiple of 2 x cp "
+       "= 4"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->cp = 2;
+         l->fused_attention = false;
+       },
+       "parallelism.cp 2 needs parallelism.pp 1 (got 1) and "
+       "training.fused_attention (got false)"},
+      {[](Layout* l) {
+         l->world = 4;
+         l->cp = 2;
+         l->pp = 2;
+         l->grad_accumulation = 2;
+       },
+       "parallelism.cp 2 needs parallelism.pp 1 (got 2)"},
+      {[](Layout* l) {
+         l->world = 8;
+         l->cp = 2;
+         l->tp = 4;
+         l->sequence_parallel = true;
+         l->seq_len = 12;
+       },
+       "parallelism.cp 2 with sequence_parallel: a cp rank's 6 tokens are "
+       "not divisible by tp 4"},
       {[](Layout* l) { l->pp_cuts = {1}; },
        "parallelism.pp_virtual_stages and pp_cuts need parallelism.pp > 1"},
   };

@@ -19,8 +19,10 @@ namespace fsdpp {
 namespace recipe {
 namespace {
 
-models::TransformerOptions ModelOptions(const Layout& layout) {
+models::TransformerOptions ModelOptions(
+    const Layout& layout, nn::ContextParallel* context_parallel = nullptr) {
   models::TransformerOptions options;
+  options.context_parallel = context_parallel;
   options.activation_checkpointing = layout.activation_checkpointing;
   options.fused_attention = layout.fused_attention;
   options.loss_chunk_tokens = layout.loss_chunk_tokens;
@@ -141,8 +143,19 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
 }
 
 absl::Status Training::BuildModel(const BuildOptions& options) {
+  if (layout_.cp > 1) {
+    // The cp ranks: consecutive coordinates of the shard axis.
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * cp_group,
+                           mesh_->Subgroup(kShardAxis, layout_.cp));
+    FSDPP_ASSIGN_OR_RETURN(
+        parallel::ContextLayout cp_layout,
+        parallel::ContextLayout::Create(layout_.cp, layout_.seq(config_)));
+    context_parallel_ = std::make_unique<parallel::RingContextParallel>(
+        cp_group, cp_layout, options.timeout);
+  }
   FSDPP_ASSIGN_OR_RETURN(
-      model_, models::Transformer::Create(config_, ModelOptions(layout_)));
+      model_, models::Transformer::Create(
+                  config_, ModelOptions(layout_, context_parallel_.get())));
   FSDPP_ASSIGN_OR_RETURN(
       units_, Parallelize(model_.get(), layout_, mesh_, options, ""));
   models_ = {model_.get()};

@@ -41,6 +41,7 @@
 #include "models/pipeline.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
+#include "parallel/context_parallel.h"
 #include "recipe/layout.h"
 #include "recipe/step/step.h"
 
@@ -159,6 +160,8 @@ class Training {
   Layout layout_;
   DeviceMesh* mesh_ = nullptr;
   ProcessGroup* world_ = nullptr;
+  // Context parallelism's split (cp > 1), before the model that uses it.
+  std::unique_ptr<parallel::RingContextParallel> context_parallel_;
   std::unique_ptr<models::Transformer> model_;  // without pp
   std::vector<models::Transformer*> models_;
   std::vector<fsdp::FsdpUnit*> units_;

@@ -156,6 +156,50 @@ TEST(TrainingTest, LayoutsTrainToTheSingleRanksLosses) {
       << pp.describe[0];
 }
 
+// Context parallelism: cp 2, cp 4, cp 2 x dp_shard 2, cp 2 x tp 2 (with
+// sequence parallelism) and HSDP 2 x cp 2 train to the single rank's losses,
+// gradient norm and evaluation (the cp ranks read the same rows and each
+// computes its chunks; FSDP averages over dp x cp), with and without
+// document masks.
+TEST(TrainingTest, ContextParallelLayoutsTrainToTheSingleRanksLosses) {
+  for (int64_t eot : {int64_t{-1}, int64_t{8}}) {
+    SCOPED_TRACE(::testing::Message() << "document_eot_id " << eot);
+    Layout base = Base(1);
+    base.document_eot_id = eot;
+    const Outcome one = Train(base);
+    ASSERT_EQ(one.losses.size(), 2u);
+    std::vector<Layout> layouts;
+    for (int cp : {2, 4}) {
+      Layout l = base;
+      l.world = cp;
+      l.cp = cp;
+      layouts.push_back(l);
+    }
+    Layout dp = base;
+    dp.world = 4;
+    dp.cp = 2;
+    layouts.push_back(dp);
+    Layout tp = dp;
+    tp.tp = 2;
+    tp.sequence_parallel = true;
+    layouts.push_back(tp);
+    Layout hsdp = dp;
+    hsdp.dp_replicate = 2;
+    layouts.push_back(hsdp);
+    for (const Layout& l : layouts) {
+      SCOPED_TRACE(l.ToString());
+      ASSERT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
+      const Outcome r = Train(l);
+      ASSERT_EQ(r.losses.size(), 2u);
+      for (int s = 0; s < 2; ++s) {
+        EXPECT_NEAR(r.losses[s], one.losses[s], 1e-5 * one.losses[s]) << s;
+      }
+      EXPECT_NEAR(r.grad_norm, one.grad_norm, 1e-4 * one.grad_norm);
+      EXPECT_NEAR(r.eval, one.eval, 1e-5 * one.eval);
+    }
+  }
+}
+
 // The step's values kept on the device (as on a GPU) and read after: the
 // same losses and norms, to f32 rounding of the sums (the host path adds
 // them in double); a pipeline reads them every step all the same.

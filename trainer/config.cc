@@ -352,23 +352,26 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   const int tp = config.tp();
   FSDPP_RETURN_IF_ERROR(CheckPositive("parallelism.pp", config.pp()));
   const int pp = config.pp();
+  FSDPP_RETURN_IF_ERROR(CheckPositive("parallelism.cp", config.cp()));
+  const int cp = config.cp();
   int shard = config.dp_shard();
   if (shard == 0 || shard < -1) {
     return Invalid(absl::StrCat(
         "parallelism.dp_shard must be positive or -1 (inferred), got ", shard));
   }
-  const int64_t others = static_cast<int64_t>(replicate) * tp * pp;
+  const int64_t others = static_cast<int64_t>(replicate) * tp * pp * cp;
   const std::string pp_text = pp > 1 ? absl::StrCat("pp ", pp, " x ") : "";
+  const std::string cp_text = cp > 1 ? absl::StrCat(" x cp ", cp) : "";
   if (shard == -1 && world_size % others != 0) {
     return Invalid(
         absl::StrCat("parallelism: cannot infer dp_shard: the world size ",
                      world_size, " is not divisible by ", pp_text,
-                     "dp_replicate ", replicate, " x tp ", tp));
+                     "dp_replicate ", replicate, cp_text, " x tp ", tp));
   }
   if (shard != -1 && others * shard != world_size) {
     return Invalid(absl::StrCat("parallelism: ", pp_text, "dp_replicate ",
-                                replicate, " x dp_shard ", shard, " x tp ", tp,
-                                " = ", others * shard,
+                                replicate, " x dp_shard ", shard, cp_text,
+                                " x tp ", tp, " = ", others * shard,
                                 " ranks, but the world size is ", world_size));
   }
   FSDPP_RETURN_IF_ERROR(CheckNonNegative(
@@ -377,6 +380,7 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   layout.world = world_size;
   layout.dp_replicate = replicate;
   layout.tp = tp;
+  layout.cp = cp;
   layout.pp = pp;
   // Sequence parallelism needs a tp axis (the layout refuses it without);
   // loss parallelism, on by default, takes effect only on one.

@@ -297,6 +297,27 @@ TEST(ValidateTest, DerivedSizesFollowAnOverriddenBase) {
   EXPECT_EQ(resolved->model.ffn_hidden, 192);
 }
 
+// parallelism.cp: the cp ranks read the same rows, so the data-parallel
+// degree (and the micro batch it sets) leaves cp out; FSDP's shard axis
+// holds dp_shard x cp ranks.
+TEST(ValidateTest, ContextParallelResolution) {
+  TrainConfig config;
+  ASSERT_TRUE(ApplyOverrides({"model.name=llama_debug", "parallelism.cp=2",
+                              "training.seq_len=64", "training.global_batch=8",
+                              "training.micro_batch=2"},
+                             &config)
+                  .ok());
+  auto resolved = ResolveTrainConfig(config, 4);
+  ASSERT_TRUE(resolved.ok()) << resolved.status();
+  EXPECT_EQ(resolved->layout.cp, 2);
+  EXPECT_EQ(resolved->layout.dp_shard(), 2);
+  EXPECT_EQ(resolved->layout.fsdp_shard(), 4);
+  EXPECT_EQ(resolved->layout.data_parallel(), 2);
+  EXPECT_EQ(resolved->layout.micro_batch, 2);
+  EXPECT_EQ(resolved->layout.grad_accumulation, 2);
+  EXPECT_EQ(resolved->tokens_per_step, 8 * 64);
+}
+
 TEST(ValidateTest, TheBaseIsValid) {
   EXPECT_TRUE(ValidateWith({}).ok()) << ValidateWith({});
 }
@@ -401,6 +422,19 @@ TEST(ValidateTest, ParallelismErrorMessages) {
        4,
        "parallelism: dp_replicate 2 x dp_shard 3 x tp 1 = 6 ranks, but the "
        "world size is 4"},
+      {{"parallelism.cp=0"}, 2, "parallelism.cp must be positive, got 0"},
+      {{"parallelism.cp=3"},
+       4,
+       "parallelism: cannot infer dp_shard: the world size 4 is not divisible "
+       "by dp_replicate 1 x cp 3 x tp 1"},
+      {{"parallelism.cp=2", "parallelism.dp_shard=3"},
+       4,
+       "parallelism: dp_replicate 1 x dp_shard 3 x cp 2 x tp 1 = 6 ranks, "
+       "but the world size is 4"},
+      {{"parallelism.cp=2", "training.seq_len=30"},
+       2,
+       "parallelism.cp 2: training.seq_len 30 must be a multiple of 2 x cp = "
+       "4 (each rank holds two equal chunks of every sequence)"},
       {{"parallelism.tp=0"}, 2, "parallelism.tp must be positive, got 0"},
       {{"parallelism.tp=4"},
        2,

@@ -355,12 +355,12 @@ absl::Status Trainer::BuildData() {
   train_options.seq_len = rc_.layout.seq_len;
   train_options.batch_size = rc_.layout.micro_batch;
   // The data-parallel rank: this rank's place on the replicate and shard
-  // axes (the tp ranks and the pipeline stages of one data-parallel rank
-  // read the same batches).
+  // axes (the tp ranks, the pipeline stages and the cp ranks of one
+  // data-parallel rank read the same batches).
   FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data_mesh,
                          mesh_->SubMesh(rc_.layout.DataAxes()));
-  train_options.dp_rank = data_mesh->rank();
-  train_options.dp_world = data_mesh->size();
+  train_options.dp_rank = rc_.layout.DataRank(data_mesh->rank());
+  train_options.dp_world = rc_.layout.data_parallel();
   train_options.seed = tc.seed();
   train_options.shuffle = config_.data().shuffle();
   FSDPP_ASSIGN_OR_RETURN(loader_,
