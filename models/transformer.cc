@@ -360,24 +360,10 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
 }
 
 absl::StatusOr<Tensor> Transformer::LocalColumns(const Tensor& whole) const {
-  const nn::ContextParallel* cp = options_.context_parallel;
-  if (cp == nullptr) return whole;
-  if (whole.ndim() != 2 || whole.dim(1) != cp->seq_len()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Transformer: context parallelism takes whole rows [B, ", cp->seq_len(),
-        "] of ids and targets, got ", whole.ToString()));
-  }
-  int64_t local = 0;
-  for (const nn::ContextParallel::Run& run : cp->runs()) local += run.length;
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor out, Tensor::Empty({whole.dim(0), local}, whole.dtype(),
-                                whole.device(), MemoryTag::kActivations));
-  int64_t at = 0;
-  for (const nn::ContextParallel::Run& run : cp->runs()) {
-    FSDPP_RETURN_IF_ERROR(CopyColumns(whole, run.start, run.length, &out, at));
-    at += run.length;
-  }
-  return out;
+  if (options_.context_parallel == nullptr) return whole;
+  absl::StatusOr<Tensor> local = options_.context_parallel->Local(whole);
+  if (!local.ok()) return Annotate(local.status(), "Transformer");
+  return local;
 }
 
 absl::StatusOr<Tensor> Transformer::EmbedContextParallel(const Tensor& ids) {
@@ -385,17 +371,10 @@ absl::StatusOr<Tensor> Transformer::EmbedContextParallel(const Tensor& ids) {
   FSDPP_ASSIGN_OR_RETURN(Tensor local_ids, LocalColumns(ids));
   const int64_t b = local_ids.dim(0), l = local_ids.dim(1);
   // RoPE's and wpe's positions: within the documents, or the global ones.
-  Tensor positions, doc_start;
+  Tensor positions, key_start;
   if (documents_.positions.defined()) {
     FSDPP_ASSIGN_OR_RETURN(positions, LocalColumns(documents_.positions));
-    FSDPP_ASSIGN_OR_RETURN(Tensor starts, LocalColumns(documents_.key_start));
-    if (starts.is_meta()) {
-      doc_start = starts;
-    } else {
-      FSDPP_ASSIGN_OR_RETURN(doc_start,
-                             Tensor::Empty({b, l}, DType::kI32, Device::Cpu()));
-      FSDPP_RETURN_IF_ERROR(Copy(starts, &doc_start));
-    }
+    key_start = documents_.key_start;
     documents_ = nn::DocumentMasks();  // the core keeps what it needs
   } else if (ids.is_meta()) {
     FSDPP_ASSIGN_OR_RETURN(positions,
@@ -420,7 +399,7 @@ absl::StatusOr<Tensor> Transformer::EmbedContextParallel(const Tensor& ids) {
     FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
   }
   FSDPP_ASSIGN_OR_RETURN(
-      cp_core_, cp->MakeCore(std::move(positions), std::move(doc_start)));
+      cp_core_, cp->MakeCore(std::move(positions), std::move(key_start)));
   return x;
 }
 

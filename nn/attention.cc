@@ -60,6 +60,29 @@ ContextParallelCore::Scope::Scope(ContextParallelCore* core)
 
 ContextParallelCore::Scope::~Scope() { active_context_parallel = previous_; }
 
+int64_t ContextParallel::local() const {
+  int64_t total = 0;
+  for (const Run& run : runs()) total += run.length;
+  return total;
+}
+
+absl::StatusOr<Tensor> ContextParallel::Local(const Tensor& whole) const {
+  if (!whole.defined() || whole.ndim() != 2 || whole.dim(1) != seq_len()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("context parallelism takes whole rows [B, ", seq_len(),
+                     "] of ids and targets, got ", whole.ToString()));
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor out, Tensor::Empty({whole.dim(0), local()}, whole.dtype(),
+                                whole.device(), MemoryTag::kActivations));
+  int64_t at = 0;
+  for (const Run& run : runs()) {
+    FSDPP_RETURN_IF_ERROR(CopyColumns(whole, run.start, run.length, &out, at));
+    at += run.length;
+  }
+  return out;
+}
+
 AttentionConfig AttentionConfig::Gpt2(int64_t dim, int64_t n_heads,
                                       int64_t max_seq_len) {
   AttentionConfig c;

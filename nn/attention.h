@@ -129,10 +129,17 @@ class ContextParallel {
   virtual const std::vector<Run>& runs() const = 0;
   // The core for a batch: rope_positions, RoPE's (and a position
   // embedding's) positions of this rank's rows, i32 [B, L] on the device;
-  // doc_start, each row's document start (a global position), i32 [B, L]
-  // on the host, or undefined without document masks.
+  // key_start, ops.h DocumentMask's key starts of the whole rows (i32 [B,
+  // T] on the device), or undefined without document masks.
   virtual absl::StatusOr<std::unique_ptr<ContextParallelCore>> MakeCore(
-      Tensor rope_positions, Tensor doc_start) = 0;
+      Tensor rope_positions, Tensor key_start) = 0;
+
+  // This rank's columns of whole rows [B, T] (T = seq_len()), [B, L] on
+  // their device (CopyColumns, one per run); InvalidArgument for rows of
+  // another shape.
+  absl::StatusOr<Tensor> Local(const Tensor& whole) const;
+  // Tokens per rank (the runs' total).
+  int64_t local() const;
 };
 
 // Shape and options of a CausalSelfAttention.

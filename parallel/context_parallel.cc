@@ -98,9 +98,11 @@ absl::Status RingAttention::CheckShapes(const char* op, const Tensor& q,
                                     "hd] with L = ",
                                     l, " (this rank's rows)"));
   }
-  if (doc_start != nullptr &&
-      (doc_start->dtype() != DType::kI32 || !doc_start->device().is_cpu() ||
-       doc_start->shape() != Shape{q.dim(0), l})) {
+  // On meta (a dry run) the document starts are meta too.
+  if (doc_start != nullptr && (doc_start->dtype() != DType::kI32 ||
+                               !(doc_start->device().is_cpu() ||
+                                 (q.is_meta() && doc_start->is_meta())) ||
+                               doc_start->shape() != Shape{q.dim(0), l})) {
     return Invalid(op, absl::StrCat("doc_start ", doc_start->ToString(),
                                     " must be i32 [B, ", l, "] on the host"));
   }
@@ -110,9 +112,14 @@ absl::Status RingAttention::CheckShapes(const char* op, const Tensor& q,
 absl::Status RingAttention::Ranges(int src, int64_t batch,
                                    const Tensor* doc_start, Device device,
                                    Tensor* lo, Tensor* hi) const {
+  const int64_t l = layout_.local();
+  if (device.is_meta()) {  // a dry run: the ranges' memory, no values
+    FSDPP_ASSIGN_OR_RETURN(*lo, Tensor::Empty({batch, l}, DType::kI32, device));
+    FSDPP_ASSIGN_OR_RETURN(*hi, Tensor::Empty({batch, l}, DType::kI32, device));
+    return absl::OkStatus();
+  }
   const std::vector<int64_t>& mine = positions_[group_->rank()];
   const std::vector<int64_t>& keys = positions_[src];
-  const int64_t l = layout_.local();
   std::vector<int64_t> lo_host(batch * l), hi_host(batch * l);
   const int32_t* starts =
       doc_start != nullptr ? doc_start->data<int32_t>() : nullptr;
@@ -266,25 +273,235 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
   return Copy(grad.v, dv);
 }
 
+std::vector<nn::ContextParallel::Run> RunsOf(const ContextLayout& layout,
+                                             int rank) {
+  std::vector<nn::ContextParallel::Run> runs;
+  for (int64_t position : layout.Positions(rank)) {
+    if (!runs.empty() && runs.back().start + runs.back().length == position) {
+      ++runs.back().length;
+    } else {
+      runs.push_back({position, 1});
+    }
+  }
+  return runs;
+}
+
 RingContextParallel::RingContextParallel(ProcessGroup* group,
                                          const ContextLayout& layout,
                                          absl::Duration timeout)
-    : layout_(layout), ring_(group, layout, timeout) {
-  const int rank = group != nullptr ? group->rank() : 0;
-  for (int64_t position : layout_.Positions(rank)) {
-    if (!runs_.empty() &&
-        runs_.back().start + runs_.back().length == position) {
-      ++runs_.back().length;
-    } else {
-      runs_.push_back({position, 1});
-    }
-  }
-}
+    : layout_(layout),
+      ring_(group, layout, timeout),
+      runs_(RunsOf(layout, group != nullptr ? group->rank() : 0)) {}
 
 absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>>
-RingContextParallel::MakeCore(Tensor rope_positions, Tensor doc_start) {
+RingContextParallel::MakeCore(Tensor rope_positions, Tensor key_start) {
+  Tensor doc_start;
+  if (key_start.defined()) {
+    // The ring's ranges are computed on the host: this rank's rows' starts.
+    FSDPP_ASSIGN_OR_RETURN(Tensor local, Local(key_start));
+    if (local.is_meta()) {
+      doc_start = local;
+    } else {
+      FSDPP_ASSIGN_OR_RETURN(
+          doc_start, Tensor::Empty(local.shape(), DType::kI32, Device::Cpu()));
+      FSDPP_RETURN_IF_ERROR(Copy(local, &doc_start));
+    }
+  }
   return std::make_unique<RingAttentionCore>(&ring_, std::move(rope_positions),
                                              std::move(doc_start));
+}
+
+// ------------------------------------------------------------- all-to-all
+
+UlyssesAttention::UlyssesAttention(ProcessGroup* group,
+                                   const ContextLayout& layout,
+                                   absl::Duration timeout)
+    : group_(group), layout_(layout), timeout_(timeout) {}
+
+absl::Status UlyssesAttention::CheckShapes(const char* op, const Tensor& q,
+                                           const Tensor& k, const Tensor& v,
+                                           const Tensor* key_start) const {
+  const auto invalid = [op](const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("UlyssesAttention::", op, ": ", what));
+  };
+  const int cp = layout_.cp();
+  if (group_ == nullptr || group_->size() != cp) {
+    return invalid(
+        absl::StrCat("the group must have the layout's cp = ", cp, " ranks"));
+  }
+  const int64_t l = layout_.local();
+  if (q.ndim() != 4 || k.ndim() != 4 || q.dim(2) != l || k.dim(2) != l ||
+      k.shape() != v.shape() || q.dim(0) != k.dim(0) || q.dim(3) != k.dim(3)) {
+    return invalid(absl::StrCat("q ", q.ToString(), ", k ", k.ToString(),
+                                ", v ", v.ToString(),
+                                " must be [B, H, L, hd] and [B, KV, L, hd] "
+                                "with L = ",
+                                l, " (this rank's rows)"));
+  }
+  if (q.dim(1) % cp != 0 || k.dim(1) % cp != 0) {
+    return invalid(absl::StrCat(
+        "the all-to-all style splits the heads over cp = ", cp, ": ", q.dim(1),
+        " query and ", k.dim(1),
+        " key/value heads on this rank must both be divisible by it"));
+  }
+  if (key_start != nullptr &&
+      (key_start->dtype() != DType::kI32 ||
+       key_start->shape() != Shape{q.dim(0), layout_.seq_len()} ||
+       key_start->device() != q.device())) {
+    return invalid(absl::StrCat("key_start ", key_start->ToString(),
+                                " must be i32 [B, ", layout_.seq_len(),
+                                "] on q's device"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UlyssesAttention::Exchange(const Tensor& send,
+                                        const Tensor& recv) const {
+  CollectiveOptions o;
+  o.timeout = timeout_;
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                         group_->AllToAll(AsBuffer(send), AsBuffer(recv), o));
+  return work->Wait(timeout_ + absl::Minutes(1));
+}
+
+absl::StatusOr<Tensor> UlyssesAttention::ToHeads(const Tensor& x) const {
+  const int cp = layout_.cp();
+  const int64_t b = x.dim(0), heads = x.dim(1), l = x.dim(2), hd = x.dim(3);
+  const int64_t n = heads / cp, c = layout_.chunk(), t = layout_.seq_len();
+  const auto temp = [&](const Shape& shape) {
+    return Tensor::Empty(shape, x.dtype(), x.device(), MemoryTag::kAttention);
+  };
+  // Piece j: heads [j n, (j + 1) n) of this rank's rows, for rank j.
+  FSDPP_ASSIGN_OR_RETURN(Tensor send, temp({cp, b, n, l, hd}));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor rows, x.Reshape({b, heads * l * hd}));
+  for (int j = 0; j < cp; ++j) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor piece, send.Narrow(j, 1));
+    FSDPP_ASSIGN_OR_RETURN(piece, piece.Reshape({b, n * l * hd}));
+    FSDPP_RETURN_IF_ERROR(
+        CopyColumns(rows, j * n * l * hd, n * l * hd, &piece, 0));
+  }
+  FSDPP_ASSIGN_OR_RETURN(Tensor recv, temp({cp, b, n, l, hd}));
+  FSDPP_RETURN_IF_ERROR(Exchange(send, recv));
+  // Rank s's rows are its chunks s and 2 cp - 1 - s: into their places.
+  FSDPP_ASSIGN_OR_RETURN(Tensor out, temp({b, n, t, hd}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor whole, out.Reshape({b * n, t * hd}));
+  for (int s = 0; s < cp; ++s) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor piece, recv.Narrow(s, 1));
+    FSDPP_ASSIGN_OR_RETURN(piece, piece.Reshape({b * n, l * hd}));
+    FSDPP_RETURN_IF_ERROR(CopyColumns(piece, 0, c * hd, &whole, s * c * hd));
+    FSDPP_RETURN_IF_ERROR(
+        CopyColumns(piece, c * hd, c * hd, &whole, (2 * cp - 1 - s) * c * hd));
+  }
+  return out;
+}
+
+absl::Status UlyssesAttention::ToRows(const Tensor& heads_out,
+                                      Tensor* x) const {
+  const int cp = layout_.cp();
+  const int64_t b = x->dim(0), heads = x->dim(1), l = x->dim(2), hd = x->dim(3);
+  const int64_t n = heads / cp, c = layout_.chunk(), t = layout_.seq_len();
+  const auto temp = [&](const Shape& shape) {
+    return Tensor::Empty(shape, x->dtype(), x->device(), MemoryTag::kAttention);
+  };
+  // Piece s: rank s's chunks of the whole rows, for rank s.
+  FSDPP_ASSIGN_OR_RETURN(Tensor send, temp({cp, b, n, l, hd}));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor whole,
+                         heads_out.Reshape({b * n, t * hd}));
+  for (int s = 0; s < cp; ++s) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor piece, send.Narrow(s, 1));
+    FSDPP_ASSIGN_OR_RETURN(piece, piece.Reshape({b * n, l * hd}));
+    FSDPP_RETURN_IF_ERROR(CopyColumns(whole, s * c * hd, c * hd, &piece, 0));
+    FSDPP_RETURN_IF_ERROR(
+        CopyColumns(whole, (2 * cp - 1 - s) * c * hd, c * hd, &piece, c * hd));
+  }
+  FSDPP_ASSIGN_OR_RETURN(Tensor recv, temp({cp, b, n, l, hd}));
+  FSDPP_RETURN_IF_ERROR(Exchange(send, recv));
+  // Piece j holds heads [j n, (j + 1) n) of this rank's rows.
+  FSDPP_ASSIGN_OR_RETURN(Tensor rows, x->Reshape({b, heads * l * hd}));
+  for (int j = 0; j < cp; ++j) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor piece, recv.Narrow(j, 1));
+    FSDPP_ASSIGN_OR_RETURN(piece, piece.Reshape({b, n * l * hd}));
+    FSDPP_RETURN_IF_ERROR(
+        CopyColumns(piece, 0, n * l * hd, &rows, j * n * l * hd));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status UlyssesAttention::Forward(const Tensor& q, const Tensor& k,
+                                       const Tensor& v, float scale,
+                                       const Tensor* key_start, Tensor* out,
+                                       Tensor* lse) {
+  FSDPP_RETURN_IF_ERROR(CheckShapes("Forward", q, k, v, key_start));
+  OpSpan span("UlyssesAttention", "attention");
+  FSDPP_ASSIGN_OR_RETURN(const Tensor qh, ToHeads(q));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor kh, ToHeads(k));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor vh, ToHeads(v));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor outh,
+      Tensor::Empty(qh.shape(), q.dtype(), q.device(), MemoryTag::kAttention));
+  const Shape lse_shape = {qh.dim(0), qh.dim(1), qh.dim(2)};
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor lseh,
+      Tensor::Empty(lse_shape, DType::kF32, q.device(), MemoryTag::kAttention));
+  FSDPP_RETURN_IF_ERROR(
+      CausalAttention(qh, kh, vh, scale, &outh, &lseh, KeyRange{key_start}));
+  FSDPP_RETURN_IF_ERROR(ToRows(outh, out));
+  // The log-sum-exp as heads of one element.
+  FSDPP_ASSIGN_OR_RETURN(
+      const Tensor lse_heads,
+      lseh.Reshape({lse_shape[0], lse_shape[1], lse_shape[2], 1}));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor lse_rows,
+      lse->Reshape({lse->dim(0), lse->dim(1), lse->dim(2), 1}));
+  return ToRows(lse_heads, &lse_rows);
+}
+
+absl::Status UlyssesAttention::Backward(const Tensor& q, const Tensor& k,
+                                        const Tensor& v, const Tensor& out,
+                                        const Tensor& lse, const Tensor& dout,
+                                        float scale, const Tensor* key_start,
+                                        Tensor* dq, Tensor* dk, Tensor* dv) {
+  FSDPP_RETURN_IF_ERROR(CheckShapes("Backward", q, k, v, key_start));
+  OpSpan span("UlyssesAttentionBackward", "attention");
+  // The forward's inputs and results back in the heads' layout (exchanged
+  // again rather than kept: the layer already saves this rank's rows).
+  FSDPP_ASSIGN_OR_RETURN(const Tensor qh, ToHeads(q));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor kh, ToHeads(k));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor vh, ToHeads(v));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor outh, ToHeads(out));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor douth, ToHeads(dout));
+  FSDPP_ASSIGN_OR_RETURN(const Tensor lse_rows,
+                         lse.Reshape({lse.dim(0), lse.dim(1), lse.dim(2), 1}));
+  FSDPP_ASSIGN_OR_RETURN(Tensor lseh, ToHeads(lse_rows));
+  FSDPP_ASSIGN_OR_RETURN(lseh,
+                         lseh.Reshape({lseh.dim(0), lseh.dim(1), lseh.dim(2)}));
+  const auto temp = [&](const Tensor& like) {
+    return Tensor::Empty(like.shape(), like.dtype(), like.device(),
+                         MemoryTag::kAttention);
+  };
+  FSDPP_ASSIGN_OR_RETURN(Tensor dqh, temp(qh));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dkh, temp(kh));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dvh, temp(vh));
+  FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(qh, kh, vh, outh, lseh, douth,
+                                                scale, &dqh, &dkh, &dvh,
+                                                KeyRange{key_start}));
+  FSDPP_RETURN_IF_ERROR(ToRows(dqh, dq));
+  FSDPP_RETURN_IF_ERROR(ToRows(dkh, dk));
+  return ToRows(dvh, dv);
+}
+
+UlyssesContextParallel::UlyssesContextParallel(ProcessGroup* group,
+                                               const ContextLayout& layout,
+                                               absl::Duration timeout)
+    : attention_(group, layout, timeout),
+      runs_(RunsOf(layout, group != nullptr ? group->rank() : 0)),
+      seq_len_(layout.seq_len()) {}
+
+absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>>
+UlyssesContextParallel::MakeCore(Tensor rope_positions, Tensor key_start) {
+  return std::make_unique<Core>(&attention_, std::move(rope_positions),
+                                std::move(key_start));
 }
 
 }  // namespace parallel

@@ -16,10 +16,10 @@
 // (context_parallel_test: 1e-6 in f32).
 //
 // RingAttentionCore plugs it into nn::CausalSelfAttention (a layer then
-// runs on this rank's rows, RoPE at their global positions). Not yet: the
-// all-to-all (Ulysses) style, and the model-level integration (the cp mesh
-// axis, the Transformer's split of ids and targets, FSDP over dp x cp, the
-// loss over the split sequence, the trainer and the planner).
+// runs on this rank's rows, RoPE at their global positions), and
+// RingContextParallel into a whole model (models::TransformerOptions::
+// context_parallel). UlyssesAttention is the all-to-all style over the same
+// layout (heads exchanged for rows), UlyssesContextParallel its model split.
 #ifndef FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
 #define FSDPP_PARALLEL_CONTEXT_PARALLEL_H_
 
@@ -149,6 +149,10 @@ class RingAttentionCore : public nn::ContextParallelCore {
   Tensor doc_start_;
 };
 
+// Rank `rank`'s positions of `layout` as runs of consecutive ones.
+std::vector<nn::ContextParallel::Run> RunsOf(const ContextLayout& layout,
+                                             int rank);
+
 // Context parallelism for a whole model (nn::ContextParallel, models::
 // TransformerOptions::context_parallel): this rank's chunks of `layout`
 // (group->rank()'s) and ring attention over `group`.
@@ -160,12 +164,98 @@ class RingContextParallel : public nn::ContextParallel {
   int64_t seq_len() const override { return layout_.seq_len(); }
   const std::vector<Run>& runs() const override { return runs_; }
   absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> MakeCore(
-      Tensor rope_positions, Tensor doc_start) override;
+      Tensor rope_positions, Tensor key_start) override;
 
  private:
   ContextLayout layout_;
   RingAttention ring_;
   std::vector<Run> runs_;
+};
+
+// The all-to-all (DeepSpeed-Ulysses) style over the same layout: q, k and v
+// of this rank's rows [B, N, L, hd] are exchanged for every row of N / cp
+// heads ([B, N / cp, T, hd], rank j getting heads [j N / cp, (j + 1) N /
+// cp)), the fused attention runs on whole rows (document masks as whole
+// rows' key starts), and the output and log-sum-exp are exchanged back;
+// the backward exchanges q, k, v, out, lse and dout again (nothing kept
+// beyond what the layer saves) and dq, dk, dv back. Both the query and the
+// key/value heads on a rank must be divisible by cp. The result is the
+// whole attention's per head, to rounding (the same kernel on the same
+// rows).
+class UlyssesAttention {
+ public:
+  UlyssesAttention(ProcessGroup* group, const ContextLayout& layout,
+                   absl::Duration timeout = absl::Minutes(5));
+
+  // key_start: null, or ops.h DocumentMask's key starts of the whole rows,
+  // i32 [B, T] on q's device.
+  absl::Status Forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                       float scale, const Tensor* key_start, Tensor* out,
+                       Tensor* lse);
+  absl::Status Backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                        const Tensor& out, const Tensor& lse,
+                        const Tensor& dout, float scale,
+                        const Tensor* key_start, Tensor* dq, Tensor* dk,
+                        Tensor* dv);
+
+ private:
+  absl::Status CheckShapes(const char* op, const Tensor& q, const Tensor& k,
+                           const Tensor& v, const Tensor* key_start) const;
+  // x [B, N, L, hd], this rank's rows -> [B, N / cp, T, hd], this rank's
+  // heads of the whole rows; and back into x.
+  absl::StatusOr<Tensor> ToHeads(const Tensor& x) const;
+  absl::Status ToRows(const Tensor& heads, Tensor* x) const;
+  absl::Status Exchange(const Tensor& send, const Tensor& recv) const;
+
+  ProcessGroup* group_;
+  ContextLayout layout_;
+  absl::Duration timeout_;
+};
+
+// UlyssesAttention as a whole model's split (parallelism.cp_style
+// "alltoall").
+class UlyssesContextParallel : public nn::ContextParallel {
+ public:
+  UlyssesContextParallel(ProcessGroup* group, const ContextLayout& layout,
+                         absl::Duration timeout = absl::Minutes(5));
+
+  int64_t seq_len() const override { return seq_len_; }
+  const std::vector<Run>& runs() const override { return runs_; }
+  absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> MakeCore(
+      Tensor rope_positions, Tensor key_start) override;
+
+ private:
+  class Core : public nn::ContextParallelCore {
+   public:
+    Core(UlyssesAttention* attention, Tensor positions, Tensor key_start)
+        : attention_(attention),
+          positions_(std::move(positions)),
+          key_start_(std::move(key_start)) {}
+    absl::Status Forward(const Tensor& q, const Tensor& k, const Tensor& v,
+                         float scale, Tensor* out, Tensor* lse) override {
+      return attention_->Forward(q, k, v, scale, KeyStart(), out, lse);
+    }
+    absl::Status Backward(const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& out, const Tensor& lse,
+                          const Tensor& dout, float scale, Tensor* dq,
+                          Tensor* dk, Tensor* dv) override {
+      return attention_->Backward(q, k, v, out, lse, dout, scale, KeyStart(),
+                                  dq, dk, dv);
+    }
+    const Tensor& positions() const override { return positions_; }
+
+   private:
+    const Tensor* KeyStart() const {
+      return key_start_.defined() ? &key_start_ : nullptr;
+    }
+    UlyssesAttention* attention_;
+    Tensor positions_;
+    Tensor key_start_;
+  };
+
+  UlyssesAttention attention_;
+  std::vector<Run> runs_;
+  int64_t seq_len_;
 };
 
 }  // namespace parallel

@@ -6,7 +6,9 @@
 #include "parallel/context_parallel.h"
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "comm/process_group.h"
@@ -122,6 +124,78 @@ TEST(RingAttentionTest, EqualsTheUnsplitAttention) {
           << "dk";
       EXPECT_TRUE(AllClose(Values(ldv), Values(GatherRows(dv, mine)), tol, tol))
           << "dv";
+    });
+  }
+}
+
+// The all-to-all style against the unsplit fused attention: each rank runs
+// the same kernel on whole rows of 1 / cp of the heads, so the results are
+// the unsplit ones exactly; cp 2 and 4, grouped-query heads, with and
+// without document masks, f32 and bf16; heads that do not divide refused.
+TEST(UlyssesAttentionTest, EqualsTheUnsplitAttentionExactly) {
+  for (const Case& c :
+       {Case{2, false, DType::kF32}, Case{4, false, DType::kF32},
+        Case{2, true, DType::kF32}, Case{4, true, DType::kF32},
+        Case{4, true, DType::kBF16}}) {
+    SCOPED_TRACE(::testing::Message()
+                 << "cp " << c.cp << " documents " << c.documents << " "
+                 << DTypeName(c.dtype));
+    const int64_t b = 2, h = 8, kv = 4, hd = 16, t = 2 * c.cp * 20;
+    const float scale = 0.25f;
+    const Tensor q = RandomTensor({b, h, t, hd}, c.dtype, 1, -2, 2);
+    const Tensor k = RandomTensor({b, kv, t, hd}, c.dtype, 2, -2, 2);
+    const Tensor v = RandomTensor({b, kv, t, hd}, c.dtype, 3);
+    const Tensor dout = RandomTensor({b, h, t, hd}, c.dtype, 4);
+    Tensor starts = Empty({b, t}, DType::kI32);
+    Tensor positions = Empty({b, t}, DType::kI32);
+    ASSERT_TRUE(DocumentMask(DocumentIds(b, t), 0, &starts, &positions).ok());
+    const KeyRange keys = c.documents ? KeyRange{&starts} : KeyRange{};
+    Tensor out = Empty(q.shape(), c.dtype), lse = Empty({b, h, t}, DType::kF32);
+    ASSERT_TRUE(CausalAttention(q, k, v, scale, &out, &lse, keys).ok());
+    Tensor dq = Empty(q.shape(), c.dtype), dk = Empty(k.shape(), c.dtype),
+           dv = Empty(k.shape(), c.dtype);
+    ASSERT_TRUE(CausalAttentionBackward(q, k, v, out, lse, dout, scale, &dq,
+                                        &dk, &dv, keys)
+                    .ok());
+    const ContextLayout layout = *ContextLayout::Create(c.cp, t);
+    RunOnMesh({{"cp", c.cp}}, [&](int rank, DeviceMesh& mesh) {
+      SCOPED_TRACE(::testing::Message() << "rank " << rank);
+      const std::vector<int64_t> mine = layout.Positions(rank);
+      UlyssesAttention attention(*mesh.Group("cp"), layout);
+      const Tensor* ks = c.documents ? &starts : nullptr;
+      const Tensor lq = GatherRows(q, mine), lk = GatherRows(k, mine),
+                   lv = GatherRows(v, mine), ldout = GatherRows(dout, mine);
+      Tensor lout = Empty(lq.shape(), c.dtype);
+      Tensor llse = Empty({b, h, layout.local()}, DType::kF32);
+      absl::Status forward =
+          attention.Forward(lq, lk, lv, scale, ks, &lout, &llse);
+      ASSERT_TRUE(forward.ok()) << forward;
+      EXPECT_EQ(Values(lout), Values(GatherRows(out, mine))) << "out";
+      const Tensor lse_rows = *lse.Reshape({b, h, t, 1});
+      EXPECT_EQ(Values(llse), Values(GatherRows(lse_rows, mine))) << "lse";
+      Tensor ldq = Empty(lq.shape(), c.dtype), ldk = Empty(lk.shape(), c.dtype),
+             ldv = Empty(lk.shape(), c.dtype);
+      absl::Status backward = attention.Backward(lq, lk, lv, lout, llse, ldout,
+                                                 scale, ks, &ldq, &ldk, &ldv);
+      ASSERT_TRUE(backward.ok()) << backward;
+      EXPECT_EQ(Values(ldq), Values(GatherRows(dq, mine))) << "dq";
+      EXPECT_EQ(Values(ldk), Values(GatherRows(dk, mine))) << "dk";
+      EXPECT_EQ(Values(ldv), Values(GatherRows(dv, mine))) << "dv";
+      // Two key/value heads do not split over cp 4.
+      if (c.cp == 4) {
+        const Tensor q1 = *lq.Narrow(0, 1);
+        Tensor o1 = Empty(q1.shape(), c.dtype);
+        Tensor l1 = Empty({1, h, layout.local()}, DType::kF32);
+        const Tensor kv2 =
+            *Tensor::Zeros({1, 2, layout.local(), hd}, c.dtype, Device::Cpu());
+        const absl::Status bad =
+            attention.Forward(q1, kv2, kv2, scale, nullptr, &o1, &l1);
+        EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+        EXPECT_NE(bad.message().find("8 query and 2 key/value heads on this "
+                                     "rank must both be divisible"),
+                  std::string::npos)
+            << bad;
+      }
     });
   }
 }
@@ -245,22 +319,24 @@ TEST(RingAttentionTest, RefusesUnevenChunksAndBadShapes) {
 // losses is the whole loss, and the parameter gradients averaged over the
 // ranks (what FSDP over dp x cp does) are the whole gradients; GPT-2 (wpe at
 // the global positions) and Llama (RoPE), cp 2 and 3, with and without
-// document masks, with no and selective activation checkpointing.
-TEST(RingContextParallelTest, ModelOnItsColumnsEqualsTheWholeModel) {
+// document masks, with no and selective activation checkpointing; the
+// all-to-all style at cp 2 likewise.
+TEST(ContextParallelModelTest, ModelOnItsColumnsEqualsTheWholeModel) {
   const int64_t b = 2, t = 48;
   const Tensor ids = DocumentIds(b, t);
   std::vector<int64_t> target_ids(b * t);
   for (int64_t i = 0; i < b * t; ++i) target_ids[i] = (i * 37 + 11) % 500;
   const Tensor targets = *Tensor::FromInts({b, t}, target_ids, DType::kI32);
   for (const char* name : {"gpt2_debug", "llama_debug"}) {
-    for (int cp : {2, 3}) {
+    for (const auto& [style, cp] : {std::pair{"ring", 2}, std::pair{"ring", 3},
+                                    std::pair{"alltoall", 2}}) {
       for (bool documents : {false, true}) {
         for (const nn::CheckpointPolicy& policy :
              {nn::CheckpointPolicy::None(),
               nn::CheckpointPolicy::Selective()}) {
           SCOPED_TRACE(::testing::Message()
-                       << name << " cp " << cp << " documents " << documents
-                       << " " << policy.ToString());
+                       << name << " " << style << " cp " << cp << " documents "
+                       << documents << " " << policy.ToString());
           const models::TransformerConfig config = *models::ConfigByName(name);
           models::TransformerOptions options;
           options.document_eot_id = documents ? 0 : -1;
@@ -278,9 +354,14 @@ TEST(RingContextParallelTest, ModelOnItsColumnsEqualsTheWholeModel) {
           RunOnMesh({{"cp", cp}}, [&](int rank, DeviceMesh& mesh) {
             SCOPED_TRACE(::testing::Message() << "rank " << rank);
             ProcessGroup* group = *mesh.Group("cp");
-            RingContextParallel split(group, layout);
+            std::unique_ptr<nn::ContextParallel> split;
+            if (std::string(style) == "ring") {
+              split = std::make_unique<RingContextParallel>(group, layout);
+            } else {
+              split = std::make_unique<UlyssesContextParallel>(group, layout);
+            }
             models::TransformerOptions split_options = options;
-            split_options.context_parallel = &split;
+            split_options.context_parallel = split.get();
             auto model = make(split_options);
             absl::StatusOr<float> loss = model->ForwardLoss(ids, targets);
             ASSERT_TRUE(loss.ok()) << loss.status();
@@ -313,7 +394,7 @@ TEST(RingContextParallelTest, ModelOnItsColumnsEqualsTheWholeModel) {
 }
 
 // Whole rows of another length are refused, naming the split's.
-TEST(RingContextParallelTest, RefusesRowsOfAnotherLength) {
+TEST(ContextParallelModelTest, RefusesRowsOfAnotherLength) {
   const models::TransformerConfig config = *models::ConfigByName("llama_debug");
   const ContextLayout layout = *ContextLayout::Create(2, 16);
   RunOnMesh({{"cp", 2}}, [&](int, DeviceMesh& mesh) {

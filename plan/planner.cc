@@ -64,9 +64,11 @@ StepTime PredictTime(const models::TransformerConfig& model,
   const double tokens =
       static_cast<double>(s.micro_batch) * seq * s.grad_accumulation;
   // Tensor parallelism splits each data-parallel rank's work over its tp
-  // ranks (attention heads, the MLP's hidden width, the vocabulary), and
-  // pipeline parallelism over its stages (the blocks).
-  const int split = s.tp * std::max(1, s.pp);
+  // ranks (attention heads, the MLP's hidden width, the vocabulary),
+  // pipeline parallelism over its stages (the blocks) and context
+  // parallelism over its cp ranks (the sequence, in chunks that share the
+  // causal attention's work evenly).
+  const int split = s.tp * std::max(1, s.pp) * s.cp;
   const double model_flops = models::FlopsPerToken(model, seq) * tokens / split;
   // Activation checkpointing runs a fully checkpointed block's forward again
   // in backward (the forward is a third of the training FLOPs); selective
@@ -99,6 +101,8 @@ StepTime PredictTime(const models::TransformerConfig& model,
     // n ranks takes n - 1 steps, each waiting on the next rank; a transfer
     // between two pipeline stages is one step.
     const bool tensor_parallel = axis == "tp";
+    // Context parallelism's ring (point-to-point within the shard axis).
+    const bool ring = op.kind == "p2p" && axis != "pp";
     const double latency = tensor_parallel && d.tp_collective_s > 0
                                ? d.tp_collective_s
                                : d.collective_latency_s;
@@ -107,8 +111,10 @@ StepTime PredictTime(const models::TransformerConfig& model,
     t.comm_s += s_op;
     // Tensor parallelism's collectives sit between the ops that need their
     // results, on the compute's path, and a pipeline stage waits for its
-    // inputs: none of them is hidden.
-    if (tensor_parallel || axis == "pp") {
+    // inputs: none of them is hidden. The ring's transfers are counted on
+    // the path too: its backward waits for each one, and its forward's
+    // overlap with one chunk's attention is not modelled (an upper bound).
+    if (tensor_parallel || axis == "pp" || ring) {
       blocking += s_op;
       continue;
     }

@@ -109,7 +109,24 @@ absl::Status CheckTensorParallel(const Layout& l,
 // sequence in 2 cp equal chunks.
 absl::Status CheckContextParallel(const Layout& l,
                                   const models::TransformerConfig& m) {
+  if (l.cp_style != "ring" && l.cp_style != "alltoall") {
+    return Invalid(absl::StrCat("parallelism.cp_style \"", l.cp_style,
+                                "\" is not one of ring, alltoall"));
+  }
   if (l.cp == 1) return absl::OkStatus();
+  if (l.cp_style == "alltoall") {
+    // The heads on a tp rank (a kv head shared by tp ranks counts once).
+    const int64_t heads = m.n_heads / l.tp;
+    const int64_t kv =
+        m.kv_heads() % l.tp == 0 ? m.kv_heads() / l.tp : int64_t{1};
+    if (heads % l.cp != 0 || kv % l.cp != 0) {
+      return Invalid(absl::StrCat(
+          "parallelism.cp_style alltoall splits each rank's heads over cp ",
+          l.cp, ": ", heads, " query and ", kv,
+          " key/value head(s) per tensor-parallel rank must both be "
+          "divisible by it (use cp_style ring)"));
+    }
+  }
   if (l.pp > 1 || !l.fused_attention) {
     return Invalid(absl::StrCat("parallelism.cp ", l.cp,
                                 " needs parallelism.pp 1 (got ", l.pp,
@@ -245,7 +262,10 @@ std::string Layout::ToString() const {
   if (dp_replicate > 1) {
     absl::StrAppend(&mesh, " (", dp_replicate, " x ", fsdp_shard(), " HSDP)");
   }
-  if (cp > 1) absl::StrAppend(&mesh, " x CP ", cp);
+  if (cp > 1) {
+    absl::StrAppend(&mesh, " x CP ", cp,
+                    cp_style == "ring" ? "" : " all-to-all");
+  }
   if (tp > 1) {
     absl::StrAppend(&mesh, " x TP ", tp, sequence_parallel ? " + SP" : "",
                     loss_parallel ? " + loss parallel" : "");

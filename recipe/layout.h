@@ -55,7 +55,11 @@ struct Layout {
   // rank i holding chunks i and 2 cp - 1 - i) with ring attention
   // (parallel/context_parallel.h); the cp ranks read the same batches.
   // Needs pp 1 and the fused attention; the sequence a multiple of 2 cp.
+  // cp_style: "ring" (k and v passed round the cp ranks) or "alltoall"
+  // (DeepSpeed-Ulysses: heads exchanged for rows; the query and key/value
+  // heads on a rank must divide by cp).
   int cp = 1;
+  std::string cp_style = "ring";
   bool sequence_parallel = false;
   bool loss_parallel = false;
   // Pipeline parallelism on the outermost axis: the schedule ("gpipe",

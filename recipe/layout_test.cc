@@ -198,6 +198,18 @@ std::vector<Refusal> Refusals() {
        "parallelism: dp_replicate 1 x cp 3 x tp 1 does not divide the world "
        "size 4"},
       {[](Layout* l) { l->cp = 0; }, "cp 0"},
+      {[](Layout* l) { l->cp_style = "zigzag"; },
+       "parallelism.cp_style \"zigzag\" is not one of ring, alltoall"},
+      {[](Layout* l) {
+         l->world = 8;
+         l->cp = 4;
+         l->tp = 2;
+         l->seq_len = 32;
+         l->cp_style = "alltoall";
+       },
+       "parallelism.cp_style alltoall splits each rank's heads over cp 4: 2 "
+       "query and 2 key/value head(s) per tensor-parallel rank must both be "
+       "divisible by it (use cp_style ring)"},
       {[](Layout* l) {
          l->world = 2;
          l->cp = 2;

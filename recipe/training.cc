@@ -150,8 +150,13 @@ absl::Status Training::BuildModel(const BuildOptions& options) {
     FSDPP_ASSIGN_OR_RETURN(
         parallel::ContextLayout cp_layout,
         parallel::ContextLayout::Create(layout_.cp, layout_.seq(config_)));
-    context_parallel_ = std::make_unique<parallel::RingContextParallel>(
-        cp_group, cp_layout, options.timeout);
+    if (layout_.cp_style == "alltoall") {
+      context_parallel_ = std::make_unique<parallel::UlyssesContextParallel>(
+          cp_group, cp_layout, options.timeout);
+    } else {
+      context_parallel_ = std::make_unique<parallel::RingContextParallel>(
+          cp_group, cp_layout, options.timeout);
+    }
   }
   FSDPP_ASSIGN_OR_RETURN(
       model_, models::Transformer::Create(
@@ -304,6 +309,17 @@ absl::StatusOr<double> Training::Evaluate(int64_t micro_batches,
 }
 
 std::vector<std::string> Training::Describe() const {
+  if (context_parallel_ != nullptr) {
+    const int64_t seq = layout_.seq(config_), cp = layout_.cp;
+    return {absl::StrFormat(
+        "context parallel: each sequence over cp %d ranks (%s; chunks of %d "
+        "tokens, rank i holding chunks i and %d - i), FSDP over dp_shard %d "
+        "x cp %d",
+        cp,
+        layout_.cp_style == "alltoall" ? "all-to-all attention over heads"
+                                       : "ring attention",
+        seq / (2 * cp), 2 * cp - 1, layout_.dp_shard(), cp)};
+  }
   if (pipeline_ == nullptr) return {};
   const parallel::PipelineSchedule& s = pipeline_->schedule();
   return {absl::StrFormat(

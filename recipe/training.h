@@ -119,7 +119,8 @@ class Training {
   absl::StatusOr<double> Evaluate(int64_t micro_batches,
                                   const MicroBatchSource& source);
 
-  // Header lines for the run's log (the pipeline's schedule; none without).
+  // Header lines for the run's log (the pipeline's schedule, context
+  // parallelism's split; none without either).
   std::vector<std::string> Describe() const;
   // Over the steps a caller measured: this rank's seconds computing and
   // waiting in the step and the most bytes it held for backward; the
@@ -161,7 +162,7 @@ class Training {
   DeviceMesh* mesh_ = nullptr;
   ProcessGroup* world_ = nullptr;
   // Context parallelism's split (cp > 1), before the model that uses it.
-  std::unique_ptr<parallel::RingContextParallel> context_parallel_;
+  std::unique_ptr<nn::ContextParallel> context_parallel_;
   std::unique_ptr<models::Transformer> model_;  // without pp
   std::vector<models::Transformer*> models_;
   std::vector<fsdp::FsdpUnit*> units_;

@@ -157,7 +157,8 @@ TEST(TrainingTest, LayoutsTrainToTheSingleRanksLosses) {
 }
 
 // Context parallelism: cp 2, cp 4, cp 2 x dp_shard 2, cp 2 x tp 2 (with
-// sequence parallelism) and HSDP 2 x cp 2 train to the single rank's losses,
+// sequence parallelism) and HSDP 2 x cp 2 in the ring style, cp 2, cp 4 and
+// cp 2 x dp_shard 2 in the all-to-all style train to the single rank's losses,
 // gradient norm and evaluation (the cp ranks read the same rows and each
 // computes its chunks; FSDP averages over dp x cp), with and without
 // document masks.
@@ -186,6 +187,11 @@ TEST(TrainingTest, ContextParallelLayoutsTrainToTheSingleRanksLosses) {
     Layout hsdp = dp;
     hsdp.dp_replicate = 2;
     layouts.push_back(hsdp);
+    // The all-to-all style (gpt2_debug's 4 heads over cp 2 and 4).
+    for (Layout l : {layouts[0], layouts[1], dp}) {
+      l.cp_style = "alltoall";
+      layouts.push_back(l);
+    }
     for (const Layout& l : layouts) {
       SCOPED_TRACE(l.ToString());
       ASSERT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
@@ -196,6 +202,15 @@ TEST(TrainingTest, ContextParallelLayoutsTrainToTheSingleRanksLosses) {
       }
       EXPECT_NEAR(r.grad_norm, one.grad_norm, 1e-4 * one.grad_norm);
       EXPECT_NEAR(r.eval, one.eval, 1e-5 * one.eval);
+      ASSERT_EQ(r.describe.size(), 1u);
+      EXPECT_TRUE(absl::StrContains(
+          r.describe[0],
+          absl::StrCat("context parallel: each sequence over cp ", l.cp,
+                       " ranks (",
+                       l.cp_style == "ring" ? "ring attention"
+                                            : "all-to-all attention over heads",
+                       "; chunks of ", kSeq / (2 * l.cp), " tokens")))
+          << r.describe[0];
     }
   }
 }

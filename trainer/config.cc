@@ -381,6 +381,7 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   layout.dp_replicate = replicate;
   layout.tp = tp;
   layout.cp = cp;
+  layout.cp_style = config.cp_style();
   layout.pp = pp;
   // Sequence parallelism needs a tp axis (the layout refuses it without);
   // loss parallelism, on by default, takes effect only on one.

@@ -412,6 +412,40 @@ TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
       want);
 }
 
+// Context parallelism on Llama (RoPE at the global positions): cp 4, cp 2 x
+// dp 2, cp 2 x tp 2 and the all-to-all style at cp 2 train like one rank
+// (the same global batch), and a
+// checkpoint saved at cp 4 resumes at cp 2 and on one rank with the
+// uninterrupted run's losses.
+TEST(TrainerTest, ContextParallelLayoutsTrainAndResumeAcrossLayouts) {
+  const std::vector<std::string> llama = {"model.name=llama_debug"};
+  auto full =
+      RunRanks(WithOverrides(SmallConfig(TestDir("straight_llama")), llama), 1);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  const std::vector<double> want = Losses(*full[0]);
+  ASSERT_EQ(want.size(), 8u);
+  for (const ResumeLayout& l : std::vector<ResumeLayout>{
+           {4, {"parallelism.cp=4"}},
+           {4, {"parallelism.cp=2"}},
+           {4, {"parallelism.cp=2", "parallelism.tp=2"}},
+           {2, {"parallelism.cp=2", "parallelism.cp_style=alltoall"}}}) {
+    const std::string what =
+        absl::StrCat("W=", l.world, " ", absl::StrJoin(l.overrides, " "));
+    std::vector<std::string> o = llama;
+    o.insert(o.end(), l.overrides.begin(), l.overrides.end());
+    auto run =
+        RunRanks(WithOverrides(SmallConfig(TestDir(absl::StrCat(
+                                   "cp_", l.world, "_", l.overrides.size()))),
+                               o),
+                 l.world);
+    ASSERT_TRUE(run[0].ok()) << what << ": " << run[0].status();
+    ASSERT_EQ(Losses(*run[0]).size(), want.size()) << what;
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5) << what;
+  }
+  ExpectResumesOnLayouts("from_cp4", llama, {"parallelism.cp=4"}, 4,
+                         {{2, {"parallelism.cp=2"}}, {1, {}}}, want);
+}
+
 // Pipeline parallelism: pp 2 x dp 2 (1F1B, the tied embedding on both end
 // stages) trains like the 2-rank data-parallel run; pp 2 with GPipe and 4
 // micro-batches too (dp 1, 1-rank run); a checkpoint saved at (pp 2, dp 2)

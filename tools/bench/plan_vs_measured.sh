@@ -34,6 +34,8 @@ cases=(
   "gpt2 W=4 FSDP 2 x TP 2 SP|default|4|parallelism.dp_shard=2,parallelism.tp=2,parallelism.sequence_parallel=true"
   "gpt2 W=4 TP 4|default|4|parallelism.dp_shard=1,parallelism.tp=4"
   "llama W=4 FSDP 2 x TP 2|llama_debug|4|parallelism.dp_replicate=1,parallelism.dp_shard=2,parallelism.tp=2"
+  "gpt2 W=2 CP 2|default|2|parallelism.cp=2"
+  "llama W=4 CP 2 x FSDP 2|llama_debug|4|parallelism.dp_replicate=1,parallelism.cp=2,training.seq_len=128"
   "gpt2 W=2 PP 2 1F1B|default|2|parallelism.dp_shard=1,parallelism.pp=2"
   "gpt2 W=2 PP 2 GPipe|default|2|parallelism.dp_shard=1,parallelism.pp=2,parallelism.pp_schedule=gpipe"
   "gpt2 W=4 PP 2 x TP 2|default|4|parallelism.dp_shard=1,parallelism.pp=2,parallelism.tp=2"
