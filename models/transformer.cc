@@ -136,25 +136,14 @@ absl::StatusOr<std::unique_ptr<Transformer>> Transformer::Create(
         options.num_blocks, " blocks, -1 = to the end) does not fit the ", n,
         " blocks of ", config.name));
   }
-  if (options.document_eot_id >= 0 &&
-      (!options.fused_attention || !options.embedding ||
-       options.first_block != 0 ||
-       (options.num_blocks != -1 && options.num_blocks != n) ||
-       !options.head)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Transformer: document masking (end-of-text id ",
-        options.document_eot_id,
-        ") needs the fused attention and a whole model (not a pipeline "
-        "stage)"));
-  }
-  if (options.context_parallel != nullptr &&
-      (!options.fused_attention || !options.embedding ||
-       options.first_block != 0 ||
-       (options.num_blocks != -1 && options.num_blocks != n) ||
-       !options.head)) {
+  if (options.document_eot_id >= 0 && !options.fused_attention) {
     return absl::InvalidArgumentError(
-        "Transformer: context parallelism needs the fused attention and a "
-        "whole model (not a pipeline stage)");
+        absl::StrCat("Transformer: document masking (end-of-text id ",
+                     options.document_eot_id, ") needs the fused attention"));
+  }
+  if (options.context_parallel != nullptr && !options.fused_attention) {
+    return absl::InvalidArgumentError(
+        "Transformer: context parallelism needs the fused attention");
   }
   if (options.document_eot_id >= config.vocab_size) {
     return absl::InvalidArgumentError(
@@ -279,20 +268,15 @@ bool Transformer::is_whole() const {
          options_.num_blocks == config_.n_layers;
 }
 
-absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
-  if (!options_.embedding) {
-    if (!input.defined() || input.ndim() != 3 || input.dim(0) < 1 ||
-        input.dim(1) < 1 || input.dim(1) > config_.context_length ||
-        input.dim(2) != config_.dim || !IsFloatingPoint(input.dtype())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "hidden states ", input.ToString(), " into the part from block ",
-          options_.first_block, " must be float [B, T, ", config_.dim,
-          "] with 1 <= T <= ", config_.context_length));
-    }
-    FSDPP_ASSIGN_OR_RETURN(Tensor x, stack_->Forward(input));
-    return Head(x);
-  }
-  const Tensor& ids = input;
+absl::StatusOr<Tensor> Transformer::LocalColumns(const Tensor& whole) const {
+  if (options_.context_parallel == nullptr) return whole;
+  absl::StatusOr<Tensor> local = options_.context_parallel->Local(whole);
+  if (!local.ok()) return Annotate(local.status(), "Transformer");
+  return local;
+}
+
+absl::Status Transformer::SetBatch(const Tensor& ids) {
+  batch_ready_ = false;
   if (!ids.defined() || ids.ndim() != 2 || ids.dim(0) < 1 || ids.dim(1) < 1 ||
       ids.dim(1) > config_.context_length ||
       (ids.dtype() != DType::kI32 && ids.dtype() != DType::kI64)) {
@@ -301,8 +285,8 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
         " must be i32/i64 [B, T] with 1 <= T <= ", config_.context_length));
   }
   const int64_t b = ids.dim(0), t = ids.dim(1);
-  cp_core_.reset();
   documents_ = nn::DocumentMasks();
+  cp_positions_ = Tensor();
   if (options_.document_eot_id >= 0) {
     FSDPP_ASSIGN_OR_RETURN(documents_.key_start,
                            Tensor::Empty({b, t}, DType::kI32, ids.device(),
@@ -313,26 +297,84 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
     FSDPP_RETURN_IF_ERROR(DocumentMask(ids, options_.document_eot_id,
                                        &documents_.key_start,
                                        &documents_.positions));
-  }
-  if (options_.context_parallel != nullptr) {
-    FSDPP_ASSIGN_OR_RETURN(Tensor x, EmbedContextParallel(ids));
-    const nn::ContextParallelCore::Scope core(cp_core_.get());
-    FSDPP_ASSIGN_OR_RETURN(x, stack_->Forward(x));
-    return Head(x);
-  }
-  FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(ids));
-  if (position_embedding_ != nullptr && documents_.positions.defined()) {
     // Positions within the documents (< t: no range check needed).
     documents_.positions.MarkIdsCheckedBelow(t);
-    FSDPP_ASSIGN_OR_RETURN(Tensor pos,
-                           position_embedding_->Forward(documents_.positions));
-    FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
-  } else if (position_embedding_ != nullptr) {
-    Tensor positions;
-    if (ids.is_meta()) {
+  }
+  if (const nn::ContextParallel* cp = options_.context_parallel) {
+    // This rank's rows' positions: within the documents, or the global
+    // ones; the core takes the whole rows' key starts.
+    if (documents_.positions.defined()) {
+      FSDPP_ASSIGN_OR_RETURN(cp_positions_, LocalColumns(documents_.positions));
+      documents_.positions = Tensor();
+    } else {
+      FSDPP_RETURN_IF_ERROR(LocalColumns(ids).status());  // the shape check
+      const int64_t l = cp->local();
+      if (ids.is_meta()) {
+        FSDPP_ASSIGN_OR_RETURN(
+            cp_positions_, Tensor::Empty({b, l}, DType::kI32, ids.device()));
+      } else {
+        std::vector<int64_t> values;
+        values.reserve(b * l);
+        for (int64_t row = 0; row < b; ++row) {
+          for (const nn::ContextParallel::Run& run : cp->runs()) {
+            for (int64_t i = 0; i < run.length; ++i) {
+              values.push_back(run.start + i);
+            }
+          }
+        }
+        FSDPP_ASSIGN_OR_RETURN(
+            cp_positions_,
+            Tensor::FromInts({b, l}, values, DType::kI32, ids.device()));
+      }
+    }
+    // Every position is below the sequence length.
+    cp_positions_.MarkIdsCheckedBelow(cp->seq_len());
+  }
+  batch_ready_ = true;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> Transformer::MakeCore()
+    const {
+  if (options_.context_parallel == nullptr) {
+    return std::unique_ptr<nn::ContextParallelCore>();
+  }
+  return options_.context_parallel->MakeCore(cp_positions_,
+                                             documents_.key_start);
+}
+
+absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
+  if (!options_.embedding) {
+    if (!input.defined() || input.ndim() != 3 || input.dim(0) < 1 ||
+        input.dim(1) < 1 || input.dim(1) > config_.context_length ||
+        input.dim(2) != config_.dim || !IsFloatingPoint(input.dtype())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "hidden states ", input.ToString(), " into the part from block ",
+          options_.first_block, " must be float [B, T, ", config_.dim,
+          "] with 1 <= T <= ", config_.context_length));
+    }
+    if (NeedsBatch() && !batch_ready_) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "Transformer: the part from block ", options_.first_block,
+          " masks documents or splits the context: SetBatch(ids) must "
+          "precede each Forward"));
+    }
+    batch_ready_ = false;
+    return Blocks(input);
+  }
+  const Tensor& ids = input;
+  FSDPP_RETURN_IF_ERROR(SetBatch(ids));
+  batch_ready_ = false;
+  const int64_t b = ids.dim(0), t = ids.dim(1);
+  FSDPP_ASSIGN_OR_RETURN(const Tensor local_ids, LocalColumns(ids));
+  FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(local_ids));
+  if (position_embedding_ != nullptr) {
+    Tensor positions =
+        cp_positions_.defined() ? cp_positions_ : documents_.positions;
+    if (!positions.defined() && ids.is_meta()) {
       FSDPP_ASSIGN_OR_RETURN(positions,
                              Tensor::Empty({b, t}, ids.dtype(), ids.device()));
-    } else {
+    } else if (!positions.defined()) {
       std::vector<int64_t> values(b * t);
       for (int64_t i = 0; i < b * t; ++i) values[i] = i % t;
       FSDPP_ASSIGN_OR_RETURN(positions,
@@ -353,54 +395,20 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
     // The token embedding's output is saved by no one: add in place.
     FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
   }
-  const nn::DocumentMasks::Scope masks(
-      documents_.key_start.defined() ? &documents_ : nullptr);
-  FSDPP_ASSIGN_OR_RETURN(x, stack_->Forward(x));
-  return Head(x);
+  return Blocks(x);
 }
 
-absl::StatusOr<Tensor> Transformer::LocalColumns(const Tensor& whole) const {
-  if (options_.context_parallel == nullptr) return whole;
-  absl::StatusOr<Tensor> local = options_.context_parallel->Local(whole);
-  if (!local.ok()) return Annotate(local.status(), "Transformer");
-  return local;
-}
-
-absl::StatusOr<Tensor> Transformer::EmbedContextParallel(const Tensor& ids) {
-  nn::ContextParallel* cp = options_.context_parallel;
-  FSDPP_ASSIGN_OR_RETURN(Tensor local_ids, LocalColumns(ids));
-  const int64_t b = local_ids.dim(0), l = local_ids.dim(1);
-  // RoPE's and wpe's positions: within the documents, or the global ones.
-  Tensor positions, key_start;
-  if (documents_.positions.defined()) {
-    FSDPP_ASSIGN_OR_RETURN(positions, LocalColumns(documents_.positions));
-    key_start = documents_.key_start;
-    documents_ = nn::DocumentMasks();  // the core keeps what it needs
-  } else if (ids.is_meta()) {
-    FSDPP_ASSIGN_OR_RETURN(positions,
-                           Tensor::Empty({b, l}, DType::kI32, ids.device()));
-  } else {
-    std::vector<int64_t> values;
-    values.reserve(b * l);
-    for (int64_t row = 0; row < b; ++row) {
-      for (const nn::ContextParallel::Run& run : cp->runs()) {
-        for (int64_t i = 0; i < run.length; ++i)
-          values.push_back(run.start + i);
-      }
-    }
-    FSDPP_ASSIGN_OR_RETURN(
-        positions, Tensor::FromInts({b, l}, values, DType::kI32, ids.device()));
-  }
-  // Every position is below the sequence length: no range check needed.
-  positions.MarkIdsCheckedBelow(cp->seq_len());
-  FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(local_ids));
-  if (position_embedding_ != nullptr) {
-    FSDPP_ASSIGN_OR_RETURN(Tensor pos, position_embedding_->Forward(positions));
-    FSDPP_RETURN_IF_ERROR(Add(x, pos, &x));
-  }
-  FSDPP_ASSIGN_OR_RETURN(
-      cp_core_, cp->MakeCore(std::move(positions), std::move(key_start)));
-  return x;
+absl::StatusOr<Tensor> Transformer::Blocks(const Tensor& x) {
+  // The batch's masks (context parallelism takes them through its core).
+  const nn::DocumentMasks::Scope masks(options_.context_parallel == nullptr &&
+                                               documents_.key_start.defined()
+                                           ? &documents_
+                                           : nullptr);
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<nn::ContextParallelCore> core,
+                         MakeCore());
+  const nn::ContextParallelCore::Scope scope(core.get());
+  FSDPP_ASSIGN_OR_RETURN(Tensor y, stack_->Forward(x));
+  return Head(y);
 }
 
 absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
@@ -410,17 +418,20 @@ absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
-  const nn::DocumentMasks::Scope masks(
-      documents_.key_start.defined() ? &documents_ : nullptr);
-  const nn::ContextParallelCore::Scope core(cp_core_.get());
+  const nn::DocumentMasks::Scope masks(options_.context_parallel == nullptr &&
+                                               documents_.key_start.defined()
+                                           ? &documents_
+                                           : nullptr);
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<nn::ContextParallelCore> core,
+                         MakeCore());
+  const nn::ContextParallelCore::Scope scope(core.get());
   Tensor dx = doutput;
   if (options_.head) {
     FSDPP_ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));
     FSDPP_ASSIGN_OR_RETURN(dx, final_norm_->Backward(dx));
   }
   FSDPP_ASSIGN_OR_RETURN(dx, stack_->Backward(dx));
-  ReleaseOwnSavedTensors();  // the document masks
-  cp_core_.reset();
+  ReleaseOwnSavedTensors();  // the batch's masks and positions
   if (!options_.embedding) return dx;
   // x = wte(ids) + wpe(positions): both tables get dx.
   FSDPP_RETURN_IF_ERROR(token_embedding_->Backward(dx).status());

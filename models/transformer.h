@@ -100,9 +100,9 @@ struct TransformerOptions {
   // begins each document (ops.h DocumentMask); attention then stays within
   // each document and positions (RoPE's, wpe's) restart at each one, so a
   // packed row trains as its documents would one by one. -1: off (whole
-  // rows are one sequence). Needs the fused attention and the embeddings
-  // (a whole model, not a pipeline stage). On CUDA the masked attention is
-  // the reference kernel, not cuDNN.
+  // rows are one sequence). Needs the fused attention; a part without the
+  // embeddings takes the ids through SetBatch. On CUDA the masked attention
+  // is the reference kernel, not cuDNN.
   int64_t document_eot_id = -1;
   // Context parallelism (not owned; null: off): Forward, ForwardLoss*,
   // EvalLoss take whole rows of ids and targets [B, T] (T = the split's
@@ -112,8 +112,10 @@ struct TransformerOptions {
   // [B, L, Vp] and the loss the mean over its targets. The whole rows' mean
   // is the mean over the cp ranks (each holds as many tokens), and the
   // parameter gradients averaged over them (FSDP over dp x cp) are the whole
-  // sequence's. Needs the fused attention and a whole model; composes with
-  // document masking (masks from the whole rows).
+  // sequence's. Needs the fused attention; composes with document masking
+  // (masks from the whole rows) and pipeline stages (a part without the
+  // embeddings takes the whole ids through SetBatch and hidden states of
+  // this rank's rows).
   nn::ContextParallel* context_parallel = nullptr;
 
   // Pipeline parallelism: build only a contiguous part of the model (one
@@ -151,6 +153,13 @@ class Transformer : public Module {
   // Whether this is the whole model or a pipeline stage's part of it
   // (TransformerOptions::first_block ..).
   bool is_whole() const;
+  // For a part without the embeddings (a pipeline stage) that masks
+  // documents or splits the context: the micro-batch's whole ids [B, T],
+  // before each Forward (which its masks and positions come from; kept with
+  // the saved tensors until Backward, so they stash with them). A part with
+  // the embeddings does this itself from its input.
+  absl::Status SetBatch(const Tensor& ids);
+
   // Whether Forward takes ids (the part has the embeddings) and gives logits
   // (the part has the head).
   bool has_embedding() const { return options_.embedding; }
@@ -230,7 +239,7 @@ class Transformer : public Module {
   // gradient of its output -> that of its input.
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& doutput) override;
   std::vector<Tensor*> SavedTensorSlots() override {
-    return {&documents_.key_start, &documents_.positions};
+    return {&documents_.key_start, &documents_.positions, &cp_positions_};
   }
 
  private:
@@ -243,9 +252,16 @@ class Transformer : public Module {
   // This rank's columns of whole rows [B, T] under context parallelism
   // (the rows themselves without).
   absl::StatusOr<Tensor> LocalColumns(const Tensor& whole) const;
-  // The embeddings of whole rows of ids on a context-parallel rank; installs
-  // the batch's core (cp_core_).
-  absl::StatusOr<Tensor> EmbedContextParallel(const Tensor& ids);
+  // Whether a Forward needs the batch's ids (SetBatch) for its masks or
+  // positions.
+  bool NeedsBatch() const {
+    return options_.document_eot_id >= 0 ||
+           options_.context_parallel != nullptr;
+  }
+  // The context-parallel core of the batch (null without).
+  absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> MakeCore() const;
+  // The blocks (under the batch's masks or core) and the head.
+  absl::StatusOr<Tensor> Blocks(const Tensor& x);
   // Arms the head's fused loss for this ForwardLoss* when
   // options_.loss_chunk_tokens and the model allow it.
   absl::Status ArmFusedLoss(const Tensor& targets);
@@ -267,8 +283,12 @@ class Transformer : public Module {
   // end of Backward (installed over both: activation checkpointing's
   // recomputation runs inside Backward).
   nn::DocumentMasks documents_;
-  // Context parallelism: the batch in flight's attention core, likewise.
-  std::unique_ptr<nn::ContextParallelCore> cp_core_;
+  // Context parallelism: RoPE's (and wpe's) positions of this rank's rows,
+  // likewise; the core is made from them and the masks' key starts for the
+  // forward and again for the backward.
+  Tensor cp_positions_;
+  // SetBatch ran since the last Forward.
+  bool batch_ready_ = false;
 };
 
 }  // namespace models

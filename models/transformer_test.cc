@@ -438,22 +438,37 @@ TEST(TransformerTest, PackedDocumentsTrainLikeSeparateDocuments) {
   }
 }
 
-// Document masking needs the fused attention and a whole model; its id must
-// be a token.
+// Document masking needs the fused attention; its id must be a token; a
+// part without the embeddings needs the batch's ids before each forward.
 TEST(TransformerTest, DocumentMaskingRefusesWhatItCannotMask) {
   TransformerOptions options;
   options.document_eot_id = 3;
   options.fused_attention = false;
   absl::Status s = Transformer::Create(Named("llama_debug"), options).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(s.message().find("needs the fused attention and a whole model"),
-            std::string::npos)
+  EXPECT_NE(s.message().find("needs the fused attention"), std::string::npos)
       << s;
   options.fused_attention = true;
-  options.head = false;
-  EXPECT_EQ(Transformer::Create(Named("llama_debug"), options).status().code(),
-            absl::StatusCode::kInvalidArgument);
-  options.head = true;
+  options.embedding = false;
+  options.first_block = 1;
+  {
+    auto part = Build(Named("llama_debug"), options);
+    const Tensor hidden = *Tensor::Zeros({1, 8, Named("llama_debug").dim},
+                                         DType::kF32, Device::Cpu());
+    const absl::StatusOr<Tensor> out = part->Forward(hidden);
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(out.status().message().find("SetBatch(ids) must precede each "
+                                          "Forward"),
+              std::string::npos)
+        << out.status();
+    ASSERT_TRUE(part->SetBatch(Ids(1, 8, 512, 3)).ok());
+    EXPECT_TRUE(part->Forward(hidden).ok());
+    // Used up by that forward.
+    EXPECT_EQ(part->Forward(hidden).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+  }
+  options.embedding = true;
+  options.first_block = 0;
   options.document_eot_id = 512;
   s = Transformer::Create(Named("llama_debug"), options).status();
   EXPECT_NE(s.message().find("is not in the vocabulary of 512 tokens"),

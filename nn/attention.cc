@@ -282,14 +282,15 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     key_start_ = docs->key_start;
     positions_ = docs->positions;
   }
-  context_parallel_ = ContextParallelCore::Active();
-  if (context_parallel_ != nullptr) {
+  ContextParallelCore* core = ContextParallelCore::Active();
+  context_parallel_ = core != nullptr;
+  if (core != nullptr) {
     if (!config_.fused_attention || key_start_.defined()) {
       return absl::UnimplementedError(
           "CausalSelfAttention: context parallelism needs the fused attention "
           "and takes document masks through its core, not DocumentMasks");
     }
-    positions_ = context_parallel_->positions();
+    positions_ = core->positions();
     if (positions_.shape() != Shape{b, t}) {
       return absl::InvalidArgumentError(absl::StrCat(
           "CausalSelfAttention: the context-parallel positions ",
@@ -337,9 +338,14 @@ absl::StatusOr<Tensor> CausalSelfAttention::AttendFused() {
                                        MemoryTag::kAttention));
   FSDPP_ASSIGN_OR_RETURN(lse_, Tensor::Empty({b, h, t}, DType::kF32, device,
                                              MemoryTag::kAttention));
-  if (context_parallel_ != nullptr) {
-    FSDPP_RETURN_IF_ERROR(context_parallel_->Forward(
-        q_heads_, k_heads_, v_heads_, Scale(), &heads_out_, &lse_));
+  if (context_parallel_) {
+    ContextParallelCore* core = ContextParallelCore::Active();
+    if (core == nullptr) {
+      return absl::FailedPreconditionError(
+          "CausalSelfAttention: no context-parallel core installed");
+    }
+    FSDPP_RETURN_IF_ERROR(core->Forward(q_heads_, k_heads_, v_heads_, Scale(),
+                                        &heads_out_, &lse_));
   } else {
     FSDPP_RETURN_IF_ERROR(CausalAttention(q_heads_, k_heads_, v_heads_, Scale(),
                                           &heads_out_, &lse_,
@@ -419,10 +425,17 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   FSDPP_ASSIGN_OR_RETURN(Tensor dq, empty({b, h, t, hd}, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor dk, empty({b, kv, t, hd}, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor dv, empty({b, kv, t, hd}, dtype));
-  if (context_parallel_ != nullptr) {
-    FSDPP_RETURN_IF_ERROR(
-        context_parallel_->Backward(q_heads_, k_heads_, v_heads_, heads_out_,
-                                    lse_, dout, Scale(), &dq, &dk, &dv));
+  if (context_parallel_) {
+    // The batch's core, installed over the backward as over the forward.
+    ContextParallelCore* core = ContextParallelCore::Active();
+    if (core == nullptr) {
+      return absl::FailedPreconditionError(
+          "CausalSelfAttention: the forward ran under a context-parallel "
+          "core, the backward has none installed");
+    }
+    FSDPP_RETURN_IF_ERROR(core->Backward(q_heads_, k_heads_, v_heads_,
+                                         heads_out_, lse_, dout, Scale(), &dq,
+                                         &dk, &dv));
   } else if (config_.fused_attention) {
     FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(
         q_heads_, k_heads_, v_heads_, heads_out_, lse_, dout, Scale(), &dq, &dk,

@@ -79,8 +79,9 @@ struct DocumentMasks {
 
 // The attention core over a context-parallel group (parallel/
 // context_parallel.h implements it): q, k, v hold this rank's rows (in
-// positions()' order) and the core attends to every rank's keys. It must
-// outlive the backward of every forward that ran under its scope.
+// positions()' order) and the core attends to every rank's keys. A
+// layer's backward runs under the core of its forward's batch, installed
+// again (the same one, or an equal one made for the same batch).
 class ContextParallelCore {
  public:
   virtual ~ContextParallelCore() = default;
@@ -249,8 +250,10 @@ class CausalSelfAttention : public Module {
   // keys' starts and RoPE's positions; undefined without.
   Tensor key_start_;
   Tensor positions_;
-  // Context parallelism: the core the forward ran with, or null.
-  ContextParallelCore* context_parallel_ = nullptr;
+  // Context parallelism: whether the forward ran under a core (the
+  // backward runs under the batch's, installed again: several micro-batches
+  // may be in flight through one layer).
+  bool context_parallel_ = false;
 };
 
 }  // namespace nn

@@ -195,7 +195,12 @@ absl::StatusOr<std::vector<float>> PipelineRunner::Evaluate(
         }
         input = *std::move(received);
       }
-      absl::StatusOr<Tensor> output = st.module->Forward(input);
+      const absl::Status ready = options_.before_forward
+                                     ? options_.before_forward(st.stage, mb)
+                                     : absl::OkStatus();
+      absl::StatusOr<Tensor> output = ready.ok()
+                                          ? st.module->Forward(input)
+                                          : absl::StatusOr<Tensor>(ready);
       st.module->ReleaseSavedTensors();
       if (!output.ok()) {
         WaitForSends().IgnoreError();
@@ -258,6 +263,9 @@ absl::Status PipelineRunner::Forward(const PipelineStageModule& st, int mb,
   Tensor output;
   {
     TraceSpan span("pp_forward", "compute");
+    if (options_.before_forward) {
+      FSDPP_RETURN_IF_ERROR(options_.before_forward(st.stage, mb));
+    }
     FSDPP_ASSIGN_OR_RETURN(output, st.module->Forward(input));
   }
   if (last) {

@@ -72,6 +72,12 @@ struct PipelineRunnerOptions {
   // Called before the last backward of `stage` in a step (e.g. FSDP's
   // set_requires_gradient_sync(true)); may be empty.
   std::function<absl::Status(int stage)> on_last_backward;
+  // Called before each forward of `stage` on micro-batch `microbatch`
+  // (training and evaluation), e.g. to give a stage the micro-batch's ids
+  // for its document masks or context-parallel positions; what the module
+  // keeps from it must be among its saved tensors (stashed with them until
+  // the backward). May be empty.
+  std::function<absl::Status(int stage, int microbatch)> before_forward;
 };
 
 // What one step did on this rank.

@@ -127,11 +127,9 @@ absl::Status CheckContextParallel(const Layout& l,
           "divisible by it (use cp_style ring)"));
     }
   }
-  if (l.pp > 1 || !l.fused_attention) {
+  if (!l.fused_attention) {
     return Invalid(absl::StrCat("parallelism.cp ", l.cp,
-                                " needs parallelism.pp 1 (got ", l.pp,
-                                ") and training.fused_attention (got ",
-                                l.fused_attention ? "true" : "false", ")"));
+                                " needs training.fused_attention"));
   }
   const int64_t seq = l.seq(m);
   if (seq % (2 * l.cp) != 0) {
@@ -155,11 +153,8 @@ absl::Status CheckBatch(const Layout& l, const models::TransformerConfig& m) {
                      "0 (off) or > 0, got ",
                      l.loss_chunk_tokens));
   }
-  if (l.document_eot_id >= 0 && (l.pp > 1 || !l.fused_attention)) {
-    return Invalid(
-        absl::StrCat("data.document_masking needs parallelism.pp 1 (got ", l.pp,
-                     ") and training.fused_attention (got ",
-                     l.fused_attention ? "true" : "false", ")"));
+  if (l.document_eot_id >= 0 && !l.fused_attention) {
+    return Invalid("data.document_masking needs training.fused_attention");
   }
   if (l.document_eot_id >= m.vocab_size) {
     return Invalid(absl::StrCat("data.document_masking: end-of-text id ",

@@ -54,7 +54,7 @@ struct Layout {
   // Context parallelism: each sequence split over cp ranks (2 cp chunks,
   // rank i holding chunks i and 2 cp - 1 - i) with ring attention
   // (parallel/context_parallel.h); the cp ranks read the same batches.
-  // Needs pp 1 and the fused attention; the sequence a multiple of 2 cp.
+  // Needs the fused attention; the sequence a multiple of 2 cp.
   // cp_style: "ring" (k and v passed round the cp ranks) or "alltoall"
   // (DeepSpeed-Ulysses: heads exchanged for rows; the query and key/value
   // heads on a rank must divide by cp).
@@ -83,7 +83,7 @@ struct Layout {
   // models::TransformerOptions::loss_chunk_tokens (-1 auto, 0 off, > 0).
   int64_t loss_chunk_tokens = -1;
   // models::TransformerOptions::document_eot_id: document masking at this
-  // end-of-text id (-1 off; needs pp 1 and the fused attention).
+  // end-of-text id (-1 off; needs the fused attention).
   int64_t document_eot_id = -1;
   // One micro-batch: micro_batch sequences of seq_len tokens (0: the
   // model's context length); grad_accumulation of them per step and rank.

@@ -222,15 +222,7 @@ std::vector<Refusal> Refusals() {
          l->cp = 2;
          l->fused_attention = false;
        },
-       "parallelism.cp 2 needs parallelism.pp 1 (got 1) and "
-       "training.fused_attention (got false)"},
-      {[](Layout* l) {
-         l->world = 4;
-         l->cp = 2;
-         l->pp = 2;
-         l->grad_accumulation = 2;
-       },
-       "parallelism.cp 2 needs parallelism.pp 1 (got 2)"},
+       "parallelism.cp 2 needs training.fused_attention"},
       {[](Layout* l) {
          l->world = 8;
          l->cp = 2;

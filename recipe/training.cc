@@ -142,22 +142,26 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
   return t;
 }
 
-absl::Status Training::BuildModel(const BuildOptions& options) {
-  if (layout_.cp > 1) {
-    // The cp ranks: consecutive coordinates of the shard axis.
-    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * cp_group,
-                           mesh_->Subgroup(kShardAxis, layout_.cp));
-    FSDPP_ASSIGN_OR_RETURN(
-        parallel::ContextLayout cp_layout,
-        parallel::ContextLayout::Create(layout_.cp, layout_.seq(config_)));
-    if (layout_.cp_style == "alltoall") {
-      context_parallel_ = std::make_unique<parallel::UlyssesContextParallel>(
-          cp_group, cp_layout, options.timeout);
-    } else {
-      context_parallel_ = std::make_unique<parallel::RingContextParallel>(
-          cp_group, cp_layout, options.timeout);
-    }
+absl::Status Training::MakeContextParallel(const BuildOptions& options) {
+  if (layout_.cp == 1) return absl::OkStatus();
+  // The cp ranks: consecutive coordinates of the shard axis.
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * cp_group,
+                         mesh_->Subgroup(kShardAxis, layout_.cp));
+  FSDPP_ASSIGN_OR_RETURN(
+      parallel::ContextLayout cp_layout,
+      parallel::ContextLayout::Create(layout_.cp, layout_.seq(config_)));
+  if (layout_.cp_style == "alltoall") {
+    context_parallel_ = std::make_unique<parallel::UlyssesContextParallel>(
+        cp_group, cp_layout, options.timeout);
+  } else {
+    context_parallel_ = std::make_unique<parallel::RingContextParallel>(
+        cp_group, cp_layout, options.timeout);
   }
+  return absl::OkStatus();
+}
+
+absl::Status Training::BuildModel(const BuildOptions& options) {
+  FSDPP_RETURN_IF_ERROR(MakeContextParallel(options));
   FSDPP_ASSIGN_OR_RETURN(
       model_, models::Transformer::Create(
                   config_, ModelOptions(layout_, context_parallel_.get())));
@@ -185,10 +189,12 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
   FSDPP_ASSIGN_OR_RETURN(parallel::PipelineSimulation simulated,
                          parallel::Simulate(schedule, 1.0, 2.0));
   schedule_bubble_ = simulated.bubble;
+  FSDPP_RETURN_IF_ERROR(MakeContextParallel(options));
   FSDPP_ASSIGN_OR_RETURN(
       std::vector<models::PipelineStagePart> parts,
-      models::BuildPipelineParts(config_, ModelOptions(layout_), schedule,
-                                 pipeline->rank(), layout_.pp_cuts));
+      models::BuildPipelineParts(config_,
+                                 ModelOptions(layout_, context_parallel_.get()),
+                                 schedule, pipeline->rank(), layout_.pp_cuts));
   std::vector<PipelineStageTraining> stages;
   for (models::PipelineStagePart& part : parts) {
     PipelineStageTraining stage;
@@ -210,6 +216,7 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
   step_options.seq_split = layout_.sequence_parallel ? layout_.tp : 1;
   step_options.hidden_dtype = layout_.param_dtype;
   step_options.timeout = options.timeout;
+  step_options.context_parallel = context_parallel_.get();
   FSDPP_ASSIGN_OR_RETURN(step_options.host_pipeline,
                          host_mesh->Group(kPipelineAxis));
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStep> step,
@@ -309,26 +316,29 @@ absl::StatusOr<double> Training::Evaluate(int64_t micro_batches,
 }
 
 std::vector<std::string> Training::Describe() const {
+  std::vector<std::string> lines;
+  if (pipeline_ != nullptr) {
+    const parallel::PipelineSchedule& s = pipeline_->schedule();
+    lines.push_back(absl::StrFormat(
+        "pipeline: %s over %d stage(s) (%d per rank), %d micro-batches, "
+        "stages start at blocks %s; bubble with equal stage times %.1f%%",
+        s.name, s.stages(), s.virtual_stages, s.microbatches,
+        layout_.pp_cuts.empty() ? std::string("(even split)")
+                                : absl::StrJoin(layout_.pp_cuts, ","),
+        100 * schedule_bubble_));
+  }
   if (context_parallel_ != nullptr) {
     const int64_t seq = layout_.seq(config_), cp = layout_.cp;
-    return {absl::StrFormat(
+    lines.push_back(absl::StrFormat(
         "context parallel: each sequence over cp %d ranks (%s; chunks of %d "
         "tokens, rank i holding chunks i and %d - i), FSDP over dp_shard %d "
         "x cp %d",
         cp,
         layout_.cp_style == "alltoall" ? "all-to-all attention over heads"
                                        : "ring attention",
-        seq / (2 * cp), 2 * cp - 1, layout_.dp_shard(), cp)};
+        seq / (2 * cp), 2 * cp - 1, layout_.dp_shard(), cp));
   }
-  if (pipeline_ == nullptr) return {};
-  const parallel::PipelineSchedule& s = pipeline_->schedule();
-  return {absl::StrFormat(
-      "pipeline: %s over %d stage(s) (%d per rank), %d micro-batches, "
-      "stages start at blocks %s; bubble with equal stage times %.1f%%",
-      s.name, s.stages(), s.virtual_stages, s.microbatches,
-      layout_.pp_cuts.empty() ? std::string("(even split)")
-                              : absl::StrJoin(layout_.pp_cuts, ","),
-      100 * schedule_bubble_)};
+  return lines;
 }
 
 absl::StatusOr<std::string> Training::ReportTable(const Totals& totals) const {

@@ -153,6 +153,9 @@ class Training {
 
  private:
   Training() = default;
+  // Context parallelism's split over the cp ranks of this rank's shard
+  // axis (cp > 1; nothing otherwise).
+  absl::Status MakeContextParallel(const BuildOptions& options);
   absl::Status BuildModel(const BuildOptions& options);
   absl::Status BuildPipeline(const BuildOptions& options,
                              DeviceMesh* host_mesh);

@@ -632,9 +632,7 @@ absl::Status ResolveDocumentMasking(const TrainConfig& config,
         "reference kernel, not cuDNN (set it true to use it)");
     return absl::OkStatus();
   }
-  if (out->layout.pp > 1) {
-    unsupported = "pipeline stages do not carry document masks yet";
-  } else if (!out->layout.fused_attention) {
+  if (!out->layout.fused_attention) {
     unsupported = "it needs training.fused_attention";
   }
   if (!unsupported.empty()) {

@@ -630,14 +630,11 @@ TEST(ValidateTest, PipelineMicroBatchesNoteAndRefusal) {
           .ok());
   auto resolved = ResolveTrainConfig(config, 4);
   ASSERT_TRUE(resolved.ok()) << resolved.status();
-  EXPECT_EQ(resolved->notes,
-            (std::vector<std::string>{
-                "pipeline micro-batches: 2 (micro batch 4), "
-                "raised from the 1 accumulation step(s) of "
-                "micro batch 8 to fill 2 pipeline ranks; set "
-                "parallelism.pp_microbatches to choose",
-                "data.document_masking off: pipeline stages do not carry "
-                "document masks yet"}));
+  EXPECT_EQ(resolved->notes, (std::vector<std::string>{
+                                 "pipeline micro-batches: 2 (micro batch 4), "
+                                 "raised from the 1 accumulation step(s) of "
+                                 "micro batch 8 to fill 2 pipeline ranks; set "
+                                 "parallelism.pp_microbatches to choose"}));
   // One row per data-parallel rank cannot fill 2 pipeline ranks: refused.
   EXPECT_EQ(ValidateWith({"parallelism.pp=2", "training.global_batch=2",
                           "training.micro_batch=1"},
@@ -670,11 +667,11 @@ TEST(ValidateTest, DocumentMaskingResolution) {
             256,
             "",
             ""},
-           {{"parallelism.pp=2", "data.document_masking=true"},
+           {{"training.fused_attention=false", "data.document_masking=true"},
             -1,
             "",
-            "data.document_masking: pipeline stages do not carry document "
-            "masks yet (set it false)"},
+            "data.document_masking: it needs training.fused_attention (set it "
+            "false)"},
            {{"training.fused_attention=false"},
             -1,
             "data.document_masking off: it needs training.fused_attention",

@@ -413,7 +413,8 @@ TEST(TrainerTest, TensorParallelLayoutsTrainAndResumeAcrossLayouts) {
 }
 
 // Context parallelism on Llama (RoPE at the global positions): cp 4, cp 2 x
-// dp 2, cp 2 x tp 2 and the all-to-all style at cp 2 train like one rank
+// dp 2, cp 2 x tp 2, cp 2 x pp 2 and the all-to-all style at cp 2 train like
+// one rank
 // (the same global batch), and a
 // checkpoint saved at cp 4 resumes at cp 2 and on one rank with the
 // uninterrupted run's losses.
@@ -428,7 +429,8 @@ TEST(TrainerTest, ContextParallelLayoutsTrainAndResumeAcrossLayouts) {
            {4, {"parallelism.cp=4"}},
            {4, {"parallelism.cp=2"}},
            {4, {"parallelism.cp=2", "parallelism.tp=2"}},
-           {2, {"parallelism.cp=2", "parallelism.cp_style=alltoall"}}}) {
+           {2, {"parallelism.cp=2", "parallelism.cp_style=alltoall"}},
+           {4, {"parallelism.cp=2", "parallelism.pp=2"}}}) {
     const std::string what =
         absl::StrCat("W=", l.world, " ", absl::StrJoin(l.overrides, " "));
     std::vector<std::string> o = llama;

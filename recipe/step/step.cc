@@ -193,12 +193,26 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
     }
   }
   const Tensor& first = ids->front();
-  if (first.shape().size() != 2 || first.dim(1) % options_.seq_split != 0) {
+  const nn::ContextParallel* cp = options_.context_parallel;
+  // This rank's tokens of a row (its columns under context parallelism).
+  const int64_t seq = first.shape().size() != 2 ? 0
+                      : cp != nullptr           ? cp->local()
+                                                : first.dim(1);
+  if (first.shape().size() != 2 || seq % options_.seq_split != 0 ||
+      (cp != nullptr && first.dim(1) != cp->seq_len())) {
     return absl::InvalidArgumentError(absl::StrCat(
         "pipeline: micro-batch ids ", ShapeToString(first.shape()),
-        " are not [rows, seq] with seq divisible by ", options_.seq_split));
+        " are not [rows, seq] with seq",
+        cp != nullptr ? absl::StrCat(" = ", cp->seq_len(), " and ") : " ",
+        "this rank's tokens divisible by ", options_.seq_split));
   }
-  const Shape hidden = {first.dim(0), first.dim(1) / options_.seq_split,
+  if (cp != nullptr) {
+    for (Tensor& t : *targets) {
+      FSDPP_ASSIGN_OR_RETURN(t, cp->Local(t));
+    }
+  }
+  batch_ids_ = *ids;
+  const Shape hidden = {first.dim(0), seq / options_.seq_split,
                         parts_.front().model->config().dim};
   if (runner_ != nullptr) {
     if (hidden == hidden_) return absl::OkStatus();
@@ -213,6 +227,17 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
   // FSDP syncs each stage's gradients once, on its last backward.
   runner_options.on_last_backward = [this](int stage) {
     for (fsdp::FsdpUnit* u : units_[stage]) u->SetRequiresGradientSync(true);
+    return absl::OkStatus();
+  };
+  // The parts without the embeddings get each micro-batch's ids.
+  runner_options.before_forward = [this](int stage, int mb) -> absl::Status {
+    for (models::PipelineStagePart& part : parts_) {
+      if (part.stage != stage || part.model->has_embedding()) continue;
+      if (mb < 0 || mb >= static_cast<int>(batch_ids_.size())) {
+        return absl::InternalError("pipeline: no ids for this micro-batch");
+      }
+      return part.model->SetBatch(batch_ids_[mb]);
+    }
     return absl::OkStatus();
   };
   FSDPP_ASSIGN_OR_RETURN(

@@ -48,6 +48,7 @@
 #include "fsdp/replicate.h"
 #include "models/pipeline.h"
 #include "models/transformer.h"
+#include "nn/attention.h"
 #include "optim/adamw.h"
 #include "optim/clip.h"
 #include "optim/loss_scaler.h"
@@ -228,6 +229,10 @@ struct PipelineStepOptions {
   // last stage) when the pipeline group takes device buffers only (NCCL);
   // null: the pipeline group.
   ProcessGroup* host_pipeline = nullptr;
+  // Context parallelism's split of the parts (not owned; null: off): the
+  // last stage's targets are this rank's columns, the hidden states its
+  // rows.
+  nn::ContextParallel* context_parallel = nullptr;
 };
 
 class PipelineStep final : public Step {
@@ -277,6 +282,10 @@ class PipelineStep final : public Step {
   Tensor* tied_last_ = nullptr;
   std::unique_ptr<parallel::PipelineRunner> runner_;
   Shape hidden_;  // the runner's
+  // The micro-batches' ids of the step or evaluation in progress: the
+  // parts without the embeddings take them before each forward
+  // (Transformer::SetBatch: document masks, context-parallel positions).
+  std::vector<Tensor> batch_ids_;
 };
 
 }  // namespace recipe
