@@ -243,31 +243,45 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
     FSDPP_ASSIGN_OR_RETURN(dk_part32, temp(k.shape(), DType::kF32));
     FSDPP_ASSIGN_OR_RETURN(dv_part32, temp(k.shape(), DType::kF32));
   }
-  FSDPP_RETURN_IF_ERROR(Ring(
-      k, v, q.dim(0), doc_start,
-      [&](int, const Tensor& kk, const Tensor& vv,
-          const KeyRange& keys) -> absl::Status {
-        FSDPP_RETURN_IF_ERROR(CausalAttentionBackward(q, kk, vv, out, lse, dout,
-                                                      scale, &dq_part, &dk_part,
-                                                      &dv_part, keys));
-        for (auto [part, part32, acc] :
-             {std::tuple{&dq_part, &dq_part32, &dq_acc},
-              std::tuple{&dk_part, &dk_part32, &grad.k},
-              std::tuple{&dv_part, &dv_part32, &grad.v}}) {
-          if (widen) {
-            FSDPP_RETURN_IF_ERROR(Copy(*part, part32));
-          }
-          FSDPP_RETURN_IF_ERROR(Add(*acc, widen ? *part32 : *part, acc));
-        }
-        // The accumulators go to the next rank (after the last step, home:
-        // the keys of rank + 1 were last with this rank).
-        if (cp == 1) return absl::OkStatus();
-        FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> shift,
-                               StartShift(grad.packed, next_grad.packed));
-        FSDPP_RETURN_IF_ERROR(Wait(shift));
-        std::swap(grad, next_grad);
-        return absl::OkStatus();
-      }));
+  // The accumulators go to the next rank after each step (after the last,
+  // home: the keys of rank + 1 were last with this rank); each transfer
+  // overlaps the next step's attention backward, which writes only the
+  // parts.
+  std::shared_ptr<Work> grad_shift;
+  const auto land = [&]() -> absl::Status {
+    if (grad_shift == nullptr) return absl::OkStatus();
+    FSDPP_RETURN_IF_ERROR(Wait(grad_shift));
+    grad_shift = nullptr;
+    std::swap(grad, next_grad);
+    return absl::OkStatus();
+  };
+  absl::Status ring =
+      Ring(k, v, q.dim(0), doc_start,
+           [&](int, const Tensor& kk, const Tensor& vv,
+               const KeyRange& keys) -> absl::Status {
+             FSDPP_RETURN_IF_ERROR(
+                 CausalAttentionBackward(q, kk, vv, out, lse, dout, scale,
+                                         &dq_part, &dk_part, &dv_part, keys));
+             FSDPP_RETURN_IF_ERROR(land());
+             for (auto [part, part32, acc] :
+                  {std::tuple{&dq_part, &dq_part32, &dq_acc},
+                   std::tuple{&dk_part, &dk_part32, &grad.k},
+                   std::tuple{&dv_part, &dv_part32, &grad.v}}) {
+               if (widen) {
+                 FSDPP_RETURN_IF_ERROR(Copy(*part, part32));
+               }
+               FSDPP_RETURN_IF_ERROR(Add(*acc, widen ? *part32 : *part, acc));
+             }
+             if (cp == 1) return absl::OkStatus();
+             FSDPP_ASSIGN_OR_RETURN(grad_shift,
+                                    StartShift(grad.packed, next_grad.packed));
+             return absl::OkStatus();
+           });
+  // The last transfer lands even after a failure (its buffers are freed
+  // here).
+  const absl::Status landed = land();
+  FSDPP_RETURN_IF_ERROR(ring);
+  FSDPP_RETURN_IF_ERROR(landed);
   FSDPP_RETURN_IF_ERROR(Copy(dq_acc, dq));
   FSDPP_RETURN_IF_ERROR(Copy(grad.k, dk));
   return Copy(grad.v, dv);

@@ -10,9 +10,10 @@
 // ranges of their global positions (tensor/ops.h KeyRange; document masks
 // too), merging the partial results by their log-sum-exp (MergeAttention).
 // The backward passes k, v and the f32 accumulators of their gradients
-// round the ring the same way: each rank adds its queries' share to the
-// keys it holds, and after cp steps every accumulator is back with its
-// owner. The results equal the unsplit attention's to rounding
+// round the ring the same way (each transfer in flight during the next
+// step's compute): each rank adds its queries' share to the keys it holds,
+// and after cp steps every accumulator is back with its owner. The results
+// equal the unsplit attention's to rounding
 // (context_parallel_test: 1e-6 in f32).
 //
 // RingAttentionCore plugs it into nn::CausalSelfAttention (a layer then
