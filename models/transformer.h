@@ -112,10 +112,11 @@ struct TransformerOptions {
   // [B, L, Vp] and the loss the mean over its targets. The whole rows' mean
   // is the mean over the cp ranks (each holds as many tokens), and the
   // parameter gradients averaged over them (FSDP over dp x cp) are the whole
-  // sequence's. Needs the fused attention; composes with document masking
-  // (masks from the whole rows) and pipeline stages (a part without the
-  // embeddings takes the whole ids through SetBatch and hidden states of
-  // this rank's rows).
+  // sequence's; with ignored targets (-100) spread unevenly over the ranks
+  // it is the mean of the ranks' means instead (not yet the global count).
+  // Needs the fused attention; composes with document masking (masks from the
+  // whole rows) and pipeline stages (a part without the embeddings takes the
+  // whole ids through SetBatch and hidden states of this rank's rows).
   nn::ContextParallel* context_parallel = nullptr;
 
   // Pipeline parallelism: build only a contiguous part of the model (one

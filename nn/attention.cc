@@ -80,6 +80,11 @@ absl::StatusOr<Tensor> ContextParallel::Local(const Tensor& whole) const {
     FSDPP_RETURN_IF_ERROR(CopyColumns(whole, run.start, run.length, &out, at));
     at += run.length;
   }
+  // Ids checked on the host stay checked (no copy back from a GPU to count
+  // or bound them).
+  if (whole.ids_checked_below() > 0) {
+    out.MarkIdsCheckedBelow(whole.ids_checked_below());
+  }
   return out;
 }
 

@@ -136,8 +136,8 @@ class ContextParallel {
       Tensor rope_positions, Tensor key_start) = 0;
 
   // This rank's columns of whole rows [B, T] (T = seq_len()), [B, L] on
-  // their device (CopyColumns, one per run); InvalidArgument for rows of
-  // another shape.
+  // their device (CopyColumns, one per run; ids checked on the host stay
+  // so); InvalidArgument for rows of another shape.
   absl::StatusOr<Tensor> Local(const Tensor& whole) const;
   // Tokens per rank (the runs' total).
   int64_t local() const;

@@ -195,6 +195,47 @@ TEST(UlyssesAttentionTest, EqualsTheUnsplitAttentionExactly) {
   }
 }
 
+// A model's split: rank r's runs are chunks r and 2 cp - 1 - r (one run
+// where they meet, on the last rank), Local takes those columns of whole
+// rows (keeping a host check's bound), and rows of another length are
+// refused.
+TEST(RingContextParallelTest, RunsAndLocalColumns) {
+  const int cp = 3;
+  const ContextLayout layout = *ContextLayout::Create(cp, 24);
+  std::vector<int64_t> values(2 * 24);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = i;
+  const Tensor whole = *Tensor::FromInts({2, 24}, values, DType::kI64);
+  whole.MarkIdsCheckedBelow(100);
+  RunOnMesh({{"cp", cp}}, [&](int rank, DeviceMesh& mesh) {
+    RingContextParallel split(*mesh.Group("cp"), layout);
+    using Run = nn::ContextParallel::Run;
+    const std::vector<Run>& runs = split.runs();
+    if (rank == cp - 1) {
+      ASSERT_EQ(runs.size(), 1u);
+      EXPECT_EQ(runs[0].start, 4 * rank);
+      EXPECT_EQ(runs[0].length, 8);
+    } else {
+      ASSERT_EQ(runs.size(), 2u);
+      EXPECT_EQ(runs[0].start, 4 * rank);
+      EXPECT_EQ(runs[1].start, 4 * (2 * cp - 1 - rank));
+      EXPECT_EQ(runs[1].length, 4);
+    }
+    EXPECT_EQ(split.local(), 8);
+    const absl::StatusOr<Tensor> local = split.Local(whole);
+    ASSERT_TRUE(local.ok()) << local.status();
+    std::vector<int64_t> want;
+    for (int64_t row = 0; row < 2; ++row) {
+      for (int64_t p : layout.Positions(rank)) want.push_back(row * 24 + p);
+    }
+    EXPECT_EQ(*local->ToInts(), want);
+    EXPECT_EQ(local->ids_checked_below(), 100);
+    const Tensor short_rows =
+        *Tensor::Zeros({2, 12}, DType::kI64, Device::Cpu());
+    EXPECT_EQ(split.Local(short_rows).status().code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
 // A Llama attention layer (GQA, RoPE) on each rank's rows under a
 // RingAttentionCore against the layer on the whole sequence: the rows'
 // outputs and input gradients equal, and the parameter gradients summed
