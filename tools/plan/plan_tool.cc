@@ -58,6 +58,11 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
     FSDPP_ASSIGN_OR_RETURN(config, trainer::LoadTrainConfig(o.config_path));
   }
   FSDPP_RETURN_IF_ERROR(trainer::ApplyOverrides(o.overrides, &config));
+  // A GPU plan resolves the config as the trainer does on one (e.g. its
+  // defaults for CUDA), unless the config names its device.
+  if (o.device != "cpu" && !config.training().has_device()) {
+    config.mutable_training()->set_device("cuda");
+  }
   if (o.world < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--world must be >= 1, got ", o.world));

@@ -71,6 +71,28 @@ TEST(PlanToolTest, SaysWhatTheConfigResolutionChanged) {
       << *out;
 }
 
+// A GPU plan resolves the config for CUDA, as the trainer there would
+// (document masking off by default: the masked attention is not cuDNN's);
+// the CPU plan keeps it on.
+TEST(PlanToolTest, GpuPlansResolveTheConfigForCuda) {
+  PlanToolOptions o;
+  o.config_path = "trainer/configs/llama_1b.textproto";
+  o.world = 8;
+  o.device = "h100";
+  absl::StatusOr<std::string> out = RunPlanTool(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::StrContains(
+      *out, "note: data.document_masking off: on CUDA the masked attention"))
+      << *out;
+  EXPECT_FALSE(absl::StrContains(*out, "document masks")) << *out;
+  o.device = "cpu";
+  o.calibrate = false;
+  out = RunPlanTool(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::StrContains(*out, "fused attention, document masks"))
+      << *out;
+}
+
 TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   PlanToolOptions o;
   o.config_path = "trainer/configs/llama_1b.textproto";
