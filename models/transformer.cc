@@ -334,14 +334,36 @@ absl::Status Transformer::SetBatch(const Tensor& ids) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> Transformer::MakeCore()
-    const {
-  if (options_.context_parallel == nullptr) {
-    return std::unique_ptr<nn::ContextParallelCore>();
+namespace {
+
+// A batch's document masks (without context parallelism, which takes them
+// through its core) or context-parallel core, installed on the thread over
+// a forward or a backward.
+class BatchScope {
+ public:
+  static absl::StatusOr<std::unique_ptr<BatchScope>> Enter(
+      nn::ContextParallel* cp, const nn::DocumentMasks& documents,
+      const Tensor& cp_positions) {
+    std::unique_ptr<nn::ContextParallelCore> core;
+    if (cp != nullptr) {
+      FSDPP_ASSIGN_OR_RETURN(core,
+                             cp->MakeCore(cp_positions, documents.key_start));
+    }
+    const nn::DocumentMasks* masks =
+        cp == nullptr && documents.key_start.defined() ? &documents : nullptr;
+    return absl::WrapUnique(new BatchScope(masks, std::move(core)));
   }
-  return options_.context_parallel->MakeCore(cp_positions_,
-                                             documents_.key_start);
-}
+
+ private:
+  BatchScope(const nn::DocumentMasks* masks,
+             std::unique_ptr<nn::ContextParallelCore> core)
+      : core_(std::move(core)), masks_(masks), installed_(core_.get()) {}
+  std::unique_ptr<nn::ContextParallelCore> core_;
+  nn::DocumentMasks::Scope masks_;
+  nn::ContextParallelCore::Scope installed_;
+};
+
+}  // namespace
 
 absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
   if (!options_.embedding) {
@@ -399,14 +421,9 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
 }
 
 absl::StatusOr<Tensor> Transformer::Blocks(const Tensor& x) {
-  // The batch's masks (context parallelism takes them through its core).
-  const nn::DocumentMasks::Scope masks(options_.context_parallel == nullptr &&
-                                               documents_.key_start.defined()
-                                           ? &documents_
-                                           : nullptr);
-  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<nn::ContextParallelCore> core,
-                         MakeCore());
-  const nn::ContextParallelCore::Scope scope(core.get());
+  FSDPP_ASSIGN_OR_RETURN(
+      const std::unique_ptr<BatchScope> batch,
+      BatchScope::Enter(options_.context_parallel, documents_, cp_positions_));
   FSDPP_ASSIGN_OR_RETURN(Tensor y, stack_->Forward(x));
   return Head(y);
 }
@@ -418,13 +435,9 @@ absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
 }
 
 absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
-  const nn::DocumentMasks::Scope masks(options_.context_parallel == nullptr &&
-                                               documents_.key_start.defined()
-                                           ? &documents_
-                                           : nullptr);
-  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<nn::ContextParallelCore> core,
-                         MakeCore());
-  const nn::ContextParallelCore::Scope scope(core.get());
+  FSDPP_ASSIGN_OR_RETURN(
+      const std::unique_ptr<BatchScope> batch,
+      BatchScope::Enter(options_.context_parallel, documents_, cp_positions_));
   Tensor dx = doutput;
   if (options_.head) {
     FSDPP_ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));

@@ -259,8 +259,6 @@ class Transformer : public Module {
     return options_.document_eot_id >= 0 ||
            options_.context_parallel != nullptr;
   }
-  // The context-parallel core of the batch (null without).
-  absl::StatusOr<std::unique_ptr<nn::ContextParallelCore>> MakeCore() const;
   // The blocks (under the batch's masks or core) and the head.
   absl::StatusOr<Tensor> Blocks(const Tensor& x);
   // Arms the head's fused loss for this ForwardLoss* when

@@ -40,6 +40,27 @@ struct KvPair {
   }
 };
 
+// The checks both styles make: a group of cp ranks, q [B, H, L, hd] and
+// k, v [B, KV, L, hd] with L this rank's rows. `who` prefixes the error.
+absl::Status CheckRankRows(const std::string& who, const ProcessGroup* group,
+                           const ContextLayout& layout, const Tensor& q,
+                           const Tensor& k, const Tensor& v) {
+  if (group == nullptr || group->size() != layout.cp()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": the group must have the layout's cp = ", layout.cp(),
+        " ranks"));
+  }
+  const int64_t l = layout.local();
+  if (q.ndim() != 4 || k.ndim() != 4 || q.dim(2) != l || k.dim(2) != l ||
+      k.shape() != v.shape() || q.dim(0) != k.dim(0) || q.dim(3) != k.dim(3)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        who, ": q ", q.ToString(), ", k ", k.ToString(), ", v ", v.ToString(),
+        " must be [B, H, L, hd] and [B, KV, L, hd] with L = ", l,
+        " (this rank's rows)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ContextLayout> ContextLayout::Create(int cp, int64_t seq_len) {
@@ -85,19 +106,9 @@ RingAttention::RingAttention(ProcessGroup* group, const ContextLayout& layout,
 absl::Status RingAttention::CheckShapes(const char* op, const Tensor& q,
                                         const Tensor& k, const Tensor& v,
                                         const Tensor* doc_start) const {
-  if (group_ == nullptr || group_->size() != layout_.cp()) {
-    return Invalid(op, absl::StrCat("the group must have the layout's cp = ",
-                                    layout_.cp(), " ranks"));
-  }
+  FSDPP_RETURN_IF_ERROR(CheckRankRows(absl::StrCat("RingAttention::", op),
+                                      group_, layout_, q, k, v));
   const int64_t l = layout_.local();
-  if (q.ndim() != 4 || k.ndim() != 4 || q.dim(2) != l || k.dim(2) != l ||
-      k.shape() != v.shape() || q.dim(0) != k.dim(0) || q.dim(3) != k.dim(3)) {
-    return Invalid(op, absl::StrCat("q ", q.ToString(), ", k ", k.ToString(),
-                                    ", v ", v.ToString(),
-                                    " must be [B, H, L, hd] and [B, KV, L, "
-                                    "hd] with L = ",
-                                    l, " (this rank's rows)"));
-  }
   // On meta (a dry run) the document starts are meta too.
   if (doc_start != nullptr && (doc_start->dtype() != DType::kI32 ||
                                !(doc_start->device().is_cpu() ||
@@ -339,20 +350,9 @@ absl::Status UlyssesAttention::CheckShapes(const char* op, const Tensor& q,
     return absl::InvalidArgumentError(
         absl::StrCat("UlyssesAttention::", op, ": ", what));
   };
+  FSDPP_RETURN_IF_ERROR(CheckRankRows(absl::StrCat("UlyssesAttention::", op),
+                                      group_, layout_, q, k, v));
   const int cp = layout_.cp();
-  if (group_ == nullptr || group_->size() != cp) {
-    return invalid(
-        absl::StrCat("the group must have the layout's cp = ", cp, " ranks"));
-  }
-  const int64_t l = layout_.local();
-  if (q.ndim() != 4 || k.ndim() != 4 || q.dim(2) != l || k.dim(2) != l ||
-      k.shape() != v.shape() || q.dim(0) != k.dim(0) || q.dim(3) != k.dim(3)) {
-    return invalid(absl::StrCat("q ", q.ToString(), ", k ", k.ToString(),
-                                ", v ", v.ToString(),
-                                " must be [B, H, L, hd] and [B, KV, L, hd] "
-                                "with L = ",
-                                l, " (this rank's rows)"));
-  }
   if (q.dim(1) % cp != 0 || k.dim(1) % cp != 0) {
     return invalid(absl::StrCat(
         "the all-to-all style splits the heads over cp = ", cp, ": ", q.dim(1),

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "comm/process_group.h"
+#include "core/logging.h"
 #include "gtest/gtest.h"
 #include "mesh/device_mesh.h"
 #include "mesh/run_on_mesh.h"
@@ -24,6 +25,7 @@ namespace {
 
 using testing_util::AllClose;
 using testing_util::GatherRows;
+using testing_util::PackedDocumentIds;
 using testing_util::RandomTensor;
 using testing_util::RelTol;
 using testing_util::RunOnMesh;
@@ -33,25 +35,39 @@ Tensor Empty(const Shape& shape, DType dtype) {
   return *Tensor::Empty(shape, dtype, Device::Cpu());
 }
 
-// Packed documents: a new one at every 7th-to-40th token, per batch row.
-Tensor DocumentIds(int64_t b, int64_t t) {
-  std::vector<int64_t> ids(b * t, 1);
-  uint64_t x = 3;
-  for (int64_t r = 0; r < b; ++r) {
-    for (int64_t i = 0; i < t;) {
-      ids[r * t + i] = 0;  // end-of-text: a document begins
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      i += 7 + static_cast<int64_t>((x >> 33) % 34);
-    }
-  }
-  return *Tensor::FromInts({b, t}, ids, DType::kI32);
-}
-
 struct Case {
   int cp;
   bool documents;
   DType dtype;
 };
+
+// Random q, k, v [B, H or KV, T, hd] and dout of the case's dtype, packed
+// documents' key starts, and the unsplit fused attention's forward and
+// backward (with the documents' masks when the case has them).
+struct Unsplit {
+  Tensor q, k, v, dout, starts, out, lse, dq, dk, dv;
+};
+Unsplit Reference(const Case& c, int64_t b, int64_t h, int64_t kv, int64_t hd,
+                  int64_t t, float scale) {
+  Unsplit u;
+  u.q = RandomTensor({b, h, t, hd}, c.dtype, 1, -2, 2);
+  u.k = RandomTensor({b, kv, t, hd}, c.dtype, 2, -2, 2);
+  u.v = RandomTensor({b, kv, t, hd}, c.dtype, 3);
+  u.dout = RandomTensor({b, h, t, hd}, c.dtype, 4);
+  u.starts = Empty({b, t}, DType::kI32);
+  Tensor positions = Empty({b, t}, DType::kI32);
+  CHECK_OK(DocumentMask(PackedDocumentIds(b, t), 0, &u.starts, &positions));
+  const KeyRange keys = c.documents ? KeyRange{&u.starts} : KeyRange{};
+  u.out = Empty(u.q.shape(), c.dtype);
+  u.lse = Empty({b, h, t}, DType::kF32);
+  CHECK_OK(CausalAttention(u.q, u.k, u.v, scale, &u.out, &u.lse, keys));
+  u.dq = Empty(u.q.shape(), c.dtype);
+  u.dk = Empty(u.k.shape(), c.dtype);
+  u.dv = Empty(u.k.shape(), c.dtype);
+  CHECK_OK(CausalAttentionBackward(u.q, u.k, u.v, u.out, u.lse, u.dout, scale,
+                                   &u.dq, &u.dk, &u.dv, keys));
+  return u;
+}
 
 TEST(RingAttentionTest, EqualsTheUnsplitAttention) {
   for (const Case& c :
@@ -64,22 +80,10 @@ TEST(RingAttentionTest, EqualsTheUnsplitAttention) {
                  << DTypeName(c.dtype));
     const int64_t b = 2, h = 4, kv = 2, hd = 16, t = 2 * c.cp * 20;
     const float scale = 0.25f;
-    const Tensor q = RandomTensor({b, h, t, hd}, c.dtype, 1, -2, 2);
-    const Tensor k = RandomTensor({b, kv, t, hd}, c.dtype, 2, -2, 2);
-    const Tensor v = RandomTensor({b, kv, t, hd}, c.dtype, 3);
-    const Tensor dout = RandomTensor({b, h, t, hd}, c.dtype, 4);
-    // The unsplit reference, with the documents' key starts.
-    Tensor starts = Empty({b, t}, DType::kI32), positions = starts;
-    positions = Empty({b, t}, DType::kI32);
-    ASSERT_TRUE(DocumentMask(DocumentIds(b, t), 0, &starts, &positions).ok());
-    const KeyRange keys = c.documents ? KeyRange{&starts} : KeyRange{};
-    Tensor out = Empty(q.shape(), c.dtype), lse = Empty({b, h, t}, DType::kF32);
-    ASSERT_TRUE(CausalAttention(q, k, v, scale, &out, &lse, keys).ok());
-    Tensor dq = Empty(q.shape(), c.dtype), dk = Empty(k.shape(), c.dtype),
-           dv = Empty(k.shape(), c.dtype);
-    ASSERT_TRUE(CausalAttentionBackward(q, k, v, out, lse, dout, scale, &dq,
-                                        &dk, &dv, keys)
-                    .ok());
+    const Unsplit u = Reference(c, b, h, kv, hd, t, scale);
+    const Tensor &q = u.q, &k = u.k, &v = u.v, &dout = u.dout;
+    const Tensor &starts = u.starts, &out = u.out, &lse = u.lse, &dq = u.dq,
+                 &dk = u.dk, &dv = u.dv;
     const ContextLayout layout = *ContextLayout::Create(c.cp, t);
     const double tol = c.dtype == DType::kF32 ? 1e-6 : 4 * RelTol(c.dtype);
     RunOnMesh({{"cp", c.cp}}, [&](int rank, DeviceMesh& mesh) {
@@ -137,21 +141,10 @@ TEST(UlyssesAttentionTest, EqualsTheUnsplitAttentionExactly) {
                  << DTypeName(c.dtype));
     const int64_t b = 2, h = 8, kv = 4, hd = 16, t = 2 * c.cp * 20;
     const float scale = 0.25f;
-    const Tensor q = RandomTensor({b, h, t, hd}, c.dtype, 1, -2, 2);
-    const Tensor k = RandomTensor({b, kv, t, hd}, c.dtype, 2, -2, 2);
-    const Tensor v = RandomTensor({b, kv, t, hd}, c.dtype, 3);
-    const Tensor dout = RandomTensor({b, h, t, hd}, c.dtype, 4);
-    Tensor starts = Empty({b, t}, DType::kI32);
-    Tensor positions = Empty({b, t}, DType::kI32);
-    ASSERT_TRUE(DocumentMask(DocumentIds(b, t), 0, &starts, &positions).ok());
-    const KeyRange keys = c.documents ? KeyRange{&starts} : KeyRange{};
-    Tensor out = Empty(q.shape(), c.dtype), lse = Empty({b, h, t}, DType::kF32);
-    ASSERT_TRUE(CausalAttention(q, k, v, scale, &out, &lse, keys).ok());
-    Tensor dq = Empty(q.shape(), c.dtype), dk = Empty(k.shape(), c.dtype),
-           dv = Empty(k.shape(), c.dtype);
-    ASSERT_TRUE(CausalAttentionBackward(q, k, v, out, lse, dout, scale, &dq,
-                                        &dk, &dv, keys)
-                    .ok());
+    const Unsplit u = Reference(c, b, h, kv, hd, t, scale);
+    const Tensor &q = u.q, &k = u.k, &v = u.v, &dout = u.dout;
+    const Tensor &starts = u.starts, &out = u.out, &lse = u.lse, &dq = u.dq,
+                 &dk = u.dk, &dv = u.dv;
     const ContextLayout layout = *ContextLayout::Create(c.cp, t);
     RunOnMesh({{"cp", c.cp}}, [&](int rank, DeviceMesh& mesh) {
       SCOPED_TRACE(::testing::Message() << "rank " << rank);
@@ -253,7 +246,7 @@ TEST(RingAttentionTest, LayerOnItsRowsEqualsTheWholeLayer) {
     Tensor starts = Empty({b, t}, DType::kI32);
     Tensor doc_positions = Empty({b, t}, DType::kI32);
     ASSERT_TRUE(
-        DocumentMask(DocumentIds(b, t), 0, &starts, &doc_positions).ok());
+        DocumentMask(PackedDocumentIds(b, t), 0, &starts, &doc_positions).ok());
     const ContextLayout layout = *ContextLayout::Create(cp, t);
     RunOnMesh({{"cp", cp}}, [&](int rank, DeviceMesh& mesh) {
       SCOPED_TRACE(::testing::Message()

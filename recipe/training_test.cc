@@ -132,6 +132,16 @@ Outcome Train(const Layout& layout, bool on_device = false) {
   return out;
 }
 
+// `r` trained to `one`'s losses, last gradient norm and evaluation.
+void ExpectTrainsLike(const Outcome& r, const Outcome& one) {
+  ASSERT_EQ(r.losses.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(r.losses[s], one.losses[s], 1e-5 * one.losses[s]) << s;
+  }
+  EXPECT_NEAR(r.grad_norm, one.grad_norm, 1e-4 * one.grad_norm);
+  EXPECT_NEAR(r.eval, one.eval, 1e-5 * one.eval);
+}
+
 // Document masks through a pipeline: pp 2 (1F1B and GPipe) trains to the
 // single rank's losses with packed documents (the second stage takes each
 // micro-batch's ids), which differ from the unmasked run's.
@@ -148,13 +158,7 @@ TEST(TrainingTest, PipelineStagesCarryDocumentMasks) {
     pp.world = 2;
     pp.pp = 2;
     pp.pp_schedule = schedule;
-    const Outcome r = Train(pp);
-    ASSERT_EQ(r.losses.size(), 2u);
-    for (int s = 0; s < 2; ++s) {
-      EXPECT_NEAR(r.losses[s], one.losses[s], 1e-5 * one.losses[s]) << s;
-    }
-    EXPECT_NEAR(r.grad_norm, one.grad_norm, 1e-4 * one.grad_norm);
-    EXPECT_NEAR(r.eval, one.eval, 1e-5 * one.eval);
+    ExpectTrainsLike(Train(pp), one);
   }
 }
 
@@ -169,14 +173,7 @@ TEST(TrainingTest, LayoutsTrainToTheSingleRanksLosses) {
   Layout pipeline = Base(2);
   pipeline.pp = 2;
   const Outcome pp = Train(pipeline);
-  for (const Outcome* r : {&two, &pp}) {
-    ASSERT_EQ(r->losses.size(), 2u);
-    for (int s = 0; s < 2; ++s) {
-      EXPECT_NEAR(r->losses[s], one.losses[s], 1e-5 * one.losses[s]) << s;
-    }
-    EXPECT_NEAR(r->grad_norm, one.grad_norm, 1e-4 * one.grad_norm);
-    EXPECT_NEAR(r->eval, one.eval, 1e-5 * one.eval);
-  }
+  for (const Outcome* r : {&two, &pp}) ExpectTrainsLike(*r, one);
   ASSERT_EQ(pp.describe.size(), 1u);
   EXPECT_TRUE(absl::StrContains(pp.describe[0], "pipeline: 1F1B over 2"))
       << pp.describe[0];
@@ -230,12 +227,7 @@ TEST(TrainingTest, ContextParallelLayoutsTrainToTheSingleRanksLosses) {
       SCOPED_TRACE(l.ToString());
       ASSERT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
       const Outcome r = Train(l);
-      ASSERT_EQ(r.losses.size(), 2u);
-      for (int s = 0; s < 2; ++s) {
-        EXPECT_NEAR(r.losses[s], one.losses[s], 1e-5 * one.losses[s]) << s;
-      }
-      EXPECT_NEAR(r.grad_norm, one.grad_norm, 1e-4 * one.grad_norm);
-      EXPECT_NEAR(r.eval, one.eval, 1e-5 * one.eval);
+      ExpectTrainsLike(r, one);
       ASSERT_EQ(r.describe.size(), l.pp > 1 ? 2u : 1u);
       EXPECT_TRUE(absl::StrContains(
           r.describe.back(),

@@ -92,5 +92,20 @@ Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows) {
   return *std::move(out);
 }
 
+Tensor PackedDocumentIds(int64_t b, int64_t t) {
+  std::vector<int64_t> ids(b * t, 1);
+  uint64_t x = 3;
+  for (int64_t r = 0; r < b; ++r) {
+    for (int64_t i = 0; i < t;) {
+      ids[r * t + i] = 0;  // end-of-text: a document begins
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      i += 7 + static_cast<int64_t>((x >> 33) % 34);
+    }
+  }
+  absl::StatusOr<Tensor> out = Tensor::FromInts({b, t}, ids, DType::kI32);
+  CHECK_OK(out.status());
+  return *out;
+}
+
 }  // namespace testing_util
 }  // namespace fsdpp

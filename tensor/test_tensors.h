@@ -39,6 +39,11 @@ double RelTol(DType dtype);
 // dtype, as [B, N, rows.size(), hd] (a context-parallel rank's rows).
 Tensor GatherRows(const Tensor& x, const std::vector<int64_t>& rows);
 
+// Ids [b, t] (i32) of packed documents: end-of-text id 0 at the start of
+// each row and then every 7 to 40 tokens (a fixed pseudo-random walk), 1
+// elsewhere.
+Tensor PackedDocumentIds(int64_t b, int64_t t);
+
 }  // namespace testing_util
 }  // namespace fsdpp
 

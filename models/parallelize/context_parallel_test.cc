@@ -30,22 +30,9 @@ using parallel::ContextLayout;
 using parallel::RingContextParallel;
 using parallel::UlyssesContextParallel;
 using testing_util::AllClose;
+using testing_util::PackedDocumentIds;
 using testing_util::RunOnMesh;
 using testing_util::Values;
-
-// Packed documents: a new one at every 7th-to-40th token, per batch row.
-Tensor DocumentIds(int64_t b, int64_t t) {
-  std::vector<int64_t> ids(b * t, 1);
-  uint64_t x = 3;
-  for (int64_t r = 0; r < b; ++r) {
-    for (int64_t i = 0; i < t;) {
-      ids[r * t + i] = 0;  // end-of-text: a document begins
-      x = x * 6364136223846793005ull + 1442695040888963407ull;
-      i += 7 + static_cast<int64_t>((x >> 33) % 34);
-    }
-  }
-  return *Tensor::FromInts({b, t}, ids, DType::kI32);
-}
 
 // A whole model on each cp rank's columns (TransformerOptions::
 // context_parallel: whole rows of ids and targets in, this rank's share
@@ -57,7 +44,7 @@ Tensor DocumentIds(int64_t b, int64_t t) {
 // all-to-all style at cp 2 likewise.
 TEST(ContextParallelModelTest, ModelOnItsColumnsEqualsTheWholeModel) {
   const int64_t b = 2, t = 48;
-  const Tensor ids = DocumentIds(b, t);
+  const Tensor ids = PackedDocumentIds(b, t);
   std::vector<int64_t> target_ids(b * t);
   for (int64_t i = 0; i < b * t; ++i) target_ids[i] = (i * 37 + 11) % 500;
   const Tensor targets = *Tensor::FromInts({b, t}, target_ids, DType::kI32);
@@ -138,7 +125,7 @@ TEST(ContextParallelModelTest, RefusesRowsOfAnotherLength) {
     auto model = *Transformer::Create(config, options);
     ASSERT_TRUE(model->ToEmpty(Device::Cpu()).ok());
     const absl::StatusOr<float> loss =
-        model->ForwardLoss(DocumentIds(1, 12), DocumentIds(1, 12));
+        model->ForwardLoss(PackedDocumentIds(1, 12), PackedDocumentIds(1, 12));
     EXPECT_EQ(loss.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_NE(loss.status().message().find("whole rows [B, 16]"),
               std::string::npos)
