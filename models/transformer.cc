@@ -307,7 +307,7 @@ absl::Status Transformer::SetBatch(const Tensor& ids) {
       FSDPP_ASSIGN_OR_RETURN(cp_positions_, LocalColumns(documents_.positions));
       documents_.positions = Tensor();
     } else {
-      FSDPP_RETURN_IF_ERROR(LocalColumns(ids).status());  // the shape check
+      FSDPP_RETURN_IF_ERROR(Annotate(cp->CheckWhole(ids), "Transformer"));
       const int64_t l = cp->local();
       if (ids.is_meta()) {
         FSDPP_ASSIGN_OR_RETURN(

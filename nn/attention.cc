@@ -66,12 +66,17 @@ int64_t ContextParallel::local() const {
   return total;
 }
 
-absl::StatusOr<Tensor> ContextParallel::Local(const Tensor& whole) const {
+absl::Status ContextParallel::CheckWhole(const Tensor& whole) const {
   if (!whole.defined() || whole.ndim() != 2 || whole.dim(1) != seq_len()) {
     return absl::InvalidArgumentError(
         absl::StrCat("context parallelism takes whole rows [B, ", seq_len(),
                      "] of ids and targets, got ", whole.ToString()));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ContextParallel::Local(const Tensor& whole) const {
+  FSDPP_RETURN_IF_ERROR(CheckWhole(whole));
   FSDPP_ASSIGN_OR_RETURN(
       Tensor out, Tensor::Empty({whole.dim(0), local()}, whole.dtype(),
                                 whole.device(), MemoryTag::kActivations));

@@ -139,6 +139,8 @@ class ContextParallel {
   // their device (CopyColumns, one per run; ids checked on the host stay
   // so); InvalidArgument for rows of another shape.
   absl::StatusOr<Tensor> Local(const Tensor& whole) const;
+  // Local's check of the rows alone.
+  absl::Status CheckWhole(const Tensor& whole) const;
   // Tokens per rank (the runs' total).
   int64_t local() const;
 };
