@@ -167,6 +167,7 @@ absl::Status RingAttention::Wait(const std::shared_ptr<Work>& work) const {
 
 absl::Status RingAttention::Ring(const Tensor& k, const Tensor& v,
                                  int64_t batch, const Tensor* doc_start,
+                                 RangeCache* ranges,
                                  const RingStep& step_fn) const {
   const int cp = layout_.cp(), rank = group_->rank();
   FSDPP_ASSIGN_OR_RETURN(KvPair cur,
@@ -183,9 +184,22 @@ absl::Status RingAttention::Ring(const Tensor& k, const Tensor& v,
     if (step + 1 < cp) {
       FSDPP_ASSIGN_OR_RETURN(shift, StartShift(cur.packed, next.packed));
     }
+    const int src = (rank - step + cp) % cp;
     Tensor lo, hi;
-    FSDPP_RETURN_IF_ERROR(Ranges((rank - step + cp) % cp, batch, doc_start,
-                                 k.device(), &lo, &hi));
+    if (ranges != nullptr && static_cast<int>(ranges->lo.size()) == cp &&
+        ranges->lo[src].defined()) {
+      lo = ranges->lo[src];
+      hi = ranges->hi[src];
+    } else {
+      FSDPP_RETURN_IF_ERROR(
+          Ranges(src, batch, doc_start, k.device(), &lo, &hi));
+      if (ranges != nullptr) {
+        ranges->lo.resize(cp);
+        ranges->hi.resize(cp);
+        ranges->lo[src] = lo;
+        ranges->hi[src] = hi;
+      }
+    }
     FSDPP_RETURN_IF_ERROR(step_fn(step, cur.k, cur.v, KeyRange{&lo, &hi}));
     if (shift != nullptr) {
       FSDPP_RETURN_IF_ERROR(Wait(shift));
@@ -198,7 +212,7 @@ absl::Status RingAttention::Ring(const Tensor& k, const Tensor& v,
 absl::Status RingAttention::Forward(const Tensor& q, const Tensor& k,
                                     const Tensor& v, float scale,
                                     const Tensor* doc_start, Tensor* out,
-                                    Tensor* lse) {
+                                    Tensor* lse, RangeCache* ranges) {
   FSDPP_RETURN_IF_ERROR(CheckShapes("Forward", q, k, v, doc_start));
   OpSpan span("RingAttention", "attention");
   FSDPP_ASSIGN_OR_RETURN(
@@ -207,7 +221,7 @@ absl::Status RingAttention::Forward(const Tensor& q, const Tensor& k,
   FSDPP_ASSIGN_OR_RETURN(Tensor part_lse,
                          Tensor::Empty(lse->shape(), DType::kF32, q.device(),
                                        MemoryTag::kAttention));
-  return Ring(k, v, q.dim(0), doc_start,
+  return Ring(k, v, q.dim(0), doc_start, ranges,
               [&](int step, const Tensor& kk, const Tensor& vv,
                   const KeyRange& keys) -> absl::Status {
                 if (step == 0) {
@@ -223,7 +237,8 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
                                      const Tensor& v, const Tensor& out,
                                      const Tensor& lse, const Tensor& dout,
                                      float scale, const Tensor* doc_start,
-                                     Tensor* dq, Tensor* dk, Tensor* dv) {
+                                     Tensor* dq, Tensor* dk, Tensor* dv,
+                                     RangeCache* ranges) {
   FSDPP_RETURN_IF_ERROR(CheckShapes("Backward", q, k, v, doc_start));
   OpSpan span("RingAttentionBackward", "attention");
   const int cp = layout_.cp();
@@ -267,7 +282,7 @@ absl::Status RingAttention::Backward(const Tensor& q, const Tensor& k,
     return absl::OkStatus();
   };
   absl::Status ring =
-      Ring(k, v, q.dim(0), doc_start,
+      Ring(k, v, q.dim(0), doc_start, ranges,
            [&](int, const Tensor& kk, const Tensor& vv,
                const KeyRange& keys) -> absl::Status {
              FSDPP_RETURN_IF_ERROR(

@@ -78,15 +78,23 @@ class RingAttention {
   RingAttention(ProcessGroup* group, const ContextLayout& layout,
                 absl::Duration timeout = absl::Minutes(5));
 
+  // The key ranges of this rank's queries over each rank's keys, by source
+  // rank, for one batch and document starts: filled as the ring meets each
+  // rank, then reused (every layer of a model's forward or backward has the
+  // same ones). Null: computed for the call alone.
+  struct RangeCache {
+    std::vector<Tensor> lo, hi;
+  };
+
   absl::Status Forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, const Tensor* doc_start, Tensor* out,
-                       Tensor* lse);
+                       Tensor* lse, RangeCache* ranges = nullptr);
   // dq, dk, dv overwritten; out and lse those of Forward.
   absl::Status Backward(const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse,
                         const Tensor& dout, float scale,
                         const Tensor* doc_start, Tensor* dq, Tensor* dk,
-                        Tensor* dv);
+                        Tensor* dv, RangeCache* ranges = nullptr);
 
  private:
   // Key ranges of this rank's queries over rank `src`'s keys, i32 [B, L]
@@ -101,7 +109,8 @@ class RingAttention {
   using RingStep = std::function<absl::Status(
       int step, const Tensor& k, const Tensor& v, const KeyRange& keys)>;
   absl::Status Ring(const Tensor& k, const Tensor& v, int64_t batch,
-                    const Tensor* doc_start, const RingStep& step_fn) const;
+                    const Tensor* doc_start, RangeCache* ranges,
+                    const RingStep& step_fn) const;
   // Starts sending `send` to the next rank and receiving `recv` from the
   // previous one (both kept alive by the caller until the work is waited).
   absl::StatusOr<std::shared_ptr<Work>> StartShift(const Tensor& send,
@@ -130,14 +139,14 @@ class RingAttentionCore : public nn::ContextParallelCore {
 
   absl::Status Forward(const Tensor& q, const Tensor& k, const Tensor& v,
                        float scale, Tensor* out, Tensor* lse) override {
-    return ring_->Forward(q, k, v, scale, DocStart(), out, lse);
+    return ring_->Forward(q, k, v, scale, DocStart(), out, lse, &ranges_);
   }
   absl::Status Backward(const Tensor& q, const Tensor& k, const Tensor& v,
                         const Tensor& out, const Tensor& lse,
                         const Tensor& dout, float scale, Tensor* dq, Tensor* dk,
                         Tensor* dv) override {
     return ring_->Backward(q, k, v, out, lse, dout, scale, DocStart(), dq, dk,
-                           dv);
+                           dv, &ranges_);
   }
   const Tensor& positions() const override { return positions_; }
 
@@ -148,6 +157,8 @@ class RingAttentionCore : public nn::ContextParallelCore {
   RingAttention* ring_;
   Tensor positions_;
   Tensor doc_start_;
+  // The batch's key ranges, shared by its layers.
+  RingAttention::RangeCache ranges_;
 };
 
 // Rank `rank`'s positions of `layout` as runs of consecutive ones.
