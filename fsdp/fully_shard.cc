@@ -123,9 +123,17 @@ struct FsdpUnit::Shared {
     Tensor input, output;  // held until the work completes
   };
   std::vector<PendingReduce> pending;
+
+  // A step abandoned on an error may leave reductions in flight: their
+  // buffers must outlive them.
+  ~Shared() {
+    for (PendingReduce& r : pending) r.work->Wait(kWaitTimeout).IgnoreError();
+  }
 };
 
 FsdpUnit::~FsdpUnit() {
+  // Likewise an all-gather (a prefetch) still writing into gather_out_.
+  if (gather_work_ != nullptr) gather_work_->Wait(kWaitTimeout).IgnoreError();
   std::lock_guard<std::mutex> lock(RegistryMutex());
   for (Module* m : modules_) {
     auto it = ModuleUnits().find(m);
@@ -315,9 +323,13 @@ absl::Status FsdpUnit::ShardParameters() {
     FSDPP_ASSIGN_OR_RETURN(
         Tensor master, Tensor::Zeros(local_shape, DType::kF32, state_device_,
                                      MemoryTag::kParams));
-    FSDPP_ASSIGN_OR_RETURN(
-        Tensor grad, Tensor::Zeros(local_shape, DType::kF32, state_device_,
-                                   MemoryTag::kGrads));
+    sp.requires_grad = p->requires_grad;
+    Tensor grad;
+    if (sp.requires_grad) {
+      FSDPP_ASSIGN_OR_RETURN(
+          grad, Tensor::Zeros(local_shape, DType::kF32, state_device_,
+                              MemoryTag::kGrads));
+    }
     if (p->data.is_meta()) {
       all_materialised = false;
     } else {
@@ -327,10 +339,14 @@ absl::Status FsdpUnit::ShardParameters() {
     }
     FSDPP_ASSIGN_OR_RETURN(sp.master, DTensor::FromLocal(master, master_mesh_,
                                                          placements, global));
-    FSDPP_ASSIGN_OR_RETURN(
-        sp.grad, DTensor::FromLocal(grad, master_mesh_, placements, global));
+    if (sp.requires_grad) {
+      FSDPP_ASSIGN_OR_RETURN(
+          sp.grad, DTensor::FromLocal(grad, master_mesh_, placements, global));
+    }
     offsets_.push_back(offset);
     offset += PaddedElements(v, world_);
+    grad_offsets_.push_back(sp.requires_grad ? grad_segment_ : -1);
+    if (sp.requires_grad) grad_segment_ += PaddedElements(v, world_);
     views_.push_back(v);
     // The module now computes in param dtype from unsharded views we install.
     p->dtype = options_.mp_policy.param_dtype;
@@ -634,7 +650,13 @@ absl::Status FsdpUnit::PostBackward() {
   forward_modules_ = backward_modules_ = 0;
   // Free the unsharded parameters before the reduce-scatter allocates.
   FSDPP_RETURN_IF_ERROR(Reshard());
-  if (requires_gradient_sync_) FSDPP_RETURN_IF_ERROR(ReduceGradients());
+  if (requires_gradient_sync_) {
+    if (grad_segment_ > 0) {
+      FSDPP_RETURN_IF_ERROR(ReduceGradients());
+    } else {
+      FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
+    }
+  }
   if (is_root_ || shared_->root == nullptr) {
     FSDPP_RETURN_IF_ERROR(FinishReductions());
     shared_->in_backward = false;
@@ -646,7 +668,7 @@ absl::Status FsdpUnit::FinishZeroGrad() {
   if (!zero_on_next_reduction_) return absl::OkStatus();
   zero_on_next_reduction_ = false;
   for (ShardedParameter& sp : params_) {
-    FSDPP_RETURN_IF_ERROR(Zero(sp.grad.mutable_local()));
+    if (sp.requires_grad) FSDPP_RETURN_IF_ERROR(Zero(sp.grad.mutable_local()));
   }
   return absl::OkStatus();
 }
@@ -660,16 +682,18 @@ absl::Status FsdpUnit::ReduceGradients() {
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
   // Every element is written once: the gradient's rows (cast fused), zeros
   // for the padding and for parameters unused this step.
+  FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
   FSDPP_ASSIGN_OR_RETURN(
-      Tensor input, Tensor::Empty({segment_ * world_}, reduce_dtype,
+      Tensor input, Tensor::Empty({grad_segment_ * world_}, reduce_dtype,
                                   compute_device_, MemoryTag::kCommBuffers));
   FSDPP_ASSIGN_OR_RETURN(
-      Tensor output, Tensor::Empty({segment_}, reduce_dtype, compute_device_,
-                                   MemoryTag::kCommBuffers));
+      Tensor output, Tensor::Empty({grad_segment_}, reduce_dtype,
+                                   compute_device_, MemoryTag::kCommBuffers));
   char* input_base = static_cast<char*>(input.raw_data());
   const size_t esize = DTypeSize(reduce_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
+    if (!sp.requires_grad) continue;
     Parameter* p = sp.parameter;
     const bool used = p->grad.defined();  // else it contributes zeros
     const SplitView& v = views_[i];
@@ -677,7 +701,7 @@ absl::Status FsdpUnit::ReduceGradients() {
     const Tensor flat = used ? p->grad.Flatten() : Tensor();
     for (int r = 0; r < world_; ++r) {
       const Range range = ChunkRange(v.rows, world_, r);
-      const int64_t start = r * segment_ + offsets_[i];
+      const int64_t start = r * grad_segment_ + grad_offsets_[i];
       const int64_t rows = used ? v.outer * range.length * v.inner : 0;
       if (rows > 0) {
         FSDPP_ASSIGN_OR_RETURN(Tensor dst, input.Narrow(start, rows));
@@ -700,6 +724,19 @@ absl::Status FsdpUnit::ReduceGradients() {
                              average ? ReduceOp::kAvg : ReduceOp::kSum, o));
   shared_->pending.push_back({this, std::move(work), input, output});
   ++stats_.reduce_scatters;
+  stats_.reduce_scatter_elements += grad_segment_ * world_;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::CheckFrozenGradients() {
+  for (ShardedParameter& sp : params_) {
+    if (sp.requires_grad || !sp.parameter->grad.defined()) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "FSDP unit '", name_, "': parameter '", sp.name,
+        "' was frozen (requires_grad = false) when the unit was made, but "
+        "its backward computed a gradient: set requires_grad before "
+        "FullyShard"));
+  }
   return absl::OkStatus();
 }
 
@@ -777,10 +814,11 @@ absl::Status FsdpUnit::FinishReductions() {
     const bool overwrite = unit->zero_on_next_reduction_;
     unit->zero_on_next_reduction_ = false;
     for (size_t i = 0; i < unit->params_.size(); ++i) {
+      if (!unit->params_[i].requires_grad) continue;
       Tensor grad = unit->params_[i].grad.local().Flatten();
       if (grad.numel() == 0) continue;
-      FSDPP_ASSIGN_OR_RETURN(Tensor piece,
-                             reduced.Narrow(unit->offsets_[i], grad.numel()));
+      FSDPP_ASSIGN_OR_RETURN(
+          Tensor piece, reduced.Narrow(unit->grad_offsets_[i], grad.numel()));
       if (overwrite) {
         if (piece.dtype() != DType::kF32 || scale == 1.0f) {
           FSDPP_RETURN_IF_ERROR(Copy(piece, &grad));  // cast fused

@@ -67,6 +67,13 @@
 // across backwards with no communication; the first backward with sync on
 // reduces the accumulated sum.
 //
+// Frozen parameters (Parameter::requires_grad false when FullyShard runs)
+// are gathered like the others but have no gradient shard and no place in
+// the reduce-scatter, whose segment holds the trainable parameters only; a
+// unit with nothing to train issues no reduce-scatter at all (the layers
+// compute no gradient for them; a frozen parameter that receives one is an
+// error naming it).
+//
 // Collectives run on two comm streams per root (all-gather, reduce-scatter;
 // worker threads for CPU groups, CUDA streams for GPU ones)
 // and their buffers are held by the unit until the Work completes; the order
@@ -147,8 +154,12 @@ struct ShardedParameter {
   Parameter* parameter;  // the module's parameter (data = unsharded view)
   DTensor master;        // fp32 values, Shard(0) (+ Replicate for HSDP,
                          // + the tp split with tensor parallelism)
-  DTensor grad;          // fp32, same layout
+  DTensor grad;          // fp32, same layout; undefined when frozen
   Shape shape;           // the parameter's global shape
+  // Parameter::requires_grad when the unit was made: false (frozen) gives
+  // no gradient shard, no place in the reduce-scatter and (for the
+  // optimizer's callers) no state. Set requires_grad before FullyShard.
+  bool requires_grad = true;
 };
 
 // Collectives a unit issued since FullyShard (for tests and debugging).
@@ -160,6 +171,9 @@ struct FsdpUnitStats {
   // Of those, the ones issued ahead of time by a unit's prefetch.
   int64_t prefetched_all_gathers = 0;
   int64_t reduce_scatters = 0;
+  // Elements each rank put into those reduce-scatters (segment x ranks per
+  // reduce-scatter: the trainable parameters' padded rows, no frozen ones).
+  int64_t reduce_scatter_elements = 0;
   // HSDP: all-reduces over the replicas (one per reduce-scatter, or one per
   // SetRequiresAllReduce(true) backward when it was off before).
   int64_t replica_all_reduces = 0;
@@ -257,6 +271,9 @@ class FsdpUnit {
   bool is_root() const { return is_root_; }
   // Elements of one rank's all-gather segment (padded), per rank.
   int64_t segment_elements() const { return segment_; }
+  // Elements of one rank's reduce-scatter segment: the trainable
+  // parameters' padded rows (0 when all are frozen: no reduce-scatter).
+  int64_t gradient_segment_elements() const { return grad_segment_; }
   // The device the unit all-gathers to and computes on (its shard group's).
   Device compute_device() const { return compute_device_; }
   // True when the masters and gradients live on the host (OffloadPolicy).
@@ -302,6 +319,8 @@ class FsdpUnit {
   // Frees the unsharded parameters, keeping an hpZ piece.
   absl::Status FreeUnsharded();
   absl::Status ReduceGradients();
+  // FailedPrecondition naming a frozen parameter that has a gradient.
+  absl::Status CheckFrozenGradients();
   absl::Status FinishReductions();
   absl::Status PreForward();
   // Root only: resets the units after a forward with no backward.
@@ -327,6 +346,10 @@ class FsdpUnit {
   int world_ = 1, rank_ = 0;             // on the shard axis
   std::vector<int64_t> offsets_;         // param start in a segment
   int64_t segment_ = 0;
+  // The reduce-scatter's segment: each trainable parameter's start (-1 for
+  // frozen ones) and the padded total.
+  std::vector<int64_t> grad_offsets_;
+  int64_t grad_segment_ = 0;
   bool initialized_ = false;
   bool is_root_ = false;
   bool requires_gradient_sync_ = true;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -292,6 +293,89 @@ TEST(FullyShardTest, UnusedParametersReduceToZero) {
         }
       }
     }
+  });
+}
+
+// Frozen parameters (requires_grad = false before FullyShard): the
+// embedding's unit is all frozen and issues no reduce-scatter; the MLP's
+// unit has a frozen fc.weight beside trainable ones and reduces only those
+// (its reduce-scatter segment is theirs alone). The trainable gradients
+// equal the unsharded stack's at W = 2 and 3, frozen ones have no gradient
+// shard and their values never change.
+TEST(FullyShardTest, FrozenParametersHaveNoGradientAndNoReduction) {
+  const Result ref = RunReference(false);
+  const std::set<std::string> frozen = {"0.weight", "1.fc.weight"};
+  for (int world : {2, 3}) {
+    SCOPED_TRACE(absl::StrCat("W=", world));
+    testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
+      auto stack = MakeStack(false);
+      int64_t trainable_elements = 0;
+      for (auto& [name, p] : stack->NamedParameters()) {
+        p->requires_grad = frozen.count(name) == 0;
+      }
+      const std::vector<FsdpUnit*> units = PerLayer()(stack.get(), &mesh);
+      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+      for (FsdpUnit* u : units) {
+        trainable_elements += u->gradient_segment_elements();
+      }
+      EXPECT_EQ(units[0]->gradient_segment_elements(), 0);
+      EXPECT_GT(units[1]->gradient_segment_elements(), 0);
+      EXPECT_LT(units[1]->gradient_segment_elements(),
+                units[1]->segment_elements());
+      const int64_t rows = kBatch / world;
+      for (int step = 0; step < 2; ++step) {
+        nn::CrossEntropyLoss loss;
+        ASSERT_TRUE(Forward(stack.get(), &loss, rank * rows, rows, false).ok());
+        absl::Status s = Backward(stack.get(), &loss);
+        ASSERT_TRUE(s.ok()) << s;
+      }
+      EXPECT_EQ(units[0]->stats().reduce_scatters, 0);
+      int64_t reduced = 0;
+      for (FsdpUnit* u : units) reduced += u->stats().reduce_scatter_elements;
+      EXPECT_EQ(reduced, 2 * world * trainable_elements);
+      for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+        const bool is_frozen = frozen.count(sp->name) > 0;
+        EXPECT_EQ(sp->requires_grad, !is_frozen) << sp->name;
+        absl::StatusOr<Tensor> param = sp->master.FullTensor();
+        ASSERT_TRUE(param.ok()) << sp->name;
+        EXPECT_EQ(testing_util::Values(*param), ref.params.at(sp->name))
+            << sp->name;
+        if (is_frozen) {
+          EXPECT_FALSE(sp->grad.local().defined()) << sp->name;
+          continue;
+        }
+        absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
+        ASSERT_TRUE(grad.ok()) << sp->name;
+        // Two backwards accumulate twice the one-step gradient.
+        std::vector<double> want = ref.grads.at(sp->name);
+        for (double& v : want) v *= 2;
+        EXPECT_TRUE(testing_util::AllClose(testing_util::Values(*grad), want,
+                                           1e-5, 1e-5))
+            << sp->name;
+      }
+    });
+  }
+}
+
+// A parameter frozen when its unit was made that still gets a gradient
+// (requires_grad set back to true after FullyShard) is refused, by name.
+TEST(FullyShardTest, FrozenParameterWithAGradientIsAnError) {
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int rank, DeviceMesh& mesh) {
+    auto stack = MakeStack(false);
+    Parameter* head = nullptr;
+    for (auto& [name, p] : stack->NamedParameters()) {
+      if (name == "3.weight") head = p;
+    }
+    ASSERT_NE(head, nullptr);
+    head->requires_grad = false;
+    PerLayer()(stack.get(), &mesh);
+    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+    head->requires_grad = true;
+    nn::CrossEntropyLoss loss;
+    ASSERT_TRUE(Forward(stack.get(), &loss, rank * 3, 3, false).ok());
+    const absl::Status s = Backward(stack.get(), &loss);
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "'3.weight' was frozen")) << s;
   });
 }
 

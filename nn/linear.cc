@@ -1,6 +1,10 @@
 // Linear layer; see linear.h.
 #include "nn/linear.h"
 
+#include <cmath>
+#include <memory>
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
@@ -33,6 +37,33 @@ Linear::Linear(Parameter* shared_weight, bool bias)
   }
 }
 
+absl::Status Linear::EnableLora(int64_t rank, float alpha) {
+  if (rank < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Linear::EnableLora: rank must be >= 1, got ", rank));
+  }
+  if (lora_a_ != nullptr || !owns_weight_ || weight_->has_piece()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Linear::EnableLora: this layer ",
+                     lora_a_ != nullptr ? "has an adapter already"
+                     : !owns_weight_    ? "shares its weight (tied)"
+                                        : "holds a tensor-parallel piece"));
+  }
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in_features_));
+  auto a = std::make_unique<Linear>(in_features_, rank, /*bias=*/false, 0.0f,
+                                    weight_->dtype);
+  a->weight()->init = InitSpec::Uniform(-bound, bound);
+  auto b = std::make_unique<Linear>(rank, out_features_, /*bias=*/false, 0.0f,
+                                    weight_->dtype);
+  b->weight()->init = InitSpec::Zeros();
+  lora_a_ = AddModule("lora_A", std::move(a));
+  lora_b_ = AddModule("lora_B", std::move(b));
+  lora_scale_ = alpha / static_cast<float>(rank);
+  weight_->requires_grad = false;
+  if (bias_ != nullptr) bias_->requires_grad = false;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   const int64_t in = local_in_features(), out = local_out_features();
   FSDPP_ASSIGN_OR_RETURN(Tensor x_rows, AsRows(x, in, "input"));
@@ -44,6 +75,12 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   if (selective != nullptr && selective->replaying()) {
     FSDPP_ASSIGN_OR_RETURN(std::vector<Tensor> y, selective->Replay(this));
     saved_x_ = x;
+    if (lora_a_ != nullptr) {
+      // The adapter's layers replay too (their saved inputs); the output
+      // replayed already holds their contribution.
+      FSDPP_ASSIGN_OR_RETURN(Tensor h, lora_a_->Forward(x));
+      FSDPP_RETURN_IF_ERROR(lora_b_->Forward(h).status());
+    }
     return y[0];
   }
   const DType dtype = x.dtype();
@@ -61,6 +98,11 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
     options.bias = &b;  // Added in the matmul's own pass.
   }
   FSDPP_RETURN_IF_ERROR(Matmul(x_rows, w, &y_rows, options));
+  if (lora_a_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor h, lora_a_->Forward(x));
+    FSDPP_ASSIGN_OR_RETURN(Tensor z, lora_b_->Forward(h));
+    FSDPP_RETURN_IF_ERROR(Axpy(lora_scale_, z, &y));
+  }
   saved_x_ = x;
   if (selective != nullptr) selective->Record(this, {y});
   return y;
@@ -105,6 +147,15 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor& dy_in) {
     FSDPP_ASSIGN_OR_RETURN(GradSink db, GradSink::For(bias_, dtype, true));
     FSDPP_RETURN_IF_ERROR(SumRowsAccumulate(dy_rows, db.target()));
     FSDPP_RETURN_IF_ERROR(db.Commit());
+  }
+  if (lora_a_ != nullptr) {
+    // dz = (alpha / r) dy; dx += dz B A through the adapter's layers.
+    FSDPP_ASSIGN_OR_RETURN(Tensor dz,
+                           EmptyTemporary(dy.shape(), dtype, dy.device()));
+    FSDPP_RETURN_IF_ERROR(Scale(dy, lora_scale_, &dz));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dh, lora_b_->Backward(dz));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dx_lora, lora_a_->Backward(dh));
+    FSDPP_RETURN_IF_ERROR(Add(dx, dx_lora, &dx));
   }
   saved_x_ = Tensor();
   return dx;

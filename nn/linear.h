@@ -8,11 +8,18 @@
 // into the same Parameter::grad. The bias is added in the matmul's own pass
 // (MatmulOptions::bias), so a bf16 output is rounded once. Compute follows
 // the input dtype; parameters of another dtype are cast for the call.
+//
+// LoRA (EnableLora): y = x W^T + b + (alpha / r) (x A^T) B^T with two child
+// Linears, lora_A [r, in] ~ Uniform(+-1/sqrt(in)) (PEFT's Kaiming-uniform
+// default) and lora_B [out, r] = 0, named "<this>.lora_A.weight" and
+// "<this>.lora_B.weight" (PEFT's names); the base weight and bias are
+// frozen (requires_grad false).
 #ifndef FSDPP_NN_LINEAR_H_
 #define FSDPP_NN_LINEAR_H_
 
 #include <cstdint>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "nn/module.h"
@@ -52,6 +59,16 @@ class Linear : public Module {
   // computes the bias gradient either way.
   void set_add_bias_in_forward(bool add) { add_bias_in_forward_ = add; }
 
+  // Adds a rank-`rank` adapter scaled by alpha / rank and freezes the base
+  // (see the file comment); on the meta device like any new parameter.
+  // FailedPrecondition for a shared (tied) weight, a tensor-parallel piece
+  // or a second adapter; InvalidArgument for rank < 1.
+  absl::Status EnableLora(int64_t rank, float alpha);
+  // The adapter's layers (nullptr without one) and its scale alpha / r.
+  Linear* lora_a() const { return lora_a_; }
+  Linear* lora_b() const { return lora_b_; }
+  float lora_scale() const { return lora_scale_; }
+
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
@@ -64,6 +81,9 @@ class Linear : public Module {
   Parameter* bias_ = nullptr;
   bool owns_weight_ = true;
   bool add_bias_in_forward_ = true;
+  Linear* lora_a_ = nullptr;
+  Linear* lora_b_ = nullptr;
+  float lora_scale_ = 0.0f;
   Tensor saved_x_;  // Forward's input (undefined outside forward..backward).
 };
 

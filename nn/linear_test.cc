@@ -1,9 +1,12 @@
 // Linear: finite-difference gradients (with and without bias, 2-D to 4-D
 // inputs, tied to an embedding table), accumulation, bf16 and mixed-dtype
-// forward/backward, and errors.
+// forward/backward, LoRA adapters (names, init, gradients, merge), and
+// errors.
 #include "nn/linear.h"
 
+#include <cmath>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -146,6 +149,68 @@ TEST(LinearTest, FrozenParametersGetNoGradient) {
   ASSERT_OK(linear.Backward(RandomTensor({3, 7}, DType::kF32, 17)));
   EXPECT_FALSE(linear.weight()->grad.defined());
   EXPECT_TRUE(linear.bias()->grad.defined());
+}
+
+// LoRA: PEFT's names and initialisation (B zero: the output is the base's),
+// the base frozen, finite-difference gradients of x, A and B, and the
+// output equal to the merged weight's W + (alpha / r) B A.
+TEST(LinearTest, LoraAdapterNamesInitGradientsAndMerge) {
+  Linear base(6, 5);
+  ASSERT_OK(base.EnableLora(/*rank=*/3, /*alpha=*/12.0f));
+  EXPECT_FLOAT_EQ(base.lora_scale(), 4.0f);
+  std::vector<std::string> names;
+  for (const auto& [name, p] : base.NamedParameters()) names.push_back(name);
+  EXPECT_EQ(names, (std::vector<std::string>{"weight", "bias", "lora_A.weight",
+                                             "lora_B.weight"}));
+  EXPECT_FALSE(base.weight()->requires_grad);
+  EXPECT_FALSE(base.bias()->requires_grad);
+  EXPECT_EQ(base.lora_a()->weight()->shape, (Shape{3, 6}));
+  EXPECT_EQ(base.lora_b()->weight()->shape, (Shape{5, 3}));
+  EXPECT_EQ(base.EnableLora(2, 1.0f).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Linear(4, 4).EnableLora(0, 1.0f).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // PEFT's init: A ~ U(+-1/sqrt(in)), B = 0, so the adapter adds nothing.
+  ASSERT_OK(Materialize(base, 19, /*randomize=*/false));
+  const std::vector<double> a = Values(base.lora_a()->weight()->data);
+  for (double v : a) EXPECT_LE(std::fabs(v), 1.0 / std::sqrt(6.0));
+  const Tensor x = RandomTensor({2, 4, 6}, DType::kF32, 20);
+  Linear plain(6, 5);
+  ASSERT_OK(Materialize(plain, 19, /*randomize=*/false));
+  ASSERT_OK_AND_ASSIGN(Tensor y0, base.Forward(x));
+  ASSERT_OK_AND_ASSIGN(Tensor y_plain, plain.Forward(x));
+  EXPECT_EQ(Values(y0), Values(y_plain));
+  base.ReleaseSavedTensors();
+
+  // Generic values everywhere: gradients by central differences (the base
+  // weight and bias frozen: none for them).
+  ASSERT_OK(Materialize(base, 21));
+  EXPECT_TRUE(CheckGradients(base, x));
+  EXPECT_FALSE(base.weight()->grad.defined());
+  EXPECT_FALSE(base.bias()->grad.defined());
+
+  // The merged weight gives the same output.
+  ASSERT_OK_AND_ASSIGN(Tensor y, base.Forward(x));
+  base.ReleaseSavedTensors();
+  const std::vector<double> w = Values(base.weight()->data);
+  const std::vector<double> aa = Values(base.lora_a()->weight()->data);
+  const std::vector<double> bb = Values(base.lora_b()->weight()->data);
+  std::vector<float> merged(30);
+  for (int o = 0; o < 5; ++o) {
+    for (int i = 0; i < 6; ++i) {
+      double ba = 0;
+      for (int r = 0; r < 3; ++r) ba += bb[o * 3 + r] * aa[r * 6 + i];
+      merged[o * 6 + i] = static_cast<float>(w[o * 6 + i] + 4.0 * ba);
+    }
+  }
+  Linear merged_layer(6, 5);
+  ASSERT_OK(Materialize(merged_layer, 1));
+  ASSERT_OK_AND_ASSIGN(Tensor mw, Tensor::FromFloats({5, 6}, merged));
+  ASSERT_OK(Copy(mw, &merged_layer.weight()->data));
+  ASSERT_OK(Copy(base.bias()->data, &merged_layer.bias()->data));
+  ASSERT_OK_AND_ASSIGN(Tensor ym, merged_layer.Forward(x));
+  EXPECT_TRUE(AllClose(Values(y), Values(ym), 1e-5, 1e-5));
 }
 
 TEST(LinearTest, Errors) {

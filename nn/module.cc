@@ -268,6 +268,28 @@ std::vector<std::pair<std::string, Module*>> Module::NamedModules(
   return out;
 }
 
+bool MatchesNamePattern(std::string_view pattern, std::string_view name) {
+  // Iterative glob matching: on a mismatch, retry from the last '*' with
+  // one more character taken by it.
+  size_t p = 0, n = 0, star = std::string_view::npos, taken = 0;
+  while (n < name.size()) {
+    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == name[n])) {
+      ++p;
+      ++n;
+    } else if (p < pattern.size() && pattern[p] == '*') {
+      star = p++;
+      taken = n;
+    } else if (star != std::string_view::npos) {
+      p = star + 1;
+      n = ++taken;
+    } else {
+      return false;
+    }
+  }
+  while (p < pattern.size() && pattern[p] == '*') ++p;
+  return p == pattern.size();
+}
+
 int64_t Module::NumParameters() const {
   int64_t n = 0;
   for (const auto& [name, p] : NamedParameters()) n += NumElements(p->shape);

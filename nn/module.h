@@ -26,6 +26,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -149,6 +150,12 @@ absl::Status InitBox(const InitSpec& spec, uint64_t seed, uint64_t stream,
 // box of the whole parameter initialised at once.
 absl::Status InitParameter(const Parameter& p, uint64_t seed, uint64_t stream,
                            Tensor* out);
+
+// Whether the fully qualified parameter or module name `name` matches
+// `pattern`, glob style over the whole name: '*' matches any run of
+// characters (dots included), '?' any one; everything else itself.
+// "layers.*.attn.wq.weight", "*.bias", "tok_embeddings.weight".
+bool MatchesNamePattern(std::string_view pattern, std::string_view name);
 
 class Module {
  public:

@@ -1,7 +1,7 @@
 // Module: fully qualified names, tied parameters listed once, transparent
-// (empty-named) children, hook order across a Sequential of two Linears,
-// hook errors, zero-byte meta construction, ToEmpty + InitWeights equal to
-// InitSlice of arbitrary row ranges bitwise, InitWeights naming a meta
+// (empty-named) children, glob name patterns, hook order across a Sequential of
+// two Linears, hook errors, zero-byte meta construction, ToEmpty + InitWeights
+// equal to InitSlice of arbitrary row ranges bitwise, InitWeights naming a meta
 // parameter, ZeroGrad and ReleaseSavedTensors.
 #include "nn/module.h"
 
@@ -74,6 +74,24 @@ std::vector<std::string> ParameterNames(const Module& m,
   std::vector<std::string> names;
   for (const auto& [name, p] : m.NamedParameters(prefix)) names.push_back(name);
   return names;
+}
+
+TEST(ModuleTest, NamePatternsMatchWholeNamesGlobStyle) {
+  EXPECT_TRUE(MatchesNamePattern("layers.*.attn.wq.weight",
+                                 "layers.12.attn.wq.weight"));
+  EXPECT_TRUE(MatchesNamePattern("*.bias", "layers.0.mlp.fc.bias"));
+  EXPECT_TRUE(MatchesNamePattern("*", "wte.weight"));
+  EXPECT_TRUE(MatchesNamePattern("layers.?.attn.*", "layers.3.attn.wo.weight"));
+  EXPECT_TRUE(MatchesNamePattern("wte.weight", "wte.weight"));
+  EXPECT_TRUE(MatchesNamePattern("*a*b*", "xaxxbx"));
+  // Whole names only: no prefix or suffix matches.
+  EXPECT_FALSE(MatchesNamePattern("wte", "wte.weight"));
+  EXPECT_FALSE(MatchesNamePattern("weight", "wte.weight"));
+  EXPECT_FALSE(MatchesNamePattern("layers.?.attn.*", "layers.12.attn.wo"));
+  EXPECT_FALSE(MatchesNamePattern("*.bias", "layers.0.mlp.fc.weight"));
+  EXPECT_FALSE(MatchesNamePattern("", "x"));
+  EXPECT_TRUE(MatchesNamePattern("", ""));
+  EXPECT_FALSE(MatchesNamePattern("*a*b", "xaxxbx"));
 }
 
 TEST(ModuleTest, FullyQualifiedNamesAndTiedParameterOnce) {

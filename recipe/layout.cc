@@ -5,6 +5,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "models/transformer.h"
+#include "nn/module.h"
 #include "parallel/pipeline_schedule.h"
 
 namespace fsdpp {
@@ -180,6 +182,58 @@ absl::Status CheckBatch(const Layout& l, const models::TransformerConfig& m) {
   return absl::OkStatus();
 }
 
+// `model` on the meta device with the layout's LoRA adapters.
+absl::StatusOr<std::unique_ptr<models::Transformer>> AdaptedModel(
+    const Layout& l, const models::TransformerConfig& model) {
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
+                         models::Transformer::Create(model));
+  if (l.lora.enabled() || l.lora.rank != 0 || !l.lora.targets.empty()) {
+    absl::StatusOr<std::vector<std::string>> adapted =
+        models::AddLoraAdapters(meta.get(), l.lora);
+    if (!adapted.ok()) return Invalid(adapted.status().message());
+  }
+  return meta;
+}
+
+absl::Status CheckFreeze(const Layout& l,
+                         const models::TransformerConfig& model) {
+  const bool lora = l.lora.rank != 0 || !l.lora.targets.empty();
+  if (l.freeze.empty() && !lora) return absl::OkStatus();
+  if (lora && l.tp > 1) {
+    return Invalid(absl::StrCat(
+        "model.lora with parallelism.tp ", l.tp,
+        " > 1 is not supported yet: the adapters are not split over the tp "
+        "ranks; use FSDP / HSDP / pp / cp"));
+  }
+  // The names from the model itself, built on the meta device (no bytes).
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
+                         AdaptedModel(l, model));
+  const auto params = meta->NamedParameters();
+  bool any_trainable = false;
+  std::vector<bool> used(l.freeze.size(), false);
+  for (const auto& [name, p] : params) {
+    for (size_t i = 0; i < l.freeze.size(); ++i) {
+      if (MatchesNamePattern(l.freeze[i], name)) used[i] = true;
+    }
+    any_trainable |= !l.Frozen(name);
+  }
+  for (size_t i = 0; i < l.freeze.size(); ++i) {
+    if (used[i]) continue;
+    return Invalid(absl::StrCat(
+        "model.freeze pattern \"", l.freeze[i], "\" matches no parameter of ",
+        model.name.empty() ? std::string("the model") : model.name,
+        " (names look like \"", params.empty() ? "" : params.back().first,
+        "\"; '*' matches any characters)"));
+  }
+  if (!any_trainable) {
+    return Invalid(absl::StrCat("model.freeze (", absl::StrJoin(l.freeze, ", "),
+                                ") freezes every parameter",
+                                l.lora.enabled() ? " and adapter" : "",
+                                ": nothing would train"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPipeline(const Layout& l,
                            const models::TransformerConfig& m) {
   if (l.pp == 1) {
@@ -249,7 +303,33 @@ absl::Status Layout::Validate(const models::TransformerConfig& model) const {
   FSDPP_RETURN_IF_ERROR(CheckBatch(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckTensorParallel(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckContextParallel(*this, model));
+  FSDPP_RETURN_IF_ERROR(CheckFreeze(*this, model));
   return CheckPipeline(*this, model);
+}
+
+bool Layout::Frozen(const std::string& name) const {
+  if (lora.enabled() && !models::IsLoraParameter(name)) return true;
+  for (const std::string& pattern : freeze) {
+    if (MatchesNamePattern(pattern, name)) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<Layout::ParameterCounts> Layout::CountParameters(
+    const models::TransformerConfig& model) const {
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
+                         AdaptedModel(*this, model));
+  ParameterCounts counts;
+  for (const auto& [name, p] : meta->NamedParameters()) {
+    const int64_t n = NumElements(p->shape);
+    counts.total += n;
+    if (Frozen(name)) {
+      counts.frozen_names.push_back(name);
+    } else {
+      counts.trainable += n;
+    }
+  }
+  return counts;
 }
 
 std::string Layout::ToString() const {
@@ -272,7 +352,7 @@ std::string Layout::ToString() const {
                         : std::string());
   }
   return absl::StrFormat(
-      "%s, %s%s, %s/%s%s%s, %s attention%s%s, batch %d x %d x %d", mesh,
+      "%s, %s%s, %s/%s%s%s, %s attention%s%s%s, batch %d x %d x %d", mesh,
       reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
       hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
       DTypeName(param_dtype), DTypeName(reduce_dtype),
@@ -282,8 +362,11 @@ std::string Layout::ToString() const {
       : loss_chunk_tokens == 0
           ? std::string(", unfused loss head")
           : absl::StrCat(", loss head in ", loss_chunk_tokens, "-token chunks"),
-      document_eot_id >= 0 ? ", document masks" : "", micro_batch, seq_len,
-      grad_accumulation);
+      document_eot_id >= 0 ? ", document masks" : "",
+      lora.enabled()   ? absl::StrCat(", LoRA r ", lora.rank)
+      : freeze.empty() ? std::string()
+                       : std::string(", frozen parameters"),
+      micro_batch, seq_len, grad_accumulation);
 }
 
 }  // namespace recipe

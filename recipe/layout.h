@@ -1,10 +1,10 @@
 // The run's layout, resolved once: how a training run is spread over its
 // ranks (the mesh's degrees and axis names), how FSDP shards and casts, the
 // activation-memory options and the batch. torchtitan's ParallelDims plus
-// the sharding strategy, in one value: the trainer's config resolves into it
-// (trainer/config.h), the planner searches over it (plan/planner.h), and the
-// build (recipe/build.h) and the step read it; nothing else re-derives a
-// degree, an axis name or a divisibility rule.
+// the sharding strategy, and which parameters train, in one value: the
+// trainer's config resolves into it (trainer/config.h), the planner searches
+// over it (plan/planner.h), and the build (recipe/build.h) and the step read
+// it; nothing else re-derives a degree, an axis name or a divisibility rule.
 //
 // The mesh is [pp,] [replicate,] shard [, tp], outermost first, each axis
 // present when its degree is above 1 (shard always): a rank's coordinates
@@ -26,9 +26,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 #include "mesh/device_mesh.h"
 #include "models/config.h"
+#include "models/lora.h"
 #include "nn/checkpoint_wrapper.h"
 
 namespace fsdpp {
@@ -85,6 +87,14 @@ struct Layout {
   // models::TransformerOptions::document_eot_id: document masking at this
   // end-of-text id (-1 off; needs the fused attention).
   int64_t document_eot_id = -1;
+  // Parameters that do not train (model.freeze): glob patterns over the
+  // fully qualified names (MatchesNamePattern). Frozen parameters get
+  // no gradient, reduce-scatter or optimizer state; each pattern must match
+  // a parameter and at least one must stay trainable.
+  std::vector<std::string> freeze;
+  // LoRA adapters (model.lora): on the matched linear layers, everything
+  // else frozen (models/lora.h). Not with tp > 1.
+  models::LoraOptions lora;
   // One micro-batch: micro_batch sequences of seq_len tokens (0: the
   // model's context length); grad_accumulation of them per step and rank.
   int64_t micro_batch = 1;
@@ -105,6 +115,19 @@ struct Layout {
     return seq_len > 0 ? seq_len : model.context_length;
   }
 
+  // Whether the parameter named `name` is frozen (matches a freeze
+  // pattern, or is not an adapter's under LoRA).
+  bool Frozen(const std::string& name) const;
+  // The parameters of `model` as this layout trains it (with its LoRA
+  // adapters): all of them and the ones that train.
+  struct ParameterCounts {
+    int64_t total = 0;
+    int64_t trainable = 0;
+    std::vector<std::string> frozen_names;  // in the model's order
+  };
+  absl::StatusOr<ParameterCounts> CountParameters(
+      const models::TransformerConfig& model) const;
+
   // The mesh's axes, outermost first.
   std::vector<MeshAxis> MeshAxes() const;
   // The names of the data-parallel axes (replicate, shard: the ranks that
@@ -123,7 +146,8 @@ struct Layout {
   // tensor parallelism dividing the heads, MLP width and vocabulary (and
   // the sequence with sequence parallelism), a valid pipeline schedule and
   // split of the blocks, batch sizes, the sequence within the context,
-  // floating-point dtypes, context parallelism's sequence split.
+  // floating-point dtypes, context parallelism's sequence split, freeze
+  // patterns that match no parameter or every one.
   // InvalidArgument naming the config field.
   absl::Status Validate(const models::TransformerConfig& model) const;
 

@@ -105,6 +105,13 @@ TEST(LayoutTest, ToStringSaysEverything) {
   EXPECT_NE(l.ToString().find(", loss head in 512-token chunks, batch"),
             std::string::npos)
       << l.ToString();
+  l.freeze = {"wte.weight"};
+  EXPECT_NE(l.ToString().find("chunks, frozen parameters, batch"),
+            std::string::npos)
+      << l.ToString();
+  l.lora.rank = 8;
+  EXPECT_NE(l.ToString().find("chunks, LoRA r 8, batch"), std::string::npos)
+      << l.ToString();
 }
 
 TEST(LayoutTest, ValidAndDefaultLayoutsPass) {
@@ -234,7 +241,75 @@ std::vector<Refusal> Refusals() {
        "not divisible by tp 4"},
       {[](Layout* l) { l->pp_cuts = {1}; },
        "parallelism.pp_virtual_stages and pp_cuts need parallelism.pp > 1"},
+      {[](Layout* l) {
+         l->freeze = {"h.*.attn.*", "tok_embeddings.*"};
+       },
+       "model.freeze pattern \"tok_embeddings.*\" matches no parameter of "
+       "gpt2_debug (names look like"},
+      {[](Layout* l) {
+         l->freeze = {"h.*", "*"};
+       },
+       "model.freeze (h.*, *) freezes every parameter: nothing would train"},
+      {[](Layout* l) {
+         l->lora.rank = 4;
+         l->lora.targets = {"c_attn", "wq"};
+       },
+       "model.lora.targets \"wq\" matches no linear layer of the model"},
+      {[](Layout* l) { l->lora.targets = {"c_attn"}; },
+       "model.lora: rank 0 with 1 target(s); LoRA needs rank >= 1"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->tp = 2;
+         l->lora.rank = 4;
+         l->lora.targets = {"c_attn"};
+       },
+       "model.lora with parallelism.tp 2 > 1 is not supported yet"},
   };
+}
+
+// Frozen parameters: the patterns' matches, and the counts the trainer's
+// header prints (the model's own total; trainable = total - frozen).
+TEST(LayoutTest, FreezePatternsAndParameterCounts) {
+  Layout l;
+  absl::StatusOr<Layout::ParameterCounts> all = l.CountParameters(Gpt2Debug());
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->total, models::NumParameters(Gpt2Debug()));
+  EXPECT_EQ(all->trainable, all->total);
+  EXPECT_TRUE(all->frozen_names.empty());
+  l.freeze = {"wte.weight", "h.*.ln_?.*"};
+  EXPECT_TRUE(l.Validate(Gpt2Debug()).ok());
+  EXPECT_TRUE(l.Frozen("wte.weight"));
+  EXPECT_TRUE(l.Frozen("h.3.ln_2.bias"));
+  EXPECT_FALSE(l.Frozen("h.3.attn.c_attn.bias"));
+  absl::StatusOr<Layout::ParameterCounts> some = l.CountParameters(Gpt2Debug());
+  ASSERT_TRUE(some.ok()) << some.status();
+  const models::TransformerConfig c = Gpt2Debug();
+  // The (padded) embedding table and two LayerNorms (weight, bias) a block.
+  const int64_t frozen =
+      c.padded_vocab_size() * c.dim + c.n_layers * 2 * 2 * c.dim;
+  EXPECT_EQ(some->total, all->total);
+  EXPECT_EQ(some->trainable, all->total - frozen);
+  EXPECT_EQ(some->frozen_names.size(), 1u + 4u * c.n_layers);
+  EXPECT_EQ(some->frozen_names.front(), "wte.weight");
+}
+
+// LoRA: the adapters count as parameters and are all that trains.
+TEST(LayoutTest, LoraAdaptersAreTheTrainableParameters) {
+  Layout l;
+  l.lora.rank = 4;
+  l.lora.targets = {"c_attn", "h.1.mlp.fc"};
+  const absl::Status valid = l.Validate(Gpt2Debug());
+  ASSERT_TRUE(valid.ok()) << valid;
+  EXPECT_TRUE(l.Frozen("h.0.attn.c_attn.weight"));
+  EXPECT_FALSE(l.Frozen("h.0.attn.c_attn.lora_A.weight"));
+  absl::StatusOr<Layout::ParameterCounts> counts =
+      l.CountParameters(Gpt2Debug());
+  ASSERT_TRUE(counts.ok()) << counts.status();
+  const models::TransformerConfig c = Gpt2Debug();
+  const int64_t c_attn = 4 * c.dim + 3 * c.dim * 4;  // A [4, C], B [3C, 4]
+  const int64_t c_fc = 4 * c.dim + c.ffn_hidden * 4;
+  EXPECT_EQ(counts->trainable, c.n_layers * c_attn + c_fc);
+  EXPECT_EQ(counts->total, models::NumParameters(c) + counts->trainable);
 }
 
 TEST(LayoutTest, ValidateNamesTheField) {

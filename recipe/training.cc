@@ -62,6 +62,17 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
     const BuildOptions& options, const std::string& where) {
   FSDPP_ASSIGN_OR_RETURN(const FamilyPlans* plans,
                          PlansFor(model->config().family));
+  // LoRA's adapters, then the frozen parameters, before the plans: FSDP
+  // gives frozen ones no gradient (Layout::Validate checked the targets
+  // and patterns against the whole model; a stage's part may miss some).
+  if (layout.lora.enabled()) {
+    FSDPP_RETURN_IF_ERROR(
+        models::AddLoraAdapters(model, layout.lora, /*every_target=*/false)
+            .status());
+  }
+  for (const auto& [name, p] : model->NamedParameters()) {
+    if (layout.Frozen(name)) p->requires_grad = false;
+  }
   if (layout.tp > 1) {
     FSDPP_RETURN_IF_ERROR(Annotate(
         plans->apply_tensor_parallel(
@@ -120,6 +131,7 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
   }
   std::vector<AdamWParam> adam_params;
   for (fsdp::ShardedParameter* sp : t->params_) {
+    if (!sp->requires_grad) continue;  // Frozen: no state.
     // Weight decay for matrices, by the parameters' own shapes (a
     // tensor-parallel master may be a view with more dims: GPT-2's fused
     // c_attn bias is [3, C] there).
@@ -137,7 +149,7 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
     FSDPP_ASSIGN_OR_RETURN(
         t->step_values_,
         Tensor::Zeros({2 * kMaxPendingSteps}, DType::kF32,
-                      t->params_.front()->grad.local().device()));
+                      t->params_.front()->master.local().device()));
   }
   return t;
 }
@@ -170,7 +182,9 @@ absl::Status Training::BuildModel(const BuildOptions& options) {
   models_ = {model_.get()};
   params_ = fsdp::ShardedParameters(model_.get());
   std::vector<DTensor*> grads;
-  for (fsdp::ShardedParameter* sp : params_) grads.push_back(&sp->grad);
+  for (fsdp::ShardedParameter* sp : params_) {
+    if (sp->requires_grad) grads.push_back(&sp->grad);
+  }
   step_ = std::make_unique<PlainStep>(model_.get(), std::move(grads),
                                       GradientSync{units_});
   return absl::OkStatus();
@@ -205,7 +219,7 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
     for (fsdp::ShardedParameter* sp :
          fsdp::ShardedParameters(part.model.get())) {
       params_.push_back(sp);
-      stage.grads.push_back({sp->name, &sp->grad});
+      if (sp->requires_grad) stage.grads.push_back({sp->name, &sp->grad});
     }
     units_.insert(units_.end(), stage.units.begin(), stage.units.end());
     models_.push_back(part.model.get());

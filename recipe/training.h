@@ -13,7 +13,9 @@
 //     blocks cut by the layout) each with both plans on the stage mesh (the
 //     mesh without pp), a PipelineStep over the schedule;
 //   * AdamW on the sharded fp32 masters, weight decay on the parameters with
-//     two or more dims (the nanoGPT rule).
+//     two or more dims (the nanoGPT rule); the parameters layout.freeze
+//     names are frozen before the plans: no gradient, reduce-scatter,
+//     clipping share or optimizer state.
 //
 // The step: ForwardBackward (the micro-batches, then the loss averaged over
 // the world), OptimizerStep (f16's unscale and overflow check, the gradient
@@ -146,7 +148,8 @@ class Training {
   const std::vector<models::Transformer*>& models() const { return models_; }
   // Every FSDP unit (each model's, root last).
   const std::vector<fsdp::FsdpUnit*>& units() const { return units_; }
-  // Every sharded parameter (masters, gradients) in build order.
+  // Every sharded parameter (masters, gradients) in build order; frozen
+  // ones (requires_grad false) have no gradient.
   const std::vector<fsdp::ShardedParameter*>& params() const { return params_; }
   AdamW& optimizer() { return *adamw_; }
   Step& step() { return *step_; }

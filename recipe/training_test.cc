@@ -2,13 +2,17 @@
 // and a two-stage pipeline each train gpt2_debug to the single rank's loss,
 // the optimizer step applies (and clips) on finite gradients, evaluation
 // averages over the world, the pipeline describes itself, and a layout that
-// does not validate or a mesh of other axes is refused. Every registered
+// does not validate or a mesh of other axes is refused; frozen parameters
+// stay and the rest trains alike on every layout. Every registered
 // family has both plans.
 #include "recipe/training.h"
 
 #include <cmath>
 #include <cstring>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -17,11 +21,14 @@
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
+#include "models/lora.h"
+#include "optim/adamw.h"
 #include "recipe/families.h"
 #include "recipe/layout.h"
 #include "recipe/step/step.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
+#include "tensor/test_tensors.h"
 
 namespace fsdpp {
 namespace recipe {
@@ -66,9 +73,14 @@ struct Outcome {
   std::vector<std::string> describe;
 };
 
+// A test's own look at a rank's training: after the build (`after_steps`
+// false) and after the two steps.
+using Look = std::function<void(Training& t, int rank, bool after_steps)>;
+
 // `on_device`: BuildOptions::step_values_on_device (the values read after
 // the two steps).
-Outcome Train(const Layout& layout, bool on_device = false) {
+Outcome Train(const Layout& layout, bool on_device = false,
+              const Look& look = nullptr) {
   Outcome out;
   testing_util::RunOnMesh(layout.MeshAxes(), [&](int rank, DeviceMesh& mesh) {
     BuildOptions options;
@@ -82,6 +94,7 @@ Outcome Train(const Layout& layout, bool on_device = false) {
     EXPECT_EQ((*t)->values_on_device(), deferred);
     const MicroBatchSource source =
         Source(layout.micro_batch, Gpt2Debug().vocab_size);
+    if (look) look(**t, rank, false);
     for (int step = 0; step < 2; ++step) {
       absl::StatusOr<StepLoss> loss = (*t)->ForwardBackward(source);
       ASSERT_TRUE(loss.ok()) << loss.status();
@@ -119,6 +132,7 @@ Outcome Train(const Layout& layout, bool on_device = false) {
       if (rank == 0) out.grad_norm = values->back().grad_norm;
     }
     EXPECT_EQ((*t)->optimizer().step(), 2);
+    if (look) look(**t, rank, true);
     absl::StatusOr<double> eval = (*t)->Evaluate(2, source);
     ASSERT_TRUE(eval.ok()) << eval.status();
     absl::StatusOr<std::string> table = (*t)->ReportTable({1.0, 1.0, 64});
@@ -310,6 +324,127 @@ TEST(TrainingTest, ValuesOnTheDeviceSkipANonFiniteStep) {
     EXPECT_TRUE(std::isfinite((*values)[0].loss));
     EXPECT_TRUE((*values)[1].applied());
   });
+}
+
+// Frozen parameters (Layout::freeze; here the tied embedding, the first
+// block and every bias): no gradient, no AdamW state, no place in any
+// reduce-scatter (the first block's unit issues none), masters unchanged by
+// the steps; the rest trains to the same losses at W = 1, FSDP 2, tp 2 and
+// pp 2, and differently from the run that trains everything.
+TEST(TrainingTest, FrozenParametersStayAndTheRestTrainsAlikeOnEveryLayout) {
+  const std::vector<std::string> freeze = {"wte.weight", "h.0.*", "*.bias"};
+  const Look look = [&](Training& t, int rank, bool after_steps) {
+    static std::mutex mu;
+    static std::map<std::pair<int, std::string>, std::vector<double>> before;
+    std::lock_guard<std::mutex> lock(mu);
+    int frozen = 0;
+    for (fsdp::ShardedParameter* sp : t.params()) {
+      const bool is_frozen = t.layout().Frozen(sp->name);
+      EXPECT_EQ(sp->requires_grad, !is_frozen) << sp->name;
+      if (!is_frozen) continue;
+      ++frozen;
+      EXPECT_FALSE(sp->grad.local().defined()) << sp->name;
+      const std::vector<double> values =
+          testing_util::Values(sp->master.local());
+      const auto key = std::make_pair(rank, sp->name);
+      if (!after_steps) {
+        before[key] = values;
+      } else {
+        EXPECT_EQ(values, before.at(key)) << sp->name;
+      }
+    }
+    EXPECT_GT(frozen, 0);
+    absl::StatusOr<OptimizerStateDict> state = t.optimizer().StateDict();
+    ASSERT_TRUE(state.ok()) << state.status();
+    for (const auto& [name, tensor] : state->tensors) {
+      EXPECT_FALSE(t.layout().Frozen(name.substr(0, name.rfind('.')))) << name;
+    }
+    if (!after_steps) return;
+    for (fsdp::FsdpUnit* u : t.units()) {
+      const bool all_frozen = u->gradient_segment_elements() == 0;
+      const int64_t n = u->stats().reduce_scatters;
+      EXPECT_EQ(n == 0, all_frozen) << u->name();
+      EXPECT_EQ(u->stats().reduce_scatter_elements,
+                n * u->gradient_segment_elements() * t.layout().fsdp_shard())
+          << u->name();
+    }
+    if (t.layout().pp == 1) {
+      EXPECT_EQ(t.units().front()->gradient_segment_elements(), 0)
+          << t.units().front()->name() << " holds the first block";
+    }
+  };
+  Layout base = Base(1);
+  base.freeze = freeze;
+  const Outcome one = Train(base, false, look);
+  ASSERT_EQ(one.losses.size(), 2u);
+  const Outcome everything = Train(Base(1));
+  EXPECT_EQ(everything.losses[0], one.losses[0]);
+  EXPECT_GT(std::fabs(everything.losses[1] - one.losses[1]), 1e-5);
+  Layout fsdp = base;
+  fsdp.world = 2;
+  Layout tp = fsdp;
+  tp.tp = 2;
+  Layout pp = fsdp;
+  pp.pp = 2;
+  for (const Layout* l : {&fsdp, &tp, &pp}) {
+    SCOPED_TRACE(l->ToString());
+    ExpectTrainsLike(Train(*l, false, look), one);
+  }
+}
+
+// LoRA (r 4 on the attention's projections and the first block's MLP
+// input): the adapters are the only trainable parameters (gradients, AdamW
+// state) and start as PEFT's (B zero: the first loss is the base model's);
+// FSDP 2, HSDP 2 x 1, pp 2 and cp 2 train to the single rank's losses;
+// the base's masters never change.
+TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
+  const Look look = [&](Training& t, int rank, bool after_steps) {
+    static std::mutex mu;
+    static std::map<std::pair<int, std::string>, std::vector<double>> before;
+    std::lock_guard<std::mutex> lock(mu);
+    int adapters = 0;
+    for (fsdp::ShardedParameter* sp : t.params()) {
+      const bool adapter = models::IsLoraParameter(sp->name);
+      EXPECT_EQ(sp->requires_grad, adapter) << sp->name;
+      adapters += adapter;
+      const std::vector<double> values =
+          testing_util::Values(sp->master.local());
+      const auto key = std::make_pair(rank, sp->name);
+      if (!after_steps) {
+        before[key] = values;
+      } else if (!adapter) {
+        EXPECT_EQ(values, before.at(key)) << sp->name;
+      } else if (absl::StrContains(sp->name, "lora_B") && !values.empty()) {
+        EXPECT_NE(values, before.at(key)) << sp->name << " did not train";
+      }
+    }
+    EXPECT_GT(adapters, 0);
+    absl::StatusOr<OptimizerStateDict> state = t.optimizer().StateDict();
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(state->tensors.size(), 2u * adapters);
+  };
+  Layout base = Base(1);
+  base.lora.rank = 4;
+  base.lora.alpha = 8;
+  base.lora.targets = {"c_attn", "attn.c_proj", "h.0.mlp.fc"};
+  const Outcome one = Train(base, false, look);
+  ASSERT_EQ(one.losses.size(), 2u);
+  const Outcome plain = Train(Base(1));
+  EXPECT_EQ(plain.losses[0], one.losses[0]);
+  EXPECT_GT(std::fabs(plain.losses[1] - one.losses[1]), 1e-5);
+  Layout fsdp = base;
+  fsdp.world = 2;
+  Layout hsdp = fsdp;
+  hsdp.dp_replicate = 2;
+  hsdp.micro_batch = 2;
+  Layout pp = fsdp;
+  pp.pp = 2;
+  Layout cp = fsdp;
+  cp.cp = 2;
+  for (const Layout* l : {&fsdp, &hsdp, &pp, &cp}) {
+    SCOPED_TRACE(l->ToString());
+    ExpectTrainsLike(Train(*l, false, look), one);
+  }
 }
 
 TEST(TrainingTest, RefusesBadLayoutsAndOtherMeshes) {

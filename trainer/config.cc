@@ -860,6 +860,26 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   FSDPP_RETURN_IF_ERROR(ResolveTraining(config.training(), &resolved));
   FSDPP_RETURN_IF_ERROR(
       ResolvePipeline(config.parallelism(), config.training(), &resolved));
+  for (absl::string_view pattern :
+       absl::StrSplit(config.model().freeze(), ',', absl::SkipWhitespace())) {
+    resolved.layout.freeze.emplace_back(absl::StripAsciiWhitespace(pattern));
+  }
+  const LoraConfig& lora = config.model().lora();
+  if (lora.dropout() != 0) {
+    return Invalid(absl::StrCat("model.lora.dropout ", lora.dropout(),
+                                ": only 0 is supported for now"));
+  }
+  if (!std::isfinite(lora.alpha()) || lora.alpha() <= 0) {
+    return Invalid(
+        absl::StrCat("model.lora.alpha must be positive, got ", lora.alpha()));
+  }
+  resolved.layout.lora.rank = lora.rank();
+  resolved.layout.lora.alpha = lora.alpha();
+  for (absl::string_view target :
+       absl::StrSplit(lora.targets(), ',', absl::SkipWhitespace())) {
+    resolved.layout.lora.targets.emplace_back(
+        absl::StripAsciiWhitespace(target));
+  }
   FSDPP_RETURN_IF_ERROR(resolved.layout.Validate(resolved.model));
   FSDPP_RETURN_IF_ERROR(ResolveData(config.data(), &resolved));
   FSDPP_RETURN_IF_ERROR(ResolveDocumentMasking(config, &resolved));

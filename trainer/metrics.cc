@@ -203,6 +203,7 @@ std::string ToJson(const RunRecord& r) {
       .Add("model", r.model)
       .Add("world_size", int64_t{r.world_size})
       .Add("params", r.params)
+      .Add("trainable_params", r.trainable_params)
       .Add("tokens_per_step", r.tokens_per_step)
       .Add("steps", r.steps)
       .Add("start_step", r.start_step)

@@ -80,6 +80,7 @@ struct RunRecord {
   std::string model;
   int world_size = 0;
   int64_t params = 0, tokens_per_step = 0, steps = 0, start_step = 0;
+  int64_t trainable_params = 0;  // params minus the frozen ones
   double unigram_loss = 0, peak_tflops_per_rank = 0, flops_per_token = 0;
 };
 // {"kind":"train", ...}: one logged optimizer step. The loss scale and

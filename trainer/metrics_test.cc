@@ -117,6 +117,7 @@ TEST(MetricsTest, RecordsAsJsonLines) {
   run.model = "gpt2_\"debug\"";
   run.world_size = 2;
   run.params = 3;
+  run.trainable_params = 2;
   run.tokens_per_step = 4;
   run.steps = 5;
   run.start_step = 1;
@@ -125,7 +126,8 @@ TEST(MetricsTest, RecordsAsJsonLines) {
   run.flops_per_token = 8;
   EXPECT_EQ(ToJson(run),
             "{\"kind\":\"run\",\"model\":\"gpt2_\\\"debug\\\"\","
-            "\"world_size\":2,\"params\":3,\"tokens_per_step\":4,\"steps\":5,"
+            "\"world_size\":2,\"params\":3,\"trainable_params\":2,"
+            "\"tokens_per_step\":4,\"steps\":5,"
             "\"start_step\":1,\"unigram_loss\":0.5,\"peak_tflops_per_rank\":"
             "0.25,\"flops_per_token\":8}");
   TrainRecord train;

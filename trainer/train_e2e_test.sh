@@ -153,13 +153,15 @@ bash "$cd_back/trainer/kill_drill.sh" 2 "$cd_back/$train" "$work/drill" ||
 # live tensors equals the plan's, also for meshes with a tp axis (2
 # processes: FSDP 2; tensor parallel 2 with sequence and loss parallelism;
 # HSDP 2 x 1 over 3 micro-batches, the replicas' sum held until the last;
-# context parallel 2, the ring's buffers included).
-for layout in "dp" "tp" "hsdp" "cp"; do
+# context parallel 2, the ring's buffers included; frozen embeddings and
+# first block, with no gradients or optimizer state for them).
+for layout in "dp" "tp" "hsdp" "cp" "frozen"; do
   mkdir -p "$work/plan_$layout"
   extra=()
   [[ $layout == tp ]] && extra=(--set parallelism.tp=2
     --set parallelism.sequence_parallel=true)
   [[ $layout == cp ]] && extra=(--set parallelism.cp=2)
+  [[ $layout == frozen ]] && extra=(--set "model.freeze=wte.weight,h.0.*")
   [[ $layout == hsdp ]] && extra=(--set parallelism.dp_replicate=2
     --set training.global_batch=12)
   run "$work/plan_$layout" --set training.steps=2 --set checkpoint.interval=0 \

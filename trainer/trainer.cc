@@ -452,9 +452,13 @@ absl::Status Trainer::BuildOptimizer() {
 // Checkpoint state: views of the masters and the optimizer state, so loads
 // write in place; then the resume from the latest checkpoint.
 absl::Status Trainer::BuildCheckpointState() {
+  // Frozen parameters are referenced, not saved: their source and names.
   FSDPP_ASSIGN_OR_RETURN(
       state_,
-      ModelAndOptimizerState(training_->params(), training_->optimizer()));
+      ModelAndOptimizerState(training_->params(), training_->optimizer(),
+                             FrozenMasters::kReference));
+  FSDPP_ASSIGN_OR_RETURN(const FrozenRecord frozen, Frozen());
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes(kFrozenKey, frozen.ToString()));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/step", "0"));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));
@@ -559,8 +563,10 @@ absl::Status Trainer::Resume(const std::string& latest) {
   // others the model's).
   LoadOptions load_options;
   load_options.strict = false;
-  // Checkpoints written before the key existed resume too.
-  load_options.optional_prefixes = {models::kModelConfigKey, kJobKey};
+  // Checkpoints written before the key existed resume too (one without
+  // kFrozenKey froze nothing).
+  load_options.optional_prefixes = {models::kModelConfigKey, kJobKey,
+                                    kFrozenKey};
   // A checkpoint with inf / NaN (saved before this check existed, or by
   // another tool) is refused, naming the key.
   load_options.check_finite = true;
@@ -584,6 +590,18 @@ absl::Status Trainer::Resume(const std::string& latest) {
   }
   FSDPP_ASSIGN_OR_RETURN(LoadResult loaded,
                          Context(std::move(load), "trainer: resuming"));
+  {
+    std::string text;
+    if (std::find(loaded.missing_keys.begin(), loaded.missing_keys.end(),
+                  kFrozenKey) == loaded.missing_keys.end()) {
+      FSDPP_ASSIGN_OR_RETURN(text, state_.bytes(kFrozenKey));
+    }
+    FSDPP_ASSIGN_OR_RETURN(const FrozenRecord record,
+                           FrozenRecord::Parse(text, latest));
+    FSDPP_RETURN_IF_ERROR(CheckFrozen(latest, record));
+    FSDPP_ASSIGN_OR_RETURN(const FrozenRecord ours, Frozen());
+    FSDPP_RETURN_IF_ERROR(state_.SetBytes(kFrozenKey, ours.ToString()));
+  }
   FSDPP_RETURN_IF_ERROR(CheckLoadedKeys(loaded));
   FSDPP_ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));
   int64_t done = 0;
@@ -622,6 +640,41 @@ absl::Status Trainer::Resume(const std::string& latest) {
   result_.start_step = done;
   result_.resumed_from = latest;
   return absl::OkStatus();
+}
+
+std::string Trainer::FrozenSource() const {
+  if (config_.model().has_init_from()) return config_.model().init_from();
+  return absl::StrCat("seed ", config_.training().seed());
+}
+
+absl::StatusOr<FrozenRecord> Trainer::Frozen() const {
+  FSDPP_ASSIGN_OR_RETURN(const recipe::Layout::ParameterCounts counts,
+                         rc_.layout.CountParameters(rc_.model));
+  FrozenRecord record;
+  record.names = counts.frozen_names;
+  if (!record.names.empty()) record.source = FrozenSource();
+  return record;
+}
+
+absl::Status Trainer::CheckFrozen(const std::string& dir,
+                                  const FrozenRecord& record) const {
+  FSDPP_ASSIGN_OR_RETURN(const FrozenRecord ours, Frozen());
+  if (record.source == ours.source && record.names == ours.names) {
+    return absl::OkStatus();
+  }
+  const auto describe = [](const FrozenRecord& r) {
+    if (r.empty()) return std::string("trains every parameter");
+    return absl::StrCat("freezes ", r.names.size(), " parameter(s) (",
+                        r.names.front(), r.names.size() > 1 ? ", ..." : "",
+                        ") whose values come from ", r.source);
+  };
+  return absl::FailedPreconditionError(absl::StrCat(
+      "trainer: resuming from ", dir, ": its run ", describe(record),
+      ", this run ", describe(ours),
+      ". A checkpoint holds no frozen values, and holds the trained values "
+      "of every other parameter: resume with the same model.freeze, "
+      "model.init_from and training.seed, or start a new run from an export "
+      "of it (tools/ckpt export, then model.init_from)"));
 }
 
 absl::Status Trainer::CheckLoadedKeys(const LoadResult& loaded) const {
@@ -732,21 +785,43 @@ absl::Status Trainer::BuildMetrics() {
 absl::Status Trainer::PrintHeader(const std::string& peak_source) {
   const TrainingConfig& tc = config_.training();
   const int64_t num_params = models::NumParameters(rc_.model);
+  FSDPP_ASSIGN_OR_RETURN(const recipe::Layout::ParameterCounts counts,
+                         rc_.layout.CountParameters(rc_.model));
   print_->Line(absl::StrFormat(
-      "fsdpp trainer: %s (%s parameters) on %d rank(s), mesh %s, %s\n"
+      "fsdpp trainer: %s (%s parameters, %s trainable) on %d rank(s), mesh "
+      "%s, %s\n"
       "  data: %s\n"
       "  batch: %d sequences x %d tokens = %d tokens/step (micro batch %d, "
       "%d accumulation step(s))\n"
       "  unigram baseline loss: %.4f nats (the loss of predicting token "
       "frequencies)\n"
       "  MFU peak: %.3f TFLOP/s per rank (%s); %.3g model FLOPs per token",
-      config_.model().name(), absl::StrFormat("%.2fM", num_params / 1e6),
-      env_.world_size, mesh_->ToString(),
+      config_.model().name(), absl::StrFormat("%.2fM", counts.total / 1e6),
+      absl::StrFormat("%.2fM", counts.trainable / 1e6), env_.world_size,
+      mesh_->ToString(),
       config_.parallelism().reshard_after_forward() ? "ZeRO-3" : "ZeRO-2",
       data_.description, tc.global_batch(), rc_.layout.seq_len,
       rc_.tokens_per_step, rc_.layout.micro_batch, rc_.layout.grad_accumulation,
       result_.unigram_loss, result_.peak_tflops_per_rank, peak_source,
       flops_per_token_));
+  const models::LoraOptions& lora = rc_.layout.lora;
+  if (lora.enabled()) {
+    print_->Line(absl::StrFormat(
+        "  LoRA: rank %d, alpha %g on %s; the adapters train, the base is "
+        "frozen",
+        lora.rank, lora.alpha, absl::StrJoin(lora.targets, ",")));
+  }
+  if (!rc_.layout.freeze.empty() || lora.enabled()) {
+    print_->Line(absl::StrFormat(
+        "  frozen: %.2fM parameters (%s): no gradients or optimizer state; "
+        "checkpoints reference them (%s)",
+        (counts.total - counts.trainable) / 1e6,
+        rc_.layout.freeze.empty()
+            ? std::string("model.lora")
+            : absl::StrCat("model.freeze ",
+                           absl::StrJoin(rc_.layout.freeze, ",")),
+        FrozenSource()));
+  }
   if (rc_.layout.document_eot_id >= 0) {
     print_->Line(absl::StrCat(
         "  documents: masked at end-of-text id ", rc_.layout.document_eot_id,
@@ -769,6 +844,7 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
     run.model = config_.model().name();
     run.world_size = env_.world_size;
     run.params = num_params;
+    run.trainable_params = counts.trainable;
     run.tokens_per_step = rc_.tokens_per_step;
     run.steps = tc.steps();
     run.start_step = result_.start_step;

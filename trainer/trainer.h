@@ -58,6 +58,7 @@
 #include "absl/time/time.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/training/training_state.h"
 #include "comm/process_group.h"
 #include "comm/store.h"
 #include "core/allocator.h"
@@ -279,6 +280,14 @@ class Trainer {
   // the checkpoint's others are the model's (a pipeline rank holds only its
   // stages').
   absl::Status CheckLoadedKeys(const LoadResult& loaded) const;
+  // Where the frozen parameters' values come from ("hf:DIR" or "seed N"),
+  // and what checkpoints record of them (empty when nothing is frozen).
+  std::string FrozenSource() const;
+  absl::StatusOr<FrozenRecord> Frozen() const;
+  // Resuming: the checkpoint's frozen parameters (`record`) are this
+  // run's, from the same source; FailedPrecondition saying what differs.
+  absl::Status CheckFrozen(const std::string& dir,
+                           const FrozenRecord& record) const;
   absl::Status BuildCheckpointWriter();
   absl::Status BuildMetrics();
   absl::Status PrintHeader(const std::string& peak_source);

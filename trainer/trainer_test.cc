@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -25,6 +26,7 @@
 #include "absl/strings/str_join.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/reader.h"
+#include "checkpoint/training/training_state.h"
 #include "comm/gloo_backend.h"
 #include "comm/store.h"
 #include "core/device.h"
@@ -262,6 +264,94 @@ TEST(TrainerTest, ResumeAtTheSameWorldSizeIsBitwise) {
   }
   // The step-5 of the interrupted run was the same step too.
   EXPECT_EQ(Losses(*first[0])[4], want[4]);
+}
+
+void CopyCheckpoint(const std::string& from, const std::string& to) {
+  std::filesystem::create_directories(to);
+  std::filesystem::copy(from, to, std::filesystem::copy_options::recursive);
+}
+
+// model.freeze: the checkpoints hold no frozen parameter (nor optimizer
+// state for one) but record where their values come from; a resume at the
+// same world size is bitwise and one at another within the parity
+// tolerance; a resume with other frozen parameters is refused, saying
+// what differs.
+TEST(TrainerTest, FrozenParametersAreReferencedByCheckpointsAndResume) {
+  const std::string straight = TestDir("frozen_straight"),
+                    resumed = TestDir("frozen_resumed"),
+                    other = TestDir("frozen_w1");
+  const std::vector<std::string> freeze = {"model.freeze=wte.weight, h.0.*",
+                                           "training.seed=7"};
+  auto config = [&](const std::string& dir) {
+    TrainConfig c = SmallConfig(dir);
+    CHECK_OK(ApplyOverrides(freeze, &c));
+    return c;
+  };
+  auto full = RunRanks(config(straight), 2);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  // Freezing changes the run (the same first loss: the same weights).
+  TrainConfig unfrozen = SmallConfig(TestDir("frozen_none"));
+  CHECK_OK(ApplyOverrides({"training.seed=7"}, &unfrozen));
+  auto everything = RunRanks(unfrozen, 2);
+  ASSERT_TRUE(everything[0].ok()) << everything[0].status();
+  EXPECT_EQ(Losses(*everything[0])[0], Losses(*full[0])[0]);
+  EXPECT_GT(std::fabs(Losses(*everything[0])[7] - Losses(*full[0])[7]), 1e-4);
+
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(straight + "/ckpt/step-4");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const auto& entries = (*reader)->metadata().entries;
+  EXPECT_EQ(entries.count("model/wte.weight"), 0u);
+  EXPECT_EQ(entries.count("model/h.0.attn.c_attn.weight"), 0u);
+  EXPECT_EQ(entries.count("optim/h.0.attn.c_attn.weight.exp_avg"), 0u);
+  EXPECT_EQ(entries.count("model/h.1.attn.c_attn.weight"), 1u);
+  EXPECT_EQ(entries.count("optim/h.1.attn.c_attn.weight.exp_avg"), 1u);
+  absl::StatusOr<std::string> record = (*reader)->ReadBytes(kFrozenKey);
+  ASSERT_TRUE(record.ok()) << record.status();
+  EXPECT_TRUE(absl::StartsWith(*record,
+                               "source: seed 7\nfrozen: wte.weight\n"
+                               "frozen: h.0.ln_1.weight\n"))
+      << *record;
+
+  auto first = RunRanks(config(resumed), 2, /*stop_after_steps=*/5);
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  auto second = RunRanks(config(resumed), 2);
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  EXPECT_EQ(second[0]->start_step, 4);
+  const std::vector<double> want = Losses(*full[0]);
+  const std::vector<double> got = Losses(*second[0]);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], want[4 + i]) << "step " << 5 + i;  // bitwise
+  }
+  // From W = 2's checkpoint on one rank.
+  CopyCheckpoint(straight + "/ckpt/step-4", other + "/ckpt/step-4");
+  auto one = RunRanks(config(other), 1);
+  ASSERT_TRUE(one[0].ok()) << one[0].status();
+  const std::vector<double> got1 = Losses(*one[0]);
+  ASSERT_EQ(got1.size(), 4u);
+  for (size_t i = 0; i < got1.size(); ++i) {
+    EXPECT_NEAR(got1[i], want[4 + i], 1e-5 * want[4 + i]) << "step " << 5 + i;
+  }
+
+  // Other frozen parameters, another source, nothing frozen: refused.
+  for (const std::vector<std::string>& change :
+       std::vector<std::vector<std::string>>{{"model.freeze=wte.weight"},
+                                             {"training.seed=8"},
+                                             {"model.freeze="}}) {
+    const std::string dir = TestDir("frozen_changed");
+    CopyCheckpoint(straight + "/ckpt/step-4", dir + "/ckpt/step-4");
+    TrainConfig c = config(dir);
+    CHECK_OK(ApplyOverrides(change, &c));
+    auto refused = RunRanks(c, 1);
+    EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kFailedPrecondition)
+        << change[0] << ": " << refused[0].status();
+    EXPECT_THAT(std::string(refused[0].status().message()),
+                ::testing::HasSubstr(
+                    "its run freezes 13 parameter(s) (wte.weight, ...) whose "
+                    "values come from seed 7"))
+        << change[0];
+  }
 }
 
 TEST(TrainerTest, ResumeAtOtherWorldSizesMatchesWithinParityTolerance) {

@@ -3,8 +3,10 @@
 
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "core/status.h"
 
 namespace fsdpp {
@@ -15,12 +17,14 @@ constexpr char kStepKey[] = "optim/step";
 }  // namespace
 
 absl::StatusOr<StateDict> ModelAndOptimizerState(
-    const std::vector<fsdp::ShardedParameter*>& params, AdamW& adamw) {
+    const std::vector<fsdp::ShardedParameter*>& params, AdamW& adamw,
+    FrozenMasters frozen) {
   StateDict state;
   for (fsdp::ShardedParameter* sp : params) {
     if (sp == nullptr) {
       return absl::InvalidArgumentError("training state: a null parameter");
     }
+    if (!sp->requires_grad && frozen == FrozenMasters::kReference) continue;
     FSDPP_RETURN_IF_ERROR(state.AddDTensor("model/" + sp->name, sp->master));
   }
   FSDPP_ASSIGN_OR_RETURN(OptimizerStateDict optim, adamw.StateDict());
@@ -28,6 +32,40 @@ absl::StatusOr<StateDict> ModelAndOptimizerState(
     FSDPP_RETURN_IF_ERROR(state.AddDTensor("optim/" + name, t));
   }
   return state;
+}
+
+std::string FrozenRecord::ToString() const {
+  if (names.empty()) return "";
+  std::string out = absl::StrCat("source: ", source, "\n");
+  for (const std::string& name : names) {
+    absl::StrAppend(&out, "frozen: ", name, "\n");
+  }
+  return out;
+}
+
+absl::StatusOr<FrozenRecord> FrozenRecord::Parse(const std::string& text,
+                                                 const std::string& where) {
+  FrozenRecord record;
+  if (text.empty()) return record;
+  const std::vector<std::string> lines =
+      absl::StrSplit(text, '\n', absl::SkipEmpty());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (i == 0 && absl::StartsWith(line, "source: ")) {
+      record.source = line.substr(8);
+    } else if (i > 0 && absl::StartsWith(line, "frozen: ")) {
+      record.names.push_back(line.substr(8));
+    } else {
+      return absl::DataLossError(absl::StrCat(
+          where, ": ", kFrozenKey, " line ", i + 1, " \"", line, "\" is not \"",
+          i == 0 ? "source" : "frozen", ": ...\""));
+    }
+  }
+  if (record.source.empty() || record.names.empty()) {
+    return absl::DataLossError(absl::StrCat(
+        where, ": ", kFrozenKey, " names no source or no parameter"));
+  }
+  return record;
 }
 
 absl::StatusOr<TrainingState> TrainingState::Create(

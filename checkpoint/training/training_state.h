@@ -29,12 +29,40 @@
 
 namespace fsdpp {
 
-// "model/<name>" for every master and "optim/<name>" for every AdamW state
-// tensor (initialising AdamW's state if needed): views, so a Load into the
-// result writes in place. What TrainingState holds, for callers that keep
-// their own step (the trainer's "train/step").
+// Whether a state holds the frozen parameters' masters (requires_grad
+// false; AdamW has no state for them).
+enum class FrozenMasters {
+  kSave,  // as "model/<name>" like the others
+  // Left out: the caller re-creates them from their source (the seed's
+  // initialisation, a base model) and records that source (FrozenRecord),
+  // so a LoRA run's checkpoints hold the adapters and their state only.
+  kReference,
+};
+
+// "model/<name>" for every master (but frozen ones under kReference) and
+// "optim/<name>" for every AdamW state tensor (initialising AdamW's state if
+// needed): views, so a Load into the result writes in place. What
+// TrainingState holds, for callers that keep their own step (the trainer's
+// "train/step").
 absl::StatusOr<StateDict> ModelAndOptimizerState(
-    const std::vector<fsdp::ShardedParameter*>& params, AdamW& adamw);
+    const std::vector<fsdp::ShardedParameter*>& params, AdamW& adamw,
+    FrozenMasters frozen = FrozenMasters::kSave);
+
+// Where a checkpoint's unsaved frozen parameters come from, as the bytes
+// "train/frozen": "source: <source>" then "frozen: <name>" per parameter,
+// one per line. The source is "seed <N>" (the sharded initialisation) or a
+// base model ("hf:<dir>"). Empty text: nothing frozen is referenced.
+inline constexpr char kFrozenKey[] = "train/frozen";
+struct FrozenRecord {
+  std::string source;
+  std::vector<std::string> names;
+
+  bool empty() const { return names.empty(); }
+  std::string ToString() const;
+  // DataLoss naming `where` for text that is not a record.
+  static absl::StatusOr<FrozenRecord> Parse(const std::string& text,
+                                            const std::string& where);
+};
 
 class TrainingState {
  public:

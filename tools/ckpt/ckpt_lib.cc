@@ -23,6 +23,7 @@
 #include "checkpoint/metadata.h"
 #include "checkpoint/reader.h"
 #include "checkpoint/state_dict.h"
+#include "checkpoint/training/training_state.h"
 #include "core/status.h"
 #include "formats/file_util.h"
 #include "formats/json.h"
@@ -47,13 +48,35 @@ constexpr char kUsage[] =
     "       ckpt export CHECKPOINT_DIR OUT_DIR --format=hf "
     "[--dtype=f32|bf16|f16]\n"
     "            [--max_shard_mb=N] [--model=NAME] [--tokenizer_dir=DIR]\n"
+    "            [--base_model=hf:DIR]\n"
     "         a Hugging Face model directory (config.json, safetensors "
     "shards,\n"
-    "         index); --model only for checkpoints without train/model\n"
+    "         index); --model only for checkpoints without train/model;\n"
+    "         --base_model: where frozen parameters come from when their\n"
+    "         recorded source (model.init_from) has moved\n"
     "       ckpt import HF_DIR ROOT [--model=NAME] [--step=N]\n"
     "         a Hugging Face model directory as checkpoint ROOT/step-N (the\n"
     "         model config.json describes, or the zoo's NAME checked against\n"
     "         it)\n";
+
+// Fills `model` (materialised on the CPU) from a frozen record's source:
+// "seed N" (the initialisation, bitwise the sharded one of the run) or
+// "hf:DIR" (the base model the run started from).
+absl::Status LoadFrozenSource(const std::string& source,
+                              models::Transformer* model) {
+  uint64_t seed = 0;
+  if (absl::StartsWith(source, "seed ") &&
+      absl::SimpleAtoi(source.substr(5), &seed)) {
+    return model->InitWeights(seed);
+  }
+  if (absl::StartsWith(source, "hf:") && source.size() > 3) {
+    FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::HfDirectory> base,
+                           models::HfDirectory::Open(source.substr(3)));
+    return models::ImportHfDirectory(*base, model);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "the source \"", source, "\" is neither \"seed N\" nor \"hf:DIR\""));
+}
 
 std::string Hex8(uint32_t v) {
   return absl::StrCat("0x", absl::Hex(v, absl::kZeroPad8));
@@ -258,9 +281,19 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
                          models::Transformer::Create(config));
   FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
   const auto& entries = reader->metadata().entries;
+  FrozenRecord frozen;
+  if (entries.count(kFrozenKey) != 0) {
+    FSDPP_ASSIGN_OR_RETURN(const std::string text,
+                           reader->ReadBytes(kFrozenKey));
+    FSDPP_ASSIGN_OR_RETURN(frozen, FrozenRecord::Parse(text, dir));
+  }
+  const std::set<std::string> frozen_names(frozen.names.begin(),
+                                           frozen.names.end());
   std::vector<std::string> missing;
   for (const auto& [name, p] : model->NamedParameters()) {
-    if (entries.count("model/" + name) == 0) missing.push_back("model/" + name);
+    if (entries.count("model/" + name) == 0 && !frozen_names.count(name)) {
+      missing.push_back("model/" + name);
+    }
   }
   if (!missing.empty()) {
     return absl::NotFoundError(
@@ -268,8 +301,16 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
                      absl::StrJoin(missing, ", "), " (is it a checkpoint of ",
                      config.name.empty() ? "this model" : config.name, "?)"));
   }
+  if (!frozen.empty()) {
+    FSDPP_RETURN_IF_ERROR(Annotate(
+        LoadFrozenSource(
+            options.base_model.empty() ? frozen.source : options.base_model,
+            model.get()),
+        absl::StrCat(dir, ": its frozen parameters (", kFrozenKey, ")")));
+  }
   for (const auto& [name, p] : model->NamedParameters()) {
     const std::string key = "model/" + name;
+    if (frozen_names.count(name)) continue;
     FSDPP_ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
     if (t.numel() != p->data.numel()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -387,6 +428,7 @@ int Run(const std::vector<std::string>& args, const Flags& flags,
     HfExportOptions options;
     options.model = flags.model;
     options.tokenizer_dir = flags.tokenizer_dir;
+    options.base_model = flags.base_model;
     absl::StatusOr<DType> dtype = ParseDType(flags.dtype);
     if (!dtype.ok() || !IsFloatingPoint(*dtype)) {
       return usage(

@@ -50,11 +50,18 @@ struct HfExportOptions {
   // it used the GPT-2 tokenizer (its data.tokenizer_dir, else
   // /usr/local/share/fsdpp/gpt2), else none.
   std::string tokenizer_dir;
+  // The frozen parameters' source ("hf:DIR" or "seed N") instead of the
+  // one the checkpoint records (train/frozen); empty: that one.
+  std::string base_model;
 };
 
 // Writes the model of checkpoint `dir` (its "model/<name>" values, in any
 // layout the checkpoint was saved from) as the Hugging Face model directory
-// `out_dir` (models/hf_directory.h); returns the files written.
+// `out_dir` (models/hf_directory.h); returns the files written. Frozen
+// parameters, which the trainer's checkpoints reference rather than hold
+// (checkpoint/training/training_state.h: FrozenRecord), come from the
+// recorded source: the seed's initialisation (bitwise the run's) or the
+// base model's directory.
 absl::StatusOr<std::vector<std::string>> ExportHf(
     const std::string& dir, const std::string& out_dir,
     const HfExportOptions& options);
@@ -78,6 +85,7 @@ struct Flags {
   int64_t max_shard_mb = 5120;  // export: shard size limit.
   std::string model;            // export: zoo config of an old checkpoint.
   std::string tokenizer_dir;    // export: GPT-2 BPE files to include.
+  std::string base_model;       // export: the frozen parameters' source.
 };
 
 // The usage text.

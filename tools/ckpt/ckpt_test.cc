@@ -3,6 +3,7 @@
 // checkpoints, the checkpoint -> safetensors -> checkpoint round trip (bit
 // for bit, byte values included), and the real `ckpt` binary's command line
 // (found at tools/ckpt/ckpt relative to the runfiles working directory).
+#include <algorithm>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -14,6 +15,7 @@
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/test_checkpoints.h"
+#include "checkpoint/training/training_state.h"
 #include "comm/store.h"
 #include "formats/file_util.h"
 #include "formats/safetensors/safetensors.h"
@@ -199,14 +201,22 @@ TEST(CkptTest, CommandLine) {
 
 // A gpt2_debug model's parameters saved by two ranks (sharded on dim 0),
 // with (or, as older checkpoints, without) the model config record.
+// `frozen`: the parameters left out, referenced as the trainer does.
 std::string SaveModel(const std::string& name, const models::Transformer& m,
-                      bool record_config,
-                      const std::string& train_config = "") {
+                      bool record_config, const std::string& train_config = "",
+                      const FrozenRecord& frozen = {}) {
   const std::string root = FreshDir(name);
   InMemoryStore store;
   testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
     StateDict state;
+    if (!frozen.empty()) {
+      CHECK_OK(state.AddBytes(kFrozenKey, frozen.ToString()));
+    }
     for (const auto& [pname, p] : m.NamedParameters()) {
+      if (std::find(frozen.names.begin(), frozen.names.end(), pname) !=
+          frozen.names.end()) {
+        continue;
+      }
       CHECK_OK(
           state.AddDTensor("model/" + pname,
                            MakeDTensor(p->data, &mesh, {Placement::Shard(0)})));
@@ -286,6 +296,74 @@ TEST(CkptTest, ExportsAShardedCheckpointAsAnHfDirectory) {
 
 // A run that used the GPT-2 tokenizer exports its BPE files as HF's
 // vocab.json and merges.txt (found through its train/config, or given).
+// A checkpoint that references its frozen parameters (the trainer's with
+// model.freeze) exports them from the recorded source: the seed's
+// initialisation or the base model's directory (or --base_model's, when
+// that moved), bitwise; the others from the checkpoint.
+TEST(CkptTest, ExportTakesFrozenParametersFromTheirSource) {
+  std::unique_ptr<models::Transformer> trained = DebugModel(11);
+  std::unique_ptr<models::Transformer> base = DebugModel(3);
+  FrozenRecord frozen;
+  frozen.names = {"wte.weight", "h.0.attn.c_attn.weight", "h.1.ln_2.bias"};
+  // What the export must hold: the base's frozen values, the rest trained.
+  auto expect_exported = [&](const std::string& out) {
+    absl::StatusOr<std::unique_ptr<models::HfDirectory>> opened =
+        models::HfDirectory::Open(out);
+    ASSERT_TRUE(opened.ok()) << opened.status();
+    std::unique_ptr<models::Transformer> loaded = DebugModel(0);
+    ASSERT_TRUE(models::ImportHfDirectory(**opened, loaded.get()).ok());
+    const auto want_base = base->NamedParameters();
+    const auto want_trained = trained->NamedParameters();
+    const auto got = loaded->NamedParameters();
+    for (size_t i = 0; i < got.size(); ++i) {
+      const bool is_frozen = std::find(frozen.names.begin(), frozen.names.end(),
+                                       got[i].first) != frozen.names.end();
+      const Tensor& want =
+          (is_frozen ? want_base : want_trained)[i].second->data;
+      EXPECT_TRUE(BitwiseEqual(want, got[i].second->data)) << got[i].first;
+    }
+  };
+  frozen.source = "seed 3";
+  const std::string seeded =
+      SaveModel("export_frozen_seed", *trained, true, "", frozen);
+  ASSERT_TRUE(ReadMetadata(seeded)->entries.count("model/wte.weight") == 0);
+  const std::string out = FreshDir("export_frozen_seed_out") + "/hf";
+  absl::StatusOr<std::vector<std::string>> files =
+      ExportHf(seeded, out, HfExportOptions());
+  ASSERT_TRUE(files.ok()) << files.status();
+  expect_exported(out);
+
+  // From a base model's directory, recorded; then moved.
+  const std::string hf = FreshDir("export_frozen_base") + "/hf";
+  ASSERT_TRUE(models::WriteHfDirectory(hf, base->config(),
+                                       *models::ExportHfTensors(*base), {})
+                  .ok());
+  frozen.source = "hf:" + hf;
+  const std::string based =
+      SaveModel("export_frozen_hf", *trained, true, "", frozen);
+  const std::string out_hf = FreshDir("export_frozen_hf_out") + "/hf";
+  files = ExportHf(based, out_hf, HfExportOptions());
+  ASSERT_TRUE(files.ok()) << files.status();
+  expect_exported(out_hf);
+
+  frozen.source = "hf:/nonexistent/base";
+  const std::string moved =
+      SaveModel("export_frozen_moved", *trained, true, "", frozen);
+  const absl::Status missing =
+      ExportHf(moved, FreshDir("export_frozen_moved_out") + "/hf",
+               HfExportOptions())
+          .status();
+  EXPECT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.message()),
+              HasSubstr("its frozen parameters (train/frozen)"));
+  EXPECT_THAT(std::string(missing.message()), HasSubstr("/nonexistent/base"));
+  const std::string out_moved = FreshDir("export_frozen_moved_ok") + "/hf";
+  auto [code, text] = RunCkpt(absl::StrCat(
+      "export ", moved, " ", out_moved, " --format=hf --base_model=hf:", hf));
+  ASSERT_EQ(code, 0) << text;
+  expect_exported(out_moved);
+}
+
 TEST(CkptTest, ExportIncludesTheGpt2TokenizerFiles) {
   const std::string bpe = FreshDir("bpe");
   ASSERT_TRUE(WriteFileAtomically(bpe + "/encoder.json", "{\"!\": 0}").ok());

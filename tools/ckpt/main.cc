@@ -29,6 +29,10 @@ ABSL_FLAG(std::string, tokenizer_dir, "",
           "export: GPT-2 BPE files (encoder.json, vocab.bpe) to include as "
           "vocab.json and merges.txt (default: the run's, when it used the "
           "GPT-2 tokenizer)");
+ABSL_FLAG(std::string, base_model, "",
+          "export: where the checkpoint's frozen parameters come from, when "
+          "not from the source it records (hf:DIR: a base model moved since "
+          "the run)");
 ABSL_FLAG(std::string, model, "",
           "export: the zoo config of a checkpoint that does not record its "
           "model");
@@ -44,6 +48,7 @@ int main(int argc, char** argv) {
   flags.max_shard_mb = absl::GetFlag(FLAGS_max_shard_mb);
   flags.model = absl::GetFlag(FLAGS_model);
   flags.tokenizer_dir = absl::GetFlag(FLAGS_tokenizer_dir);
+  flags.base_model = absl::GetFlag(FLAGS_base_model);
   // Under `bazel run` relative paths mean the directory it was run from.
   std::vector<std::string> args = line.positional;
   const char* base = std::getenv("BUILD_WORKING_DIRECTORY");
@@ -52,6 +57,10 @@ int main(int argc, char** argv) {
       if (!args[i].empty() && args[i][0] != '/') {
         args[i] = std::string(base) + "/" + args[i];
       }
+    }
+    const std::string& hf = flags.base_model;
+    if (hf.size() > 3 && hf.compare(0, 3, "hf:") == 0 && hf[3] != '/') {
+      flags.base_model = "hf:" + std::string(base) + "/" + hf.substr(3);
     }
   }
   return fsdpp::ckpt::Run(args, flags, std::cout, std::cerr);

@@ -15,7 +15,8 @@
 #      whose losses must equal the first's logged ones bit for bit; and
 #      once with the LM head and loss unfused (training.loss_chunk_tokens=0)
 #      for its time and peak memory against the fused default; and with
-#      selective and full activation checkpointing;
+#      selective and full activation checkpointing; and with LoRA r 16
+#      on the blocks' linear layers (model.lora);
 #   4. the trainer's first 10 losses on the GPU against the CPU trainer's
 #      on the same data (a smaller batch: 2 x 256);
 #   5. the PyTorch peers of step 3 (tools/bench/pytorch_gpt2_step.py:
@@ -149,6 +150,10 @@ fsdpp_run fsdpp_ac_selective 22 --set metrics.log_interval=10 \
 fsdpp_run fsdpp_ac_full 22 --set metrics.log_interval=10 \
   --set training.activation_checkpointing=full
 
+note "fsdpp, GPU, LoRA r 16 on every linear layer of the blocks"
+fsdpp_run fsdpp_lora 22 --set metrics.log_interval=10 \
+  --set model.lora.rank=16 --set "model.lora.targets=c_attn,c_proj,fc,proj"
+
 # 4. The first 10 losses, GPU against CPU, at 2 x 256.
 small=(--set training.global_batch=2 --set training.micro_batch=2
   --set training.seq_len=256)
@@ -257,6 +262,10 @@ bench = {
     "peak_mib_measured_planned_ac_selective": peak_mib("fsdpp_ac_selective"),
     "fsdpp_ac_full_ms": mean_ms("fsdpp_ac_full"),
     "peak_mib_measured_planned_ac_full": peak_mib("fsdpp_ac_full"),
+    # LoRA r 16 on the blocks' linear layers (model.lora): mean step, peak.
+    "fsdpp_lora_ms": mean_ms("fsdpp_lora"),
+    "peak_mib_measured_planned_lora": peak_mib("fsdpp_lora"),
+    "lora_losses": [r["loss"] for r in steps("fsdpp_lora")],
     "bitwise_rerun": bool(losses2) and losses1 == losses2,
     "bitwise_steps": sorted(logged1),
     "first_losses_gpu": gpu10,
