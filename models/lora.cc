@@ -5,8 +5,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "formats/json.h"
 #include "nn/linear.h"
+#include "tensor/ops.h"
 
 namespace fsdpp {
 namespace models {
@@ -25,6 +29,69 @@ bool TargetMatches(const std::string& target, const std::string& module) {
 }
 
 }  // namespace
+
+std::string LoraJson(const LoraOptions& options) {
+  std::vector<std::string> targets;
+  for (const std::string& t : options.targets) targets.push_back(JsonQuote(t));
+  return absl::StrCat(
+      "{\"r\": ", options.rank,
+      ", \"lora_alpha\": ", absl::StrFormat("%.9g", options.alpha),
+      ", \"target_modules\": [", absl::StrJoin(targets, ", "), "]}");
+}
+
+absl::StatusOr<LoraOptions> ParseLoraJson(const std::string& text,
+                                          const std::string& where) {
+  const auto bad = [&](const std::string& what) {
+    return absl::DataLossError(absl::StrCat(where, ": LoRA record: ", what));
+  };
+  absl::StatusOr<Json> json = ParseJson(text);
+  if (!json.ok()) return bad(std::string(json.status().message()));
+  const Json* r = json->Find("r");
+  const Json* alpha = json->Find("lora_alpha");
+  const Json* targets = json->Find("target_modules");
+  if (r == nullptr || !r->is_int64() || alpha == nullptr ||
+      !alpha->is_number() || targets == nullptr || !targets->is_array()) {
+    return bad(
+        "needs an integer r, a number lora_alpha and an array "
+        "target_modules");
+  }
+  LoraOptions options;
+  options.rank = r->int64_value();
+  options.alpha = static_cast<float>(alpha->number_value());
+  for (const Json& t : targets->array_value()) {
+    if (!t.is_string()) return bad("a target_modules entry is not a string");
+    options.targets.push_back(t.string_value());
+  }
+  if (!options.enabled() || options.targets.empty()) {
+    return bad(absl::StrCat("r ", options.rank, " with ",
+                            options.targets.size(), " target(s)"));
+  }
+  return options;
+}
+
+absl::StatusOr<std::vector<std::string>> MergeLoraAdapters(Module* model) {
+  std::vector<std::string> merged;
+  for (auto& [name, m] : model->NamedModules()) {
+    auto* linear = dynamic_cast<nn::Linear*>(m);
+    if (linear == nullptr || linear->lora_a() == nullptr) continue;
+    Parameter* w = linear->weight();
+    const Tensor& a = linear->lora_a()->weight()->data;
+    Tensor& b = linear->lora_b()->weight()->data;
+    if (w->data.is_meta() || a.is_meta() || b.is_meta() ||
+        w->data.dtype() != DType::kF32 || !w->data.device().is_cpu()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("MergeLoraAdapters: ", name,
+                       " is not materialised in f32 on the CPU"));
+    }
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor ba, Tensor::Empty(w->data.shape(), DType::kF32, Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(Matmul(b, a, &ba));
+    FSDPP_RETURN_IF_ERROR(Axpy(linear->lora_scale(), ba, &w->data));
+    FSDPP_RETURN_IF_ERROR(Zero(&b));
+    merged.push_back(name);
+  }
+  return merged;
+}
 
 bool IsLoraParameter(const std::string& name) {
   return absl::StrContains(name, ".lora_A.") ||

@@ -28,6 +28,22 @@ struct LoraOptions {
   bool enabled() const { return rank > 0; }
 };
 
+// The checkpoint key of the record below.
+inline constexpr char kLoraKey[] = "train/lora";
+
+// The options as checkpoints record them (kLoraKey), in PEFT's
+// adapter_config.json spelling: {"r": 8, "lora_alpha": 16,
+// "target_modules": ["c_attn", ...]}.
+std::string LoraJson(const LoraOptions& options);
+// DataLoss naming `where` for text LoraJson did not write.
+absl::StatusOr<LoraOptions> ParseLoraJson(const std::string& text,
+                                          const std::string& where);
+
+// Folds every adapter of `model` (materialised on the CPU, f32) into its
+// base weight, W += (alpha / r) B A, and zeroes B, so the model computes
+// the same with or without the adapters; returns the merged modules' names.
+absl::StatusOr<std::vector<std::string>> MergeLoraAdapters(Module* model);
+
 // Whether the parameter named `name` is a LoRA adapter's.
 bool IsLoraParameter(const std::string& name);
 

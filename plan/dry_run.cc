@@ -109,11 +109,14 @@ absl::Status RecordSetup(recipe::Training& training,
                          const models::TransformerConfig& config,
                          Allocator* device, Allocator* host,
                          DryRunResult* result) {
-  result->model_params = models::NumParameters(config);
+  // The whole model as the layout builds it (LoRA's adapters included).
+  FSDPP_ASSIGN_OR_RETURN(const recipe::Layout::ParameterCounts counts,
+                         training.layout().CountParameters(config));
+  result->model_params = counts.total;
   for (fsdp::ShardedParameter* sp : training.params()) {
     result->rank_params += sp->master.local().numel();
     result->param_bytes += sp->master.local().nbytes();
-    result->grad_bytes += sp->grad.local().nbytes();
+    if (sp->requires_grad) result->grad_bytes += sp->grad.local().nbytes();
   }
   FSDPP_ASSIGN_OR_RETURN(OptimizerStateDict osd,
                          training.optimizer().StateDict());

@@ -52,6 +52,47 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
   }
 }
 
+// LoRA (r 8 on every linear layer of the blocks): the sharded gradients and
+// AdamW's moments are the adapters' alone (GPT-2 124M and Llama debug at
+// W = 2: half of the adapters' f32 bytes, twice that for the moments); the
+// dry run equals the real step at W = 1.
+TEST(DryRunTest, LoraStateIsTheAdaptersAlone) {
+  for (const char* name : {"gpt2_124m", "llama_debug"}) {
+    SCOPED_TRACE(name);
+    const models::TransformerConfig config = *models::ConfigByName(name);
+    recipe::Layout s;
+    s.world = 2;
+    s.seq_len = 64;
+    s.lora.rank = 8;
+    s.lora.targets =
+        config.family == models::ModelFamily::kGpt2
+            ? std::vector<std::string>{"c_attn", "c_proj", "fc", "proj"}
+            : std::vector<std::string>{"wq",   "wk", "wv",  "wo",
+                                       "gate", "up", "down"};
+    absl::StatusOr<recipe::Layout::ParameterCounts> counts =
+        s.CountParameters(config);
+    ASSERT_TRUE(counts.ok()) << counts.status();
+    if (config.family == models::ModelFamily::kGpt2) {
+      EXPECT_LT(counts->trainable * 100, counts->total);  // 0.77%
+    }
+    absl::StatusOr<DryRunResult> dry = DryRun(config, s);
+    ASSERT_TRUE(dry.ok()) << dry.status();
+    EXPECT_EQ(dry->grad_bytes, 4 * counts->trainable / 2);
+    EXPECT_EQ(dry->optimizer_bytes, 2 * 4 * counts->trainable / 2);
+    EXPECT_EQ(dry->model_params, counts->total);
+  }
+  const models::TransformerConfig debug = *models::ConfigByName("gpt2_debug");
+  recipe::Layout one;
+  one.seq_len = 32;
+  one.lora.rank = 8;
+  one.lora.targets = {"c_attn", "fc"};
+  absl::StatusOr<DryRunResult> dry = DryRun(debug, one);
+  ASSERT_TRUE(dry.ok()) << dry.status();
+  absl::StatusOr<DryRunResult> real = RealStep(debug, one);
+  ASSERT_TRUE(real.ok()) << real.status();
+  ExpectSameRun(*dry, *real);
+}
+
 // Dry runs of `s` at each of `accumulations` micro-batches (a failure is
 // reported and ends the list).
 std::vector<DryRunResult> DryRunsAt(const models::TransformerConfig& config,

@@ -395,7 +395,7 @@ TEST(TrainingTest, FrozenParametersStayAndTheRestTrainsAlikeOnEveryLayout) {
 // LoRA (r 4 on the attention's projections and the first block's MLP
 // input): the adapters are the only trainable parameters (gradients, AdamW
 // state) and start as PEFT's (B zero: the first loss is the base model's);
-// FSDP 2, HSDP 2 x 1, pp 2 and cp 2 train to the single rank's losses;
+// FSDP 2 and 3, HSDP 2 x 1, pp 2 and cp 2 train to the single rank's losses;
 // the base's masters never change.
 TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
   const Look look = [&](Training& t, int rank, bool after_steps) {
@@ -441,7 +441,9 @@ TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
   pp.pp = 2;
   Layout cp = fsdp;
   cp.cp = 2;
-  for (const Layout* l : {&fsdp, &hsdp, &pp, &cp}) {
+  Layout three = base;
+  three.world = 3;
+  for (const Layout* l : {&fsdp, &three, &hsdp, &pp, &cp}) {
     SCOPED_TRACE(l->ToString());
     ExpectTrainsLike(Train(*l, false, look), one);
   }

@@ -35,6 +35,7 @@
 #include "mesh/device_mesh.h"
 #include "models/config.h"
 #include "models/hf_directory.h"
+#include "models/lora.h"
 #include "models/parallelize/hf_import.h"
 #include "models/transformer.h"
 #include "optim/adamw.h"
@@ -459,6 +460,11 @@ absl::Status Trainer::BuildCheckpointState() {
                              FrozenMasters::kReference));
   FSDPP_ASSIGN_OR_RETURN(const FrozenRecord frozen, Frozen());
   FSDPP_RETURN_IF_ERROR(state_.AddBytes(kFrozenKey, frozen.ToString()));
+  // The adapters' shape, for tools that rebuild the model (tools/ckpt
+  // export --format=hf|peft); empty without LoRA.
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes(
+      models::kLoraKey,
+      rc_.layout.lora.enabled() ? models::LoraJson(rc_.layout.lora) : ""));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/step", "0"));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loader", ""));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes("train/loss_scaler", ""));
@@ -566,7 +572,7 @@ absl::Status Trainer::Resume(const std::string& latest) {
   // Checkpoints written before the key existed resume too (one without
   // kFrozenKey froze nothing).
   load_options.optional_prefixes = {models::kModelConfigKey, kJobKey,
-                                    kFrozenKey};
+                                    kFrozenKey, models::kLoraKey};
   // A checkpoint with inf / NaN (saved before this check existed, or by
   // another tool) is refused, naming the key.
   load_options.check_finite = true;
@@ -601,6 +607,21 @@ absl::Status Trainer::Resume(const std::string& latest) {
     FSDPP_RETURN_IF_ERROR(CheckFrozen(latest, record));
     FSDPP_ASSIGN_OR_RETURN(const FrozenRecord ours, Frozen());
     FSDPP_RETURN_IF_ERROR(state_.SetBytes(kFrozenKey, ours.ToString()));
+    // The adapters' rank, scale and targets: the run's own.
+    const std::string lora =
+        rc_.layout.lora.enabled() ? models::LoraJson(rc_.layout.lora) : "";
+    std::string theirs;
+    if (std::find(loaded.missing_keys.begin(), loaded.missing_keys.end(),
+                  models::kLoraKey) == loaded.missing_keys.end()) {
+      FSDPP_ASSIGN_OR_RETURN(theirs, state_.bytes(models::kLoraKey));
+    }
+    if (theirs != lora) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "trainer: resuming from ", latest, ": its run's LoRA adapters (",
+          theirs.empty() ? "none" : theirs, ") are not this run's (",
+          lora.empty() ? "none" : lora, "): resume with the same model.lora"));
+    }
+    FSDPP_RETURN_IF_ERROR(state_.SetBytes(models::kLoraKey, lora));
   }
   FSDPP_RETURN_IF_ERROR(CheckLoadedKeys(loaded));
   FSDPP_ASSIGN_OR_RETURN(std::string steps_text, state_.bytes("train/step"));

@@ -37,6 +37,7 @@
 #include "models/config.h"
 #include "models/hf_adapter.h"
 #include "models/hf_directory.h"
+#include "models/lora.h"
 #include "models/transformer.h"
 #include "trainer/config.h"
 
@@ -352,6 +353,55 @@ TEST(TrainerTest, FrozenParametersAreReferencedByCheckpointsAndResume) {
                     "values come from seed 7"))
         << change[0];
   }
+}
+
+// model.lora: the checkpoints hold the adapters (and their state) and the
+// LoRA record; a resume is bitwise, one with other adapters is refused.
+TEST(TrainerTest, LoraRunsCheckpointTheAdaptersAndResume) {
+  const std::string straight = TestDir("lora_straight"),
+                    resumed = TestDir("lora_resumed");
+  auto config = [&](const std::string& dir) {
+    TrainConfig c = SmallConfig(dir);
+    CHECK_OK(ApplyOverrides({"model.lora.rank=4", "model.lora.alpha=8",
+                             "model.lora.targets=c_attn,attn.c_proj"},
+                            &c));
+    return c;
+  };
+  auto full = RunRanks(config(straight), 2);
+  ASSERT_TRUE(full[0].ok()) << full[0].status();
+  const std::vector<double> want = Losses(*full[0]);
+  EXPECT_LT(want[7], want[0]);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(straight + "/ckpt/step-4");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const auto& entries = (*reader)->metadata().entries;
+  EXPECT_EQ(entries.count("model/h.0.attn.c_attn.weight"), 0u);
+  EXPECT_EQ(entries.count("model/h.0.attn.c_attn.lora_A.weight"), 1u);
+  EXPECT_EQ(entries.count("optim/h.0.attn.c_attn.lora_B.weight.exp_avg"), 1u);
+  EXPECT_EQ(*(*reader)->ReadBytes(models::kLoraKey),
+            "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": [\"c_attn\", "
+            "\"attn.c_proj\"]}");
+
+  auto first = RunRanks(config(resumed), 2, /*stop_after_steps=*/5);
+  ASSERT_TRUE(first[0].ok()) << first[0].status();
+  auto second = RunRanks(config(resumed), 2);
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  EXPECT_EQ(second[0]->start_step, 4);
+  const std::vector<double> got = Losses(*second[0]);
+  ASSERT_EQ(got.size(), 4u);
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i], want[4 + i]) << "step " << 5 + i;  // bitwise
+  }
+
+  const std::string dir = TestDir("lora_changed");
+  CopyCheckpoint(straight + "/ckpt/step-4", dir + "/ckpt/step-4");
+  TrainConfig changed = config(dir);
+  CHECK_OK(ApplyOverrides({"model.lora.alpha=16"}, &changed));
+  auto refused = RunRanks(changed, 1);
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused[0].status();
+  EXPECT_THAT(std::string(refused[0].status().message()),
+              ::testing::HasSubstr("resume with the same model.lora"));
 }
 
 TEST(TrainerTest, ResumeAtOtherWorldSizesMatchesWithinParityTolerance) {

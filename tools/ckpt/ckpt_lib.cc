@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
@@ -31,6 +33,7 @@
 #include "models/config.h"
 #include "models/hf_adapter.h"
 #include "models/hf_directory.h"
+#include "models/lora.h"
 #include "models/transformer.h"
 #include "tensor/ops.h"
 
@@ -45,7 +48,7 @@ constexpr char kUsage[] =
     "usage: ckpt inspect [--verify] DIR\n"
     "       ckpt convert CHECKPOINT_DIR OUT.safetensors\n"
     "       ckpt convert IN.safetensors ROOT [--step=N]\n"
-    "       ckpt export CHECKPOINT_DIR OUT_DIR --format=hf "
+    "       ckpt export CHECKPOINT_DIR OUT_DIR --format=hf|peft "
     "[--dtype=f32|bf16|f16]\n"
     "            [--max_shard_mb=N] [--model=NAME] [--tokenizer_dir=DIR]\n"
     "            [--base_model=hf:DIR]\n"
@@ -53,7 +56,9 @@ constexpr char kUsage[] =
     "shards,\n"
     "         index); --model only for checkpoints without train/model;\n"
     "         --base_model: where frozen parameters come from when their\n"
-    "         recorded source (model.init_from) has moved\n"
+    "         recorded source (model.init_from) has moved; a LoRA run's\n"
+    "         checkpoint exports merged (hf) or its adapters alone (peft:\n"
+    "         adapter_config.json, adapter_model.safetensors)\n"
     "       ckpt import HF_DIR ROOT [--model=NAME] [--step=N]\n"
     "         a Hugging Face model directory as checkpoint ROOT/step-N (the\n"
     "         model config.json describes, or the zoo's NAME checked against\n"
@@ -76,6 +81,63 @@ absl::Status LoadFrozenSource(const std::string& source,
   }
   return absl::InvalidArgumentError(absl::StrCat(
       "the source \"", source, "\" is neither \"seed N\" nor \"hf:DIR\""));
+}
+
+// A LoRA model's adapters in PEFT's layout: adapter_config.json (the
+// adapted modules by their full HF names) and adapter_model.safetensors
+// ("base_model.model.<HF module>.lora_A.weight" [r, in] and lora_B [out,
+// r]).
+absl::StatusOr<std::vector<std::string>> ExportPeft(
+    const models::Transformer& model, const models::LoraOptions& lora,
+    const std::string& base, const std::string& out_dir,
+    const HfExportOptions& options) {
+  FSDPP_ASSIGN_OR_RETURN(std::vector<models::HfNameEntry> mapping,
+                         models::HfNameMapping(model.config()));
+  std::map<std::string, std::string> hf_of;
+  for (const models::HfNameEntry& e : mapping) hf_of[e.ours] = e.hf;
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  std::vector<std::string> modules;
+  for (const auto& [name, p] : model.NamedParameters()) {
+    if (!models::IsLoraParameter(name)) continue;
+    // "<module>.lora_A.weight": the module's base weight names it in HF.
+    const size_t cut = name.rfind(".lora_");
+    const std::string module = name.substr(0, cut);
+    const auto hf = hf_of.find(module + ".weight");
+    if (hf == hf_of.end() || !absl::EndsWith(hf->second, ".weight")) {
+      return absl::UnimplementedError(
+          absl::StrCat("PEFT export: ", module, " has no Hugging Face name"));
+    }
+    const std::string hf_module =
+        hf->second.substr(0, hf->second.size() - std::strlen(".weight"));
+    if (modules.empty() || modules.back() != hf_module) {
+      modules.push_back(hf_module);
+    }
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor t, Tensor::Empty(p->data.shape(), options.dtype, Device::Cpu()));
+    FSDPP_RETURN_IF_ERROR(Copy(p->data, &t));
+    tensors.emplace_back(
+        absl::StrCat("base_model.model.", hf_module, name.substr(cut)), t);
+  }
+  FSDPP_RETURN_IF_ERROR(MakeDirs(out_dir));
+  FSDPP_RETURN_IF_ERROR(WriteSafetensors(out_dir + "/adapter_model.safetensors",
+                                         tensors, {{"format", "pt"}}));
+  std::vector<std::string> quoted;
+  for (const std::string& m : modules) quoted.push_back(JsonQuote(m));
+  const bool gpt2 = model.config().family == models::ModelFamily::kGpt2;
+  const std::string config = absl::StrCat(
+      "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n"
+      "  \"r\": ",
+      lora.rank, ",\n  \"lora_alpha\": ", absl::StrFormat("%.9g", lora.alpha),
+      ",\n  \"lora_dropout\": 0.0,\n  \"bias\": \"none\",\n"
+      "  \"fan_in_fan_out\": ",
+      gpt2 ? "true" : "false", ",\n  \"target_modules\": [",
+      absl::StrJoin(quoted, ", "), "],\n  \"base_model_name_or_path\": ",
+      JsonQuote(absl::StartsWith(base, "hf:") ? base.substr(3) : ""),
+      ",\n  \"inference_mode\": true\n}\n");
+  FSDPP_RETURN_IF_ERROR(
+      WriteFileDurably(out_dir + "/adapter_config.json", config));
+  return std::vector<std::string>{"adapter_config.json",
+                                  "adapter_model.safetensors"};
 }
 
 std::string Hex8(uint32_t v) {
@@ -279,8 +341,28 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
   FSDPP_RETURN_IF_ERROR(models::HfConfigJson(config, options.dtype).status());
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> model,
                          models::Transformer::Create(config));
-  FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
   const auto& entries = reader->metadata().entries;
+  const bool peft = options.format == "peft";
+  if (!peft && options.format != "hf") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "export format \"", options.format, "\" is not hf or peft"));
+  }
+  std::optional<models::LoraOptions> lora;
+  if (entries.count(models::kLoraKey) != 0) {
+    FSDPP_ASSIGN_OR_RETURN(const std::string text,
+                           reader->ReadBytes(models::kLoraKey));
+    if (!text.empty()) {
+      FSDPP_ASSIGN_OR_RETURN(lora, models::ParseLoraJson(text, dir));
+      FSDPP_RETURN_IF_ERROR(
+          models::AddLoraAdapters(model.get(), *lora).status());
+    }
+  }
+  if (peft && !lora.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(dir, " is not a LoRA run's checkpoint (no ",
+                     models::kLoraKey, "): export it with --format=hf"));
+  }
+  FSDPP_RETURN_IF_ERROR(model->ToEmpty(Device::Cpu()));
   FrozenRecord frozen;
   if (entries.count(kFrozenKey) != 0) {
     FSDPP_ASSIGN_OR_RETURN(const std::string text,
@@ -301,7 +383,7 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
                      absl::StrJoin(missing, ", "), " (is it a checkpoint of ",
                      config.name.empty() ? "this model" : config.name, "?)"));
   }
-  if (!frozen.empty()) {
+  if (!frozen.empty() && !peft) {
     FSDPP_RETURN_IF_ERROR(Annotate(
         LoadFrozenSource(
             options.base_model.empty() ? frozen.source : options.base_model,
@@ -310,7 +392,9 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
   }
   for (const auto& [name, p] : model->NamedParameters()) {
     const std::string key = "model/" + name;
-    if (frozen_names.count(name)) continue;
+    if (frozen_names.count(name) || (peft && !models::IsLoraParameter(name))) {
+      continue;
+    }
     FSDPP_ASSIGN_OR_RETURN(Tensor t, reader->ReadTensor(key));
     if (t.numel() != p->data.numel()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -321,6 +405,10 @@ absl::StatusOr<std::vector<std::string>> ExportHf(
     // (the same elements in the same order).
     FSDPP_ASSIGN_OR_RETURN(t, t.Reshape(p->data.shape()));
     FSDPP_RETURN_IF_ERROR(Copy(t, &p->data));
+  }
+  if (peft) return ExportPeft(*model, *lora, frozen.source, out_dir, options);
+  if (lora.has_value()) {
+    FSDPP_RETURN_IF_ERROR(models::MergeLoraAdapters(model.get()).status());
   }
   FSDPP_ASSIGN_OR_RETURN(auto tensors, models::ExportHfTensors(*model));
   models::HfWriteOptions wo;
@@ -421,14 +509,15 @@ int Run(const std::vector<std::string>& args, const Flags& flags,
       return usage("--verify and --step do not apply to export");
     }
     if (args.size() != 3) return usage("export takes CHECKPOINT_DIR OUT_DIR");
-    if (flags.format != "hf") {
-      return usage(absl::StrCat("export needs --format=hf (got \"",
+    if (flags.format != "hf" && flags.format != "peft") {
+      return usage(absl::StrCat("export needs --format=hf or peft (got \"",
                                 flags.format, "\")"));
     }
     HfExportOptions options;
     options.model = flags.model;
     options.tokenizer_dir = flags.tokenizer_dir;
     options.base_model = flags.base_model;
+    options.format = flags.format;
     absl::StatusOr<DType> dtype = ParseDType(flags.dtype);
     if (!dtype.ok() || !IsFloatingPoint(*dtype)) {
       return usage(

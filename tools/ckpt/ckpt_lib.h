@@ -53,6 +53,10 @@ struct HfExportOptions {
   // The frozen parameters' source ("hf:DIR" or "seed N") instead of the
   // one the checkpoint records (train/frozen); empty: that one.
   std::string base_model;
+  // "hf": the whole model (a LoRA run's adapters merged into their base
+  // weights, W + (alpha / r) B A); "peft": a LoRA run's adapters alone in
+  // PEFT's layout (adapter_config.json, adapter_model.safetensors).
+  std::string format = "hf";
 };
 
 // Writes the model of checkpoint `dir` (its "model/<name>" values, in any
@@ -61,7 +65,8 @@ struct HfExportOptions {
 // parameters, which the trainer's checkpoints reference rather than hold
 // (checkpoint/training/training_state.h: FrozenRecord), come from the
 // recorded source: the seed's initialisation (bitwise the run's) or the
-// base model's directory.
+// base model's directory. A LoRA run's checkpoint (train/lora) exports
+// merged, or with format "peft" its adapters alone (no base needed).
 absl::StatusOr<std::vector<std::string>> ExportHf(
     const std::string& dir, const std::string& out_dir,
     const HfExportOptions& options);

@@ -4,6 +4,7 @@
 // for bit, byte values included), and the real `ckpt` binary's command line
 // (found at tools/ckpt/ckpt relative to the runfiles working directory).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <limits>
 #include <memory>
@@ -12,18 +13,21 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/metadata.h"
 #include "checkpoint/test_checkpoints.h"
 #include "checkpoint/training/training_state.h"
 #include "comm/store.h"
 #include "formats/file_util.h"
+#include "formats/json.h"
 #include "formats/safetensors/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/run_on_mesh.h"
 #include "models/config.h"
 #include "models/hf_directory.h"
+#include "models/lora.h"
 #include "models/transformer.h"
 #include "tools/ckpt/ckpt_lib.h"
 
@@ -204,13 +208,17 @@ TEST(CkptTest, CommandLine) {
 // `frozen`: the parameters left out, referenced as the trainer does.
 std::string SaveModel(const std::string& name, const models::Transformer& m,
                       bool record_config, const std::string& train_config = "",
-                      const FrozenRecord& frozen = {}) {
+                      const FrozenRecord& frozen = {},
+                      const std::string& lora_json = "") {
   const std::string root = FreshDir(name);
   InMemoryStore store;
   testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
     StateDict state;
     if (!frozen.empty()) {
       CHECK_OK(state.AddBytes(kFrozenKey, frozen.ToString()));
+    }
+    if (!lora_json.empty()) {
+      CHECK_OK(state.AddBytes(models::kLoraKey, lora_json));
     }
     for (const auto& [pname, p] : m.NamedParameters()) {
       if (std::find(frozen.names.begin(), frozen.names.end(), pname) !=
@@ -362,6 +370,101 @@ TEST(CkptTest, ExportTakesFrozenParametersFromTheirSource) {
       "export ", moved, " ", out_moved, " --format=hf --base_model=hf:", hf));
   ASSERT_EQ(code, 0) << text;
   expect_exported(out_moved);
+}
+
+// A LoRA run's checkpoint (its adapters and their record; the base
+// referenced to its seed): --format=hf merges the adapters into the base
+// (the merged model's loss is the adapted one's within 1e-6), --format=peft
+// writes them alone in PEFT's names and adapter_config.json.
+TEST(CkptTest, ExportsALoraRunMergedOrAsAPeftAdapter) {
+  const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
+  models::LoraOptions lora;
+  lora.rank = 2;
+  lora.alpha = 6;
+  lora.targets = {"c_attn", "mlp.fc"};
+  std::unique_ptr<models::Transformer> adapted =
+      *models::Transformer::Create(config);
+  ASSERT_TRUE(models::AddLoraAdapters(adapted.get(), lora).ok());
+  ASSERT_TRUE(adapted->ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE(adapted->InitWeights(5).ok());
+  FrozenRecord frozen;
+  frozen.source = "seed 5";
+  for (const auto& [name, p] : adapted->NamedParameters()) {
+    if (!models::IsLoraParameter(name)) {
+      frozen.names.push_back(name);
+      continue;
+    }
+    // Trained adapters: B no longer zero.
+    std::vector<float> v(p->data.numel());
+    for (size_t i = 0; i < v.size(); ++i) {
+      v[i] = 0.01f * static_cast<float>((i * 7 + name.size()) % 13) - 0.06f;
+    }
+    ASSERT_TRUE(Copy(*Tensor::FromFloats(p->data.shape(), v), &p->data).ok());
+  }
+  const std::string dir = SaveModel("export_lora", *adapted, true, "", frozen,
+                                    models::LoraJson(lora));
+  ASSERT_EQ(ReadMetadata(dir)->entries.count("model/h.0.attn.c_attn.weight"),
+            0u);
+
+  // Merged: the plain model from the export computes the adapted loss.
+  const std::string merged = FreshDir("export_lora_merged") + "/hf";
+  absl::StatusOr<std::vector<std::string>> files =
+      ExportHf(dir, merged, HfExportOptions());
+  ASSERT_TRUE(files.ok()) << files.status();
+  std::unique_ptr<models::Transformer> plain = DebugModel(0);
+  ASSERT_TRUE(models::ImportHfDirectory(**models::HfDirectory::Open(merged),
+                                        plain.get())
+                  .ok());
+  std::vector<int64_t> ids, targets;
+  for (int i = 0; i < 2 * 16; ++i) {
+    ids.push_back((i * 37 + 5) % config.vocab_size);
+    targets.push_back((i * 11 + 3) % config.vocab_size);
+  }
+  const Tensor x = *Tensor::FromInts({2, 16}, ids);
+  const Tensor y = *Tensor::FromInts({2, 16}, targets);
+  const float want = *adapted->EvalLoss(x, y);
+  const float got = *plain->EvalLoss(x, y);
+  std::unique_ptr<models::Transformer> base = DebugModel(5);
+  const float base_loss = *base->EvalLoss(x, y);
+  EXPECT_NEAR(got, want, 1e-6 * want);
+  EXPECT_GT(std::fabs(base_loss - want), 1e-4);  // the adapters matter
+
+  // PEFT: the adapters alone, under PEFT's names, bitwise.
+  const std::string out = FreshDir("export_lora_peft") + "/adapter";
+  auto [code, text] =
+      RunCkpt(absl::StrCat("export ", dir, " ", out, " --format=peft"));
+  ASSERT_EQ(code, 0) << text;
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> st =
+      SafetensorsFile::Open(out + "/adapter_model.safetensors");
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ((*st)->size(), 2u * (config.n_layers * 2));
+  for (const auto& [name, p] : adapted->NamedParameters()) {
+    if (!models::IsLoraParameter(name)) continue;
+    std::string hf = absl::StrCat("base_model.model.transformer.", name);
+    hf = absl::StrReplaceAll(hf, {{".mlp.fc.", ".mlp.c_fc."}});
+    absl::StatusOr<Tensor> t = (*st)->Load(hf);
+    ASSERT_TRUE(t.ok()) << hf << ": " << t.status();
+    EXPECT_TRUE(BitwiseEqual(*t, p->data)) << hf;
+  }
+  const std::string adapter_config =
+      *ReadFileToString(out + "/adapter_config.json");
+  absl::StatusOr<Json> json = ParseJson(adapter_config);
+  ASSERT_TRUE(json.ok()) << adapter_config;
+  EXPECT_EQ(json->Find("peft_type")->string_value(), "LORA");
+  EXPECT_EQ(json->Find("r")->int64_value(), 2);
+  EXPECT_EQ(json->Find("lora_alpha")->number_value(), 6.0);
+  EXPECT_TRUE(json->Find("fan_in_fan_out")->bool_value());
+  const Json::Array& modules = json->Find("target_modules")->array_value();
+  ASSERT_EQ(modules.size(), 4u);
+  EXPECT_EQ(modules[0].string_value(), "transformer.h.0.attn.c_attn");
+  EXPECT_EQ(modules[1].string_value(), "transformer.h.0.mlp.c_fc");
+
+  // A checkpoint without adapters has no PEFT export.
+  std::tie(code, text) = RunCkpt(
+      absl::StrCat("export ", SaveModel("export_plain", *base, true), " ",
+                   FreshDir("export_plain_peft"), "/a --format=peft"));
+  EXPECT_EQ(code, 1) << text;
+  EXPECT_THAT(text, HasSubstr("is not a LoRA run's checkpoint"));
 }
 
 TEST(CkptTest, ExportIncludesTheGpt2TokenizerFiles) {
