@@ -648,8 +648,9 @@ absl::Status FsdpUnit::PreBackward() {
 absl::Status FsdpUnit::PostBackward() {
   if (++backward_modules_ < forward_modules_) return absl::OkStatus();
   forward_modules_ = backward_modules_ = 0;
-  // Free the unsharded parameters before the reduce-scatter allocates.
-  FSDPP_RETURN_IF_ERROR(Reshard());
+  // Free the unsharded parameters before the reduce-scatter allocates
+  // (unless they stay for the step's next micro-batch: ZeRO-1).
+  if (reshard_after_backward_) FSDPP_RETURN_IF_ERROR(Reshard());
   if (requires_gradient_sync_) {
     if (grad_segment_ > 0) {
       FSDPP_RETURN_IF_ERROR(ReduceGradients());

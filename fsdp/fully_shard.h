@@ -229,6 +229,14 @@ class FsdpUnit {
   absl::Status Reshard();
   // With false, backward keeps unsharded gradients locally (no comm).
   void SetRequiresGradientSync(bool sync) { requires_gradient_sync_ = sync; }
+  // FSDP2's set_reshard_after_backward: with false, the unit keeps its
+  // gathered parameters after its backward, until a backward with true
+  // frees them. With reshard_after_forward false and gradient sync off
+  // before the last micro-batch that is ZeRO-1's schedule: one all-gather
+  // per unit and step, one reduce-scatter.
+  void SetReshardAfterBackward(bool reshard) {
+    reshard_after_backward_ = reshard;
+  }
   // HSDP (FSDP2's set_requires_all_reduce): with false, backward still
   // reduce-scatters over the shard group but does not all-reduce over the
   // replicas; the reduced shards add up (in f32) in a buffer of the unit, a
@@ -353,6 +361,7 @@ class FsdpUnit {
   bool initialized_ = false;
   bool is_root_ = false;
   bool requires_gradient_sync_ = true;
+  bool reshard_after_backward_ = true;
   bool requires_all_reduce_ = true;
   bool zero_on_next_reduction_ = false;
   // HSDP with requires_all_reduce_ off: this replica's sum of reduced

@@ -195,6 +195,25 @@ absl::StatusOr<std::unique_ptr<models::Transformer>> AdaptedModel(
   return meta;
 }
 
+absl::Status CheckZero1(const Layout& l) {
+  if (l.reshard_after_backward) return absl::OkStatus();
+  if (l.pp > 1) {
+    return Invalid(absl::StrCat(
+        "parallelism.reshard_after_backward=false (ZeRO-1) with "
+        "parallelism.pp ",
+        l.pp,
+        " > 1 is not supported: the pipeline's stages sync their own "
+        "gradients"));
+  }
+  if (l.hpz_degree > 1) {
+    return Invalid(absl::StrCat(
+        "parallelism.hpz_degree ", l.hpz_degree,
+        " with reshard_after_backward=false (ZeRO-1): the parameters stay "
+        "gathered, there is no backward all-gather for hpZ to shrink"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckFreeze(const Layout& l,
                          const models::TransformerConfig& model) {
   const bool lora = l.lora.rank != 0 || !l.lora.targets.empty();
@@ -304,6 +323,7 @@ absl::Status Layout::Validate(const models::TransformerConfig& model) const {
   FSDPP_RETURN_IF_ERROR(CheckTensorParallel(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckContextParallel(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckFreeze(*this, model));
+  FSDPP_RETURN_IF_ERROR(CheckZero1(*this));
   return CheckPipeline(*this, model);
 }
 
@@ -353,7 +373,9 @@ std::string Layout::ToString() const {
   }
   return absl::StrFormat(
       "%s, %s%s, %s/%s%s%s, %s attention%s%s%s, batch %d x %d x %d", mesh,
-      reshard_after_forward ? "ZeRO-3" : "ZeRO-2",
+      !reshard_after_backward ? "ZeRO-1"
+      : reshard_after_forward ? "ZeRO-3"
+                              : "ZeRO-2",
       hpz_degree > 1 ? absl::StrCat(" hpZ ", hpz_degree) : std::string(),
       DTypeName(param_dtype), DTypeName(reduce_dtype),
       AcLabel(activation_checkpointing), offload ? ", offload" : "",

@@ -76,6 +76,10 @@ struct Layout {
   int hpz_degree = 1;
   // ZeRO-3 (true) or ZeRO-2 (false) for the blocks.
   bool reshard_after_forward = true;
+  // false: ZeRO-1 (FSDP2's set_reshard_after_backward(False) with gradient
+  // sync on the last micro-batch only): the parameters gathered once per
+  // step, the gradients reduce-scattered once. Not with pp > 1.
+  bool reshard_after_backward = true;
   DType param_dtype = DType::kF32;
   DType reduce_dtype = DType::kF32;
   // FSDP offload: masters, gradients and optimizer state in host memory.

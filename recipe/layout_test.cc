@@ -239,6 +239,19 @@ std::vector<Refusal> Refusals() {
        },
        "parallelism.cp 2 with sequence_parallel: a cp rank's 6 tokens are "
        "not divisible by tp 4"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->pp = 2;
+         l->reshard_after_backward = false;
+       },
+       "parallelism.reshard_after_backward=false (ZeRO-1) with "
+       "parallelism.pp 2 > 1 is not supported"},
+      {[](Layout* l) {
+         l->world = 2;
+         l->hpz_degree = 2;
+         l->reshard_after_backward = false;
+       },
+       "parallelism.hpz_degree 2 with reshard_after_backward=false (ZeRO-1)"},
       {[](Layout* l) { l->pp_cuts = {1}; },
        "parallelism.pp_virtual_stages and pp_cuts need parallelism.pp > 1"},
       {[](Layout* l) {

@@ -36,7 +36,10 @@ fsdp::FsdpPlanOptions FsdpOptions(const Layout& layout, DeviceMesh* mesh,
   fsdp::FsdpPlanOptions options;
   options.shard.mesh = mesh;
   if (layout.tp > 1) options.shard.tp_axis = kTensorAxis;
-  options.shard.reshard_after_forward = layout.reshard_after_forward;
+  // ZeRO-1 keeps the parameters from the step's first forward to its last
+  // backward.
+  options.shard.reshard_after_forward =
+      layout.reshard_after_forward && layout.reshard_after_backward;
   options.shard.hpz_degree = layout.hpz_degree > 1 ? layout.hpz_degree : 0;
   options.shard.mp_policy.param_dtype = layout.param_dtype;
   options.shard.mp_policy.reduce_dtype = layout.reduce_dtype;
@@ -185,8 +188,13 @@ absl::Status Training::BuildModel(const BuildOptions& options) {
   for (fsdp::ShardedParameter* sp : params_) {
     if (sp->requires_grad) grads.push_back(&sp->grad);
   }
+  GradientSync sync{units_};
+  // ZeRO-1: parameters gathered and gradients unsharded until the step's
+  // last micro-batch.
+  sync.every_micro_batch = layout_.reshard_after_backward;
+  sync.reshard_after_backward = layout_.reshard_after_backward;
   step_ = std::make_unique<PlainStep>(model_.get(), std::move(grads),
-                                      GradientSync{units_});
+                                      std::move(sync));
   return absl::OkStatus();
 }
 

@@ -389,6 +389,7 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   layout.loss_parallel = tp > 1 && config.loss_parallel();
   layout.hpz_degree = std::max(1, config.hpz_degree());
   layout.reshard_after_forward = config.reshard_after_forward();
+  layout.reshard_after_backward = config.reshard_after_backward();
   layout.offload = config.offload();
   return absl::OkStatus();
 }

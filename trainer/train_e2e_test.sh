@@ -154,14 +154,17 @@ bash "$cd_back/trainer/kill_drill.sh" 2 "$cd_back/$train" "$work/drill" ||
 # processes: FSDP 2; tensor parallel 2 with sequence and loss parallelism;
 # HSDP 2 x 1 over 3 micro-batches, the replicas' sum held until the last;
 # context parallel 2, the ring's buffers included; frozen embeddings and
-# first block, with no gradients or optimizer state for them).
-for layout in "dp" "tp" "hsdp" "cp" "frozen"; do
+# first block, with no gradients or optimizer state for them; ZeRO-1 over 3
+# micro-batches, the gathered parameters and unsharded gradients held).
+for layout in "dp" "tp" "hsdp" "cp" "frozen" "zero1"; do
   mkdir -p "$work/plan_$layout"
   extra=()
   [[ $layout == tp ]] && extra=(--set parallelism.tp=2
     --set parallelism.sequence_parallel=true)
   [[ $layout == cp ]] && extra=(--set parallelism.cp=2)
   [[ $layout == frozen ]] && extra=(--set "model.freeze=wte.weight,h.0.*")
+  [[ $layout == zero1 ]] && extra=(--set parallelism.reshard_after_backward=false
+    --set training.global_batch=12)
   [[ $layout == hsdp ]] && extra=(--set parallelism.dp_replicate=2
     --set training.global_batch=12)
   run "$work/plan_$layout" --set training.steps=2 --set checkpoint.interval=0 \

@@ -820,7 +820,9 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
       config_.model().name(), absl::StrFormat("%.2fM", counts.total / 1e6),
       absl::StrFormat("%.2fM", counts.trainable / 1e6), env_.world_size,
       mesh_->ToString(),
-      config_.parallelism().reshard_after_forward() ? "ZeRO-3" : "ZeRO-2",
+      !rc_.layout.reshard_after_backward ? "ZeRO-1"
+      : rc_.layout.reshard_after_forward ? "ZeRO-3"
+                                         : "ZeRO-2",
       data_.description, tc.global_batch(), rc_.layout.seq_len,
       rc_.tokens_per_step, rc_.layout.micro_batch, rc_.layout.grad_accumulation,
       result_.unigram_loss, result_.peak_tflops_per_rank, peak_source,

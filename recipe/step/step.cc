@@ -55,6 +55,7 @@ void PlainStep::SetSync(bool last) {
   const bool sync = sync_.every_micro_batch || last;
   for (fsdp::FsdpUnit* u : sync_.units) {
     u->SetRequiresGradientSync(sync);
+    u->SetReshardAfterBackward(last || sync_.reshard_after_backward);
     // HSDP: the replicas all-reduce the step's gradient once, on the last
     // micro-batch (each micro-batch still reduce-scatters in the shard
     // group).

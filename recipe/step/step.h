@@ -175,6 +175,10 @@ struct GradientSync {
   // false: no reduction before the last micro-batch (unsharded gradients
   // accumulate; FSDP2's set_requires_gradient_sync(False)).
   bool every_micro_batch = true;
+  // false: FSDP units keep their gathered parameters from the step's first
+  // forward to its last backward (ZeRO-1 with every_micro_batch false: one
+  // all-gather per unit and step).
+  bool reshard_after_backward = true;
 };
 
 class PlainStep final : public Step {
