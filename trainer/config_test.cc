@@ -49,6 +49,7 @@ const std::vector<Shipped>& ShippedConfigs() {
   static const auto* configs = new std::vector<Shipped>{
       {"default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
       {"finetune_default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
+      {"lora_default", 2, 1, 2, 1, 128, 1, "gpt2_debug"},
       {"gpt2_debug", 2, 1, 2, 1, 128, 2},
       {"gpt2_124m", 8, 1, 8, 1, 1024, 4},
       {"gpt2_124m_gpu", 1, 1, 1, 1, 1024, 1, "gpt2_124m"},

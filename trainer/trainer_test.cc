@@ -225,6 +225,19 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
     EXPECT_NEAR(first.back(), first[0], 2e-6 * first[0]) << what;
   }
 
+  // LoRA on the imported base: the adapters start at B = 0, so the first
+  // loss is the base's; the adapters come from the seed (no base has them).
+  TrainConfig lora = SmallConfig(TestDir("init_from_lora"));
+  CHECK_OK(ApplyOverrides({"model.init_from=hf:" + dir + "/hf",
+                           "training.steps=2", "training.warmup_steps=1",
+                           "training.global_batch=6", "training.micro_batch=1",
+                           "checkpoint.interval=0", "validation.interval=0",
+                           "model.lora.rank=4", "model.lora.targets=c_attn,fc"},
+                          &lora));
+  std::vector<absl::StatusOr<TrainResult>> adapted = RunRanks(lora, 2);
+  ASSERT_TRUE(adapted[0].ok()) << adapted[0].status();
+  EXPECT_NEAR(Losses(*adapted[0])[0], first[0], 2e-6 * first[0]);
+
   TrainConfig random = SmallConfig(TestDir("init_from_random"));
   CHECK_OK(ApplyOverrides({"training.steps=2", "training.warmup_steps=1",
                            "training.global_batch=6", "training.micro_batch=1",

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "fsdp/fully_shard.h"
+#include "models/lora.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
 
@@ -44,9 +45,15 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
                          PlanHfImport(dir, *model));
   std::map<std::string, const HfImportItem*> by_name;
   for (const HfImportItem& item : items) by_name[item.entry.ours] = &item;
-  const std::vector<fsdp::ShardedParameter*> params =
+  const std::vector<fsdp::ShardedParameter*> sharded =
       fsdp::ShardedParameters(model);
-  if (params.empty()) {
+  // LoRA's adapters are not the base model's: they keep their
+  // initialisation (B zero).
+  std::vector<fsdp::ShardedParameter*> params;
+  for (fsdp::ShardedParameter* sp : sharded) {
+    if (!IsLoraParameter(sp->name)) params.push_back(sp);
+  }
+  if (sharded.empty()) {
     return absl::FailedPreconditionError(
         "HF import: the model is not sharded (fsdp::FullyShard first; "
         "models::ImportHfDirectory loads an unsharded one)");

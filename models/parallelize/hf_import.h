@@ -35,6 +35,8 @@ struct HfShardedImportStats {
 // sharded weights materialised) from `dir`. Errors: config.json missing or
 // mismatching, PlanHfImport's, Unimplemented for a master layout other than
 // the parameter's shape or its one-dim-split view; nothing is written then.
+// LoRA's adapters (models/lora.h), which no base model holds, keep their
+// initialisation.
 absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
                                                      Transformer* model);
 
