@@ -326,6 +326,61 @@ TEST(TrainingTest, ValuesOnTheDeviceSkipANonFiniteStep) {
   });
 }
 
+// For runs with frozen parameters (Layout::Frozen; LoRA's base too): each
+// has no gradient and keeps its master through the steps, and only the
+// trainable ones have AdamW state; a trainable one `must_change` names must
+// change. The masters are compared per rank between the build and the end.
+Look FrozenParametersStay(
+    const std::function<bool(const std::string&)>& must_change) {
+  return [must_change](Training& t, int rank, bool after_steps) {
+    static std::mutex mu;
+    static std::map<std::pair<int, std::string>, std::vector<double>> before;
+    std::lock_guard<std::mutex> lock(mu);
+    int frozen = 0, trainable = 0;
+    for (fsdp::ShardedParameter* sp : t.params()) {
+      const bool is_frozen = t.layout().Frozen(sp->name);
+      EXPECT_EQ(sp->requires_grad, !is_frozen) << sp->name;
+      (is_frozen ? frozen : trainable) += 1;
+      if (is_frozen) {
+        EXPECT_FALSE(sp->grad.local().defined()) << sp->name;
+      }
+      const std::vector<double> values =
+          testing_util::Values(sp->master.local());
+      const auto key = std::make_pair(rank, sp->name);
+      if (!after_steps) {
+        before[key] = values;
+      } else if (is_frozen) {
+        EXPECT_EQ(values, before.at(key)) << sp->name;
+      } else if (must_change(sp->name) && !values.empty()) {
+        EXPECT_NE(values, before.at(key)) << sp->name << " did not train";
+      }
+    }
+    EXPECT_GT(frozen, 0);
+    absl::StatusOr<OptimizerStateDict> state = t.optimizer().StateDict();
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(state->tensors.size(), 2u * trainable);
+    for (const auto& [name, tensor] : state->tensors) {
+      EXPECT_FALSE(t.layout().Frozen(name.substr(0, name.rfind('.')))) << name;
+    }
+  };
+}
+
+// `base` at one rank trains from the same weights as the run that trains
+// everything (the same first loss) but not alike (the second differs), and
+// every layout of `others` to its losses; `look` sees every run.
+void ExpectFrozenRunsTrainAlike(const Layout& base, const Look& look,
+                                const std::vector<Layout>& others) {
+  const Outcome one = Train(base, false, look);
+  ASSERT_EQ(one.losses.size(), 2u);
+  const Outcome everything = Train(Base(1));
+  EXPECT_EQ(everything.losses[0], one.losses[0]);
+  EXPECT_GT(std::fabs(everything.losses[1] - one.losses[1]), 1e-5);
+  for (const Layout& l : others) {
+    SCOPED_TRACE(l.ToString());
+    ExpectTrainsLike(Train(l, false, look), one);
+  }
+}
+
 // Frozen parameters (Layout::freeze; here the tied embedding, the first
 // block and every bias): no gradient, no AdamW state, no place in any
 // reduce-scatter (the first block's unit issues none), masters unchanged by
@@ -333,32 +388,10 @@ TEST(TrainingTest, ValuesOnTheDeviceSkipANonFiniteStep) {
 // pp 2, and differently from the run that trains everything.
 TEST(TrainingTest, FrozenParametersStayAndTheRestTrainsAlikeOnEveryLayout) {
   const std::vector<std::string> freeze = {"wte.weight", "h.0.*", "*.bias"};
+  const Look stay =
+      FrozenParametersStay([](const std::string&) { return false; });
   const Look look = [&](Training& t, int rank, bool after_steps) {
-    static std::mutex mu;
-    static std::map<std::pair<int, std::string>, std::vector<double>> before;
-    std::lock_guard<std::mutex> lock(mu);
-    int frozen = 0;
-    for (fsdp::ShardedParameter* sp : t.params()) {
-      const bool is_frozen = t.layout().Frozen(sp->name);
-      EXPECT_EQ(sp->requires_grad, !is_frozen) << sp->name;
-      if (!is_frozen) continue;
-      ++frozen;
-      EXPECT_FALSE(sp->grad.local().defined()) << sp->name;
-      const std::vector<double> values =
-          testing_util::Values(sp->master.local());
-      const auto key = std::make_pair(rank, sp->name);
-      if (!after_steps) {
-        before[key] = values;
-      } else {
-        EXPECT_EQ(values, before.at(key)) << sp->name;
-      }
-    }
-    EXPECT_GT(frozen, 0);
-    absl::StatusOr<OptimizerStateDict> state = t.optimizer().StateDict();
-    ASSERT_TRUE(state.ok()) << state.status();
-    for (const auto& [name, tensor] : state->tensors) {
-      EXPECT_FALSE(t.layout().Frozen(name.substr(0, name.rfind('.')))) << name;
-    }
+    stay(t, rank, after_steps);
     if (!after_steps) return;
     for (fsdp::FsdpUnit* u : t.units()) {
       const bool all_frozen = u->gradient_segment_elements() == 0;
@@ -375,21 +408,13 @@ TEST(TrainingTest, FrozenParametersStayAndTheRestTrainsAlikeOnEveryLayout) {
   };
   Layout base = Base(1);
   base.freeze = freeze;
-  const Outcome one = Train(base, false, look);
-  ASSERT_EQ(one.losses.size(), 2u);
-  const Outcome everything = Train(Base(1));
-  EXPECT_EQ(everything.losses[0], one.losses[0]);
-  EXPECT_GT(std::fabs(everything.losses[1] - one.losses[1]), 1e-5);
   Layout fsdp = base;
   fsdp.world = 2;
   Layout tp = fsdp;
   tp.tp = 2;
   Layout pp = fsdp;
   pp.pp = 2;
-  for (const Layout* l : {&fsdp, &tp, &pp}) {
-    SCOPED_TRACE(l->ToString());
-    ExpectTrainsLike(Train(*l, false, look), one);
-  }
+  ExpectFrozenRunsTrainAlike(base, look, {fsdp, tp, pp});
 }
 
 // LoRA (r 4 on the attention's projections and the first block's MLP
@@ -398,40 +423,13 @@ TEST(TrainingTest, FrozenParametersStayAndTheRestTrainsAlikeOnEveryLayout) {
 // FSDP 2 and 3, HSDP 2 x 1, pp 2 and cp 2 train to the single rank's losses;
 // the base's masters never change.
 TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
-  const Look look = [&](Training& t, int rank, bool after_steps) {
-    static std::mutex mu;
-    static std::map<std::pair<int, std::string>, std::vector<double>> before;
-    std::lock_guard<std::mutex> lock(mu);
-    int adapters = 0;
-    for (fsdp::ShardedParameter* sp : t.params()) {
-      const bool adapter = models::IsLoraParameter(sp->name);
-      EXPECT_EQ(sp->requires_grad, adapter) << sp->name;
-      adapters += adapter;
-      const std::vector<double> values =
-          testing_util::Values(sp->master.local());
-      const auto key = std::make_pair(rank, sp->name);
-      if (!after_steps) {
-        before[key] = values;
-      } else if (!adapter) {
-        EXPECT_EQ(values, before.at(key)) << sp->name;
-      } else if (absl::StrContains(sp->name, "lora_B") && !values.empty()) {
-        EXPECT_NE(values, before.at(key)) << sp->name << " did not train";
-      }
-    }
-    EXPECT_GT(adapters, 0);
-    absl::StatusOr<OptimizerStateDict> state = t.optimizer().StateDict();
-    ASSERT_TRUE(state.ok()) << state.status();
-    EXPECT_EQ(state->tensors.size(), 2u * adapters);
-  };
+  const Look look = FrozenParametersStay([](const std::string& name) {
+    return absl::StrContains(name, "lora_B");
+  });
   Layout base = Base(1);
   base.lora.rank = 4;
   base.lora.alpha = 8;
   base.lora.targets = {"c_attn", "attn.c_proj", "h.0.mlp.fc"};
-  const Outcome one = Train(base, false, look);
-  ASSERT_EQ(one.losses.size(), 2u);
-  const Outcome plain = Train(Base(1));
-  EXPECT_EQ(plain.losses[0], one.losses[0]);
-  EXPECT_GT(std::fabs(plain.losses[1] - one.losses[1]), 1e-5);
   Layout fsdp = base;
   fsdp.world = 2;
   Layout hsdp = fsdp;
@@ -443,10 +441,7 @@ TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
   cp.cp = 2;
   Layout three = base;
   three.world = 3;
-  for (const Layout* l : {&fsdp, &three, &hsdp, &pp, &cp}) {
-    SCOPED_TRACE(l->ToString());
-    ExpectTrainsLike(Train(*l, false, look), one);
-  }
+  ExpectFrozenRunsTrainAlike(base, look, {fsdp, three, hsdp, pp, cp});
 }
 
 // ZeRO-1 (reshard_after_backward false): over 4 micro-batches each unit
