@@ -69,7 +69,12 @@ StepTime PredictTime(const models::TransformerConfig& model,
   // parallelism over its cp ranks (the sequence, in chunks that share the
   // causal attention's work evenly).
   const int split = s.tp * std::max(1, s.pp) * s.cp;
-  const double model_flops = models::FlopsPerToken(model, seq) * tokens / split;
+  // Frozen weights skip their weight gradients; LoRA's adapters add theirs
+  // (the layout is validated: counting its parameters does not fail).
+  absl::StatusOr<double> per_token = s.FlopsPerToken(model);
+  const double model_flops =
+      (per_token.ok() ? *per_token : models::FlopsPerToken(model, seq)) *
+      tokens / split;
   // Activation checkpointing runs a fully checkpointed block's forward again
   // in backward (the forward is a third of the training FLOPs); selective
   // recomputes only the cheap ops between the matmuls (their time is in the

@@ -1,11 +1,16 @@
 // The run's layout; see layout.h.
 #include "recipe/layout.h"
 
+#include <map>
+#include <memory>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
 #include "models/transformer.h"
+#include "nn/linear.h"
 #include "nn/module.h"
 #include "parallel/pipeline_schedule.h"
 
@@ -340,6 +345,20 @@ absl::StatusOr<Layout::ParameterCounts> Layout::CountParameters(
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
                          AdaptedModel(*this, model));
   ParameterCounts counts;
+  std::map<const Parameter*, std::string> names;
+  for (const auto& [name, p] : meta->NamedParameters()) names[p] = name;
+  for (const auto& [name, m] : meta->NamedModules()) {
+    const auto* linear = dynamic_cast<const nn::Linear*>(m);
+    if (linear == nullptr) continue;
+    const Parameter* w = linear->weight();
+    const std::string& weight = names.at(w);
+    const int64_t n = NumElements(w->shape);
+    if (models::IsLoraParameter(weight)) {
+      counts.adapter_matmul += n;
+    } else if (Frozen(weight)) {
+      counts.frozen_matmul += n;
+    }
+  }
   for (const auto& [name, p] : meta->NamedParameters()) {
     const int64_t n = NumElements(p->shape);
     counts.total += n;
@@ -350,6 +369,15 @@ absl::StatusOr<Layout::ParameterCounts> Layout::CountParameters(
     }
   }
   return counts;
+}
+
+absl::StatusOr<double> Layout::FlopsPerToken(
+    const models::TransformerConfig& model) const {
+  const double base = models::FlopsPerToken(model, seq(model));
+  if (freeze.empty() && !lora.enabled()) return base;
+  FSDPP_ASSIGN_OR_RETURN(const ParameterCounts counts, CountParameters(model));
+  return base - 2.0 * static_cast<double>(counts.frozen_matmul) +
+         6.0 * static_cast<double>(counts.adapter_matmul);
 }
 
 std::string Layout::ToString() const {

@@ -128,8 +128,18 @@ struct Layout {
     int64_t total = 0;
     int64_t trainable = 0;
     std::vector<std::string> frozen_names;  // in the model's order
+    // Weights of linear layers (the LM head included) that are frozen, and
+    // LoRA's adapters' (all of them trainable).
+    int64_t frozen_matmul = 0;
+    int64_t adapter_matmul = 0;
   };
   absl::StatusOr<ParameterCounts> CountParameters(
+      const models::TransformerConfig& model) const;
+  // Training FLOPs per token of `model` as this layout trains it, at
+  // seq(model): models::FlopsPerToken less 2 per frozen matmul weight (no
+  // weight gradient: forward 2 + input gradient 2 of the 6), plus 6 per
+  // adapter weight. What MFU and the planner's compute time count.
+  absl::StatusOr<double> FlopsPerToken(
       const models::TransformerConfig& model) const;
 
   // The mesh's axes, outermost first.

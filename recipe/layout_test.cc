@@ -323,6 +323,21 @@ TEST(LayoutTest, LoraAdaptersAreTheTrainableParameters) {
   const int64_t c_fc = 4 * c.dim + c.ffn_hidden * 4;
   EXPECT_EQ(counts->trainable, c.n_layers * c_attn + c_fc);
   EXPECT_EQ(counts->total, models::NumParameters(c) + counts->trainable);
+  // FLOPs: every base matmul weight (the blocks' four, the tied head) is
+  // frozen (no weight gradient: -2 each), the adapters train (+6 each).
+  const int64_t base_matmul =
+      c.n_layers * (4 * c.dim * c.dim + 2 * c.dim * c.ffn_hidden) +
+      c.padded_vocab_size() * c.dim;
+  EXPECT_EQ(counts->frozen_matmul, base_matmul);
+  EXPECT_EQ(counts->adapter_matmul, counts->trainable);
+  l.seq_len = 64;
+  absl::StatusOr<double> flops = l.FlopsPerToken(c);
+  ASSERT_TRUE(flops.ok()) << flops.status();
+  EXPECT_DOUBLE_EQ(*flops, models::FlopsPerToken(c, 64) - 2.0 * base_matmul +
+                               6.0 * counts->trainable);
+  Layout plain;
+  plain.seq_len = 64;
+  EXPECT_DOUBLE_EQ(*plain.FlopsPerToken(c), models::FlopsPerToken(c, 64));
 }
 
 TEST(LayoutTest, ValidateNamesTheField) {

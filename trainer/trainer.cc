@@ -760,7 +760,8 @@ absl::Status Trainer::BuildMetrics() {
   if (env_.rank == 0 && !mc.jsonl_path().empty()) {
     FSDPP_ASSIGN_OR_RETURN(jsonl_, JsonlWriter::Open(mc.jsonl_path()));
   }
-  flops_per_token_ = models::FlopsPerToken(rc_.model, rc_.layout.seq_len);
+  // Frozen weights skip their weight gradients; LoRA's adapters add theirs.
+  FSDPP_ASSIGN_OR_RETURN(flops_per_token_, rc_.layout.FlopsPerToken(rc_.model));
   peak_ = mc.peak_tflops() * 1e12;
   std::string peak_source = "metrics.peak_tflops";
   const DType peak_dtype =
