@@ -398,6 +398,9 @@ absl::Status Trainer::BuildModel() {
                                                          mesh_.get(), options),
                                  "trainer: building the model"));
   result_.pipeline_bubble_schedule = training_->schedule_bubble();
+  FSDPP_ASSIGN_OR_RETURN(counts_, rc_.layout.CountParameters(rc_.model));
+  frozen_.names = counts_.frozen_names;
+  if (!frozen_.names.empty()) frozen_.source = FrozenSource();
   return InitFromHf();
 }
 
@@ -458,8 +461,7 @@ absl::Status Trainer::BuildCheckpointState() {
       state_,
       ModelAndOptimizerState(training_->params(), training_->optimizer(),
                              FrozenMasters::kReference));
-  FSDPP_ASSIGN_OR_RETURN(const FrozenRecord frozen, Frozen());
-  FSDPP_RETURN_IF_ERROR(state_.AddBytes(kFrozenKey, frozen.ToString()));
+  FSDPP_RETURN_IF_ERROR(state_.AddBytes(kFrozenKey, frozen_.ToString()));
   // The adapters' shape, for tools that rebuild the model (tools/ckpt
   // export --format=hf|peft); empty without LoRA.
   FSDPP_RETURN_IF_ERROR(state_.AddBytes(
@@ -597,24 +599,26 @@ absl::Status Trainer::Resume(const std::string& latest) {
   FSDPP_ASSIGN_OR_RETURN(LoadResult loaded,
                          Context(std::move(load), "trainer: resuming"));
   {
-    std::string text;
-    if (std::find(loaded.missing_keys.begin(), loaded.missing_keys.end(),
-                  kFrozenKey) == loaded.missing_keys.end()) {
-      FSDPP_ASSIGN_OR_RETURN(text, state_.bytes(kFrozenKey));
-    }
+    // An optional key the checkpoint lacks reads as empty (older
+    // checkpoints: nothing frozen, no adapters).
+    const auto loaded_bytes =
+        [&](const std::string& key) -> absl::StatusOr<std::string> {
+      if (std::find(loaded.missing_keys.begin(), loaded.missing_keys.end(),
+                    key) != loaded.missing_keys.end()) {
+        return std::string();
+      }
+      return state_.bytes(key);
+    };
+    FSDPP_ASSIGN_OR_RETURN(const std::string text, loaded_bytes(kFrozenKey));
     FSDPP_ASSIGN_OR_RETURN(const FrozenRecord record,
                            FrozenRecord::Parse(text, latest));
     FSDPP_RETURN_IF_ERROR(CheckFrozen(latest, record));
-    FSDPP_ASSIGN_OR_RETURN(const FrozenRecord ours, Frozen());
-    FSDPP_RETURN_IF_ERROR(state_.SetBytes(kFrozenKey, ours.ToString()));
+    FSDPP_RETURN_IF_ERROR(state_.SetBytes(kFrozenKey, frozen_.ToString()));
     // The adapters' rank, scale and targets: the run's own.
     const std::string lora =
         rc_.layout.lora.enabled() ? models::LoraJson(rc_.layout.lora) : "";
-    std::string theirs;
-    if (std::find(loaded.missing_keys.begin(), loaded.missing_keys.end(),
-                  models::kLoraKey) == loaded.missing_keys.end()) {
-      FSDPP_ASSIGN_OR_RETURN(theirs, state_.bytes(models::kLoraKey));
-    }
+    FSDPP_ASSIGN_OR_RETURN(const std::string theirs,
+                           loaded_bytes(models::kLoraKey));
     if (theirs != lora) {
       return absl::FailedPreconditionError(absl::StrCat(
           "trainer: resuming from ", latest, ": its run's LoRA adapters (",
@@ -668,18 +672,9 @@ std::string Trainer::FrozenSource() const {
   return absl::StrCat("seed ", config_.training().seed());
 }
 
-absl::StatusOr<FrozenRecord> Trainer::Frozen() const {
-  FSDPP_ASSIGN_OR_RETURN(const recipe::Layout::ParameterCounts counts,
-                         rc_.layout.CountParameters(rc_.model));
-  FrozenRecord record;
-  record.names = counts.frozen_names;
-  if (!record.names.empty()) record.source = FrozenSource();
-  return record;
-}
-
 absl::Status Trainer::CheckFrozen(const std::string& dir,
                                   const FrozenRecord& record) const {
-  FSDPP_ASSIGN_OR_RETURN(const FrozenRecord ours, Frozen());
+  const FrozenRecord& ours = frozen_;
   if (record.source == ours.source && record.names == ours.names) {
     return absl::OkStatus();
   }
@@ -807,8 +802,7 @@ absl::Status Trainer::BuildMetrics() {
 absl::Status Trainer::PrintHeader(const std::string& peak_source) {
   const TrainingConfig& tc = config_.training();
   const int64_t num_params = models::NumParameters(rc_.model);
-  FSDPP_ASSIGN_OR_RETURN(const recipe::Layout::ParameterCounts counts,
-                         rc_.layout.CountParameters(rc_.model));
+  const recipe::Layout::ParameterCounts& counts = counts_;
   print_->Line(absl::StrFormat(
       "fsdpp trainer: %s (%s parameters, %s trainable) on %d rank(s), mesh "
       "%s, %s\n"

@@ -280,10 +280,8 @@ class Trainer {
   // the checkpoint's others are the model's (a pipeline rank holds only its
   // stages').
   absl::Status CheckLoadedKeys(const LoadResult& loaded) const;
-  // Where the frozen parameters' values come from ("hf:DIR" or "seed N"),
-  // and what checkpoints record of them (empty when nothing is frozen).
+  // Where the frozen parameters' values come from ("hf:DIR" or "seed N").
   std::string FrozenSource() const;
-  absl::StatusOr<FrozenRecord> Frozen() const;
   // Resuming: the checkpoint's frozen parameters (`record`) are this
   // run's, from the same source; FailedPrecondition saying what differs.
   absl::Status CheckFrozen(const std::string& dir,
@@ -339,6 +337,11 @@ class Trainer {
   std::unique_ptr<recipe::Training> training_;
   // What model.init_from loaded (printed with the run's header).
   std::string init_note_;
+  // The model's parameters as the layout trains them (counted once, at the
+  // build) and what checkpoints record of the frozen ones (empty when
+  // nothing is frozen).
+  recipe::Layout::ParameterCounts counts_;
+  FrozenRecord frozen_;
   // The memory plan's header line, and its peak of live bytes (0: none).
   std::string plan_note_;
   std::string plan_summary_;  // for the memory report
