@@ -497,7 +497,8 @@ absl::StatusOr<float> Transformer::ForwardLoss(const Tensor& input,
   lm_head_->Disarm();  // used up, unless the forward failed before the head
   FSDPP_ASSIGN_OR_RETURN(Tensor output, std::move(forward));
   if (!lm_head_->last_forward_fused()) return loss_->Forward(output, local);
-  return nn::MeanOfTotal(output, lm_head_->count());  // count 0 on meta
+  return nn::MeanOfTotal(output, lm_head_->count(),  // count 0 on meta
+                         loss_->normalizer());
 }
 
 absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
@@ -515,11 +516,20 @@ absl::Status Transformer::ForwardLossAccumulate(const Tensor& input,
   }
   FSDPP_RETURN_IF_ERROR(nn::CheckLossSum(sum, output.device(),
                                          "Transformer::ForwardLossAccumulate"));
-  return nn::AccumulateMean(output, lm_head_->count(), weight, sum);
+  return nn::AccumulateMean(output, lm_head_->count(), weight, sum,
+                            loss_->normalizer());
 }
 
 absl::Status Transformer::Backward(float loss_scale) {
   if (lm_head_ != nullptr && lm_head_->fused_pending()) {
+    // The fused head's gradient is the count's mean's; a normalizer
+    // rescales it (nn::LossFunction::set_normalizer).
+    const int64_t count = lm_head_->count();
+    if (loss_->normalizer() > 0 && count > 0) {
+      loss_scale =
+          static_cast<float>(static_cast<double>(loss_scale) *
+                             static_cast<double>(count) / loss_->normalizer());
+    }
     lm_head_->set_backward_scale(loss_scale);
     return Module::Backward(Tensor()).status();
   }

@@ -113,7 +113,9 @@ struct TransformerOptions {
   // is the mean over the cp ranks (each holds as many tokens), and the
   // parameter gradients averaged over them (FSDP over dp x cp) are the whole
   // sequence's; with ignored targets (-100) spread unevenly over the ranks
-  // it is the mean of the ranks' means instead (not yet the global count).
+  // the loss's normalizer makes it the whole rows' token mean
+  // (recipe::MicroBatch::step_loss_tokens), else it is the ranks' means'
+  // mean.
   // Needs the fused attention; composes with document masking (masks from the
   // whole rows) and pipeline stages (a part without the embeddings takes the
   // whole ids through SetBatch and hidden states of this rank's rows).
@@ -167,7 +169,8 @@ class Transformer : public Module {
   bool has_head() const { return options_.head; }
 
   // Mean cross-entropy of Forward(input) against `targets` ([B, T] like
-  // ids, i32/i64, -100 = ignored) over the non-ignored targets; input is ids
+  // ids, i32/i64, -100 = ignored) over the non-ignored targets (their sum /
+  // loss().normalizer() when one is set); input is ids
   // [B, T] or, for a part without the embeddings, hidden states [B, T, C].
   // Keeps the activations and logits for Backward(). FailedPrecondition on a
   // part without the head.

@@ -479,54 +479,70 @@ TEST(TransformerTest, DocumentMaskingRefusesWhatItCannotMask) {
 // The LM head fused with the loss (chunks of 5 tokens over 2 x 9, ignored
 // targets, two accumulated micro-batches scaled 0.5 each, on the device
 // sum) against the unfused head: the same losses, counts and gradients (tied
-// GPT-2 head, untied Llama head).
+// GPT-2 head, untied Llama head), with the count as the mean's divisor and
+// with a normalizer (20: the sum of the 14 targets' losses / 20).
 TEST(TransformerTest, FusedLossHeadMatchesTheUnfusedHead) {
-  for (const char* name : {"gpt2_debug", "llama_debug"}) {
-    SCOPED_TRACE(name);
-    TransformerOptions unfused_options;
-    unfused_options.loss_chunk_tokens = 0;
-    TransformerOptions fused_options;
-    fused_options.loss_chunk_tokens = 5;
-    auto unfused = Build(Named(name), unfused_options);
-    auto fused = Build(Named(name), fused_options);
-    const Tensor ids = Ids(2, 9, 512, 21);
-    std::vector<int64_t> t(18);
-    for (int i = 0; i < 18; ++i) t[i] = i % 4 == 2 ? -100 : (i * 53) % 512;
-    const Tensor targets = *Tensor::FromInts({2, 9}, t, DType::kI64);
-    std::vector<float> sums;
-    for (Transformer* m : {unfused.get(), fused.get()}) {
-      Tensor sum = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
-      for (int micro = 0; micro < 2; ++micro) {
-        ASSERT_TRUE(m->ForwardLossAccumulate(ids, targets, 0.5, &sum).ok());
-        EXPECT_EQ(m->last_target_count(), 14);
-        ASSERT_TRUE(m->Backward(0.5f).ok());
+  std::map<std::string, float> by_count;
+  for (const double normalizer : {0.0, 20.0})
+    for (const char* name : {"gpt2_debug", "llama_debug"}) {
+      SCOPED_TRACE(absl::StrCat(name, " normalizer ", normalizer));
+      TransformerOptions unfused_options;
+      unfused_options.loss_chunk_tokens = 0;
+      TransformerOptions fused_options;
+      fused_options.loss_chunk_tokens = 5;
+      auto unfused = Build(Named(name), unfused_options);
+      auto fused = Build(Named(name), fused_options);
+      const Tensor ids = Ids(2, 9, 512, 21);
+      std::vector<int64_t> t(18);
+      for (int i = 0; i < 18; ++i) t[i] = i % 4 == 2 ? -100 : (i * 53) % 512;
+      const Tensor targets = *Tensor::FromInts({2, 9}, t, DType::kI64);
+      std::vector<float> sums;
+      for (Transformer* m : {unfused.get(), fused.get()}) {
+        ASSERT_TRUE(m->mutable_loss()->set_normalizer(normalizer).ok());
+        Tensor sum = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
+        for (int micro = 0; micro < 2; ++micro) {
+          ASSERT_TRUE(m->ForwardLossAccumulate(ids, targets, 0.5, &sum).ok());
+          EXPECT_EQ(m->last_target_count(), 14);
+          ASSERT_TRUE(m->Backward(0.5f).ok());
+        }
+        sums.push_back(Floats(sum)[0]);
       }
-      sums.push_back(Floats(sum)[0]);
-    }
-    EXPECT_TRUE(fused->lm_head()->last_forward_fused());
-    EXPECT_FALSE(unfused->lm_head()->last_forward_fused());
-    EXPECT_NEAR(sums[1], sums[0], 1e-6f * sums[0]);
-    const auto a = Grads(*unfused), b = Grads(*fused);
-    for (const auto& [param, g] : a) {
-      const std::vector<float>& h = b.at(param);
-      for (size_t i = 0; i < g.size(); ++i) {
-        ASSERT_NEAR(h[i], g[i], 1e-7f + 1e-5f * std::fabs(g[i])) << param;
+      EXPECT_TRUE(fused->lm_head()->last_forward_fused());
+      EXPECT_FALSE(unfused->lm_head()->last_forward_fused());
+      EXPECT_NEAR(sums[1], sums[0], 1e-6f * sums[0]);
+      if (normalizer == 0) {
+        by_count[name] = sums[0];
+      } else {
+        EXPECT_NEAR(sums[0], by_count.at(name) * 14 / 20, 1e-6f * sums[0]);
       }
+      const auto a = Grads(*unfused), b = Grads(*fused);
+      for (const auto& [param, g] : a) {
+        const std::vector<float>& h = b.at(param);
+        // With the count's 0.5 (a power of two) the two agree to rounding;
+        // a normalizer's 0.35 rounds differently in the fused head's two
+        // scalings, by an f32 ulp before the backward: within 1e-5 of the
+        // gradient's largest element.
+        float largest = 0;
+        for (float x : g) largest = std::max(largest, std::fabs(x));
+        const float slack = normalizer == 0 ? 1e-7f : 1e-5f * largest;
+        for (size_t i = 0; i < g.size(); ++i) {
+          ASSERT_NEAR(h[i], g[i], slack + 1e-5f * std::fabs(g[i])) << param;
+        }
+      }
+      EXPECT_NEAR(*fused->ForwardLoss(ids, targets),
+                  *unfused->ForwardLoss(ids, targets), 1e-6f * sums[0]);
+      // A forward that fails before the head leaves it unarmed: the next
+      // plain forward gives logits.
+      EXPECT_FALSE(fused->ForwardLoss(Ids(2, 9, 100000, 1), targets).ok());
+      absl::StatusOr<Tensor> logits = fused->Logits(ids);
+      ASSERT_TRUE(logits.ok()) << logits.status();
+      EXPECT_EQ(logits->ndim(), 3);
+      // A loss set from outside (loss parallel's) turns the fused head off.
+      fused->set_loss(std::make_unique<nn::CrossEntropyLoss>());
+      ASSERT_TRUE(fused->ForwardLoss(ids, targets).ok());
+      EXPECT_FALSE(fused->lm_head()->last_forward_fused());
+      ASSERT_TRUE(fused->Backward().ok());
     }
-    EXPECT_NEAR(*fused->ForwardLoss(ids, targets),
-                *unfused->ForwardLoss(ids, targets), 1e-6f * sums[0]);
-    // A forward that fails before the head leaves it unarmed: the next
-    // plain forward gives logits.
-    EXPECT_FALSE(fused->ForwardLoss(Ids(2, 9, 100000, 1), targets).ok());
-    absl::StatusOr<Tensor> logits = fused->Logits(ids);
-    ASSERT_TRUE(logits.ok()) << logits.status();
-    EXPECT_EQ(logits->ndim(), 3);
-    // A loss set from outside (loss parallel's) turns the fused head off.
-    fused->set_loss(std::make_unique<nn::CrossEntropyLoss>());
-    ASSERT_TRUE(fused->ForwardLoss(ids, targets).ok());
-    EXPECT_FALSE(fused->lm_head()->last_forward_fused());
-    ASSERT_TRUE(fused->Backward().ok());
-  }
 }
 
 TEST(TransformerTest, LogitsMatchTheTrainingForward) {

@@ -39,16 +39,41 @@ absl::Status CheckLossSum(const Tensor* sum, Device device,
                    sum == nullptr ? std::string("null") : sum->ToString()));
 }
 
-absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count) {
+absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count,
+                                  double normalizer) {
   if (count == 0) return 0.0f;
   FSDPP_ASSIGN_OR_RETURN(float value, Item(total));
-  return static_cast<float>(static_cast<double>(value) / count);
+  const double divisor = normalizer > 0 ? normalizer : count;
+  return static_cast<float>(static_cast<double>(value) / divisor);
 }
 
 absl::Status AccumulateMean(const Tensor& total, int64_t count, double weight,
-                            Tensor* sum) {
+                            Tensor* sum, double normalizer) {
   if (count == 0) return absl::OkStatus();
-  return Axpy(static_cast<float>(weight / count), total, sum);
+  const double divisor = normalizer > 0 ? normalizer : count;
+  return Axpy(static_cast<float>(weight / divisor), total, sum);
+}
+
+absl::Status LossFunction::set_normalizer(double normalizer) {
+  if (!std::isfinite(normalizer) || normalizer < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "loss: the normalizer must be finite and >= 0, got ", normalizer));
+  }
+  normalizer_ = normalizer;
+  return absl::OkStatus();
+}
+
+float LossFunction::MeanGradient(float scale, int64_t count) const {
+  if (count == 0) return 0.0f;
+  if (normalizer_ > 0) return static_cast<float>(scale / normalizer_);
+  return scale / count;
+}
+
+std::unique_ptr<LossFunction> CrossEntropyLoss::Clone() const {
+  auto out =
+      std::make_unique<CrossEntropyLoss>(ignore_index_, gradient_in_place_);
+  out->set_normalizer(normalizer()).IgnoreError();  // valid: it is ours
+  return out;
 }
 
 absl::Status LossFunction::ForwardAccumulate(const Tensor& logits,
@@ -94,7 +119,7 @@ absl::StatusOr<float> CrossEntropyLoss::Forward(const Tensor& logits,
                          EmptyTemporary({1}, DType::kF32, logits.device()));
   if (count_ == 0) return 0.0f;  // meta, or nothing counted
   FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &sum));
-  return MeanOfTotal(sum, count_);
+  return MeanOfTotal(sum, count_, normalizer());
 }
 
 absl::Status CrossEntropyLoss::ForwardAccumulate(const Tensor& logits,
@@ -107,7 +132,7 @@ absl::Status CrossEntropyLoss::ForwardAccumulate(const Tensor& logits,
                          EmptyTemporary({1}, DType::kF32, logits.device()));
   if (count_ == 0) return absl::OkStatus();  // meta, or nothing counted
   FSDPP_RETURN_IF_ERROR(fsdpp::Sum(losses, &total));
-  return AccumulateMean(total, count_, weight, sum);
+  return AccumulateMean(total, count_, weight, sum, normalizer());
 }
 
 absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {
@@ -124,7 +149,7 @@ absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {
   FSDPP_ASSIGN_OR_RETURN(
       Tensor dlosses,
       EmptyTemporary({saved_targets_.numel()}, DType::kF32, logits.device()));
-  FSDPP_RETURN_IF_ERROR(Fill(&dlosses, count_ > 0 ? scale / count_ : 0.0f));
+  FSDPP_RETURN_IF_ERROR(Fill(&dlosses, MeanGradient(scale, count_)));
   Tensor dlogits = logits;  // in place: row by row, read before written
   if (!gradient_in_place_) {
     FSDPP_ASSIGN_OR_RETURN(

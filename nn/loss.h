@@ -30,12 +30,15 @@ absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
 // loss) is an f32 tensor of one element on `device`.
 absl::Status CheckLossSum(const Tensor* sum, Device device,
                           absl::string_view who);
-// The mean `total` / `count` of a loss total (f32, one element), read back;
-// 0 when nothing was counted (or on meta tensors, count 0 there).
-absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count);
-// *sum += weight * total / count on the device; nothing when count is 0.
+// The mean `total` / divisor of a loss total (f32, one element), read back,
+// with divisor = `normalizer` when > 0, else `count`; 0 when nothing was
+// counted (or on meta tensors, count 0 there).
+absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count,
+                                  double normalizer = 0);
+// *sum += weight * total / divisor on the device (the divisor as in
+// MeanOfTotal); nothing when count is 0.
 absl::Status AccumulateMean(const Tensor& total, int64_t count, double weight,
-                            Tensor* sum);
+                            Tensor* sum, double normalizer = 0);
 
 // A loss on a model's output: the mean of a per-target loss over the
 // targets that are not ignore_index, and its gradient. A model holds one and
@@ -63,12 +66,34 @@ class LossFunction {
   virtual int64_t ignore_index() const = 0;
   // Non-ignored targets in the last Forward.
   virtual int64_t count() const = 0;
-  // A new loss of the same kind and settings with nothing saved (e.g. for an
-  // evaluation pass that must not disturb a pending Backward).
+  // A new loss of the same kind and settings (the normalizer too) with
+  // nothing saved (e.g. for an evaluation pass that must not disturb a
+  // pending Backward).
   virtual std::unique_ptr<LossFunction> Clone() const = 0;
+
+  // The divisor of the mean: > 0 replaces the count of non-ignored targets,
+  // so that the loss is their sum / normalizer (and its gradient follows);
+  // 0 (the default): the count. A step whose loss is the token mean over a
+  // global batch sets it to that batch's counted targets per micro-batch and
+  // rank (recipe/step/step.h), so that micro-batches of unequal counts
+  // weigh by their tokens. InvalidArgument unless finite and >= 0.
+  absl::Status set_normalizer(double normalizer);
+  double normalizer() const { return normalizer_; }
+  // The divisor for `count` counted targets: normalizer() when > 0, else
+  // `count`.
+  double Divisor(int64_t count) const {
+    return normalizer_ > 0 ? normalizer_ : static_cast<double>(count);
+  }
+  // d(mean)/d(row loss) of a counted row for `count` counted targets, times
+  // `scale`: scale / Divisor(count) (f32; 0 when count is 0).
+  float MeanGradient(float scale, int64_t count) const;
+
+ private:
+  double normalizer_ = 0;
 };
 
-// mean over i with targets[i] != ignore_index of -log softmax(logits[i])[t].
+// mean over i with targets[i] != ignore_index of -log softmax(logits[i])[t]
+// (the sum over them / normalizer() when one is set).
 class CrossEntropyLoss : public LossFunction {
  public:
   // gradient_in_place: Backward writes dlogits over the saved logits
@@ -98,10 +123,7 @@ class CrossEntropyLoss : public LossFunction {
 
   int64_t ignore_index() const override { return ignore_index_; }
   int64_t count() const override { return count_; }
-  std::unique_ptr<LossFunction> Clone() const override {
-    return std::make_unique<CrossEntropyLoss>(ignore_index_,
-                                              gradient_in_place_);
-  }
+  std::unique_ptr<LossFunction> Clone() const override;
   bool gradient_in_place() const { return gradient_in_place_; }
 
  private:

@@ -74,6 +74,45 @@ TEST(CrossEntropyLossTest, MeanAndFiniteDifferenceGradient) {
   }
 }
 
+// A normalizer replaces the count: the loss is the sum / normalizer, its
+// gradient the count's scaled by count / normalizer (ignored rows still
+// zero), the accumulated loss the same, and a clone keeps it; a negative or
+// non-finite one is refused.
+TEST(CrossEntropyLossTest, NormalizerDividesTheSum) {
+  const std::vector<int64_t> targets = {3, kIgnore, 0, 10, 10, kIgnore};
+  ASSERT_OK_AND_ASSIGN(Tensor t,
+                       Tensor::FromInts({2, 3}, targets, DType::kI64));
+  Tensor logits = RandomTensor({2, 3, 11}, DType::kF32, 3, -3, 3);
+  CrossEntropyLoss mean(kIgnore);
+  ASSERT_OK_AND_ASSIGN(float by_count, mean.Forward(logits, t));
+  ASSERT_OK_AND_ASSIGN(Tensor d_count, mean.Backward(2.0f));
+  CrossEntropyLoss loss(kIgnore);
+  ASSERT_OK(loss.set_normalizer(10.0));
+  EXPECT_EQ(loss.Divisor(4), 10.0);
+  ASSERT_OK_AND_ASSIGN(float value, loss.Forward(logits, t));
+  const double reference = ReferenceLoss(Values(logits), targets, 11) * 4 / 10;
+  EXPECT_NEAR(value, reference, 1e-6);
+  EXPECT_NEAR(value, by_count * 0.4, 1e-6);
+  ASSERT_OK_AND_ASSIGN(Tensor d, loss.Backward(2.0f));
+  std::vector<double> expected = Values(d_count);
+  for (double& x : expected) x *= 0.4;
+  EXPECT_TRUE(AllClose(Values(d), expected, 1e-6, 1e-7));
+  ASSERT_OK_AND_ASSIGN(Tensor sum,
+                       Tensor::Zeros({1}, DType::kF32, Device::Cpu()));
+  ASSERT_OK(loss.ForwardAccumulate(logits, t, 0.5, &sum));
+  EXPECT_NEAR(Values(sum)[0], 0.5 * reference, 1e-6);
+  std::unique_ptr<LossFunction> clone = loss.Clone();
+  EXPECT_EQ(clone->normalizer(), 10.0);
+  ASSERT_OK_AND_ASSIGN(float cloned, clone->Forward(logits, t));
+  EXPECT_EQ(cloned, value);
+  ASSERT_OK(loss.set_normalizer(0));
+  ASSERT_OK_AND_ASSIGN(float back, loss.Forward(logits, t));
+  EXPECT_EQ(back, by_count);
+  EXPECT_EQ(loss.set_normalizer(-1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(loss.set_normalizer(NAN).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // Targets checked on the host (all in [0, v), so none is the negative
 // ignore_index) are counted without reading them back: the same loss.
 TEST(CrossEntropyLossTest, HostCheckedTargetsGiveTheSameLoss) {

@@ -231,17 +231,29 @@ absl::StatusOr<float> LossParallel::Forward(const Tensor& logits,
       DTensor sharded,
       DTensor::FromLocal(logits, axis, {Placement::Shard(logits.ndim() - 1)},
                          std::move(global)));
-  return loss_.Forward(sharded, targets);
+  FSDPP_ASSIGN_OR_RETURN(float mean, loss_.Forward(sharded, targets));
+  // A normalizer rescales the count's mean: the sum over the targets /
+  // normalizer.
+  if (normalizer() == 0 || loss_.count() == 0) return mean;
+  return static_cast<float>(static_cast<double>(mean) *
+                            static_cast<double>(loss_.count()) / normalizer());
 }
 
 absl::StatusOr<Tensor> LossParallel::Backward(float scale) {
+  const int64_t count = loss_.count();
+  if (normalizer() > 0 && count > 0) {
+    scale = static_cast<float>(static_cast<double>(scale) *
+                               static_cast<double>(count) / normalizer());
+  }
   FSDPP_ASSIGN_OR_RETURN(DTensor dlogits, loss_.Backward(scale));
   return dlogits.local();
 }
 
 std::unique_ptr<nn::LossFunction> LossParallel::Clone() const {
-  return std::make_unique<LossParallel>(mesh_, tp_axis_, loss_.ignore_index(),
-                                        timeout_);
+  auto out = std::make_unique<LossParallel>(mesh_, tp_axis_,
+                                            loss_.ignore_index(), timeout_);
+  out->set_normalizer(normalizer()).IgnoreError();  // valid: it is ours
+  return out;
 }
 
 }  // namespace parallel

@@ -132,6 +132,10 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
   } else {
     FSDPP_RETURN_IF_ERROR(t->BuildModel(options));
   }
+  // The ranks the loss is averaged over and the gradients are (a global
+  // batch's token mean, MicroBatch::step_loss_tokens).
+  FSDPP_RETURN_IF_ERROR(t->step_->set_loss_ranks(
+      int64_t{layout.dp_replicate} * layout.dp_shard() * layout.cp));
   std::vector<AdamWParam> adam_params;
   for (fsdp::ShardedParameter* sp : t->params_) {
     if (!sp->requires_grad) continue;  // Frozen: no state.

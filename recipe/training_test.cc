@@ -77,10 +77,18 @@ struct Outcome {
 // false) and after the two steps.
 using Look = std::function<void(Training& t, int rank, bool after_steps)>;
 
+// A data-parallel rank's micro-batches (`data_rank` in [0,
+// layout.data_parallel())).
+using SourceFor =
+    std::function<MicroBatchSource(const Layout& layout, int data_rank)>;
+
 // `on_device`: BuildOptions::step_values_on_device (the values read after
-// the two steps).
+// the two steps). `source_for`: each rank's data (its evaluation then runs
+// grad_accumulation micro-batches: the step's); null: Source's, the same on
+// every rank.
 Outcome Train(const Layout& layout, bool on_device = false,
-              const Look& look = nullptr) {
+              const Look& look = nullptr,
+              const SourceFor& source_for = nullptr) {
   Outcome out;
   testing_util::RunOnMesh(layout.MeshAxes(), [&](int rank, DeviceMesh& mesh) {
     BuildOptions options;
@@ -92,8 +100,13 @@ Outcome Train(const Layout& layout, bool on_device = false,
     ASSERT_TRUE(t.ok()) << t.status();
     const bool deferred = on_device && layout.pp == 1;
     EXPECT_EQ((*t)->values_on_device(), deferred);
-    const MicroBatchSource source =
+    MicroBatchSource source =
         Source(layout.micro_batch, Gpt2Debug().vocab_size);
+    if (source_for) {
+      absl::StatusOr<DeviceMesh*> data = mesh.SubMesh(layout.DataAxes());
+      ASSERT_TRUE(data.ok()) << data.status();
+      source = source_for(layout, layout.DataRank((*data)->rank()));
+    }
     if (look) look(**t, rank, false);
     for (int step = 0; step < 2; ++step) {
       absl::StatusOr<StepLoss> loss = (*t)->ForwardBackward(source);
@@ -133,7 +146,8 @@ Outcome Train(const Layout& layout, bool on_device = false,
     }
     EXPECT_EQ((*t)->optimizer().step(), 2);
     if (look) look(**t, rank, true);
-    absl::StatusOr<double> eval = (*t)->Evaluate(2, source);
+    absl::StatusOr<double> eval =
+        (*t)->Evaluate(source_for ? layout.grad_accumulation : 2, source);
     ASSERT_TRUE(eval.ok()) << eval.status();
     absl::StatusOr<std::string> table = (*t)->ReportTable({1.0, 1.0, 64});
     ASSERT_TRUE(table.ok()) << table.status();
@@ -479,6 +493,152 @@ TEST(TrainingTest, Zero1GathersOncePerStepAndTrainsLikeZero3) {
     }
     EXPECT_NEAR(one.grad_norm, three.grad_norm, 1e-5 * three.grad_norm);
   }
+}
+
+// SFT-like data: eight rows of kSeq tokens per step, each with a prefix of
+// its targets masked (-100: a prompt), of lengths 0 to the whole row, so
+// the rows count 16, 13, 0, 7, 15, 4, 11 and 1 targets (67 in all). Global
+// row g goes to data-parallel rank g % D, micro-batch g / (rows x D), as
+// the loader deals them. `weighted`: the micro-batches carry the step's
+// count (MicroBatch::step_loss_tokens), so the loss is the token mean over
+// the eight rows.
+constexpr int64_t kMaskedRows = 8;
+constexpr int64_t kMaskedPrefix[kMaskedRows] = {0, 3, 16, 9, 1, 12, 5, 15};
+
+SourceFor MaskedRows(bool weighted) {
+  return [weighted](const Layout& layout, int data_rank) -> MicroBatchSource {
+    const int64_t rows = layout.micro_batch;
+    const int64_t ranks = layout.data_parallel();
+    const int64_t vocab = Gpt2Debug().vocab_size;
+    return [=](int64_t m) -> absl::StatusOr<MicroBatch> {
+      std::vector<int64_t> ids, targets;
+      int64_t total = 0;
+      for (int64_t g = 0; g < kMaskedRows; ++g)
+        total += kSeq - kMaskedPrefix[g];
+      for (int64_t b = 0; b < rows; ++b) {
+        const int64_t g = (m * rows + b) * ranks + data_rank;
+        if (g >= kMaskedRows) {
+          return absl::InternalError(absl::StrCat("row ", g, " of 8"));
+        }
+        for (int64_t i = 0; i < kSeq; ++i) {
+          ids.push_back((g * 11 + i * 7 + 1) % vocab);
+          targets.push_back(i < kMaskedPrefix[g] ? -100
+                                                 : (g * 5 + i * 3 + 2) % vocab);
+        }
+      }
+      MicroBatch batch;
+      FSDPP_ASSIGN_OR_RETURN(batch.ids, Tensor::FromInts({rows, kSeq}, ids));
+      FSDPP_ASSIGN_OR_RETURN(batch.targets,
+                             Tensor::FromInts({rows, kSeq}, targets));
+      batch.step_loss_tokens = weighted ? total : -1;
+      return batch;
+    };
+  };
+}
+
+// The loss over a global batch's counted targets: micro-batches and ranks
+// whose counts differ (a row all prompt among them) train as the whole
+// batch in one micro-batch does -- FSDP on 2 and 4 ranks, HSDP, cp 2 (ring
+// and all-to-all, with dp), tp 2 with loss parallel, pp 2 -- while the
+// per-micro-batch means that the count replaces do not.
+TEST(TrainingTest, MaskedTargetsWeighByTheirCountOverTheGlobalBatch) {
+  Layout one = Base(1);
+  one.micro_batch = kMaskedRows;
+  one.grad_accumulation = 1;
+  const Outcome whole = Train(one, false, nullptr, MaskedRows(true));
+  ASSERT_EQ(whole.losses.size(), 2u);
+  // One micro-batch: its own count is the step's.
+  const Outcome whole_unweighted =
+      Train(one, false, nullptr, MaskedRows(false));
+  EXPECT_EQ(whole_unweighted.losses, whole.losses);
+
+  Layout accumulate = one;
+  accumulate.micro_batch = 2;
+  accumulate.grad_accumulation = 4;
+  // Means of micro-batches weighted equally: another loss (the pitfall).
+  const Outcome means = Train(accumulate, false, nullptr, MaskedRows(false));
+  ASSERT_EQ(means.losses.size(), 2u);
+  EXPECT_GT(std::abs(means.losses[0] - whole.losses[0]), 1e-3);
+
+  std::vector<Layout> layouts = {accumulate};
+  Layout fsdp = accumulate;
+  fsdp.world = 2;
+  fsdp.grad_accumulation = 2;
+  layouts.push_back(fsdp);
+  Layout four = fsdp;
+  four.world = 4;
+  four.micro_batch = 1;
+  layouts.push_back(four);
+  Layout hsdp = four;
+  hsdp.dp_replicate = 2;
+  layouts.push_back(hsdp);
+  Layout cp = accumulate;
+  cp.world = 2;
+  cp.cp = 2;
+  layouts.push_back(cp);
+  cp.cp_style = "alltoall";
+  layouts.push_back(cp);
+  Layout cp_dp = fsdp;
+  cp_dp.world = 4;
+  cp_dp.cp = 2;
+  layouts.push_back(cp_dp);
+  Layout tp = accumulate;
+  tp.world = 2;
+  tp.tp = 2;
+  tp.sequence_parallel = true;
+  tp.loss_parallel = true;
+  layouts.push_back(tp);
+  Layout pp = accumulate;
+  pp.world = 2;
+  pp.pp = 2;
+  layouts.push_back(pp);
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.ToString());
+    ASSERT_TRUE(l.Validate(Gpt2Debug()).ok()) << l.Validate(Gpt2Debug());
+    const Outcome r = Train(l, false, nullptr, MaskedRows(true));
+    ExpectTrainsLike(r, whole);
+  }
+}
+
+// A row whose targets are all masked adds nothing: the batch with it trains
+// exactly as the batch without it (loss, gradient norm, evaluation).
+TEST(TrainingTest, AMaskedRowAddsNothingToLossOrGradients) {
+  Layout two = Base(1);
+  two.micro_batch = 2;
+  two.grad_accumulation = 1;
+  const auto rows = [](bool with_masked_row) -> SourceFor {
+    return [with_masked_row](const Layout&, int) -> MicroBatchSource {
+      return [with_masked_row](int64_t) -> absl::StatusOr<MicroBatch> {
+        std::vector<int64_t> ids, targets;
+        for (int64_t i = 0; i < kSeq; ++i) {
+          ids.push_back((i * 7 + 1) % 64);
+          targets.push_back(i < 5 ? -100 : (i * 3 + 2) % 64);
+        }
+        if (with_masked_row) {
+          for (int64_t i = 0; i < kSeq; ++i) {
+            ids.push_back((i * 13 + 5) % 64);
+            targets.push_back(-100);
+          }
+        }
+        const int64_t n = with_masked_row ? 2 : 1;
+        MicroBatch batch;
+        FSDPP_ASSIGN_OR_RETURN(batch.ids, Tensor::FromInts({n, kSeq}, ids));
+        FSDPP_ASSIGN_OR_RETURN(batch.targets,
+                               Tensor::FromInts({n, kSeq}, targets));
+        return batch;
+      };
+    };
+  };
+  Layout one = two;
+  one.micro_batch = 1;
+  const Outcome with = Train(two, false, nullptr, rows(true));
+  const Outcome without = Train(one, false, nullptr, rows(false));
+  ASSERT_EQ(with.losses.size(), 2u);
+  for (int s = 0; s < 2; ++s) {
+    EXPECT_NEAR(with.losses[s], without.losses[s], 1e-6 * without.losses[s]);
+  }
+  EXPECT_NEAR(with.grad_norm, without.grad_norm, 1e-5 * without.grad_norm);
+  EXPECT_NEAR(with.eval, without.eval, 1e-6 * without.eval);
 }
 
 TEST(TrainingTest, RefusesBadLayoutsAndOtherMeshes) {

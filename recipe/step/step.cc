@@ -37,6 +37,43 @@ absl::Status CheckCount(int64_t micro_batches) {
 
 }  // namespace
 
+absl::Status Step::set_loss_ranks(int64_t ranks) {
+  if (ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: ", ranks, " loss ranks; at least one is needed"));
+  }
+  loss_ranks_ = ranks;
+  return absl::OkStatus();
+}
+
+absl::Status Step::NormaliseLoss(nn::LossFunction* loss,
+                                 const MicroBatch& first,
+                                 int64_t micro_batches) const {
+  if (loss == nullptr) return absl::OkStatus();
+  if (first.step_loss_tokens < -1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step: step_loss_tokens ", first.step_loss_tokens,
+                     " (>= 0, or -1 for per-micro-batch means)"));
+  }
+  if (first.step_loss_tokens == -1) return loss->set_normalizer(0);
+  // Counted targets per micro-batch and rank on average; 0 (nothing counted
+  // anywhere) leaves every micro-batch's loss 0 through its count.
+  return loss->set_normalizer(
+      static_cast<double>(first.step_loss_tokens) /
+      (static_cast<double>(micro_batches) * static_cast<double>(loss_ranks_)));
+}
+
+absl::Status Step::CheckLossTokens(const MicroBatch& first,
+                                   const MicroBatch& batch, int64_t index) {
+  if (batch.step_loss_tokens == first.step_loss_tokens) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("step: micro-batch ", index, " says the step counts ",
+                   batch.step_loss_tokens, " loss targets, micro-batch 0 said ",
+                   first.step_loss_tokens));
+}
+
 PlainStep::PlainStep(models::Transformer* model, std::vector<DTensor*> grads,
                      GradientSync sync)
     : model_(model), grads_(std::move(grads)), sync_(std::move(sync)) {
@@ -85,10 +122,17 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
   const float backward_scale =
       1.0f / static_cast<float>(micro_batches) * static_cast<float>(loss_scale);
   StepLoss out;
+  MicroBatch first;
   for (int64_t m = 0; m < run; ++m) {
     SetSync(m + 1 == run);
     observer->MicroBatchBegins(m, run);
     FSDPP_ASSIGN_OR_RETURN(MicroBatch batch, Fetch(source, m));
+    if (m == 0) {
+      first.step_loss_tokens = batch.step_loss_tokens;
+      FSDPP_RETURN_IF_ERROR(
+          NormaliseLoss(model_->mutable_loss(), batch, micro_batches));
+    }
+    FSDPP_RETURN_IF_ERROR(CheckLossTokens(first, batch, m));
     float loss = 0;
     {
       TraceSpan span("forward", "compute");
@@ -125,8 +169,15 @@ absl::StatusOr<double> PlainStep::EvaluateSum(int64_t micro_batches,
                                               const MicroBatchSource& source) {
   FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   double sum = 0;
+  MicroBatch first;
   for (int64_t m = 0; m < micro_batches; ++m) {
     FSDPP_ASSIGN_OR_RETURN(MicroBatch batch, source(m));
+    if (m == 0) {
+      first.step_loss_tokens = batch.step_loss_tokens;
+      FSDPP_RETURN_IF_ERROR(
+          NormaliseLoss(model_->mutable_loss(), batch, micro_batches));
+    }
+    FSDPP_RETURN_IF_ERROR(CheckLossTokens(first, batch, m));
     FSDPP_ASSIGN_OR_RETURN(float loss,
                            model_->EvalLoss(batch.ids, batch.targets));
     sum += loss;
@@ -187,8 +238,19 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
   FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
   {
     TraceSpan span("data", "data");
+    MicroBatch first;
     for (int64_t m = 0; m < micro_batches; ++m) {
       FSDPP_ASSIGN_OR_RETURN(MicroBatch batch, source(m));
+      if (m == 0) {
+        first.step_loss_tokens = batch.step_loss_tokens;
+        // The loss lives on the part with the head.
+        for (models::PipelineStagePart& part : parts_) {
+          if (!part.model->has_head()) continue;
+          FSDPP_RETURN_IF_ERROR(
+              NormaliseLoss(part.model->mutable_loss(), batch, micro_batches));
+        }
+      }
+      FSDPP_RETURN_IF_ERROR(CheckLossTokens(first, batch, m));
       ids->push_back(std::move(batch.ids));
       targets->push_back(std::move(batch.targets));
     }

@@ -60,10 +60,21 @@
 namespace fsdpp {
 namespace recipe {
 
-// One micro-batch: token ids and next-token targets, [rows, seq] integers.
+// One micro-batch: token ids and next-token targets, [rows, seq] integers
+// (a target of -100 is left out of the loss: a prompt token of SFT data).
 struct MicroBatch {
   Tensor ids;
   Tensor targets;
+  // The targets that count in the loss over the whole step or evaluation:
+  // every micro-batch of every data-parallel rank, whole rows (the same
+  // value in each of the step's micro-batches). >= 0: the loss is the token
+  // mean over that global batch -- each rank's micro-batch loss is its
+  // targets' sum / (step_loss_tokens / (micro-batches x loss ranks)), so
+  // that the caller's average over the ranks and micro-batches weighs every
+  // counted target alike, however unevenly they fall (the gradient
+  // accumulation pitfall of per-micro-batch means). -1: each micro-batch's
+  // own mean, weighted equally.
+  int64_t step_loss_tokens = -1;
 };
 
 // Micro-batch `index` (0-based) of the current step or evaluation, made
@@ -124,6 +135,26 @@ class Step {
   // trains) and how the gradient norm spans them (pipeline stages).
   virtual const std::vector<DTensor*>& grads() const = 0;
   virtual const PipelineNormOptions& norm_options() const = 0;
+
+  // The ranks the caller averages the loss over and whose gradients are
+  // averaged (data-parallel x context-parallel), for
+  // MicroBatch::step_loss_tokens; 1 by default. InvalidArgument below 1.
+  absl::Status set_loss_ranks(int64_t ranks);
+  int64_t loss_ranks() const { return loss_ranks_; }
+
+ protected:
+  // Sets `loss`'s normalizer for a step or evaluation of `micro_batches`
+  // whose first micro-batch is `first` (MicroBatch::step_loss_tokens; 0,
+  // the count, for -1).
+  absl::Status NormaliseLoss(nn::LossFunction* loss, const MicroBatch& first,
+                             int64_t micro_batches) const;
+  // InvalidArgument unless micro-batch `index` carries `first`'s
+  // step_loss_tokens.
+  static absl::Status CheckLossTokens(const MicroBatch& first,
+                                      const MicroBatch& batch, int64_t index);
+
+ private:
+  int64_t loss_ranks_ = 1;
 };
 
 struct OptimizerStepOptions {

@@ -182,6 +182,34 @@ TEST(PlainStepTest, RefusesNoMicroBatchesAndPassesSourceErrorsOn) {
                              })
             .status();
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    // A step's micro-batches must agree on its loss targets, and the count
+    // is >= 0 (or -1: none).
+    const auto counted = [vocab](int64_t first, int64_t later) {
+      return [=](int64_t m) -> absl::StatusOr<MicroBatch> {
+        MicroBatch b = Batch(m, vocab);
+        b.step_loss_tokens = m == 0 ? first : later;
+        return b;
+      };
+    };
+    s = step.ForwardBackward(2, 1.0, counted(32, 31)).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(s.message().find("micro-batch 1 says the step counts 31 loss "
+                               "targets, micro-batch 0 said 32"),
+              std::string::npos)
+        << s;
+    EXPECT_EQ(step.EvaluateSum(2, counted(32, -1)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(step.ForwardBackward(1, 1.0, counted(-2, -2)).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(step.set_loss_ranks(0).code(),
+              absl::StatusCode::kInvalidArgument);
+    // Every target counted, as the count would: the same loss.
+    absl::StatusOr<StepLoss> plain =
+        step.ForwardBackward(2, 1.0, Source(vocab));
+    absl::StatusOr<StepLoss> normalised =
+        step.ForwardBackward(2, 1.0, counted(32, 32));
+    ASSERT_TRUE(plain.ok() && normalised.ok()) << normalised.status();
+    EXPECT_NEAR(normalised->loss, plain->loss, 1e-6 * plain->loss);
   });
 }
 
