@@ -604,7 +604,8 @@ absl::Status ResolveData(const DataConfig& config, ResolvedTrainConfig* out) {
                                 out->model.name, " has vocab_size ",
                                 out->model.vocab_size));
   }
-  if (config.dataset() != "embedded" && !IsRegularFile(config.dataset())) {
+  if (!IsEmbeddedDataset(config.dataset()) &&
+      !IsRegularFile(config.dataset())) {
     if (IsDirectory(config.dataset())) {
       return Invalid(absl::StrCat("data.dataset \"", config.dataset(),
                                   "\" is a directory, not a file"));
@@ -909,8 +910,9 @@ absl::Status Validate(const TrainConfig& config, int world_size) {
 
 void MakePathsAbsolute(const std::string& base_directory, TrainConfig* config) {
   DataConfig* data = config->mutable_data();
-  if (data->dataset() != "embedded")
+  if (!IsEmbeddedDataset(data->dataset())) {
     Anchor(base_directory, data->mutable_dataset());
+  }
   if (data->has_tokenizer_dir()) {
     Anchor(base_directory, data->mutable_tokenizer_dir());
   }

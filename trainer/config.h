@@ -82,6 +82,12 @@ struct ResolvedTrainConfig {
 absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     const TrainConfig& config, int world_size);
 
+// Whether data.dataset names a dataset compiled into the binary ("embedded",
+// "embedded_chat") rather than a file.
+inline bool IsEmbeddedDataset(absl::string_view dataset) {
+  return dataset == "embedded" || dataset == "embedded_chat";
+}
+
 // ResolveTrainConfig(config, world_size).status().
 absl::Status Validate(const TrainConfig& config, int world_size);
 

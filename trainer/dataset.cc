@@ -7,9 +7,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "formats/file_util.h"
 #include "trainer/data/corpus.h"
+#include "trainer/data/sft.h"
 #include "trainer/data/token_file.h"
 #include "trainer/data/tokenizers.h"
 
@@ -45,6 +47,25 @@ absl::StatusOr<Dataset> LoadDataset(const DataConfig& config) {
         TokenStore::FromVector(EncodeDocument(tokenizer, EmbeddedCorpus()));
     source =
         absl::StrCat("embedded corpus (", EmbeddedCorpusDescription(), ")");
+  } else if (config.dataset() == "embedded_chat" ||
+             absl::EndsWith(config.dataset(), ".jsonl")) {
+    std::vector<SftExample> examples;
+    if (config.dataset() == "embedded_chat") {
+      examples = EmbeddedChatExamples();
+      source = EmbeddedChatDescription();
+    } else {
+      FSDPP_ASSIGN_OR_RETURN(std::string text,
+                             ReadFileToString(config.dataset(), "SFT dataset"));
+      FSDPP_ASSIGN_OR_RETURN(examples, ParseSftJsonl(text, config.dataset()));
+      source = absl::StrCat("SFT file \"", config.dataset(), "\"");
+    }
+    FSDPP_ASSIGN_OR_RETURN(SftTokens packed, PackSft(tokenizer, examples));
+    absl::StrAppend(&source, ", ", packed.examples, " examples, ",
+                    absl::StrFormat("%.1f%%", 100.0 * packed.trained /
+                                                  packed.tokens.size()),
+                    " of the tokens trained on");
+    dataset.tokens = TokenStore::FromVector(std::move(packed.tokens),
+                                            std::move(packed.loss_mask));
   } else if (absl::EndsWith(config.dataset(), ".bin")) {
     FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<TokenFile> file,
                            TokenFile::Open(config.dataset()));

@@ -1,6 +1,12 @@
 // Turns a DataConfig into tokens: picks the tokenizer, reads the dataset
-// (the embedded corpus, a text file or a llm.c .bin shard) and splits it into
-// train and validation ranges, ready for DataLoader.
+// (the embedded corpus, a text file, a llm.c .bin shard, or chat / SFT
+// examples: the embedded chat set or a JSONL file) and splits it into train
+// and validation ranges, ready for DataLoader.
+//
+// SFT examples (trainer/data/sft.h) are packed as documents with a loss
+// mask: the store's prompt tokens are not targets (the loader gives them as
+// ignored targets, and the step's loss is the token mean over the global
+// batch's trained targets).
 //
 // Text (the embedded corpus or a file) is one document: its tokens are the
 // tokenizer's EOT followed by the encoded text, as llm.c's data scripts lay

@@ -21,18 +21,21 @@ namespace trainer {
 double UnigramLoss(const TokenStore& tokens, int64_t begin, int64_t end) {
   if (end <= begin) return 0;
   std::vector<int64_t> counts;
+  double total = 0;
   std::vector<int32_t> chunk(1 << 16);
   for (int64_t at = begin; at < end;) {
     const int64_t n = std::min<int64_t>(chunk.size(), end - at);
     tokens.Read(at, n, chunk.data());
     for (int64_t i = 0; i < n; ++i) {
+      if (!tokens.IsLossTarget(at + i)) continue;
       const int32_t t = chunk[i];
       if (t >= static_cast<int32_t>(counts.size())) counts.resize(t + 1, 0);
       ++counts[t];
+      ++total;
     }
     at += n;
   }
-  const double total = static_cast<double>(end - begin);
+  if (total == 0) return 0;
   double entropy = 0;
   for (int64_t c : counts) {
     if (c > 0) entropy -= (c / total) * std::log(c / total);

@@ -31,8 +31,9 @@ namespace trainer {
 
 // The cross-entropy (nats) of predicting every token of [begin, end) of
 // `tokens` by the tokens' own frequencies in that range: the loss a model
-// that learned nothing but the unigram distribution reaches. 0 for an empty
-// range.
+// that learned nothing but the unigram distribution reaches. With a loss
+// mask (SFT data) over the loss targets only, as the loss is. 0 for a range
+// without any.
 double UnigramLoss(const TokenStore& tokens, int64_t begin, int64_t end);
 
 // Step times and tokens, with warm-up steps kept out of the averages.

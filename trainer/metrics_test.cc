@@ -29,6 +29,10 @@ TEST(MetricsTest, UnigramLossIsTheEntropyOfTheRange) {
   auto mixed = TokenStore::FromVector({0, 5, 9, 9});
   EXPECT_NEAR(UnigramLoss(*mixed, 0, 4),
               -(0.25 * std::log(0.25) * 2 + 0.5 * std::log(0.5)), 1e-12);
+  // A loss mask leaves the context out: 5 and 9 trained, 1/2 each.
+  auto masked = TokenStore::FromVector({0, 5, 9, 9}, {0, 1, 1, 0});
+  EXPECT_NEAR(UnigramLoss(*masked, 0, 4), std::log(2.0), 1e-12);
+  EXPECT_EQ(UnigramLoss(*masked, 0, 1), 0.0);
 }
 
 TEST(MetricsTest, ThroughputLeavesWarmupOut) {

@@ -132,17 +132,30 @@ absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch,
     const auto [lo, hi] = std::minmax_element(ids, ids + src->numel());
     FSDPP_RETURN_IF_ERROR(CopyBytesFromHostAsync(
         dst->raw_data(), device, src->raw_data(), src->nbytes()));
-    // Negative ids (none from the loader) keep the GPU's own check.
+    // Negative ids (SFT's ignored targets) keep the GPU's own check.
     if (src->numel() > 0 && *lo >= 0)
       dst->MarkIdsCheckedBelow(*hi + int64_t{1});
   }
   return out;
 }
 
-// The loader's next batches, one per micro-batch the step asks for.
-recipe::MicroBatchSource LoaderBatches(DataLoader* loader, Device device) {
-  return [loader, device](int64_t) {
-    return BatchTensors(loader->Next(), device);
+// The loader's next batches, one per micro-batch the step (or evaluation)
+// of `micro_batches` asks for. With a loss mask (SFT data) each carries the
+// step's count of trained targets over every rank (read from the loader
+// before the first), so that the loss is the token mean over the global
+// batch.
+recipe::MicroBatchSource LoaderBatches(DataLoader* loader, Device device,
+                                       int64_t micro_batches) {
+  auto tokens = std::make_shared<int64_t>(-1);
+  return [loader, device, micro_batches,
+          tokens](int64_t m) -> absl::StatusOr<recipe::MicroBatch> {
+    if (m == 0 && loader->masked()) {
+      *tokens = loader->LossTargetsAhead(micro_batches);
+    }
+    FSDPP_ASSIGN_OR_RETURN(recipe::MicroBatch batch,
+                           BatchTensors(loader->Next(), device));
+    batch.step_loss_tokens = *tokens;
+    return batch;
   };
 }
 
@@ -934,10 +947,11 @@ absl::Status Trainer::TrainStep() {
   {
     TraceSpan step_span("step", "step");
     FSDPP_ASSIGN_OR_RETURN(
-        last_step_,
-        Context(training_->ForwardBackward(
-                    LoaderBatches(loader_.get(), env_.device), log.loss_scale),
-                absl::StrCat("step ", step)));
+        last_step_, Context(training_->ForwardBackward(
+                                LoaderBatches(loader_.get(), env_.device,
+                                              rc_.layout.grad_accumulation),
+                                log.loss_scale),
+                            absl::StrCat("step ", step)));
     log.loss = last_step_.loss;
     // Values on the device: NaN until read (LogStep).
     if (!training_->values_on_device() && !std::isfinite(log.loss)) {
@@ -1179,7 +1193,8 @@ absl::Status Trainer::Validate() {
   FSDPP_ASSIGN_OR_RETURN(
       const double loss,
       Context(training_->Evaluate(
-                  micro_batches, LoaderBatches(val_loader_.get(), env_.device)),
+                  micro_batches,
+                  LoaderBatches(val_loader_.get(), env_.device, micro_batches)),
               absl::StrCat("step ", step, " validation")));
   result_.validation.emplace_back(step, loss);
   print_->Line(absl::StrFormat(

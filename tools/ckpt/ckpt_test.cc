@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_replace.h"
 #include "checkpoint/checkpoint.h"
 #include "checkpoint/metadata.h"
@@ -28,6 +29,7 @@
 #include "models/config.h"
 #include "models/hf_directory.h"
 #include "models/lora.h"
+#include "models/torch_reference.h"
 #include "models/transformer.h"
 #include "tools/ckpt/ckpt_lib.h"
 
@@ -458,6 +460,34 @@ TEST(CkptTest, ExportsALoraRunMergedOrAsAPeftAdapter) {
   ASSERT_EQ(modules.size(), 4u);
   EXPECT_EQ(modules[0].string_value(), "transformer.h.0.attn.c_attn");
   EXPECT_EQ(modules[1].string_value(), "transformer.h.0.mlp.c_fc");
+
+  // An independent reader (float64 PyTorch, PEFT's merge rule from the
+  // PEFT export and the base's HF directory): the merged export's loss is
+  // base + adapter's within 1e-6, and fsdpp's within 1e-5.
+  const std::optional<std::string> missing = models::TorchMissing();
+  if (missing.has_value() && models::RequireTorch()) {
+    ADD_FAILURE() << *missing << " [FSDPP_REQUIRE_TORCH is set]";
+  } else if (missing.has_value()) {
+    std::cout << "independent PEFT check skipped: " << *missing << "\n";
+  } else {
+    const std::string base_hf = FreshDir("export_lora_base") + "/hf";
+    ASSERT_TRUE(ExportHf(SaveModel("export_lora_base_ckpt", *base, true),
+                         base_hf, HfExportOptions())
+                    .ok());
+    const std::string batch = FreshDir("export_lora_batch") + "/b.safetensors";
+    ASSERT_TRUE(
+        WriteSafetensors(
+            batch,
+            {{"ids", *Tensor::FromInts({2, 16}, ids, DType::kI64)},
+             {"targets", *Tensor::FromInts({2, 16}, targets, DType::kI64)}})
+            .ok());
+    const auto [status, output] = models::RunCommand(absl::StrFormat(
+        "/usr/bin/python3 tools/ckpt/testdata/peft_check.py '%s' '%s' '%s' "
+        "'%s' %.9g",
+        base_hf, merged, out, batch, want));
+    std::cout << output << std::flush;
+    EXPECT_EQ(status, 0) << output;
+  }
 
   // A checkpoint without adapters has no PEFT export.
   std::tie(code, text) = RunCkpt(

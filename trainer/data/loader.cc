@@ -88,8 +88,14 @@ Batch DataLoader::Next() {
     store_->Read(WindowStart(window), length + 1, window_tokens.data());
     std::copy_n(window_tokens.data(), length,
                 batch.inputs.data() + row * length);
-    std::copy_n(window_tokens.data() + 1, length,
-                batch.targets.data() + row * length);
+    int32_t* targets = batch.targets.data() + row * length;
+    std::copy_n(window_tokens.data() + 1, length, targets);
+    if (store_->has_loss_mask()) {
+      const int64_t first = WindowStart(window) + 1;
+      for (int64_t i = 0; i < length; ++i) {
+        if (!store_->IsLossTarget(first + i)) targets[i] = kIgnoredTarget;
+      }
+    }
     position_ += options_.dp_world;
     if (position_ == slots_per_epoch_) {
       ++epoch_;
@@ -97,6 +103,24 @@ Batch DataLoader::Next() {
     }
   }
   return batch;
+}
+
+int64_t DataLoader::LossTargetsAhead(int64_t batches) const {
+  const int64_t length = options_.seq_len;
+  const int64_t slots = batches * options_.batch_size * options_.dp_world;
+  if (!store_->has_loss_mask()) return slots * length;
+  // The slots Next() reads from here on, every rank's: position_ onwards,
+  // across epoch ends as Next() goes.
+  int64_t epoch = epoch_, position = position_, count = 0;
+  for (int64_t k = 0; k < slots; ++k) {
+    count += store_->CountLossTargets(
+        WindowStart(WindowAt(epoch, position)) + 1, length);
+    if (++position == slots_per_epoch_) {
+      ++epoch;
+      position = 0;
+    }
+  }
+  return count;
 }
 
 LoaderState DataLoader::state() const {

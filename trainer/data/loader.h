@@ -20,6 +20,10 @@
 // batch_size rows and advances the global position by batch_size * D slots;
 // a batch may run across an epoch boundary.
 //
+// Loss masks: when the store has one (SFT data), a target that is not a
+// loss target (a prompt token) is kIgnoredTarget in Batch::targets, and
+// LossTargetsAhead counts what a step's batches train on over every rank.
+//
 // Resuming: the state (LoaderState) is the epoch and the global slot
 // position, identical on all ranks. Restoring it in a fresh loader yields
 // exactly the batches the saved loader would have produced next. Because the
@@ -50,12 +54,18 @@ struct LoaderOptions {
   bool shuffle = true;     // False: windows in order every epoch.
 };
 
+// The target of a token that is not a loss target (the loss's
+// ignore_index).
+constexpr int32_t kIgnoredTarget = -100;
+
 // One batch for one rank, rows row-major.
 struct Batch {
   int64_t batch_size = 0;
   int64_t seq_len = 0;
-  std::vector<int32_t> inputs;   // batch_size x seq_len.
-  std::vector<int32_t> targets;  // inputs shifted by one token.
+  std::vector<int32_t> inputs;  // batch_size x seq_len.
+  // inputs shifted by one token; kIgnoredTarget where the store's loss
+  // mask leaves the token out.
+  std::vector<int32_t> targets;
   // Per row: the window index (in [0, num_sequences())) and the epoch it
   // was read in.
   std::vector<int64_t> windows;
@@ -85,9 +95,18 @@ class DataLoader {
   }
   // The options it was created with.
   const LoaderOptions& options() const { return options_; }
+  // Whether the store has a loss mask (SFT data: some targets ignored).
+  bool masked() const { return store_->has_loss_mask(); }
 
   // This rank's next batch; advances the position.
   Batch Next();
+
+  // The loss targets (targets that are not kIgnoredTarget) in the next
+  // `batches` calls of Next() on every data-parallel rank together -- a
+  // step's global count, the same on every rank, read from the store
+  // without advancing. batches x batch_size x dp_world x seq_len without a
+  // loss mask.
+  int64_t LossTargetsAhead(int64_t batches) const;
 
   // The current position and stream identity.
   LoaderState state() const;
