@@ -167,6 +167,8 @@ struct Step {
   std::vector<Parameter*> reduced_gradients;
   std::vector<Module::Transform> inputs, outputs;
   nn::Linear* bias_on_rank0 = nullptr;
+  // Descendants whose parameters this step cuts (a Linear's LoRA adapters).
+  std::vector<std::string> cut_children;
 };
 
 // The piece of `p` split on `dim` of `layout` into axis.size parts.
@@ -219,6 +221,19 @@ absl::Status PlanColwise(const Axis& axis, Step* s) {
           out / blocks, axis);
     }
     const int64_t local_out = out / axis.size;
+    if (linear->lora_a() != nullptr) {
+      // LoRA: B [out, r] is split as the weight's rows are; A [r, in] stays
+      // whole, and its gradient, each rank's share of the output's, is
+      // all-reduced after the backward.
+      const int64_t r = linear->lora_a()->out_features();
+      s->pieces.push_back({linear->lora_b()->weight(),
+                           blocks == 1
+                               ? SplitPiece({out, r}, 0, {local_out, r}, axis)
+                               : SplitPiece({blocks, out / blocks, r}, 1,
+                                            {local_out, r}, axis)});
+      s->reduced_gradients.push_back(linear->lora_a()->weight());
+      s->cut_children = {"lora_A", "lora_B"};
+    }
     if (blocks == 1) {
       s->pieces.push_back(
           {linear->weight(), SplitPiece({out, in}, 0, {local_out, in}, axis)});
@@ -292,6 +307,16 @@ absl::Status PlanRowwise(const Axis& axis, Step* s) {
         {linear->weight(),
          SplitPiece({out, in}, 1, {out, in / axis.size}, axis)});
     if (linear->bias() != nullptr) s->bias_on_rank0 = linear;
+    if (linear->lora_a() != nullptr) {
+      // LoRA: A [r, in] is split as the weight's columns are, so its path
+      // adds to the partial sum the output reduces; B [out, r] stays whole,
+      // and its gradient (a partial sum) is all-reduced after the backward.
+      const int64_t r = linear->lora_a()->out_features();
+      s->pieces.push_back({linear->lora_a()->weight(),
+                           SplitPiece({r, in}, 1, {r, in / axis.size}, axis)});
+      s->reduced_gradients.push_back(linear->lora_b()->weight());
+      s->cut_children = {"lora_A", "lora_B"};
+    }
     switch (st.input) {
       case Layout::kShardLast:
         break;
@@ -530,6 +555,9 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
   std::map<Parameter*, std::pair<ParameterPiece, std::string>> pieces;
   std::set<std::string> cutting;
   for (const Step& s : steps) {
+    for (const std::string& child : s.cut_children) {
+      cutting.insert(s.path.empty() ? child : absl::StrCat(s.path, ".", child));
+    }
     for (const auto& [p, piece] : s.pieces) {
       cutting.insert(s.path);
       if (p->has_piece() || p->grad.defined()) {

@@ -19,14 +19,19 @@
 //             (all-gather; backward reduce-scatter), or inside a region
 //             (ColwiseInRegion: the enclosing RegionInput does both).
 //             Output: kShardLast as computed, or kReplicate (all-gather of
-//             the last dim; backward keeps this rank's slice).
+//             the last dim; backward keeps this rank's slice). A LoRA
+//             adapter (nn::Linear::EnableLora): B split as the weight's
+//             rows, A whole with its gradient all-reduced after the
+//             backward.
 //   Rowwise   Linear weight split on dim 1 (Shard(1)), bias replicated and
 //             added by rank 0 only; Embedding table split on dim 0 (the
 //             vocabulary: ids of other ranks' rows give zeros). The output is
 //             a partial sum: kReplicate all-reduces it, kShardSequence
 //             reduce-scatters it over the sequence (backward: all-gather).
 //             Input (Linear): kShardLast as is, or kReplicate (this rank's
-//             slice; backward all-gathers the input gradient).
+//             slice; backward all-gathers the input gradient). A LoRA
+//             adapter: A split as the weight's columns (its path joins the
+//             partial sum), B whole with its gradient all-reduced.
 //   SequenceParallel  a per-token module (a norm) computes on its sequence
 //             slice as is; its replicated parameters' gradients, partial
 //             sums over the ranks, are all-reduced after its backward.

@@ -50,6 +50,18 @@ std::unique_ptr<nn::Sequential> NormMlp() {
   return seq;
 }
 
+// NormMlp with LoRA adapters (r 2) on fc and proj, B initialised nonzero
+// so that A's gradient is too.
+std::unique_ptr<nn::Sequential> NormMlpWithLora() {
+  auto seq = NormMlp();
+  auto* mlp = static_cast<nn::Mlp*>(seq->children()[1].second.get());
+  for (nn::Linear* linear : {mlp->fc(), mlp->proj()}) {
+    CHECK_OK(linear->EnableLora(2, 3.0f));
+    linear->lora_b()->weight()->init = InitSpec::Uniform(-0.5f, 0.5f);
+  }
+  return seq;
+}
+
 // Values of the box of `whole` that `p`'s piece holds (all of it if none).
 std::vector<double> PieceOf(const Tensor& whole, const Parameter& p) {
   if (!p.has_piece()) return Values(whole);
@@ -82,8 +94,8 @@ struct Reference {
 };
 
 // Two forward/backward passes of the whole block on one rank.
-Reference RunReference(const Tensor& x, const Tensor& dy) {
-  auto model = NormMlp();
+Reference RunReference(const Tensor& x, const Tensor& dy, bool lora) {
+  auto model = lora ? NormMlpWithLora() : NormMlp();
   CHECK_OK(model->ToEmpty(Device::Cpu()));
   CHECK_OK(model->InitWeights(7));
   Reference r;
@@ -97,15 +109,18 @@ Reference RunReference(const Tensor& x, const Tensor& dy) {
   return r;
 }
 
-void CheckBlock(int tp, bool sequence_parallel) {
+// `lora`: adapters on fc and proj (NormMlpWithLora): B split with fc's
+// rows, A with proj's columns, the other two whole with their gradients
+// all-reduced; the base weights frozen.
+void CheckBlock(int tp, bool sequence_parallel, bool lora = false) {
   SCOPED_TRACE(testing::Message()
-               << "tp " << tp
-               << (sequence_parallel ? " sequence parallel" : ""));
+               << "tp " << tp << (sequence_parallel ? " sequence parallel" : "")
+               << (lora ? " LoRA" : ""));
   const Tensor x = RandomTensor({kB, kT, kC}, DType::kF32, 1);
   const Tensor dy = RandomTensor({kB, kT, kC}, DType::kF32, 2);
-  const Reference ref = RunReference(x, dy);
+  const Reference ref = RunReference(x, dy, lora);
   RunOnMesh({{"tp", tp}}, [&](int rank, DeviceMesh& mesh) {
-    auto model = NormMlp();
+    auto model = lora ? NormMlpWithLora() : NormMlp();
     const Layout stream =
         sequence_parallel ? Layout::kShardSequence : Layout::kReplicate;
     std::vector<PlanEntry> plan = {
@@ -143,6 +158,7 @@ void CheckBlock(int tp, bool sequence_parallel) {
         Values(sequence_parallel ? SequenceSlice(dxref, rank * t, t) : dxref),
         1e-5, "dx");
     for (auto& [name, p] : model->NamedParameters()) {
+      if (!p->requires_grad) continue;  // LoRA's frozen base
       ASSERT_TRUE(p->grad.defined()) << name;
       ExpectNear(Values(p->grad), PieceOf(ref.grads.at(name), *p), 1e-5,
                  name + " grad");
@@ -154,13 +170,22 @@ void CheckBlock(int tp, bool sequence_parallel) {
     ASSERT_TRUE(params.ok()) << params.status();
     for (const TensorParallelParameter& p : *params) {
       const Placement want =
-          p.name == "1.fc.weight" || p.name == "1.fc.bias" ? Placement::Shard(0)
-          : p.name == "1.proj.weight"                      ? Placement::Shard(1)
-                                      : Placement::Replicate();
+          p.name == "1.fc.weight" || p.name == "1.fc.bias" ||
+                  p.name == "1.fc.lora_B.weight"
+              ? Placement::Shard(0)
+          : p.name == "1.proj.weight" || p.name == "1.proj.lora_A.weight"
+              ? Placement::Shard(1)
+              : Placement::Replicate();
       EXPECT_EQ(p.param.placements()[0], want) << p.name;
       EXPECT_EQ(p.param.shape(), p.parameter->shape) << p.name;
     }
   });
+}
+
+TEST(TensorParallelTest, LoraAdaptersSplitAsTheirBaseWeights) {
+  for (int tp : {2, 4}) {
+    for (bool sp : {false, true}) CheckBlock(tp, sp, /*lora=*/true);
+  }
 }
 
 TEST(TensorParallelTest, MlpBlockMatchesOneRank) {

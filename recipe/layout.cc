@@ -223,12 +223,6 @@ absl::Status CheckFreeze(const Layout& l,
                          const models::TransformerConfig& model) {
   const bool lora = l.lora.rank != 0 || !l.lora.targets.empty();
   if (l.freeze.empty() && !lora) return absl::OkStatus();
-  if (lora && l.tp > 1) {
-    return Invalid(absl::StrCat(
-        "model.lora with parallelism.tp ", l.tp,
-        " > 1 is not supported yet: the adapters are not split over the tp "
-        "ranks; use FSDP / HSDP / pp / cp"));
-  }
   // The names from the model itself, built on the meta device (no bytes).
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<models::Transformer> meta,
                          AdaptedModel(l, model));

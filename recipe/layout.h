@@ -97,7 +97,8 @@ struct Layout {
   // a parameter and at least one must stay trainable.
   std::vector<std::string> freeze;
   // LoRA adapters (model.lora): on the matched linear layers, everything
-  // else frozen (models/lora.h). Not with tp > 1.
+  // else frozen (models/lora.h); under tp each adapter is split as its base
+  // weight (parallel/tensor_parallel.h).
   models::LoraOptions lora;
   // One micro-batch: micro_batch sequences of seq_len tokens (0: the
   // model's context length); grad_accumulation of them per step and rank.

@@ -270,13 +270,6 @@ std::vector<Refusal> Refusals() {
        "model.lora.targets \"wq\" matches no linear layer of the model"},
       {[](Layout* l) { l->lora.targets = {"c_attn"}; },
        "model.lora: rank 0 with 1 target(s); LoRA needs rank >= 1"},
-      {[](Layout* l) {
-         l->world = 2;
-         l->tp = 2;
-         l->lora.rank = 4;
-         l->lora.targets = {"c_attn"};
-       },
-       "model.lora with parallelism.tp 2 > 1 is not supported yet"},
   };
 }
 

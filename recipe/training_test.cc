@@ -434,7 +434,8 @@ TEST(TrainingTest, FrozenParametersStayAndTheRestTrainsAlikeOnEveryLayout) {
 // LoRA (r 4 on the attention's projections and the first block's MLP
 // input): the adapters are the only trainable parameters (gradients, AdamW
 // state) and start as PEFT's (B zero: the first loss is the base model's);
-// FSDP 2 and 3, HSDP 2 x 1, pp 2 and cp 2 train to the single rank's losses;
+// FSDP 2 and 3, HSDP 2 x 1, pp 2, cp 2, tp 2 (alone, with FSDP and
+// sequence / loss parallelism, with pp) train to the single rank's losses;
 // the base's masters never change.
 TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
   const Look look = FrozenParametersStay([](const std::string& name) {
@@ -455,7 +456,22 @@ TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
   cp.cp = 2;
   Layout three = base;
   three.world = 3;
-  ExpectFrozenRunsTrainAlike(base, look, {fsdp, three, hsdp, pp, cp});
+  // Tensor parallelism: each adapter split as its base weight (B's rows
+  // with a column-wise layer's, fused c_attn's per block; A's columns with
+  // a row-wise layer's), the whole one's gradient all-reduced; with FSDP,
+  // sequence and loss parallelism; and with pp.
+  Layout tp = base;
+  tp.world = 2;
+  tp.tp = 2;
+  Layout tp_dp = tp;
+  tp_dp.world = 4;
+  tp_dp.sequence_parallel = true;
+  tp_dp.loss_parallel = true;
+  Layout tp_pp = tp_dp;
+  tp_pp.world = 4;
+  tp_pp.pp = 2;
+  ExpectFrozenRunsTrainAlike(base, look,
+                             {fsdp, three, hsdp, pp, cp, tp, tp_dp, tp_pp});
 }
 
 // ZeRO-1 (reshard_after_backward false): over 4 micro-batches each unit
