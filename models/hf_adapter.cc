@@ -16,6 +16,7 @@
 #include "core/dtype.h"
 #include "core/status.h"
 #include "formats/safetensors/safetensors.h"
+#include "models/lora.h"
 #include "tensor/ops.h"
 
 namespace fsdpp {
@@ -128,6 +129,41 @@ std::map<std::string, Parameter*> ParameterMap(const Transformer& model) {
 }
 
 }  // namespace
+
+namespace {
+constexpr char kPeftPrefix[] = "base_model.model.";
+}  // namespace
+
+absl::StatusOr<std::string> PeftAdapterName(
+    const std::vector<HfNameEntry>& mapping, const std::string& ours) {
+  const size_t cut = ours.rfind(".lora_");
+  if (cut == std::string::npos || !IsLoraParameter(ours)) {
+    return absl::NotFoundError(
+        absl::StrCat("PEFT: ", ours, " is not a LoRA adapter's tensor"));
+  }
+  const std::string base = ours.substr(0, cut) + ".weight";
+  for (const HfNameEntry& e : mapping) {
+    if (e.ours != base) continue;
+    if (!absl::EndsWith(e.hf, ".weight")) break;
+    return absl::StrCat(kPeftPrefix,
+                        e.hf.substr(0, e.hf.size() - std::strlen(".weight")),
+                        ours.substr(cut));
+  }
+  return absl::NotFoundError(absl::StrCat("PEFT: ", ours.substr(0, cut),
+                                          " has no Hugging Face module name"));
+}
+
+std::string PeftAdapterModule(const std::string& peft_name) {
+  if (!absl::StartsWith(peft_name, kPeftPrefix)) return "";
+  for (const char* tail : {".lora_A.weight", ".lora_B.weight"}) {
+    if (absl::EndsWith(peft_name, tail)) {
+      return peft_name.substr(
+          std::strlen(kPeftPrefix),
+          peft_name.size() - std::strlen(kPeftPrefix) - std::strlen(tail));
+    }
+  }
+  return "";
+}
 
 absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
     const TransformerConfig& c) {

@@ -69,6 +69,18 @@ struct HfNameEntry {
 absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
     const TransformerConfig& config);
 
+// PEFT's name of a LoRA adapter's tensor (models/lora.h): our
+// "<module>.lora_A.weight" (or lora_B) -> "base_model.model.<HF module>
+// .lora_A.weight", the HF module being the one of the module's base weight
+// in `mapping` (PEFT's adapters keep nn.Linear's [r, in] and [out, r] even
+// on GPT-2's Conv1D, so the tensors are ours as they are). NotFound for a
+// name that is not an adapter's or whose module has no HF name.
+absl::StatusOr<std::string> PeftAdapterName(
+    const std::vector<HfNameEntry>& mapping, const std::string& ours);
+// The HF module of a PEFT adapter tensor's name
+// ("base_model.model.<module>.lora_A.weight"), or "" for another name.
+std::string PeftAdapterModule(const std::string& peft_name);
+
 // The HF shape of the parameter `entry` names, whose shape is `ours`:
 // vocabulary rows unpadded to `vocab`, Conv1D weights transposed.
 Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab);

@@ -871,6 +871,16 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     return Invalid(absl::StrCat("model.lora.dropout ", lora.dropout(),
                                 ": only 0 is supported for now"));
   }
+  if (lora.has_init_from()) {
+    if (lora.rank() < 1) {
+      return Invalid("model.lora.init_from needs model.lora.rank >= 1");
+    }
+    if (!IsDirectory(lora.init_from())) {
+      return absl::NotFoundError(
+          absl::StrCat("model.lora.init_from \"", lora.init_from(),
+                       "\" is not a directory (a PEFT adapter's)"));
+    }
+  }
   if (!std::isfinite(lora.alpha()) || lora.alpha() <= 0) {
     return Invalid(
         absl::StrCat("model.lora.alpha must be positive, got ", lora.alpha()));
@@ -921,6 +931,9 @@ void MakePathsAbsolute(const std::string& base_directory, TrainConfig* config) {
     std::string path = model->init_from().substr(3);
     Anchor(base_directory, &path);
     model->set_init_from("hf:" + path);
+  }
+  if (model->lora().has_init_from()) {
+    Anchor(base_directory, model->mutable_lora()->mutable_init_from());
   }
   CheckpointConfig* checkpoint = config->mutable_checkpoint();
   std::string folder = checkpoint->folder();  // May be the default.

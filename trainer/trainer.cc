@@ -418,6 +418,24 @@ absl::Status Trainer::BuildModel() {
 }
 
 absl::Status Trainer::InitFromHf() {
+  FSDPP_RETURN_IF_ERROR(InitFromHfBase());
+  if (!config_.model().lora().has_init_from()) return absl::OkStatus();
+  const std::string& dir = config_.model().lora().init_from();
+  models::HfShardedImportStats total;
+  for (models::Transformer* model : training_->models()) {
+    FSDPP_ASSIGN_OR_RETURN(
+        models::HfShardedImportStats stats,
+        Context(models::ImportPeftAdapterSharded(dir, rc_.layout.lora, model),
+                "trainer: model.lora.init_from"));
+    total.tensors += stats.tensors;
+  }
+  absl::StrAppend(&init_note_, init_note_.empty() ? "" : "; ",
+                  "LoRA adapters initialised from ", dir, " (", total.tensors,
+                  " tensors)");
+  return absl::OkStatus();
+}
+
+absl::Status Trainer::InitFromHfBase() {
   if (!config_.model().has_init_from()) return absl::OkStatus();
   const std::string path = config_.model().init_from().substr(3);
   FSDPP_ASSIGN_OR_RETURN(

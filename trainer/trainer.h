@@ -264,8 +264,11 @@ class Trainer {
   absl::Status BuildModel();
   // model.init_from: the HF directory's weights into the recipe's models
   // (the whole model, or this rank's pipeline stage parts), each rank
-  // reading its shards only; sets init_note_.
+  // reading its shards only, then model.lora.init_from's adapters; sets
+  // init_note_.
   absl::Status InitFromHf();
+  // InitFromHf's first part: the base weights.
+  absl::Status InitFromHfBase();
   // The loss scaler (f16) and the LR schedule.
   absl::Status BuildOptimizer();
   absl::Status BuildCheckpointState();

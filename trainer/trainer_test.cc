@@ -32,6 +32,7 @@
 #include "core/device.h"
 #include "core/status.h"
 #include "formats/file_util.h"
+#include "formats/safetensors/safetensors.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "models/config.h"
@@ -120,6 +121,13 @@ std::vector<absl::StatusOr<TrainResult>> RunRanks(
   return OnRanks(world, stop_after_steps, [&](const TrainerEnv& env) {
     return CreateAndRun(config, env);
   });
+}
+
+// With the overrides added to SmallConfig.
+TrainConfig WithOverrides(TrainConfig config,
+                          const std::vector<std::string>& overrides) {
+  CHECK_OK(ApplyOverrides(overrides, &config));
+  return config;
 }
 
 std::vector<double> Losses(const TrainResult& r) {
@@ -227,16 +235,110 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
 
   // LoRA on the imported base: the adapters start at B = 0, so the first
   // loss is the base's; the adapters come from the seed (no base has them).
-  TrainConfig lora = SmallConfig(TestDir("init_from_lora"));
+  const std::string lora_dir = TestDir("init_from_lora");
+  TrainConfig lora = SmallConfig(lora_dir);
   CHECK_OK(ApplyOverrides({"model.init_from=hf:" + dir + "/hf",
                            "training.steps=2", "training.warmup_steps=1",
                            "training.global_batch=6", "training.micro_batch=1",
                            "checkpoint.interval=0", "validation.interval=0",
                            "model.lora.rank=4", "model.lora.targets=c_attn,fc"},
                           &lora));
+  CHECK_OK(
+      ApplyOverrides({"checkpoint.interval=2", "training.lr=3e-2"}, &lora));
   std::vector<absl::StatusOr<TrainResult>> adapted = RunRanks(lora, 2);
   ASSERT_TRUE(adapted[0].ok()) << adapted[0].status();
   EXPECT_NEAR(Losses(*adapted[0])[0], first[0], 2e-6 * first[0]);
+
+  // Its trained adapters, written as PEFT saves them (short target names),
+  // start another LoRA run (model.lora.init_from) on the same base, at W = 2
+  // and tp 2: its first loss is the one of the base with the adapters
+  // merged (an HF directory of W + (alpha / r) B A), not the base's.
+  const std::string trained = lora_dir + "/ckpt/step-2";
+  const std::string adapter = dir + "/adapter", merged = dir + "/merged";
+  {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::Open(trained);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    auto adapted = models::Transformer::Create(*config);
+    ASSERT_TRUE(adapted.ok());
+    models::LoraOptions lora_options;
+    lora_options.rank = 4;
+    lora_options.alpha = 16;
+    lora_options.targets = {"c_attn", "fc"};
+    ASSERT_TRUE(models::AddLoraAdapters(adapted->get(), lora_options).ok());
+    ASSERT_TRUE((*adapted)->ToEmpty(Device::Cpu()).ok());
+    ASSERT_TRUE((*adapted)->InitWeights(5).ok());  // the base: seed 5
+    auto mapping = models::HfNameMapping(*config);
+    ASSERT_TRUE(mapping.ok());
+    std::vector<std::pair<std::string, Tensor>> peft;
+    for (const auto& [name, p] : (*adapted)->NamedParameters()) {
+      if (!models::IsLoraParameter(name)) continue;
+      absl::StatusOr<Tensor> value = (*reader)->ReadTensor("model/" + name);
+      ASSERT_TRUE(value.ok()) << name << ": " << value.status();
+      ASSERT_TRUE(Copy(*value, &p->data).ok());
+      peft.emplace_back(*models::PeftAdapterName(*mapping, name), *value);
+    }
+    ASSERT_TRUE(MakeDirs(adapter).ok());
+    ASSERT_TRUE(
+        WriteSafetensors(adapter + "/adapter_model.safetensors", peft).ok());
+    ASSERT_TRUE(WriteFileAtomically(
+                    adapter + "/adapter_config.json",
+                    R"({"peft_type": "LORA", "r": 4, "lora_alpha": 16, )"
+                    R"("target_modules": ["c_attn", "c_fc"]})")
+                    .ok());
+    ASSERT_TRUE(models::MergeLoraAdapters(adapted->get()).ok());
+    auto tensors = models::ExportHfTensors(**adapted);
+    ASSERT_TRUE(tensors.ok()) << tensors.status();
+    ASSERT_TRUE(
+        models::WriteHfDirectory(merged, *config, *tensors, options).ok());
+  }
+  const std::vector<std::string> one_step = {
+      "training.steps=1",        "training.warmup_steps=1",
+      "training.global_batch=6", "training.micro_batch=1",
+      "checkpoint.interval=0",   "validation.interval=0"};
+  TrainConfig from_merged =
+      WithOverrides(SmallConfig(TestDir("init_from_merged")), one_step);
+  CHECK_OK(ApplyOverrides({"model.init_from=hf:" + merged}, &from_merged));
+  auto merged_run = RunRanks(from_merged, 2);
+  ASSERT_TRUE(merged_run[0].ok()) << merged_run[0].status();
+  const double merged_loss = Losses(*merged_run[0])[0];
+  EXPECT_GT(std::fabs(merged_loss - first[0]), 1e-4);
+  for (const std::string& layout :
+       {std::string("parallelism.tp=1"), std::string("parallelism.tp=2")}) {
+    TrainConfig resumed =
+        WithOverrides(SmallConfig(TestDir("init_from_adapter")), one_step);
+    CHECK_OK(
+        ApplyOverrides({"model.init_from=hf:" + dir + "/hf",
+                        "model.lora.rank=4", "model.lora.targets=c_attn,fc",
+                        "model.lora.init_from=" + adapter, layout},
+                       &resumed));
+    auto run = RunRanks(resumed, 2);
+    ASSERT_TRUE(run[0].ok()) << layout << ": " << run[0].status();
+    EXPECT_NEAR(Losses(*run[0])[0], merged_loss, 1e-5 * merged_loss) << layout;
+  }
+  // An adapter of another rank or other modules is refused, named.
+  TrainConfig other_rank =
+      WithOverrides(SmallConfig(TestDir("init_from_adapter_rank")), one_step);
+  CHECK_OK(ApplyOverrides(
+      {"model.init_from=hf:" + dir + "/hf", "model.lora.rank=8",
+       "model.lora.targets=c_attn,fc", "model.lora.init_from=" + adapter},
+      &other_rank));
+  auto refused = RunRanks(other_rank, 1);
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused[0].status().message()),
+              ::testing::HasSubstr(
+                  "r 4, lora_alpha 16, but model.lora has rank 8, alpha 16"));
+  TrainConfig fewer =
+      WithOverrides(SmallConfig(TestDir("init_from_adapter_fewer")), one_step);
+  CHECK_OK(ApplyOverrides(
+      {"model.init_from=hf:" + dir + "/hf", "model.lora.rank=4",
+       "model.lora.targets=c_attn", "model.lora.init_from=" + adapter},
+      &fewer));
+  refused = RunRanks(fewer, 1);
+  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused[0].status().message()),
+              ::testing::HasSubstr("mlp.c_fc.lora_A.weight adapts a module "
+                                   "the model's LoRA targets do not"));
 
   TrainConfig random = SmallConfig(TestDir("init_from_random"));
   CHECK_OK(ApplyOverrides({"training.steps=2", "training.warmup_steps=1",
@@ -442,13 +544,6 @@ TEST(TrainerTest, ResumeAtOtherWorldSizesMatchesWithinParityTolerance) {
     std::cout << "resumed at W=" << world << ": max relative loss difference "
               << worst << std::endl;
   }
-}
-
-// With the overrides added to SmallConfig.
-TrainConfig WithOverrides(TrainConfig config,
-                          const std::vector<std::string>& overrides) {
-  CHECK_OK(ApplyOverrides(overrides, &config));
-  return config;
 }
 
 // max_i |got[i] - want[i]| / want[i].

@@ -3,12 +3,18 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "formats/file_util.h"
+#include "formats/json.h"
+#include "formats/safetensors/safetensors.h"
 #include "fsdp/fully_shard.h"
+#include "models/hf_adapter.h"
 #include "models/lora.h"
 #include "tensor/ops.h"
 #include "tensor/sharding.h"
@@ -117,6 +123,122 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
       }
     }
     ++stats.tensors;
+  }
+  return stats;
+}
+
+absl::StatusOr<HfShardedImportStats> ImportPeftAdapterSharded(
+    const std::string& dir, const LoraOptions& lora, Transformer* model) {
+  const std::string config_path = dir + "/adapter_config.json";
+  const std::string tensors_path = dir + "/adapter_model.safetensors";
+  const auto bad = [&](const std::string& path, const std::string& what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA adapter ", path, ": ", what));
+  };
+  FSDPP_ASSIGN_OR_RETURN(std::string text,
+                         ReadFileToString(config_path, "PEFT adapter config"));
+  absl::StatusOr<Json> config = ParseJson(text);
+  if (!config.ok())
+    return bad(config_path, std::string(config.status().message()));
+  const Json* type = config->Find("peft_type");
+  if (type != nullptr &&
+      (!type->is_string() || type->string_value() != "LORA")) {
+    return bad(config_path, "peft_type is not \"LORA\"");
+  }
+  const Json* r = config->Find("r");
+  const Json* alpha = config->Find("lora_alpha");
+  if (r == nullptr || !r->is_int64() || alpha == nullptr ||
+      !alpha->is_number()) {
+    return bad(config_path,
+               "needs an integer \"r\" and a number "
+               "\"lora_alpha\"");
+  }
+  if (r->int64_value() != lora.rank ||
+      static_cast<float>(alpha->number_value()) != lora.alpha) {
+    return bad(config_path,
+               absl::StrCat("r ", r->int64_value(), ", lora_alpha ",
+                            alpha->number_value(), ", but model.lora has rank ",
+                            lora.rank, ", alpha ", lora.alpha));
+  }
+  FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file,
+                         SafetensorsFile::Open(tensors_path));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<HfNameEntry> mapping,
+                         HfNameMapping(model->config()));
+
+  // Plan: every adapter of this model in the file with its shape.
+  struct Item {
+    fsdp::ShardedParameter* sp;
+    std::string name;
+  };
+  std::vector<Item> items;
+  std::set<std::string> planned;
+  for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model)) {
+    if (!IsLoraParameter(sp->name)) continue;
+    FSDPP_ASSIGN_OR_RETURN(std::string name,
+                           PeftAdapterName(mapping, sp->name));
+    absl::StatusOr<SafetensorsTensorInfo> info = file->Info(name);
+    if (!info.ok()) {
+      return bad(tensors_path, absl::StrCat("no ", name, " for ", sp->name,
+                                            " (this model's adapter)"));
+    }
+    if (info->shape != sp->shape) {
+      return bad(tensors_path,
+                 absl::StrCat(name, " is ", ShapeToString(info->shape),
+                              ", the model's ", sp->name, " ",
+                              ShapeToString(sp->shape)));
+    }
+    if (sp->master.shape().size() < sp->shape.size()) {
+      return absl::UnimplementedError(
+          absl::StrCat("LoRA adapter import: ", sp->name, "'s master is a ",
+                       ShapeToString(sp->master.shape()), " view of its ",
+                       ShapeToString(sp->shape), " parameter"));
+    }
+    items.push_back({sp, name});
+    planned.insert(name);
+  }
+  if (items.empty()) {
+    return absl::FailedPreconditionError(
+        "LoRA adapter import: the model has no sharded adapters "
+        "(models::AddLoraAdapters and fsdp::FullyShard first)");
+  }
+  if (model->is_whole()) {
+    for (const std::string& name : file->names()) {
+      if (PeftAdapterModule(name).empty()) continue;
+      if (planned.count(name) == 0) {
+        return bad(tensors_path,
+                   absl::StrCat(name,
+                                " adapts a module the model's LoRA "
+                                "targets do not"));
+      }
+    }
+  }
+
+  HfShardedImportStats stats;
+  for (const Item& item : items) {
+    fsdp::ShardedParameter* sp = item.sp;
+    const Box box = sp->master.local_box();
+    ++stats.tensors;
+    if (box.shape.empty() || box.shape[0] == 0) continue;
+    const auto annotate = [&](const absl::Status& s) {
+      return Annotate(s, absl::StrCat("LoRA adapter import of ", sp->name,
+                                      " from ", tensors_path));
+    };
+    absl::StatusOr<Tensor> loaded = file->Load(item.name);
+    if (!loaded.ok()) return annotate(loaded.status());
+    stats.bytes_read += loaded->nbytes();
+    stats.largest_buffer_bytes =
+        std::max<uint64_t>(stats.largest_buffer_bytes, loaded->nbytes());
+    Tensor* local = sp->master.mutable_local();
+    // The whole tensor in the master's dtype and view ([3, C, r] for
+    // GPT-2's fused c_attn under tensor parallelism), then this rank's box.
+    absl::StatusOr<Tensor> whole =
+        Tensor::Empty(sp->master.shape(), local->dtype(), Device::Cpu());
+    if (!whole.ok()) return annotate(whole.status());
+    absl::StatusOr<Tensor> flat = loaded->Reshape(sp->master.shape());
+    if (!flat.ok()) return annotate(flat.status());
+    FSDPP_RETURN_IF_ERROR(annotate(Copy(*flat, &*whole)));
+    FSDPP_RETURN_IF_ERROR(annotate(CopyBox(
+        *whole, box.offset, local, Shape(box.shape.size(), 0), box.shape)));
   }
   return stats;
 }

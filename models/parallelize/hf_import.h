@@ -13,9 +13,11 @@
 #define FSDPP_MODELS_PARALLELIZE_HF_IMPORT_H_
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "models/hf_directory.h"
+#include "models/lora.h"
 #include "models/transformer.h"
 
 namespace fsdpp {
@@ -39,6 +41,20 @@ struct HfShardedImportStats {
 // initialisation.
 absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
                                                      Transformer* model);
+
+// Initialises the LoRA adapters of the sharded `model` (models/lora.h,
+// `lora` its options) from a PEFT adapter directory `dir`:
+// adapter_config.json (peft_type LORA, r and lora_alpha equal to the
+// options') and adapter_model.safetensors ("base_model.model.<HF module>
+// .lora_A.weight" [r, in], ".lora_B.weight" [out, r]: what `ckpt export
+// --format=peft` writes and PEFT saves). The adapted modules are the file's
+// tensors' (target_modules may be short names): each of the model's
+// adapters must be there with its shape, and a whole model must have an
+// adapter for each module the file holds. Each rank copies only its boxes
+// (the adapters are small: each tensor is read whole). Every check runs
+// before the first value is written; errors name the file and the tensor.
+absl::StatusOr<HfShardedImportStats> ImportPeftAdapterSharded(
+    const std::string& dir, const LoraOptions& lora, Transformer* model);
 
 }  // namespace models
 }  // namespace fsdpp

@@ -93,30 +93,23 @@ absl::StatusOr<std::vector<std::string>> ExportPeft(
     const HfExportOptions& options) {
   FSDPP_ASSIGN_OR_RETURN(std::vector<models::HfNameEntry> mapping,
                          models::HfNameMapping(model.config()));
-  std::map<std::string, std::string> hf_of;
-  for (const models::HfNameEntry& e : mapping) hf_of[e.ours] = e.hf;
   std::vector<std::pair<std::string, Tensor>> tensors;
   std::vector<std::string> modules;
   for (const auto& [name, p] : model.NamedParameters()) {
     if (!models::IsLoraParameter(name)) continue;
-    // "<module>.lora_A.weight": the module's base weight names it in HF.
-    const size_t cut = name.rfind(".lora_");
-    const std::string module = name.substr(0, cut);
-    const auto hf = hf_of.find(module + ".weight");
-    if (hf == hf_of.end() || !absl::EndsWith(hf->second, ".weight")) {
+    absl::StatusOr<std::string> peft = models::PeftAdapterName(mapping, name);
+    if (!peft.ok()) {
       return absl::UnimplementedError(
-          absl::StrCat("PEFT export: ", module, " has no Hugging Face name"));
+          absl::StrCat("export: ", peft.status().message()));
     }
-    const std::string hf_module =
-        hf->second.substr(0, hf->second.size() - std::strlen(".weight"));
+    const std::string hf_module = models::PeftAdapterModule(*peft);
     if (modules.empty() || modules.back() != hf_module) {
       modules.push_back(hf_module);
     }
     FSDPP_ASSIGN_OR_RETURN(
         Tensor t, Tensor::Empty(p->data.shape(), options.dtype, Device::Cpu()));
     FSDPP_RETURN_IF_ERROR(Copy(p->data, &t));
-    tensors.emplace_back(
-        absl::StrCat("base_model.model.", hf_module, name.substr(cut)), t);
+    tensors.emplace_back(*peft, t);
   }
   FSDPP_RETURN_IF_ERROR(MakeDirs(out_dir));
   FSDPP_RETURN_IF_ERROR(WriteSafetensors(out_dir + "/adapter_model.safetensors",
