@@ -28,6 +28,17 @@ bool TargetMatches(const std::string& target, const std::string& module) {
   return false;
 }
 
+// The dropout key of the layer named `name`: FNV-1a of the name, the same
+// in every process and at every layout (pipeline parts keep the names).
+uint64_t DropoutKey(const std::string& name) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : name) {
+    h ^= c;
+    h *= 0x100000001b3ull;
+  }
+  return h;
+}
+
 }  // namespace
 
 std::string LoraJson(const LoraOptions& options) {
@@ -36,6 +47,10 @@ std::string LoraJson(const LoraOptions& options) {
   return absl::StrCat(
       "{\"r\": ", options.rank,
       ", \"lora_alpha\": ", absl::StrFormat("%.9g", options.alpha),
+      options.dropout > 0
+          ? absl::StrCat(", \"lora_dropout\": ",
+                         absl::StrFormat("%.9g", options.dropout))
+          : std::string(),
       ", \"target_modules\": [", absl::StrJoin(targets, ", "), "]}");
 }
 
@@ -58,6 +73,13 @@ absl::StatusOr<LoraOptions> ParseLoraJson(const std::string& text,
   LoraOptions options;
   options.rank = r->int64_value();
   options.alpha = static_cast<float>(alpha->number_value());
+  if (const Json* dropout = json->Find("lora_dropout"); dropout != nullptr) {
+    if (!dropout->is_number() || !(dropout->number_value() >= 0) ||
+        !(dropout->number_value() < 1)) {
+      return bad("lora_dropout is not a number in [0, 1)");
+    }
+    options.dropout = static_cast<float>(dropout->number_value());
+  }
   for (const Json& t : targets->array_value()) {
     if (!t.is_string()) return bad("a target_modules entry is not a string");
     options.targets.push_back(t.string_value());
@@ -135,8 +157,10 @@ absl::StatusOr<std::vector<std::string>> AddLoraAdapters(
   for (auto& [name, p] : model->NamedParameters()) p->requires_grad = false;
   std::vector<std::string> names;
   for (auto& [name, linear] : chosen) {
-    FSDPP_RETURN_IF_ERROR(Annotate(
-        linear->EnableLora(options.rank, options.alpha), "adapting " + name));
+    FSDPP_RETURN_IF_ERROR(
+        Annotate(linear->EnableLora(options.rank, options.alpha,
+                                    options.dropout, DropoutKey(name)),
+                 "adapting " + name));
     names.push_back(name);
   }
   return names;

@@ -19,6 +19,10 @@ namespace models {
 struct LoraOptions {
   int64_t rank = 0;  // r; 0 = no adapters
   float alpha = 16.0f;
+  // PEFT's lora_dropout on each adapter's input, in [0, 1); the masks are
+  // keyed by the layer's name and the batch's rows (nn/dropout.h), so every
+  // layout drops the same elements.
+  float dropout = 0.0f;
   // Which linear layers: a target matches a module whose fully qualified
   // name, or a dot-separated tail of it, it matches (MatchesNamePattern;
   // PEFT's suffix rule): "c_attn", "attn.c_proj", "wq", "h.*.mlp.fc".
@@ -33,7 +37,8 @@ inline constexpr char kLoraKey[] = "train/lora";
 
 // The options as checkpoints record them (kLoraKey), in PEFT's
 // adapter_config.json spelling: {"r": 8, "lora_alpha": 16,
-// "target_modules": ["c_attn", ...]}.
+// "target_modules": ["c_attn", ...]}, with "lora_dropout": p when p > 0 (a
+// record without it: 0).
 std::string LoraJson(const LoraOptions& options);
 // DataLoss naming `where` for text LoraJson did not write.
 absl::StatusOr<LoraOptions> ParseLoraJson(const std::string& text,

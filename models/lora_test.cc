@@ -72,6 +72,54 @@ TEST(LoraTest, Refusals) {
   EXPECT_TRUE(absl::StrContains(s.message(), "shares its weight (tied)")) << s;
 }
 
+// The checkpoint record: PEFT's spelling, lora_dropout only when set (an
+// old record without it reads as 0), and each adapted layer's dropout key
+// its name's (the same in another model of the same names: a pipeline
+// part).
+TEST(LoraTest, RecordAndDropoutKeys) {
+  LoraOptions options;
+  options.rank = 4;
+  options.alpha = 8;
+  options.targets = {"c_attn", "fc"};
+  EXPECT_EQ(LoraJson(options),
+            "{\"r\": 4, \"lora_alpha\": 8, \"target_modules\": "
+            "[\"c_attn\", \"fc\"]}");
+  options.dropout = 0.05f;
+  const std::string json = LoraJson(options);
+  EXPECT_EQ(json,
+            "{\"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": 0.0500000007, "
+            "\"target_modules\": [\"c_attn\", \"fc\"]}");
+  absl::StatusOr<LoraOptions> back = ParseLoraJson(json, "ckpt");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->dropout, 0.05f);
+  EXPECT_EQ(back->targets, options.targets);
+  EXPECT_EQ(ParseLoraJson("{\"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": "
+                          "1.5, \"target_modules\": [\"fc\"]}",
+                          "ckpt")
+                .status()
+                .code(),
+            absl::StatusCode::kDataLoss);
+
+  std::unique_ptr<Transformer> a = Gpt2Debug(), b = Gpt2Debug();
+  ASSERT_TRUE(AddLoraAdapters(a.get(), options).ok());
+  ASSERT_TRUE(AddLoraAdapters(b.get(), options).ok());
+  std::vector<uint64_t> keys;
+  for (auto& [name, m] : a->NamedModules()) {
+    const auto* linear = dynamic_cast<const nn::Linear*>(m);
+    if (linear == nullptr || linear->lora_a() == nullptr) continue;
+    EXPECT_EQ(linear->lora_dropout(), 0.05f);
+    keys.push_back(linear->lora_dropout_key());
+  }
+  ASSERT_EQ(keys.size(), 4u);
+  EXPECT_NE(keys[0], keys[1]);
+  size_t i = 0;
+  for (auto& [name, m] : b->NamedModules()) {
+    const auto* linear = dynamic_cast<const nn::Linear*>(m);
+    if (linear == nullptr || linear->lora_a() == nullptr) continue;
+    EXPECT_EQ(linear->lora_dropout_key(), keys[i++]) << name;
+  }
+}
+
 }  // namespace
 }  // namespace models
 }  // namespace fsdpp

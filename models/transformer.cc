@@ -1,7 +1,9 @@
 // GPT-2 / Llama transformer; see transformer.h.
 #include "models/transformer.h"
 
+#include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "core/status.h"
 #include "nn/attention.h"
 #include "nn/checkpoint_wrapper.h"
+#include "nn/dropout.h"
 #include "nn/layer_norm.h"
 #include "nn/mlp.h"
 #include "nn/rms_norm.h"
@@ -287,6 +290,7 @@ absl::Status Transformer::SetBatch(const Tensor& ids) {
   const int64_t b = ids.dim(0), t = ids.dim(1);
   documents_ = nn::DocumentMasks();
   cp_positions_ = Tensor();
+  batch_seq_ = t;
   if (options_.document_eot_id >= 0) {
     FSDPP_ASSIGN_OR_RETURN(documents_.key_start,
                            Tensor::Empty({b, t}, DType::kI32, ids.device(),
@@ -341,9 +345,12 @@ namespace {
 // a forward or a backward.
 class BatchScope {
  public:
+  // `dropout_keys` (undefined: no dropout) and `dropout_columns`: i64 host
+  // tensors.
   static absl::StatusOr<std::unique_ptr<BatchScope>> Enter(
       nn::ContextParallel* cp, const nn::DocumentMasks& documents,
-      const Tensor& cp_positions) {
+      const Tensor& cp_positions, const Tensor& dropout_keys,
+      const Tensor& dropout_columns) {
     std::unique_ptr<nn::ContextParallelCore> core;
     if (cp != nullptr) {
       FSDPP_ASSIGN_OR_RETURN(core,
@@ -351,21 +358,102 @@ class BatchScope {
     }
     const nn::DocumentMasks* masks =
         cp == nullptr && documents.key_start.defined() ? &documents : nullptr;
-    return absl::WrapUnique(new BatchScope(masks, std::move(core)));
+    auto rows = std::make_unique<nn::DropoutRows>();
+    if (dropout_keys.defined() && dropout_keys.is_meta()) {
+      // A dry run: the shapes only.
+      rows->keys.assign(dropout_keys.numel(), 0);
+      rows->columns.assign(dropout_columns.numel(), 0);
+    } else if (dropout_keys.defined()) {
+      FSDPP_ASSIGN_OR_RETURN(const std::vector<int64_t> keys,
+                             dropout_keys.ToInts());
+      rows->keys.assign(keys.begin(), keys.end());
+      FSDPP_ASSIGN_OR_RETURN(rows->columns, dropout_columns.ToInts());
+    } else {
+      rows.reset();
+    }
+    return absl::WrapUnique(
+        new BatchScope(masks, std::move(core), std::move(rows)));
   }
 
  private:
   BatchScope(const nn::DocumentMasks* masks,
-             std::unique_ptr<nn::ContextParallelCore> core)
-      : core_(std::move(core)), masks_(masks), installed_(core_.get()) {}
+             std::unique_ptr<nn::ContextParallelCore> core,
+             std::unique_ptr<nn::DropoutRows> rows)
+      : core_(std::move(core)),
+        rows_(std::move(rows)),
+        masks_(masks),
+        installed_(core_.get()),
+        dropout_(rows_.get()) {}
   std::unique_ptr<nn::ContextParallelCore> core_;
+  std::unique_ptr<nn::DropoutRows> rows_;
   nn::DocumentMasks::Scope masks_;
   nn::ContextParallelCore::Scope installed_;
+  nn::DropoutRows::Scope dropout_;
 };
 
 }  // namespace
 
+std::optional<std::vector<uint64_t>> Transformer::TakePendingDropoutKeys() {
+  dropout_keys_ = Tensor();
+  dropout_columns_ = Tensor();
+  if (!dropout_pending_) return std::nullopt;
+  dropout_pending_ = false;
+  std::vector<uint64_t> keys = std::move(pending_dropout_keys_);
+  pending_dropout_keys_.clear();
+  return keys;
+}
+
+bool Transformer::HasDropout() {
+  if (has_dropout_ < 0) {
+    has_dropout_ = 0;
+    for (auto& [name, m] : NamedModules()) {
+      const auto* linear = dynamic_cast<const nn::Linear*>(m);
+      if (linear != nullptr && linear->lora_dropout() > 0) has_dropout_ = 1;
+    }
+  }
+  return has_dropout_ == 1;
+}
+
+absl::Status Transformer::KeepDropoutRows(
+    std::optional<std::vector<uint64_t>> keys, int64_t rows, Device device) {
+  if (!keys.has_value() || !HasDropout()) return absl::OkStatus();
+  if (static_cast<int64_t>(keys->size()) != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Transformer: ", keys->size(), " dropout row keys for ",
+                     rows, " rows"));
+  }
+  // This rank's tokens' columns in the whole sequence.
+  std::vector<int64_t> columns;
+  if (const nn::ContextParallel* cp = options_.context_parallel) {
+    for (const nn::ContextParallel::Run& run : cp->runs()) {
+      for (int64_t i = 0; i < run.length; ++i) columns.push_back(run.start + i);
+    }
+  } else {
+    for (int64_t i = 0; i < batch_seq_; ++i) columns.push_back(i);
+  }
+  const int64_t n = static_cast<int64_t>(columns.size());
+  // On the batch's device like its masks (a dry run's meta tensors count
+  // what a run's do); dropout itself runs on the CPU only.
+  if (!device.is_meta() && !device.is_cpu()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "Transformer: LoRA dropout runs on the CPU only for now, not ",
+        device.ToString()));
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      dropout_keys_,
+      Tensor::Empty({rows}, DType::kI64, device, MemoryTag::kActivations));
+  FSDPP_ASSIGN_OR_RETURN(
+      dropout_columns_,
+      Tensor::Empty({n}, DType::kI64, device, MemoryTag::kActivations));
+  if (device.is_meta()) return absl::OkStatus();
+  std::copy(keys->begin(), keys->end(), dropout_keys_.data<int64_t>());
+  std::copy(columns.begin(), columns.end(), dropout_columns_.data<int64_t>());
+  return absl::OkStatus();
+}
+
 absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
+  // Used up by this forward, whatever happens to it.
+  std::optional<std::vector<uint64_t>> keys = TakePendingDropoutKeys();
   if (!options_.embedding) {
     if (!input.defined() || input.ndim() != 3 || input.dim(0) < 1 ||
         input.dim(1) < 1 || input.dim(1) > config_.context_length ||
@@ -382,11 +470,15 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
           "precede each Forward"));
     }
     batch_ready_ = false;
+    FSDPP_RETURN_IF_ERROR(
+        KeepDropoutRows(std::move(keys), input.dim(0), input.device()));
     return Blocks(input);
   }
   const Tensor& ids = input;
   FSDPP_RETURN_IF_ERROR(SetBatch(ids));
   batch_ready_ = false;
+  FSDPP_RETURN_IF_ERROR(
+      KeepDropoutRows(std::move(keys), ids.dim(0), ids.device()));
   const int64_t b = ids.dim(0), t = ids.dim(1);
   FSDPP_ASSIGN_OR_RETURN(const Tensor local_ids, LocalColumns(ids));
   FSDPP_ASSIGN_OR_RETURN(Tensor x, token_embedding_->Forward(local_ids));
@@ -423,7 +515,8 @@ absl::StatusOr<Tensor> Transformer::ForwardImpl(const Tensor& input) {
 absl::StatusOr<Tensor> Transformer::Blocks(const Tensor& x) {
   FSDPP_ASSIGN_OR_RETURN(
       const std::unique_ptr<BatchScope> batch,
-      BatchScope::Enter(options_.context_parallel, documents_, cp_positions_));
+      BatchScope::Enter(options_.context_parallel, documents_, cp_positions_,
+                        dropout_keys_, dropout_columns_));
   FSDPP_ASSIGN_OR_RETURN(Tensor y, stack_->Forward(x));
   return Head(y);
 }
@@ -437,7 +530,8 @@ absl::StatusOr<Tensor> Transformer::Head(const Tensor& x) {
 absl::StatusOr<Tensor> Transformer::BackwardImpl(const Tensor& doutput) {
   FSDPP_ASSIGN_OR_RETURN(
       const std::unique_ptr<BatchScope> batch,
-      BatchScope::Enter(options_.context_parallel, documents_, cp_positions_));
+      BatchScope::Enter(options_.context_parallel, documents_, cp_positions_,
+                        dropout_keys_, dropout_columns_));
   Tensor dx = doutput;
   if (options_.head) {
     FSDPP_ASSIGN_OR_RETURN(dx, lm_head_->Backward(dx));

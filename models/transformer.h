@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -163,6 +164,15 @@ class Transformer : public Module {
   // the embeddings does this itself from its input.
   absl::Status SetBatch(const Tensor& ids);
 
+  // The row keys (one per row: its sample's, nn/dropout.h) of the next
+  // Forward's batch: that Forward is a training one, and dropout (LoRA's)
+  // drops under them, in its Backward too; used up by that Forward. Without
+  // them a Forward drops nothing (evaluation, inference).
+  void SetDropoutRows(std::vector<uint64_t> keys) {
+    pending_dropout_keys_ = std::move(keys);
+    dropout_pending_ = true;
+  }
+
   // Whether Forward takes ids (the part has the embeddings) and gives logits
   // (the part has the head).
   bool has_embedding() const { return options_.embedding; }
@@ -243,7 +253,8 @@ class Transformer : public Module {
   // gradient of its output -> that of its input.
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& doutput) override;
   std::vector<Tensor*> SavedTensorSlots() override {
-    return {&documents_.key_start, &documents_.positions, &cp_positions_};
+    return {&documents_.key_start, &documents_.positions, &cp_positions_,
+            &dropout_keys_, &dropout_columns_};
   }
 
  private:
@@ -262,6 +273,14 @@ class Transformer : public Module {
     return options_.document_eot_id >= 0 ||
            options_.context_parallel != nullptr;
   }
+  // SetDropoutRows' keys, if any (used up), clearing the batch's.
+  std::optional<std::vector<uint64_t>> TakePendingDropoutKeys();
+  // Whether a layer drops (LoRA's dropout > 0); found once.
+  bool HasDropout();
+  // With `keys` and a layer that drops: the batch's keys (one per row) and
+  // columns as tensors on `device` (the CPU, or meta in a dry run).
+  absl::Status KeepDropoutRows(std::optional<std::vector<uint64_t>> keys,
+                               int64_t rows, Device device);
   // The blocks (under the batch's masks or core) and the head.
   absl::StatusOr<Tensor> Blocks(const Tensor& x);
   // Arms the head's fused loss for this ForwardLoss* when
@@ -291,6 +310,16 @@ class Transformer : public Module {
   Tensor cp_positions_;
   // SetBatch ran since the last Forward.
   bool batch_ready_ = false;
+  // Dropout (LoRA's): SetDropoutRows' keys for the next Forward, then the
+  // keys (i64 [B]) and this rank's whole-sequence columns (i64 [L]) of the
+  // batch in flight, installed with its masks.
+  std::vector<uint64_t> pending_dropout_keys_;
+  bool dropout_pending_ = false;
+  Tensor dropout_keys_;
+  Tensor dropout_columns_;
+  int has_dropout_ = -1;  // unknown
+  // The sequence length of the last SetBatch.
+  int64_t batch_seq_ = 0;
 };
 
 }  // namespace models

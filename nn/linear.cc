@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "nn/dropout.h"
 #include "nn/layer_util.h"
 #include "tensor/ops.h"
 
@@ -37,10 +38,15 @@ Linear::Linear(Parameter* shared_weight, bool bias)
   }
 }
 
-absl::Status Linear::EnableLora(int64_t rank, float alpha) {
+absl::Status Linear::EnableLora(int64_t rank, float alpha, float dropout,
+                                uint64_t dropout_key) {
   if (rank < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("Linear::EnableLora: rank must be >= 1, got ", rank));
+  }
+  if (!(dropout >= 0.0f && dropout < 1.0f)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Linear::EnableLora: dropout must be in [0, 1), got ", dropout));
   }
   if (lora_a_ != nullptr || !owns_weight_ || weight_->has_piece()) {
     return absl::FailedPreconditionError(
@@ -59,9 +65,40 @@ absl::Status Linear::EnableLora(int64_t rank, float alpha) {
   lora_a_ = AddModule("lora_A", std::move(a));
   lora_b_ = AddModule("lora_B", std::move(b));
   lora_scale_ = alpha / static_cast<float>(rank);
+  lora_dropout_ = dropout;
+  lora_dropout_key_ = dropout_key;
   weight_->requires_grad = false;
   if (bias_ != nullptr) bias_->requires_grad = false;
   return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> Linear::LoraInput(const Tensor& x) const {
+  const DropoutRows* rows = DropoutRows::Active();
+  if (lora_dropout_ == 0.0f || rows == nullptr) return x;
+  FSDPP_ASSIGN_OR_RETURN(Tensor dropped,
+                         EmptyActivation(x.shape(), x.dtype(), x.device()));
+  // The features' place in the whole layer (a row-wise tensor-parallel
+  // piece holds a slice of them).
+  const bool piece = weight_->has_piece();
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(KeyedDropout(x, lora_dropout_, lora_dropout_key_,
+                            piece ? weight_->piece.offset.back() : 0,
+                            piece ? weight_->piece.layout.back() : in_features_,
+                            *rows, &dropped),
+               "LoRA dropout"));
+  return dropped;
+}
+
+absl::Status Linear::LoraInputGradient(Tensor* dx) const {
+  const DropoutRows* rows = DropoutRows::Active();
+  if (lora_dropout_ == 0.0f || rows == nullptr) return absl::OkStatus();
+  const bool piece = weight_->has_piece();
+  return Annotate(
+      KeyedDropout(*dx, lora_dropout_, lora_dropout_key_,
+                   piece ? weight_->piece.offset.back() : 0,
+                   piece ? weight_->piece.layout.back() : in_features_, *rows,
+                   dx),
+      "LoRA dropout backward");
 }
 
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
@@ -78,7 +115,8 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
     if (lora_a_ != nullptr) {
       // The adapter's layers replay too (their saved inputs); the output
       // replayed already holds their contribution.
-      FSDPP_ASSIGN_OR_RETURN(Tensor h, lora_a_->Forward(x));
+      FSDPP_ASSIGN_OR_RETURN(const Tensor xa, LoraInput(x));
+      FSDPP_ASSIGN_OR_RETURN(Tensor h, lora_a_->Forward(xa));
       FSDPP_RETURN_IF_ERROR(lora_b_->Forward(h).status());
     }
     return y[0];
@@ -99,7 +137,8 @@ absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {
   }
   FSDPP_RETURN_IF_ERROR(Matmul(x_rows, w, &y_rows, options));
   if (lora_a_ != nullptr) {
-    FSDPP_ASSIGN_OR_RETURN(Tensor h, lora_a_->Forward(x));
+    FSDPP_ASSIGN_OR_RETURN(const Tensor xa, LoraInput(x));
+    FSDPP_ASSIGN_OR_RETURN(Tensor h, lora_a_->Forward(xa));
     FSDPP_ASSIGN_OR_RETURN(Tensor z, lora_b_->Forward(h));
     FSDPP_RETURN_IF_ERROR(Axpy(lora_scale_, z, &y));
   }
@@ -155,6 +194,7 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor& dy_in) {
     FSDPP_RETURN_IF_ERROR(Scale(dy, lora_scale_, &dz));
     FSDPP_ASSIGN_OR_RETURN(Tensor dh, lora_b_->Backward(dz));
     FSDPP_ASSIGN_OR_RETURN(Tensor dx_lora, lora_a_->Backward(dh));
+    FSDPP_RETURN_IF_ERROR(LoraInputGradient(&dx_lora));
     FSDPP_RETURN_IF_ERROR(Add(dx, dx_lora, &dx));
   }
   saved_x_ = Tensor();

@@ -13,7 +13,10 @@
 // Linears, lora_A [r, in] ~ Uniform(+-1/sqrt(in)) (PEFT's Kaiming-uniform
 // default) and lora_B [out, r] = 0, named "<this>.lora_A.weight" and
 // "<this>.lora_B.weight" (PEFT's names); the base weight and bias are
-// frozen (requires_grad false).
+// frozen (requires_grad false). With dropout p the adapter's input is
+// dropped (nn/dropout.h: keyed by the batch's rows, which a training
+// forward installs, and this layer's key; nothing is dropped without
+// them), PEFT's lora_dropout.
 #ifndef FSDPP_NN_LINEAR_H_
 #define FSDPP_NN_LINEAR_H_
 
@@ -61,13 +64,18 @@ class Linear : public Module {
 
   // Adds a rank-`rank` adapter scaled by alpha / rank and freezes the base
   // (see the file comment); on the meta device like any new parameter.
+  // `dropout` in [0, 1) on the adapter's input, masked by `dropout_key`
+  // (one per layer: models::AddLoraAdapters hashes the layer's name).
   // FailedPrecondition for a shared (tied) weight, a tensor-parallel piece
-  // or a second adapter; InvalidArgument for rank < 1.
-  absl::Status EnableLora(int64_t rank, float alpha);
+  // or a second adapter; InvalidArgument for rank < 1 or such a dropout.
+  absl::Status EnableLora(int64_t rank, float alpha, float dropout = 0.0f,
+                          uint64_t dropout_key = 0);
   // The adapter's layers (nullptr without one) and its scale alpha / r.
   Linear* lora_a() const { return lora_a_; }
   Linear* lora_b() const { return lora_b_; }
   float lora_scale() const { return lora_scale_; }
+  float lora_dropout() const { return lora_dropout_; }
+  uint64_t lora_dropout_key() const { return lora_dropout_key_; }
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
@@ -75,6 +83,11 @@ class Linear : public Module {
   std::vector<Tensor*> SavedTensorSlots() override { return {&saved_x_}; }
 
  private:
+  // The adapter's input: x, or x dropped (dropout under installed rows).
+  absl::StatusOr<Tensor> LoraInput(const Tensor& x) const;
+  // The same mask on the adapter's input gradient, in place.
+  absl::Status LoraInputGradient(Tensor* dx) const;
+
   int64_t in_features_;
   int64_t out_features_;
   Parameter* weight_ = nullptr;
@@ -84,6 +97,8 @@ class Linear : public Module {
   Linear* lora_a_ = nullptr;
   Linear* lora_b_ = nullptr;
   float lora_scale_ = 0.0f;
+  float lora_dropout_ = 0.0f;
+  uint64_t lora_dropout_key_ = 0;
   Tensor saved_x_;  // Forward's input (undefined outside forward..backward).
 };
 

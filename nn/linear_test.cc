@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "nn/dropout.h"
 #include "nn/embedding.h"
 #include "nn/gradcheck.h"
 #include "nn/sequential.h"
@@ -154,6 +155,51 @@ TEST(LinearTest, FrozenParametersGetNoGradient) {
 // LoRA: PEFT's names and initialisation (B zero: the output is the base's),
 // the base frozen, finite-difference gradients of x, A and B, and the
 // output equal to the merged weight's W + (alpha / r) B A.
+// LoRA dropout: under installed rows the adapter's input is the keyed
+// dropout's (the output is base + scale * B A dropout(x), checked against
+// nn::KeyedDropout), the gradients are right by central differences (the
+// same mask in backward), and without rows (evaluation) nothing drops.
+TEST(LinearTest, LoraDropoutMasksTheAdaptersInput) {
+  Linear layer(6, 5);
+  ASSERT_OK(layer.EnableLora(3, 6.0f, /*dropout=*/0.4f, /*dropout_key=*/77));
+  EXPECT_EQ(Linear(4, 4).EnableLora(2, 1.0f, 1.0f).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_OK(Materialize(layer, 23));
+  const Tensor x = RandomTensor({2, 4, 6}, DType::kF32, 24);
+  DropoutRows rows;
+  rows.keys = {5, 6};
+  rows.columns = {0, 1, 2, 3};
+  ASSERT_OK_AND_ASSIGN(Tensor undropped, layer.Forward(x));
+  layer.ReleaseSavedTensors();
+  DropoutRows::Scope scope(&rows);
+  ASSERT_OK_AND_ASSIGN(Tensor y, layer.Forward(x));
+  layer.ReleaseSavedTensors();
+  Tensor xd = *Tensor::Empty(x.shape(), DType::kF32, Device::Cpu());
+  ASSERT_OK(KeyedDropout(x, 0.4f, 77, 0, 6, rows, &xd));
+  const std::vector<double> xs = Values(x), xds = Values(xd);
+  const std::vector<double> w = Values(layer.weight()->data),
+                            bias = Values(layer.bias()->data),
+                            a = Values(layer.lora_a()->weight()->data),
+                            b = Values(layer.lora_b()->weight()->data);
+  const std::vector<double> got = Values(y), plain = Values(undropped);
+  bool differs = false;
+  for (int row = 0; row < 8; ++row) {
+    for (int o = 0; o < 5; ++o) {
+      double want = bias[o];
+      for (int i = 0; i < 6; ++i) want += xs[row * 6 + i] * w[o * 6 + i];
+      for (int k = 0; k < 3; ++k) {
+        double h = 0;
+        for (int i = 0; i < 6; ++i) h += xds[row * 6 + i] * a[k * 6 + i];
+        want += 2.0 * b[o * 3 + k] * h;
+      }
+      EXPECT_NEAR(got[row * 5 + o], want, 1e-5);
+      differs = differs || std::fabs(plain[row * 5 + o] - want) > 1e-4;
+    }
+  }
+  EXPECT_TRUE(differs);
+  EXPECT_TRUE(CheckGradients(layer, x));
+}
+
 TEST(LinearTest, LoraAdapterNamesInitGradientsAndMerge) {
   Linear base(6, 5);
   ASSERT_OK(base.EnableLora(/*rank=*/3, /*alpha=*/12.0f));

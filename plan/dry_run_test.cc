@@ -55,7 +55,7 @@ TEST(DryRunTest, IsExactAtWorldSizeOne) {
 // LoRA (r 8 on every linear layer of the blocks): the sharded gradients and
 // AdamW's moments are the adapters' alone (GPT-2 124M and Llama debug at
 // W = 2: half of the adapters' f32 bytes, twice that for the moments); the
-// dry run equals the real step at W = 1.
+// dry run equals the real step at W = 1, with and without LoRA dropout.
 TEST(DryRunTest, LoraStateIsTheAdaptersAlone) {
   for (const char* name : {"gpt2_124m", "llama_debug"}) {
     SCOPED_TRACE(name);
@@ -86,11 +86,17 @@ TEST(DryRunTest, LoraStateIsTheAdaptersAlone) {
   one.seq_len = 32;
   one.lora.rank = 8;
   one.lora.targets = {"c_attn", "fc"};
-  absl::StatusOr<DryRunResult> dry = DryRun(debug, one);
-  ASSERT_TRUE(dry.ok()) << dry.status();
-  absl::StatusOr<DryRunResult> real = RealStep(debug, one);
-  ASSERT_TRUE(real.ok()) << real.status();
-  ExpectSameRun(*dry, *real);
+  // Without and with dropout (each adapted layer keeps its dropped input
+  // for A's gradient; the batch's keys and columns ride with its masks).
+  for (float dropout : {0.0f, 0.1f}) {
+    SCOPED_TRACE(absl::StrCat("dropout ", dropout));
+    one.lora.dropout = dropout;
+    absl::StatusOr<DryRunResult> dry = DryRun(debug, one);
+    ASSERT_TRUE(dry.ok()) << dry.status();
+    absl::StatusOr<DryRunResult> real = RealStep(debug, one);
+    ASSERT_TRUE(real.ok()) << real.status();
+    ExpectSameRun(*dry, *real);
+  }
 }
 
 // Dry runs of `s` at each of `accumulations` micro-batches (a failure is

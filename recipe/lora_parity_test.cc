@@ -26,6 +26,7 @@
 #include "models/lora.h"
 #include "models/torch_reference.h"
 #include "models/transformer.h"
+#include "nn/linear.h"
 #include "recipe/layout.h"
 #include "recipe/training.h"
 
@@ -42,13 +43,21 @@ std::string TempPath(const std::string& name) {
   return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
 }
 
-TEST(LoraParityTest, TrainsLikeAFloat64PyTorchReference) {
+// Without dropout and with LoRA dropout 0.15 (the reference computes the
+// keyed masks itself: Philox4x32-10 over (layer key; row key; column x
+// features + feature)).
+class LoraParityTest : public ::testing::TestWithParam<float> {};
+
+TEST_P(LoraParityTest, TrainsLikeAFloat64PyTorchReference) {
   if (const auto missing = models::TorchMissing()) {
     if (models::RequireTorch()) FAIL() << *missing;
     GTEST_SKIP() << *missing;
   }
+  const float dropout = GetParam();
+  const std::string tag = dropout > 0 ? "_dropout" : "";
   const models::TransformerConfig config = *models::ConfigByName("gpt2_debug");
   Layout layout;
+  layout.lora.dropout = dropout;
   layout.micro_batch = kRows;
   layout.seq_len = kSeq;
   layout.lora.rank = 4;
@@ -87,6 +96,30 @@ TEST(LoraParityTest, TrainsLikeAFloat64PyTorchReference) {
     hf_module[e.ours] = e.hf.substr(0, e.hf.size() - 7);  // ".weight"
   }
   std::vector<std::pair<std::string, Tensor>> adapters;
+  std::map<std::string, std::string> metadata = {
+      {"r", "4"},
+      {"alpha", "8"},
+      {"dropout", absl::StrFormat("%.9g", dropout)},
+      {"lr", absl::StrFormat("%.17g", adamw.lr)},
+      {"beta1", absl::StrFormat("%.17g", adamw.beta1)},
+      {"beta2", absl::StrFormat("%.17g", adamw.beta2)},
+      {"eps", absl::StrFormat("%.17g", adamw.eps)},
+      {"weight_decay", absl::StrFormat("%.17g", adamw.weight_decay)},
+      {"family", "gpt2"},
+      {"n_layers", absl::StrCat(config.n_layers)},
+      {"n_heads", absl::StrCat(config.n_heads)},
+      {"n_kv_heads", absl::StrCat(config.kv_heads())},
+      {"norm_eps", absl::StrFormat("%.9g", config.norm_eps)},
+      {"rope_theta", "0"},
+      {"tied", config.tied_embeddings ? "1" : "0"}};
+  // Each adapted layer's dropout key (an identifier; the masks the
+  // reference computes from it).
+  for (auto& [name, m] : init->NamedModules()) {
+    const auto* linear = dynamic_cast<const nn::Linear*>(m);
+    if (linear == nullptr || linear->lora_a() == nullptr) continue;
+    metadata[absl::StrCat("key:", hf_module.at(name + ".weight"))] =
+        absl::StrCat(linear->lora_dropout_key());
+  }
   for (const auto& [name, p] : init->NamedParameters()) {
     if (!models::IsLoraParameter(name)) continue;
     const size_t cut = name.rfind(".lora_");
@@ -95,35 +128,28 @@ TEST(LoraParityTest, TrainsLikeAFloat64PyTorchReference) {
                                        name.substr(cut, name.size() - cut - 7)),
                           p->data);
   }
-  const std::string base_path = TempPath("lora_base.safetensors");
-  const std::string adapters_path = TempPath("lora_adapters.safetensors");
-  const std::string batches_path = TempPath("lora_batches.safetensors");
-  const std::string results_path = TempPath("lora_results.safetensors");
+  const std::string base_path = TempPath("lora_base" + tag + ".safetensors");
+  const std::string adapters_path =
+      TempPath("lora_adapters" + tag + ".safetensors");
+  const std::string batches_path =
+      TempPath("lora_batches" + tag + ".safetensors");
+  const std::string results_path =
+      TempPath("lora_results" + tag + ".safetensors");
+  // Each row's dropout key: its step and row.
+  std::vector<int64_t> row_keys;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int64_t r = 0; r < kRows; ++r) row_keys.push_back(1000 * step + r);
+  }
   ASSERT_TRUE(models::ExportSafetensors(*init, base_path).ok());
-  ASSERT_TRUE(
-      WriteSafetensors(
-          adapters_path, adapters,
-          {{"r", "4"},
-           {"alpha", "8"},
-           {"lr", absl::StrFormat("%.17g", adamw.lr)},
-           {"beta1", absl::StrFormat("%.17g", adamw.beta1)},
-           {"beta2", absl::StrFormat("%.17g", adamw.beta2)},
-           {"eps", absl::StrFormat("%.17g", adamw.eps)},
-           {"weight_decay", absl::StrFormat("%.17g", adamw.weight_decay)},
-           {"family", "gpt2"},
-           {"n_layers", absl::StrCat(config.n_layers)},
-           {"n_heads", absl::StrCat(config.n_heads)},
-           {"n_kv_heads", absl::StrCat(config.kv_heads())},
-           {"norm_eps", absl::StrFormat("%.9g", config.norm_eps)},
-           {"rope_theta", "0"},
-           {"tied", config.tied_embeddings ? "1" : "0"}})
-          .ok());
+  ASSERT_TRUE(WriteSafetensors(adapters_path, adapters, metadata).ok());
   ASSERT_TRUE(
       WriteSafetensors(
           batches_path,
           {{"ids", *Tensor::FromInts({kSteps, kRows, kSeq}, ids, DType::kI64)},
            {"targets",
-            *Tensor::FromInts({kSteps, kRows, kSeq}, targets, DType::kI64)}})
+            *Tensor::FromInts({kSteps, kRows, kSeq}, targets, DType::kI64)},
+           {"row_keys",
+            *Tensor::FromInts({kSteps, kRows}, row_keys, DType::kI64)}})
           .ok());
 
   std::vector<double> losses;
@@ -140,6 +166,9 @@ TEST(LoraParityTest, TrainsLikeAFloat64PyTorchReference) {
         const auto at = ids.begin() + step * kRows * kSeq;
         const auto tat = targets.begin() + step * kRows * kSeq;
         MicroBatch b;
+        for (int64_t r = 0; r < kRows; ++r) {
+          b.row_keys.push_back(row_keys[step * kRows + r]);
+        }
         FSDPP_ASSIGN_OR_RETURN(
             b.ids, Tensor::FromInts({kRows, kSeq}, std::vector<int64_t>(
                                                        at, at + kRows * kSeq)));
@@ -182,6 +211,9 @@ TEST(LoraParityTest, TrainsLikeAFloat64PyTorchReference) {
   std::cout << output << std::flush;
   EXPECT_EQ(status, 0) << output;
 }
+
+INSTANTIATE_TEST_SUITE_P(Dropout, LoraParityTest,
+                         ::testing::Values(0.0f, 0.15f));
 
 }  // namespace
 }  // namespace recipe

@@ -477,6 +477,60 @@ TEST(TrainingTest, LoraTrainsTheAdaptersAloneOnEveryLayout) {
 // ZeRO-1 (reshard_after_backward false): over 4 micro-batches each unit
 // all-gathers once per step (none in backward) and reduce-scatters once;
 // the losses are ZeRO-3's within 1e-6, at W = 2 and with HSDP.
+// LoRA dropout (p 0.2): the masks follow the samples, tokens and features,
+// so FSDP 2 and 3, HSDP, tp 2 (features split), cp 2 (columns split), pp 2
+// and activation checkpointing (full and selective: the replays drop the
+// same) train to the single rank's losses; and the dropout is there (the
+// second step's loss differs from p 0's).
+TEST(TrainingTest, LoraDropoutDropsTheSameOnEveryLayout) {
+  const Look look = FrozenParametersStay([](const std::string& name) {
+    return absl::StrContains(name, "lora_B");
+  });
+  Layout base = Base(1);
+  base.lora.rank = 4;
+  base.lora.alpha = 8;
+  base.lora.dropout = 0.2f;
+  base.lora.targets = {"c_attn", "attn.c_proj", "mlp.fc"};
+  Layout none = base;
+  none.lora.dropout = 0;
+  const Outcome undropped = Train(none);
+  const Outcome one = Train(base, false, look);
+  ASSERT_EQ(one.losses.size(), 2u);
+  EXPECT_EQ(one.losses[0], undropped.losses[0]);  // B = 0: no adapter yet
+  EXPECT_GT(std::fabs(one.losses[1] - undropped.losses[1]), 1e-6);
+  std::vector<Layout> layouts;
+  Layout fsdp = base;
+  fsdp.world = 2;
+  layouts.push_back(fsdp);
+  Layout three = base;
+  three.world = 3;
+  layouts.push_back(three);
+  Layout hsdp = fsdp;
+  hsdp.world = 4;
+  hsdp.dp_replicate = 2;
+  layouts.push_back(hsdp);
+  Layout tp = fsdp;
+  tp.tp = 2;
+  tp.sequence_parallel = true;
+  layouts.push_back(tp);
+  Layout cp = fsdp;
+  cp.cp = 2;
+  layouts.push_back(cp);
+  Layout pp = fsdp;
+  pp.pp = 2;
+  layouts.push_back(pp);
+  Layout full = fsdp;
+  full.activation_checkpointing = nn::CheckpointPolicy::Full();
+  layouts.push_back(full);
+  Layout selective = fsdp;
+  selective.activation_checkpointing = nn::CheckpointPolicy::Selective();
+  layouts.push_back(selective);
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(l.ToString());
+    ExpectTrainsLike(Train(l, false, look), one);
+  }
+}
+
 TEST(TrainingTest, Zero1GathersOncePerStepAndTrainsLikeZero3) {
   const Look look = [&](Training& t, int, bool after_steps) {
     if (!after_steps) return;

@@ -867,18 +867,22 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     resolved.layout.freeze.emplace_back(absl::StripAsciiWhitespace(pattern));
   }
   const LoraConfig& lora = config.model().lora();
-  if (lora.dropout() != 0) {
-    return Invalid(absl::StrCat("model.lora.dropout ", lora.dropout(),
-                                ": only 0 is supported for now"));
+  if (!(lora.dropout() >= 0 && lora.dropout() < 1)) {
+    return Invalid(absl::StrCat("model.lora.dropout must be in [0, 1), got ",
+                                lora.dropout()));
+  }
+  if (lora.dropout() > 0 && config.training().device() == "cuda") {
+    return Invalid(
+        "model.lora.dropout > 0 on CUDA: the keyed dropout (nn/dropout.h) "
+        "runs on the CPU only for now; set it 0 there");
   }
   if (lora.has_init_from()) {
     if (lora.rank() < 1) {
       return Invalid("model.lora.init_from needs model.lora.rank >= 1");
     }
     if (!IsDirectory(lora.init_from())) {
-      return absl::NotFoundError(
-          absl::StrCat("model.lora.init_from \"", lora.init_from(),
-                       "\" is not a directory (a PEFT adapter's)"));
+      return Invalid(absl::StrCat("model.lora.init_from \"", lora.init_from(),
+                                  "\" is not a directory (a PEFT adapter's)"));
     }
   }
   if (!std::isfinite(lora.alpha()) || lora.alpha() <= 0) {
@@ -887,6 +891,7 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
   }
   resolved.layout.lora.rank = lora.rank();
   resolved.layout.lora.alpha = lora.alpha();
+  resolved.layout.lora.dropout = lora.dropout();
   for (absl::string_view target :
        absl::StrSplit(lora.targets(), ',', absl::SkipWhitespace())) {
     resolved.layout.lora.targets.emplace_back(

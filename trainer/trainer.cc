@@ -121,8 +121,14 @@ absl::StatusOr<recipe::MicroBatch> BatchTensors(const Batch& batch,
   std::copy(batch.inputs.begin(), batch.inputs.end(), host.ids.data<int32_t>());
   std::copy(batch.targets.begin(), batch.targets.end(),
             host.targets.data<int32_t>());
+  // Each row's sample, for dropout's masks: its epoch and window.
+  for (int64_t r = 0; r < batch.batch_size; ++r) {
+    host.row_keys.push_back((static_cast<uint64_t>(batch.epochs[r]) << 40) |
+                            static_cast<uint64_t>(batch.windows[r]));
+  }
   if (device.is_cpu()) return host;
   recipe::MicroBatch out;
+  out.row_keys = host.row_keys;
   FSDPP_ASSIGN_OR_RETURN(out.ids, Tensor::Empty(shape, DType::kI32, device));
   FSDPP_ASSIGN_OR_RETURN(out.targets,
                          Tensor::Empty(shape, DType::kI32, device));
@@ -856,9 +862,12 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
   const models::LoraOptions& lora = rc_.layout.lora;
   if (lora.enabled()) {
     print_->Line(absl::StrFormat(
-        "  LoRA: rank %d, alpha %g on %s; the adapters train, the base is "
+        "  LoRA: rank %d, alpha %g%s on %s; the adapters train, the base is "
         "frozen",
-        lora.rank, lora.alpha, absl::StrJoin(lora.targets, ",")));
+        lora.rank, lora.alpha,
+        lora.dropout > 0 ? absl::StrFormat(", dropout %g", lora.dropout)
+                         : std::string(),
+        absl::StrJoin(lora.targets, ",")));
   }
   if (!rc_.layout.freeze.empty() || lora.enabled()) {
     print_->Line(absl::StrFormat(

@@ -75,7 +75,14 @@ def causal_attention(q, k, v):
     return F.softmax(scores, dim=-1) @ v
 
 
-def gpt2_logits(w, ids, hp):
+def conv1d(w, name, x):
+    """GPT-2's Conv1D: y = x W + b with W stored [in, out]."""
+    return x @ w[name + ".weight"] + w[name + ".bias"]
+
+
+def gpt2_logits(w, ids, hp, linear=conv1d):
+    """`linear(w, module, x)` computes each projection (module: its HF name,
+    e.g. "transformer.h.0.attn.c_attn"); Conv1D by default."""
     b, t = ids.shape
     n_heads = hp["n_heads"]
     eps = hp["norm_eps"]
@@ -85,17 +92,15 @@ def gpt2_logits(w, ids, hp):
     for i in range(hp["n_layers"]):
         p = "transformer.h.%d." % i
         h = F.layer_norm(x, (c,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], eps)
-        # Conv1D: y = x W + b with W stored [in, out].
-        qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
+        qkv = linear(w, p + "attn.c_attn", h)
         q, k, v = qkv.split(c, dim=2)
         q, k, v = [z.view(b, t, n_heads, c // n_heads).transpose(1, 2)
                    for z in (q, k, v)]
         y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
-        x = x + y @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        x = x + linear(w, p + "attn.c_proj", y)
         h = F.layer_norm(x, (c,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], eps)
-        h = F.gelu(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"],
-                   approximate="tanh")
-        x = x + h @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+        h = F.gelu(linear(w, p + "mlp.c_fc", h), approximate="tanh")
+        x = x + linear(w, p + "mlp.c_proj", h)
     x = F.layer_norm(x, (c,), w["transformer.ln_f.weight"],
                      w["transformer.ln_f.bias"], eps)
     head = wte if hp["tied"] else w["lm_head.weight"]

@@ -74,6 +74,26 @@ absl::Status Step::CheckLossTokens(const MicroBatch& first,
                    first.step_loss_tokens));
 }
 
+absl::StatusOr<std::vector<uint64_t>> Step::RowKeys(const MicroBatch& batch,
+                                                    int64_t index,
+                                                    int64_t rows) const {
+  if (!batch.row_keys.empty()) {
+    if (static_cast<int64_t>(batch.row_keys.size()) != rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step: micro-batch ", index, " has ",
+                       batch.row_keys.size(), " row keys for ", rows, " rows"));
+    }
+    return batch.row_keys;
+  }
+  // The top bit apart from a loader's keys (epoch << 40 | window).
+  std::vector<uint64_t> keys(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    keys[r] = (uint64_t{1} << 63) | (static_cast<uint64_t>(steps_) << 32) |
+              (static_cast<uint64_t>(index) << 16) | static_cast<uint64_t>(r);
+  }
+  return keys;
+}
+
 PlainStep::PlainStep(models::Transformer* model, std::vector<DTensor*> grads,
                      GradientSync sync)
     : model_(model), grads_(std::move(grads)), sync_(std::move(sync)) {
@@ -133,6 +153,12 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
           NormaliseLoss(model_->mutable_loss(), batch, micro_batches));
     }
     FSDPP_RETURN_IF_ERROR(CheckLossTokens(first, batch, m));
+    {
+      FSDPP_ASSIGN_OR_RETURN(
+          std::vector<uint64_t> keys,
+          RowKeys(batch, m, batch.ids.ndim() > 0 ? batch.ids.dim(0) : 0));
+      model_->SetDropoutRows(std::move(keys));
+    }
     float loss = 0;
     {
       TraceSpan span("forward", "compute");
@@ -161,6 +187,7 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
   for (fsdp::FsdpUnit* u : sync_.units) {
     FSDPP_RETURN_IF_ERROR(u->FinishZeroGrad());
   }
+  CountStep();
   if (device_loss != nullptr) out.loss = std::nan("");
   return out;
 }
@@ -236,6 +263,7 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
                                   std::vector<Tensor>* ids,
                                   std::vector<Tensor>* targets) {
   FSDPP_RETURN_IF_ERROR(CheckCount(micro_batches));
+  row_keys_.clear();
   {
     TraceSpan span("data", "data");
     MicroBatch first;
@@ -251,6 +279,10 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
         }
       }
       FSDPP_RETURN_IF_ERROR(CheckLossTokens(first, batch, m));
+      FSDPP_ASSIGN_OR_RETURN(
+          std::vector<uint64_t> keys,
+          RowKeys(batch, m, batch.ids.ndim() > 0 ? batch.ids.dim(0) : 0));
+      row_keys_.push_back(std::move(keys));
       ids->push_back(std::move(batch.ids));
       targets->push_back(std::move(batch.targets));
     }
@@ -292,13 +324,17 @@ absl::Status PipelineStep::Gather(int64_t micro_batches,
     for (fsdp::FsdpUnit* u : units_[stage]) u->SetRequiresGradientSync(true);
     return absl::OkStatus();
   };
-  // The parts without the embeddings get each micro-batch's ids.
+  // The parts without the embeddings get each micro-batch's ids; a
+  // training forward its rows' dropout keys.
   runner_options.before_forward = [this](int stage, int mb) -> absl::Status {
     for (models::PipelineStagePart& part : parts_) {
-      if (part.stage != stage || part.model->has_embedding()) continue;
-      if (mb < 0 || mb >= static_cast<int>(batch_ids_.size())) {
+      if (part.stage != stage) continue;
+      if (mb < 0 || mb >= static_cast<int>(batch_ids_.size()) ||
+          mb >= static_cast<int>(row_keys_.size())) {
         return absl::InternalError("pipeline: no ids for this micro-batch");
       }
+      if (training_) part.model->SetDropoutRows(row_keys_[mb]);
+      if (part.model->has_embedding()) return absl::OkStatus();
       return part.model->SetBatch(batch_ids_[mb]);
     }
     return absl::OkStatus();
@@ -329,8 +365,11 @@ absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
   std::vector<Tensor> ids, targets;
   FSDPP_RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
   for (fsdp::FsdpUnit* u : all_units_) u->SetRequiresGradientSync(false);
+  training_ = true;
   absl::StatusOr<parallel::PipelineStepStats> stats = runner_->Step(
       ids, targets, static_cast<float>(loss_scale / micro_batches));
+  training_ = false;
+  CountStep();
   if (!stats.ok()) return Annotate(stats.status(), "pipeline");
   FSDPP_RETURN_IF_ERROR(parallel::SumSharedGradients(
       pipeline_, schedule_, tied_first_, tied_last_, options_.timeout));

@@ -75,6 +75,12 @@ struct MicroBatch {
   // accumulation pitfall of per-micro-batch means). -1: each micro-batch's
   // own mean, weighted equally.
   int64_t step_loss_tokens = -1;
+  // One key per row naming its sample (nn/dropout.h: LoRA's dropout masks
+  // follow it, so a sample drops the same elements in any micro-batch or
+  // on any rank). Empty: the step makes keys from its own count of steps,
+  // the micro-batch's index and the row (the same at another layout only
+  // where every rank reads the same micro-batches).
+  std::vector<uint64_t> row_keys = {};
 };
 
 // Micro-batch `index` (0-based) of the current step or evaluation, made
@@ -152,9 +158,18 @@ class Step {
   // step_loss_tokens.
   static absl::Status CheckLossTokens(const MicroBatch& first,
                                       const MicroBatch& batch, int64_t index);
+  // The dropout keys of micro-batch `index` of this step (`rows` rows): its
+  // row_keys, or the step's own (see MicroBatch::row_keys). InvalidArgument
+  // for row_keys of another length.
+  absl::StatusOr<std::vector<uint64_t>> RowKeys(const MicroBatch& batch,
+                                                int64_t index,
+                                                int64_t rows) const;
+  // Counts a ForwardBackward (the steps' own dropout keys).
+  void CountStep() { ++steps_; }
 
  private:
   int64_t loss_ranks_ = 1;
+  int64_t steps_ = 0;
 };
 
 struct OptimizerStepOptions {
@@ -306,6 +321,10 @@ class PipelineStep final : public Step {
                       std::vector<Tensor>* ids, std::vector<Tensor>* targets);
 
   ProcessGroup* pipeline_;
+  // Each micro-batch's dropout keys (Gather), and whether the runner is in
+  // a training step (its forwards then drop).
+  std::vector<std::vector<uint64_t>> row_keys_;
+  bool training_ = false;
   parallel::PipelineSchedule schedule_;
   std::vector<models::PipelineStagePart> parts_;
   std::map<int, std::vector<fsdp::FsdpUnit*>> units_;  // by stage
