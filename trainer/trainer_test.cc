@@ -317,28 +317,26 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
     EXPECT_NEAR(Losses(*run[0])[0], merged_loss, 1e-5 * merged_loss) << layout;
   }
   // An adapter of another rank or other modules is refused, named.
-  TrainConfig other_rank =
-      WithOverrides(SmallConfig(TestDir("init_from_adapter_rank")), one_step);
-  CHECK_OK(ApplyOverrides(
-      {"model.init_from=hf:" + dir + "/hf", "model.lora.rank=8",
-       "model.lora.targets=c_attn,fc", "model.lora.init_from=" + adapter},
-      &other_rank));
-  auto refused = RunRanks(other_rank, 1);
-  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(refused[0].status().message()),
-              ::testing::HasSubstr(
-                  "r 4, lora_alpha 16, but model.lora has rank 8, alpha 16"));
-  TrainConfig fewer =
-      WithOverrides(SmallConfig(TestDir("init_from_adapter_fewer")), one_step);
-  CHECK_OK(ApplyOverrides(
-      {"model.init_from=hf:" + dir + "/hf", "model.lora.rank=4",
-       "model.lora.targets=c_attn", "model.lora.init_from=" + adapter},
-      &fewer));
-  refused = RunRanks(fewer, 1);
-  EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(refused[0].status().message()),
-              ::testing::HasSubstr("mlp.c_fc.lora_A.weight adapts a module "
-                                   "the model's LoRA targets do not"));
+  const std::vector<std::pair<std::string, std::string>> refusals = {
+      {"model.lora.rank=8",
+       "r 4, lora_alpha 16, but model.lora has rank 8, alpha 16"},
+      {"model.lora.targets=c_attn",
+       "mlp.c_fc.lora_A.weight adapts a module the model's LoRA targets do "
+       "not"}};
+  for (const auto& [change, message] : refusals) {
+    TrainConfig refused_config = WithOverrides(
+        SmallConfig(TestDir("init_from_adapter_refused")), one_step);
+    CHECK_OK(
+        ApplyOverrides({"model.init_from=hf:" + dir + "/hf",
+                        "model.lora.rank=4", "model.lora.targets=c_attn,fc",
+                        "model.lora.init_from=" + adapter, change},
+                       &refused_config));
+    auto refused = RunRanks(refused_config, 1);
+    EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument)
+        << change;
+    EXPECT_THAT(std::string(refused[0].status().message()),
+                ::testing::HasSubstr(message));
+  }
 
   TrainConfig random = SmallConfig(TestDir("init_from_random"));
   CHECK_OK(ApplyOverrides({"training.steps=2", "training.warmup_steps=1",
