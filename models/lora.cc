@@ -49,7 +49,7 @@ std::string LoraJson(const LoraOptions& options) {
       ", \"lora_alpha\": ", absl::StrFormat("%.9g", options.alpha),
       options.dropout > 0
           ? absl::StrCat(", \"lora_dropout\": ",
-                         absl::StrFormat("%.9g", options.dropout))
+                         absl::StrFormat("%.7g", options.dropout))
           : std::string(),
       ", \"target_modules\": [", absl::StrJoin(targets, ", "), "]}");
 }

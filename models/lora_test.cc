@@ -87,7 +87,7 @@ TEST(LoraTest, RecordAndDropoutKeys) {
   options.dropout = 0.05f;
   const std::string json = LoraJson(options);
   EXPECT_EQ(json,
-            "{\"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": 0.0500000007, "
+            "{\"r\": 4, \"lora_alpha\": 8, \"lora_dropout\": 0.05, "
             "\"target_modules\": [\"c_attn\", \"fc\"]}");
   absl::StatusOr<LoraOptions> back = ParseLoraJson(json, "ckpt");
   ASSERT_TRUE(back.ok()) << back.status();

@@ -121,7 +121,7 @@ absl::StatusOr<std::vector<std::string>> ExportPeft(
       "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": \"CAUSAL_LM\",\n"
       "  \"r\": ",
       lora.rank, ",\n  \"lora_alpha\": ", absl::StrFormat("%.9g", lora.alpha),
-      ",\n  \"lora_dropout\": ", absl::StrFormat("%.9g", lora.dropout),
+      ",\n  \"lora_dropout\": ", absl::StrFormat("%.7g", lora.dropout),
       ",\n  \"bias\": \"none\",\n"
       "  \"fan_in_fan_out\": ",
       gpt2 ? "true" : "false", ",\n  \"target_modules\": [",
