@@ -2,7 +2,8 @@
 // every rank's masters equal its boxes of the exported model (bitwise;
 // padded vocabulary rows zero), each rank reads only its boxes (bytes
 // counted), one buffer at a time (memory accounting), and a mismatching
-// directory is refused with nothing written.
+// directory is refused with nothing written; a PEFT adapter lands in the
+// sharded adapters' boxes (FSDP, FSDP x TP) or is refused whole.
 #include "models/parallelize/hf_import.h"
 
 #include <cstdlib>
@@ -17,6 +18,7 @@
 #include "core/device.h"
 #include "core/logging.h"
 #include "formats/file_util.h"
+#include "formats/safetensors/safetensors.h"
 #include "fsdp/auto_wrap.h"
 #include "fsdp/fully_shard.h"
 #include "gmock/gmock.h"
@@ -25,6 +27,7 @@
 #include "models/config.h"
 #include "models/hf_adapter.h"
 #include "models/hf_directory.h"
+#include "models/lora.h"
 #include "models/parallelize/block_plan.h"
 #include "models/parallelize/tensor_parallel_plan.h"
 #include "models/transformer.h"
@@ -81,10 +84,12 @@ Tensor BoxOf(const Tensor& t, const Box& box) {
 // A model of `config` sharded on `mesh` (FSDP, HSDP on 2 axes; with `tp`,
 // FSDP x TP on [dp, tp]), its masters randomly initialised.
 std::unique_ptr<Transformer> Sharded(const TransformerConfig& config,
-                                     DeviceMesh& mesh, bool tp) {
+                                     DeviceMesh& mesh, bool tp,
+                                     const LoraOptions* lora = nullptr) {
   auto made = Transformer::Create(config);
   CHECK_OK(made.status());
   Transformer* model = made->get();
+  if (lora != nullptr) CHECK_OK(AddLoraAdapters(model, *lora).status());
   if (tp) {
     TensorParallelPlanOptions tpo;
     tpo.loss_parallel = false;
@@ -220,6 +225,119 @@ TEST(HfImportErrorsTest, AMismatchWritesNothing) {
       const Tensor& now = sp->master.local();
       EXPECT_TRUE(testing_util::BitwiseEqual(now, before[i])) << sp->name;
       ++i;
+    }
+  });
+}
+
+// LoRA r 4 on every projection of the blocks.
+LoraOptions AllProjections(const TransformerConfig& config) {
+  LoraOptions lora;
+  lora.rank = 4;
+  lora.alpha = 8;
+  lora.targets =
+      config.family == ModelFamily::kGpt2
+          ? std::vector<std::string>{"c_attn", "c_proj", "fc", "proj"}
+          : std::vector<std::string>{"wq",   "wk", "wv",  "wo",
+                                     "gate", "up", "down"};
+  return lora;
+}
+
+// `model`'s adapters as PEFT saves them into `dir` (all of them, or all
+// but `skip`), with r and lora_alpha `r` and 8.
+void WritePeft(const Transformer& model, const std::string& dir, int64_t r,
+               const std::string& skip = "") {
+  auto mapping = HfNameMapping(model.config());
+  ASSERT_TRUE(mapping.ok());
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (const auto& [name, p] : model.NamedParameters()) {
+    if (!IsLoraParameter(name) || name == skip) continue;
+    tensors.emplace_back(*PeftAdapterName(*mapping, name), p->data);
+  }
+  ASSERT_TRUE(RemoveTree(dir).ok());
+  ASSERT_TRUE(MakeDirs(dir).ok());
+  ASSERT_TRUE(
+      WriteSafetensors(dir + "/adapter_model.safetensors", tensors).ok());
+  ASSERT_TRUE(
+      WriteFileAtomically(dir + "/adapter_config.json",
+                          absl::StrCat("{\"peft_type\": \"LORA\", \"r\": ", r,
+                                       ", \"lora_alpha\": 8}"))
+          .ok());
+}
+
+// A PEFT adapter into sharded adapters: at FSDP 2 and FSDP 2 x TP 2 each
+// rank's adapter masters are its boxes of the reference's, bitwise; a file
+// missing one adapter or of another r is refused with nothing written.
+TEST_P(HfImportTest, PeftAdaptersIntoTheirBoxes) {
+  const Exported e = Export(GetParam());
+  const TransformerConfig& config = e.model->config();
+  const LoraOptions lora = AllProjections(config);
+  auto reference = Transformer::Create(config);
+  ASSERT_TRUE(reference.ok());
+  ASSERT_TRUE(AddLoraAdapters(reference->get(), lora).ok());
+  for (auto& [name, p] : (*reference)->NamedParameters()) {
+    if (IsLoraParameter(name)) p->init = InitSpec::Uniform(-1.0f, 1.0f);
+  }
+  ASSERT_TRUE((*reference)->ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE((*reference)->InitWeights(23).ok());
+  const std::string adapter = e.dir + "_adapter";
+  WritePeft(**reference, adapter, lora.rank);
+  std::map<std::string, Parameter*> want;
+  for (const auto& [name, p] : (*reference)->NamedParameters()) {
+    want[name] = p;
+  }
+  for (bool tp : {false, true}) {
+    SCOPED_TRACE(tp ? "FSDP 2 x TP 2" : "FSDP 2");
+    const std::vector<MeshAxis> axes =
+        tp ? std::vector<MeshAxis>{{"dp", 2}, {"tp", 2}}
+           : std::vector<MeshAxis>{{"dp", 2}};
+    testing_util::RunOnMesh(axes, [&](int, DeviceMesh& mesh) {
+      std::unique_ptr<Transformer> model = Sharded(config, mesh, tp, &lora);
+      absl::StatusOr<HfShardedImportStats> stats =
+          ImportPeftAdapterSharded(adapter, lora, model.get());
+      ASSERT_TRUE(stats.ok()) << stats.status();
+      int64_t adapters = 0;
+      for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
+        if (!IsLoraParameter(sp->name)) continue;
+        ++adapters;
+        const Box box = sp->master.local_box();
+        Tensor full = *want.at(sp->name)->data.Reshape(sp->master.shape());
+        EXPECT_TRUE(testing_util::BitwiseEqual(
+            BoxOf(sp->master.local(),
+                  Box{Shape(box.shape.size(), 0), box.shape}),
+            BoxOf(full, box)))
+            << sp->name;
+      }
+      EXPECT_EQ(stats->tensors, adapters);
+    });
+  }
+  // Refusals, before anything is written.
+  const std::string first = lora.targets[0] == "c_attn"
+                                ? "h.0.attn.c_attn.lora_B.weight"
+                                : "layers.0.attention.wq.lora_B.weight";
+  const std::string missing = e.dir + "_adapter_missing";
+  WritePeft(**reference, missing, lora.rank, first);
+  const std::string other_r = e.dir + "_adapter_r8";
+  WritePeft(**reference, other_r, 8);
+  testing_util::RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
+    std::unique_ptr<Transformer> model = Sharded(config, mesh, false, &lora);
+    std::vector<Tensor> before;
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
+      before.push_back(BoxOf(sp->master.local(),
+                             Box{Shape(sp->master.local().shape().size(), 0),
+                                 sp->master.local().shape()}));
+    }
+    absl::Status s =
+        ImportPeftAdapterSharded(missing, lora, model.get()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("for ", first)));
+    s = ImportPeftAdapterSharded(other_r, lora, model.get()).status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(s.message(),
+                HasSubstr("r 8, lora_alpha 8, but model.lora has rank 4"));
+    size_t i = 0;
+    for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(model.get())) {
+      EXPECT_TRUE(testing_util::BitwiseEqual(sp->master.local(), before[i++]))
+          << sp->name;
     }
   });
 }
