@@ -618,13 +618,9 @@ absl::Status Transformer::Backward(float loss_scale) {
   if (lm_head_ != nullptr && lm_head_->fused_pending()) {
     // The fused head's gradient is the count's mean's; a normalizer
     // rescales it (nn::LossFunction::set_normalizer).
-    const int64_t count = lm_head_->count();
-    if (loss_->normalizer() > 0 && count > 0) {
-      loss_scale =
-          static_cast<float>(static_cast<double>(loss_scale) *
-                             static_cast<double>(count) / loss_->normalizer());
-    }
-    lm_head_->set_backward_scale(loss_scale);
+    lm_head_->set_backward_scale(
+        static_cast<float>(static_cast<double>(loss_scale) *
+                           loss_->CountToNormalizer(lm_head_->count())));
     return Module::Backward(Tensor()).status();
   }
   FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));

@@ -72,33 +72,31 @@ absl::Status Linear::EnableLora(int64_t rank, float alpha, float dropout,
   return absl::OkStatus();
 }
 
+absl::Status Linear::LoraDropout(const Tensor& in, const DropoutRows& rows,
+                                 Tensor* out) const {
+  // The features' place in the whole layer (a row-wise tensor-parallel
+  // piece holds a slice of them).
+  const bool piece = weight_->has_piece();
+  return KeyedDropout(in, lora_dropout_, lora_dropout_key_,
+                      piece ? weight_->piece.offset.back() : 0,
+                      piece ? weight_->piece.layout.back() : in_features_, rows,
+                      out);
+}
+
 absl::StatusOr<Tensor> Linear::LoraInput(const Tensor& x) const {
   const DropoutRows* rows = DropoutRows::Active();
   if (lora_dropout_ == 0.0f || rows == nullptr) return x;
   FSDPP_ASSIGN_OR_RETURN(Tensor dropped,
                          EmptyActivation(x.shape(), x.dtype(), x.device()));
-  // The features' place in the whole layer (a row-wise tensor-parallel
-  // piece holds a slice of them).
-  const bool piece = weight_->has_piece();
   FSDPP_RETURN_IF_ERROR(
-      Annotate(KeyedDropout(x, lora_dropout_, lora_dropout_key_,
-                            piece ? weight_->piece.offset.back() : 0,
-                            piece ? weight_->piece.layout.back() : in_features_,
-                            *rows, &dropped),
-               "LoRA dropout"));
+      Annotate(LoraDropout(x, *rows, &dropped), "LoRA dropout"));
   return dropped;
 }
 
 absl::Status Linear::LoraInputGradient(Tensor* dx) const {
   const DropoutRows* rows = DropoutRows::Active();
   if (lora_dropout_ == 0.0f || rows == nullptr) return absl::OkStatus();
-  const bool piece = weight_->has_piece();
-  return Annotate(
-      KeyedDropout(*dx, lora_dropout_, lora_dropout_key_,
-                   piece ? weight_->piece.offset.back() : 0,
-                   piece ? weight_->piece.layout.back() : in_features_, *rows,
-                   dx),
-      "LoRA dropout backward");
+  return Annotate(LoraDropout(*dx, *rows, dx), "LoRA dropout backward");
 }
 
 absl::StatusOr<Tensor> Linear::ForwardImpl(const Tensor& x) {

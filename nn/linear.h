@@ -31,6 +31,8 @@
 namespace fsdpp {
 namespace nn {
 
+struct DropoutRows;
+
 // y[.., out] = x[.., in] W^T + b.
 class Linear : public Module {
  public:
@@ -87,6 +89,10 @@ class Linear : public Module {
   absl::StatusOr<Tensor> LoraInput(const Tensor& x) const;
   // The same mask on the adapter's input gradient, in place.
   absl::Status LoraInputGradient(Tensor* dx) const;
+  // KeyedDropout of `in` into `out` under `rows` with this layer's p, key
+  // and the features' place in the whole layer.
+  absl::Status LoraDropout(const Tensor& in, const DropoutRows& rows,
+                           Tensor* out) const;
 
   int64_t in_features_;
   int64_t out_features_;

@@ -43,15 +43,15 @@ absl::StatusOr<float> MeanOfTotal(const Tensor& total, int64_t count,
                                   double normalizer) {
   if (count == 0) return 0.0f;
   FSDPP_ASSIGN_OR_RETURN(float value, Item(total));
-  const double divisor = normalizer > 0 ? normalizer : count;
-  return static_cast<float>(static_cast<double>(value) / divisor);
+  return static_cast<float>(static_cast<double>(value) /
+                            MeanDivisor(count, normalizer));
 }
 
 absl::Status AccumulateMean(const Tensor& total, int64_t count, double weight,
                             Tensor* sum, double normalizer) {
   if (count == 0) return absl::OkStatus();
-  const double divisor = normalizer > 0 ? normalizer : count;
-  return Axpy(static_cast<float>(weight / divisor), total, sum);
+  return Axpy(static_cast<float>(weight / MeanDivisor(count, normalizer)),
+              total, sum);
 }
 
 absl::Status LossFunction::set_normalizer(double normalizer) {

@@ -30,6 +30,10 @@ absl::StatusOr<int64_t> CountTargets(const Tensor& targets,
 // loss) is an f32 tensor of one element on `device`.
 absl::Status CheckLossSum(const Tensor* sum, Device device,
                           absl::string_view who);
+// A mean's divisor: `normalizer` when > 0, else `count`.
+inline double MeanDivisor(int64_t count, double normalizer) {
+  return normalizer > 0 ? normalizer : static_cast<double>(count);
+}
 // The mean `total` / divisor of a loss total (f32, one element), read back,
 // with divisor = `normalizer` when > 0, else `count`; 0 when nothing was
 // counted (or on meta tensors, count 0 there).
@@ -80,9 +84,18 @@ class LossFunction {
   absl::Status set_normalizer(double normalizer);
   double normalizer() const { return normalizer_; }
   // The divisor for `count` counted targets: normalizer() when > 0, else
-  // `count`.
+  // `count` (MeanDivisor).
   double Divisor(int64_t count) const {
-    return normalizer_ > 0 ? normalizer_ : static_cast<double>(count);
+    return MeanDivisor(count, normalizer_);
+  }
+  // What turns a mean over `count` counted targets (or its gradient) into
+  // the normalizer's: count / normalizer(); exactly 1 without a normalizer
+  // or counted targets. For losses computed as the count's mean (loss
+  // parallel, the fused LM head).
+  double CountToNormalizer(int64_t count) const {
+    return normalizer_ > 0 && count > 0
+               ? static_cast<double>(count) / normalizer_
+               : 1.0;
   }
   // d(mean)/d(row loss) of a counted row for `count` counted targets, times
   // `scale`: scale / Divisor(count) (f32; 0 when count is 0).

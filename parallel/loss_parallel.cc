@@ -231,21 +231,18 @@ absl::StatusOr<float> LossParallel::Forward(const Tensor& logits,
       DTensor sharded,
       DTensor::FromLocal(logits, axis, {Placement::Shard(logits.ndim() - 1)},
                          std::move(global)));
+  // The count's mean, rescaled to the normalizer's (the sum over the
+  // targets / normalizer) when one is set.
   FSDPP_ASSIGN_OR_RETURN(float mean, loss_.Forward(sharded, targets));
-  // A normalizer rescales the count's mean: the sum over the targets /
-  // normalizer.
-  if (normalizer() == 0 || loss_.count() == 0) return mean;
   return static_cast<float>(static_cast<double>(mean) *
-                            static_cast<double>(loss_.count()) / normalizer());
+                            CountToNormalizer(loss_.count()));
 }
 
 absl::StatusOr<Tensor> LossParallel::Backward(float scale) {
-  const int64_t count = loss_.count();
-  if (normalizer() > 0 && count > 0) {
-    scale = static_cast<float>(static_cast<double>(scale) *
-                               static_cast<double>(count) / normalizer());
-  }
-  FSDPP_ASSIGN_OR_RETURN(DTensor dlogits, loss_.Backward(scale));
+  FSDPP_ASSIGN_OR_RETURN(
+      DTensor dlogits,
+      loss_.Backward(static_cast<float>(static_cast<double>(scale) *
+                                        CountToNormalizer(loss_.count()))));
   return dlogits.local();
 }
 

@@ -303,16 +303,17 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
   ASSERT_TRUE(merged_run[0].ok()) << merged_run[0].status();
   const double merged_loss = Losses(*merged_run[0])[0];
   EXPECT_GT(std::fabs(merged_loss - first[0]), 1e-4);
+  // One step of LoRA r 4 on the base from the adapter, with `change`.
+  const auto from_adapter = [&](const std::string& change) {
+    return WithOverrides(
+        WithOverrides(SmallConfig(TestDir("init_from_adapter")), one_step),
+        {"model.init_from=hf:" + dir + "/hf", "model.lora.rank=4",
+         "model.lora.targets=c_attn,fc", "model.lora.init_from=" + adapter,
+         change});
+  };
   for (const std::string& layout :
        {std::string("parallelism.tp=1"), std::string("parallelism.tp=2")}) {
-    TrainConfig resumed =
-        WithOverrides(SmallConfig(TestDir("init_from_adapter")), one_step);
-    CHECK_OK(
-        ApplyOverrides({"model.init_from=hf:" + dir + "/hf",
-                        "model.lora.rank=4", "model.lora.targets=c_attn,fc",
-                        "model.lora.init_from=" + adapter, layout},
-                       &resumed));
-    auto run = RunRanks(resumed, 2);
+    auto run = RunRanks(from_adapter(layout), 2);
     ASSERT_TRUE(run[0].ok()) << layout << ": " << run[0].status();
     EXPECT_NEAR(Losses(*run[0])[0], merged_loss, 1e-5 * merged_loss) << layout;
   }
@@ -324,14 +325,7 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
        "mlp.c_fc.lora_A.weight adapts a module the model's LoRA targets do "
        "not"}};
   for (const auto& [change, message] : refusals) {
-    TrainConfig refused_config = WithOverrides(
-        SmallConfig(TestDir("init_from_adapter_refused")), one_step);
-    CHECK_OK(
-        ApplyOverrides({"model.init_from=hf:" + dir + "/hf",
-                        "model.lora.rank=4", "model.lora.targets=c_attn,fc",
-                        "model.lora.init_from=" + adapter, change},
-                       &refused_config));
-    auto refused = RunRanks(refused_config, 1);
+    auto refused = RunRanks(from_adapter(change), 1);
     EXPECT_EQ(refused[0].status().code(), absl::StatusCode::kInvalidArgument)
         << change;
     EXPECT_THAT(std::string(refused[0].status().message()),
