@@ -303,10 +303,13 @@ TEST(CheckpointTest, AsyncSnapshotIsTakenBeforeSaveReturns) {
 }
 
 TEST(CheckpointTest, AsyncSaveOverSeveralRanksNeedsAStore) {
+  // One directory made before the ranks start: ranks that each made it
+  // afresh would remove it under one another.
+  const std::string dir = FreshDir("async_nostore");
   RunOnMesh({{"dp", 2}}, [&](int, DeviceMesh& mesh) {
     SaveOptions options;
     options.mesh = &mesh;
-    auto saver = AsyncSaver::Create(FreshDir("async_nostore"), options);
+    auto saver = AsyncSaver::Create(dir, options);
     EXPECT_EQ(saver.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(saver.status().message(), HasSubstr("store"));
     testing_util::Barrier(mesh);
