@@ -1,0 +1,500 @@
+// Mixture of experts; see moe.h.
+#include "nn/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <numeric>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/logging.h"
+#include "core/status.h"
+#include "nn/layer_util.h"
+#include "tensor/ops.h"
+
+namespace fsdpp {
+namespace nn {
+namespace {
+
+absl::Status CpuOnly(const Tensor& x) {
+  if (x.device().is_cpu()) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      absl::StrCat("MoE: runs on the CPU only for now (its routing and "
+                   "combine are host loops); got input on ",
+                   x.device().ToString()));
+}
+
+absl::StatusOr<Tensor> HostI64(Shape shape, const std::vector<int64_t>& v) {
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor t, Tensor::Empty(std::move(shape), DType::kI64, Device::Cpu(),
+                              MemoryTag::kActivations));
+  std::copy(v.begin(), v.end(), t.data<int64_t>());
+  return t;
+}
+
+absl::StatusOr<Tensor> HostF32(Shape shape, const std::vector<float>& v,
+                               MemoryTag tag = MemoryTag::kActivations) {
+  return Tensor::FromFloats(std::move(shape), v, DType::kF32, Device::Cpu(),
+                            tag);
+}
+
+}  // namespace
+
+absl::Status ValidateMoeOptions(const MoeOptions& o) {
+  auto bad = [](const std::string& what) {
+    return absl::InvalidArgumentError(absl::StrCat("MoE options: ", what));
+  };
+  if (o.dim < 1) return bad(absl::StrCat("dim must be >= 1, got ", o.dim));
+  if (o.hidden < 1) {
+    return bad(absl::StrCat("hidden must be >= 1, got ", o.hidden));
+  }
+  if (o.num_experts < 1) {
+    return bad(absl::StrCat("num_experts must be >= 1, got ", o.num_experts));
+  }
+  if (o.top_k < 1 || o.top_k > o.num_experts) {
+    return bad(absl::StrCat("top_k must be in [1, num_experts = ",
+                            o.num_experts, "], got ", o.top_k));
+  }
+  if (!(o.route_scale > 0.0f) || !std::isfinite(o.route_scale)) {
+    return bad(absl::StrCat("route_scale must be finite and > 0, got ",
+                            o.route_scale));
+  }
+  if (o.shared_hidden < 0) {
+    return bad(
+        absl::StrCat("shared_hidden must be >= 0, got ", o.shared_hidden));
+  }
+  if (!(o.aux_loss_coef >= 0.0f) || !std::isfinite(o.aux_loss_coef)) {
+    return bad(absl::StrCat("aux_loss_coef must be finite and >= 0, got ",
+                            o.aux_loss_coef));
+  }
+  if (o.aux_loss_coef > 0.0f && o.scoring != MoeScoring::kSoftmax) {
+    return bad(
+        "aux_loss_coef needs softmax scoring (sigmoid routers balance "
+        "with the expert bias)");
+  }
+  return absl::OkStatus();
+}
+
+// ------------------------------------------------------------ GroupedExperts
+
+GroupedExperts::GroupedExperts(int64_t num_experts, int64_t dim, int64_t hidden,
+                               float init_std, float down_init_std, DType dtype)
+    : Module("GroupedExperts"),
+      num_experts_(num_experts),
+      dim_(dim),
+      hidden_(hidden) {
+  gate_proj_ = AddParameter("gate_proj", {num_experts, hidden, dim},
+                            InitSpec::Normal(init_std), dtype);
+  up_proj_ = AddParameter("up_proj", {num_experts, hidden, dim},
+                          InitSpec::Normal(init_std), dtype);
+  down_proj_ = AddParameter("down_proj", {num_experts, dim, hidden},
+                            InitSpec::Normal(down_init_std), dtype);
+}
+
+absl::StatusOr<Tensor> GroupedExperts::ExpertMatrix(const Tensor& w,
+                                                    int64_t e) {
+  FSDPP_ASSIGN_OR_RETURN(Tensor one, w.Narrow(e, 1));
+  return one.Reshape({w.dim(1), w.dim(2)});
+}
+
+absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
+  FSDPP_RETURN_IF_ERROR(CpuOnly(x));
+  const std::vector<int64_t> sizes = std::move(pending_sizes_);
+  pending_sizes_.clear();
+  FSDPP_ASSIGN_OR_RETURN(Tensor rows, AsRows(x, dim_, "input"));
+  if (static_cast<int64_t>(sizes.size()) != num_experts_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GroupedExperts: SetGroupSizes gave ", sizes.size(),
+                     " sizes for ", num_experts_, " experts"));
+  }
+  int64_t total = 0;
+  for (int64_t n : sizes) {
+    if (n < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GroupedExperts: negative group size ", n));
+    }
+    total += n;
+  }
+  if (total != rows.dim(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GroupedExperts: group sizes sum to ", total,
+                     " but the input has ", rows.dim(0), " rows"));
+  }
+  const DType dtype = x.dtype();
+  const int64_t m = rows.dim(0);
+  FSDPP_ASSIGN_OR_RETURN(Tensor wg, CastTo(gate_proj_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor wu, CastTo(up_proj_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor wd, CastTo(down_proj_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor a,
+                         EmptyActivation({m, hidden_}, dtype, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor b,
+                         EmptyActivation({m, hidden_}, dtype, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor p,
+                         EmptyTemporary({m, hidden_}, dtype, x.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor y,
+                         EmptyActivation({m, dim_}, dtype, x.device()));
+  MatmulOptions nt;
+  nt.transpose_b = true;
+  int64_t first = 0;
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    const int64_t n = sizes[e];
+    if (n == 0) continue;
+    FSDPP_ASSIGN_OR_RETURN(Tensor xe, rows.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor ae, a.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor be, b.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor pe, p.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor ye, y.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor wge, ExpertMatrix(wg, e));
+    FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
+    FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
+    FSDPP_RETURN_IF_ERROR(Matmul(xe, wge, &ae, nt));
+    FSDPP_RETURN_IF_ERROR(Matmul(xe, wue, &be, nt));
+    FSDPP_RETURN_IF_ERROR(Silu(ae, &pe));
+    FSDPP_RETURN_IF_ERROR(Mul(pe, be, &pe));
+    FSDPP_RETURN_IF_ERROR(Matmul(pe, wde, &ye, nt));
+    first += n;
+  }
+  saved_x_ = rows;
+  saved_gate_ = a;
+  saved_up_ = b;
+  FSDPP_ASSIGN_OR_RETURN(saved_sizes_, HostI64({num_experts_}, sizes));
+  Shape out_shape = x.shape();
+  return y.Reshape(std::move(out_shape));
+}
+
+absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
+  if (!saved_x_.defined()) return NoSavedForward(kind());
+  const Tensor x = saved_x_, a = saved_gate_, b = saved_up_;
+  const int64_t* sizes = saved_sizes_.data<int64_t>();
+  const DType dtype = x.dtype();
+  const int64_t m = x.dim(0);
+  FSDPP_ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, dim_, "dy"));
+  if (dy_rows.dim(0) != m || dy.dtype() != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GroupedExperts: dy ", dy.ToString(),
+                     " does not match the forward's ", x.ToString()));
+  }
+  FSDPP_ASSIGN_OR_RETURN(Tensor wg, CastTo(gate_proj_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor wu, CastTo(up_proj_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(Tensor wd, CastTo(down_proj_->data, dtype));
+  FSDPP_ASSIGN_OR_RETURN(GradSink g_gate,
+                         GradSink::For(gate_proj_, dtype, true));
+  FSDPP_ASSIGN_OR_RETURN(GradSink g_up, GradSink::For(up_proj_, dtype, true));
+  FSDPP_ASSIGN_OR_RETURN(GradSink g_down,
+                         GradSink::For(down_proj_, dtype, true));
+  // p = silu(a) * b again (down's input), dp = dy W_down per group.
+  FSDPP_ASSIGN_OR_RETURN(Tensor p,
+                         EmptyTemporary({m, hidden_}, dtype, x.device()));
+  FSDPP_RETURN_IF_ERROR(Silu(a, &p));
+  FSDPP_RETURN_IF_ERROR(Mul(p, b, &p));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dp,
+                         EmptyTemporary({m, hidden_}, dtype, x.device()));
+  MatmulOptions accumulate_tn;  // dW += dY^T X
+  accumulate_tn.transpose_a = true;
+  accumulate_tn.beta = 1.0f;
+  int64_t first = 0;
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    const int64_t n = sizes[e];
+    if (n == 0) continue;
+    FSDPP_ASSIGN_OR_RETURN(Tensor dye, dy_rows.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor pe, p.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dpe, dp.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
+    FSDPP_ASSIGN_OR_RETURN(Tensor gde, ExpertMatrix(*g_down.target(), e));
+    FSDPP_RETURN_IF_ERROR(Matmul(dye, wde, &dpe));
+    FSDPP_RETURN_IF_ERROR(Matmul(dye, pe, &gde, accumulate_tn));
+    first += n;
+  }
+  // d up = dp * silu(a); d gate = SiluBackward(a, dp * b) (as SwiGlu).
+  Tensor db = p;  // p's memory is free again
+  FSDPP_RETURN_IF_ERROR(Silu(a, &db));
+  FSDPP_RETURN_IF_ERROR(Mul(dp, db, &db));
+  FSDPP_RETURN_IF_ERROR(Mul(dp, b, &dp));
+  FSDPP_RETURN_IF_ERROR(SiluBackward(a, dp, &dp));
+  const Tensor& da = dp;
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx,
+                         EmptyTemporary({m, dim_}, dtype, x.device()));
+  MatmulOptions accumulate;
+  accumulate.beta = 1.0f;
+  first = 0;
+  for (int64_t e = 0; e < num_experts_; ++e) {
+    const int64_t n = sizes[e];
+    if (n == 0) continue;
+    FSDPP_ASSIGN_OR_RETURN(Tensor xe, x.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dae, da.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dbe, db.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor dxe, dx.Narrow(first, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor wge, ExpertMatrix(wg, e));
+    FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
+    FSDPP_ASSIGN_OR_RETURN(Tensor gge, ExpertMatrix(*g_gate.target(), e));
+    FSDPP_ASSIGN_OR_RETURN(Tensor gue, ExpertMatrix(*g_up.target(), e));
+    FSDPP_RETURN_IF_ERROR(Matmul(dae, xe, &gge, accumulate_tn));
+    FSDPP_RETURN_IF_ERROR(Matmul(dbe, xe, &gue, accumulate_tn));
+    FSDPP_RETURN_IF_ERROR(Matmul(dae, wge, &dxe));
+    FSDPP_RETURN_IF_ERROR(Matmul(dbe, wue, &dxe, accumulate));
+    first += n;
+  }
+  FSDPP_RETURN_IF_ERROR(g_gate.Commit());
+  FSDPP_RETURN_IF_ERROR(g_up.Commit());
+  FSDPP_RETURN_IF_ERROR(g_down.Commit());
+  ReleaseOwnSavedTensors();
+  Shape in_shape = dy.shape();
+  return dx.Reshape(std::move(in_shape));
+}
+
+// ----------------------------------------------------------------------- MoE
+
+MoE::MoE(const MoeOptions& options) : Module("MoE"), options_(options) {
+  CHECK_OK(ValidateMoeOptions(options));
+  gate_ =
+      AddModule("gate", std::make_unique<Linear>(
+                            options.dim, options.num_experts,
+                            /*bias=*/false, options.init_std, options.dtype));
+  experts_ = AddModule(
+      "experts", std::make_unique<GroupedExperts>(
+                     options.num_experts, options.dim, options.hidden,
+                     options.init_std, options.down_init_std, options.dtype));
+  if (options.shared_hidden > 0) {
+    shared_ =
+        AddModule("shared_experts",
+                  std::make_unique<SwiGlu>(
+                      options.dim, options.shared_hidden, options.init_std,
+                      options.down_init_std, options.dtype));
+  }
+  if (options.expert_bias) {
+    expert_bias_ = AddParameter("expert_bias", {options.num_experts},
+                                InitSpec::Zeros(), DType::kF32);
+    expert_bias_->requires_grad = false;
+  }
+  token_counts_.assign(options.num_experts, 0);
+}
+
+std::vector<int64_t> MoE::TakeTokenCounts() {
+  std::vector<int64_t> counts(options_.num_experts, 0);
+  std::swap(counts, token_counts_);
+  return counts;
+}
+
+absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
+  FSDPP_RETURN_IF_ERROR(CpuOnly(x));
+  const int64_t c = options_.dim, num_e = options_.num_experts,
+                k = options_.top_k;
+  FSDPP_ASSIGN_OR_RETURN(Tensor rows, AsRows(x, c, "input"));
+  const int64_t n = rows.dim(0);
+  FSDPP_ASSIGN_OR_RETURN(Tensor logits_t, gate_->Forward(rows));
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> logits, logits_t.ToFloats());
+  std::vector<float> bias(num_e, 0.0f);
+  if (expert_bias_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(bias, expert_bias_->data.ToFloats());
+  }
+
+  // Scores, the k chosen experts and their weights.
+  std::vector<float> scores(n * num_e);
+  std::vector<int64_t> topk(n * k);
+  std::vector<float> weights(n * k);
+  std::vector<int64_t> pick(num_e);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = &logits[t * num_e];
+    float* s = &scores[t * num_e];
+    if (options_.scoring == MoeScoring::kSoftmax) {
+      const float mx = *std::max_element(l, l + num_e);
+      double sum = 0.0;
+      for (int64_t e = 0; e < num_e; ++e) sum += std::exp(double{l[e]} - mx);
+      for (int64_t e = 0; e < num_e; ++e) {
+        s[e] = static_cast<float>(std::exp(double{l[e]} - mx) / sum);
+      }
+    } else {
+      for (int64_t e = 0; e < num_e; ++e) {
+        s[e] = static_cast<float>(1.0 / (1.0 + std::exp(-double{l[e]})));
+      }
+    }
+    std::iota(pick.begin(), pick.end(), 0);
+    std::partial_sort(pick.begin(), pick.begin() + k, pick.end(),
+                      [&](int64_t i, int64_t j) {
+                        const float si = s[i] + bias[i], sj = s[j] + bias[j];
+                        return si > sj || (si == sj && i < j);
+                      });
+    double chosen = 0.0;
+    for (int64_t j = 0; j < k; ++j) chosen += s[pick[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      topk[t * k + j] = pick[j];
+      const double w =
+          options_.normalize_top_k ? s[pick[j]] / chosen : double{s[pick[j]]};
+      weights[t * k + j] = static_cast<float>(w * options_.route_scale);
+    }
+  }
+
+  // The assignments grouped by expert (tokens in order within each).
+  std::vector<int64_t> sizes(num_e, 0);
+  for (int64_t e : topk) ++sizes[e];
+  std::vector<int64_t> next(num_e, 0);
+  for (int64_t e = 1; e < num_e; ++e) next[e] = next[e - 1] + sizes[e - 1];
+  std::vector<int64_t> position(n * k), order(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t row = next[topk[t * k + j]]++;
+      position[t * k + j] = row;
+      order[row] = t;
+    }
+  }
+  for (int64_t e = 0; e < num_e; ++e) token_counts_[e] += sizes[e];
+
+  // The auxiliary loss and its gradient w.r.t. each token's probabilities.
+  std::vector<float> aux_grad(num_e, 0.0f);
+  last_aux_loss_ = 0.0f;
+  if (options_.aux_loss_coef > 0.0f && n > 0) {
+    double aux = 0.0;
+    for (int64_t e = 0; e < num_e; ++e) {
+      const double f = static_cast<double>(sizes[e]) / (n * k);
+      double p_mean = 0.0;
+      for (int64_t t = 0; t < n; ++t) p_mean += scores[t * num_e + e];
+      p_mean /= n;
+      aux += f * p_mean;
+      aux_grad[e] = static_cast<float>(options_.aux_loss_coef * num_e * f / n);
+    }
+    last_aux_loss_ = static_cast<float>(options_.aux_loss_coef * num_e * aux);
+  }
+
+  FSDPP_ASSIGN_OR_RETURN(Tensor order_t, HostI64({n * k}, order));
+  FSDPP_ASSIGN_OR_RETURN(Tensor grouped,
+                         EmptyTemporary({n * k, c}, x.dtype(), x.device()));
+  FSDPP_RETURN_IF_ERROR(Embedding(order_t, rows, &grouped));
+  experts_->SetGroupSizes(sizes);
+  FSDPP_ASSIGN_OR_RETURN(Tensor out, experts_->Forward(grouped));
+
+  // y[t] = sum_j w_j out[position(t, j)] (+ shared(x)), in f32.
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, out.ToFloats());
+  std::vector<float> y(n * c, 0.0f);
+  for (int64_t t = 0; t < n; ++t) {
+    float* yt = &y[t * c];
+    for (int64_t j = 0; j < k; ++j) {
+      const float w = weights[t * k + j];
+      const float* o = &out_f[position[t * k + j] * c];
+      for (int64_t i = 0; i < c; ++i) yt[i] += w * o[i];
+    }
+  }
+  FSDPP_ASSIGN_OR_RETURN(Tensor y_t,
+                         Tensor::FromFloats(x.shape(), y, x.dtype(), x.device(),
+                                            MemoryTag::kActivations));
+  if (shared_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(Tensor shared_out, shared_->Forward(rows));
+    FSDPP_ASSIGN_OR_RETURN(Tensor shared_view, shared_out.Reshape(x.shape()));
+    FSDPP_RETURN_IF_ERROR(Add(y_t, shared_view, &y_t));
+  }
+
+  saved_out_ = out;
+  FSDPP_ASSIGN_OR_RETURN(saved_scores_, HostF32({n, num_e}, scores));
+  FSDPP_ASSIGN_OR_RETURN(saved_topk_, HostI64({n, k}, topk));
+  FSDPP_ASSIGN_OR_RETURN(saved_position_, HostI64({n, k}, position));
+  saved_order_ = order_t;
+  FSDPP_ASSIGN_OR_RETURN(saved_aux_, HostF32({num_e}, aux_grad));
+  return y_t;
+}
+
+absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
+  if (!saved_out_.defined()) return NoSavedForward(kind());
+  const int64_t c = options_.dim, num_e = options_.num_experts,
+                k = options_.top_k;
+  const int64_t n = saved_topk_.dim(0);
+  FSDPP_ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, c, "dy"));
+  if (dy_rows.dim(0) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MoE: dy ", dy.ToString(),
+                     " does not match the forward's ", n, " tokens"));
+  }
+  const DType dtype = saved_out_.dtype();
+  const float* scores = saved_scores_.data<float>();
+  const int64_t* topk = saved_topk_.data<int64_t>();
+  const int64_t* position = saved_position_.data<int64_t>();
+  const float* aux_grad = saved_aux_.data<float>();
+
+  // The shared experts first (the children's reverse order).
+  Tensor dx;
+  if (shared_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(dx, shared_->Backward(dy_rows));
+  }
+
+  // d out[position(t, j)] = w_j dy[t]; d w_j = <dy[t], out[position(t, j)]>.
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> dy_f, dy_rows.ToFloats());
+  FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, saved_out_.ToFloats());
+  std::vector<float> d_out(n * k * c);
+  std::vector<double> d_weight(n * k);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* s = &scores[t * num_e];
+    double chosen = 0.0;
+    for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
+    const float* g = &dy_f[t * c];
+    for (int64_t j = 0; j < k; ++j) {
+      const double raw = s[topk[t * k + j]];
+      const float w =
+          static_cast<float>((options_.normalize_top_k ? raw / chosen : raw) *
+                             options_.route_scale);
+      const int64_t row = position[t * k + j];
+      const float* o = &out_f[row * c];
+      float* d = &d_out[row * c];
+      double dot = 0.0;
+      for (int64_t i = 0; i < c; ++i) {
+        d[i] = w * g[i];
+        dot += double{g[i]} * o[i];
+      }
+      d_weight[t * k + j] = dot;
+    }
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor d_out_t,
+      Tensor::FromFloats({n * k, c}, d_out, dtype, saved_out_.device()));
+  FSDPP_ASSIGN_OR_RETURN(Tensor d_grouped, experts_->Backward(d_out_t));
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_routed,
+                         Tensor::Zeros({n, c}, dtype, saved_out_.device()));
+  FSDPP_RETURN_IF_ERROR(EmbeddingBackward(saved_order_, d_grouped, &dx_routed));
+
+  // d logits: through the weights (and their normalisation) to the chosen
+  // scores, plus the auxiliary loss's d P, then through softmax / sigmoid.
+  std::vector<float> d_logits(n * num_e, 0.0f);
+  std::vector<double> d_score(num_e);
+  for (int64_t t = 0; t < n; ++t) {
+    const float* s = &scores[t * num_e];
+    std::fill(d_score.begin(), d_score.end(), 0.0);
+    double chosen = 0.0, weighted = 0.0;
+    for (int64_t j = 0; j < k; ++j) {
+      chosen += s[topk[t * k + j]];
+      weighted += d_weight[t * k + j] * s[topk[t * k + j]];
+    }
+    for (int64_t j = 0; j < k; ++j) {
+      const double dw = d_weight[t * k + j] * options_.route_scale;
+      d_score[topk[t * k + j]] += options_.normalize_top_k
+                                      ? dw / chosen - options_.route_scale *
+                                                          weighted /
+                                                          (chosen * chosen)
+                                      : dw;
+    }
+    float* dl = &d_logits[t * num_e];
+    if (options_.scoring == MoeScoring::kSoftmax) {
+      double dot = 0.0;
+      for (int64_t e = 0; e < num_e; ++e) {
+        d_score[e] += double{aux_grad[e]} * aux_loss_scale_;
+        dot += d_score[e] * s[e];
+      }
+      for (int64_t e = 0; e < num_e; ++e) {
+        dl[e] = static_cast<float>(s[e] * (d_score[e] - dot));
+      }
+    } else {
+      for (int64_t e = 0; e < num_e; ++e) {
+        dl[e] = static_cast<float>(d_score[e] * s[e] * (1.0 - s[e]));
+      }
+    }
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor d_logits_t,
+      Tensor::FromFloats({n, num_e}, d_logits, dtype, saved_out_.device()));
+  ReleaseOwnSavedTensors();
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_gate, gate_->Backward(d_logits_t));
+  FSDPP_RETURN_IF_ERROR(Add(dx_routed, dx_gate, &dx_routed));
+  if (dx.defined()) FSDPP_RETURN_IF_ERROR(Add(dx_routed, dx, &dx_routed));
+  Shape in_shape = dy.shape();
+  return dx_routed.Reshape(std::move(in_shape));
+}
+
+}  // namespace nn
+}  // namespace fsdpp

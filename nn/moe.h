@@ -1,0 +1,174 @@
+// Mixture of experts: a token-choice top-k router over SwiGLU experts run as
+// grouped matmuls (dropless: every token reaches its k experts, there is no
+// capacity), optional shared experts every token goes through, and the
+// load-balancing auxiliary loss.
+//
+//   scores  = softmax(x Wr^T) (Switch, Mixtral, Qwen3-MoE, OLMoE) or
+//             sigmoid(x Wr^T) (DeepSeek-V3)
+//   experts = the k largest of scores + expert_bias, lowest index first on
+//             ties; the bias (DeepSeek-V3's e_score_correction_bias, not
+//             trained: aux-loss-free balancing adjusts it between steps)
+//             only selects, it never weighs
+//   w_j     = route_scale * s_j (/ sum of the k chosen s with
+//             normalize_top_k)
+//   y       = sum_j w_j SwiGLU_{e_j}(x) + shared(x)
+//
+// The auxiliary loss (Switch Transformer's, as Mixtral / Qwen3-MoE / OLMoE
+// compute it over the micro-batch's tokens): aux = coef * E * sum_e f_e P_e,
+// with f_e the fraction of the N k assignments that went to expert e and
+// P_e the mean softmax probability of e; its gradient reaches the router
+// through P (f counts). MoE::last_aux_loss() is its value; Backward adds its
+// gradient times set_aux_loss_scale()'s factor (the loss scale the model's
+// loss gradient carries), so the gradients are those of loss + aux.
+//
+// Children: "gate" (the router, Linear(dim, E) without bias: Hugging Face's
+// `mlp.gate`), "experts" (GroupedExperts) and, with shared experts,
+// "shared_experts" (SwiGlu); with an expert bias, the parameter
+// "expert_bias" [E] (requires_grad false). The routing (scores, top-k,
+// the permutation that groups the tokens by expert) runs on the host, and
+// MoE runs on the CPU only for now (FailedPrecondition elsewhere).
+#ifndef FSDPP_NN_MOE_H_
+#define FSDPP_NN_MOE_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/dtype.h"
+#include "nn/linear.h"
+#include "nn/mlp.h"
+#include "nn/module.h"
+#include "tensor/tensor.h"
+
+namespace fsdpp {
+namespace nn {
+
+enum class MoeScoring { kSoftmax, kSigmoid };
+
+struct MoeOptions {
+  int64_t dim = 0;          // model width C
+  int64_t hidden = 0;       // each routed expert's SwiGLU width
+  int64_t num_experts = 0;  // E
+  int64_t top_k = 1;        // experts per token, 1 .. E
+  MoeScoring scoring = MoeScoring::kSoftmax;
+  // Renormalise the k chosen scores to sum to 1 (Mixtral, Qwen3-MoE's
+  // norm_topk_prob, DeepSeek-V3); false: the raw scores (OLMoE, Switch).
+  bool normalize_top_k = true;
+  float route_scale = 1.0f;  // DeepSeek-V3's routed_scaling_factor
+  // Width of the shared experts' SwiGLU (DeepSeek: n_shared x the expert
+  // width); 0: none.
+  int64_t shared_hidden = 0;
+  // The load-balancing loss's weight (softmax scoring only; 0: off).
+  float aux_loss_coef = 0.0f;
+  // A per-expert selection bias (aux-loss-free balancing).
+  bool expert_bias = false;
+  // Router and gate / up weights ~ Normal(0, init_std), down ones ~
+  // Normal(0, down_init_std); parameters of `dtype`.
+  float init_std = 0.02f;
+  float down_init_std = 0.02f;
+  DType dtype = DType::kF32;
+};
+
+// InvalidArgument naming the first field out of range.
+absl::Status ValidateMoeOptions(const MoeOptions& options);
+
+// E SwiGLU experts whose weights are stacked on a leading expert dim, so
+// that one parameter holds them all (sharded, checkpointed and, under
+// expert parallelism, split by expert like any dim-0 split):
+// "gate_proj" and "up_proj" [E, hidden, dim], "down_proj" [E, dim, hidden]
+// (the Hugging Face experts' [out, in] weights, stacked). Forward takes the
+// rows grouped by expert: the first sizes[0] rows go to expert 0, the next
+// sizes[1] to expert 1, and so on (SetGroupSizes before each Forward), and
+// runs each group as its own matmuls.
+class GroupedExperts : public Module {
+ public:
+  GroupedExperts(int64_t num_experts, int64_t dim, int64_t hidden,
+                 float init_std = 0.02f, float down_init_std = 0.02f,
+                 DType dtype = DType::kF32);
+
+  int64_t num_experts() const { return num_experts_; }
+  Parameter* gate_proj() const { return gate_proj_; }
+  Parameter* up_proj() const { return up_proj_; }
+  Parameter* down_proj() const { return down_proj_; }
+
+  // The rows per expert of the next Forward's input (num_experts() counts,
+  // each >= 0, summing to its rows): used up by that Forward.
+  void SetGroupSizes(std::vector<int64_t> sizes) {
+    pending_sizes_ = std::move(sizes);
+  }
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
+  std::vector<Tensor*> SavedTensorSlots() override {
+    return {&saved_x_, &saved_gate_, &saved_up_, &saved_sizes_};
+  }
+
+ private:
+  // Expert e's [rows, cols] matrix of `w` ([E, rows, cols]).
+  static absl::StatusOr<Tensor> ExpertMatrix(const Tensor& w, int64_t e);
+
+  int64_t num_experts_, dim_, hidden_;
+  Parameter* gate_proj_;
+  Parameter* up_proj_;
+  Parameter* down_proj_;
+  std::vector<int64_t> pending_sizes_;
+  Tensor saved_x_;      // the grouped input [M, dim]
+  Tensor saved_gate_;   // x W_gate^T per group [M, hidden]
+  Tensor saved_up_;     // x W_up^T per group [M, hidden]
+  Tensor saved_sizes_;  // the group sizes (i64 [E], host)
+};
+
+class MoE : public Module {
+ public:
+  // `options` must be valid (ValidateMoeOptions; checked, fatal otherwise:
+  // validate configs before building).
+  explicit MoE(const MoeOptions& options);
+
+  const MoeOptions& options() const { return options_; }
+  Linear* gate() const { return gate_; }
+  GroupedExperts* experts() const { return experts_; }
+  SwiGlu* shared_experts() const { return shared_; }
+  Parameter* expert_bias() const { return expert_bias_; }
+
+  // The last Forward's auxiliary loss (0 without one).
+  float last_aux_loss() const { return last_aux_loss_; }
+  // The factor Backward multiplies the auxiliary loss's gradient by (the
+  // loss scale of the gradient it receives; default 1).
+  void set_aux_loss_scale(float scale) { aux_loss_scale_ = scale; }
+  // Assignments per expert over every Forward since the last call (for the
+  // metrics and the bias update); resets them.
+  std::vector<int64_t> TakeTokenCounts();
+
+ protected:
+  absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
+  absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
+  std::vector<Tensor*> SavedTensorSlots() override {
+    return {&saved_out_,      &saved_scores_, &saved_topk_,
+            &saved_position_, &saved_order_,  &saved_aux_};
+  }
+
+ private:
+  MoeOptions options_;
+  Linear* gate_;
+  GroupedExperts* experts_;
+  SwiGlu* shared_ = nullptr;
+  Parameter* expert_bias_ = nullptr;
+  float last_aux_loss_ = 0.0f;
+  float aux_loss_scale_ = 1.0f;
+  std::vector<int64_t> token_counts_;
+  // What Backward needs (tensors, so pipeline stages can stash them):
+  Tensor saved_out_;       // the experts' outputs, grouped [N k, C]
+  Tensor saved_scores_;    // softmax / sigmoid scores, f32 host [N, E]
+  Tensor saved_topk_;      // chosen experts, i64 host [N, k]
+  Tensor saved_position_;  // row of assignment (t, j) in the grouped order,
+                           // i64 host [N, k]
+  Tensor saved_order_;     // token of each grouped row, i64 [N k]
+  Tensor saved_aux_;       // d aux / d P_e per token, f32 host [E]
+};
+
+}  // namespace nn
+}  // namespace fsdpp
+
+#endif  // FSDPP_NN_MOE_H_
