@@ -39,6 +39,25 @@ absl::StatusOr<Tensor> HostF32(Shape shape, const std::vector<float>& v,
                             tag);
 }
 
+// One token's scores from its router logits, in double (Forward and
+// Backward compute the same values; none is rounded to f32, so that
+// 1 - s keeps its precision for a dominant expert).
+void Scores(const float* logits, int64_t num_e, MoeScoring scoring, double* s) {
+  if (scoring == MoeScoring::kSoftmax) {
+    const double mx = *std::max_element(logits, logits + num_e);
+    double sum = 0.0;
+    for (int64_t e = 0; e < num_e; ++e) {
+      s[e] = std::exp(double{logits[e]} - mx);
+      sum += s[e];
+    }
+    for (int64_t e = 0; e < num_e; ++e) s[e] /= sum;
+  } else {
+    for (int64_t e = 0; e < num_e; ++e) {
+      s[e] = 1.0 / (1.0 + std::exp(-double{logits[e]}));
+    }
+  }
+}
+
 }  // namespace
 
 absl::Status ValidateMoeOptions(const MoeOptions& o) {
@@ -290,29 +309,17 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   }
 
   // Scores, the k chosen experts and their weights.
-  std::vector<float> scores(n * num_e);
+  std::vector<double> scores(n * num_e);
   std::vector<int64_t> topk(n * k);
   std::vector<float> weights(n * k);
   std::vector<int64_t> pick(num_e);
   for (int64_t t = 0; t < n; ++t) {
-    const float* l = &logits[t * num_e];
-    float* s = &scores[t * num_e];
-    if (options_.scoring == MoeScoring::kSoftmax) {
-      const float mx = *std::max_element(l, l + num_e);
-      double sum = 0.0;
-      for (int64_t e = 0; e < num_e; ++e) sum += std::exp(double{l[e]} - mx);
-      for (int64_t e = 0; e < num_e; ++e) {
-        s[e] = static_cast<float>(std::exp(double{l[e]} - mx) / sum);
-      }
-    } else {
-      for (int64_t e = 0; e < num_e; ++e) {
-        s[e] = static_cast<float>(1.0 / (1.0 + std::exp(-double{l[e]})));
-      }
-    }
+    double* s = &scores[t * num_e];
+    Scores(&logits[t * num_e], num_e, options_.scoring, s);
     std::iota(pick.begin(), pick.end(), 0);
     std::partial_sort(pick.begin(), pick.begin() + k, pick.end(),
                       [&](int64_t i, int64_t j) {
-                        const float si = s[i] + bias[i], sj = s[j] + bias[j];
+                        const double si = s[i] + bias[i], sj = s[j] + bias[j];
                         return si > sj || (si == sj && i < j);
                       });
     double chosen = 0.0;
@@ -340,18 +347,14 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   }
   for (int64_t e = 0; e < num_e; ++e) token_counts_[e] += sizes[e];
 
-  // The auxiliary loss and its gradient w.r.t. each token's probabilities.
-  std::vector<float> aux_grad(num_e, 0.0f);
+  // The auxiliary loss (its gradient comes from the counts in Backward).
   last_aux_loss_ = 0.0f;
   if (options_.aux_loss_coef > 0.0f && n > 0) {
     double aux = 0.0;
     for (int64_t e = 0; e < num_e; ++e) {
-      const double f = static_cast<double>(sizes[e]) / (n * k);
       double p_mean = 0.0;
       for (int64_t t = 0; t < n; ++t) p_mean += scores[t * num_e + e];
-      p_mean /= n;
-      aux += f * p_mean;
-      aux_grad[e] = static_cast<float>(options_.aux_loss_coef * num_e * f / n);
+      aux += static_cast<double>(sizes[e]) / (n * k) * (p_mean / n);
     }
     last_aux_loss_ = static_cast<float>(options_.aux_loss_coef * num_e * aux);
   }
@@ -384,11 +387,11 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   }
 
   saved_out_ = out;
-  FSDPP_ASSIGN_OR_RETURN(saved_scores_, HostF32({n, num_e}, scores));
+  FSDPP_ASSIGN_OR_RETURN(saved_logits_, HostF32({n, num_e}, logits));
   FSDPP_ASSIGN_OR_RETURN(saved_topk_, HostI64({n, k}, topk));
   FSDPP_ASSIGN_OR_RETURN(saved_position_, HostI64({n, k}, position));
   saved_order_ = order_t;
-  FSDPP_ASSIGN_OR_RETURN(saved_aux_, HostF32({num_e}, aux_grad));
+  FSDPP_ASSIGN_OR_RETURN(saved_counts_, HostI64({num_e}, sizes));
   return y_t;
 }
 
@@ -404,10 +407,26 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
                      " does not match the forward's ", n, " tokens"));
   }
   const DType dtype = saved_out_.dtype();
-  const float* scores = saved_scores_.data<float>();
+  const float* logits = saved_logits_.data<float>();
+  std::vector<double> scores(n * num_e);
+  for (int64_t t = 0; t < n; ++t) {
+    Scores(&logits[t * num_e], num_e, options_.scoring, &scores[t * num_e]);
+  }
   const int64_t* topk = saved_topk_.data<int64_t>();
   const int64_t* position = saved_position_.data<int64_t>();
-  const float* aux_grad = saved_aux_.data<float>();
+  const int64_t* counts = saved_counts_.data<int64_t>();
+  // d aux / d P_e = coef E f_e, shifted by the constant coef (f's mean is
+  // 1 / E), which softmax's backward ignores (its probabilities sum to 1):
+  // small exact differences, so the aux-only router gradient keeps its
+  // precision. Per token, d P_e / d p_te = 1 / n.
+  std::vector<double> aux_grad(num_e, 0.0);
+  if (options_.aux_loss_coef > 0.0f && n > 0) {
+    for (int64_t e = 0; e < num_e; ++e) {
+      aux_grad[e] = double{options_.aux_loss_coef} * aux_loss_scale_ *
+                    (static_cast<double>(num_e) * counts[e] / (n * k) - 1.0) /
+                    n;
+    }
+  }
 
   // The shared experts first (the children's reverse order).
   Tensor dx;
@@ -421,7 +440,7 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
   std::vector<float> d_out(n * k * c);
   std::vector<double> d_weight(n * k);
   for (int64_t t = 0; t < n; ++t) {
-    const float* s = &scores[t * num_e];
+    const double* s = &scores[t * num_e];
     double chosen = 0.0;
     for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
     const float* g = &dy_f[t * c];
@@ -454,26 +473,28 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
   std::vector<float> d_logits(n * num_e, 0.0f);
   std::vector<double> d_score(num_e);
   for (int64_t t = 0; t < n; ++t) {
-    const float* s = &scores[t * num_e];
+    const double* s = &scores[t * num_e];
     std::fill(d_score.begin(), d_score.end(), 0.0);
-    double chosen = 0.0, weighted = 0.0;
+    // w_j = rs s_j / S: d s_l = rs / S (d w_l - sum_j d w_j s_j / S), in a
+    // form that is exactly 0 for top-1 (s / S = 1).
+    double chosen = 0.0;
+    for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
+    double mean_dw = 0.0;
     for (int64_t j = 0; j < k; ++j) {
-      chosen += s[topk[t * k + j]];
-      weighted += d_weight[t * k + j] * s[topk[t * k + j]];
+      mean_dw += d_weight[t * k + j] * (s[topk[t * k + j]] / chosen);
     }
     for (int64_t j = 0; j < k; ++j) {
-      const double dw = d_weight[t * k + j] * options_.route_scale;
-      d_score[topk[t * k + j]] += options_.normalize_top_k
-                                      ? dw / chosen - options_.route_scale *
-                                                          weighted /
-                                                          (chosen * chosen)
-                                      : dw;
+      const double dw = d_weight[t * k + j];
+      d_score[topk[t * k + j]] +=
+          options_.normalize_top_k
+              ? options_.route_scale / chosen * (dw - mean_dw)
+              : options_.route_scale * dw;
     }
     float* dl = &d_logits[t * num_e];
     if (options_.scoring == MoeScoring::kSoftmax) {
       double dot = 0.0;
       for (int64_t e = 0; e < num_e; ++e) {
-        d_score[e] += double{aux_grad[e]} * aux_loss_scale_;
+        d_score[e] += aux_grad[e];
         dot += d_score[e] * s[e];
       }
       for (int64_t e = 0; e < num_e; ++e) {
@@ -481,7 +502,10 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
       }
     } else {
       for (int64_t e = 0; e < num_e; ++e) {
-        dl[e] = static_cast<float>(d_score[e] * s[e] * (1.0 - s[e]));
+        // s' = s (1 - s), 1 - s = sigmoid(-logit) without cancellation.
+        const double rest =
+            1.0 / (1.0 + std::exp(double{logits[t * num_e + e]}));
+        dl[e] = static_cast<float>(d_score[e] * s[e] * rest);
       }
     }
   }

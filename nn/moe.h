@@ -145,8 +145,8 @@ class MoE : public Module {
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
   std::vector<Tensor*> SavedTensorSlots() override {
-    return {&saved_out_,      &saved_scores_, &saved_topk_,
-            &saved_position_, &saved_order_,  &saved_aux_};
+    return {&saved_out_,      &saved_logits_, &saved_topk_,
+            &saved_position_, &saved_order_,  &saved_counts_};
   }
 
  private:
@@ -160,12 +160,12 @@ class MoE : public Module {
   std::vector<int64_t> token_counts_;
   // What Backward needs (tensors, so pipeline stages can stash them):
   Tensor saved_out_;       // the experts' outputs, grouped [N k, C]
-  Tensor saved_scores_;    // softmax / sigmoid scores, f32 host [N, E]
+  Tensor saved_logits_;    // the router's logits, f32 host [N, E]
   Tensor saved_topk_;      // chosen experts, i64 host [N, k]
   Tensor saved_position_;  // row of assignment (t, j) in the grouped order,
                            // i64 host [N, k]
   Tensor saved_order_;     // token of each grouped row, i64 [N k]
-  Tensor saved_aux_;       // d aux / d P_e per token, f32 host [E]
+  Tensor saved_counts_;    // assignments per expert, i64 host [E]
 };
 
 }  // namespace nn
