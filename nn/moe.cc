@@ -25,18 +25,14 @@ absl::Status CpuOnly(const Tensor& x) {
                    x.device().ToString()));
 }
 
-absl::StatusOr<Tensor> HostI64(Shape shape, const std::vector<int64_t>& v) {
+// `v` as an i64 activation on `device` (the CPU, or meta: no values).
+absl::StatusOr<Tensor> I64Activation(const std::vector<int64_t>& v,
+                                     Device device) {
   FSDPP_ASSIGN_OR_RETURN(
-      Tensor t, Tensor::Empty(std::move(shape), DType::kI64, Device::Cpu(),
-                              MemoryTag::kActivations));
-  std::copy(v.begin(), v.end(), t.data<int64_t>());
+      Tensor t, Tensor::Empty({static_cast<int64_t>(v.size())}, DType::kI64,
+                              device, MemoryTag::kActivations));
+  if (!t.is_meta()) std::copy(v.begin(), v.end(), t.data<int64_t>());
   return t;
-}
-
-absl::StatusOr<Tensor> HostF32(Shape shape, const std::vector<float>& v,
-                               MemoryTag tag = MemoryTag::kActivations) {
-  return Tensor::FromFloats(std::move(shape), v, DType::kF32, Device::Cpu(),
-                            tag);
 }
 
 // One token's scores from its router logits, in double (Forward and
@@ -118,7 +114,7 @@ absl::StatusOr<Tensor> GroupedExperts::ExpertMatrix(const Tensor& w,
 }
 
 absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
-  FSDPP_RETURN_IF_ERROR(CpuOnly(x));
+  if (!x.is_meta()) FSDPP_RETURN_IF_ERROR(CpuOnly(x));
   const std::vector<int64_t> sizes = std::move(pending_sizes_);
   pending_sizes_.clear();
   FSDPP_ASSIGN_OR_RETURN(Tensor rows, AsRows(x, dim_, "input"));
@@ -177,7 +173,7 @@ absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
   saved_x_ = rows;
   saved_gate_ = a;
   saved_up_ = b;
-  FSDPP_ASSIGN_OR_RETURN(saved_sizes_, HostI64({num_experts_}, sizes));
+  FSDPP_ASSIGN_OR_RETURN(saved_sizes_, I64Activation(sizes, x.device()));
   Shape out_shape = x.shape();
   return y.Reshape(std::move(out_shape));
 }
@@ -185,6 +181,9 @@ absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
 absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   if (!saved_x_.defined()) return NoSavedForward(kind());
   const Tensor x = saved_x_, a = saved_gate_, b = saved_up_;
+  // On meta tensors the groups' matmuls have nothing to do (and the sizes
+  // no values).
+  const int64_t groups = x.is_meta() ? 0 : num_experts_;
   const int64_t* sizes = saved_sizes_.data<int64_t>();
   const DType dtype = x.dtype();
   const int64_t m = x.dim(0);
@@ -213,7 +212,7 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   accumulate_tn.transpose_a = true;
   accumulate_tn.beta = 1.0f;
   int64_t first = 0;
-  for (int64_t e = 0; e < num_experts_; ++e) {
+  for (int64_t e = 0; e < groups; ++e) {
     const int64_t n = sizes[e];
     if (n == 0) continue;
     FSDPP_ASSIGN_OR_RETURN(Tensor dye, dy_rows.Narrow(first, n));
@@ -237,7 +236,7 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   MatmulOptions accumulate;
   accumulate.beta = 1.0f;
   first = 0;
-  for (int64_t e = 0; e < num_experts_; ++e) {
+  for (int64_t e = 0; e < groups; ++e) {
     const int64_t n = sizes[e];
     if (n == 0) continue;
     FSDPP_ASSIGN_OR_RETURN(Tensor xe, x.Narrow(first, n));
@@ -296,90 +295,132 @@ std::vector<int64_t> MoE::TakeTokenCounts() {
 }
 
 absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
-  FSDPP_RETURN_IF_ERROR(CpuOnly(x));
+  if (!x.is_meta()) FSDPP_RETURN_IF_ERROR(CpuOnly(x));
+  const bool meta = x.is_meta();
   const int64_t c = options_.dim, num_e = options_.num_experts,
                 k = options_.top_k;
   FSDPP_ASSIGN_OR_RETURN(Tensor rows, AsRows(x, c, "input"));
   const int64_t n = rows.dim(0);
+  // Sequences: the rows of [.., T, C] (one for [N, C]).
+  const int64_t seq = x.ndim() >= 3 ? x.dim(x.ndim() - 2) : n;
+  const int64_t num_seq = seq > 0 ? n / seq : 0;
   FSDPP_ASSIGN_OR_RETURN(Tensor logits_t, gate_->Forward(rows));
-  FSDPP_ASSIGN_OR_RETURN(std::vector<float> logits, logits_t.ToFloats());
-  std::vector<float> bias(num_e, 0.0f);
-  if (expert_bias_ != nullptr) {
-    FSDPP_ASSIGN_OR_RETURN(bias, expert_bias_->data.ToFloats());
-  }
-
-  // Scores, the k chosen experts and their weights.
-  std::vector<double> scores(n * num_e);
-  std::vector<int64_t> topk(n * k);
-  std::vector<float> weights(n * k);
-  std::vector<int64_t> pick(num_e);
-  for (int64_t t = 0; t < n; ++t) {
-    double* s = &scores[t * num_e];
-    Scores(&logits[t * num_e], num_e, options_.scoring, s);
-    std::iota(pick.begin(), pick.end(), 0);
-    std::partial_sort(pick.begin(), pick.begin() + k, pick.end(),
-                      [&](int64_t i, int64_t j) {
-                        const double si = s[i] + bias[i], sj = s[j] + bias[j];
-                        return si > sj || (si == sj && i < j);
-                      });
-    double chosen = 0.0;
-    for (int64_t j = 0; j < k; ++j) chosen += s[pick[j]];
-    for (int64_t j = 0; j < k; ++j) {
-      topk[t * k + j] = pick[j];
-      const double w =
-          options_.normalize_top_k ? s[pick[j]] / chosen : double{s[pick[j]]};
-      weights[t * k + j] = static_cast<float>(w * options_.route_scale);
-    }
-  }
-
-  // The assignments grouped by expert (tokens in order within each).
+  const Device device = x.device();
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor topk_t,
+      Tensor::Empty({n, k}, DType::kI64, device, MemoryTag::kActivations));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor position_t,
+      Tensor::Empty({n, k}, DType::kI64, device, MemoryTag::kActivations));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor order_t,
+      Tensor::Empty({n * k}, DType::kI64, device, MemoryTag::kActivations));
+  FSDPP_ASSIGN_OR_RETURN(Tensor counts_t,
+                         Tensor::Empty({num_seq, num_e}, DType::kI64, device,
+                                       MemoryTag::kActivations));
   std::vector<int64_t> sizes(num_e, 0);
-  for (int64_t e : topk) ++sizes[e];
-  std::vector<int64_t> next(num_e, 0);
-  for (int64_t e = 1; e < num_e; ++e) next[e] = next[e - 1] + sizes[e - 1];
-  std::vector<int64_t> position(n * k), order(n * k);
-  for (int64_t t = 0; t < n; ++t) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t row = next[topk[t * k + j]]++;
-      position[t * k + j] = row;
-      order[row] = t;
-    }
-  }
-  for (int64_t e = 0; e < num_e; ++e) token_counts_[e] += sizes[e];
-
-  // The auxiliary loss (its gradient comes from the counts in Backward).
+  std::vector<float> weights;
   last_aux_loss_ = 0.0f;
-  if (options_.aux_loss_coef > 0.0f && n > 0) {
-    double aux = 0.0;
+  if (meta) {
+    // No values: the groups as even as they can be (the sizes change no
+    // allocation, which is of n k rows whatever the routing).
     for (int64_t e = 0; e < num_e; ++e) {
-      double p_mean = 0.0;
-      for (int64_t t = 0; t < n; ++t) p_mean += scores[t * num_e + e];
-      aux += static_cast<double>(sizes[e]) / (n * k) * (p_mean / n);
+      sizes[e] = n * k / num_e + (e < n * k % num_e ? 1 : 0);
     }
-    last_aux_loss_ = static_cast<float>(options_.aux_loss_coef * num_e * aux);
+  } else {
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> logits, logits_t.ToFloats());
+    std::vector<float> bias(num_e, 0.0f);
+    if (expert_bias_ != nullptr) {
+      FSDPP_ASSIGN_OR_RETURN(bias, expert_bias_->data.ToFloats());
+    }
+    // Scores, the k chosen experts and their weights.
+    std::vector<double> scores(n * num_e);
+    int64_t* topk = topk_t.data<int64_t>();
+    weights.resize(n * k);
+    std::vector<int64_t> pick(num_e);
+    for (int64_t t = 0; t < n; ++t) {
+      double* s = &scores[t * num_e];
+      Scores(&logits[t * num_e], num_e, options_.scoring, s);
+      std::iota(pick.begin(), pick.end(), 0);
+      std::partial_sort(pick.begin(), pick.begin() + k, pick.end(),
+                        [&](int64_t i, int64_t j) {
+                          const double si = s[i] + bias[i], sj = s[j] + bias[j];
+                          return si > sj || (si == sj && i < j);
+                        });
+      double chosen = 0.0;
+      for (int64_t j = 0; j < k; ++j) chosen += s[pick[j]];
+      for (int64_t j = 0; j < k; ++j) {
+        topk[t * k + j] = pick[j];
+        const double w =
+            options_.normalize_top_k ? s[pick[j]] / chosen : s[pick[j]];
+        weights[t * k + j] = static_cast<float>(w * options_.route_scale);
+      }
+    }
+    // The assignments grouped by expert (tokens in order within each).
+    int64_t* counts = counts_t.data<int64_t>();
+    std::fill(counts, counts + num_seq * num_e, 0);
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        ++sizes[topk[t * k + j]];
+        ++counts[(t / seq) * num_e + topk[t * k + j]];
+      }
+    }
+    std::vector<int64_t> next(num_e, 0);
+    for (int64_t e = 1; e < num_e; ++e) next[e] = next[e - 1] + sizes[e - 1];
+    int64_t* position = position_t.data<int64_t>();
+    int64_t* order = order_t.data<int64_t>();
+    for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t row = next[topk[t * k + j]]++;
+        position[t * k + j] = row;
+        order[row] = t;
+      }
+    }
+    for (int64_t e = 0; e < num_e; ++e) token_counts_[e] += sizes[e];
+    // The auxiliary loss: each sequence's balance, their mean.
+    if (options_.aux_loss_coef > 0.0f && num_seq > 0) {
+      double aux = 0.0;
+      for (int64_t q = 0; q < num_seq; ++q) {
+        for (int64_t e = 0; e < num_e; ++e) {
+          double p_sum = 0.0;
+          for (int64_t t = q * seq; t < (q + 1) * seq; ++t) {
+            p_sum += scores[t * num_e + e];
+          }
+          aux += static_cast<double>(counts[q * num_e + e]) / (seq * k) *
+                 (p_sum / seq);
+        }
+      }
+      last_aux_loss_ =
+          static_cast<float>(options_.aux_loss_coef * num_e * aux / num_seq);
+    }
   }
 
-  FSDPP_ASSIGN_OR_RETURN(Tensor order_t, HostI64({n * k}, order));
   FSDPP_ASSIGN_OR_RETURN(Tensor grouped,
-                         EmptyTemporary({n * k, c}, x.dtype(), x.device()));
+                         EmptyTemporary({n * k, c}, x.dtype(), device));
   FSDPP_RETURN_IF_ERROR(Embedding(order_t, rows, &grouped));
   experts_->SetGroupSizes(sizes);
   FSDPP_ASSIGN_OR_RETURN(Tensor out, experts_->Forward(grouped));
 
   // y[t] = sum_j w_j out[position(t, j)] (+ shared(x)), in f32.
-  FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, out.ToFloats());
-  std::vector<float> y(n * c, 0.0f);
-  for (int64_t t = 0; t < n; ++t) {
-    float* yt = &y[t * c];
-    for (int64_t j = 0; j < k; ++j) {
-      const float w = weights[t * k + j];
-      const float* o = &out_f[position[t * k + j] * c];
-      for (int64_t i = 0; i < c; ++i) yt[i] += w * o[i];
+  Tensor y_t;
+  if (meta) {
+    FSDPP_ASSIGN_OR_RETURN(y_t, EmptyActivation(x.shape(), x.dtype(), device));
+  } else {
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, out.ToFloats());
+    const int64_t* position = position_t.data<int64_t>();
+    std::vector<float> y(n * c, 0.0f);
+    for (int64_t t = 0; t < n; ++t) {
+      float* yt = &y[t * c];
+      for (int64_t j = 0; j < k; ++j) {
+        const float w = weights[t * k + j];
+        const float* o = &out_f[position[t * k + j] * c];
+        for (int64_t i = 0; i < c; ++i) yt[i] += w * o[i];
+      }
     }
+    FSDPP_ASSIGN_OR_RETURN(y_t,
+                           Tensor::FromFloats(x.shape(), y, x.dtype(), device,
+                                              MemoryTag::kActivations));
   }
-  FSDPP_ASSIGN_OR_RETURN(Tensor y_t,
-                         Tensor::FromFloats(x.shape(), y, x.dtype(), x.device(),
-                                            MemoryTag::kActivations));
   if (shared_ != nullptr) {
     FSDPP_ASSIGN_OR_RETURN(Tensor shared_out, shared_->Forward(rows));
     FSDPP_ASSIGN_OR_RETURN(Tensor shared_view, shared_out.Reshape(x.shape()));
@@ -387,11 +428,11 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   }
 
   saved_out_ = out;
-  FSDPP_ASSIGN_OR_RETURN(saved_logits_, HostF32({n, num_e}, logits));
-  FSDPP_ASSIGN_OR_RETURN(saved_topk_, HostI64({n, k}, topk));
-  FSDPP_ASSIGN_OR_RETURN(saved_position_, HostI64({n, k}, position));
+  saved_logits_ = logits_t;
+  saved_topk_ = topk_t;
+  saved_position_ = position_t;
   saved_order_ = order_t;
-  FSDPP_ASSIGN_OR_RETURN(saved_counts_, HostI64({num_e}, sizes));
+  saved_counts_ = counts_t;
   return y_t;
 }
 
@@ -400,6 +441,8 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
   const int64_t c = options_.dim, num_e = options_.num_experts,
                 k = options_.top_k;
   const int64_t n = saved_topk_.dim(0);
+  const int64_t num_seq = saved_counts_.dim(0);
+  const int64_t seq = num_seq > 0 ? n / num_seq : 0;
   FSDPP_ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, c, "dy"));
   if (dy_rows.dim(0) != n) {
     return absl::InvalidArgumentError(
@@ -407,26 +450,8 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
                      " does not match the forward's ", n, " tokens"));
   }
   const DType dtype = saved_out_.dtype();
-  const float* logits = saved_logits_.data<float>();
-  std::vector<double> scores(n * num_e);
-  for (int64_t t = 0; t < n; ++t) {
-    Scores(&logits[t * num_e], num_e, options_.scoring, &scores[t * num_e]);
-  }
-  const int64_t* topk = saved_topk_.data<int64_t>();
-  const int64_t* position = saved_position_.data<int64_t>();
-  const int64_t* counts = saved_counts_.data<int64_t>();
-  // d aux / d P_e = coef E f_e, shifted by the constant coef (f's mean is
-  // 1 / E), which softmax's backward ignores (its probabilities sum to 1):
-  // small exact differences, so the aux-only router gradient keeps its
-  // precision. Per token, d P_e / d p_te = 1 / n.
-  std::vector<double> aux_grad(num_e, 0.0);
-  if (options_.aux_loss_coef > 0.0f && n > 0) {
-    for (int64_t e = 0; e < num_e; ++e) {
-      aux_grad[e] = double{options_.aux_loss_coef} * aux_loss_scale_ *
-                    (static_cast<double>(num_e) * counts[e] / (n * k) - 1.0) /
-                    n;
-    }
-  }
+  const Device device = saved_out_.device();
+  const bool meta = saved_out_.is_meta();
 
   // The shared experts first (the children's reverse order).
   Tensor dx;
@@ -435,83 +460,115 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
   }
 
   // d out[position(t, j)] = w_j dy[t]; d w_j = <dy[t], out[position(t, j)]>.
-  FSDPP_ASSIGN_OR_RETURN(std::vector<float> dy_f, dy_rows.ToFloats());
-  FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, saved_out_.ToFloats());
-  std::vector<float> d_out(n * k * c);
-  std::vector<double> d_weight(n * k);
-  for (int64_t t = 0; t < n; ++t) {
-    const double* s = &scores[t * num_e];
-    double chosen = 0.0;
-    for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
-    const float* g = &dy_f[t * c];
-    for (int64_t j = 0; j < k; ++j) {
-      const double raw = s[topk[t * k + j]];
-      const float w =
-          static_cast<float>((options_.normalize_top_k ? raw / chosen : raw) *
-                             options_.route_scale);
-      const int64_t row = position[t * k + j];
-      const float* o = &out_f[row * c];
-      float* d = &d_out[row * c];
-      double dot = 0.0;
-      for (int64_t i = 0; i < c; ++i) {
-        d[i] = w * g[i];
-        dot += double{g[i]} * o[i];
-      }
-      d_weight[t * k + j] = dot;
+  std::vector<double> scores;
+  std::vector<float> d_out, d_logits;
+  std::vector<double> d_weight;
+  if (!meta) {
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> logits, saved_logits_.ToFloats());
+    const int64_t* topk = saved_topk_.data<int64_t>();
+    const int64_t* position = saved_position_.data<int64_t>();
+    scores.resize(n * num_e);
+    for (int64_t t = 0; t < n; ++t) {
+      Scores(&logits[t * num_e], num_e, options_.scoring, &scores[t * num_e]);
     }
-  }
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor d_out_t,
-      Tensor::FromFloats({n * k, c}, d_out, dtype, saved_out_.device()));
-  FSDPP_ASSIGN_OR_RETURN(Tensor d_grouped, experts_->Backward(d_out_t));
-  FSDPP_ASSIGN_OR_RETURN(Tensor dx_routed,
-                         Tensor::Zeros({n, c}, dtype, saved_out_.device()));
-  FSDPP_RETURN_IF_ERROR(EmbeddingBackward(saved_order_, d_grouped, &dx_routed));
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> dy_f, dy_rows.ToFloats());
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, saved_out_.ToFloats());
+    d_out.resize(n * k * c);
+    d_weight.resize(n * k);
+    for (int64_t t = 0; t < n; ++t) {
+      const double* s = &scores[t * num_e];
+      double chosen = 0.0;
+      for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
+      const float* g = &dy_f[t * c];
+      for (int64_t j = 0; j < k; ++j) {
+        const double raw = s[topk[t * k + j]];
+        const float w =
+            static_cast<float>((options_.normalize_top_k ? raw / chosen : raw) *
+                               options_.route_scale);
+        const int64_t row = position[t * k + j];
+        const float* o = &out_f[row * c];
+        float* d = &d_out[row * c];
+        double dot = 0.0;
+        for (int64_t i = 0; i < c; ++i) {
+          d[i] = w * g[i];
+          dot += double{g[i]} * o[i];
+        }
+        d_weight[t * k + j] = dot;
+      }
+    }
 
-  // d logits: through the weights (and their normalisation) to the chosen
-  // scores, plus the auxiliary loss's d P, then through softmax / sigmoid.
-  std::vector<float> d_logits(n * num_e, 0.0f);
-  std::vector<double> d_score(num_e);
-  for (int64_t t = 0; t < n; ++t) {
-    const double* s = &scores[t * num_e];
-    std::fill(d_score.begin(), d_score.end(), 0.0);
-    // w_j = rs s_j / S: d s_l = rs / S (d w_l - sum_j d w_j s_j / S), in a
-    // form that is exactly 0 for top-1 (s / S = 1).
-    double chosen = 0.0;
-    for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
-    double mean_dw = 0.0;
-    for (int64_t j = 0; j < k; ++j) {
-      mean_dw += d_weight[t * k + j] * (s[topk[t * k + j]] / chosen);
-    }
-    for (int64_t j = 0; j < k; ++j) {
-      const double dw = d_weight[t * k + j];
-      d_score[topk[t * k + j]] +=
-          options_.normalize_top_k
-              ? options_.route_scale / chosen * (dw - mean_dw)
-              : options_.route_scale * dw;
-    }
-    float* dl = &d_logits[t * num_e];
-    if (options_.scoring == MoeScoring::kSoftmax) {
-      double dot = 0.0;
-      for (int64_t e = 0; e < num_e; ++e) {
-        d_score[e] += aux_grad[e];
-        dot += d_score[e] * s[e];
+    // d logits: through the weights (and their normalisation) to the chosen
+    // scores, plus the auxiliary loss's, then through softmax / sigmoid.
+    // d aux / d p_te = coef E f_qe / (T S) for token t of sequence q (S
+    // sequences of T tokens), f_qe = counts_qe / (T k); shifted by the
+    // constant coef / (T S) (f's mean over the experts is 1 / E), which
+    // softmax's backward ignores: small exact differences, so the aux-only
+    // router gradient keeps its precision.
+    const int64_t* counts = saved_counts_.data<int64_t>();
+    const bool aux = options_.aux_loss_coef > 0.0f && num_seq > 0;
+    d_logits.assign(n * num_e, 0.0f);
+    std::vector<double> d_score(num_e);
+    for (int64_t t = 0; t < n; ++t) {
+      const double* s = &scores[t * num_e];
+      std::fill(d_score.begin(), d_score.end(), 0.0);
+      // w_j = rs s_j / S: d s_l = rs / S (d w_l - sum_j d w_j s_j / S), in a
+      // form that is exactly 0 for top-1 (s / S = 1).
+      double chosen = 0.0;
+      for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
+      double mean_dw = 0.0;
+      for (int64_t j = 0; j < k; ++j) {
+        mean_dw += d_weight[t * k + j] * (s[topk[t * k + j]] / chosen);
       }
-      for (int64_t e = 0; e < num_e; ++e) {
-        dl[e] = static_cast<float>(s[e] * (d_score[e] - dot));
+      for (int64_t j = 0; j < k; ++j) {
+        const double dw = d_weight[t * k + j];
+        d_score[topk[t * k + j]] +=
+            options_.normalize_top_k
+                ? options_.route_scale / chosen * (dw - mean_dw)
+                : options_.route_scale * dw;
       }
-    } else {
-      for (int64_t e = 0; e < num_e; ++e) {
-        // s' = s (1 - s), 1 - s = sigmoid(-logit) without cancellation.
-        const double rest =
-            1.0 / (1.0 + std::exp(double{logits[t * num_e + e]}));
-        dl[e] = static_cast<float>(d_score[e] * s[e] * rest);
+      float* dl = &d_logits[t * num_e];
+      if (options_.scoring == MoeScoring::kSoftmax) {
+        double dot = 0.0;
+        for (int64_t e = 0; e < num_e; ++e) {
+          if (aux) {
+            const int64_t q = t / seq;
+            d_score[e] += double{options_.aux_loss_coef} * aux_loss_scale_ *
+                          (static_cast<double>(num_e) * counts[q * num_e + e] /
+                               (seq * k) -
+                           1.0) /
+                          (seq * num_seq);
+          }
+          dot += d_score[e] * s[e];
+        }
+        for (int64_t e = 0; e < num_e; ++e) {
+          dl[e] = static_cast<float>(s[e] * (d_score[e] - dot));
+        }
+      } else {
+        for (int64_t e = 0; e < num_e; ++e) {
+          // s' = s (1 - s), 1 - s = sigmoid(-logit) without cancellation.
+          const double rest =
+              1.0 / (1.0 + std::exp(double{logits[t * num_e + e]}));
+          dl[e] = static_cast<float>(d_score[e] * s[e] * rest);
+        }
       }
     }
   }
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor d_logits_t,
-      Tensor::FromFloats({n, num_e}, d_logits, dtype, saved_out_.device()));
+  Tensor d_out_t, d_logits_t;
+  if (meta) {
+    FSDPP_ASSIGN_OR_RETURN(d_out_t, Tensor::Empty({n * k, c}, dtype, device));
+    FSDPP_ASSIGN_OR_RETURN(d_logits_t,
+                           Tensor::Empty({n, num_e}, dtype, device));
+  } else {
+    FSDPP_ASSIGN_OR_RETURN(
+        d_out_t, Tensor::FromFloats({n * k, c}, d_out, dtype, device));
+    FSDPP_ASSIGN_OR_RETURN(
+        d_logits_t, Tensor::FromFloats({n, num_e}, d_logits, dtype, device));
+  }
+  FSDPP_ASSIGN_OR_RETURN(Tensor d_grouped, experts_->Backward(d_out_t));
+  d_out_t = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(Tensor dx_routed,
+                         Tensor::Zeros({n, c}, dtype, device));
+  FSDPP_RETURN_IF_ERROR(EmbeddingBackward(saved_order_, d_grouped, &dx_routed));
   ReleaseOwnSavedTensors();
   FSDPP_ASSIGN_OR_RETURN(Tensor dx_gate, gate_->Backward(d_logits_t));
   FSDPP_RETURN_IF_ERROR(Add(dx_routed, dx_gate, &dx_routed));

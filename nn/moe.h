@@ -13,20 +13,27 @@
 //             normalize_top_k)
 //   y       = sum_j w_j SwiGLU_{e_j}(x) + shared(x)
 //
-// The auxiliary loss (Switch Transformer's, as Mixtral / Qwen3-MoE / OLMoE
-// compute it over the micro-batch's tokens): aux = coef * E * sum_e f_e P_e,
-// with f_e the fraction of the N k assignments that went to expert e and
-// P_e the mean softmax probability of e; its gradient reaches the router
-// through P (f counts). MoE::last_aux_loss() is its value; Backward adds its
-// gradient times set_aux_loss_scale()'s factor (the loss scale the model's
-// loss gradient carries), so the gradients are those of loss + aux.
+// The auxiliary loss (Switch Transformer's balance, taken per sequence as
+// DeepSeek-V3's sequence-wise loss is): for each sequence (the rows of an
+// input [.., T, C]; an input [N, C] is one sequence) coef * E * sum_e
+// f_e P_e, with f_e the fraction of its T k assignments that went to expert
+// e and P_e its tokens' mean softmax probability of e; aux is the mean over
+// the sequences. Sequences balance on their own, so the loss of a batch is
+// the mean of its parts' however ranks and micro-batches split it. Its
+// gradient reaches the router through P (f counts). MoE::last_aux_loss() is
+// its value; Backward adds its gradient times set_aux_loss_scale()'s factor
+// (the loss scale the model's loss gradient carries), so the gradients are
+// those of loss + aux.
 //
 // Children: "gate" (the router, Linear(dim, E) without bias: Hugging Face's
 // `mlp.gate`), "experts" (GroupedExperts) and, with shared experts,
 // "shared_experts" (SwiGlu); with an expert bias, the parameter
 // "expert_bias" [E] (requires_grad false). The routing (scores, top-k,
 // the permutation that groups the tokens by expert) runs on the host, and
-// MoE runs on the CPU only for now (FailedPrecondition elsewhere).
+// MoE runs on the CPU only for now (FailedPrecondition elsewhere). On meta
+// tensors (the planner's dry run) it allocates what a real step does and
+// computes nothing: the groups are taken as even (dropless groups hold n k
+// rows whatever the routing).
 #ifndef FSDPP_NN_MOE_H_
 #define FSDPP_NN_MOE_H_
 
@@ -117,7 +124,7 @@ class GroupedExperts : public Module {
   Tensor saved_x_;      // the grouped input [M, dim]
   Tensor saved_gate_;   // x W_gate^T per group [M, hidden]
   Tensor saved_up_;     // x W_up^T per group [M, hidden]
-  Tensor saved_sizes_;  // the group sizes (i64 [E], host)
+  Tensor saved_sizes_;  // the group sizes, i64 [E]
 };
 
 class MoE : public Module {
@@ -160,12 +167,12 @@ class MoE : public Module {
   std::vector<int64_t> token_counts_;
   // What Backward needs (tensors, so pipeline stages can stash them):
   Tensor saved_out_;       // the experts' outputs, grouped [N k, C]
-  Tensor saved_logits_;    // the router's logits, f32 host [N, E]
-  Tensor saved_topk_;      // chosen experts, i64 host [N, k]
+  Tensor saved_logits_;    // the router's logits [N, E]
+  Tensor saved_topk_;      // chosen experts, i64 [N, k]
   Tensor saved_position_;  // row of assignment (t, j) in the grouped order,
-                           // i64 host [N, k]
+                           // i64 [N, k]
   Tensor saved_order_;     // token of each grouped row, i64 [N k]
-  Tensor saved_counts_;    // assignments per expert, i64 host [E]
+  Tensor saved_counts_;    // assignments per sequence and expert, i64 [S, E]
 };
 
 }  // namespace nn

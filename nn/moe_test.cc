@@ -130,14 +130,15 @@ TEST(MoeTest, EveryTokenOnOneExpertLeavesTheOthersEmpty) {
   EXPECT_GT(counts[1], 0);
 }
 
-// L = sum(dy * y) + aux: Backward's gradients are those of both terms.
+// L = sum(dy * y) + aux: Backward's gradients are those of both terms. The
+// balance is each sequence's (the rows of [B, T, C]), and aux their mean.
 TEST(MoeTest, AuxiliaryLossValueAndGradient) {
   MoeOptions o = Small(2);
   o.aux_loss_coef = 0.3f;
   MoE moe(o);
   ASSERT_OK(Materialize(moe, 13));
-  const Tensor x = RandomTensor({9, 5}, DType::kF32, 14);
-  const Tensor dy = RandomTensor({9, 5}, DType::kF32, 15);
+  const Tensor x = RandomTensor({3, 3, 5}, DType::kF32, 14);
+  const Tensor dy = RandomTensor({3, 3, 5}, DType::kF32, 15);
   auto loss = [&]() -> double {
     absl::StatusOr<Tensor> y = moe.Forward(x);
     CHECK_OK(y.status());
@@ -151,25 +152,27 @@ TEST(MoeTest, AuxiliaryLossValueAndGradient) {
   ASSERT_OK_AND_ASSIGN(Tensor y, moe.Forward(x));
   const std::vector<double> xv = Values(x),
                             wr = Values(moe.gate()->weight()->data);
-  std::vector<double> p_mean(4, 0.0);
-  std::vector<int> counts(4, 0);
-  for (int t = 0; t < 9; ++t) {
-    std::vector<double> l(4), p(4);
-    double z = 0.0;
-    for (int e = 0; e < 4; ++e) {
-      for (int i = 0; i < 5; ++i) l[e] += xv[t * 5 + i] * wr[e * 5 + i];
-    }
-    for (int e = 0; e < 4; ++e) z += std::exp(l[e]);
-    for (int e = 0; e < 4; ++e) p[e] = std::exp(l[e]) / z;
-    std::vector<int> order = {0, 1, 2, 3};
-    std::sort(order.begin(), order.end(),
-              [&](int a, int b) { return p[a] > p[b]; });
-    ++counts[order[0]];
-    ++counts[order[1]];
-    for (int e = 0; e < 4; ++e) p_mean[e] += p[e] / 9;
-  }
   double aux = 0.0;
-  for (int e = 0; e < 4; ++e) aux += counts[e] / 18.0 * p_mean[e];
+  for (int q = 0; q < 3; ++q) {
+    std::vector<double> p_mean(4, 0.0);
+    std::vector<int> counts(4, 0);
+    for (int t = q * 3; t < q * 3 + 3; ++t) {
+      std::vector<double> l(4), p(4);
+      double z = 0.0;
+      for (int e = 0; e < 4; ++e) {
+        for (int i = 0; i < 5; ++i) l[e] += xv[t * 5 + i] * wr[e * 5 + i];
+      }
+      for (int e = 0; e < 4; ++e) z += std::exp(l[e]);
+      for (int e = 0; e < 4; ++e) p[e] = std::exp(l[e]) / z;
+      std::vector<int> order = {0, 1, 2, 3};
+      std::sort(order.begin(), order.end(),
+                [&](int a, int b) { return p[a] > p[b]; });
+      ++counts[order[0]];
+      ++counts[order[1]];
+      for (int e = 0; e < 4; ++e) p_mean[e] += p[e] / 3;
+    }
+    for (int e = 0; e < 4; ++e) aux += counts[e] / 6.0 * p_mean[e] / 3;
+  }
   aux *= 0.3 * 4;
   EXPECT_NEAR(moe.last_aux_loss(), aux, 1e-6);
 
@@ -212,6 +215,47 @@ TEST(MoeTest, AuxiliaryLossGradientFollowsTheLossScale) {
     norm += std::fabs(grads[0][i]);
   }
   EXPECT_GT(norm, 1e-4);  // the aux loss alone reaches the router
+}
+
+// Sequences balance on their own: the aux loss of a batch is the mean of
+// its parts' (so it does not depend on how ranks and micro-batches split
+// the rows).
+TEST(MoeTest, AuxiliaryLossOfABatchIsTheMeanOfItsParts) {
+  MoeOptions o = Small(2);
+  o.aux_loss_coef = 0.1f;
+  MoE moe(o);
+  ASSERT_OK(Materialize(moe, 22));
+  const Tensor x = RandomTensor({4, 6, 5}, DType::kF32, 23);
+  ASSERT_OK(moe.Forward(x).status());
+  moe.ReleaseSavedTensors();
+  const double whole = moe.last_aux_loss();
+  double parts = 0.0;
+  for (int64_t first : {0, 2}) {
+    ASSERT_OK_AND_ASSIGN(Tensor half, x.Narrow(first, 2));
+    ASSERT_OK(moe.Forward(half).status());
+    moe.ReleaseSavedTensors();
+    parts += moe.last_aux_loss() / 2;
+  }
+  EXPECT_GT(whole, 0.0);
+  EXPECT_NEAR(whole, parts, 1e-7);
+}
+
+// On meta tensors (the planner's dry run) forward and backward allocate
+// what they would and compute nothing.
+TEST(MoeTest, MetaForwardAndBackward) {
+  MoeOptions o = Small(2, 6);
+  o.aux_loss_coef = 0.01f;
+  MoE moe(o);
+  ASSERT_OK(moe.ZeroGrad());
+  ASSERT_OK_AND_ASSIGN(Tensor x,
+                       Tensor::Empty({2, 3, 5}, DType::kF32, Device::Meta()));
+  ASSERT_OK_AND_ASSIGN(Tensor y, moe.Forward(x));
+  EXPECT_TRUE(y.is_meta());
+  EXPECT_EQ(y.shape(), x.shape());
+  ASSERT_OK_AND_ASSIGN(Tensor dx, moe.Backward(x));
+  EXPECT_TRUE(dx.is_meta());
+  EXPECT_EQ(dx.shape(), x.shape());
+  EXPECT_EQ(moe.TakeTokenCounts(), (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
 TEST(MoeTest, GroupedExpertsWithEmptyGroupsGradients) {
