@@ -39,6 +39,8 @@ namespace {
 constexpr uint8_t kReduceScatterSlotPrefix = 0x40;
 // Point-to-point transfers (their own per-pair numbering).
 constexpr uint8_t kP2PSlotPrefix = 0x41;
+// all_to_all_v: its split sizes (slot + 0), then its chunks (slot + 1).
+constexpr uint8_t kAllToAllVSlotPrefix = 0x42;
 
 // Carries a Status through Gloo's exception-based rendezvous code.
 struct StoreError : public std::exception {
@@ -334,6 +336,136 @@ absl::Status RingReduceScatter(gloo::Context& context, const void* in,
   return absl::OkStatus();
 }
 
+// Uneven all-to-all over Gloo's point-to-point buffers (see
+// ProcessGroup::AllToAllV). First every pair of ranks swaps what each sends
+// the other and expects from it (two int64 each way); a pair whose numbers
+// disagree moves no data (Gloo would abort the process on a chunk larger
+// than the receive posted for it), and both its ranks fail with
+// InvalidArgument naming the other once their other chunks have moved, so
+// no peer is left waiting. Then the non-empty chunks of the agreeing pairs
+// move, all in flight together. One deadline for the whole op.
+absl::Status AllToAllVExchange(gloo::Context& context, const Buffer& input,
+                               const std::vector<int64_t>& input_splits,
+                               const Buffer& output,
+                               const std::vector<int64_t>& output_splits,
+                               uint32_t tag,
+                               std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto left = [&deadline] {
+    return std::max(std::chrono::milliseconds(1),
+                    std::chrono::duration_cast<std::chrono::milliseconds>(
+                        deadline - std::chrono::steady_clock::now()));
+  };
+  const int size = context.size, rank = context.rank;
+  const size_t elem = DTypeSize(input.dtype);
+  // Byte offsets of each rank's chunk.
+  std::vector<size_t> in_off(size + 1, 0), out_off(size + 1, 0);
+  for (int p = 0; p < size; ++p) {
+    in_off[p + 1] = in_off[p] + input_splits[p] * elem;
+    out_off[p + 1] = out_off[p] + output_splits[p] * elem;
+  }
+  auto bytes_in = [&](int p) { return in_off[p + 1] - in_off[p]; };
+  auto bytes_out = [&](int p) { return out_off[p + 1] - out_off[p]; };
+  // This rank's own chunk (validated: the same size both ways).
+  if (bytes_in(rank) > 0) {
+    std::memcpy(static_cast<char*>(output.data) + out_off[rank],
+                static_cast<const char*>(input.data) + in_off[rank],
+                bytes_in(rank));
+  }
+  if (size == 1) return absl::OkStatus();
+  // Waits for `n` completed sends (or receives) of `ub`.
+  auto wait = [&](gloo::transport::UnboundBuffer& ub, bool send, int n,
+                  const char* what) -> absl::Status {
+    for (int i = 0; i < n; ++i) {
+      try {
+        const bool ok =
+            send ? ub.waitSend(nullptr, left()) : ub.waitRecv(nullptr, left());
+        if (!ok) {
+          return absl::DeadlineExceededError(
+              absl::StrCat(what, " did not complete"));
+        }
+      } catch (const std::exception& e) {
+        return absl::DeadlineExceededError(
+            absl::StrCat(what, " did not complete: ", e.what()));
+      }
+    }
+    return absl::OkStatus();
+  };
+  const gloo::Slot base = gloo::Slot::build(kAllToAllVSlotPrefix, tag);
+  // Phase 1: [what I send you, what I expect from you] to every peer.
+  std::vector<int64_t> mine(2 * size), theirs(2 * size, -1);
+  for (int p = 0; p < size; ++p) {
+    mine[2 * p] = input_splits[p];
+    mine[2 * p + 1] = output_splits[p];
+  }
+  constexpr size_t kPair = 2 * sizeof(int64_t);
+  auto mine_ub =
+      context.createUnboundBuffer(mine.data(), mine.size() * sizeof(int64_t));
+  auto theirs_ub = context.createUnboundBuffer(theirs.data(),
+                                               theirs.size() * sizeof(int64_t));
+  for (int i = 1; i < size; ++i) {
+    const int to = (rank + i) % size, from = (rank + size - i) % size;
+    mine_ub->send(to, base, to * kPair, kPair);
+    theirs_ub->recv(from, base, from * kPair, kPair);
+  }
+  FSDPP_RETURN_IF_ERROR(
+      wait(*mine_ub, true, size - 1, "sending the split sizes"));
+  FSDPP_RETURN_IF_ERROR(
+      wait(*theirs_ub, false, size - 1, "receiving the split sizes"));
+  std::vector<bool> agree(size, true);
+  std::vector<std::string> disagreements;
+  for (int p = 0; p < size; ++p) {
+    if (p == rank) continue;
+    const int64_t sends_me = theirs[2 * p], expects = theirs[2 * p + 1];
+    if (sends_me == output_splits[p] && expects == input_splits[p]) continue;
+    agree[p] = false;
+    std::string d = absl::StrCat("rank ", p);
+    if (sends_me != output_splits[p]) {
+      absl::StrAppend(&d, " sends ", sends_me, " elements, output_splits[", p,
+                      "] is ", output_splits[p]);
+    }
+    if (expects != input_splits[p]) {
+      absl::StrAppend(&d, sends_me != output_splits[p] ? " and" : "",
+                      " expects ", expects, " elements, input_splits[", p,
+                      "] is ", input_splits[p]);
+    }
+    disagreements.push_back(std::move(d));
+  }
+  // Phase 2: the non-empty chunks of the agreeing pairs.
+  const uint64_t data_slot = base + static_cast<uint8_t>(1);
+  std::unique_ptr<gloo::transport::UnboundBuffer> in_ub, out_ub;
+  if (input.nbytes() > 0) {
+    in_ub = context.createUnboundBuffer(input.data, input.nbytes());
+  }
+  if (output.nbytes() > 0) {
+    out_ub = context.createUnboundBuffer(output.data, output.nbytes());
+  }
+  int sends = 0, recvs = 0;
+  for (int i = 1; i < size; ++i) {
+    const int to = (rank + i) % size, from = (rank + size - i) % size;
+    if (agree[to] && bytes_in(to) > 0) {
+      in_ub->send(to, data_slot, in_off[to], bytes_in(to));
+      ++sends;
+    }
+    if (agree[from] && bytes_out(from) > 0) {
+      out_ub->recv(from, data_slot, out_off[from], bytes_out(from));
+      ++recvs;
+    }
+  }
+  if (sends > 0) {
+    FSDPP_RETURN_IF_ERROR(wait(*in_ub, true, sends, "sending the chunks"));
+  }
+  if (recvs > 0) {
+    FSDPP_RETURN_IF_ERROR(wait(*out_ub, false, recvs, "receiving the chunks"));
+  }
+  if (!disagreements.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "split sizes disagree (nothing moved to or from the ranks named): ",
+        absl::StrJoin(disagreements, "; ")));
+  }
+  return absl::OkStatus();
+}
+
 // Gloo's TCP pairs write with writev, which has no MSG_NOSIGNAL: writing
 // into the socket of a peer that just died raises SIGPIPE, whose default
 // action kills this process before the op can fail with an error naming the
@@ -502,6 +634,13 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::IssueOn(
           status = absl::UnavailableError(e.what());
         }
         if (status.ok()) return status;
+        // A caller's error the op found while running (all_to_all_v's
+        // split sizes disagree between ranks): its transfers have ended and
+        // the peers answered, so there is nobody to diagnose.
+        if (absl::IsInvalidArgument(status)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(description, ": ", status.message()));
+        }
         return absl::Status(
             absl::IsDeadlineExceeded(status)
                 ? absl::StatusCode::kDeadlineExceeded
@@ -703,6 +842,23 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAll(
         o.setTimeout(timeout);
         gloo::alltoall(o);
         return absl::OkStatus();
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllToAllV(
+    const Buffer& input, const std::vector<int64_t>& input_splits,
+    const Buffer& output, const std::vector<int64_t>& output_splits,
+    const CollectiveOptions& options) {
+  FSDPP_RETURN_IF_ERROR(
+      ValidateAllToAllV(*this, input, input_splits, output, output_splits));
+  // One deadline covers both phases.
+  return Issue(
+      "all_to_all_v", AllToAllVDetail(input.dtype, input_splits, output_splits),
+      options, /*sequential_waits=*/1,
+      [this, input, input_splits, output, output_splits](
+          uint32_t tag, std::chrono::milliseconds timeout, StreamScratch&) {
+        return AllToAllVExchange(*context_, input, input_splits, output,
+                                 output_splits, tag, timeout);
       });
 }
 

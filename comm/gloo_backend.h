@@ -4,7 +4,8 @@
 // stream the caller passes), using Gloo's ring all-gather / all-reduce,
 // broadcast, all-to-all and barrier. Gloo has no reduce-scatter with options,
 // so that one is our own ring over Gloo's point-to-point buffers (bandwidth
-// optimal, chunk semantics for any count). bf16 / f16 reductions travel and
+// optimal, chunk semantics for any count); the uneven all-to-all is our own
+// too (it checks the peers' split sizes). bf16 / f16 reductions travel and
 // accumulate in f32.
 //
 // Failure diagnosis: every rank publishes a heartbeat ("op it last started,
@@ -21,6 +22,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "comm/heartbeat.h"
 #include "comm/process_group.h"
@@ -75,6 +77,15 @@ class GlooProcessGroup final : public ProcessGroup {
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> AllToAll(
       const Buffer& input, const Buffer& output,
+      const CollectiveOptions& options = {}) override;
+  // Our own exchange over Gloo's point-to-point buffers rather than
+  // gloo::alltoallv, which aborts the process (an exception on Gloo's event
+  // loop thread) when a peer sends more than this rank expects: the split
+  // sizes go first (two int64 per peer each way, even when every split is
+  // zero), then the non-empty chunks of the pairs that agree.
+  absl::StatusOr<std::shared_ptr<Work>> AllToAllV(
+      const Buffer& input, const std::vector<int64_t>& input_splits,
+      const Buffer& output, const std::vector<int64_t>& output_splits,
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override;

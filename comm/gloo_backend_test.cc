@@ -11,6 +11,8 @@
 #include <atomic>
 #include <cmath>
 #include <functional>
+#include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -246,6 +248,198 @@ TEST(GlooBackendTest, AllReduceBroadcastAllToAllBarrier) {
       ASSERT_TRUE((*group.Barrier())->Wait(kWait).ok());
     });
   }
+}
+
+// AllToAllV's test patterns: elements rank `src` sends rank `dst`.
+int64_t Split(int pattern, int src, int dst, int size) {
+  switch (pattern) {
+    case 0:  // Uneven, with zeros.
+      return (src + 2 * dst) % 3;
+    case 1:  // The last rank sends nothing at all (not even to itself).
+      return src == size - 1 ? 0 : (src + 2 * dst) % 3 + 1;
+    case 2:  // Nothing anywhere.
+      return 0;
+    default:  // Larger chunks of unrelated sizes.
+      return (src * 37 + dst * 101) % 500;
+  }
+}
+
+// Element `i` of the chunk `src` sends `dst`, exact in every dtype tested
+// (bf16 keeps 8 significant bits).
+double Encoded(DType dtype, int src, int dst, int64_t i) {
+  if (dtype == DType::kBF16) return src * 16 + dst * 4 + i % 4;
+  return src * 10000 + dst * 1000 + i;
+}
+
+// AllToAllV against its definition: every pattern on 1..4 ranks, all four
+// issued at once (async) before any is waited for, then once blocking.
+TEST(GlooBackendTest, AllToAllVUnevenSplits) {
+  for (int size = 1; size <= 4; ++size) {
+    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+      for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64}) {
+        struct Op {
+          std::vector<int64_t> in_splits, out_splits;
+          std::unique_ptr<HostBuffer> in, out;
+          std::shared_ptr<Work> work;
+        };
+        std::vector<Op> ops(4);
+        for (int pattern = 0; pattern < 4; ++pattern) {
+          Op& op = ops[pattern];
+          int64_t in_count = 0, out_count = 0;
+          for (int p = 0; p < size; ++p) {
+            op.in_splits.push_back(Split(pattern, rank, p, size));
+            op.out_splits.push_back(Split(pattern, p, rank, size));
+            in_count += op.in_splits.back();
+            out_count += op.out_splits.back();
+          }
+          op.in = std::make_unique<HostBuffer>(in_count, dtype);
+          op.out = std::make_unique<HostBuffer>(out_count, dtype);
+          int64_t at = 0;
+          for (int p = 0; p < size; ++p) {
+            for (int64_t i = 0; i < op.in_splits[p]; ++i) {
+              op.in->Set(at++, Encoded(dtype, rank, p, i));
+            }
+          }
+          for (int64_t i = 0; i < out_count; ++i) op.out->Set(i, -1);
+          auto work = group.AllToAllV(op.in->buffer, op.in_splits,
+                                      op.out->buffer, op.out_splits);
+          ASSERT_TRUE(work.ok()) << work.status();
+          op.work = *work;
+        }
+        for (int pattern = 0; pattern < 4; ++pattern) {
+          Op& op = ops[pattern];
+          ASSERT_TRUE(op.work->Wait(kWait).ok()) << op.work->description();
+          int64_t at = 0;
+          for (int p = 0; p < size; ++p) {
+            for (int64_t i = 0; i < op.out_splits[p]; ++i, ++at) {
+              ASSERT_EQ(op.out->Get(at), Encoded(dtype, p, rank, i))
+                  << "size " << size << " " << DTypeName(dtype) << " pattern "
+                  << pattern << " from rank " << p << " element " << i;
+            }
+          }
+        }
+        // Blocking: complete on return.
+        Op& op = ops[0];
+        for (int64_t i = 0; i < op.out->buffer.count; ++i) op.out->Set(i, -1);
+        CollectiveOptions blocking;
+        blocking.async_op = false;
+        auto work = group.AllToAllV(op.in->buffer, op.in_splits, op.out->buffer,
+                                    op.out_splits, blocking);
+        ASSERT_TRUE(work.ok()) << work.status();
+        ASSERT_TRUE((*work)->IsCompleted());
+        ASSERT_TRUE((*work)->Wait(kWait).ok());
+        int64_t at = 0;
+        for (int p = 0; p < size; ++p) {
+          for (int64_t i = 0; i < op.out_splits[p]; ++i, ++at) {
+            ASSERT_EQ(op.out->Get(at), Encoded(dtype, p, rank, i));
+          }
+        }
+      }
+    });
+  }
+}
+
+// Split sizes that disagree between two ranks (0 sends 1 two elements, 1
+// expects one): both fail with InvalidArgument naming the other, at once (not
+// at the timeout), which breaks the group on them as any failed op does (the
+// next op fails fast with the same error); the third rank gets its data.
+TEST(GlooBackendTest, AllToAllVDisagreeingSplitsFailBothRanks) {
+  std::vector<absl::Status> results(3);
+  RunRanks(
+      3,
+      [&](int rank, GlooProcessGroup& group) {
+        std::vector<int64_t> in_splits = {1, 1, 1}, out_splits = {1, 1, 1};
+        if (rank == 0) in_splits[1] = 2;
+        HostBuffer in(rank == 0 ? 4 : 3, DType::kF32), out(3, DType::kF32);
+        for (int64_t i = 0; i < in.buffer.count; ++i) in.Set(i, 10 * rank + i);
+        const absl::Time start = absl::Now();
+        auto work =
+            group.AllToAllV(in.buffer, in_splits, out.buffer, out_splits);
+        ASSERT_TRUE(work.ok()) << work.status();
+        results[rank] = (*work)->Wait(kWait);
+        EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+        if (rank == 2) {
+          // From rank 0: its chunk for 2 is element 3 (after 1, then 2).
+          EXPECT_EQ(out.Get(0), 3);
+          EXPECT_EQ(out.Get(1), 12);
+          EXPECT_EQ(out.Get(2), 22);
+        } else {
+          const absl::Status next = (*group.Barrier())->Wait(kWait);
+          EXPECT_EQ(next, results[rank]);
+        }
+      },
+      "a2av_mismatch");
+  EXPECT_TRUE(absl::IsInvalidArgument(results[0])) << results[0];
+  EXPECT_NE(results[0].message().find("all_to_all_v #0 on group "
+                                      "'a2av_mismatch' (rank 0 of 3"),
+            absl::string_view::npos)
+      << results[0];
+  EXPECT_NE(results[0].message().find(
+                "rank 1 expects 1 elements, input_splits[1] is 2"),
+            absl::string_view::npos)
+      << results[0];
+  EXPECT_TRUE(absl::IsInvalidArgument(results[1])) << results[1];
+  EXPECT_NE(results[1].message().find(
+                "rank 0 sends 2 elements, output_splits[0] is 1"),
+            absl::string_view::npos)
+      << results[1];
+  EXPECT_TRUE(results[2].ok()) << results[2];
+}
+
+TEST(GlooBackendTest, AllToAllVBadArgumentsAreRejectedAtIssue) {
+  RunRanks(2, [](int rank, GlooProcessGroup& group) {
+    HostBuffer in(12, DType::kF32), out(12, DType::kF32);
+    auto expect_invalid = [&](absl::StatusOr<std::shared_ptr<Work>> w,
+                              const std::string& what) {
+      ASSERT_FALSE(w.ok()) << what;
+      EXPECT_TRUE(absl::IsInvalidArgument(w.status())) << w.status();
+      EXPECT_EQ(w.status().message(),
+                absl::StrCat("all_to_all_v on group 'g' (rank ", rank,
+                             " of 2): ", what));
+    };
+    expect_invalid(group.AllToAllV(in.buffer, {12}, out.buffer, {6, 6}),
+                   "input_splits has 1 entries, the group has 2 ranks");
+    expect_invalid(group.AllToAllV(in.buffer, {6, 6}, out.buffer, {4, 4, 4}),
+                   "output_splits has 3 entries, the group has 2 ranks");
+    expect_invalid(group.AllToAllV(in.buffer, {-1, 13}, out.buffer, {6, 6}),
+                   "input_splits[0] is negative (-1)");
+    expect_invalid(group.AllToAllV(in.buffer, {5, 5}, out.buffer, {6, 6}),
+                   "input_splits sum to 10 but input has 12 elements");
+    expect_invalid(group.AllToAllV(in.buffer, {6, 6}, out.buffer, {6, 7}),
+                   "output_splits sum to 13 but output has 12 elements");
+    std::vector<int64_t> keep = {6, 6}, other = {6, 6};
+    keep[rank] = 5;
+    keep[1 - rank] = 7;
+    expect_invalid(group.AllToAllV(in.buffer, keep, out.buffer, other),
+                   absl::StrCat("input_splits[", rank, "] (5) and output_",
+                                "splits[", rank, "] (6) differ: both size the ",
+                                "chunk this rank keeps"));
+    HostBuffer bf16(12, DType::kBF16);
+    expect_invalid(group.AllToAllV(in.buffer, {6, 6}, bf16.buffer, {6, 6}),
+                   "input is f32, output is bf16");
+    // Overlapping: the same buffer, or two slices of one.
+    expect_invalid(group.AllToAllV(in.buffer, {6, 6}, in.buffer, {6, 6}),
+                   "input and output overlap (they must be distinct buffers)");
+    HostBuffer big(20, DType::kF32);
+    Buffer first = big.buffer, second = big.buffer;
+    first.count = 12;
+    second.data = big.bytes.data() + 8 * sizeof(float);
+    second.count = 12;
+    expect_invalid(group.AllToAllV(first, {6, 6}, second, {6, 6}),
+                   "input and output overlap (they must be distinct buffers)");
+    // Adjacent slices do not overlap, and an empty buffer overlaps nothing:
+    // both are valid ops (issued on both ranks alike).
+    second.data = big.bytes.data() + 8 * sizeof(float);
+    first.count = 8;
+    second.count = 8;
+    ASSERT_TRUE(
+        (*group.AllToAllV(first, {4, 4}, second, {4, 4}))->Wait(kWait).ok());
+    Buffer empty = in.buffer;
+    empty.count = 0;
+    ASSERT_TRUE(
+        (*group.AllToAllV(empty, {0, 0}, empty, {0, 0}))->Wait(kWait).ok());
+    ASSERT_TRUE((*group.Barrier())->Wait(kWait).ok());
+  });
 }
 
 // Blocking ops (async_op = false) are complete when the call returns, with

@@ -925,6 +925,49 @@ absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllToAll(
       });
 }
 
+absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::AllToAllV(
+    const Buffer& input, const std::vector<int64_t>& input_splits,
+    const Buffer& output, const std::vector<int64_t>& output_splits,
+    const CollectiveOptions& options) {
+  FSDPP_RETURN_IF_ERROR(
+      ValidateAllToAllV(*this, input, input_splits, output, output_splits));
+  return Issue(
+      "all_to_all_v", AllToAllVDetail(input.dtype, input_splits, output_splits),
+      options,
+      [this, input, input_splits, output,
+       output_splits](OpContext& ctx) -> absl::Status {
+        if (input.nbytes() == 0 && output.nbytes() == 0) {
+          return absl::OkStatus();
+        }
+        // The buffers are distinct (validated): no staging.
+        const size_t elem = DTypeSize(input.dtype);
+        const char* send = static_cast<const char*>(input.data);
+        char* recv = static_cast<char*>(output.data);
+        FSDPP_RETURN_IF_ERROR(ctx.Check(ncclGroupStart(), "ncclGroupStart"));
+        absl::Status status;
+        size_t send_offset = 0, recv_offset = 0;
+        for (int peer = 0; peer < size_ && status.ok(); ++peer) {
+          const size_t send_bytes = input_splits[peer] * elem;
+          const size_t recv_bytes = output_splits[peer] * elem;
+          if (send_bytes > 0) {
+            status = ctx.Check(ncclSend(send + send_offset, send_bytes,
+                                        ncclUint8, peer, ctx.comm, ctx.stream),
+                               "ncclSend");
+          }
+          if (status.ok() && recv_bytes > 0) {
+            status = ctx.Check(ncclRecv(recv + recv_offset, recv_bytes,
+                                        ncclUint8, peer, ctx.comm, ctx.stream),
+                               "ncclRecv");
+          }
+          send_offset += send_bytes;
+          recv_offset += recv_bytes;
+        }
+        // The group is closed even after an error inside it.
+        absl::Status end = ctx.Check(ncclGroupEnd(), "ncclGroupEnd");
+        return status.ok() ? end : status;
+      });
+}
+
 absl::StatusOr<std::shared_ptr<Work>> NcclProcessGroup::Barrier(
     const CollectiveOptions& options) {
   return Issue("barrier", "", options, [](OpContext& ctx) -> absl::Status {

@@ -134,6 +134,12 @@ class NcclProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> AllToAll(
       const Buffer& input, const Buffer& output,
       const CollectiveOptions& options = {}) override;
+  // One NCCL group of per-peer sends and receives (zero-size chunks
+  // skipped); split sizes are not checked across ranks.
+  absl::StatusOr<std::shared_ptr<Work>> AllToAllV(
+      const Buffer& input, const std::vector<int64_t>& input_splits,
+      const Buffer& output, const std::vector<int64_t>& output_splits,
+      const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> BatchP2P(

@@ -322,6 +322,52 @@ TEST_F(NcclBackendTest, AllToAll) {
   });
 }
 
+// Uneven chunks, zeros included: rank r sends (r + 2 * j) % 3 + extra
+// elements to rank j; element i of that chunk is 16 * r + 4 * j + i % 4
+// (exact in bf16). Then an op where rank 1 sends nothing at all.
+TEST_F(NcclBackendTest, AllToAllV) {
+  RunRanks([](int rank, NcclProcessGroup& group) {
+    auto split = [](int extra, int src, int dst) -> int64_t {
+      if (extra < 0) return src == 1 ? 0 : 3 + dst;  // rank 1 sends nothing
+      return (src + 2 * dst) % 3 + extra;
+    };
+    auto value = [](int src, int dst, int64_t i) {
+      return 16.0 * src + 4.0 * dst + static_cast<double>(i % 4);
+    };
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (int extra : {-1, 0, 1000}) {
+        SCOPED_TRACE(absl::StrCat(DTypeName(dtype), " extra ", extra));
+        std::vector<int64_t> in_splits, out_splits;
+        std::vector<double> values;
+        int64_t out_count = 0;
+        for (int p = 0; p < kSize; ++p) {
+          in_splits.push_back(split(extra, rank, p));
+          out_splits.push_back(split(extra, p, rank));
+          out_count += out_splits.back();
+          for (int64_t i = 0; i < in_splits.back(); ++i) {
+            values.push_back(value(rank, p, i));
+          }
+        }
+        const int64_t in_count = static_cast<int64_t>(values.size());
+        DeviceBuffer in(rank, in_count, dtype), out(rank, out_count, dtype);
+        in.Upload(values);
+        out.Upload(std::vector<double>(out_count, -1));
+        ASSERT_TRUE(Finish(group.AllToAllV(in.buffer(), in_splits, out.buffer(),
+                                           out_splits))
+                        .ok());
+        std::vector<double> got = out.Download();
+        int64_t at = 0;
+        for (int p = 0; p < kSize; ++p) {
+          for (int64_t i = 0; i < out_splits[p]; ++i, ++at) {
+            ASSERT_EQ(got[at], value(p, rank, i))
+                << "from rank " << p << " element " << i;
+          }
+        }
+      }
+    }
+  });
+}
+
 // Point-to-point: sends and receives of every size between the two ranks,
 // a batched exchange (each sends to the other and receives from it in one
 // op), and a collective after them.
@@ -507,6 +553,25 @@ TEST(NcclOneRankTest, ReductionsAreTheIdentity) {
         }
       }
     }
+  }
+}
+
+// A one-rank AllToAllV is a copy of the whole input (and an empty one does
+// nothing).
+TEST(NcclOneRankTest, AllToAllVIsACopy) {
+  if (CudaDeviceCount() < 1) GTEST_SKIP() << "needs a CUDA device";
+  RegisterCudaAllocators();
+  InMemoryStore store;
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  auto group = NcclProcessGroup::Create(&store, 0, 1, "one", 0, TestOptions());
+  ASSERT_TRUE(group.ok()) << group.status();
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1001}}) {
+    const std::vector<double> values = Values(0, n, DType::kF32);
+    DeviceBuffer in(0, n, DType::kF32), out(0, n, DType::kF32);
+    in.Upload(values);
+    ASSERT_TRUE(
+        Finish((*group)->AllToAllV(in.buffer(), {n}, out.buffer(), {n})).ok());
+    ASSERT_EQ(out.Download(), values) << "n " << n;
   }
 }
 

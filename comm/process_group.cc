@@ -1,6 +1,9 @@
 // Work, chunk arithmetic and argument validation; see process_group.h.
 #include "comm/process_group.h"
 
+#include <algorithm>
+#include <cstdint>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/device_wait.h"
@@ -223,6 +226,89 @@ absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,
                                 group.size(), " equal chunks"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// That `splits` (named `name`) has one count >= 0 per rank and sums to
+// `buffer`'s count (`what`: "input" or "output").
+absl::Status CheckSplits(const ProcessGroup& group, const char* op,
+                         const char* name, const std::vector<int64_t>& splits,
+                         const char* what, const Buffer& buffer) {
+  if (splits.size() != static_cast<size_t>(group.size())) {
+    return Invalid(
+        group, op,
+        absl::StrCat(name, " has ", splits.size(), " entries, the group has ",
+                     group.size(), " ranks"));
+  }
+  int64_t sum = 0;
+  for (size_t i = 0; i < splits.size(); ++i) {
+    if (splits[i] < 0) {
+      return Invalid(
+          group, op,
+          absl::StrCat(name, "[", i, "] is negative (", splits[i], ")"));
+    }
+    if (__builtin_add_overflow(sum, splits[i], &sum)) {
+      return Invalid(group, op, absl::StrCat(name, " overflow int64"));
+    }
+  }
+  if (sum != buffer.count) {
+    return Invalid(group, op,
+                   absl::StrCat(name, " sum to ", sum, " but ", what, " has ",
+                                buffer.count, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateAllToAllV(const ProcessGroup& group, const Buffer& input,
+                               const std::vector<int64_t>& input_splits,
+                               const Buffer& output,
+                               const std::vector<int64_t>& output_splits) {
+  constexpr const char* kOp = "all_to_all_v";
+  if (absl::Status s = CheckInputAndOutputDType(group, kOp, input, output);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckSplits(group, kOp, "input_splits", input_splits, "input", input);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckSplits(group, kOp, "output_splits", output_splits,
+                                   "output", output);
+      !s.ok()) {
+    return s;
+  }
+  const int rank = group.rank();
+  if (input_splits[rank] != output_splits[rank]) {
+    return Invalid(
+        group, kOp,
+        absl::StrCat("input_splits[", rank, "] (", input_splits[rank],
+                     ") and output_splits[", rank, "] (", output_splits[rank],
+                     ") differ: both size the chunk this rank keeps"));
+  }
+  if (input.count > 0 && output.count > 0) {
+    // As integers: the two may be unrelated objects.
+    const uintptr_t in = reinterpret_cast<uintptr_t>(input.data);
+    const uintptr_t out = reinterpret_cast<uintptr_t>(output.data);
+    if (std::max(in, out) <
+        std::min(in + input.nbytes(), out + output.nbytes())) {
+      return Invalid(group, kOp,
+                     "input and output overlap (they must be distinct "
+                     "buffers)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::string AllToAllVDetail(DType dtype,
+                            const std::vector<int64_t>& input_splits,
+                            const std::vector<int64_t>& output_splits) {
+  return absl::StrCat("send [", absl::StrJoin(input_splits, ", "), "], recv [",
+                      absl::StrJoin(output_splits, ", "), "] x ",
+                      DTypeName(dtype));
 }
 
 }  // namespace fsdpp

@@ -162,6 +162,24 @@ class ProcessGroup {
       const Buffer& input, const Buffer& output,
       const CollectiveOptions& options = {}) = 0;
 
+  // All-to-all with uneven chunks (MoE token dispatch; torch's
+  // all_to_all_single with split sizes). `input` is size() chunks in rank
+  // order, chunk j (input_splits[j] elements) going to rank j; `output` chunk
+  // i (output_splits[i] elements) comes from rank i, in rank order. Splits
+  // count elements, not bytes, and sum to the buffers' counts. Zero-size
+  // chunks move nothing. Input and output must not overlap (unless one is
+  // empty). input_splits[j] on rank r must equal output_splits[r] on rank j;
+  // a mismatch is the caller's error. Gloo checks it (the split sizes travel
+  // first): both ranks of a disagreeing pair fail the op at once with
+  // InvalidArgument naming each other, having moved nothing between them, and
+  // the other transfers complete; as any failed op, it breaks the group on
+  // those two ranks. NCCL does not check: the op may fail at its timeout or
+  // leave the chunk wrong.
+  virtual absl::StatusOr<std::shared_ptr<Work>> AllToAllV(
+      const Buffer& input, const std::vector<int64_t>& input_splits,
+      const Buffer& output, const std::vector<int64_t>& output_splits,
+      const CollectiveOptions& options = {}) = 0;
+
   // Completes once every rank has reached it.
   virtual absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) = 0;
@@ -212,10 +230,20 @@ absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,
                                int root);
 absl::Status ValidateAllToAll(const ProcessGroup& group, const Buffer& input,
                               const Buffer& output);
+// Also that input_splits[rank] == output_splits[rank] (the chunk a rank
+// keeps), the one cross-rank rule a rank can check alone.
+absl::Status ValidateAllToAllV(const ProcessGroup& group, const Buffer& input,
+                               const std::vector<int64_t>& input_splits,
+                               const Buffer& output,
+                               const std::vector<int64_t>& output_splits);
 absl::Status ValidateP2P(const ProcessGroup& group,
                          const std::vector<P2POp>& ops);
 // "send 4 x f32 to 1, recv 4 x f32 from 2".
 std::string P2PDetail(const std::vector<P2POp>& ops);
+// "send [2, 0, 1], recv [1, 1, 0] x f32" (an all_to_all_v's splits).
+std::string AllToAllVDetail(DType dtype,
+                            const std::vector<int64_t>& input_splits,
+                            const std::vector<int64_t>& output_splits);
 
 }  // namespace fsdpp
 

@@ -39,12 +39,13 @@ struct OpCounts {
   int all_reduce = 0;
   int broadcast = 0;
   int all_to_all = 0;
+  int all_to_all_v = 0;  // uneven all-to-alls (counted apart from even ones)
   int barrier = 0;
   int p2p = 0;  // point-to-point batches
   // All of them.
   int total() const {
     return all_gather + reduce_scatter + all_reduce + broadcast + all_to_all +
-           barrier + p2p;
+           all_to_all_v + barrier + p2p;
   }
 };
 
@@ -77,6 +78,7 @@ class CountingProcessGroup final : public ProcessGroup {
     c.all_reduce = all_reduce_;
     c.broadcast = broadcast_;
     c.all_to_all = all_to_all_;
+    c.all_to_all_v = all_to_all_v_;
     c.barrier = barrier_;
     c.p2p = p2p_;
     return c;
@@ -131,6 +133,15 @@ class CountingProcessGroup final : public ProcessGroup {
     ++all_to_all_;
     return inner_->AllToAll(input, output, options);
   }
+  // Counted like AllToAll: the op only, no payload bytes.
+  absl::StatusOr<std::shared_ptr<Work>> AllToAllV(
+      const Buffer& input, const std::vector<int64_t>& input_splits,
+      const Buffer& output, const std::vector<int64_t>& output_splits,
+      const CollectiveOptions& options = {}) override {
+    ++all_to_all_v_;
+    return inner_->AllToAllV(input, input_splits, output, output_splits,
+                             options);
+  }
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override {
     ++barrier_;
@@ -146,7 +157,7 @@ class CountingProcessGroup final : public ProcessGroup {
  private:
   std::unique_ptr<ProcessGroup> inner_;
   std::atomic<int> all_gather_{0}, reduce_scatter_{0}, all_reduce_{0},
-      broadcast_{0}, all_to_all_{0}, barrier_{0}, p2p_{0};
+      broadcast_{0}, all_to_all_{0}, all_to_all_v_{0}, barrier_{0}, p2p_{0};
   std::atomic<int64_t> all_gather_bytes_{0}, reduce_scatter_bytes_{0},
       all_reduce_bytes_{0};
 };

@@ -110,6 +110,12 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllToAll(
   return Done("all_to_all", input.nbytes(), output.nbytes());
 }
 
+absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllToAllV(
+    const Buffer& input, const std::vector<int64_t>&, const Buffer& output,
+    const std::vector<int64_t>&, const CollectiveOptions&) {
+  return Done("all_to_all_v", input.nbytes(), output.nbytes());
+}
+
 absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::Barrier(
     const CollectiveOptions&) {
   return Done("barrier", 0, 0);

@@ -31,7 +31,8 @@ struct SimulatedOp {
   int group_size = 1;
   // Bytes of this rank's input and output buffers (all-gather: the shard in,
   // the whole out; reduce-scatter: the whole in, the shard out; all-reduce
-  // and broadcast: the buffer both ways; point-to-point: sent and received).
+  // and broadcast: the buffer both ways; all-to-all (even or not): the
+  // buffers; point-to-point: sent and received).
   int64_t in_bytes = 0;
   int64_t out_bytes = 0;
 };
@@ -78,6 +79,12 @@ class SimulatedProcessGroup final : public ProcessGroup {
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> AllToAll(
       const Buffer& input, const Buffer& output,
+      const CollectiveOptions& options = {}) override;
+  // Recorded as "all_to_all_v" with the buffers' bytes, as AllToAll (this
+  // rank's own chunk included); Gloo's exchange needs no scratch.
+  absl::StatusOr<std::shared_ptr<Work>> AllToAllV(
+      const Buffer& input, const std::vector<int64_t>& input_splits,
+      const Buffer& output, const std::vector<int64_t>& output_splits,
       const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override;
