@@ -55,6 +55,9 @@ struct OpBytes {
   int64_t all_gather = 0;
   int64_t reduce_scatter = 0;
   int64_t all_reduce = 0;
+  // What an uneven all-to-all sends to the other ranks (its input less the
+  // chunk it keeps).
+  int64_t all_to_all_v_sent = 0;
   // What each rank sends with ring algorithms on `ranks` ranks: (n - 1) / n
   // of an all-gather's output or a reduce-scatter's input, twice that of an
   // all-reduce's buffer.
@@ -90,6 +93,7 @@ class CountingProcessGroup final : public ProcessGroup {
     b.all_gather = all_gather_bytes_;
     b.reduce_scatter = reduce_scatter_bytes_;
     b.all_reduce = all_reduce_bytes_;
+    b.all_to_all_v_sent = all_to_all_v_sent_;
     return b;
   }
 
@@ -133,14 +137,22 @@ class CountingProcessGroup final : public ProcessGroup {
     ++all_to_all_;
     return inner_->AllToAll(input, output, options);
   }
-  // Counted like AllToAll: the op only, no payload bytes.
+  // Counted, and once issued, the bytes it sends to other ranks.
   absl::StatusOr<std::shared_ptr<Work>> AllToAllV(
       const Buffer& input, const std::vector<int64_t>& input_splits,
       const Buffer& output, const std::vector<int64_t>& output_splits,
       const CollectiveOptions& options = {}) override {
     ++all_to_all_v_;
-    return inner_->AllToAllV(input, input_splits, output, output_splits,
-                             options);
+    absl::StatusOr<std::shared_ptr<Work>> work =
+        inner_->AllToAllV(input, input_splits, output, output_splits, options);
+    if (work.ok()) {
+      for (size_t r = 0; r < input_splits.size(); ++r) {
+        if (static_cast<int>(r) == inner_->rank()) continue;
+        all_to_all_v_sent_ +=
+            input_splits[r] * static_cast<int64_t>(DTypeSize(input.dtype));
+      }
+    }
+    return work;
   }
   absl::StatusOr<std::shared_ptr<Work>> Barrier(
       const CollectiveOptions& options = {}) override {
@@ -159,7 +171,7 @@ class CountingProcessGroup final : public ProcessGroup {
   std::atomic<int> all_gather_{0}, reduce_scatter_{0}, all_reduce_{0},
       broadcast_{0}, all_to_all_{0}, all_to_all_v_{0}, barrier_{0}, p2p_{0};
   std::atomic<int64_t> all_gather_bytes_{0}, reduce_scatter_bytes_{0},
-      all_reduce_bytes_{0};
+      all_reduce_bytes_{0}, all_to_all_v_sent_{0};
 };
 
 // The counts of the group along `axis` of `mesh` (built by

@@ -1,6 +1,6 @@
 // CountingProcessGroup forwards every op to the wrapped Gloo group and counts
 // it by kind (even and uneven all-to-alls apart), with payload bytes for the
-// ring collectives.
+// ring collectives and the bytes uneven all-to-alls send.
 #include "optim/counting_groups.h"
 
 #include <cstdint>
@@ -15,6 +15,8 @@ TEST(CountingGroupsTest, CountsEachKindAndForwards) {
   testing_util::RunOnCountingMesh({{"dp", 2}}, [](int rank, DeviceMesh& mesh) {
     ProcessGroup* group = *mesh.Group("dp");
     const testing_util::OpCounts before = testing_util::AxisCounts(mesh, "dp");
+    const testing_util::OpBytes before_bytes =
+        testing_util::AxisBytes(mesh, "dp");
     // Both ranks send 1 element to rank 0 and 2 to rank 1.
     std::vector<float> in = {10.0f * rank, 10.0f * rank + 1, 10.0f * rank + 2};
     const std::vector<int64_t> in_splits = {1, 2};
@@ -46,6 +48,10 @@ TEST(CountingGroupsTest, CountsEachKindAndForwards) {
     EXPECT_EQ(counts.total() - before.total(), 3);
     const testing_util::OpBytes bytes = testing_util::AxisBytes(mesh, "dp");
     EXPECT_EQ(bytes.RingBytesSent(2), 0.0);
+    // Rank 0 sent 2 floats to rank 1, rank 1 one float to rank 0; the
+    // rejected op sent nothing.
+    EXPECT_EQ(bytes.all_to_all_v_sent - before_bytes.all_to_all_v_sent,
+              rank == 0 ? 8 : 4);
   });
 }
 
