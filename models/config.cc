@@ -75,6 +75,21 @@ std::vector<TransformerConfig> AllConfigs() {
       Llama("llama3_70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0f,
             /*tied=*/false),
   };
+  TransformerConfig moe_debug =
+      Llama("moe_debug", 2, 64, 4, 2, 192, 512, 128, 10000.0f, /*tied=*/true);
+  moe_debug.moe.num_experts = 8;
+  moe_debug.moe.top_k = 2;
+  moe_debug.moe.hidden = 96;
+  moe_debug.moe.aux_loss_coef = 0.01f;
+  configs.push_back(moe_debug);
+  TransformerConfig olmoe = Llama("olmoe_1b_7b", 16, 2048, 16, 16, 1024, 50304,
+                                  4096, 10000.0f, /*tied=*/false);
+  olmoe.moe.num_experts = 64;
+  olmoe.moe.top_k = 8;
+  olmoe.moe.hidden = 1024;
+  olmoe.moe.normalize_top_k = false;
+  olmoe.moe.aux_loss_coef = 0.01f;
+  configs.push_back(olmoe);
   for (TransformerConfig& c : configs) {
     if (c.name == "smollm3_3b") {
       c.norm_eps = 1e-6f;
@@ -98,10 +113,31 @@ int64_t AttentionMatmulParameters(const TransformerConfig& c) {
   return c.dim * (q_width + 2 * kv_width) + q_width * c.dim;
 }
 
-// Weight elements of one layer's MLP (no biases).
+// Weight elements of one dense layer's MLP (no biases).
 int64_t MlpMatmulParameters(const TransformerConfig& c) {
   const int64_t matrices = c.activation == Activation::kGelu ? 2 : 3;
   return matrices * c.dim * c.ffn_hidden;
+}
+
+// Weight elements of one mixture-of-experts layer's matmuls: the router,
+// `experts` SwiGLU experts and the shared ones.
+int64_t MoeMatmulParameters(const TransformerConfig& c, int64_t experts) {
+  return c.moe.num_experts * c.dim + experts * 3 * c.dim * c.moe.hidden +
+         3 * c.dim * c.moe.shared_hidden;
+}
+
+// Weight elements of the feed-forward matmuls of every layer, counting
+// `active` experts of each mixture (num_experts: all of them).
+int64_t FeedForwardMatmulParameters(const TransformerConfig& c,
+                                    bool active_only) {
+  int64_t n = 0;
+  for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+    n += c.UsesMoe(layer)
+             ? MoeMatmulParameters(
+                   c, active_only ? c.moe.top_k : c.moe.num_experts)
+             : MlpMatmulParameters(c);
+  }
+  return n;
 }
 
 }  // namespace
@@ -143,7 +179,16 @@ std::string ModelConfigJson(const TransformerConfig& c) {
       "], \"no_rope_every\": ", c.no_rope_every,
       ", \"tied_embeddings\": ", c.tied_embeddings ? "true" : "false",
       ", \"bias\": ", c.bias ? "true" : "false", ", \"activation\": \"",
-      ActivationName(c.activation), "\", \"init_std\": ", f(c.init_std), "}");
+      ActivationName(c.activation), "\", \"init_std\": ", f(c.init_std),
+      ", \"moe\": {\"num_experts\": ", c.moe.num_experts,
+      ", \"top_k\": ", c.moe.top_k, ", \"hidden\": ", c.moe.hidden,
+      ", \"shared_hidden\": ", c.moe.shared_hidden,
+      ", \"first_layer\": ", c.moe.first_layer, ", \"scoring\": \"",
+      c.moe.sigmoid ? "sigmoid" : "softmax",
+      "\", \"normalize_top_k\": ", c.moe.normalize_top_k ? "true" : "false",
+      ", \"route_scale\": ", f(c.moe.route_scale),
+      ", \"aux_loss_coef\": ", f(c.moe.aux_loss_coef),
+      ", \"expert_bias\": ", c.moe.expert_bias ? "true" : "false", "}}");
 }
 
 absl::StatusOr<TransformerConfig> ParseModelConfigJson(
@@ -231,6 +276,50 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
   } else {
     return bad(absl::StrCat("unknown activation \"", activation, "\""));
   }
+  // Written since MoE models exist; a config without it is dense.
+  if (const Json* moe = o.Find("moe"); moe != nullptr) {
+    if (!moe->is_object()) return bad("moe is not a JSON object");
+    const auto moe_field = [&](const char* key) -> absl::StatusOr<const Json*> {
+      const Json* v = moe->Find(key);
+      if (v == nullptr) return bad(absl::StrCat("no \"moe.", key, "\""));
+      return v;
+    };
+    const std::pair<const char*, int64_t*> integers[] = {
+        {"num_experts", &c.moe.num_experts},
+        {"top_k", &c.moe.top_k},
+        {"hidden", &c.moe.hidden},
+        {"shared_hidden", &c.moe.shared_hidden},
+        {"first_layer", &c.moe.first_layer}};
+    for (const auto& [key, out] : integers) {
+      FSDPP_ASSIGN_OR_RETURN(const Json* v, moe_field(key));
+      if (!v->is_int64()) {
+        return bad(absl::StrCat("moe.", key, " is not an integer"));
+      }
+      *out = v->int64_value();
+    }
+    const std::pair<const char*, bool*> booleans[] = {
+        {"normalize_top_k", &c.moe.normalize_top_k},
+        {"expert_bias", &c.moe.expert_bias}};
+    for (const auto& [key, out] : booleans) {
+      FSDPP_ASSIGN_OR_RETURN(const Json* v, moe_field(key));
+      if (!v->is_bool()) {
+        return bad(absl::StrCat("moe.", key, " is not true or false"));
+      }
+      *out = v->bool_value();
+    }
+    FSDPP_ASSIGN_OR_RETURN(const Json* route, moe_field("route_scale"));
+    FSDPP_RETURN_IF_ERROR(
+        number(*route, "moe.route_scale", &c.moe.route_scale));
+    FSDPP_ASSIGN_OR_RETURN(const Json* aux, moe_field("aux_loss_coef"));
+    FSDPP_RETURN_IF_ERROR(
+        number(*aux, "moe.aux_loss_coef", &c.moe.aux_loss_coef));
+    FSDPP_ASSIGN_OR_RETURN(const Json* scoring, moe_field("scoring"));
+    if (!scoring->is_string() || (scoring->string_value() != "softmax" &&
+                                  scoring->string_value() != "sigmoid")) {
+      return bad("moe.scoring is not \"softmax\" or \"sigmoid\"");
+    }
+    c.moe.sigmoid = scoring->string_value() == "sigmoid";
+  }
   const absl::Status valid = ValidateConfig(c);
   if (!valid.ok()) return bad(valid.message());
   return c;
@@ -290,6 +379,39 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
   if (c.activation == Activation::kGelu && !c.bias) {
     return invalid("the GELU MLP (nn::Mlp) always has biases: set bias = true");
   }
+  const MoeConfig& m = c.moe;
+  if (m.num_experts < 0) {
+    return invalid(
+        absl::StrCat("moe.num_experts must be >= 0, got ", m.num_experts));
+  }
+  if (m.enabled()) {
+    if (c.family != ModelFamily::kLlama) {
+      return invalid("a mixture of experts needs the Llama family (SwiGLU)");
+    }
+    if (m.top_k < 1 || m.top_k > m.num_experts) {
+      return invalid(absl::StrCat("moe.top_k must be in [1, num_experts = ",
+                                  m.num_experts, "], got ", m.top_k));
+    }
+    if (m.hidden < 1 || m.shared_hidden < 0) {
+      return invalid(absl::StrCat(
+          "moe.hidden must be >= 1 and moe.shared_hidden >= 0, got ", m.hidden,
+          " and ", m.shared_hidden));
+    }
+    if (m.first_layer < 0 || m.first_layer > c.n_layers) {
+      return invalid(absl::StrCat("moe.first_layer must be in [0, n_layers = ",
+                                  c.n_layers, "], got ", m.first_layer));
+    }
+    if (!(m.route_scale > 0.0f) || !(m.aux_loss_coef >= 0.0f)) {
+      return invalid(absl::StrCat(
+          "moe.route_scale must be > 0 and moe.aux_loss_coef >= 0, got ",
+          m.route_scale, " and ", m.aux_loss_coef));
+    }
+    if (m.sigmoid && m.aux_loss_coef > 0.0f) {
+      return invalid(
+          "moe.aux_loss_coef needs softmax scores (sigmoid routers balance "
+          "with the expert bias)");
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -312,8 +434,13 @@ int64_t NumParameters(const TransformerConfig& c) {
   const int64_t vocab = c.padded_vocab_size();
   int64_t n = vocab * c.dim;  // Token embedding.
   if (c.family == ModelFamily::kGpt2) n += c.context_length * c.dim;
-  int64_t per_layer = 2 * NormParameters(c) + AttentionMatmulParameters(c) +
-                      MlpMatmulParameters(c);
+  int64_t per_layer = 2 * NormParameters(c) + AttentionMatmulParameters(c);
+  n += FeedForwardMatmulParameters(c, /*active_only=*/false);
+  if (c.moe.expert_bias) {
+    for (int64_t layer = 0; layer < c.n_layers; ++layer) {
+      if (c.UsesMoe(layer)) n += c.moe.num_experts;
+    }
+  }
   if (c.bias) {
     per_layer += (c.n_heads + 2 * c.kv_heads()) * c.head_dim() + c.dim;
   }
@@ -324,11 +451,17 @@ int64_t NumParameters(const TransformerConfig& c) {
   return n;
 }
 
+int64_t NumActiveParameters(const TransformerConfig& c) {
+  return NumParameters(c) -
+         FeedForwardMatmulParameters(c, /*active_only=*/false) +
+         FeedForwardMatmulParameters(c, /*active_only=*/true);
+}
+
 double FlopsPerToken(const TransformerConfig& c, int64_t seq_len) {
   const double matmul_parameters =
       static_cast<double>(c.n_layers) *
-          static_cast<double>(AttentionMatmulParameters(c) +
-                              MlpMatmulParameters(c)) +
+          static_cast<double>(AttentionMatmulParameters(c)) +
+      static_cast<double>(FeedForwardMatmulParameters(c, true)) +
       static_cast<double>(c.padded_vocab_size()) * static_cast<double>(c.dim);
   const double attention = 12.0 * static_cast<double>(c.n_layers) *
                            static_cast<double>(seq_len) *

@@ -34,6 +34,24 @@ enum class Activation {
   kSwiGlu,  // nn::SwiGlu: down(silu(gate(x)) * up(x)), no biases.
 };
 
+// Mixture-of-experts feed-forward blocks (nn::MoE) in place of the SwiGLU
+// of the layers from first_layer on (DeepSeek's first_k_dense_replace: the
+// ones before keep a dense SwiGLU of ffn_hidden). Llama family only.
+struct MoeConfig {
+  int64_t num_experts = 0;    // 0: a dense model
+  int64_t top_k = 0;          // experts per token
+  int64_t hidden = 0;         // each expert's SwiGLU width
+  int64_t shared_hidden = 0;  // the shared experts' SwiGLU width (0: none)
+  int64_t first_layer = 0;    // layers before it stay dense
+  bool sigmoid = false;       // router scores: softmax (false) or sigmoid
+  bool normalize_top_k = true;
+  float route_scale = 1.0f;
+  float aux_loss_coef = 0.0f;  // load balancing (softmax only)
+  bool expert_bias = false;    // aux-loss-free balancing's selection bias
+
+  bool enabled() const { return num_experts > 0; }
+};
+
 // "gpt2" / "llama".
 const char* ModelFamilyName(ModelFamily family);
 // "gelu" / "swiglu".
@@ -70,6 +88,7 @@ struct TransformerConfig {
   bool bias = true;
   Activation activation = Activation::kGelu;
   float init_std = 0.02f;  // Std of the weight initialisation.
+  MoeConfig moe;           // Mixture of experts (off by default).
 
   // vocab_size rounded up to a multiple of vocab_pad_multiple.
   int64_t padded_vocab_size() const;
@@ -78,12 +97,19 @@ struct TransformerConfig {
   int64_t head_dim() const { return n_heads == 0 ? 0 : dim / n_heads; }
   // Whether layer `layer` (0-based) applies rotary embeddings.
   bool UsesRope(int64_t layer) const;
+  // Whether layer `layer` (0-based) has a mixture of experts.
+  bool UsesMoe(int64_t layer) const {
+    return moe.enabled() && layer >= moe.first_layer;
+  }
 };
 
 // OK when `config` describes a buildable model: positive sizes, n_heads
 // dividing dim, n_kv_heads dividing n_heads, even head_dim for RoPE,
-// vocab_pad_multiple >= 1, and bias = true with kGelu. InvalidArgument naming
-// the config and the problem otherwise.
+// vocab_pad_multiple >= 1, bias = true with kGelu, and a mixture of experts
+// only in the Llama family with 1 <= top_k <= num_experts, hidden > 0,
+// shared_hidden >= 0, 0 <= first_layer <= n_layers, route_scale > 0 and an
+// aux loss only with softmax scores. InvalidArgument naming the config and
+// the problem otherwise.
 absl::Status ValidateConfig(const TransformerConfig& config);
 
 // The checkpoint key (a byte value) under which the trainer keeps
@@ -121,6 +147,13 @@ std::vector<std::string> ConfigNames();
 //   llama3_70b   Llama-3-70B: 80 / 8192 / 64 heads, 8 kv, ffn 28672,
 //                vocab 128256, untied, theta 500000, ctx 8192 (for the
 //                planner; training it needs far more than one machine)
+//   moe_debug    llama_debug with a mixture of 8 experts of width 96, top-2
+//                (as many active feed-forward weights as llama_debug's
+//                SwiGLU of 192), softmax router, aux loss 0.01
+//   olmoe_1b_7b  OLMoE-1B-7B: 16 / 2048 / 16 heads, 64 experts of width
+//                1024, top-8 unnormalised, aux loss 0.01, vocab 50304,
+//                untied, theta 10000, ctx 4096 (6.9B parameters, 1.3B
+//                active; without OLMoE's q / k norms)
 // GPT-2 configs have ffn 4 dim, eps 1e-5, biases and no vocab padding (set
 // vocab_pad_multiple = 64 for 50304). Llama configs have no biases and
 // RmsNorm eps 1e-5 (SmolLM3: 1e-6). Of the RoPE scalings only "llama3" is
@@ -131,6 +164,10 @@ absl::StatusOr<TransformerConfig> ConfigByName(const std::string& name);
 // Parameters of the model Transformer builds from `config` (each tied
 // parameter once), computed from the shapes alone.
 int64_t NumParameters(const TransformerConfig& config);
+// Of those, the ones a token uses: with a mixture of experts, the router,
+// top_k experts and the shared ones of each such layer (and all the rest);
+// NumParameters for a dense model.
+int64_t NumActiveParameters(const TransformerConfig& config);
 
 // Training FLOPs per token at sequence length `seq_len` (forward + backward,
 // 2 FLOPs per multiply-add, backward = 2 x forward):
@@ -139,7 +176,8 @@ int64_t NumParameters(const TransformerConfig& config);
 //
 // N_matmul counts the weights that take part in matmuls: per layer the q, k,
 // v and output projections (GQA-aware: k and v are kv_heads * head_dim wide)
-// and the MLP (2 matrices for GELU, 3 for SwiGLU), plus the LM head
+// and the MLP (2 matrices for GELU, 3 for SwiGLU; a mixture of experts'
+// router, top_k experts and shared experts), plus the LM head
 // (padded_vocab_size x dim, counted even when tied to the embedding). It
 // leaves out embedding lookups, position embeddings, norms and biases. The
 // second term is the attention core (Q K^T and P V: 2 matmuls x 2 FLOPs x 3

@@ -24,7 +24,7 @@ TransformerConfig Named(const std::string& name) {
 }
 
 TEST(ConfigTest, EveryNamedConfigIsValidAndKnowsItsName) {
-  ASSERT_EQ(ConfigNames().size(), 10u);
+  ASSERT_EQ(ConfigNames().size(), 12u);
   for (const std::string& name : ConfigNames()) {
     const TransformerConfig c = Named(name);
     EXPECT_EQ(c.name, name);
@@ -54,7 +54,45 @@ TEST(ConfigTest, ModelConfigJsonRoundTripsEveryField) {
     EXPECT_EQ(back->tied_embeddings, c->tied_embeddings);
     EXPECT_EQ(back->init_std, c->init_std);
     EXPECT_EQ(back->padded_vocab_size(), c->padded_vocab_size());
+    EXPECT_EQ(back->moe.num_experts, c->moe.num_experts);
+    EXPECT_EQ(back->moe.normalize_top_k, c->moe.normalize_top_k);
   }
+  // Every MoE field, off its default.
+  TransformerConfig m = Named("moe_debug");
+  m.moe.shared_hidden = 32;
+  m.moe.first_layer = 1;
+  m.moe.sigmoid = true;
+  m.moe.aux_loss_coef = 0.0f;
+  m.moe.normalize_top_k = false;
+  m.moe.route_scale = 2.5f;
+  m.moe.expert_bias = true;
+  absl::StatusOr<TransformerConfig> back =
+      ParseModelConfigJson(ModelConfigJson(m), "x");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(ModelConfigJson(*back), ModelConfigJson(m));
+  EXPECT_EQ(back->moe.shared_hidden, 32);
+  EXPECT_EQ(back->moe.first_layer, 1);
+  EXPECT_TRUE(back->moe.sigmoid);
+  EXPECT_EQ(back->moe.route_scale, 2.5f);
+  EXPECT_TRUE(back->moe.expert_bias);
+}
+
+// Checkpoints written before MoE models existed have no "moe": dense.
+TEST(ConfigTest, ModelConfigJsonWithoutMoeIsDense) {
+  const TransformerConfig c = Named("llama_debug");
+  std::string json = ModelConfigJson(c);
+  const size_t at = json.find(", \"moe\": ");
+  ASSERT_NE(at, std::string::npos);
+  json = json.substr(0, at) + "}";
+  absl::StatusOr<TransformerConfig> back = ParseModelConfigJson(json, "old");
+  ASSERT_TRUE(back.ok()) << back.status() << "\n" << json;
+  EXPECT_FALSE(back->moe.enabled());
+  EXPECT_EQ(ModelConfigJson(*back), ModelConfigJson(c));
+  std::string bad = ModelConfigJson(Named("moe_debug"));
+  bad.replace(bad.find("\"softmax\""), 9, "\"cosine\"");
+  EXPECT_TRUE(
+      absl::StrContains(ParseModelConfigJson(bad, "x").status().message(),
+                        "moe.scoring is not \"softmax\" or \"sigmoid\""));
 }
 
 TEST(ConfigTest, ParseModelConfigJsonSaysWhatIsWrong) {
@@ -162,6 +200,24 @@ TEST(ConfigTest, ValidateRejectsBadShapes) {
   c = Named("gpt2_debug");
   c.dim = 0;
   EXPECT_FALSE(ValidateConfig(c).ok());
+  c = Named("gpt2_debug");
+  c.moe = Named("moe_debug").moe;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(), "Llama family"));
+  c = Named("moe_debug");
+  c.moe.top_k = 9;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(),
+                                "moe.top_k must be in [1, num_experts = 8]"));
+  c = Named("moe_debug");
+  c.moe.first_layer = 3;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(),
+                                "moe.first_layer must be in [0, n_layers"));
+  c = Named("moe_debug");
+  c.moe.sigmoid = true;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(),
+                                "moe.aux_loss_coef needs softmax"));
+  c = Named("moe_debug");
+  c.moe.hidden = 0;
+  EXPECT_TRUE(absl::StrContains(ValidateConfig(c).message(), "moe.hidden"));
 }
 
 TEST(ConfigTest, PublishedParameterCounts) {
@@ -182,6 +238,18 @@ TEST(ConfigTest, PublishedParameterCounts) {
   EXPECT_EQ(NumParameters(Named("gpt2_350m")), 354823168);
   EXPECT_EQ(NumParameters(Named("gpt2_774m")), 774030080);
   EXPECT_EQ(NumParameters(Named("gpt2_1558m")), 1557611200);
+  // OLMoE-1B-7B: its HF release's 6919161856 less the 16 layers' q and k
+  // norms (2 x 2048 each), which fsdpp's attention does not have; 1.28 B
+  // active (8 of 64 experts).
+  EXPECT_EQ(NumParameters(Named("olmoe_1b_7b")), 6919161856 - 16 * 2 * 2048);
+  EXPECT_EQ(NumActiveParameters(Named("olmoe_1b_7b")), 1281951744);
+  // moe_debug: llama_debug's SwiGLU (3 x 64 x 192) becomes a router (8 x 64)
+  // and 8 experts (3 x 64 x 96 each), two of them active.
+  EXPECT_EQ(NumParameters(Named("moe_debug")),
+            131392 + 2 * (8 * 64 + 8 * 3 * 64 * 96 - 3 * 64 * 192));
+  EXPECT_EQ(NumActiveParameters(Named("moe_debug")), 131392 + 2 * 8 * 64);
+  EXPECT_EQ(NumActiveParameters(Named("llama_debug")),
+            NumParameters(Named("llama_debug")));
 }
 
 // The analytic count equals the built model's, built on the meta device.
@@ -215,6 +283,16 @@ TEST(ConfigTest, AnalyticCountEqualsBuiltModel) {
   llama_biased.bias = true;
   llama_biased.activation = Activation::kGelu;
   ExpectBuiltCount(llama_biased);
+  ExpectBuiltCount(Named("moe_debug"));
+  ExpectBuiltCount(Named("olmoe_1b_7b"));
+  TransformerConfig moe_all = Named("moe_debug");
+  moe_all.n_layers = 3;
+  moe_all.moe.first_layer = 1;  // one dense layer first
+  moe_all.moe.shared_hidden = 48;
+  moe_all.moe.sigmoid = true;
+  moe_all.moe.aux_loss_coef = 0.0f;
+  moe_all.moe.expert_bias = true;
+  ExpectBuiltCount(moe_all);
 }
 
 TEST(ConfigTest, FlopsPerTokenGpt2MatchesNanoGptFormula) {
@@ -258,6 +336,15 @@ TEST(ConfigTest, FlopsPerTokenSmolLm3BothFormulas) {
   // The two differ by the LM head minus the GQA overcount of k and v.
   EXPECT_DOUBLE_EQ(ours - seed,
                    6.0 * (128256.0 * 2048 - 36.0 * 2 * 2048 * (2048 - 512)));
+}
+
+// A mixture of experts costs its active weights: the router and top_k
+// experts per layer, as many FLOPs as a dense model of that width.
+TEST(ConfigTest, FlopsPerTokenCountsActiveExperts) {
+  const TransformerConfig moe = Named("moe_debug");
+  const TransformerConfig dense = Named("llama_debug");
+  EXPECT_DOUBLE_EQ(FlopsPerToken(moe, 128) - FlopsPerToken(dense, 128),
+                   6.0 * 2 * 8 * 64);
 }
 
 }  // namespace

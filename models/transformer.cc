@@ -222,7 +222,26 @@ absl::Status Transformer::Build() {
     FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<nn::CausalSelfAttention> attention,
                            nn::CausalSelfAttention::Create(ac));
     std::unique_ptr<Module> mlp;
-    if (c.activation == Activation::kGelu) {
+    if (c.UsesMoe(i)) {
+      nn::MoeOptions mo;
+      mo.dim = c.dim;
+      mo.hidden = c.moe.hidden;
+      mo.num_experts = c.moe.num_experts;
+      mo.top_k = c.moe.top_k;
+      mo.scoring =
+          c.moe.sigmoid ? nn::MoeScoring::kSigmoid : nn::MoeScoring::kSoftmax;
+      mo.normalize_top_k = c.moe.normalize_top_k;
+      mo.route_scale = c.moe.route_scale;
+      mo.shared_hidden = c.moe.shared_hidden;
+      mo.aux_loss_coef = c.moe.aux_loss_coef;
+      mo.expert_bias = c.moe.expert_bias;
+      mo.init_std = init_std;
+      mo.down_init_std = residual_std;
+      mo.dtype = dtype;
+      auto moe = std::make_unique<nn::MoE>(mo);
+      moe_layers_.push_back(moe.get());
+      mlp = std::move(moe);
+    } else if (c.activation == Activation::kGelu) {
       mlp = std::make_unique<nn::Mlp>(c.dim, c.ffn_hidden, init_std,
                                       residual_std, dtype);
     } else {
@@ -248,9 +267,9 @@ absl::Status Transformer::Build() {
     }
   }
 
-  if (!gpt2) {
+  if (!gpt2) {  // matrices, and the experts' stacks of them
     for (auto& [name, p] : NamedParameters()) {
-      if (p->shape.size() == 2)
+      if (p->shape.size() >= 2)
         p->init = InitSpec::TruncatedNormal(init_std, 2.0f);
     }
   }
@@ -625,6 +644,16 @@ absl::Status Transformer::Backward(float loss_scale) {
   }
   FSDPP_ASSIGN_OR_RETURN(Tensor dlogits, loss_->Backward(loss_scale));
   return Module::Backward(dlogits).status();
+}
+
+double Transformer::AuxLoss() const {
+  double sum = 0.0;
+  for (const nn::MoE* moe : moe_layers_) sum += moe->last_aux_loss();
+  return sum;
+}
+
+void Transformer::SetAuxLossScale(float scale) {
+  for (nn::MoE* moe : moe_layers_) moe->set_aux_loss_scale(scale);
 }
 
 absl::StatusOr<Tensor> Transformer::Logits(const Tensor& ids) {

@@ -61,6 +61,7 @@
 #include "nn/linear_cross_entropy.h"
 #include "nn/loss.h"
 #include "nn/module.h"
+#include "nn/moe.h"
 #include "tensor/tensor.h"
 
 namespace fsdpp {
@@ -222,6 +223,17 @@ class Transformer : public Module {
   // (evaluation: under FSDP a forward-only pass, see fsdp/fully_shard.h).
   absl::StatusOr<float> EvalLoss(const Tensor& ids, const Tensor& targets);
 
+  // The mixture-of-experts layers (config().moe; a part's), in block order.
+  const std::vector<nn::MoE*>& moe_layers() const { return moe_layers_; }
+  // The sum of their last Forward's auxiliary losses (nn::MoE; 0 without).
+  // It is not part of ForwardLoss's value (the cross-entropy alone, the
+  // same for dense and MoE models); its gradient is part of Backward's.
+  double AuxLoss() const;
+  // The factor the MoE layers' Backward scales their auxiliary loss's
+  // gradient by: the loss scale of the gradient the head's loss sends (the
+  // step sets it, 1 / micro-batches times a loss scaler's scale).
+  void SetAuxLossScale(float scale);
+
   // The n_layers blocks (a part's blocks), in order (units for FSDP plans).
   const std::vector<TransformerBlock*>& blocks() const { return blocks_; }
   // Index in the whole model of blocks()[0].
@@ -293,6 +305,7 @@ class Transformer : public Module {
   nn::Embedding* position_embedding_ = nullptr;
   BlockStack* stack_ = nullptr;
   std::vector<TransformerBlock*> blocks_;
+  std::vector<nn::MoE*> moe_layers_;
   Module* final_norm_ = nullptr;
   nn::LinearCrossEntropy* lm_head_ = nullptr;
   // The logits are the loss's alone: their gradient overwrites them.

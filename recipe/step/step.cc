@@ -141,6 +141,7 @@ absl::StatusOr<StepLoss> PlainStep::ForwardBackward(
   }
   const float backward_scale =
       1.0f / static_cast<float>(micro_batches) * static_cast<float>(loss_scale);
+  model_->SetAuxLossScale(backward_scale);
   StepLoss out;
   MicroBatch first;
   for (int64_t m = 0; m < run; ++m) {
@@ -365,6 +366,9 @@ absl::StatusOr<StepLoss> PipelineStep::ForwardBackward(
   std::vector<Tensor> ids, targets;
   FSDPP_RETURN_IF_ERROR(Gather(micro_batches, source, &ids, &targets));
   for (fsdp::FsdpUnit* u : all_units_) u->SetRequiresGradientSync(false);
+  for (models::PipelineStagePart& part : parts_) {
+    part.model->SetAuxLossScale(static_cast<float>(loss_scale / micro_batches));
+  }
   training_ = true;
   absl::StatusOr<parallel::PipelineStepStats> stats = runner_->Step(
       ids, targets, static_cast<float>(loss_scale / micro_batches));
