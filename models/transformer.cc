@@ -652,6 +652,18 @@ double Transformer::AuxLoss() const {
   return sum;
 }
 
+nn::MoE::Stats Transformer::TakeMoeStats() {
+  nn::MoE::Stats sum;
+  sum.tokens.assign(config_.moe.num_experts, 0);
+  for (nn::MoE* moe : moe_layers_) {
+    const nn::MoE::Stats s = moe->TakeStats();
+    for (size_t e = 0; e < s.tokens.size(); ++e) sum.tokens[e] += s.tokens[e];
+    sum.aux_loss_sum += s.aux_loss_sum;
+    sum.backwards = s.backwards;
+  }
+  return sum;
+}
+
 void Transformer::SetAuxLossScale(float scale) {
   for (nn::MoE* moe : moe_layers_) moe->set_aux_loss_scale(scale);
 }

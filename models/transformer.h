@@ -229,6 +229,10 @@ class Transformer : public Module {
   // It is not part of ForwardLoss's value (the cross-entropy alone, the
   // same for dense and MoE models); its gradient is part of Backward's.
   double AuxLoss() const;
+  // The MoE layers' stats since the last call (nn::MoE::TakeStats), summed
+  // over the layers: tokens per expert, the auxiliary losses' sum (over the
+  // layers and the trained micro-batches) and the backwards per layer.
+  nn::MoE::Stats TakeMoeStats();
   // The factor the MoE layers' Backward scales their auxiliary loss's
   // gradient by: the loss scale of the gradient the head's loss sends (the
   // step sets it, 1 / micro-batches times a loss scaler's scale).

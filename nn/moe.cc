@@ -285,13 +285,14 @@ MoE::MoE(const MoeOptions& options) : Module("MoE"), options_(options) {
                                 InitSpec::Zeros(), DType::kF32);
     expert_bias_->requires_grad = false;
   }
-  token_counts_.assign(options.num_experts, 0);
+  stats_.tokens.assign(options.num_experts, 0);
 }
 
-std::vector<int64_t> MoE::TakeTokenCounts() {
-  std::vector<int64_t> counts(options_.num_experts, 0);
-  std::swap(counts, token_counts_);
-  return counts;
+MoE::Stats MoE::TakeStats() {
+  Stats out;
+  out.tokens.assign(options_.num_experts, 0);
+  std::swap(out, stats_);
+  return out;
 }
 
 absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
@@ -376,7 +377,6 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
         order[row] = t;
       }
     }
-    for (int64_t e = 0; e < num_e; ++e) token_counts_[e] += sizes[e];
     // The auxiliary loss: each sequence's balance, their mean.
     if (options_.aux_loss_coef > 0.0f && num_seq > 0) {
       double aux = 0.0;
@@ -433,6 +433,9 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   saved_position_ = position_t;
   saved_order_ = order_t;
   saved_counts_ = counts_t;
+  FSDPP_ASSIGN_OR_RETURN(saved_aux_, Tensor::Empty({1}, DType::kF32, device,
+                                                   MemoryTag::kActivations));
+  if (!meta) saved_aux_.data<float>()[0] = last_aux_loss_;
   return y_t;
 }
 
@@ -505,6 +508,11 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
     // softmax's backward ignores: small exact differences, so the aux-only
     // router gradient keeps its precision.
     const int64_t* counts = saved_counts_.data<int64_t>();
+    for (int64_t i = 0; i < num_seq * num_e; ++i) {
+      stats_.tokens[i % num_e] += counts[i];
+    }
+    stats_.aux_loss_sum += saved_aux_.data<float>()[0];
+    ++stats_.backwards;
     const bool aux = options_.aux_loss_coef > 0.0f && num_seq > 0;
     d_logits.assign(n * num_e, 0.0f);
     std::vector<double> d_score(num_e);

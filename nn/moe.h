@@ -144,16 +144,23 @@ class MoE : public Module {
   // The factor Backward multiplies the auxiliary loss's gradient by (the
   // loss scale of the gradient it receives; default 1).
   void set_aux_loss_scale(float scale) { aux_loss_scale_ = scale; }
-  // Assignments per expert over every Forward since the last call (for the
-  // metrics and the bias update); resets them.
-  std::vector<int64_t> TakeTokenCounts();
+  // What the trained micro-batches routed: counted by Backward (once per
+  // trained forward, whatever activation checkpointing recomputes;
+  // evaluation forwards count nothing), for the metrics and the bias update.
+  struct Stats {
+    std::vector<int64_t> tokens;  // assignments per expert
+    double aux_loss_sum = 0.0;    // of the backwards' forwards
+    int64_t backwards = 0;
+  };
+  // The stats since the last call; resets them.
+  Stats TakeStats();
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
   std::vector<Tensor*> SavedTensorSlots() override {
-    return {&saved_out_,      &saved_logits_, &saved_topk_,
-            &saved_position_, &saved_order_,  &saved_counts_};
+    return {&saved_out_,   &saved_logits_, &saved_topk_, &saved_position_,
+            &saved_order_, &saved_counts_, &saved_aux_};
   }
 
  private:
@@ -164,7 +171,7 @@ class MoE : public Module {
   Parameter* expert_bias_ = nullptr;
   float last_aux_loss_ = 0.0f;
   float aux_loss_scale_ = 1.0f;
-  std::vector<int64_t> token_counts_;
+  Stats stats_;
   // What Backward needs (tensors, so pipeline stages can stash them):
   Tensor saved_out_;       // the experts' outputs, grouped [N k, C]
   Tensor saved_logits_;    // the router's logits [N, E]
@@ -173,6 +180,7 @@ class MoE : public Module {
                            // i64 [N, k]
   Tensor saved_order_;     // token of each grouped row, i64 [N k]
   Tensor saved_counts_;    // assignments per sequence and expert, i64 [S, E]
+  Tensor saved_aux_;       // the auxiliary loss, f32 [1]
 };
 
 }  // namespace nn

@@ -99,8 +99,15 @@ TEST(MoeTest, TheBiasSelectsButDoesNotWeigh) {
   moe.expert_bias()->data.data<float>()[2] = 100.0f;
   const Tensor x = RandomTensor({6, 5}, DType::kF32, 10);
   ASSERT_OK_AND_ASSIGN(Tensor y, moe.Forward(x));
-  EXPECT_EQ(moe.TakeTokenCounts(), (std::vector<int64_t>{0, 0, 6, 0}));
-  EXPECT_EQ(moe.TakeTokenCounts(), (std::vector<int64_t>{0, 0, 0, 0}));
+  ASSERT_OK(moe.Backward(x).status());
+  MoE::Stats stats = moe.TakeStats();
+  EXPECT_EQ(stats.tokens, (std::vector<int64_t>{0, 0, 6, 0}));
+  EXPECT_EQ(stats.backwards, 1);
+  EXPECT_EQ(moe.TakeStats().tokens, (std::vector<int64_t>{0, 0, 0, 0}));
+  // An evaluation forward counts nothing.
+  ASSERT_OK(moe.Forward(x).status());
+  moe.ReleaseSavedTensors();
+  EXPECT_EQ(moe.TakeStats().backwards, 0);
   // Top-1 normalised: every token's weight is route_scale, whatever the bias:
   // y = 1.5 expert_2(x).
   moe.experts()->SetGroupSizes({0, 0, 6, 0});
@@ -125,7 +132,7 @@ TEST(MoeTest, EveryTokenOnOneExpertLeavesTheOthersEmpty) {
     x.data<float>()[i] = std::fabs(x.data<float>()[i]) + 0.1f;
   }
   EXPECT_TRUE(CheckGradients(moe, x));
-  const std::vector<int64_t> counts = moe.TakeTokenCounts();
+  const std::vector<int64_t> counts = moe.TakeStats().tokens;
   EXPECT_EQ(counts[0] + counts[2] + counts[3], 0);
   EXPECT_GT(counts[1], 0);
 }
@@ -179,6 +186,12 @@ TEST(MoeTest, AuxiliaryLossValueAndGradient) {
   moe.set_aux_loss_scale(1.0f);
   ASSERT_OK(moe.ZeroGrad());
   ASSERT_OK(moe.Backward(dy).status());
+  const MoE::Stats stats = moe.TakeStats();
+  EXPECT_NEAR(stats.aux_loss_sum, aux, 1e-6);
+  EXPECT_EQ(stats.backwards, 1);
+  int64_t assignments = 0;
+  for (int64_t n : stats.tokens) assignments += n;
+  EXPECT_EQ(assignments, 9 * 2);
   const std::vector<double> analytic = Values(moe.gate()->weight()->grad);
   Tensor& w = moe.gate()->weight()->data;
   for (int64_t i = 0; i < w.numel(); ++i) {
@@ -255,7 +268,7 @@ TEST(MoeTest, MetaForwardAndBackward) {
   ASSERT_OK_AND_ASSIGN(Tensor dx, moe.Backward(x));
   EXPECT_TRUE(dx.is_meta());
   EXPECT_EQ(dx.shape(), x.shape());
-  EXPECT_EQ(moe.TakeTokenCounts(), (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(moe.TakeStats().tokens, (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
 TEST(MoeTest, GroupedExpertsWithEmptyGroupsGradients) {

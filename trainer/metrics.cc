@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "core/json_quote.h"
 #include "core/status.h"
@@ -189,6 +190,9 @@ class JsonObject {
   JsonObject& Add(absl::string_view key, const std::string& value) {
     return Raw(key, JsonQuote(value));
   }
+  JsonObject& Add(absl::string_view key, const std::vector<int64_t>& values) {
+    return Raw(key, absl::StrCat("[", absl::StrJoin(values, ","), "]"));
+  }
   std::string Done() const { return absl::StrCat(text_, "}"); }
 
  private:
@@ -234,6 +238,9 @@ std::string ToJson(const TrainRecord& r) {
     o.Add("loss_scale", r.loss_scale).Add("skipped", r.skipped);
   }
   if (r.host_syncs >= 0) o.Add("host_syncs", r.host_syncs);
+  if (!r.expert_tokens.empty()) {
+    o.Add("aux_loss", r.aux_loss).Add("expert_tokens", r.expert_tokens);
+  }
   return o.Done();
 }
 

@@ -98,6 +98,10 @@ struct TrainRecord {
   // On a GPU: the times the host blocked on it during the step (the loss
   // and gradient-norm readbacks included); -1 (not written) on the CPU.
   int64_t host_syncs = -1;
+  // A mixture of experts (trainer.h StepLog): the auxiliary loss and the
+  // tokens per expert; written when expert_tokens is not empty.
+  double aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
 };
 // {"kind":"val", ...}: one validation.
 struct ValidationRecord {

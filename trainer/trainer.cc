@@ -38,6 +38,7 @@
 #include "models/lora.h"
 #include "models/parallelize/hf_import.h"
 #include "models/transformer.h"
+#include "nn/moe.h"
 #include "optim/adamw.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
@@ -380,6 +381,12 @@ absl::Status Trainer::BuildData() {
   FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data_mesh,
                          mesh_->SubMesh(rc_.layout.DataAxes()));
   train_options.dp_rank = rc_.layout.DataRank(data_mesh->rank());
+  if (rc_.model.moe.enabled()) {
+    FSDPP_ASSIGN_OR_RETURN(DeviceMesh * host_data,
+                           (host_mesh_ != nullptr ? host_mesh_ : mesh_)
+                               ->SubMesh(rc_.layout.DataAxes()));
+    FSDPP_ASSIGN_OR_RETURN(data_group_, host_data->FlatGroup());
+  }
   train_options.dp_world = rc_.layout.data_parallel();
   train_options.seed = tc.seed();
   train_options.shuffle = config_.data().shuffle();
@@ -980,6 +987,18 @@ absl::Status Trainer::TrainStep() {
                                 log.loss_scale),
                             absl::StrCat("step ", step)));
     log.loss = last_step_.loss;
+    if (data_group_ != nullptr) {
+      log.expert_tokens.assign(rc_.model.moe.num_experts, 0);
+      double aux_sum = 0.0;
+      for (models::Transformer* model : training_->models()) {
+        const nn::MoE::Stats stats = model->TakeMoeStats();
+        for (size_t e = 0; e < stats.tokens.size(); ++e) {
+          log.expert_tokens[e] += stats.tokens[e];
+        }
+        aux_sum += stats.aux_loss_sum;
+      }
+      log.aux_loss = aux_sum / rc_.layout.grad_accumulation;
+    }
     // Values on the device: NaN until read (LogStep).
     if (!training_->values_on_device() && !std::isfinite(log.loss)) {
       return absl::InternalError(absl::StrFormat(
@@ -1156,6 +1175,20 @@ absl::Status Trainer::LogStep() {
     last.step_s = absl::ToDoubleSeconds(absl::Now() - step_start_);
     last.host_syncs = HostSyncCount() - syncs_before_;
   }
+  if (data_group_ != nullptr && log_now) {
+    // The MoE stats over the data-parallel ranks (every rank logs now).
+    StepLog& last = result_.steps.back();
+    std::vector<double> values = {last.aux_loss};
+    values.insert(values.end(), last.expert_tokens.begin(),
+                  last.expert_tokens.end());
+    FSDPP_RETURN_IF_ERROR(
+        Annotate(AllReduceValues(data_group_, &values, ReduceOp::kSum),
+                 absl::StrCat("step ", step, ": the MoE stats")));
+    last.aux_loss = values[0] / data_group_->size();
+    for (size_t e = 0; e < last.expert_tokens.size(); ++e) {
+      last.expert_tokens[e] = static_cast<int64_t>(std::llround(values[e + 1]));
+    }
+  }
   const StepLog& log = result_.steps.back();
   host_syncs_ += log.host_syncs;
   const bool pending = training_->pending_steps() > 0;
@@ -1167,13 +1200,23 @@ absl::Status Trainer::LogStep() {
   };
   const double mfu_now = mfu(tps_now);
   const double eta = meter_.mean_step_s() * (tc.steps() - step);
-  print_->Progress(
-      TrainLine(
-          log, pending, tc.steps(),
-          meter_.measured_steps() > 0 ? meter_.tokens_per_s() : tps_now,
-          meter_.measured_steps() > 0 ? mfu(meter_.tokens_per_s()) : mfu_now,
-          eta),
-      log_now);
+  std::string line = TrainLine(
+      log, pending, tc.steps(),
+      meter_.measured_steps() > 0 ? meter_.tokens_per_s() : tps_now,
+      meter_.measured_steps() > 0 ? mfu(meter_.tokens_per_s()) : mfu_now, eta);
+  if (data_group_ != nullptr && log_now) {
+    // The busiest expert's tokens over the mean (1 = balanced).
+    int64_t most = 0, all = 0;
+    for (int64_t n : log.expert_tokens) {
+      most = std::max(most, n);
+      all += n;
+    }
+    const double mean = static_cast<double>(all) /
+                        std::max<size_t>(log.expert_tokens.size(), 1);
+    absl::StrAppendFormat(&line, " | aux %.4f | expert load max/mean %.2f",
+                          log.aux_loss, mean > 0 ? most / mean : 0.0);
+  }
+  print_->Progress(line, log_now);
   if (jsonl_ == nullptr || !log_now) return absl::OkStatus();
   TrainRecord record;
   record.step = step;
@@ -1193,6 +1236,8 @@ absl::Status Trainer::LogStep() {
   record.loss_scale = log.loss_scale;
   record.skipped = log.skipped;
   if (env_.device.is_cuda()) record.host_syncs = log.host_syncs;
+  record.aux_loss = log.aux_loss;
+  record.expert_tokens = log.expert_tokens;
   return jsonl_->WriteRecord(record);
 }
 

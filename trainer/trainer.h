@@ -138,6 +138,13 @@ struct StepLog {
   double loss_scale = 1;
   bool skipped = false;
   int64_t host_syncs = 0;  // the host's blocking waits on a GPU (device_wait.h)
+  // A mixture of experts (model.moe): the auxiliary loss (summed over the
+  // MoE layers of this rank's pipeline stage, averaged over the
+  // micro-batches and, once logged, the data-parallel ranks; NaN for a
+  // dense model) and the tokens each expert received (summed over those
+  // layers; once logged, over the data-parallel ranks).
+  double aux_loss = std::nan("");
+  std::vector<int64_t> expert_tokens;
 };
 
 // What a run did, as this rank saw it (the logged numbers are global).
@@ -326,6 +333,9 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<DeviceMesh> host_mesh_;  // null: mesh_
   ProcessGroup* world_ = nullptr;          // The host mesh's flat group.
+  // The data-parallel ranks' flat group of the host mesh (a MoE model's
+  // stats are summed over it); null for a dense model.
+  ProcessGroup* data_group_ = nullptr;
   std::unique_ptr<TraceRecorder> trace_;
   std::optional<ScopedCurrentTrace> trace_scope_;
   // metrics.profile_steps: the spans of the profiled steps and their time.

@@ -805,6 +805,56 @@ TEST(TrainerTest, PipelineLayoutsTrainAndResumeAcrossLayouts) {
       want);
 }
 
+// A mixture of experts (moe_debug: 8 experts, top-2, aux loss 0.01) trains
+// alike at W = 1, 2 and 4 and on 2 pipeline stages (the aux loss is each
+// sequence's, so it does not depend on the split), resumes across them, and
+// logs its aux loss and the tokens each expert received: every one of a
+// step's tokens twice (top-2) in each of the 2 layers.
+TEST(TrainerTest, MixtureOfExpertsTrainsAlikeOnEveryLayoutAndLogsItsExperts) {
+  const std::vector<std::string> moe = {"model.name=moe_debug"};
+  const std::string straight = TestDir("moe_w2");
+  auto full = RunRanks(WithOverrides(SmallConfig(straight), moe), 2);
+  for (auto& r : full) ASSERT_TRUE(r.ok()) << r.status();
+  const std::vector<double> want = Losses(*full[0]);
+  EXPECT_LT(want.back(), want.front() - 0.5);
+  const int64_t tokens_per_step = 8 * 32;
+  for (const StepLog& s : full[0]->steps) {
+    ASSERT_EQ(s.expert_tokens.size(), 8u);
+    int64_t sum = 0;
+    for (int64_t n : s.expert_tokens) sum += n;
+    EXPECT_EQ(sum, tokens_per_step * 2 * 2) << "step " << s.step;
+    EXPECT_GT(s.aux_loss, 0.0);
+    EXPECT_LT(s.aux_loss, 0.2);  // 2 layers x 0.01 x E x sum f P ~ 0.02
+  }
+  // Both ranks logged the same (summed) counts.
+  EXPECT_EQ(full[1]->steps.back().expert_tokens,
+            full[0]->steps.back().expert_tokens);
+  std::ifstream in(straight + "/metrics.jsonl");
+  std::string line;
+  int with_experts = 0;
+  while (std::getline(in, line)) {
+    with_experts += absl::StrContains(line, "\"expert_tokens\":[") &&
+                    absl::StrContains(line, "\"aux_loss\":");
+  }
+  EXPECT_EQ(with_experts, 8);
+  for (const auto& [world, overrides] :
+       std::vector<std::pair<int, std::vector<std::string>>>{
+           {1, {}},
+           {4, {"training.micro_batch=1"}},
+           {2, {"parallelism.pp=2"}}}) {
+    std::vector<std::string> o = moe;
+    o.insert(o.end(), overrides.begin(), overrides.end());
+    const std::string dir =
+        TestDir(absl::StrCat("moe_w", world, "_", overrides.size()));
+    auto run = RunRanks(WithOverrides(SmallConfig(dir), o), world);
+    ASSERT_TRUE(run[0].ok()) << run[0].status();
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5)
+        << "W=" << world << " " << absl::StrJoin(overrides, " ");
+  }
+  ExpectResumesOnLayouts("moe_from_w2", moe, {}, 2,
+                         {{1, {}}, {4, {"training.micro_batch=1"}}}, want);
+}
+
 // Pipeline checkpoints across cut points and depths: a 4-block GPT-2 saved
 // at pp 2 cut at block 1 (stage 1 holds blocks 1-3) resumes at pp 2 cut at
 // block 3, at pp 4, at pp 2 with HSDP inside the stages (dp_replicate 2),
