@@ -118,10 +118,11 @@ absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
   const std::vector<int64_t> sizes = std::move(pending_sizes_);
   pending_sizes_.clear();
   FSDPP_ASSIGN_OR_RETURN(Tensor rows, AsRows(x, dim_, "input"));
-  if (static_cast<int64_t>(sizes.size()) != num_experts_) {
+  const int64_t local = local_experts();
+  if (static_cast<int64_t>(sizes.size()) != local) {
     return absl::FailedPreconditionError(
         absl::StrCat("GroupedExperts: SetGroupSizes gave ", sizes.size(),
-                     " sizes for ", num_experts_, " experts"));
+                     " sizes for ", local, " experts"));
   }
   int64_t total = 0;
   for (int64_t n : sizes) {
@@ -152,7 +153,7 @@ absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
   MatmulOptions nt;
   nt.transpose_b = true;
   int64_t first = 0;
-  for (int64_t e = 0; e < num_experts_; ++e) {
+  for (int64_t e = 0; e < local; ++e) {
     const int64_t n = sizes[e];
     if (n == 0) continue;
     FSDPP_ASSIGN_OR_RETURN(Tensor xe, rows.Narrow(first, n));
@@ -183,7 +184,7 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   const Tensor x = saved_x_, a = saved_gate_, b = saved_up_;
   // On meta tensors the groups' matmuls have nothing to do (and the sizes
   // no values).
-  const int64_t groups = x.is_meta() ? 0 : num_experts_;
+  const int64_t groups = x.is_meta() ? 0 : local_experts();
   const int64_t* sizes = saved_sizes_.data<int64_t>();
   const DType dtype = x.dtype();
   const int64_t m = x.dim(0);
@@ -295,6 +296,153 @@ MoE::Stats MoE::TakeStats() {
   return out;
 }
 
+namespace {
+
+// Even groups of `rows` over `num_e` experts: what a dry run assumes.
+std::vector<int64_t> EvenSizes(int64_t rows, int64_t num_e) {
+  std::vector<int64_t> sizes(num_e);
+  for (int64_t e = 0; e < num_e; ++e) {
+    sizes[e] = rows / num_e + (e < rows % num_e ? 1 : 0);
+  }
+  return sizes;
+}
+
+}  // namespace
+
+MoE::EpRoute MoE::Route(const std::vector<int64_t>& all) const {
+  const int64_t num_e = options_.num_experts, ranks = ep_->size(),
+                q = ep_->rank(), local = num_e / ranks;
+  EpRoute r;
+  r.send_rows.assign(ranks, 0);
+  r.recv_rows.assign(ranks, 0);
+  r.local_sizes.assign(local, 0);
+  for (int64_t d = 0; d < ranks; ++d) {
+    for (int64_t l = 0; l < local; ++l) {
+      r.send_rows[d] += all[q * num_e + d * local + l];
+      r.recv_rows[d] += all[d * num_e + q * local + l];
+      r.local_sizes[l] += all[d * num_e + q * local + l];
+    }
+  }
+  // Where each (source, local expert) block starts among the received rows.
+  std::vector<int64_t> start(ranks * local);
+  int64_t at = 0;
+  for (int64_t src = 0; src < ranks; ++src) {
+    for (int64_t l = 0; l < local; ++l) {
+      start[src * local + l] = at;
+      at += all[src * num_e + q * local + l];
+    }
+  }
+  r.from_received.reserve(at);
+  for (int64_t l = 0; l < local; ++l) {
+    for (int64_t src = 0; src < ranks; ++src) {
+      const int64_t n = all[src * num_e + q * local + l];
+      for (int64_t i = 0; i < n; ++i) {
+        r.from_received.push_back(start[src * local + l] + i);
+      }
+    }
+  }
+  return r;
+}
+
+absl::StatusOr<Tensor> MoE::Gather(const Tensor& rows,
+                                   const std::vector<int64_t>& index) {
+  const int64_t n = static_cast<int64_t>(index.size());
+  FSDPP_ASSIGN_OR_RETURN(Tensor ids,
+                         Tensor::Empty({n}, DType::kI64, rows.device()));
+  if (!ids.is_meta())
+    std::copy(index.begin(), index.end(), ids.data<int64_t>());
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor out,
+      EmptyTemporary({n, rows.dim(1)}, rows.dtype(), rows.device()));
+  FSDPP_RETURN_IF_ERROR(Embedding(ids, rows, &out));
+  return out;
+}
+
+absl::StatusOr<Tensor> MoE::Scatter(const Tensor& rows,
+                                    const std::vector<int64_t>& index) {
+  std::vector<int64_t> inverse(index.size());
+  for (size_t i = 0; i < index.size(); ++i) inverse[index[i]] = i;
+  return Gather(rows, inverse);
+}
+
+absl::StatusOr<Tensor> MoE::RunExperts(const Tensor& grouped,
+                                       const std::vector<int64_t>& sizes) {
+  if (ep_ == nullptr) {
+    experts_->SetGroupSizes(sizes);
+    return experts_->Forward(grouped);
+  }
+  const int64_t num_e = options_.num_experts, c = options_.dim;
+  const Device device = grouped.device();
+  FSDPP_ASSIGN_OR_RETURN(std::vector<int64_t> all, ep_->GatherSizes(sizes));
+  if (grouped.is_meta()) {  // every rank routes as evenly as this one
+    all.clear();
+    for (int r = 0; r < ep_->size(); ++r) {
+      all.insert(all.end(), sizes.begin(), sizes.end());
+    }
+  }
+  if (static_cast<int64_t>(all.size()) != ep_->size() * num_e) {
+    return absl::InternalError(absl::StrCat(
+        "MoE: expert parallelism gathered ", all.size(), " sizes for ",
+        ep_->size(), " ranks of ", num_e, " experts"));
+  }
+  FSDPP_ASSIGN_OR_RETURN(saved_ep_sizes_, I64Activation(all, device));
+  const EpRoute r = Route(all);
+  int64_t received_rows = 0;
+  for (int64_t n : r.recv_rows) received_rows += n;
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor received,
+      EmptyTemporary({received_rows, c}, grouped.dtype(), device));
+  FSDPP_RETURN_IF_ERROR(
+      ep_->AllToAllRows(grouped, r.send_rows, &received, r.recv_rows));
+  FSDPP_ASSIGN_OR_RETURN(Tensor local_in, Gather(received, r.from_received));
+  received = Tensor();
+  experts_->SetGroupSizes(r.local_sizes);
+  FSDPP_ASSIGN_OR_RETURN(Tensor local_out, experts_->Forward(local_in));
+  FSDPP_ASSIGN_OR_RETURN(Tensor back, Scatter(local_out, r.from_received));
+  local_out = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(Tensor out, EmptyActivation({grouped.dim(0), c},
+                                                     grouped.dtype(), device));
+  FSDPP_RETURN_IF_ERROR(
+      ep_->AllToAllRows(back, r.recv_rows, &out, r.send_rows));
+  return out;
+}
+
+absl::StatusOr<Tensor> MoE::RunExpertsBackward(const Tensor& d_out) {
+  if (ep_ == nullptr) return experts_->Backward(d_out);
+  const int64_t num_e = options_.num_experts, c = options_.dim;
+  const Device device = d_out.device();
+  std::vector<int64_t> all;
+  if (d_out.is_meta()) {
+    const std::vector<int64_t> even = EvenSizes(d_out.dim(0), num_e);
+    for (int r = 0; r < ep_->size(); ++r) {
+      all.insert(all.end(), even.begin(), even.end());
+    }
+  } else {
+    const int64_t* v = saved_ep_sizes_.data<int64_t>();
+    all.assign(v, v + saved_ep_sizes_.numel());
+  }
+  const EpRoute r = Route(all);
+  int64_t received_rows = 0;
+  for (int64_t n : r.recv_rows) received_rows += n;
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor received,
+      EmptyTemporary({received_rows, c}, d_out.dtype(), device));
+  FSDPP_RETURN_IF_ERROR(
+      ep_->AllToAllRows(d_out, r.send_rows, &received, r.recv_rows));
+  FSDPP_ASSIGN_OR_RETURN(Tensor d_local_out, Gather(received, r.from_received));
+  received = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(Tensor d_local_in, experts_->Backward(d_local_out));
+  d_local_out = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(Tensor back, Scatter(d_local_in, r.from_received));
+  d_local_in = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor d_grouped,
+      EmptyTemporary({d_out.dim(0), c}, d_out.dtype(), device));
+  FSDPP_RETURN_IF_ERROR(
+      ep_->AllToAllRows(back, r.recv_rows, &d_grouped, r.send_rows));
+  return d_grouped;
+}
+
 absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   if (!x.is_meta()) FSDPP_RETURN_IF_ERROR(CpuOnly(x));
   const bool meta = x.is_meta();
@@ -325,9 +473,7 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   if (meta) {
     // No values: the groups as even as they can be (the sizes change no
     // allocation, which is of n k rows whatever the routing).
-    for (int64_t e = 0; e < num_e; ++e) {
-      sizes[e] = n * k / num_e + (e < n * k % num_e ? 1 : 0);
-    }
+    sizes = EvenSizes(n * k, num_e);
   } else {
     FSDPP_ASSIGN_OR_RETURN(std::vector<float> logits, logits_t.ToFloats());
     std::vector<float> bias(num_e, 0.0f);
@@ -398,8 +544,7 @@ absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
   FSDPP_ASSIGN_OR_RETURN(Tensor grouped,
                          EmptyTemporary({n * k, c}, x.dtype(), device));
   FSDPP_RETURN_IF_ERROR(Embedding(order_t, rows, &grouped));
-  experts_->SetGroupSizes(sizes);
-  FSDPP_ASSIGN_OR_RETURN(Tensor out, experts_->Forward(grouped));
+  FSDPP_ASSIGN_OR_RETURN(Tensor out, RunExperts(grouped, sizes));
 
   // y[t] = sum_j w_j out[position(t, j)] (+ shared(x)), in f32.
   Tensor y_t;
@@ -572,7 +717,7 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
     FSDPP_ASSIGN_OR_RETURN(
         d_logits_t, Tensor::FromFloats({n, num_e}, d_logits, dtype, device));
   }
-  FSDPP_ASSIGN_OR_RETURN(Tensor d_grouped, experts_->Backward(d_out_t));
+  FSDPP_ASSIGN_OR_RETURN(Tensor d_grouped, RunExpertsBackward(d_out_t));
   d_out_t = Tensor();
   FSDPP_ASSIGN_OR_RETURN(Tensor dx_routed,
                          Tensor::Zeros({n, c}, dtype, device));

@@ -80,6 +80,29 @@ struct MoeOptions {
 // InvalidArgument naming the first field out of range.
 absl::Status ValidateMoeOptions(const MoeOptions& options);
 
+// Expert parallelism's communication (parallel::ExpertParallel implements it
+// over a process group): the ranks of an ep group each hold num_experts /
+// size() consecutive experts (rank q: [q L, (q + 1) L)).
+class ExpertParallelism {
+ public:
+  virtual ~ExpertParallelism() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // Every rank's `sizes` (rows per global expert, E of them), rank-major:
+  // [size() x E]. `sizes` may be on any host buffer; a dry run (meta
+  // tensors) gets its own back from groups that move no data.
+  virtual absl::StatusOr<std::vector<int64_t>> GatherSizes(
+      const std::vector<int64_t>& sizes) = 0;
+  // Rows [.., C] of `in` (send_rows[d] rows for rank d, in rank order) to
+  // their ranks; `out` (recv_rows[s] rows from rank s, in rank order) gets
+  // theirs. Rows, not elements; `in` and `out` have the same dtype, C and
+  // device and do not overlap.
+  virtual absl::Status AllToAllRows(const Tensor& in,
+                                    const std::vector<int64_t>& send_rows,
+                                    Tensor* out,
+                                    const std::vector<int64_t>& recv_rows) = 0;
+};
+
 // E SwiGLU experts whose weights are stacked on a leading expert dim, so
 // that one parameter holds them all (sharded, checkpointed and, under
 // expert parallelism, split by expert like any dim-0 split):
@@ -94,13 +117,16 @@ class GroupedExperts : public Module {
                  float init_std = 0.02f, float down_init_std = 0.02f,
                  DType dtype = DType::kF32);
 
+  // All experts; local_experts(): the ones this rank holds (its expert-
+  // parallel piece of the stacks, Parameter::SetPiece on the expert dim).
   int64_t num_experts() const { return num_experts_; }
+  int64_t local_experts() const { return gate_proj_->LocalShape()[0]; }
   Parameter* gate_proj() const { return gate_proj_; }
   Parameter* up_proj() const { return up_proj_; }
   Parameter* down_proj() const { return down_proj_; }
 
-  // The rows per expert of the next Forward's input (num_experts() counts,
-  // each >= 0, summing to its rows): used up by that Forward.
+  // The rows per expert of the next Forward's input (local_experts()
+  // counts, each >= 0, summing to its rows): used up by that Forward.
   void SetGroupSizes(std::vector<int64_t> sizes) {
     pending_sizes_ = std::move(sizes);
   }
@@ -139,6 +165,14 @@ class MoE : public Module {
   SwiGlu* shared_experts() const { return shared_; }
   Parameter* expert_bias() const { return expert_bias_; }
 
+  // Expert parallelism (not owned; null: every expert here): the experts'
+  // stacks must hold this rank's num_experts / ep->size() experts (a piece
+  // on the expert dim, parallel::ShardExperts). Forward then sends each
+  // grouped row to the rank of its expert and back (two all-to-alls, and
+  // two in Backward), after one all-gather of the rows per expert.
+  void set_expert_parallelism(ExpertParallelism* ep) { ep_ = ep; }
+  ExpertParallelism* expert_parallelism() const { return ep_; }
+
   // The last Forward's auxiliary loss (0 without one).
   float last_aux_loss() const { return last_aux_loss_; }
   // The factor Backward multiplies the auxiliary loss's gradient by (the
@@ -160,10 +194,35 @@ class MoE : public Module {
   absl::StatusOr<Tensor> BackwardImpl(const Tensor& dy) override;
   std::vector<Tensor*> SavedTensorSlots() override {
     return {&saved_out_,   &saved_logits_, &saved_topk_, &saved_position_,
-            &saved_order_, &saved_counts_, &saved_aux_};
+            &saved_order_, &saved_counts_, &saved_aux_,  &saved_ep_sizes_};
   }
 
  private:
+  // Under expert parallelism: how the grouped rows travel, from every
+  // rank's rows per expert ([ep x E], GatherSizes).
+  struct EpRoute {
+    std::vector<int64_t> send_rows, recv_rows;  // per rank
+    std::vector<int64_t> local_sizes;           // rows per local expert
+    // Row i of the local grouped order (local expert-major, source rank
+    // within) is row from_received[i] of the received ones (source-major,
+    // local expert within).
+    std::vector<int64_t> from_received;
+  };
+  EpRoute Route(const std::vector<int64_t>& all_sizes) const;
+  // The experts' forward / backward on the grouped rows [M, C] (global
+  // expert order, `sizes` rows each), through the ep ranks under expert
+  // parallelism.
+  absl::StatusOr<Tensor> RunExperts(const Tensor& grouped,
+                                    const std::vector<int64_t>& sizes);
+  absl::StatusOr<Tensor> RunExpertsBackward(const Tensor& d_out);
+  // Rows of `rows` reordered: out[i] = rows[index[i]].
+  static absl::StatusOr<Tensor> Gather(const Tensor& rows,
+                                       const std::vector<int64_t>& index);
+  // out[index[i]] = rows[i].
+  static absl::StatusOr<Tensor> Scatter(const Tensor& rows,
+                                        const std::vector<int64_t>& index);
+
+  ExpertParallelism* ep_ = nullptr;
   MoeOptions options_;
   Linear* gate_;
   GroupedExperts* experts_;
@@ -181,6 +240,7 @@ class MoE : public Module {
   Tensor saved_order_;     // token of each grouped row, i64 [N k]
   Tensor saved_counts_;    // assignments per sequence and expert, i64 [S, E]
   Tensor saved_aux_;       // the auxiliary loss, f32 [1]
+  Tensor saved_ep_sizes_;  // expert parallelism: GatherSizes, i64 [ep, E]
 };
 
 }  // namespace nn
