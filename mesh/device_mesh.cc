@@ -69,6 +69,7 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(
   mesh->axes_ = std::move(axes);
   mesh->factory_ = std::move(factory);
   mesh->local_rank_ = rank;
+  mesh->whole_ = true;
   for (int r = 0; r < world_size; ++r) mesh->ranks_.push_back(r);
   std::vector<int> sizes;
   for (const MeshAxis& a : mesh->axes_) sizes.push_back(a.size);
@@ -95,6 +96,16 @@ absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Create(
     mesh->groups_.push_back(std::move(group));
   }
   return mesh;
+}
+
+absl::StatusOr<std::unique_ptr<DeviceMesh>> DeviceMesh::Reshape(
+    std::vector<MeshAxis> axes, std::string name) const {
+  if (!whole_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        ToString(), ": only a whole mesh (DeviceMesh::Create's) reshapes"));
+  }
+  return Create(std::move(axes), local_rank_, size(), factory_,
+                std::move(name));
 }
 
 absl::StatusOr<int> DeviceMesh::AxisIndex(const std::string& axis_name) const {

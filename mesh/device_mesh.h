@@ -79,6 +79,15 @@ class DeviceMesh {
   absl::StatusOr<ProcessGroup*> Subgroup(const std::string& axis_name,
                                          int group_size);
 
+  // A mesh of other axes over the same ranks, its groups made through this
+  // mesh's factory under `name` (distinct from every other mesh's); every
+  // rank calls it. Only for a mesh made by Create (FailedPrecondition for a
+  // sub-mesh); Create's errors for the axes. Rank r keeps its place in
+  // row-major order, so {shard: 4} reshaped to {efsdp: 2, ep: 2} gives the
+  // rank at shard coordinate c the coordinates (c / 2, c % 2).
+  absl::StatusOr<std::unique_ptr<DeviceMesh>> Reshape(
+      std::vector<MeshAxis> axes, std::string name) const;
+
   // "mesh{replicate: 2, shard: 4}".
   std::string ToString() const;
 
@@ -90,6 +99,7 @@ class DeviceMesh {
   std::vector<int> coordinate_;
   std::vector<int> ranks_;
   int local_rank_ = 0;
+  bool whole_ = false;  // made by Create (not a sub-mesh)
   ProcessGroupFactory factory_;
   // Per-axis groups, shared with sub-meshes.
   std::vector<std::shared_ptr<ProcessGroup>> groups_;

@@ -101,6 +101,32 @@ TEST(DeviceMeshTest, SubgroupsOfConsecutiveRanksOnAnAxis) {
       });
 }
 
+TEST(DeviceMeshTest, ReshapedMeshKeepsEachRanksPlace) {
+  // {replicate: 2, shard: 4} as {replicate: 2, efsdp: 2, ep: 2}: shard
+  // coordinate c is (efsdp, ep) = (c / 2, c % 2); ep groups are the shard
+  // axis' consecutive pairs, efsdp groups its strided ones.
+  testing_util::RunOnMesh(
+      {{"replicate", 2}, {"shard", 4}}, [](int rank, DeviceMesh& mesh) {
+        absl::StatusOr<std::unique_ptr<DeviceMesh>> experts = mesh.Reshape(
+            {{"replicate", 2}, {"efsdp", 2}, {"ep", 2}}, "experts");
+        ASSERT_TRUE(experts.ok()) << experts.status();
+        const int c = rank % 4;
+        EXPECT_EQ((*experts)->coordinate(),
+                  (std::vector<int>{rank / 4, c / 2, c % 2}));
+        EXPECT_EQ((*experts)->name(), "experts");
+        const int base = rank / 4 * 4;
+        // ep: {base + 2 (c / 2), + 1}; efsdp: {base + c % 2, + 2}.
+        EXPECT_EQ(AllReduceSum(**(*experts)->Group("ep"), rank + 1.0f),
+                  2.0f * (base + c / 2 * 2) + 3);
+        EXPECT_EQ(AllReduceSum(**(*experts)->Group("efsdp"), rank + 1.0f),
+                  2.0f * (base + c % 2) + 4);
+        EXPECT_FALSE(mesh.Reshape({{"a", 3}}, "bad").ok());
+        DeviceMesh* shard = *mesh.SubMesh({"shard"});
+        EXPECT_EQ(shard->Reshape({{"a", 4}}, "sub").status().code(),
+                  absl::StatusCode::kFailedPrecondition);
+      });
+}
+
 TEST(DeviceMeshTest, ValidationErrors) {
   auto never = [](const std::string&, int,
                   int) -> absl::StatusOr<std::unique_ptr<ProcessGroup>> {

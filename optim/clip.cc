@@ -9,6 +9,7 @@
 // that read, on any device.
 #include "optim/clip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -23,9 +24,11 @@
 namespace fsdpp {
 namespace {
 
-// InvalidArgument unless every grad is a defined float DTensor on `mesh`
-// without Partial placements, all on one device.
-absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
+// InvalidArgument unless every grad is a defined float DTensor on grad 0's
+// mesh (any mesh unless `one_mesh`) without Partial placements, all on one
+// device.
+absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads,
+                        bool one_mesh = true) {
   const DeviceMesh* mesh = grads[0] != nullptr ? grads[0]->mesh() : nullptr;
   for (size_t i = 0; i < grads.size(); ++i) {
     const DTensor* g = grads[i];
@@ -35,7 +38,7 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads) {
     }
     const std::string what =
         absl::StrCat(op, ": grad ", i, " (", g->ToString(), ") ");
-    if (g->mesh() != mesh) {
+    if (one_mesh && g->mesh() != mesh) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, "is on another mesh than grad 0"));
     }
@@ -149,6 +152,38 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   if (grads.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(op, ": a pipeline rank without grads"));
+  }
+  // Grads on several meshes (a mixture of experts' experts on the expert
+  // mesh, the rest on the model's): each mesh's share reduced over its own
+  // axes, the squares added, in the meshes' order of first appearance.
+  std::vector<const DeviceMesh*> meshes;
+  for (const DTensor* g : grads) {
+    if (g != nullptr &&
+        std::find(meshes.begin(), meshes.end(), g->mesh()) == meshes.end()) {
+      meshes.push_back(g->mesh());
+    }
+  }
+  if (meshes.size() > 1) {
+    FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads, /*one_mesh=*/false));
+    if (pipeline.pipeline != nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(op, ": grads on ", meshes.size(),
+                       " meshes are not supported with a pipeline"));
+    }
+    double squares = 0.0;
+    for (const DeviceMesh* m : meshes) {
+      std::vector<DTensor*> on_mesh;
+      PipelineNormOptions part;
+      for (size_t i = 0; i < grads.size(); ++i) {
+        if (grads[i]->mesh() != m) continue;
+        on_mesh.push_back(grads[i]);
+        if (!pipeline.counts.empty()) part.counts.push_back(pipeline.counts[i]);
+      }
+      FSDPP_ASSIGN_OR_RETURN(const double norm,
+                             Norm(op, on_mesh, part, timeout));
+      squares += norm * norm;
+    }
+    return std::sqrt(squares);
   }
   FSDPP_ASSIGN_OR_RETURN(LocalSquares local, Squares(op, grads, pipeline));
   DeviceMesh* mesh = local.mesh;

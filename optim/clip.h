@@ -27,8 +27,11 @@ namespace fsdpp {
 // `max_norm`, scales every grad in place (locally, no further communication)
 // by max_norm / (norm + 1e-6), as torch.nn.utils.clip_grad_norm_ does.
 // Returns the norm before clipping. Every rank of the mesh must call it with
-// the same list. Grads must be float DTensors on one mesh without Partial
-// placements; max_norm must be > 0. A non-finite norm is returned and the
+// the same list. Grads must be float DTensors without Partial placements,
+// on one mesh or on several over the same ranks (a mixture of experts'
+// experts on their own mesh: each mesh's share is reduced over its own axes
+// and the squares added; not with a pipeline, and GradNormSquaredOnDevice
+// takes one mesh); max_norm must be > 0. A non-finite norm is returned and the
 // grads are left unscaled (the caller skips the step). An empty list has
 // norm 0.
 absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,

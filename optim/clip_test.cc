@@ -169,6 +169,38 @@ INSTANTIATE_TEST_SUITE_P(
 
 // GradNorm is ClipGradNorm's norm without the scaling; ClipCoefficient is
 // its factor.
+// Grads on two meshes over the same ranks (a mixture of experts' experts on
+// {efsdp, ep}, the rest on {shard}): each mesh's share reduced over its own
+// axes; the norm is the full gradients' and clipping scales all of them.
+TEST(ClipGradNormManyMeshesTest, NormOfGradsOnTwoMeshes) {
+  const std::vector<Tensor> full = {FullGrad(0, {8, 3}), FullGrad(1, {4, 6}),
+                                    FullGrad(2, {5})};
+  const double expected_norm = ReferenceNorm(full);
+  testing_util::RunOnMesh({{"shard", 4}}, [&](int, DeviceMesh& mesh) {
+    std::unique_ptr<DeviceMesh> experts =
+        *mesh.Reshape({{"efsdp", 2}, {"ep", 2}}, "experts");
+    DTensor dense = *DTensor::Distribute(full[0], &mesh, {P::Shard(0)});
+    DTensor expert = *DTensor::Distribute(full[1], experts.get(),
+                                          {P::Shard(0), P::Shard(1)});
+    DTensor small = *DTensor::Distribute(full[2], &mesh, {P::Replicate()});
+    std::vector<DTensor*> grads = {&dense, &expert, &small};
+    absl::StatusOr<double> norm = GradNorm(grads);
+    ASSERT_TRUE(norm.ok()) << norm.status();
+    EXPECT_NEAR(*norm, expected_norm, 1e-5 * expected_norm);
+    absl::StatusOr<double> clipped = ClipGradNorm(grads, 0.5 * expected_norm);
+    ASSERT_TRUE(clipped.ok()) << clipped.status();
+    EXPECT_NEAR(*GradNorm(grads), 0.5 * expected_norm, 1e-5 * expected_norm);
+    // A pipeline's totals travel for one mesh only; on the device, too.
+    PipelineNormOptions pipeline;
+    pipeline.pipeline = *mesh.Group("shard");
+    EXPECT_EQ(GradNorm(grads, pipeline).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    Tensor norm_sq = *Tensor::Zeros({1}, DType::kF32, Device::Cpu());
+    EXPECT_EQ(GradNormSquaredOnDevice(grads, {}, &norm_sq).code(),
+              absl::StatusCode::kInvalidArgument);
+  });
+}
+
 TEST(ClipTest, GradNormAndClipCoefficient) {
   testing_util::RunOnMesh({{"dp", 2}}, [](int, DeviceMesh& mesh) {
     DTensor a = *DTensor::Distribute(FullGrad(0, {6, 2}), &mesh, {P::Shard(0)});
