@@ -252,6 +252,39 @@ absl::Status CheckFreeze(const Layout& l,
   return absl::OkStatus();
 }
 
+absl::Status CheckExpertParallel(const Layout& l,
+                                 const models::TransformerConfig& m) {
+  if (l.ep < 1) {
+    return Invalid(absl::StrCat("parallelism.ep must be >= 1, got ", l.ep));
+  }
+  if (l.ep == 1) return absl::OkStatus();
+  if (!m.moe.enabled()) {
+    return Invalid(absl::StrCat("parallelism.ep ", l.ep, " needs a model ",
+                                "with a mixture of experts (model.moe); ",
+                                m.name, " is dense"));
+  }
+  if (l.tp > 1 || l.cp > 1 || l.pp > 1) {
+    return Invalid(absl::StrCat("parallelism.ep ", l.ep,
+                                " with tp, cp or pp > 1 is not supported "
+                                "yet (tp ",
+                                l.tp, ", cp ", l.cp, ", pp ", l.pp, ")"));
+  }
+  if (l.dp_shard() % l.ep != 0) {
+    return Invalid(absl::StrCat("parallelism.ep ", l.ep,
+                                " does not divide dp_shard ", l.dp_shard(),
+                                " (ep ranks are data-parallel ranks)"));
+  }
+  if (m.moe.num_experts % l.ep != 0) {
+    return Invalid(absl::StrCat("parallelism.ep ", l.ep, " does not divide ",
+                                m.name, "'s ", m.moe.num_experts, " experts"));
+  }
+  if (l.hpz_degree > 1) {
+    return Invalid(absl::StrCat("parallelism.ep ", l.ep,
+                                " with hpz_degree > 1 is not supported yet"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckPipeline(const Layout& l,
                            const models::TransformerConfig& m) {
   if (l.pp == 1) {
@@ -303,6 +336,16 @@ std::vector<MeshAxis> Layout::MeshAxes() const {
   return axes;
 }
 
+std::vector<MeshAxis> Layout::ExpertMeshAxes() const {
+  std::vector<MeshAxis> axes;
+  if (pp > 1) axes.push_back({kPipelineAxis, pp});
+  if (dp_replicate > 1) axes.push_back({kReplicateAxis, dp_replicate});
+  axes.push_back({kExpertShardAxis, fsdp_shard() / ep});
+  axes.push_back({kExpertAxis, ep});
+  if (tp > 1) axes.push_back({kTensorAxis, tp});
+  return axes;
+}
+
 std::vector<std::string> Layout::DataAxes() const {
   std::vector<std::string> axes;
   if (dp_replicate > 1) axes.push_back(kReplicateAxis);
@@ -323,6 +366,7 @@ absl::Status Layout::Validate(const models::TransformerConfig& model) const {
   FSDPP_RETURN_IF_ERROR(CheckContextParallel(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckFreeze(*this, model));
   FSDPP_RETURN_IF_ERROR(CheckZero1(*this));
+  FSDPP_RETURN_IF_ERROR(CheckExpertParallel(*this, model));
   return CheckPipeline(*this, model);
 }
 
@@ -379,6 +423,7 @@ std::string Layout::ToString() const {
   if (dp_replicate > 1) {
     absl::StrAppend(&mesh, " (", dp_replicate, " x ", fsdp_shard(), " HSDP)");
   }
+  if (ep > 1) absl::StrAppend(&mesh, " (EP ", ep, ")");
   if (cp > 1) {
     absl::StrAppend(&mesh, " x CP ", cp,
                     cp_style == "ring" ? "" : " all-to-all");

@@ -41,6 +41,9 @@ inline constexpr char kPipelineAxis[] = "pp";
 inline constexpr char kReplicateAxis[] = "replicate";
 inline constexpr char kShardAxis[] = "shard";
 inline constexpr char kTensorAxis[] = "tp";
+// The expert mesh's axes (ExpertMeshAxes): the shard axis as efsdp x ep.
+inline constexpr char kExpertShardAxis[] = "efsdp";
+inline constexpr char kExpertAxis[] = "ep";
 
 struct Layout {
   // Ranks in all: pp x dp_replicate x dp_shard() x cp x tp.
@@ -62,6 +65,16 @@ struct Layout {
   // heads on a rank must divide by cp).
   int cp = 1;
   std::string cp_style = "ring";
+  // Expert parallelism (a mixture of experts, model.moe): each MoE layer's
+  // experts split over ep ranks of the shard axis (runs of ep consecutive
+  // shard coordinates, torchtitan's ep borrowed from dp_shard), tokens sent
+  // to their experts' ranks and back by all-to-all (parallel/
+  // expert_parallel.h). The experts' stacks are sharded by FSDP over the
+  // dp_shard / ep ranks that hold the same experts (the expert mesh's efsdp
+  // axis) and averaged over every data-parallel rank; everything else as
+  // without. ep divides dp_shard and the experts; not with tp, cp or pp
+  // yet.
+  int ep = 1;
   bool sequence_parallel = false;
   bool loss_parallel = false;
   // Pipeline parallelism on the outermost axis: the schedule ("gpipe",
@@ -145,6 +158,10 @@ struct Layout {
 
   // The mesh's axes, outermost first.
   std::vector<MeshAxis> MeshAxes() const;
+  // With ep > 1: the same ranks as [replicate,] efsdp, ep (DeviceMesh::
+  // Reshape of the mesh; the shard coordinate is efsdp x ep + the ep
+  // coordinate).
+  std::vector<MeshAxis> ExpertMeshAxes() const;
   // The names of the data-parallel axes (replicate, shard: the ranks that
   // read different batches, but for the cp ranks within shard; see
   // DataRank), which the others (tp, pp) split the model's work within.

@@ -72,6 +72,46 @@ TEST(LayoutTest, ContextParallelInsideTheShardAxis) {
             "attention, batch 1 x 64 x 1");
 }
 
+TEST(LayoutTest, ExpertParallelInsideTheShardAxis) {
+  const models::TransformerConfig moe = *models::ConfigByName("moe_debug");
+  Layout l;
+  l.world = 8;
+  l.dp_replicate = 2;
+  l.ep = 2;
+  EXPECT_EQ(Names(l.MeshAxes()),
+            (std::vector<std::string>{"replicate=2", "shard=4"}));
+  EXPECT_EQ(Names(l.ExpertMeshAxes()),
+            (std::vector<std::string>{"replicate=2", "efsdp=2", "ep=2"}));
+  EXPECT_TRUE(l.Validate(moe).ok()) << l.Validate(moe);
+  EXPECT_EQ(l.ToString(),
+            "W=8 (2 x 4 HSDP) (EP 2), ZeRO-3, f32/f32, fused attention, batch "
+            "1 x 0 x 1");
+  const auto refused = [&](Layout bad, const models::TransformerConfig& m) {
+    return std::string(bad.Validate(m).message());
+  };
+  EXPECT_EQ(refused(l, Gpt2Debug()),
+            "parallelism.ep 2 needs a model with a mixture of experts "
+            "(model.moe); gpt2_debug is dense");
+  Layout odd = l;
+  odd.ep = 3;
+  EXPECT_EQ(refused(odd, moe),
+            "parallelism.ep 3 does not divide dp_shard 4 "
+            "(ep ranks are data-parallel ranks)");
+  Layout many = l;
+  many.world = 32;
+  many.ep = 16;
+  EXPECT_EQ(refused(many, moe),
+            "parallelism.ep 16 does not divide moe_debug's 8 experts");
+  Layout with_tp = l;
+  with_tp.tp = 2;
+  EXPECT_EQ(refused(with_tp, moe),
+            "parallelism.ep 2 with tp, cp or pp > 1 is not supported yet (tp "
+            "2, cp 1, pp 1)");
+  Layout zero = l;
+  zero.ep = 0;
+  EXPECT_EQ(refused(zero, moe), "parallelism.ep must be >= 1, got 0");
+}
+
 TEST(LayoutTest, SequenceLength) {
   const models::TransformerConfig m = Gpt2Debug();
   Layout l;

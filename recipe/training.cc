@@ -11,6 +11,8 @@
 #include "core/status.h"
 #include "core/trace.h"
 #include "fsdp/auto_wrap.h"
+#include "fsdp/fully_shard.h"
+#include "nn/moe.h"
 #include "optim/clip.h"
 #include "parallel/pipeline_schedule.h"
 #include "recipe/families.h"
@@ -60,9 +62,34 @@ models::TensorParallelPlanOptions TensorParallelOptions(
 
 // Both plans on one model (the whole one or a stage's part), then its
 // sharded weights; its units. `where` names the part in errors.
+// Expert parallelism: the MoE layers' experts split over `ep` and each
+// layer's experts made an FSDP unit of their own on the expert mesh (the ep
+// split as the piece axis, sharded over efsdp, averaged over every
+// data-parallel rank); before the family's plan, whose units then leave
+// them out.
+absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ShardExpertUnits(
+    models::Transformer* model, const Layout& layout, DeviceMesh* expert_mesh,
+    parallel::ExpertParallel* ep, Device host) {
+  std::vector<fsdp::FsdpUnit*> units;
+  if (ep == nullptr) return units;
+  FSDPP_RETURN_IF_ERROR(parallel::ShardExperts(*model, ep));
+  fsdp::FullyShardOptions options =
+      FsdpOptions(layout, expert_mesh, host).shard;
+  options.tp_axis = kExpertAxis;
+  options.gradient_divide_factor =
+      static_cast<float>(layout.dp_replicate * layout.fsdp_shard());
+  for (nn::MoE* moe : model->moe_layers()) {
+    FSDPP_ASSIGN_OR_RETURN(fsdp::FsdpUnit * unit,
+                           fsdp::FullyShard({moe->experts()}, options));
+    units.push_back(unit);
+  }
+  return units;
+}
+
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
     models::Transformer* model, const Layout& layout, DeviceMesh* mesh,
-    const BuildOptions& options, const std::string& where) {
+    const BuildOptions& options, const std::string& where,
+    DeviceMesh* expert_mesh = nullptr, parallel::ExpertParallel* ep = nullptr) {
   FSDPP_ASSIGN_OR_RETURN(const FamilyPlans* plans,
                          PlansFor(model->config().family));
   // LoRA's adapters, then the frozen parameters, before the plans: FSDP
@@ -82,12 +109,19 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
             model, mesh, TensorParallelOptions(layout, options.timeout)),
         "applying the tensor-parallel plan" + where));
   }
+  absl::StatusOr<std::vector<fsdp::FsdpUnit*>> expert_units =
+      ShardExpertUnits(model, layout, expert_mesh, ep, options.host);
+  if (!expert_units.ok()) {
+    return Annotate(expert_units.status(),
+                    "applying expert parallelism" + where);
+  }
   absl::StatusOr<std::vector<fsdp::FsdpUnit*>> units =
       plans->apply_fsdp(model, FsdpOptions(layout, mesh, options.host));
   if (!units.ok()) {
     return Annotate(units.status(), "applying the FSDP plan" + where);
   }
   FSDPP_RETURN_IF_ERROR(fsdp::InitShardedWeights(model, options.seed));
+  units->insert(units->begin(), expert_units->begin(), expert_units->end());
   return units;
 }
 
@@ -181,11 +215,21 @@ absl::Status Training::MakeContextParallel(const BuildOptions& options) {
 
 absl::Status Training::BuildModel(const BuildOptions& options) {
   FSDPP_RETURN_IF_ERROR(MakeContextParallel(options));
+  if (layout_.ep > 1) {
+    FSDPP_ASSIGN_OR_RETURN(
+        expert_mesh_, mesh_->Reshape(layout_.ExpertMeshAxes(),
+                                     absl::StrCat(mesh_->name(), "-experts")));
+    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * ep_group,
+                           expert_mesh_->Group(kExpertAxis));
+    expert_parallel_ =
+        std::make_unique<parallel::ExpertParallel>(ep_group, options.timeout);
+  }
   FSDPP_ASSIGN_OR_RETURN(
       model_, models::Transformer::Create(
                   config_, ModelOptions(layout_, context_parallel_.get())));
   FSDPP_ASSIGN_OR_RETURN(
-      units_, Parallelize(model_.get(), layout_, mesh_, options, ""));
+      units_, Parallelize(model_.get(), layout_, mesh_, options, "",
+                          expert_mesh_.get(), expert_parallel_.get()));
   models_ = {model_.get()};
   params_ = fsdp::ShardedParameters(model_.get());
   std::vector<DTensor*> grads;

@@ -44,6 +44,7 @@
 #include "models/transformer.h"
 #include "optim/adamw.h"
 #include "parallel/context_parallel.h"
+#include "parallel/expert_parallel.h"
 #include "recipe/layout.h"
 #include "recipe/step/step.h"
 
@@ -169,6 +170,10 @@ class Training {
   ProcessGroup* world_ = nullptr;
   // Context parallelism's split (cp > 1), before the model that uses it.
   std::unique_ptr<nn::ContextParallel> context_parallel_;
+  // Expert parallelism (layout ep > 1): the mesh reshaped as [replicate,]
+  // efsdp, ep and the MoE layers' dispatcher over its ep axis.
+  std::unique_ptr<DeviceMesh> expert_mesh_;
+  std::unique_ptr<parallel::ExpertParallel> expert_parallel_;
   std::unique_ptr<models::Transformer> model_;  // without pp
   std::vector<models::Transformer*> models_;
   std::vector<fsdp::FsdpUnit*> units_;

@@ -382,6 +382,8 @@ absl::Status ResolveParallelism(const ParallelismConfig& config, int world_size,
   layout.tp = tp;
   layout.cp = cp;
   layout.cp_style = config.cp_style();
+  FSDPP_RETURN_IF_ERROR(CheckPositive("parallelism.ep", config.ep()));
+  layout.ep = config.ep();
   layout.pp = pp;
   // Sequence parallelism needs a tp axis (the layout refuses it without);
   // loss parallelism, on by default, takes effect only on one.

@@ -54,6 +54,7 @@ const std::vector<Shipped>& ShippedConfigs() {
       {"gpt2_124m", 8, 1, 8, 1, 1024, 4},
       {"gpt2_124m_gpu", 1, 1, 1, 1, 1024, 1, "gpt2_124m"},
       {"llama_debug", 4, 2, 2, 1, 128, 2},
+      {"moe_debug", 2, 1, 2, 1, 128, 2},
       {"llama_1b", 8, 1, 8, 1, 2048, 8},
       {"smollm3_3b", 16, 2, 8, 1, 4096, 4},
       {"llama3_8b", 64, 1, 64, 8, 8192, 2},

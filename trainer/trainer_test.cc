@@ -855,6 +855,37 @@ TEST(TrainerTest, MixtureOfExpertsTrainsAlikeOnEveryLayoutAndLogsItsExperts) {
                          {{1, {}}, {4, {"training.micro_batch=1"}}}, want);
 }
 
+// Expert parallelism: moe_debug's 8 experts split over ep = 2 and 4 ranks
+// of the shard axis train as on one rank (the same tokens reach the same
+// experts), and checkpoints reshard across ep sizes (the experts' stacks
+// are saved as boxes of the whole).
+TEST(TrainerTest, ExpertParallelLayoutsTrainAlikeAndResumeAcrossEpSizes) {
+  const std::vector<std::string> moe = {"model.name=moe_debug"};
+  const std::string one = TestDir("moe_ep_w1");
+  auto ref = RunRanks(WithOverrides(SmallConfig(one), moe), 1);
+  ASSERT_TRUE(ref[0].ok()) << ref[0].status();
+  const std::vector<double> want = Losses(*ref[0]);
+  for (const auto& [world, ep] :
+       std::vector<std::pair<int, int>>{{2, 2}, {4, 2}, {4, 4}}) {
+    std::vector<std::string> o = moe;
+    o.push_back(absl::StrCat("parallelism.ep=", ep));
+    const std::string dir = TestDir(absl::StrCat("moe_ep", ep, "_w", world));
+    auto run = RunRanks(WithOverrides(SmallConfig(dir), o), world);
+    for (int r = 0; r < world; ++r) {
+      ASSERT_TRUE(run[r].ok())
+          << "W=" << world << " ep=" << ep << ": " << run[r].status();
+    }
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5)
+        << "W=" << world << " ep=" << ep;
+    EXPECT_EQ(run[0]->steps.back().expert_tokens,
+              ref[0]->steps.back().expert_tokens)
+        << "W=" << world << " ep=" << ep;
+  }
+  ExpectResumesOnLayouts(
+      "moe_ep_resume", moe, {"parallelism.ep=2"}, 2,
+      {{4, {"parallelism.ep=4"}}, {1, {}}, {4, {"parallelism.ep=2"}}}, want);
+}
+
 // Pipeline checkpoints across cut points and depths: a 4-block GPT-2 saved
 // at pp 2 cut at block 1 (stage 1 holds blocks 1-3) resumes at pp 2 cut at
 // block 3, at pp 4, at pp 2 with HSDP inside the stages (dp_replicate 2),
