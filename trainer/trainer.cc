@@ -1467,9 +1467,14 @@ absl::Status Trainer::PrintResults(const std::vector<MemoryStats>& mem,
             return a.total_peak < b.total_peak;
           })->total_peak /
           1048576.0,
-      plan_peak_bytes_ > 0 ? absl::StrFormat(" (planned %.1f MiB for one step)",
-                                             plan_peak_bytes_ / 1048576.0)
-                           : std::string()));
+      plan_peak_bytes_ > 0
+          ? absl::StrFormat(
+                " (planned %.1f MiB for one step%s)",
+                plan_peak_bytes_ / 1048576.0,
+                // Under expert parallelism a rank's expert activations
+                // follow the routing; the plan takes it as even.
+                rc_.layout.ep > 1 ? " with evenly routed tokens" : "")
+          : std::string()));
   if (env_.device.is_cuda()) {
     const int64_t steps = result_.end_step - result_.start_step;
     print_->Line(absl::StrFormat(
