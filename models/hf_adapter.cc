@@ -183,6 +183,13 @@ absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
         absl::StrCat("HF Llama has a SwiGLU MLP; config '", c.name, "' has ",
                      ActivationName(c.activation)));
   }
+  if (c.moe.enabled()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "config '", c.name,
+        "' has a mixture of experts: Hugging Face import and export of MoE "
+        "weights (Qwen3-MoE / OLMoE's mlp.gate and mlp.experts.N.*) are not "
+        "supported yet"));
+  }
   return LlamaMapping(c);
 }
 

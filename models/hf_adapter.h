@@ -65,7 +65,7 @@ struct HfNameEntry {
 // The mapping for every parameter of the model built from `config`, in our
 // parameter order. Unimplemented for layouts HF's GPT-2 / Llama cannot hold
 // (GPT-2 family without GELU, biases or with GQA; Llama family without
-// SwiGLU).
+// SwiGLU) and, for now, for mixtures of experts.
 absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
     const TransformerConfig& config);
 

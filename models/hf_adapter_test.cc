@@ -136,6 +136,10 @@ TEST(HfAdapterTest, NonCanonicalLayoutsAreUnimplemented) {
   c.bias = true;
   c.activation = Activation::kGelu;
   EXPECT_EQ(HfNameMapping(c).status().code(), absl::StatusCode::kUnimplemented);
+  // Mixtures of experts: refused, naming what is missing.
+  const absl::Status moe = HfNameMapping(*ConfigByName("moe_debug")).status();
+  EXPECT_EQ(moe.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(moe.message().find("mixture of experts"), std::string::npos) << moe;
 }
 
 TEST(HfAdapterTest, ExportTransposesConv1DWeights) {
