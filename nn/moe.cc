@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <utility>
@@ -23,6 +24,19 @@ absl::Status CpuOnly(const Tensor& x) {
       absl::StrCat("MoE: runs on the CPU only for now (its routing and "
                    "combine are host loops); got input on ",
                    x.device().ToString()));
+}
+
+// Calls fn(e, first, n) for each group e of `sizes` (count of them) that
+// has rows: n rows from row `first` of the grouped order.
+absl::Status ForEachGroup(
+    const int64_t* sizes, int64_t count,
+    const std::function<absl::Status(int64_t, int64_t, int64_t)>& fn) {
+  int64_t first = 0;
+  for (int64_t e = 0; e < count; ++e) {
+    if (sizes[e] > 0) FSDPP_RETURN_IF_ERROR(fn(e, first, sizes[e]));
+    first += sizes[e];
+  }
+  return absl::OkStatus();
 }
 
 // `v` as an i64 activation on `device` (the CPU, or meta: no values).
@@ -152,25 +166,24 @@ absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
                          EmptyActivation({m, dim_}, dtype, x.device()));
   MatmulOptions nt;
   nt.transpose_b = true;
-  int64_t first = 0;
-  for (int64_t e = 0; e < local; ++e) {
-    const int64_t n = sizes[e];
-    if (n == 0) continue;
-    FSDPP_ASSIGN_OR_RETURN(Tensor xe, rows.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor ae, a.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor be, b.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor pe, p.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor ye, y.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor wge, ExpertMatrix(wg, e));
-    FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
-    FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
-    FSDPP_RETURN_IF_ERROR(Matmul(xe, wge, &ae, nt));
-    FSDPP_RETURN_IF_ERROR(Matmul(xe, wue, &be, nt));
-    FSDPP_RETURN_IF_ERROR(Silu(ae, &pe));
-    FSDPP_RETURN_IF_ERROR(Mul(pe, be, &pe));
-    FSDPP_RETURN_IF_ERROR(Matmul(pe, wde, &ye, nt));
-    first += n;
-  }
+  FSDPP_RETURN_IF_ERROR(
+      ForEachGroup(sizes.data(), local,
+                   [&](int64_t e, int64_t first, int64_t n) -> absl::Status {
+                     FSDPP_ASSIGN_OR_RETURN(Tensor xe, rows.Narrow(first, n));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor ae, a.Narrow(first, n));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor be, b.Narrow(first, n));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor pe, p.Narrow(first, n));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor ye, y.Narrow(first, n));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor wge, ExpertMatrix(wg, e));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
+                     FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
+                     FSDPP_RETURN_IF_ERROR(Matmul(xe, wge, &ae, nt));
+                     FSDPP_RETURN_IF_ERROR(Matmul(xe, wue, &be, nt));
+                     FSDPP_RETURN_IF_ERROR(Silu(ae, &pe));
+                     FSDPP_RETURN_IF_ERROR(Mul(pe, be, &pe));
+                     FSDPP_RETURN_IF_ERROR(Matmul(pe, wde, &ye, nt));
+                     return absl::OkStatus();
+                   }));
   saved_x_ = rows;
   saved_gate_ = a;
   saved_up_ = b;
@@ -212,19 +225,17 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   MatmulOptions accumulate_tn;  // dW += dY^T X
   accumulate_tn.transpose_a = true;
   accumulate_tn.beta = 1.0f;
-  int64_t first = 0;
-  for (int64_t e = 0; e < groups; ++e) {
-    const int64_t n = sizes[e];
-    if (n == 0) continue;
-    FSDPP_ASSIGN_OR_RETURN(Tensor dye, dy_rows.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor pe, p.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor dpe, dp.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
-    FSDPP_ASSIGN_OR_RETURN(Tensor gde, ExpertMatrix(*g_down.target(), e));
-    FSDPP_RETURN_IF_ERROR(Matmul(dye, wde, &dpe));
-    FSDPP_RETURN_IF_ERROR(Matmul(dye, pe, &gde, accumulate_tn));
-    first += n;
-  }
+  FSDPP_RETURN_IF_ERROR(ForEachGroup(
+      sizes, groups, [&](int64_t e, int64_t first, int64_t n) -> absl::Status {
+        FSDPP_ASSIGN_OR_RETURN(Tensor dye, dy_rows.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor pe, p.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dpe, dp.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
+        FSDPP_ASSIGN_OR_RETURN(Tensor gde, ExpertMatrix(*g_down.target(), e));
+        FSDPP_RETURN_IF_ERROR(Matmul(dye, wde, &dpe));
+        FSDPP_RETURN_IF_ERROR(Matmul(dye, pe, &gde, accumulate_tn));
+        return absl::OkStatus();
+      }));
   // d up = dp * silu(a); d gate = SiluBackward(a, dp * b) (as SwiGlu).
   Tensor db = p;  // p's memory is free again
   FSDPP_RETURN_IF_ERROR(Silu(a, &db));
@@ -236,24 +247,22 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
                          EmptyTemporary({m, dim_}, dtype, x.device()));
   MatmulOptions accumulate;
   accumulate.beta = 1.0f;
-  first = 0;
-  for (int64_t e = 0; e < groups; ++e) {
-    const int64_t n = sizes[e];
-    if (n == 0) continue;
-    FSDPP_ASSIGN_OR_RETURN(Tensor xe, x.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor dae, da.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor dbe, db.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor dxe, dx.Narrow(first, n));
-    FSDPP_ASSIGN_OR_RETURN(Tensor wge, ExpertMatrix(wg, e));
-    FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
-    FSDPP_ASSIGN_OR_RETURN(Tensor gge, ExpertMatrix(*g_gate.target(), e));
-    FSDPP_ASSIGN_OR_RETURN(Tensor gue, ExpertMatrix(*g_up.target(), e));
-    FSDPP_RETURN_IF_ERROR(Matmul(dae, xe, &gge, accumulate_tn));
-    FSDPP_RETURN_IF_ERROR(Matmul(dbe, xe, &gue, accumulate_tn));
-    FSDPP_RETURN_IF_ERROR(Matmul(dae, wge, &dxe));
-    FSDPP_RETURN_IF_ERROR(Matmul(dbe, wue, &dxe, accumulate));
-    first += n;
-  }
+  FSDPP_RETURN_IF_ERROR(ForEachGroup(
+      sizes, groups, [&](int64_t e, int64_t first, int64_t n) -> absl::Status {
+        FSDPP_ASSIGN_OR_RETURN(Tensor xe, x.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dae, da.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dbe, db.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dxe, dx.Narrow(first, n));
+        FSDPP_ASSIGN_OR_RETURN(Tensor wge, ExpertMatrix(wg, e));
+        FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
+        FSDPP_ASSIGN_OR_RETURN(Tensor gge, ExpertMatrix(*g_gate.target(), e));
+        FSDPP_ASSIGN_OR_RETURN(Tensor gue, ExpertMatrix(*g_up.target(), e));
+        FSDPP_RETURN_IF_ERROR(Matmul(dae, xe, &gge, accumulate_tn));
+        FSDPP_RETURN_IF_ERROR(Matmul(dbe, xe, &gue, accumulate_tn));
+        FSDPP_RETURN_IF_ERROR(Matmul(dae, wge, &dxe));
+        FSDPP_RETURN_IF_ERROR(Matmul(dbe, wue, &dxe, accumulate));
+        return absl::OkStatus();
+      }));
   FSDPP_RETURN_IF_ERROR(g_gate.Commit());
   FSDPP_RETURN_IF_ERROR(g_up.Commit());
   FSDPP_RETURN_IF_ERROR(g_down.Commit());
