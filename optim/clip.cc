@@ -59,6 +59,29 @@ absl::Status CheckGrads(const char* op, const std::vector<DTensor*>& grads,
   return absl::OkStatus();
 }
 
+// The meshes of `grads`, in order of first appearance.
+std::vector<const DeviceMesh*> MeshesOf(const std::vector<DTensor*>& grads) {
+  std::vector<const DeviceMesh*> meshes;
+  for (const DTensor* g : grads) {
+    if (g != nullptr &&
+        std::find(meshes.begin(), meshes.end(), g->mesh()) == meshes.end()) {
+      meshes.push_back(g->mesh());
+    }
+  }
+  return meshes;
+}
+
+// The grads on mesh `m` and their count flags.
+void OnMesh(const std::vector<DTensor*>& grads,
+            const PipelineNormOptions& options, const DeviceMesh* m,
+            std::vector<DTensor*>* on_mesh, PipelineNormOptions* part) {
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (grads[i]->mesh() != m) continue;
+    on_mesh->push_back(grads[i]);
+    if (!options.counts.empty()) part->counts.push_back(options.counts[i]);
+  }
+}
+
 // This rank's share of the squared norm: one f32 slot per grad on the grads'
 // device, its local sum of squares or 0 for a grad not counted here, and
 // the mesh axes the total is reduced over.
@@ -156,13 +179,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   // Grads on several meshes (a mixture of experts' experts on the expert
   // mesh, the rest on the model's): each mesh's share reduced over its own
   // axes, the squares added, in the meshes' order of first appearance.
-  std::vector<const DeviceMesh*> meshes;
-  for (const DTensor* g : grads) {
-    if (g != nullptr &&
-        std::find(meshes.begin(), meshes.end(), g->mesh()) == meshes.end()) {
-      meshes.push_back(g->mesh());
-    }
-  }
+  const std::vector<const DeviceMesh*> meshes = MeshesOf(grads);
   if (meshes.size() > 1) {
     FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads, /*one_mesh=*/false));
     if (pipeline.pipeline != nullptr) {
@@ -174,11 +191,7 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     for (const DeviceMesh* m : meshes) {
       std::vector<DTensor*> on_mesh;
       PipelineNormOptions part;
-      for (size_t i = 0; i < grads.size(); ++i) {
-        if (grads[i]->mesh() != m) continue;
-        on_mesh.push_back(grads[i]);
-        if (!pipeline.counts.empty()) part.counts.push_back(pipeline.counts[i]);
-      }
+      OnMesh(grads, pipeline, m, &on_mesh, &part);
       FSDPP_ASSIGN_OR_RETURN(const double norm,
                              Norm(op, on_mesh, part, timeout));
       squares += norm * norm;
@@ -313,6 +326,25 @@ absl::Status GradNormSquaredOnDevice(const std::vector<DTensor*>& grads,
         absl::StrCat(op, ": the output ", norm_sq->ToString(),
                      " is not on the grads' device ",
                      grads[0]->local().device().ToString()));
+  }
+  // Several meshes (Norm's note): each one's share reduced on the device,
+  // added there.
+  const std::vector<const DeviceMesh*> meshes = MeshesOf(grads);
+  if (meshes.size() > 1) {
+    FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads, /*one_mesh=*/false));
+    FSDPP_RETURN_IF_ERROR(Zero(norm_sq));
+    FSDPP_ASSIGN_OR_RETURN(Tensor part,
+                           Tensor::Zeros({1}, DType::kF32, norm_sq->device()));
+    for (const DeviceMesh* m : meshes) {
+      std::vector<DTensor*> on_mesh;
+      PipelineNormOptions part_options;
+      OnMesh(grads, options, m, &on_mesh, &part_options);
+      FSDPP_ASSIGN_OR_RETURN(LocalSquares local,
+                             Squares(op, on_mesh, part_options));
+      FSDPP_RETURN_IF_ERROR(ReduceOnDevice(local, &part, timeout));
+      FSDPP_RETURN_IF_ERROR(Add(*norm_sq, part, norm_sq));
+    }
+    return absl::OkStatus();
   }
   FSDPP_ASSIGN_OR_RETURN(LocalSquares local, Squares(op, grads, options));
   return ReduceOnDevice(local, norm_sq, timeout);

@@ -53,6 +53,9 @@ double WireBytes(const SimulatedOp& op) {
   if (op.kind == "reduce_scatter") return op.in_bytes * (n - 1) / n;
   if (op.kind == "all_reduce") return 2 * op.in_bytes * (n - 1) / n;
   if (op.kind == "p2p") return std::max(op.in_bytes, op.out_bytes);
+  // Expert parallelism's token rows, routed evenly: all but this rank's
+  // own share leave it.
+  if (op.kind == "all_to_all_v") return op.in_bytes * (n - 1) / n;
   return op.in_bytes;  // broadcast, all_to_all
 }
 
@@ -108,6 +111,9 @@ StepTime PredictTime(const models::TransformerConfig& model,
     const bool tensor_parallel = axis == "tp";
     // Context parallelism's ring (point-to-point within the shard axis).
     const bool ring = op.kind == "p2p" && axis != "pp";
+    // Expert parallelism's exchanges (the rows per expert, the token rows
+    // out and back): each one's result is what the next op computes on.
+    const bool experts = axis == "ep";
     const double latency = tensor_parallel && d.tp_collective_s > 0
                                ? d.tp_collective_s
                                : d.collective_latency_s;
@@ -119,7 +125,8 @@ StepTime PredictTime(const models::TransformerConfig& model,
     // inputs: none of them is hidden. The ring's transfers are counted on
     // the path too: its backward waits for each one, and its forward's
     // overlap with one chunk's attention is not modelled (an upper bound).
-    if (tensor_parallel || axis == "pp" || ring) {
+    // So are expert parallelism's all-to-alls.
+    if (tensor_parallel || axis == "pp" || ring || experts) {
       blocking += s_op;
       continue;
     }

@@ -48,6 +48,51 @@ TEST(PlannerTest, ContextParallelSplitsTheWorkAndCountsTheRing) {
   EXPECT_LT(four->run.peak_bytes, one->run.peak_bytes / 2);
 }
 
+// Expert parallelism: each rank holds 1 / ep of every MoE layer's experts
+// (the sharded state drops by the experts' share), and the token all-to-alls
+// (two forward, two backward per MoE layer) are on the step's path.
+TEST(PlannerTest, ExpertParallelShardsTheExpertsAndExposesTheAllToAlls) {
+  const models::TransformerConfig model = *models::ConfigByName("olmoe_1b_7b");
+  const DeviceSpec d = *DeviceByName("h100", 8, false);
+  recipe::Layout s;
+  s.world = 8;
+  s.param_dtype = DType::kBF16;
+  s.micro_batch = 1;
+  s.seq_len = 4096;
+  s.activation_checkpointing = nn::CheckpointPolicy::Full();
+  absl::StatusOr<Plan> one = MakePlan(model, s, d);
+  ASSERT_TRUE(one.ok()) << one.status();
+  s.ep = 8;
+  absl::StatusOr<Plan> eight = MakePlan(model, s, d);
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  int all_to_all = 0;
+  double all_to_all_s = 0.0, gathered = 0.0, gathered_one = 0.0;
+  for (const SimulatedOp& op : eight->run.ops) {
+    if (op.kind == "all_to_all_v") {
+      ++all_to_all;
+      all_to_all_s += op.in_bytes * (op.group_size - 1.0) / op.group_size /
+                      d.link_bytes_per_s;
+    }
+    if (op.kind == "all_gather") gathered += op.out_bytes;
+  }
+  for (const SimulatedOp& op : one->run.ops) {
+    if (op.kind == "all_gather") gathered_one += op.out_bytes;
+  }
+  // Four per layer, and two more per layer for full checkpointing's
+  // recomputed forward.
+  EXPECT_EQ(all_to_all, model.n_layers * 6);
+  for (const SimulatedOp& op : one->run.ops) EXPECT_NE(op.kind, "all_to_all_v");
+  // Both shard every parameter over the 8 ranks, so the sharded state is
+  // the same; with ep 8 a rank gathers none of its experts (efsdp is 1),
+  // and the all-to-alls are exposed whole.
+  EXPECT_EQ(eight->run.after_setup.current_of(MemoryTag::kParams),
+            one->run.after_setup.current_of(MemoryTag::kParams));
+  EXPECT_LT(gathered, 0.2 * gathered_one);
+  EXPECT_GT(all_to_all_s, 0.0);
+  EXPECT_GE(eight->time.exposed_comm_s, all_to_all_s);
+  EXPECT_EQ(eight->time.compute_s, one->time.compute_s);
+}
+
 }  // namespace
 }  // namespace plan
 }  // namespace fsdpp

@@ -878,12 +878,6 @@ absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
         "model.lora.dropout > 0 on CUDA: the keyed dropout (nn/dropout.h) "
         "runs on the CPU only for now; set it 0 there");
   }
-  if (resolved.model.moe.enabled() && config.training().device() == "cuda") {
-    return Invalid(absl::StrCat(
-        "model ", resolved.model.name,
-        " has a mixture of experts, which runs on the CPU only for now (its "
-        "routing is host code): set training.device to cpu"));
-  }
   if (lora.has_init_from()) {
     if (lora.rank() < 1) {
       return Invalid("model.lora.init_from needs model.lora.rank >= 1");

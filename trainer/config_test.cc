@@ -794,10 +794,6 @@ TEST(ValidateTest, TrainingErrorMessages) {
        2,
        "model.lora.dropout > 0 on CUDA: the keyed dropout (nn/dropout.h) "
        "runs on the CPU only for now; set it 0 there"},
-      {{"model.name=moe_debug", "training.device=cuda"},
-       2,
-       "model moe_debug has a mixture of experts, which runs on the CPU only "
-       "for now (its routing is host code): set training.device to cpu"},
       {{"model.name=moe_debug", "parallelism.ep=3"},
        2,
        "parallelism.ep 3 does not divide dp_shard 2 (ep ranks are "

@@ -237,6 +237,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(
     const TrainConfig& config, const TrainerEnv& env) {
   FSDPP_ASSIGN_OR_RETURN(ResolvedTrainConfig rc,
                          ResolveTrainConfig(config, env.world_size));
+  // (The planner plans such a run for a GPU; the trainer cannot run it.)
+  if (rc.model.moe.enabled() && config.training().device() == "cuda") {
+    return absl::UnimplementedError(absl::StrCat(
+        "trainer: model ", rc.model.name,
+        " has a mixture of experts, which runs on the CPU only for now (its "
+        "routing is host code): set training.device to cpu"));
+  }
   if ((config.training().device() == "cuda") != env.device.is_cuda()) {
     return absl::FailedPreconditionError(
         absl::StrCat("trainer: training.device is ", config.training().device(),

@@ -1441,6 +1441,21 @@ TEST(TrainerTest, InvalidConfigFailsBeforeAnythingRuns) {
 
 // training.device must be the rank's device: a "cuda" run given the CPU
 // (the tests' thread ranks) is refused before anything is built.
+// A mixture of experts routes on the host: on CUDA the trainer refuses it
+// before anything runs (the planner still plans it for a GPU).
+TEST(TrainerTest, MixtureOfExpertsOnCudaIsRefusedBeforeAnythingRuns) {
+  const std::string dir = TestDir("moe_cuda");
+  TrainConfig config = WithOverrides(
+      SmallConfig(dir), {"model.name=moe_debug", "training.device=cuda"});
+  TrainerEnv env;
+  env.world_size = 1;
+  const absl::Status status = Trainer::Create(config, env).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnimplemented) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "runs on the CPU only"))
+      << status;
+  EXPECT_FALSE(PathExists(dir + "/metrics.jsonl"));
+}
+
 TEST(TrainerTest, TheConfigsDeviceMustBeTheRanks) {
   TrainConfig config = SmallConfig(TestDir("device"));
   CHECK_OK(ApplyOverrides({"training.device=cuda"}, &config));
