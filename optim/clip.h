@@ -30,9 +30,9 @@ namespace fsdpp {
 // the same list. Grads must be float DTensors without Partial placements,
 // on one mesh or on several over the same ranks (a mixture of experts'
 // experts on their own mesh: each mesh's share is reduced over its own axes
-// and the squares added; not with a pipeline); max_norm must be > 0. A non-finite norm is returned and the
-// grads are left unscaled (the caller skips the step). An empty list has
-// norm 0.
+// and the squares added; not with a pipeline); max_norm must be > 0. A
+// non-finite norm is returned and the grads are left unscaled (the caller skips
+// the step). An empty list has norm 0.
 absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
                                     double max_norm,
                                     absl::Duration timeout = absl::Minutes(30));
