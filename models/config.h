@@ -47,7 +47,9 @@ struct MoeConfig {
   bool normalize_top_k = true;
   float route_scale = 1.0f;
   float aux_loss_coef = 0.0f;  // load balancing (softmax only)
-  bool expert_bias = false;    // aux-loss-free balancing's selection bias
+  // Aux-loss-free balancing's selection bias (its update between steps,
+  // by the experts' loads, is not implemented yet).
+  bool expert_bias = false;
 
   bool enabled() const { return num_experts > 0; }
 };

@@ -7,8 +7,10 @@
 //             sigmoid(x Wr^T) (DeepSeek-V3)
 //   experts = the k largest of scores + expert_bias, lowest index first on
 //             ties; the bias (DeepSeek-V3's e_score_correction_bias, not
-//             trained: aux-loss-free balancing adjusts it between steps)
-//             only selects, it never weighs
+//             trained) only selects, it never weighs. DeepSeek-V3's
+//             aux-loss-free balancing moves it between steps by the
+//             experts' loads; that update is not implemented yet: the bias
+//             is used as initialised or loaded
 //   w_j     = route_scale * s_j (/ sum of the k chosen s with
 //             normalize_top_k)
 //   y       = sum_j w_j SwiGLU_{e_j}(x) + shared(x)
@@ -68,7 +70,8 @@ struct MoeOptions {
   int64_t shared_hidden = 0;
   // The load-balancing loss's weight (softmax scoring only; 0: off).
   float aux_loss_coef = 0.0f;
-  // A per-expert selection bias (aux-loss-free balancing).
+  // A per-expert selection bias (aux-loss-free balancing's; its update
+  // between steps is not implemented yet).
   bool expert_bias = false;
   // Router and gate / up weights ~ Normal(0, init_std), down ones ~
   // Normal(0, down_init_std); parameters of `dtype`.
