@@ -60,8 +60,6 @@ models::TensorParallelPlanOptions TensorParallelOptions(
   return options;
 }
 
-// Both plans on one model (the whole one or a stage's part), then its
-// sharded weights; its units. `where` names the part in errors.
 // Expert parallelism: the MoE layers' experts split over `ep` and each
 // layer's experts made an FSDP unit of their own on the expert mesh (the ep
 // split as the piece axis, sharded over efsdp, averaged over every
@@ -86,6 +84,9 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ShardExpertUnits(
   return units;
 }
 
+// Both plans on one model (the whole one or a stage's part), with expert
+// parallelism's units first when `ep` is given, then its sharded weights;
+// its units. `where` names the part in errors.
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> Parallelize(
     models::Transformer* model, const Layout& layout, DeviceMesh* mesh,
     const BuildOptions& options, const std::string& where,
