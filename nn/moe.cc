@@ -374,82 +374,76 @@ absl::StatusOr<Tensor> MoE::Scatter(const Tensor& rows,
   return Gather(rows, inverse);
 }
 
+absl::StatusOr<Tensor> MoE::ThroughExperts(
+    const Tensor& rows, const std::vector<int64_t>& all, MemoryTag tag,
+    const std::function<absl::StatusOr<Tensor>(const EpRoute&, const Tensor&)>&
+        run) {
+  const int64_t c = options_.dim;
+  const Device device = rows.device();
+  const EpRoute r = Route(all);
+  int64_t received_rows = 0;
+  for (int64_t n : r.recv_rows) received_rows += n;
+  FSDPP_ASSIGN_OR_RETURN(Tensor received, EmptyTemporary({received_rows, c},
+                                                         rows.dtype(), device));
+  FSDPP_RETURN_IF_ERROR(
+      ep_->AllToAllRows(rows, r.send_rows, &received, r.recv_rows));
+  FSDPP_ASSIGN_OR_RETURN(Tensor local_in, Gather(received, r.from_received));
+  received = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(Tensor local_out, run(r, local_in));
+  local_in = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(Tensor back, Scatter(local_out, r.from_received));
+  local_out = Tensor();
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor out, Tensor::Empty({rows.dim(0), c}, rows.dtype(), device, tag));
+  FSDPP_RETURN_IF_ERROR(
+      ep_->AllToAllRows(back, r.recv_rows, &out, r.send_rows));
+  return out;
+}
+
 absl::StatusOr<Tensor> MoE::RunExperts(const Tensor& grouped,
                                        const std::vector<int64_t>& sizes) {
   if (ep_ == nullptr) {
     experts_->SetGroupSizes(sizes);
     return experts_->Forward(grouped);
   }
-  const int64_t num_e = options_.num_experts, c = options_.dim;
-  const Device device = grouped.device();
+  const int64_t num_e = options_.num_experts;
   FSDPP_ASSIGN_OR_RETURN(std::vector<int64_t> all, ep_->GatherSizes(sizes));
-  if (grouped.is_meta()) {  // every rank routes as evenly as this one
-    all.clear();
-    for (int r = 0; r < ep_->size(); ++r) {
-      all.insert(all.end(), sizes.begin(), sizes.end());
-    }
-  }
+  if (grouped.is_meta()) all = EvenSizesOfEveryRank(grouped.dim(0));
   if (static_cast<int64_t>(all.size()) != ep_->size() * num_e) {
     return absl::InternalError(absl::StrCat(
         "MoE: expert parallelism gathered ", all.size(), " sizes for ",
         ep_->size(), " ranks of ", num_e, " experts"));
   }
-  FSDPP_ASSIGN_OR_RETURN(saved_ep_sizes_, I64Activation(all, device));
-  const EpRoute r = Route(all);
-  int64_t received_rows = 0;
-  for (int64_t n : r.recv_rows) received_rows += n;
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor received,
-      EmptyTemporary({received_rows, c}, grouped.dtype(), device));
-  FSDPP_RETURN_IF_ERROR(
-      ep_->AllToAllRows(grouped, r.send_rows, &received, r.recv_rows));
-  FSDPP_ASSIGN_OR_RETURN(Tensor local_in, Gather(received, r.from_received));
-  received = Tensor();
-  experts_->SetGroupSizes(r.local_sizes);
-  FSDPP_ASSIGN_OR_RETURN(Tensor local_out, experts_->Forward(local_in));
-  FSDPP_ASSIGN_OR_RETURN(Tensor back, Scatter(local_out, r.from_received));
-  local_out = Tensor();
-  FSDPP_ASSIGN_OR_RETURN(Tensor out, EmptyActivation({grouped.dim(0), c},
-                                                     grouped.dtype(), device));
-  FSDPP_RETURN_IF_ERROR(
-      ep_->AllToAllRows(back, r.recv_rows, &out, r.send_rows));
-  return out;
+  FSDPP_ASSIGN_OR_RETURN(saved_ep_sizes_, I64Activation(all, grouped.device()));
+  return ThroughExperts(grouped, all, MemoryTag::kActivations,
+                        [this](const EpRoute& r, const Tensor& local_in) {
+                          experts_->SetGroupSizes(r.local_sizes);
+                          return experts_->Forward(local_in);
+                        });
 }
 
 absl::StatusOr<Tensor> MoE::RunExpertsBackward(const Tensor& d_out) {
   if (ep_ == nullptr) return experts_->Backward(d_out);
-  const int64_t num_e = options_.num_experts, c = options_.dim;
-  const Device device = d_out.device();
   std::vector<int64_t> all;
   if (d_out.is_meta()) {
-    const std::vector<int64_t> even = EvenSizes(d_out.dim(0), num_e);
-    for (int r = 0; r < ep_->size(); ++r) {
-      all.insert(all.end(), even.begin(), even.end());
-    }
+    all = EvenSizesOfEveryRank(d_out.dim(0));
   } else {
     const int64_t* v = saved_ep_sizes_.data<int64_t>();
     all.assign(v, v + saved_ep_sizes_.numel());
   }
-  const EpRoute r = Route(all);
-  int64_t received_rows = 0;
-  for (int64_t n : r.recv_rows) received_rows += n;
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor received,
-      EmptyTemporary({received_rows, c}, d_out.dtype(), device));
-  FSDPP_RETURN_IF_ERROR(
-      ep_->AllToAllRows(d_out, r.send_rows, &received, r.recv_rows));
-  FSDPP_ASSIGN_OR_RETURN(Tensor d_local_out, Gather(received, r.from_received));
-  received = Tensor();
-  FSDPP_ASSIGN_OR_RETURN(Tensor d_local_in, experts_->Backward(d_local_out));
-  d_local_out = Tensor();
-  FSDPP_ASSIGN_OR_RETURN(Tensor back, Scatter(d_local_in, r.from_received));
-  d_local_in = Tensor();
-  FSDPP_ASSIGN_OR_RETURN(
-      Tensor d_grouped,
-      EmptyTemporary({d_out.dim(0), c}, d_out.dtype(), device));
-  FSDPP_RETURN_IF_ERROR(
-      ep_->AllToAllRows(back, r.recv_rows, &d_grouped, r.send_rows));
-  return d_grouped;
+  return ThroughExperts(d_out, all, MemoryTag::kOther,
+                        [this](const EpRoute&, const Tensor& d_local_out) {
+                          return experts_->Backward(d_local_out);
+                        });
+}
+
+std::vector<int64_t> MoE::EvenSizesOfEveryRank(int64_t rows) const {
+  const std::vector<int64_t> even = EvenSizes(rows, options_.num_experts);
+  std::vector<int64_t> all;
+  for (int r = 0; r < ep_->size(); ++r) {
+    all.insert(all.end(), even.begin(), even.end());
+  }
+  return all;
 }
 
 absl::StatusOr<Tensor> MoE::ForwardImpl(const Tensor& x) {
@@ -616,32 +610,42 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
     FSDPP_ASSIGN_OR_RETURN(dx, shared_->Backward(dy_rows));
   }
 
-  // d out[position(t, j)] = w_j dy[t]; d w_j = <dy[t], out[position(t, j)]>.
-  std::vector<double> scores;
+  // Per token: d out[position(t, j)] = w_j dy[t] and d w_j = <dy[t],
+  // out[position(t, j)]>; then d logits, through the weights (and their
+  // normalisation) to the chosen scores, plus the auxiliary loss's, then
+  // through softmax / sigmoid. d aux / d p_te = coef E f_qe / (T S) for
+  // token t of sequence q (S sequences of T tokens), f_qe = counts_qe /
+  // (T k); shifted by the constant coef / (T S) (f's mean over the experts
+  // is 1 / E), which softmax's backward ignores: small exact differences, so
+  // the aux-only router gradient keeps its precision.
   std::vector<float> d_out, d_logits;
-  std::vector<double> d_weight;
   if (!meta) {
     FSDPP_ASSIGN_OR_RETURN(std::vector<float> logits, saved_logits_.ToFloats());
-    const int64_t* topk = saved_topk_.data<int64_t>();
-    const int64_t* position = saved_position_.data<int64_t>();
-    scores.resize(n * num_e);
-    for (int64_t t = 0; t < n; ++t) {
-      Scores(&logits[t * num_e], num_e, options_.scoring, &scores[t * num_e]);
-    }
     FSDPP_ASSIGN_OR_RETURN(std::vector<float> dy_f, dy_rows.ToFloats());
     FSDPP_ASSIGN_OR_RETURN(std::vector<float> out_f, saved_out_.ToFloats());
+    const int64_t* topk = saved_topk_.data<int64_t>();
+    const int64_t* position = saved_position_.data<int64_t>();
+    const int64_t* counts = saved_counts_.data<int64_t>();
+    for (int64_t i = 0; i < num_seq * num_e; ++i) {
+      stats_.tokens[i % num_e] += counts[i];
+    }
+    stats_.aux_loss_sum += saved_aux_.data<float>()[0];
+    ++stats_.backwards;
+    const bool aux = options_.aux_loss_coef > 0.0f && num_seq > 0;
     d_out.resize(n * k * c);
-    d_weight.resize(n * k);
+    d_logits.assign(n * num_e, 0.0f);
+    std::vector<double> s(num_e), d_score(num_e), d_weight(k);
     for (int64_t t = 0; t < n; ++t) {
-      const double* s = &scores[t * num_e];
+      Scores(&logits[t * num_e], num_e, options_.scoring, s.data());
+      const int64_t* chosen_e = &topk[t * k];
       double chosen = 0.0;
-      for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
+      for (int64_t j = 0; j < k; ++j) chosen += s[chosen_e[j]];
       const float* g = &dy_f[t * c];
       for (int64_t j = 0; j < k; ++j) {
-        const double raw = s[topk[t * k + j]];
-        const float w =
-            static_cast<float>((options_.normalize_top_k ? raw / chosen : raw) *
-                               options_.route_scale);
+        const float w = static_cast<float>((options_.normalize_top_k
+                                                ? s[chosen_e[j]] / chosen
+                                                : s[chosen_e[j]]) *
+                                           options_.route_scale);
         const int64_t row = position[t * k + j];
         const float* o = &out_f[row * c];
         float* d = &d_out[row * c];
@@ -650,43 +654,20 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
           d[i] = w * g[i];
           dot += double{g[i]} * o[i];
         }
-        d_weight[t * k + j] = dot;
+        d_weight[j] = dot;
       }
-    }
-
-    // d logits: through the weights (and their normalisation) to the chosen
-    // scores, plus the auxiliary loss's, then through softmax / sigmoid.
-    // d aux / d p_te = coef E f_qe / (T S) for token t of sequence q (S
-    // sequences of T tokens), f_qe = counts_qe / (T k); shifted by the
-    // constant coef / (T S) (f's mean over the experts is 1 / E), which
-    // softmax's backward ignores: small exact differences, so the aux-only
-    // router gradient keeps its precision.
-    const int64_t* counts = saved_counts_.data<int64_t>();
-    for (int64_t i = 0; i < num_seq * num_e; ++i) {
-      stats_.tokens[i % num_e] += counts[i];
-    }
-    stats_.aux_loss_sum += saved_aux_.data<float>()[0];
-    ++stats_.backwards;
-    const bool aux = options_.aux_loss_coef > 0.0f && num_seq > 0;
-    d_logits.assign(n * num_e, 0.0f);
-    std::vector<double> d_score(num_e);
-    for (int64_t t = 0; t < n; ++t) {
-      const double* s = &scores[t * num_e];
-      std::fill(d_score.begin(), d_score.end(), 0.0);
       // w_j = rs s_j / S: d s_l = rs / S (d w_l - sum_j d w_j s_j / S), in a
       // form that is exactly 0 for top-1 (s / S = 1).
-      double chosen = 0.0;
-      for (int64_t j = 0; j < k; ++j) chosen += s[topk[t * k + j]];
+      std::fill(d_score.begin(), d_score.end(), 0.0);
       double mean_dw = 0.0;
       for (int64_t j = 0; j < k; ++j) {
-        mean_dw += d_weight[t * k + j] * (s[topk[t * k + j]] / chosen);
+        mean_dw += d_weight[j] * (s[chosen_e[j]] / chosen);
       }
       for (int64_t j = 0; j < k; ++j) {
-        const double dw = d_weight[t * k + j];
-        d_score[topk[t * k + j]] +=
+        d_score[chosen_e[j]] +=
             options_.normalize_top_k
-                ? options_.route_scale / chosen * (dw - mean_dw)
-                : options_.route_scale * dw;
+                ? options_.route_scale / chosen * (d_weight[j] - mean_dw)
+                : options_.route_scale * d_weight[j];
       }
       float* dl = &d_logits[t * num_e];
       if (options_.scoring == MoeScoring::kSoftmax) {

@@ -40,10 +40,12 @@
 #define FSDPP_NN_MOE_H_
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "core/allocator.h"
 #include "core/dtype.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
@@ -218,6 +220,17 @@ class MoE : public Module {
   absl::StatusOr<Tensor> RunExperts(const Tensor& grouped,
                                     const std::vector<int64_t>& sizes);
   absl::StatusOr<Tensor> RunExpertsBackward(const Tensor& d_out);
+  // Under expert parallelism: `rows` (grouped, global expert order) to the
+  // ranks of their experts by the route of `all`, `run` on the rows this
+  // rank's experts receive (grouped by local expert), and its result back
+  // in `rows`' order, allocated with `tag`.
+  absl::StatusOr<Tensor> ThroughExperts(
+      const Tensor& rows, const std::vector<int64_t>& all, MemoryTag tag,
+      const std::function<absl::StatusOr<Tensor>(const EpRoute&,
+                                                 const Tensor&)>& run);
+  // What a dry run takes GatherSizes to give: every rank's `rows` grouped
+  // as evenly as they can be.
+  std::vector<int64_t> EvenSizesOfEveryRank(int64_t rows) const;
   // Rows of `rows` reordered: out[i] = rows[index[i]].
   static absl::StatusOr<Tensor> Gather(const Tensor& rows,
                                        const std::vector<int64_t>& index);

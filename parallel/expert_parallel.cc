@@ -10,19 +10,6 @@
 
 namespace fsdpp {
 namespace parallel {
-namespace {
-
-void CollectMoes(Module& m, const std::string& path,
-                 std::vector<std::pair<std::string, nn::MoE*>>* out) {
-  if (auto* moe = dynamic_cast<nn::MoE*>(&m)) out->push_back({path, moe});
-  for (const auto& [name, child] : m.children()) {
-    const std::string p =
-        name.empty() ? path : (path.empty() ? name : path + "." + name);
-    CollectMoes(*child, p, out);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::vector<int64_t>> ExpertParallel::GatherSizes(
     const std::vector<int64_t>& sizes) {
@@ -63,7 +50,9 @@ absl::Status ExpertParallel::AllToAllRows(
 
 absl::Status ShardExperts(Module& module, ExpertParallel* ep) {
   std::vector<std::pair<std::string, nn::MoE*>> moes;
-  CollectMoes(module, "", &moes);
+  for (const auto& [path, m] : module.NamedModules()) {
+    if (auto* moe = dynamic_cast<nn::MoE*>(m)) moes.push_back({path, moe});
+  }
   const int64_t ranks = ep->size(), q = ep->rank();
   for (const auto& [path, moe] : moes) {
     const int64_t experts = moe->options().num_experts;
