@@ -158,15 +158,23 @@ absl::StatusOr<FsdpUnit*> FullyShard(std::vector<Module*> modules,
   if (modules.empty())
     return absl::InvalidArgumentError("FullyShard: no modules");
   DeviceMesh* mesh = options.mesh;
-  const int tp_axes = options.tp_axis.empty() ? 0 : 1;
-  if (mesh == nullptr || mesh->ndim() - tp_axes < 1 ||
-      mesh->ndim() - tp_axes > 2) {
+  const int piece_axes =
+      (options.tp_axis.empty() ? 0 : 1) + (options.ep_axis.empty() ? 0 : 1);
+  if (mesh == nullptr || mesh->ndim() - piece_axes < 1 ||
+      mesh->ndim() - piece_axes > 2) {
     return absl::InvalidArgumentError(
         "FullyShard: needs a 1-D (shard) or 2-D (replicate, shard) mesh, "
-        "plus the tp axis when tp_axis is set");
+        "plus the tp and ep axes when tp_axis and ep_axis are set");
   }
-  if (tp_axes > 0)
+  if (!options.tp_axis.empty())
     FSDPP_RETURN_IF_ERROR(mesh->AxisIndex(options.tp_axis).status());
+  if (!options.ep_axis.empty()) {
+    FSDPP_RETURN_IF_ERROR(mesh->AxisIndex(options.ep_axis).status());
+    if (options.ep_axis == options.tp_axis) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FullyShard: ep_axis and tp_axis are both '", options.ep_axis, "'"));
+    }
+  }
   const std::string name =
       absl::StrCat(modules[0]->kind(), modules.size() > 1 ? "+..." : "");
   // (An empty unit is allowed: e.g. a root whose parameters all sit in
@@ -198,7 +206,9 @@ absl::Status FsdpUnit::InitGroups() {
   DeviceMesh* mesh = options_.mesh;
   std::vector<std::string> data_axes;  // [replicate,] shard
   for (const MeshAxis& a : mesh->axes()) {
-    if (a.name != options_.tp_axis) data_axes.push_back(a.name);
+    if (a.name != options_.tp_axis && a.name != options_.ep_axis) {
+      data_axes.push_back(a.name);
+    }
   }
   const std::string& shard_axis = data_axes.back();
   FSDPP_ASSIGN_OR_RETURN(shard_group_, mesh->Group(shard_axis));
@@ -209,10 +219,11 @@ absl::Status FsdpUnit::InitGroups() {
   // shard axis, so a dim both split is split by tp first (each rank's
   // piece), then by FSDP (rows of that piece), in mesh-axis order.
   master_mesh_ = mesh;
-  if (!options_.tp_axis.empty()) {
+  if (!options_.tp_axis.empty() || !options_.ep_axis.empty()) {
     std::vector<std::string> order;
     if (data_axes.size() == 2) order.push_back(data_axes[0]);
-    order.push_back(options_.tp_axis);
+    if (!options_.ep_axis.empty()) order.push_back(options_.ep_axis);
+    if (!options_.tp_axis.empty()) order.push_back(options_.tp_axis);
     order.push_back(data_axes.back());
     FSDPP_ASSIGN_OR_RETURN(master_mesh_, mesh->SubMesh(order));
   }
@@ -278,7 +289,8 @@ absl::StatusOr<std::vector<FsdpUnit*>> FsdpUnit::ClaimParameters() {
         }
         continue;  // Taken by an inner unit.
       }
-      if (p->has_piece() && options_.tp_axis.empty()) {
+      if (p->has_piece() && options_.tp_axis.empty() &&
+          options_.ep_axis.empty()) {
         return absl::InvalidArgumentError(absl::StrCat(
             "FullyShard: parameter '", fqn, "' of ", m->kind(),
             " is a tensor-parallel piece: set FullyShardOptions::tp_axis to "
@@ -308,14 +320,25 @@ absl::Status FsdpUnit::ShardParameters() {
     if (replicate_group_ != nullptr)
       placements.push_back(Placement::Replicate());
     Shape global = v.view;
-    if (!options_.tp_axis.empty()) {
-      Placement tp = Placement::Replicate();
+    if (!options_.tp_axis.empty() || !options_.ep_axis.empty()) {
+      // The ep axis splits the piece's dim 0, tp its (other) split dim.
+      Placement ep = Placement::Replicate(), tp = Placement::Replicate();
       if (p->has_piece()) {
         global = p->piece.layout;
-        const std::vector<int> split = p->piece.SplitDims();
+        std::vector<int> split = p->piece.SplitDims();
+        if (!options_.ep_axis.empty() && !split.empty() && split[0] == 0) {
+          ep = Placement::Shard(0);
+          split.erase(split.begin());
+        }
+        if (!split.empty() && options_.tp_axis.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "FullyShard: parameter '", sp.name, "' is split on dim ",
+              split[0], ", which the ep axis does not split (set tp_axis)"));
+        }
         if (!split.empty()) tp = Placement::Shard(split[0]);
       }
-      placements.push_back(tp);
+      if (!options_.ep_axis.empty()) placements.push_back(ep);
+      if (!options_.tp_axis.empty()) placements.push_back(tp);
     }
     placements.push_back(Placement::Shard(v.dim));
     Shape local_shape = v.view;

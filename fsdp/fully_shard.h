@@ -146,6 +146,11 @@ struct FullyShardOptions {
   // ([replicate, tp, shard]) placed (the tp split, Shard) with the piece's
   // layout as global shape, so a dim split by both is split by tp first.
   std::string tp_axis;
+  // FSDP of expert stacks under expert parallelism (parallel::ShardExperts):
+  // the mesh axis their pieces' dim 0 (the experts) is split over; with
+  // tp_axis as well, tp splits the piece's other split dim (the experts'
+  // hidden). The masters' mesh is then [replicate,] ep, [tp,] shard.
+  std::string ep_axis;
 };
 
 // One parameter under FSDP.

@@ -120,10 +120,28 @@ absl::Status Parameter::SetPiece(ParameterPiece p) {
         " + ", ShapeToString(p.size), " of layout ", ShapeToString(p.layout),
         " stored as ", ShapeToString(p.local_shape), ": ", what));
   };
-  if (has_piece()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "parameter ", ShapeToString(shape), " already holds a piece (",
-        ShapeToString(piece.offset), " + ", ShapeToString(piece.size), ")"));
+  // A piece held already may only be narrowed: the same layout, a box
+  // inside the held one, both stored as their boxes' shapes (expert
+  // parallelism cutting the expert dim of a tensor-parallel piece).
+  const bool narrowing = has_piece();
+  if (narrowing) {
+    bool inside = p.layout == piece.layout && piece.local_shape == piece.size &&
+                  p.local_shape == p.size &&
+                  p.offset.size() == piece.offset.size() &&
+                  p.size.size() == piece.size.size();
+    for (size_t d = 0; inside && d < p.offset.size(); ++d) {
+      inside = p.offset[d] >= piece.offset[d] && p.size[d] >= 0 &&
+               p.offset[d] + p.size[d] <= piece.offset[d] + piece.size[d];
+    }
+    if (!inside) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "parameter ", ShapeToString(shape), " already holds a piece (",
+          ShapeToString(piece.offset), " + ", ShapeToString(piece.size), " of ",
+          ShapeToString(piece.layout), "); the new piece ",
+          ShapeToString(p.offset), " + ", ShapeToString(p.size), " of ",
+          ShapeToString(p.layout),
+          " is not a box inside it stored as its shape"));
+    }
   }
   if (grad.defined()) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -155,10 +173,16 @@ absl::Status Parameter::SetPiece(ParameterPiece p) {
     FSDPP_ASSIGN_OR_RETURN(
         local,
         Tensor::Empty(p.local_shape, dtype, data.device(), MemoryTag::kParams));
-    FSDPP_ASSIGN_OR_RETURN(Tensor whole, data.Reshape(p.layout));
+    // The held values: the whole layout, or the held box.
+    FSDPP_ASSIGN_OR_RETURN(Tensor held,
+                           data.Reshape(narrowing ? piece.size : p.layout));
+    Shape from = p.offset;
+    for (size_t d = 0; narrowing && d < from.size(); ++d) {
+      from[d] -= piece.offset[d];
+    }
     FSDPP_ASSIGN_OR_RETURN(Tensor box, local.Reshape(p.size));
     FSDPP_RETURN_IF_ERROR(
-        CopyBox(whole, p.offset, &box, Shape(p.size.size(), 0), p.size));
+        CopyBox(held, from, &box, Shape(p.size.size(), 0), p.size));
   }
   data = std::move(local);
   piece = std::move(p);

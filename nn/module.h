@@ -130,9 +130,12 @@ struct Parameter {
   absl::Status EnsureGrad();
   // Keeps only `piece` of the parameter. Checks that the layout has the
   // parameter's elements, that the box lies inside it and that local_shape
-  // has the box's elements; a parameter may be cut once, before it has a
-  // gradient. On the meta device the data becomes a meta tensor of
-  // local_shape; materialised data is replaced by a copy of the box.
+  // has the box's elements; a parameter is cut before it has a gradient.
+  // A parameter holding a piece may be cut again to a box inside
+  // it, of the same layout, when both are stored as their boxes' shapes
+  // (expert parallelism narrowing a tensor-parallel piece to its experts).
+  // On the meta device the data becomes a meta tensor of local_shape;
+  // materialised data is replaced by a copy of the box.
   // InvalidArgument / FailedPrecondition naming what is wrong; the parameter
   // is unchanged on error.
   absl::Status SetPiece(ParameterPiece piece);

@@ -341,13 +341,42 @@ TEST(ModuleTest, BadPiecesAreRejectedAndChangeNothing) {
   }
   ASSERT_OK(w->SetPiece({{12, 5}, {0, 0}, {6, 5}, {6, 5}}));
   EXPECT_EQ(w->SetPiece({{12, 5}, {6, 0}, {6, 5}, {6, 5}}).code(),
-            absl::StatusCode::kFailedPrecondition);  // cut once
+            absl::StatusCode::kFailedPrecondition);  // outside the held box
+  EXPECT_EQ(w->SetPiece({{6, 10}, {0, 0}, {3, 10}, {3, 10}}).code(),
+            absl::StatusCode::kFailedPrecondition);  // another layout
+  EXPECT_EQ(w->LocalShape(), (Shape{6, 5}));
   nn::Linear trained(5, 12);
   ASSERT_OK(trained.ToEmpty(Device::Cpu()));
   ASSERT_OK(trained.weight()->EnsureGrad());
   EXPECT_EQ(
       trained.weight()->SetPiece({{12, 5}, {0, 0}, {6, 5}, {6, 5}}).code(),
       absl::StatusCode::kFailedPrecondition);  // has a gradient
+}
+
+// A piece cut again to a box inside it (expert parallelism narrowing a
+// tensor-parallel piece) holds that box of the whole, materialised or
+// initialised afterwards.
+TEST(ModuleTest, PiecesNarrowToABoxInsideThem) {
+  nn::Linear whole(6, 8, false, 0.5f);
+  ASSERT_OK(whole.ToEmpty(Device::Cpu()));
+  ASSERT_OK(whole.InitWeights(4));
+  const ParameterPiece columns{{8, 6}, {0, 3}, {8, 3}, {8, 3}};
+  const ParameterPiece rows_of_it{{8, 6}, {4, 3}, {2, 3}, {2, 3}};
+  const auto want =
+      BoxValues(whole.weight()->data, {8, 6}, rows_of_it.offset, {2, 3});
+  nn::Linear late(6, 8, false, 0.5f);
+  ASSERT_OK(late.ToEmpty(Device::Cpu()));
+  ASSERT_OK(late.InitWeights(4));
+  ASSERT_OK(late.weight()->SetPiece(columns));
+  ASSERT_OK(late.weight()->SetPiece(rows_of_it));
+  EXPECT_EQ(late.weight()->LocalShape(), (Shape{2, 3}));
+  EXPECT_EQ(Values(late.weight()->data), want);
+  nn::Linear early(6, 8, false, 0.5f);
+  ASSERT_OK(early.weight()->SetPiece(columns));
+  ASSERT_OK(early.weight()->SetPiece(rows_of_it));
+  ASSERT_OK(early.ToEmpty(Device::Cpu()));
+  ASSERT_OK(early.InitWeights(4));
+  EXPECT_EQ(Values(early.weight()->data), want);
 }
 
 // Column pieces of a Linear compute the matching columns of the whole

@@ -109,10 +109,7 @@ absl::Status ValidateMoeOptions(const MoeOptions& o) {
 
 GroupedExperts::GroupedExperts(int64_t num_experts, int64_t dim, int64_t hidden,
                                float init_std, float down_init_std, DType dtype)
-    : Module("GroupedExperts"),
-      num_experts_(num_experts),
-      dim_(dim),
-      hidden_(hidden) {
+    : Module("GroupedExperts"), num_experts_(num_experts), dim_(dim) {
   gate_proj_ = AddParameter("gate_proj", {num_experts, hidden, dim},
                             InitSpec::Normal(init_std), dtype);
   up_proj_ = AddParameter("up_proj", {num_experts, hidden, dim},
@@ -152,16 +149,16 @@ absl::StatusOr<Tensor> GroupedExperts::ForwardImpl(const Tensor& x) {
                      " but the input has ", rows.dim(0), " rows"));
   }
   const DType dtype = x.dtype();
-  const int64_t m = rows.dim(0);
+  const int64_t m = rows.dim(0), hidden = local_hidden();
   FSDPP_ASSIGN_OR_RETURN(Tensor wg, CastTo(gate_proj_->data, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor wu, CastTo(up_proj_->data, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor wd, CastTo(down_proj_->data, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor a,
-                         EmptyActivation({m, hidden_}, dtype, x.device()));
+                         EmptyActivation({m, hidden}, dtype, x.device()));
   FSDPP_ASSIGN_OR_RETURN(Tensor b,
-                         EmptyActivation({m, hidden_}, dtype, x.device()));
+                         EmptyActivation({m, hidden}, dtype, x.device()));
   FSDPP_ASSIGN_OR_RETURN(Tensor p,
-                         EmptyTemporary({m, hidden_}, dtype, x.device()));
+                         EmptyTemporary({m, hidden}, dtype, x.device()));
   FSDPP_ASSIGN_OR_RETURN(Tensor y,
                          EmptyActivation({m, dim_}, dtype, x.device()));
   MatmulOptions nt;
@@ -200,7 +197,7 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   const int64_t groups = x.is_meta() ? 0 : local_experts();
   const int64_t* sizes = saved_sizes_.data<int64_t>();
   const DType dtype = x.dtype();
-  const int64_t m = x.dim(0);
+  const int64_t m = x.dim(0), hidden = local_hidden();
   FSDPP_ASSIGN_OR_RETURN(Tensor dy_rows, AsRows(dy, dim_, "dy"));
   if (dy_rows.dim(0) != m || dy.dtype() != dtype) {
     return absl::InvalidArgumentError(
@@ -217,11 +214,11 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
                          GradSink::For(down_proj_, dtype, true));
   // p = silu(a) * b again (down's input), dp = dy W_down per group.
   FSDPP_ASSIGN_OR_RETURN(Tensor p,
-                         EmptyTemporary({m, hidden_}, dtype, x.device()));
+                         EmptyTemporary({m, hidden}, dtype, x.device()));
   FSDPP_RETURN_IF_ERROR(Silu(a, &p));
   FSDPP_RETURN_IF_ERROR(Mul(p, b, &p));
   FSDPP_ASSIGN_OR_RETURN(Tensor dp,
-                         EmptyTemporary({m, hidden_}, dtype, x.device()));
+                         EmptyTemporary({m, hidden}, dtype, x.device()));
   MatmulOptions accumulate_tn;  // dW += dY^T X
   accumulate_tn.transpose_a = true;
   accumulate_tn.beta = 1.0f;
@@ -296,6 +293,7 @@ MoE::MoE(const MoeOptions& options) : Module("MoE"), options_(options) {
     expert_bias_->requires_grad = false;
   }
   stats_.tokens.assign(options.num_experts, 0);
+  load_.assign(options.num_experts, 0);
 }
 
 MoE::Stats MoE::TakeStats() {
@@ -303,6 +301,29 @@ MoE::Stats MoE::TakeStats() {
   out.tokens.assign(options_.num_experts, 0);
   std::swap(out, stats_);
   return out;
+}
+
+std::vector<int64_t> MoE::TakeLoad() {
+  std::vector<int64_t> out(options_.num_experts, 0);
+  std::swap(out, load_);
+  return out;
+}
+
+std::vector<double> MoE::ExpertBiasUpdate(const std::vector<double>& load,
+                                          double rate) {
+  const double n = static_cast<double>(load.size());
+  double mean = 0.0;
+  for (double l : load) mean += l;
+  mean /= n;
+  std::vector<double> delta(load.size());
+  double delta_mean = 0.0;
+  for (size_t e = 0; e < load.size(); ++e) {
+    delta[e] = load[e] < mean ? rate : (load[e] > mean ? -rate : 0.0);
+    delta_mean += delta[e];
+  }
+  delta_mean /= n;
+  for (double& d : delta) d -= delta_mean;
+  return delta;
 }
 
 namespace {
@@ -628,10 +649,12 @@ absl::StatusOr<Tensor> MoE::BackwardImpl(const Tensor& dy) {
     const int64_t* counts = saved_counts_.data<int64_t>();
     for (int64_t i = 0; i < num_seq * num_e; ++i) {
       stats_.tokens[i % num_e] += counts[i];
+      load_[i % num_e] += counts[i];
     }
     stats_.aux_loss_sum += saved_aux_.data<float>()[0];
     ++stats_.backwards;
-    const bool aux = options_.aux_loss_coef > 0.0f && num_seq > 0;
+    const bool aux =
+        options_.aux_loss_coef > 0.0f && num_seq > 0 && adds_aux_gradient_;
     d_out.resize(n * k * c);
     d_logits.assign(n * num_e, 0.0f);
     std::vector<double> s(num_e), d_score(num_e), d_weight(k);

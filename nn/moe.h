@@ -9,8 +9,8 @@
 //             ties; the bias (DeepSeek-V3's e_score_correction_bias, not
 //             trained) only selects, it never weighs. DeepSeek-V3's
 //             aux-loss-free balancing moves it between steps by the
-//             experts' loads; that update is not implemented yet: the bias
-//             is used as initialised or loaded
+//             experts' loads (ExpertBiasUpdate, applied by the training
+//             step to the bias's master with MoeConfig::bias_update_rate)
 //   w_j     = route_scale * s_j (/ sum of the k chosen s with
 //             normalize_top_k)
 //   y       = sum_j w_j SwiGLU_{e_j}(x) + shared(x)
@@ -72,8 +72,8 @@ struct MoeOptions {
   int64_t shared_hidden = 0;
   // The load-balancing loss's weight (softmax scoring only; 0: off).
   float aux_loss_coef = 0.0f;
-  // A per-expert selection bias (aux-loss-free balancing's; its update
-  // between steps is not implemented yet).
+  // A per-expert selection bias (aux-loss-free balancing's; the training
+  // step updates it, ExpertBiasUpdate).
   bool expert_bias = false;
   // Router and gate / up weights ~ Normal(0, init_std), down ones ~
   // Normal(0, down_init_std); parameters of `dtype`.
@@ -126,6 +126,10 @@ class GroupedExperts : public Module {
   // parallel piece of the stacks, Parameter::SetPiece on the expert dim).
   int64_t num_experts() const { return num_experts_; }
   int64_t local_experts() const { return gate_proj_->LocalShape()[0]; }
+  // The hidden width this rank computes: all of it, or its tensor-parallel
+  // piece (gate / up split on dim 1, down on dim 2; the output is then this
+  // rank's partial sum).
+  int64_t local_hidden() const { return gate_proj_->LocalShape()[1]; }
   Parameter* gate_proj() const { return gate_proj_; }
   Parameter* up_proj() const { return up_proj_; }
   Parameter* down_proj() const { return down_proj_; }
@@ -147,7 +151,7 @@ class GroupedExperts : public Module {
   // Expert e's [rows, cols] matrix of `w` ([E, rows, cols]).
   static absl::StatusOr<Tensor> ExpertMatrix(const Tensor& w, int64_t e);
 
-  int64_t num_experts_, dim_, hidden_;
+  int64_t num_experts_, dim_;
   Parameter* gate_proj_;
   Parameter* up_proj_;
   Parameter* down_proj_;
@@ -178,6 +182,11 @@ class MoE : public Module {
   void set_expert_parallelism(ExpertParallelism* ep) { ep_ = ep; }
   ExpertParallelism* expert_parallelism() const { return ep_; }
 
+  // Whether Backward adds the auxiliary loss's gradient (default true).
+  // Under tensor parallelism every tp rank routes the same tokens and adds
+  // its partial sum of the routed gradient: one rank adds the aux loss's.
+  void set_adds_aux_gradient(bool adds) { adds_aux_gradient_ = adds; }
+
   // The last Forward's auxiliary loss (0 without one).
   float last_aux_loss() const { return last_aux_loss_; }
   // The factor Backward multiplies the auxiliary loss's gradient by (the
@@ -193,6 +202,16 @@ class MoE : public Module {
   };
   // The stats since the last call; resets them.
   Stats TakeStats();
+  // Assignments per expert since the last call (counted as the stats are,
+  // kept apart from them): the load the step's expert-bias update reads.
+  std::vector<int64_t> TakeLoad();
+  // DeepSeek-V3's auxiliary-loss-free balancing: the change of the expert
+  // bias after a step whose experts received `load` (every data-parallel
+  // rank's, summed): + rate for an expert below the mean load, - rate above
+  // it, 0 at it; centred (the mean change subtracted, as torchtitan does),
+  // so the biases keep their mean and only their differences move.
+  static std::vector<double> ExpertBiasUpdate(const std::vector<double>& load,
+                                              double rate);
 
  protected:
   absl::StatusOr<Tensor> ForwardImpl(const Tensor& x) override;
@@ -246,7 +265,9 @@ class MoE : public Module {
   Parameter* expert_bias_ = nullptr;
   float last_aux_loss_ = 0.0f;
   float aux_loss_scale_ = 1.0f;
+  bool adds_aux_gradient_ = true;
   Stats stats_;
+  std::vector<int64_t> load_;
   // What Backward needs (tensors, so pipeline stages can stash them):
   Tensor saved_out_;       // the experts' outputs, grouped [N k, C]
   Tensor saved_logits_;    // the router's logits [N, E]

@@ -71,10 +71,14 @@ absl::Status ShardExperts(Module& module, ExpertParallel* ep) {
     const int64_t local = moe->options().num_experts / ranks;
     nn::GroupedExperts* e = moe->experts();
     for (Parameter* p : {e->gate_proj(), e->up_proj(), e->down_proj()}) {
+      // A tensor-parallel piece (the hidden split) is narrowed to these
+      // experts.
       ParameterPiece piece;
       piece.layout = p->shape;
-      piece.offset = {q * local, 0, 0};
-      piece.size = {local, p->shape[1], p->shape[2]};
+      piece.offset = p->has_piece() ? p->piece.offset : Shape{0, 0, 0};
+      piece.size = p->has_piece() ? p->piece.size : p->shape;
+      piece.offset[0] = q * local;
+      piece.size[0] = local;
       piece.local_shape = piece.size;
       FSDPP_RETURN_IF_ERROR(
           Annotate(p->SetPiece(std::move(piece)),

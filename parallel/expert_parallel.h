@@ -53,7 +53,9 @@ class ExpertParallel final : public nn::ExpertParallelism {
 // Splits every nn::MoE under `module` over `ep`: its experts' stacks keep
 // this rank's experts [q L, (q + 1) L), L = num_experts / ep.size(), q =
 // ep.rank() (Parameter::SetPiece on dim 0: on the meta device a shape, on
-// materialised weights a copy of the box), and the MoE dispatches through
+// materialised weights a copy of the box; a tensor-parallel piece of the
+// experts' hidden, from the plan's MixtureOfExperts style, is narrowed to
+// these experts), and the MoE dispatches through
 // `ep` (not owned; it must outlive the module's use). Before FSDP and before
 // any gradient. InvalidArgument naming the layer when ep's size does not
 // divide its experts; FailedPrecondition for a layer already split. Nothing

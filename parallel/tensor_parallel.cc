@@ -14,6 +14,7 @@
 #include "core/trace.h"
 #include "nn/embedding.h"
 #include "nn/linear.h"
+#include "nn/moe.h"
 #include "tensor/ops.h"
 #include "tensor/placement.h"
 
@@ -167,6 +168,8 @@ struct Step {
   std::vector<Parameter*> reduced_gradients;
   std::vector<Module::Transform> inputs, outputs;
   nn::Linear* bias_on_rank0 = nullptr;
+  // A mixture of experts whose auxiliary-loss gradient rank 0 adds.
+  nn::MoE* aux_gradient_on_rank0 = nullptr;
   // Descendants whose parameters this step cuts (a Linear's LoRA adapters).
   std::vector<std::string> cut_children;
 };
@@ -356,6 +359,79 @@ absl::Status PlanRowwise(const Axis& axis, Step* s) {
   return absl::OkStatus();
 }
 
+// The stream's transforms around a region: in (gather; backward reduce the
+// partial gradient) and out (reduce the partial sum; backward gather).
+absl::Status RegionTransforms(const Axis& axis, Layout stream, bool output,
+                              Step* s) {
+  if (stream == Layout::kShardSequence) {
+    s->inputs.push_back({GatherSequence(axis), ReduceScatterSequence(axis)});
+    if (output) {
+      s->outputs.push_back({ReduceScatterSequence(axis), GatherSequence(axis)});
+    }
+  } else if (stream == Layout::kReplicate) {
+    s->inputs.push_back({nullptr, AllReduce(axis)});
+    if (output) s->outputs.push_back({AllReduce(axis), nullptr});
+  } else {
+    return Unsupported(*s,
+                       "a region's input is replicated or sequence-"
+                       "sharded");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PlanMixtureOfExperts(const Axis& axis, Step* s) {
+  auto* moe = dynamic_cast<nn::MoE*>(s->module);
+  if (moe == nullptr) return Unsupported(*s, "needs an MoE");
+  if (s->style.input != s->style.output) {
+    return Unsupported(*s, "the input and output share the stream's layout");
+  }
+  const nn::MoeOptions& o = moe->options();
+  if (o.hidden % axis.size != 0) {
+    return NotDivisible(*s, "the experts' hidden width", o.hidden, axis);
+  }
+  if (o.shared_hidden % axis.size != 0) {
+    return NotDivisible(*s, "the shared experts' hidden width", o.shared_hidden,
+                        axis);
+  }
+  const int64_t e = o.num_experts, c = o.dim, h = o.hidden / axis.size;
+  nn::GroupedExperts* experts = moe->experts();
+  s->pieces.push_back(
+      {experts->gate_proj(), SplitPiece({e, o.hidden, c}, 1, {e, h, c}, axis)});
+  s->pieces.push_back(
+      {experts->up_proj(), SplitPiece({e, o.hidden, c}, 1, {e, h, c}, axis)});
+  s->pieces.push_back(
+      {experts->down_proj(), SplitPiece({e, c, o.hidden}, 2, {e, c, h}, axis)});
+  s->cut_children = {"experts"};
+  std::vector<nn::Linear*> linears = {moe->gate()};
+  if (nn::SwiGlu* shared = moe->shared_experts(); shared != nullptr) {
+    const int64_t sh = o.shared_hidden / axis.size;
+    for (nn::Linear* l : {shared->gate(), shared->up()}) {
+      s->pieces.push_back(
+          {l->weight(), SplitPiece({o.shared_hidden, c}, 0, {sh, c}, axis)});
+    }
+    s->pieces.push_back({shared->down()->weight(),
+                         SplitPiece({c, o.shared_hidden}, 1, {c, sh}, axis)});
+    for (const char* child : {"gate", "up", "down"}) {
+      s->cut_children.push_back(absl::StrCat("shared_experts.", child));
+    }
+    linears.insert(linears.end(),
+                   {shared->gate(), shared->up(), shared->down()});
+  }
+  for (nn::Linear* l : linears) {
+    if (l->lora_a() != nullptr) {
+      return Unsupported(*s, "LoRA adapters inside a mixture of experts");
+    }
+    if (l != moe->gate() && l->bias() != nullptr) {
+      return Unsupported(*s, "the shared experts have biases");
+    }
+  }
+  for (auto& [name, p] : moe->gate()->UsedParameters()) {
+    s->reduced_gradients.push_back(p);
+  }
+  s->aux_gradient_on_rank0 = moe;
+  return RegionTransforms(axis, s->style.input, /*output=*/true, s);
+}
+
 absl::Status PlanStep(const Axis& axis, Step* s) {
   const ParallelStyle& st = s->style;
   switch (st.kind) {
@@ -370,17 +446,9 @@ absl::Status PlanStep(const Axis& axis, Step* s) {
       }
       return absl::OkStatus();
     case ParallelStyle::Kind::kRegionInput:
-      if (st.input == Layout::kShardSequence) {
-        s->inputs.push_back(
-            {GatherSequence(axis), ReduceScatterSequence(axis)});
-      } else if (st.input == Layout::kReplicate) {
-        s->inputs.push_back({nullptr, AllReduce(axis)});
-      } else {
-        return Unsupported(*s,
-                           "a region's input is replicated or sequence-"
-                           "sharded");
-      }
-      return absl::OkStatus();
+      return RegionTransforms(axis, st.input, /*output=*/false, s);
+    case ParallelStyle::Kind::kMixtureOfExperts:
+      return PlanMixtureOfExperts(axis, s);
     case ParallelStyle::Kind::kPrepareOutput:
       if (st.input == Layout::kReplicate &&
           st.output == Layout::kShardSequence) {
@@ -486,6 +554,13 @@ ParallelStyle ParallelStyle::RegionInput(Layout from) {
   return s;
 }
 
+ParallelStyle ParallelStyle::MixtureOfExperts(Layout stream) {
+  ParallelStyle s;
+  s.kind = Kind::kMixtureOfExperts;
+  s.input = s.output = stream;
+  return s;
+}
+
 ParallelStyle ParallelStyle::PrepareOutput(Layout from, Layout to) {
   ParallelStyle s;
   s.kind = Kind::kPrepareOutput;
@@ -515,6 +590,8 @@ std::string ParallelStyle::ToString() const {
     case Kind::kPrepareOutput:
       return absl::StrCat("PrepareOutput(", LayoutName(input), " -> ",
                           LayoutName(output), ")");
+    case Kind::kMixtureOfExperts:
+      return absl::StrCat("MixtureOfExperts(stream ", LayoutName(input), ")");
   }
   return "?";
 }
@@ -596,6 +673,9 @@ absl::Status ParallelizeModule(Module* root, DeviceMesh* mesh,
   for (Step& s : steps) {
     if (s.bias_on_rank0 != nullptr) {
       s.bias_on_rank0->set_add_bias_in_forward(axis.rank == 0);
+    }
+    if (s.aux_gradient_on_rank0 != nullptr) {
+      s.aux_gradient_on_rank0->set_adds_aux_gradient(axis.rank == 0);
     }
     for (Module::Transform& t : s.inputs) s.module->AddInputTransform(t);
     for (Module::Transform& t : s.outputs) s.module->AddOutputTransform(t);

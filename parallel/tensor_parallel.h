@@ -43,6 +43,17 @@
 //             kept, kReplicate) once, and the partial input gradient the
 //             column-wise layers leave is reduce-scattered (or all-reduced)
 //             once, instead of once per projection.
+//   MixtureOfExperts  an nn::MoE: the input is gathered from kShardSequence
+//             (or kept, kReplicate) as RegionInput's; every rank routes all
+//             the tokens with the router ("gate") whole, and computes its
+//             slice of every expert's hidden width (the stacks' gate / up
+//             split on dim 1, down on dim 2; the shared experts' gate / up
+//             Shard(0), down Shard(1)), so its output is a partial sum,
+//             reduce-scattered over the sequence (or all-reduced; backward:
+//             all-gather). The router's gradient, a partial sum, is
+//             all-reduced after the backward, to which one rank adds the
+//             auxiliary loss's. Expert parallelism (parallel::ShardExperts)
+//             may then narrow the stacks to its experts.
 //   PrepareOutput(kReplicate -> kShardSequence)  keeps this rank's sequence
 //             slice of a replicated output (backward: all-gather), e.g.
 //             GPT-2's position embedding joining the sequence-parallel
@@ -88,6 +99,7 @@ struct ParallelStyle {
     kReplicatedInRegion,
     kRegionInput,
     kPrepareOutput,
+    kMixtureOfExperts,
   };
   Kind kind = Kind::kColwise;
   Layout input = Layout::kReplicate;
@@ -107,6 +119,8 @@ struct ParallelStyle {
   static ParallelStyle ReplicatedInRegion();
   static ParallelStyle RegionInput(Layout from);
   static ParallelStyle PrepareOutput(Layout from, Layout to);
+  // Input and output in `stream` (kReplicate or kShardSequence).
+  static ParallelStyle MixtureOfExperts(Layout stream);
 
   // "Colwise(input R, output S(-1))".
   std::string ToString() const;
@@ -129,7 +143,8 @@ struct TensorParallelOptions {
 // Applies `plan` to `root` for this rank of `mesh`'s tp axis. Everything is
 // checked before anything changes (nothing is half-applied): every path
 // names a module; each style suits its module (Colwise / Rowwise: a Linear
-// or an Embedding; the layouts each accepts); the split dims divide by the
+// or an Embedding; MixtureOfExperts: an nn::MoE without LoRA adapters; the
+// layouts each accepts); the split dims divide by the
 // tp size (InvalidArgument naming the module, the dim and both sizes); a
 // parameter shared by two modules (tied embedding and LM head) gets the same
 // piece from both; no parameter is already cut or has a gradient; a module

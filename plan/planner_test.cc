@@ -91,6 +91,27 @@ TEST(PlannerTest, ExpertParallelShardsTheExpertsAndExposesTheAllToAlls) {
   EXPECT_GT(all_to_all_s, 0.0);
   EXPECT_GE(eight->time.exposed_comm_s, all_to_all_s);
   EXPECT_EQ(eight->time.compute_s, one->time.compute_s);
+
+  // ep 8 x tp 2 on 16 ranks: tp splits every expert's hidden too, so a rank
+  // holds half the state; every tp rank routes the same tokens, so the
+  // all-to-alls are as many and as large as at ep 8.
+  s.world = 16;
+  s.tp = 2;
+  absl::StatusOr<Plan> with_tp = MakePlan(model, s, d);
+  ASSERT_TRUE(with_tp.ok()) << with_tp.status();
+  int all_to_all_tp = 0;
+  double all_to_all_tp_s = 0.0;
+  for (const SimulatedOp& op : with_tp->run.ops) {
+    if (op.kind != "all_to_all_v") continue;
+    ++all_to_all_tp;
+    all_to_all_tp_s += op.in_bytes * (op.group_size - 1.0) / op.group_size /
+                       d.link_bytes_per_s;
+  }
+  EXPECT_EQ(all_to_all_tp, all_to_all);
+  EXPECT_DOUBLE_EQ(all_to_all_tp_s, all_to_all_s);
+  EXPECT_NEAR(with_tp->run.after_setup.current_of(MemoryTag::kParams),
+              eight->run.after_setup.current_of(MemoryTag::kParams) / 2.0,
+              0.01 * eight->run.after_setup.current_of(MemoryTag::kParams));
 }
 
 }  // namespace

@@ -263,11 +263,10 @@ absl::Status CheckExpertParallel(const Layout& l,
                                 "with a mixture of experts (model.moe); ",
                                 m.name, " is dense"));
   }
-  if (l.tp > 1 || l.cp > 1 || l.pp > 1) {
+  if (l.cp > 1 || l.pp > 1) {
     return Invalid(absl::StrCat("parallelism.ep ", l.ep,
-                                " with tp, cp or pp > 1 is not supported "
-                                "yet (tp ",
-                                l.tp, ", cp ", l.cp, ", pp ", l.pp, ")"));
+                                " with cp or pp > 1 is not supported yet (cp ",
+                                l.cp, ", pp ", l.pp, ")"));
   }
   if (l.dp_shard() % l.ep != 0) {
     return Invalid(absl::StrCat("parallelism.ep ", l.ep,

@@ -72,8 +72,8 @@ struct Layout {
   // expert_parallel.h). The experts' stacks are sharded by FSDP over the
   // dp_shard / ep ranks that hold the same experts (the expert mesh's efsdp
   // axis) and averaged over every data-parallel rank; everything else as
-  // without. ep divides dp_shard and the experts; not with tp, cp or pp
-  // yet.
+  // without. ep divides dp_shard and the experts; with tp, the tp plan's
+  // split of every expert's hidden is kept; not with cp, pp or hpZ yet.
   int ep = 1;
   bool sequence_parallel = false;
   bool loss_parallel = false;

@@ -103,10 +103,18 @@ TEST(LayoutTest, ExpertParallelInsideTheShardAxis) {
   EXPECT_EQ(refused(many, moe),
             "parallelism.ep 16 does not divide moe_debug's 8 experts");
   Layout with_tp = l;
+  with_tp.world = 16;
   with_tp.tp = 2;
-  EXPECT_EQ(refused(with_tp, moe),
-            "parallelism.ep 2 with tp, cp or pp > 1 is not supported yet (tp "
-            "2, cp 1, pp 1)");
+  EXPECT_TRUE(with_tp.Validate(moe).ok()) << with_tp.Validate(moe);
+  EXPECT_EQ(
+      Names(with_tp.ExpertMeshAxes()),
+      (std::vector<std::string>{"replicate=2", "efsdp=2", "ep=2", "tp=2"}));
+  Layout with_pp = l;
+  with_pp.world = 16;
+  with_pp.pp = 2;
+  EXPECT_EQ(refused(with_pp, moe),
+            "parallelism.ep 2 with cp or pp > 1 is not supported yet (cp 1, "
+            "pp 2)");
   Layout zero = l;
   zero.ep = 0;
   EXPECT_EQ(refused(zero, moe), "parallelism.ep must be >= 1, got 0");

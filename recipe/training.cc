@@ -62,9 +62,10 @@ models::TensorParallelPlanOptions TensorParallelOptions(
 
 // Expert parallelism: the MoE layers' experts split over `ep` and each
 // layer's experts made an FSDP unit of their own on the expert mesh (the ep
-// split as the piece axis, sharded over efsdp, averaged over every
-// data-parallel rank); before the family's plan, whose units then leave
-// them out.
+// split of the experts' dim and, with tp, the plan's split of their hidden
+// as the piece axes, sharded over efsdp, averaged over every data-parallel
+// rank); after the tensor-parallel plan, before the FSDP plan, whose units
+// then leave them out.
 absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ShardExpertUnits(
     models::Transformer* model, const Layout& layout, DeviceMesh* expert_mesh,
     parallel::ExpertParallel* ep, Device host) {
@@ -73,7 +74,7 @@ absl::StatusOr<std::vector<fsdp::FsdpUnit*>> ShardExpertUnits(
   FSDPP_RETURN_IF_ERROR(parallel::ShardExperts(*model, ep));
   fsdp::FullyShardOptions options =
       FsdpOptions(layout, expert_mesh, host).shard;
-  options.tp_axis = kExpertAxis;
+  options.ep_axis = kExpertAxis;
   options.gradient_divide_factor =
       static_cast<float>(layout.dp_replicate * layout.fsdp_shard());
   for (nn::MoE* moe : model->moe_layers()) {

@@ -4,7 +4,8 @@
 // the unsplit gradients of those experts (every rank's tokens), and the
 // router and shared experts gradients that sum over the ranks to the
 // unsplit ones; the all-to-alls send exactly the rows the routing sends
-// away (counted); ShardExperts' errors.
+// away (counted); tensor parallelism inside the MoE, alone and under expert
+// parallelism, equals it too; ShardExperts' errors.
 #include "parallel/expert_parallel.h"
 
 #include <cmath>
@@ -13,12 +14,15 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/fully_shard.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "mesh/device_mesh.h"
 #include "nn/gradcheck.h"
 #include "optim/counting_groups.h"
+#include "parallel/tensor_parallel.h"
 #include "tensor/ops.h"
+#include "tensor/sharding.h"
 #include "tensor/test_tensors.h"
 
 namespace fsdpp {
@@ -153,6 +157,186 @@ TEST_P(ExpertParallelTest, EqualsTheUnsplitMoeOnEveryRanksTokens) {
 }
 
 INSTANTIATE_TEST_SUITE_P(EpSizes, ExpertParallelTest, ::testing::Values(2, 4));
+
+// The values of the box [offset, offset + size) of `all` (row-major
+// `shape`), in the box's row-major order.
+std::vector<double> Box(const std::vector<double>& all, const Shape& shape,
+                        const Shape& offset, const Shape& size) {
+  std::vector<double> out;
+  std::vector<int64_t> i(shape.size(), 0);
+  const int64_t n = NumElements(size);
+  for (int64_t k = 0; k < n; ++k) {
+    int64_t rest = k, flat = 0;
+    for (int d = static_cast<int>(shape.size()) - 1; d >= 0; --d) {
+      i[d] = rest % size[d];
+      rest /= size[d];
+    }
+    for (size_t d = 0; d < shape.size(); ++d) {
+      flat = flat * shape[d] + offset[d] + i[d];
+    }
+    out.push_back(all[flat]);
+  }
+  return out;
+}
+
+// Tensor parallelism inside the MoE (the MixtureOfExperts style, sequence
+// parallel stream), alone (ep 1) and under expert parallelism (ep 2): every
+// rank's output and input gradient are its sequence slice of the unsplit
+// MoE's on its ep rank's tokens; each rank's pieces of the experts' stacks
+// and of the shared experts hold the boxes of the unsplit gradients (summed
+// over the ep ranks' tokens for the shared ones); the router's gradient,
+// all-reduced over tp, sums over the ep ranks to the unsplit one, with the
+// auxiliary loss's counted once.
+class ExpertTensorParallelTest
+    : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ExpertTensorParallelTest, EqualsTheUnsplitMoe) {
+  const auto [ep, tp] = GetParam();
+  constexpr int64_t kSeqTp = 6;
+  nn::MoeOptions options = Options();
+  options.hidden = 6;  // divisible by tp
+  const Tensor x = RandomTensor({ep * kRows, kSeqTp, kDim}, DType::kF32, 11);
+  const Tensor dy = RandomTensor({ep * kRows, kSeqTp, kDim}, DType::kF32, 12);
+  nn::MoE whole(options);
+  ASSERT_OK(nn::testing_util::Materialize(whole, 5));
+  ASSERT_OK(whole.ZeroGrad());
+  ASSERT_OK_AND_ASSIGN(Tensor y_whole, whole.Forward(x));
+  whole.set_aux_loss_scale(static_cast<float>(ep));
+  ASSERT_OK_AND_ASSIGN(Tensor dx_whole, whole.Backward(dy));
+  std::map<std::string, std::vector<double>> want;
+  std::map<std::string, Shape> shapes;
+  for (const auto& [name, p] : whole.NamedParameters()) {
+    if (!p->requires_grad) continue;
+    want[name] = Values(p->grad);
+    shapes[name] = p->shape;
+  }
+  const int64_t slice = kSeqTp / tp;
+  // Its sequence slice of rows [q kRows, (q + 1) kRows) of t [R, T, C].
+  const auto mine = [&](const Tensor& t, int q, int r) {
+    Tensor rows = Rows(t, q * kRows, kRows);
+    Tensor out =
+        *Tensor::Empty({kRows, slice, kDim}, DType::kF32, Device::Cpu());
+    const absl::Status copied =
+        CopyBox(rows, {0, r * slice, 0}, &out, {0, 0, 0}, {kRows, slice, kDim});
+    EXPECT_TRUE(copied.ok()) << copied;
+    return out;
+  };
+
+  std::mutex mu;
+  // name -> tp rank -> the sum over the ep ranks of that rank's gradient.
+  std::map<std::string, std::map<int, std::vector<double>>> summed;
+  std::map<std::string, std::map<int, ParameterPiece>> pieces;
+  testing_util::RunOnCountingMesh(
+      {{"ep", ep}, {"tp", tp}}, [&](int, DeviceMesh& mesh) {
+        const int q = (*mesh.Group("ep"))->rank();
+        const int r = (*mesh.Group("tp"))->rank();
+        nn::MoE moe(options);
+        ASSERT_OK(nn::testing_util::Materialize(moe, 5));
+        ASSERT_OK(ParallelizeModule(
+            &moe, &mesh,
+            {{"", ParallelStyle::MixtureOfExperts(Layout::kShardSequence)}}));
+        ExpertParallel parallel(*mesh.Group("ep"));
+        if (ep > 1) ASSERT_OK(ShardExperts(moe, &parallel));
+        EXPECT_EQ(moe.experts()->local_experts(), kExperts / ep);
+        EXPECT_EQ(moe.experts()->local_hidden(), options.hidden / tp);
+        ASSERT_OK(moe.ZeroGrad());
+        ASSERT_OK_AND_ASSIGN(Tensor y, moe.Forward(mine(x, q, r)));
+        ASSERT_OK_AND_ASSIGN(Tensor dx, moe.Backward(mine(dy, q, r)));
+        const std::string where = absl::StrCat(" of ep ", q, " tp ", r);
+        ExpectNear(Values(y), Values(mine(y_whole, q, r)), "y" + where);
+        ExpectNear(Values(dx), Values(mine(dx_whole, q, r)), "dx" + where);
+        for (const auto& [name, p] : moe.NamedParameters()) {
+          if (!p->requires_grad) continue;
+          if (name.rfind("experts.", 0) == 0) {
+            // Every ep rank's tokens reach these experts: whole gradients.
+            ExpectNear(
+                Values(p->grad),
+                Box(want[name], p->shape, p->piece.offset, p->piece.size),
+                name + where);
+            continue;
+          }
+          std::lock_guard<std::mutex> lock(mu);
+          std::vector<double>& sum = summed[name][r];
+          const std::vector<double> g = Values(p->grad);
+          sum.resize(g.size(), 0.0);
+          for (size_t i = 0; i < g.size(); ++i) sum[i] += g[i];
+          pieces[name][r] = p->piece;
+        }
+      });
+  EXPECT_EQ(summed.size(), 4u);  // the router and the shared SwiGLU's three
+  for (const auto& [name, by_tp] : summed) {
+    ASSERT_EQ(static_cast<int>(by_tp.size()), tp) << name;
+    for (const auto& [r, sum] : by_tp) {
+      const ParameterPiece& piece = pieces[name][r];
+      const bool cut = !piece.size.empty();
+      EXPECT_EQ(cut, name != "gate.weight") << name;
+      ExpectNear(sum,
+                 cut ? Box(want[name], shapes[name], piece.offset, piece.size)
+                     : want[name],
+                 absl::StrCat(name, " of tp rank ", r));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EpTp, ExpertTensorParallelTest,
+                         ::testing::Values(std::make_pair(1, 2),
+                                           std::make_pair(2, 2)));
+
+// FSDP of expert stacks cut by tp (hidden) and ep (experts): the masters
+// are DTensors on [ep, tp, shard] of the whole stack, placed Shard(0) on ep,
+// the hidden dim on tp and Shard(0) (of this rank's experts) on the shard
+// axis; each rank keeps its rows.
+TEST(ExpertTensorParallelFsdpTest, MastersArePlacedOnEveryAxis) {
+  nn::MoeOptions options = Options();
+  options.hidden = 6;
+  testing_util::RunOnCountingMesh(
+      {{"efsdp", 2}, {"ep", 2}, {"tp", 2}}, [&](int, DeviceMesh& mesh) {
+        nn::MoE moe(options);
+        ASSERT_OK(ParallelizeModule(
+            &moe, &mesh,
+            {{"", ParallelStyle::MixtureOfExperts(Layout::kReplicate)}}));
+        ExpertParallel parallel(*mesh.Group("ep"));
+        ASSERT_OK(ShardExperts(moe, &parallel));
+        fsdp::FullyShardOptions fo;
+        fo.mesh = &mesh;
+        fo.ep_axis = "ep";
+        fo.tp_axis = "ep";
+        const absl::Status same =
+            fsdp::FullyShard({moe.experts()}, fo).status();
+        EXPECT_THAT(same.message(), HasSubstr("both 'ep'"));
+        fo.tp_axis = "tp";
+        ASSERT_OK(fsdp::FullyShard({moe.experts()}, fo).status());
+        std::map<std::string, std::string> placed;
+        for (fsdp::ShardedParameter* sp : fsdp::ShardedParameters(&moe)) {
+          placed[sp->name] =
+              absl::StrCat(PlacementsToString(sp->master.placements()), " ",
+                           ShapeToString(sp->master.shape()), " ",
+                           ShapeToString(sp->master.local().shape()));
+        }
+        EXPECT_EQ(placed["experts.gate_proj"],
+                  "[S(0), S(1), S(0)] [8, 6, 6] [2, 3, 6]");
+        EXPECT_EQ(placed["experts.down_proj"],
+                  "[S(0), S(2), S(0)] [8, 6, 6] [2, 6, 3]");
+      });
+}
+
+TEST(ExpertParallelErrorsTest, TheMixtureOfExpertsStyleSaysWhatIsWrong) {
+  testing_util::RunOnCountingMesh({{"tp", 2}}, [&](int, DeviceMesh& mesh) {
+    nn::MoE moe(Options());  // hidden 5
+    const absl::Status odd = ParallelizeModule(
+        &moe, &mesh,
+        {{"", ParallelStyle::MixtureOfExperts(Layout::kShardSequence)}});
+    EXPECT_EQ(odd.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(odd.message(),
+                HasSubstr("the experts' hidden width (5) is not divisible by "
+                          "the tp size 2"));
+    EXPECT_FALSE(moe.experts()->gate_proj()->has_piece());  // unchanged
+    const absl::Status not_moe = ParallelizeModule(
+        &moe, &mesh,
+        {{"gate", ParallelStyle::MixtureOfExperts(Layout::kReplicate)}});
+    EXPECT_THAT(not_moe.message(), HasSubstr("needs an MoE"));
+  });
+}
 
 TEST(ExpertParallelErrorsTest, ShardExpertsSaysWhatIsWrong) {
   testing_util::RunOnCountingMesh({{"ep", 3}}, [&](int, DeviceMesh& mesh) {

@@ -856,34 +856,43 @@ TEST(TrainerTest, MixtureOfExpertsTrainsAlikeOnEveryLayoutAndLogsItsExperts) {
 }
 
 // Expert parallelism: moe_debug's 8 experts split over ep = 2 and 4 ranks
-// of the shard axis train as on one rank (the same tokens reach the same
-// experts), and checkpoints reshard across ep sizes (the experts' stacks
-// are saved as boxes of the whole).
+// of the shard axis, alone and with tp 2 (every expert's hidden split too),
+// and tp 2 without ep, train as on one rank (the same tokens reach the same
+// experts), and checkpoints reshard across ep and tp sizes (the experts'
+// stacks are saved as boxes of the whole).
 TEST(TrainerTest, ExpertParallelLayoutsTrainAlikeAndResumeAcrossEpSizes) {
   const std::vector<std::string> moe = {"model.name=moe_debug"};
   const std::string one = TestDir("moe_ep_w1");
   auto ref = RunRanks(WithOverrides(SmallConfig(one), moe), 1);
   ASSERT_TRUE(ref[0].ok()) << ref[0].status();
   const std::vector<double> want = Losses(*ref[0]);
-  for (const auto& [world, ep] :
-       std::vector<std::pair<int, int>>{{2, 2}, {4, 2}, {4, 4}}) {
+  struct Case {
+    int world, ep, tp;
+  };
+  for (const Case& c : std::vector<Case>{
+           {2, 2, 1}, {4, 2, 1}, {4, 4, 1}, {4, 2, 2}, {2, 1, 2}}) {
     std::vector<std::string> o = moe;
-    o.push_back(absl::StrCat("parallelism.ep=", ep));
-    const std::string dir = TestDir(absl::StrCat("moe_ep", ep, "_w", world));
-    auto run = RunRanks(WithOverrides(SmallConfig(dir), o), world);
-    for (int r = 0; r < world; ++r) {
-      ASSERT_TRUE(run[r].ok())
-          << "W=" << world << " ep=" << ep << ": " << run[r].status();
+    o.push_back(absl::StrCat("parallelism.ep=", c.ep));
+    o.push_back(absl::StrCat("parallelism.tp=", c.tp));
+    const std::string name =
+        absl::StrCat("W=", c.world, " ep=", c.ep, " tp=", c.tp);
+    const std::string dir =
+        TestDir(absl::StrCat("moe_ep", c.ep, "_tp", c.tp, "_w", c.world));
+    auto run = RunRanks(WithOverrides(SmallConfig(dir), o), c.world);
+    for (int r = 0; r < c.world; ++r) {
+      ASSERT_TRUE(run[r].ok()) << name << ": " << run[r].status();
     }
-    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5)
-        << "W=" << world << " ep=" << ep;
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5) << name;
     EXPECT_EQ(run[0]->steps.back().expert_tokens,
               ref[0]->steps.back().expert_tokens)
-        << "W=" << world << " ep=" << ep;
+        << name;
   }
-  ExpectResumesOnLayouts(
-      "moe_ep_resume", moe, {"parallelism.ep=2"}, 2,
-      {{4, {"parallelism.ep=4"}}, {1, {}}, {4, {"parallelism.ep=2"}}}, want);
+  ExpectResumesOnLayouts("moe_ep_resume", moe, {"parallelism.ep=2"}, 2,
+                         {{4, {"parallelism.ep=4"}},
+                          {1, {}},
+                          {4, {"parallelism.ep=2", "parallelism.tp=2"}},
+                          {2, {"parallelism.tp=2"}}},
+                         want);
 }
 
 // Pipeline checkpoints across cut points and depths: a 4-block GPT-2 saved

@@ -13,6 +13,7 @@
 #include "nn/embedding.h"
 #include "nn/linear.h"
 #include "nn/mlp.h"
+#include "nn/moe.h"
 #include "parallel/loss_parallel.h"
 
 namespace fsdpp {
@@ -115,6 +116,11 @@ absl::StatusOr<std::vector<PlanEntry>> TensorParallelPlan(
     }
     Module* mlp = block->mlp();
     const std::string m = path(mlp);
+    if (dynamic_cast<nn::MoE*>(mlp) != nullptr) {
+      // Divisibility is checked by the style, which names the widths.
+      plan.push_back({m, Style::MixtureOfExperts(stream)});
+      continue;
+    }
     plan.push_back({m, Style::RegionInput(stream)});
     if (auto* gelu = dynamic_cast<nn::Mlp*>(mlp)) {
       if (gelu->fc()->out_features() % tp != 0) {
@@ -136,7 +142,7 @@ absl::StatusOr<std::vector<PlanEntry>> TensorParallelPlan(
     } else {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor parallel plan: module '", m, "' is a ",
-                       mlp->kind(), ", not an Mlp or SwiGlu"));
+                       mlp->kind(), ", not an Mlp, SwiGlu or MoE"));
     }
   }
   if (!model->has_head()) return plan;
