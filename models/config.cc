@@ -188,7 +188,8 @@ std::string ModelConfigJson(const TransformerConfig& c) {
       "\", \"normalize_top_k\": ", c.moe.normalize_top_k ? "true" : "false",
       ", \"route_scale\": ", f(c.moe.route_scale),
       ", \"aux_loss_coef\": ", f(c.moe.aux_loss_coef),
-      ", \"expert_bias\": ", c.moe.expert_bias ? "true" : "false", "}}");
+      ", \"expert_bias\": ", c.moe.expert_bias ? "true" : "false",
+      ", \"bias_update_rate\": ", f(c.moe.bias_update_rate), "}}");
 }
 
 absl::StatusOr<TransformerConfig> ParseModelConfigJson(
@@ -313,6 +314,11 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
     FSDPP_ASSIGN_OR_RETURN(const Json* aux, moe_field("aux_loss_coef"));
     FSDPP_RETURN_IF_ERROR(
         number(*aux, "moe.aux_loss_coef", &c.moe.aux_loss_coef));
+    // Written since the bias update exists; absent: no update.
+    if (const Json* rate = moe->Find("bias_update_rate"); rate != nullptr) {
+      FSDPP_RETURN_IF_ERROR(
+          number(*rate, "moe.bias_update_rate", &c.moe.bias_update_rate));
+    }
     FSDPP_ASSIGN_OR_RETURN(const Json* scoring, moe_field("scoring"));
     if (!scoring->is_string() || (scoring->string_value() != "softmax" &&
                                   scoring->string_value() != "sigmoid")) {
@@ -405,6 +411,13 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
       return invalid(absl::StrCat(
           "moe.route_scale must be > 0 and moe.aux_loss_coef >= 0, got ",
           m.route_scale, " and ", m.aux_loss_coef));
+    }
+    if (!(m.bias_update_rate >= 0.0f) ||
+        (m.bias_update_rate > 0.0f && !m.expert_bias)) {
+      return invalid(absl::StrCat(
+          "moe.bias_update_rate must be >= 0, and > 0 only with "
+          "moe.expert_bias, got ",
+          m.bias_update_rate, m.expert_bias ? "" : " without an expert bias"));
     }
     if (m.sigmoid && m.aux_loss_coef > 0.0f) {
       return invalid(

@@ -47,9 +47,12 @@ struct MoeConfig {
   bool normalize_top_k = true;
   float route_scale = 1.0f;
   float aux_loss_coef = 0.0f;  // load balancing (softmax only)
-  // Aux-loss-free balancing's selection bias (its update between steps,
-  // by the experts' loads, is not implemented yet).
+  // Aux-loss-free balancing's selection bias (DeepSeek-V3), and the rate the
+  // training step moves it by after each step, by the experts' loads over
+  // every data-parallel rank (nn::MoE::ExpertBiasUpdate; 0: kept as
+  // initialised or loaded; DeepSeek-V3 and torchtitan use 1e-3).
   bool expert_bias = false;
+  float bias_update_rate = 0.0f;
 
   bool enabled() const { return num_experts > 0; }
 };

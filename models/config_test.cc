@@ -66,6 +66,7 @@ TEST(ConfigTest, ModelConfigJsonRoundTripsEveryField) {
   m.moe.normalize_top_k = false;
   m.moe.route_scale = 2.5f;
   m.moe.expert_bias = true;
+  m.moe.bias_update_rate = 0.001f;
   absl::StatusOr<TransformerConfig> back =
       ParseModelConfigJson(ModelConfigJson(m), "x");
   ASSERT_TRUE(back.ok()) << back.status();
@@ -75,6 +76,24 @@ TEST(ConfigTest, ModelConfigJsonRoundTripsEveryField) {
   EXPECT_TRUE(back->moe.sigmoid);
   EXPECT_EQ(back->moe.route_scale, 2.5f);
   EXPECT_TRUE(back->moe.expert_bias);
+  EXPECT_EQ(back->moe.bias_update_rate, 0.001f);
+  // Written before the bias update existed: no "bias_update_rate", no
+  // update.
+  std::string old_json = ModelConfigJson(m);
+  const size_t at = old_json.find(", \"bias_update_rate\"");
+  ASSERT_NE(at, std::string::npos);
+  old_json.erase(at, old_json.find('}', at) - at);
+  absl::StatusOr<TransformerConfig> old = ParseModelConfigJson(old_json, "x");
+  ASSERT_TRUE(old.ok()) << old.status() << " " << old_json;
+  EXPECT_EQ(old->moe.bias_update_rate, 0.0f);
+  // An update needs the bias it moves.
+  m.moe.expert_bias = false;
+  absl::Status refused = ValidateConfig(m);
+  EXPECT_NE(std::string(refused.message())
+                .find("moe.bias_update_rate must be >= 0, and > 0 only with "
+                      "moe.expert_bias, got 0.001 without an expert bias"),
+            std::string::npos)
+      << refused;
 }
 
 // Checkpoints written before MoE models existed have no "moe": dense.

@@ -104,6 +104,9 @@ TEST(MoeTest, TheBiasSelectsButDoesNotWeigh) {
   EXPECT_EQ(stats.tokens, (std::vector<int64_t>{0, 0, 6, 0}));
   EXPECT_EQ(stats.backwards, 1);
   EXPECT_EQ(moe.TakeStats().tokens, (std::vector<int64_t>{0, 0, 0, 0}));
+  // The load is counted apart from the stats, for the bias update.
+  EXPECT_EQ(moe.TakeLoad(), (std::vector<int64_t>{0, 0, 6, 0}));
+  EXPECT_EQ(moe.TakeLoad(), (std::vector<int64_t>{0, 0, 0, 0}));
   // An evaluation forward counts nothing.
   ASSERT_OK(moe.Forward(x).status());
   moe.ReleaseSavedTensors();
@@ -117,6 +120,26 @@ TEST(MoeTest, TheBiasSelectsButDoesNotWeigh) {
   for (size_t i = 0; i < got.size(); ++i) {
     EXPECT_NEAR(got[i], 1.5 * want[i], 1e-6) << i;
   }
+}
+
+// DeepSeek-V3's update: + rate below the mean load, - rate above, 0 at it,
+// then centred (the changes sum to 0).
+TEST(MoeTest, ExpertBiasUpdateMovesTowardsTheMeanLoad) {
+  // Mean 4: experts 0 and 3 under, 1 over, 2 at it; raw changes
+  // {+r, -r, 0, +r} with mean r / 4.
+  const double r = 0.001;
+  const std::vector<double> delta =
+      MoE::ExpertBiasUpdate({1.0, 10.0, 4.0, 1.0}, r);
+  const std::vector<double> want = {0.75 * r, -1.25 * r, -0.25 * r, 0.75 * r};
+  ASSERT_EQ(delta.size(), want.size());
+  double sum = 0.0;
+  for (size_t e = 0; e < want.size(); ++e) {
+    EXPECT_NEAR(delta[e], want[e], 1e-15) << e;
+    sum += delta[e];
+  }
+  EXPECT_NEAR(sum, 0.0, 1e-15);
+  // Even loads move nothing.
+  for (double d : MoE::ExpertBiasUpdate({3.0, 3.0, 3.0}, r)) EXPECT_EQ(d, 0.0);
 }
 
 TEST(MoeTest, EveryTokenOnOneExpertLeavesTheOthersEmpty) {

@@ -163,6 +163,11 @@ absl::StatusOr<std::unique_ptr<Training>> Training::Build(
   t->layout_ = layout;
   t->mesh_ = mesh;
   FSDPP_ASSIGN_OR_RETURN(t->world_, host_mesh->FlatGroup());
+  if (model.moe.enabled()) {
+    FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data,
+                           host_mesh->SubMesh(layout.DataAxes()));
+    FSDPP_ASSIGN_OR_RETURN(t->data_group_, data->FlatGroup());
+  }
   if (layout.pp > 1) {
     FSDPP_RETURN_IF_ERROR(t->BuildPipeline(options, host_mesh));
   } else {
@@ -326,10 +331,59 @@ absl::StatusOr<StepLoss> Training::ForwardBackward(
   return out;
 }
 
+absl::Status Training::UpdateExpertBiases(bool applied) {
+  std::vector<nn::MoE*> layers;
+  for (models::Transformer* m : models_) {
+    for (nn::MoE* moe : m->moe_layers()) layers.push_back(moe);
+  }
+  std::vector<double> load;
+  for (nn::MoE* moe : layers) {
+    for (int64_t n : moe->TakeLoad()) load.push_back(static_cast<double>(n));
+  }
+  const double rate = config_.moe.bias_update_rate;
+  if (!applied || !(rate > 0.0) || layers.empty()) return absl::OkStatus();
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(AllReduceValues(data_group_, &load, ReduceOp::kSum),
+               "the expert-bias update's loads"));
+  const int64_t num_e = config_.moe.num_experts;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    const std::vector<double> delta = nn::MoE::ExpertBiasUpdate(
+        std::vector<double>(load.begin() + i * num_e,
+                            load.begin() + (i + 1) * num_e),
+        rate);
+    Parameter* bias = layers[i]->expert_bias();
+    if (bias == nullptr) {
+      return absl::FailedPreconditionError(
+          "recipe: moe.bias_update_rate without an expert bias");
+    }
+    Tensor target = bias->data;
+    int64_t first = 0;
+    for (fsdp::ShardedParameter* sp : params_) {
+      if (sp->parameter != bias) continue;
+      target = *sp->master.mutable_local();
+      first = sp->master.local_box().offset[0];
+    }
+    if (target.is_meta()) continue;  // a dry run: nothing to move
+    FSDPP_ASSIGN_OR_RETURN(std::vector<float> values, target.ToFloats());
+    for (size_t j = 0; j < values.size(); ++j) {
+      values[j] = static_cast<float>(values[j] + delta[first + j]);
+    }
+    FSDPP_ASSIGN_OR_RETURN(Tensor updated,
+                           Tensor::FromFloats(target.shape(), values,
+                                              target.dtype(), target.device()));
+    FSDPP_RETURN_IF_ERROR(Copy(updated, &target));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OptimizerStepResult> Training::OptimizerStep(
     const OptimizerStepOptions& options, StepObserver* observer) {
   if (!values_on_device_) {
-    return recipe::OptimizerStep(*step_, *adamw_, options, observer);
+    FSDPP_ASSIGN_OR_RETURN(
+        OptimizerStepResult out,
+        recipe::OptimizerStep(*step_, *adamw_, options, observer));
+    FSDPP_RETURN_IF_ERROR(UpdateExpertBiases(out.applied));
+    return out;
   }
   if (!loss_pending_) {
     return absl::FailedPreconditionError(
@@ -345,6 +399,8 @@ absl::StatusOr<OptimizerStepResult> Training::OptimizerStep(
   FSDPP_ASSIGN_OR_RETURN(
       OptimizerStepResult out,
       recipe::OptimizerStep(*step_, *adamw_, on_device, observer));
+  // (MoE runs on the CPU only, where the values stay on the host.)
+  FSDPP_RETURN_IF_ERROR(UpdateExpertBiases(out.applied));
   loss_pending_ = false;
   ++pending_steps_;
   return out;

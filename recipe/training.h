@@ -163,11 +163,21 @@ class Training {
   absl::Status BuildModel(const BuildOptions& options);
   absl::Status BuildPipeline(const BuildOptions& options,
                              DeviceMesh* host_mesh);
+  // DeepSeek-V3's auxiliary-loss-free balancing after a step: every MoE
+  // layer's load (MoE::TakeLoad; taken every step), summed over the
+  // data-parallel ranks, moves its expert bias by
+  // model.moe.bias_update_rate (MoE::ExpertBiasUpdate) when `applied`: the
+  // rows of its f32 master this rank holds, which the next forward gathers
+  // (or the parameter itself when no FSDP unit holds it).
+  absl::Status UpdateExpertBiases(bool applied);
 
   models::TransformerConfig config_;
   Layout layout_;
   DeviceMesh* mesh_ = nullptr;
   ProcessGroup* world_ = nullptr;
+  // The data-parallel ranks of this rank's stage and tp coordinate (host),
+  // with MoE layers: the expert loads are summed over them.
+  ProcessGroup* data_group_ = nullptr;
   // Context parallelism's split (cp > 1), before the model that uses it.
   std::unique_ptr<nn::ContextParallel> context_parallel_;
   // Expert parallelism (layout ep > 1): the mesh reshaped as [replicate,]

@@ -335,6 +335,38 @@ absl::Status ResolveModel(const ModelConfig& config,
   if (ffn_4x && config.has_dim() && !config.has_ffn_hidden()) {
     model->ffn_hidden = 4 * model->dim;
   }
+  if (config.has_moe()) {
+    const MoeOverrides& moe = config.moe();
+    if (!model->moe.enabled()) {
+      return Invalid(
+          absl::StrCat("model.moe overrides a mixture of experts, "
+                       "but ",
+                       model->name, " is dense"));
+    }
+    if (moe.has_scoring()) {
+      if (moe.scoring() != "softmax" && moe.scoring() != "sigmoid") {
+        return Invalid(
+            absl::StrCat("model.moe.scoring must be \"softmax\" or "
+                         "\"sigmoid\", got \"",
+                         moe.scoring(), "\""));
+      }
+      model->moe.sigmoid = moe.scoring() == "sigmoid";
+    }
+    if (moe.has_num_experts()) {
+      FSDPP_RETURN_IF_ERROR(
+          CheckPositive("model.moe.num_experts", moe.num_experts()));
+      model->moe.num_experts = moe.num_experts();
+    }
+    if (moe.has_top_k()) {
+      FSDPP_RETURN_IF_ERROR(CheckPositive("model.moe.top_k", moe.top_k()));
+      model->moe.top_k = moe.top_k();
+    }
+    if (moe.has_aux_loss_coef()) model->moe.aux_loss_coef = moe.aux_loss_coef();
+    if (moe.has_expert_bias()) model->moe.expert_bias = moe.expert_bias();
+    if (moe.has_bias_update_rate()) {
+      model->moe.bias_update_rate = moe.bias_update_rate();
+    }
+  }
   const absl::Status valid = models::ValidateConfig(*model);
   if (!valid.ok()) return Invalid(absl::StrCat("model: ", valid.message()));
   return absl::OkStatus();

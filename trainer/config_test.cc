@@ -401,6 +401,21 @@ TEST(ValidateTest, ModelErrorMessages) {
        2,
        "model: TransformerConfig 'gpt2_debug' (gpt2): n_heads 5 must divide "
        "dim 64"},
+      {{"model.moe.top_k=2"},
+       2,
+       "model.moe overrides a mixture of experts, but gpt2_debug is dense"},
+      {{"model.name=moe_debug", "model.moe.scoring=sparsemax"},
+       2,
+       "model.moe.scoring must be \"softmax\" or \"sigmoid\", got "
+       "\"sparsemax\""},
+      {{"model.name=moe_debug", "model.moe.top_k=0"},
+       2,
+       "model.moe.top_k must be positive, got 0"},
+      {{"model.name=moe_debug", "model.moe.bias_update_rate=0.001"},
+       2,
+       "model: TransformerConfig 'moe_debug' (llama): moe.bias_update_rate "
+       "must be >= 0, and > 0 only with moe.expert_bias, got 0.001 without an "
+       "expert bias"},
   });
 }
 

@@ -511,7 +511,7 @@ absl::Status Trainer::BuildCheckpointState() {
   FSDPP_ASSIGN_OR_RETURN(
       state_,
       ModelAndOptimizerState(training_->params(), training_->optimizer(),
-                             FrozenMasters::kReference));
+                             FrozenMasters::kReference, frozen_.names));
   FSDPP_RETURN_IF_ERROR(state_.AddBytes(kFrozenKey, frozen_.ToString()));
   // The adapters' shape, for tools that rebuild the model (tools/ckpt
   // export --format=hf|peft); empty without LoRA.

@@ -895,6 +895,54 @@ TEST(TrainerTest, ExpertParallelLayoutsTrainAlikeAndResumeAcrossEpSizes) {
                          want);
 }
 
+// DeepSeek-V3's auxiliary-loss-free balancing (sigmoid router, expert bias
+// moved after every step by the loads of every data-parallel rank): the
+// same losses on one rank, FSDP 2, ep 2 and ep 2 x tp 2 (the biases move
+// alike everywhere), different from the same router without the update
+// (the bias moves the routing), and a checkpoint (which holds the biases)
+// resumes on other layouts with the uninterrupted run's losses.
+TEST(TrainerTest, AuxLossFreeBalancingMovesTheBiasAlikeOnEveryLayout) {
+  const std::vector<std::string> moe = {
+      "model.name=moe_debug", "model.moe.scoring=sigmoid",
+      "model.moe.aux_loss_coef=0", "model.moe.expert_bias=true",
+      "model.moe.bias_update_rate=0.01"};
+  auto ref = RunRanks(WithOverrides(SmallConfig(TestDir("bias_w1")), moe), 1);
+  ASSERT_TRUE(ref[0].ok()) << ref[0].status();
+  const std::vector<double> want = Losses(*ref[0]);
+  std::vector<std::string> still = moe;
+  still.back() = "model.moe.bias_update_rate=0";
+  auto fixed =
+      RunRanks(WithOverrides(SmallConfig(TestDir("bias_fixed")), still), 1);
+  ASSERT_TRUE(fixed[0].ok()) << fixed[0].status();
+  EXPECT_NE(fixed[0]->steps.back().expert_tokens,
+            ref[0]->steps.back().expert_tokens);
+  EXPECT_GT(WorstRelative(Losses(*fixed[0]), want), 1e-5);
+  struct Case {
+    int world, ep, tp;
+  };
+  for (const Case& c : std::vector<Case>{{2, 1, 1}, {2, 2, 1}, {4, 2, 2}}) {
+    std::vector<std::string> o = moe;
+    o.push_back(absl::StrCat("parallelism.ep=", c.ep));
+    o.push_back(absl::StrCat("parallelism.tp=", c.tp));
+    const std::string name =
+        absl::StrCat("W=", c.world, " ep=", c.ep, " tp=", c.tp);
+    auto run = RunRanks(
+        WithOverrides(SmallConfig(TestDir(absl::StrCat("bias_ep", c.ep, "_tp",
+                                                       c.tp, "_w", c.world))),
+                      o),
+        c.world);
+    for (int r = 0; r < c.world; ++r) {
+      ASSERT_TRUE(run[r].ok()) << name << ": " << run[r].status();
+    }
+    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5) << name;
+    EXPECT_EQ(run[0]->steps.back().expert_tokens,
+              ref[0]->steps.back().expert_tokens)
+        << name;
+  }
+  ExpectResumesOnLayouts("bias_resume", moe, {"parallelism.ep=2"}, 2,
+                         {{1, {}}, {4, {"parallelism.tp=2"}}}, want);
+}
+
 // Pipeline checkpoints across cut points and depths: a 4-block GPT-2 saved
 // at pp 2 cut at block 1 (stage 1 holds blocks 1-3) resumes at pp 2 cut at
 // block 3, at pp 4, at pp 2 with HSDP inside the stages (dp_replicate 2),

@@ -1,7 +1,10 @@
 // A training run's state as one checkpoint; see training_state.h.
 #include "checkpoint/training/training_state.h"
 
+#include <algorithm>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -18,13 +21,17 @@ constexpr char kStepKey[] = "optim/step";
 
 absl::StatusOr<StateDict> ModelAndOptimizerState(
     const std::vector<fsdp::ShardedParameter*>& params, AdamW& adamw,
-    FrozenMasters frozen) {
+    FrozenMasters frozen, const std::vector<std::string>& frozen_names) {
   StateDict state;
   for (fsdp::ShardedParameter* sp : params) {
     if (sp == nullptr) {
       return absl::InvalidArgumentError("training state: a null parameter");
     }
-    if (!sp->requires_grad && frozen == FrozenMasters::kReference) continue;
+    if (!sp->requires_grad && frozen == FrozenMasters::kReference &&
+        std::find(frozen_names.begin(), frozen_names.end(), sp->name) !=
+            frozen_names.end()) {
+      continue;
+    }
     FSDPP_RETURN_IF_ERROR(state.AddDTensor("model/" + sp->name, sp->master));
   }
   FSDPP_ASSIGN_OR_RETURN(OptimizerStateDict optim, adamw.StateDict());

@@ -33,20 +33,24 @@ namespace fsdpp {
 // false; AdamW has no state for them).
 enum class FrozenMasters {
   kSave,  // as "model/<name>" like the others
-  // Left out: the caller re-creates them from their source (the seed's
-  // initialisation, a base model) and records that source (FrozenRecord),
-  // so a LoRA run's checkpoints hold the adapters and their state only.
+  // The ones the caller names as frozen left out: the caller re-creates
+  // them from their source (the seed's initialisation, a base model) and
+  // records that source (FrozenRecord), so a LoRA run's checkpoints hold the
+  // adapters and their state only. Parameters without gradients that it
+  // does not name (an MoE's expert bias, which the step moves itself) are
+  // saved.
   kReference,
 };
 
-// "model/<name>" for every master (but frozen ones under kReference) and
+// "model/<name>" for every master (but `frozen_names` under kReference) and
 // "optim/<name>" for every AdamW state tensor (initialising AdamW's state if
 // needed): views, so a Load into the result writes in place. What
 // TrainingState holds, for callers that keep their own step (the trainer's
 // "train/step").
 absl::StatusOr<StateDict> ModelAndOptimizerState(
     const std::vector<fsdp::ShardedParameter*>& params, AdamW& adamw,
-    FrozenMasters frozen = FrozenMasters::kSave);
+    FrozenMasters frozen = FrozenMasters::kSave,
+    const std::vector<std::string>& frozen_names = {});
 
 // Where a checkpoint's unsaved frozen parameters come from, as the bytes
 // "train/frozen": "source: <source>" then "frozen: <name>" per parameter,
