@@ -89,6 +89,7 @@ std::vector<TransformerConfig> AllConfigs() {
   olmoe.moe.hidden = 1024;
   olmoe.moe.normalize_top_k = false;
   olmoe.moe.aux_loss_coef = 0.01f;
+  olmoe.qk_norm = true;
   configs.push_back(olmoe);
   for (TransformerConfig& c : configs) {
     if (c.name == "smollm3_3b") {
@@ -178,6 +179,7 @@ std::string ModelConfigJson(const TransformerConfig& c) {
       f(c.rope_scaling.original_context),
       "], \"no_rope_every\": ", c.no_rope_every,
       ", \"tied_embeddings\": ", c.tied_embeddings ? "true" : "false",
+      ", \"qk_norm\": ", c.qk_norm ? "true" : "false",
       ", \"bias\": ", c.bias ? "true" : "false", ", \"activation\": \"",
       ActivationName(c.activation), "\", \"init_std\": ", f(c.init_std),
       ", \"moe\": {\"num_experts\": ", c.moe.num_experts,
@@ -269,6 +271,10 @@ absl::StatusOr<TransformerConfig> ParseModelConfigJson(
   }
   FSDPP_RETURN_IF_ERROR(boolean("tied_embeddings", &c.tied_embeddings));
   FSDPP_RETURN_IF_ERROR(boolean("bias", &c.bias));
+  // Written since q / k norms exist; absent: none.
+  if (o.Find("qk_norm") != nullptr) {
+    FSDPP_RETURN_IF_ERROR(boolean("qk_norm", &c.qk_norm));
+  }
   FSDPP_ASSIGN_OR_RETURN(const std::string activation, text("activation"));
   if (activation == "gelu") {
     c.activation = Activation::kGelu;
@@ -373,6 +379,9 @@ absl::Status ValidateConfig(const TransformerConfig& c) {
     return invalid(
         absl::StrCat("RoPE needs an even head_dim, got ", c.head_dim()));
   }
+  if (c.qk_norm && c.family != ModelFamily::kLlama) {
+    return invalid("qk_norm needs the Llama family (separate q, k, v)");
+  }
   if (!(c.norm_eps > 0.0f) || !(c.rope_theta > 0.0f) || !(c.init_std > 0.0f)) {
     return invalid("norm_eps, rope_theta and init_std must be positive");
   }
@@ -448,6 +457,7 @@ int64_t NumParameters(const TransformerConfig& c) {
   int64_t n = vocab * c.dim;  // Token embedding.
   if (c.family == ModelFamily::kGpt2) n += c.context_length * c.dim;
   int64_t per_layer = 2 * NormParameters(c) + AttentionMatmulParameters(c);
+  if (c.qk_norm) per_layer += (c.n_heads + c.kv_heads()) * c.head_dim();
   n += FeedForwardMatmulParameters(c, /*active_only=*/false);
   if (c.moe.expert_bias) {
     for (int64_t layer = 0; layer < c.n_layers; ++layer) {

@@ -87,6 +87,10 @@ struct TransformerConfig {
   // use no rotary embedding (SmolLM3's NoPE layers, k = 4).
   int64_t no_rope_every = 0;
   bool tied_embeddings = true;  // LM head shares the token embedding table.
+  // Llama family: OLMo-2 / OLMoE's q and k norms, RMSNorm (norm_eps) over
+  // each token's whole q and k projections before RoPE
+  // (nn::AttentionConfig::qk_norm).
+  bool qk_norm = false;
   // Biases on the attention projections (q, k, v and output) and, in the
   // GPT-2 family, on the LayerNorms. The GELU MLP always has biases
   // (nn::Mlp has no switch), so kGelu requires bias = true; SwiGLU never has.

@@ -257,11 +257,10 @@ TEST(ConfigTest, PublishedParameterCounts) {
   EXPECT_EQ(NumParameters(Named("gpt2_350m")), 354823168);
   EXPECT_EQ(NumParameters(Named("gpt2_774m")), 774030080);
   EXPECT_EQ(NumParameters(Named("gpt2_1558m")), 1557611200);
-  // OLMoE-1B-7B: its HF release's 6919161856 less the 16 layers' q and k
-  // norms (2 x 2048 each), which fsdpp's attention does not have; 1.28 B
-  // active (8 of 64 experts).
-  EXPECT_EQ(NumParameters(Named("olmoe_1b_7b")), 6919161856 - 16 * 2 * 2048);
-  EXPECT_EQ(NumActiveParameters(Named("olmoe_1b_7b")), 1281951744);
+  // OLMoE-1B-7B: its HF release's 6919161856 (q and k norms included);
+  // 1.28 B active (8 of 64 experts).
+  EXPECT_EQ(NumParameters(Named("olmoe_1b_7b")), 6919161856);
+  EXPECT_EQ(NumActiveParameters(Named("olmoe_1b_7b")), 1282017280);
   // moe_debug: llama_debug's SwiGLU (3 x 64 x 192) becomes a router (8 x 64)
   // and 8 experts (3 x 64 x 96 each), two of them active.
   EXPECT_EQ(NumParameters(Named("moe_debug")),

@@ -215,6 +215,8 @@ absl::Status Transformer::Build() {
     ac.rope = c.UsesRope(i);
     ac.rope_theta = c.rope_theta;
     ac.rope_scaling = c.rope_scaling;
+    ac.qk_norm = c.qk_norm;
+    ac.qk_norm_eps = c.norm_eps;
     ac.param_dtype = dtype;
     ac.fused_attention = options_.fused_attention;
     ac.init_std = init_std;

@@ -141,6 +141,12 @@ CausalSelfAttention::Create(const AttentionConfig& config) {
   if (config.n_heads % config.kv_heads() != 0) {
     return invalid("n_kv_heads must divide n_heads");
   }
+  if (config.qk_norm && config.fused_qkv) {
+    return invalid("qk_norm needs separate q, k, v projections");
+  }
+  if (config.qk_norm && !(config.qk_norm_eps > 0.0f)) {
+    return invalid("qk_norm_eps must be positive");
+  }
   if (config.rope && config.head_dim() % 2 != 0) {
     return invalid("RoPE needs an even head_dim");
   }
@@ -185,6 +191,12 @@ CausalSelfAttention::CausalSelfAttention(const AttentionConfig& config)
     out_ =
         AddModule("wo", std::make_unique<Linear>(q_width, c, config.out_bias,
                                                  config.out_init_std, dtype));
+    if (config.qk_norm) {
+      q_norm_ = AddModule("q_norm", std::make_unique<RmsNorm>(
+                                        q_width, config.qk_norm_eps, dtype));
+      k_norm_ = AddModule("k_norm", std::make_unique<RmsNorm>(
+                                        kv_width, config.qk_norm_eps, dtype));
+    }
   }
 }
 
@@ -267,6 +279,20 @@ absl::StatusOr<Tensor> CausalSelfAttention::ForwardImpl(const Tensor& x) {
     const int64_t kv_proj = heads_.kv_proj;
     FSDPP_ASSIGN_OR_RETURN(Tensor q_flat, q_->Forward(x));
     FSDPP_ASSIGN_OR_RETURN(Tensor k_flat, k_->Forward(x));
+    if (q_norm_ != nullptr) {
+      if (q_flat.dim(-1) != q_norm_->dim() ||
+          k_flat.dim(-1) != k_norm_->dim()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "CausalSelfAttention: qk_norm normalises whole projections (",
+            q_norm_->dim(), " and ", k_norm_->dim(),
+            " features); the projections here compute ", q_flat.dim(-1),
+            " and ", k_flat.dim(-1),
+            " (tensor parallelism does not split "
+            "them)"));
+      }
+      FSDPP_ASSIGN_OR_RETURN(q_flat, q_norm_->Forward(q_flat));
+      FSDPP_ASSIGN_OR_RETURN(k_flat, k_norm_->Forward(k_flat));
+    }
     FSDPP_ASSIGN_OR_RETURN(Tensor v_flat, v_->Forward(x));
     FSDPP_ASSIGN_OR_RETURN(Tensor q4, q_flat.Reshape({b, t, h, hd}));
     FSDPP_ASSIGN_OR_RETURN(Tensor k4, k_flat.Reshape({b, t, kv_proj, hd}));
@@ -494,9 +520,15 @@ absl::StatusOr<Tensor> CausalSelfAttention::BackwardImpl(const Tensor& dy) {
   FSDPP_ASSIGN_OR_RETURN(Tensor dx, v_->Backward(dv_flat));
   FSDPP_ASSIGN_OR_RETURN(Tensor dk_flat,
                          merged(dk, heads_.kv_proj, heads_.kv_first));
+  if (k_norm_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(dk_flat, k_norm_->Backward(dk_flat));
+  }
   FSDPP_ASSIGN_OR_RETURN(Tensor dx_k, k_->Backward(dk_flat));
   FSDPP_RETURN_IF_ERROR(Add(dx, dx_k, &dx));
   FSDPP_ASSIGN_OR_RETURN(Tensor dq_flat, merged(dq, h, 0));
+  if (q_norm_ != nullptr) {
+    FSDPP_ASSIGN_OR_RETURN(dq_flat, q_norm_->Backward(dq_flat));
+  }
   FSDPP_ASSIGN_OR_RETURN(Tensor dx_q, q_->Backward(dq_flat));
   FSDPP_RETURN_IF_ERROR(Add(dx, dx_q, &dx));
   return dx;

@@ -50,6 +50,7 @@
 #include "core/dtype.h"
 #include "nn/linear.h"
 #include "nn/module.h"
+#include "nn/rms_norm.h"
 #include "tensor/kernels/rope.h"
 #include "tensor/tensor.h"
 
@@ -164,6 +165,13 @@ struct AttentionConfig {
   // backward); false: Matmul + causal Softmax with the [B, H, T, T]
   // probabilities saved (the reference the fused op is tested against).
   bool fused_attention = true;
+  // OLMo-2 / OLMoE's q and k norms: RMSNorm over each token's whole q
+  // projection [H hd] and k projection [KV hd] (children "q_norm",
+  // "k_norm", weights of those widths), before RoPE. Separate projections
+  // only; tensor parallelism does not split them (the norm spans every
+  // head).
+  bool qk_norm = false;
+  float qk_norm_eps = 1e-5f;
   float init_std = 0.02f;      // Normal init std of the q, k, v weights.
   float out_init_std = 0.02f;  // ... of the output projection (GPT-2 scales
                                // it by 1 / sqrt(2 n_layers)).
@@ -232,7 +240,9 @@ class CausalSelfAttention : public Module {
   Linear* q_ = nullptr;
   Linear* k_ = nullptr;
   Linear* v_ = nullptr;
-  Linear* out_ = nullptr;  // c_proj or wo.
+  Linear* out_ = nullptr;      // c_proj or wo.
+  RmsNorm* q_norm_ = nullptr;  // qk_norm
+  RmsNorm* k_norm_ = nullptr;
 
   // Saved by Forward for Backward (undefined otherwise).
   LocalHeads heads_;

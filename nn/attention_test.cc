@@ -53,6 +53,7 @@ std::string Describe(const AttentionConfig& c) {
                       c.fused_qkv ? " fused" : " separate",
                       c.qkv_bias ? " qkv_bias" : "",
                       c.out_bias ? " out_bias" : "", c.rope ? " rope" : "",
+                      c.qk_norm ? " qk_norm" : "",
                       c.fused_attention ? " fused core" : " unfused core");
 }
 
@@ -123,8 +124,16 @@ double MaxAbs(const Vec& v) {
   return m;
 }
 
+// OLMoE's attention: q / k norms over the whole projections.
+AttentionConfig WithQkNorm(AttentionConfig c) {
+  c.qk_norm = true;
+  return c;
+}
+
 std::vector<AttentionConfig> GradientConfigs() {
   return {
+      WithQkNorm(Config(16, 4, 2, false, false, false, true)),       // GQA
+      WithQkNorm(Config(12, 3, 1, false, true, false, true)),        // MQA
       Config(12, 3, 0, /*fused=*/true, true, true, /*rope=*/false),  // GPT-2
       Config(12, 3, 3, true, false, false, true),
       Config(12, 3, 0, false, false, false, true),  // Llama MHA
@@ -240,6 +249,20 @@ Vec ReferenceForward(const AttentionConfig& c, CausalSelfAttention& m,
     k = linear(x, rows, dim, "wk", 0, kv_n * hd);
     v = linear(x, rows, dim, "wv", 0, kv_n * hd);
   }
+  // qk_norm: each row of the whole projection scaled by 1 / rms (+ eps).
+  auto rms_norm = [&](Vec& t, int64_t width, const std::string& mod) {
+    if (!c.qk_norm) return;
+    const Vec& w = p[mod + ".weight"];
+    for (int64_t r = 0; r < rows; ++r) {
+      double sq = 0.0;
+      for (int64_t i = 0; i < width; ++i)
+        sq += t[r * width + i] * t[r * width + i];
+      const double inv = 1.0 / std::sqrt(sq / width + c.qk_norm_eps);
+      for (int64_t i = 0; i < width; ++i) t[r * width + i] *= inv * w[i];
+    }
+  };
+  rms_norm(q, h_n * hd, "q_norm");
+  rms_norm(k, kv_n * hd, "k_norm");
   auto rope = [&](Vec& t, int64_t heads) {
     if (!c.rope) return;
     const int64_t half = hd / 2;
@@ -298,7 +321,7 @@ TEST(AttentionTest, ForwardMatchesDoubleReference) {
   llama.max_seq_len = 7;
   for (const AttentionConfig& c :
        {Config(12, 3, 0, true, true, true, false), llama,
-        Config(12, 6, 2, false, true, true, true)}) {
+        Config(12, 6, 2, false, true, true, true), WithQkNorm(llama)}) {
     SCOPED_TRACE(Describe(c));
     std::unique_ptr<CausalSelfAttention> m = MakeAttention(c, 7);
     for (int64_t seq : {int64_t{1}, kSeq, c.max_seq_len}) {
@@ -482,11 +505,26 @@ TEST(AttentionTest, ParameterNamesAndShapes) {
     actual.emplace_back(name, p->shape);
   }
   EXPECT_EQ(actual, expected);
+
+  AttentionConfig olmoe = AttentionConfig::Llama(16, 4, 2, 8);
+  olmoe.qk_norm = true;
+  std::unique_ptr<CausalSelfAttention> normed =
+      *CausalSelfAttention::Create(olmoe);
+  expected.push_back({"q_norm.weight", {16}});
+  expected.push_back({"k_norm.weight", {8}});
+  actual.clear();
+  for (auto& [name, p] : normed->NamedParameters()) {
+    actual.emplace_back(name, p->shape);
+  }
+  EXPECT_EQ(actual, expected);
 }
 
 TEST(AttentionTest, RejectsBadConfigsAndInputs) {
   const AttentionConfig good = Config(12, 4, 2, false, false, false, false);
-  std::vector<AttentionConfig> bad(6, good);
+  std::vector<AttentionConfig> bad(8, good);
+  bad[6] = WithQkNorm(Config(12, 4, 2, /*fused=*/true, false, false, false));
+  bad[7] = WithQkNorm(good);
+  bad[7].qk_norm_eps = 0.0f;
   bad[0].dim = 0;
   bad[1].n_heads = 5;     // does not divide 12
   bad[2].n_kv_heads = 3;  // does not divide 4

@@ -1,6 +1,7 @@
 #include "plan/planner.h"
 
 #include <cstdio>
+#include <string>
 
 #include "gtest/gtest.h"
 
@@ -94,10 +95,17 @@ TEST(PlannerTest, ExpertParallelShardsTheExpertsAndExposesTheAllToAlls) {
 
   // ep 8 x tp 2 on 16 ranks: tp splits every expert's hidden too, so a rank
   // holds half the state; every tp rank routes the same tokens, so the
-  // all-to-alls are as many and as large as at ep 8.
+  // all-to-alls are as many and as large as at ep 8. (Without OLMoE's q / k
+  // norms, which tensor parallelism does not split: half of ep 8's state
+  // less their share.)
+  models::TransformerConfig no_qk_norm = model;
+  no_qk_norm.qk_norm = false;
   s.world = 16;
   s.tp = 2;
-  absl::StatusOr<Plan> with_tp = MakePlan(model, s, d);
+  EXPECT_NE(std::string(MakePlan(model, s, d).status().message())
+                .find("q / k norms (qk_norm)"),
+            std::string::npos);
+  absl::StatusOr<Plan> with_tp = MakePlan(no_qk_norm, s, d);
   ASSERT_TRUE(with_tp.ok()) << with_tp.status();
   int all_to_all_tp = 0;
   double all_to_all_tp_s = 0.0;

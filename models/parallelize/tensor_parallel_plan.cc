@@ -83,6 +83,12 @@ absl::StatusOr<std::vector<PlanEntry>> TensorParallelPlan(
     }
     const nn::AttentionConfig& ac = attn->config();
     const std::string a = path(attn);
+    if (ac.qk_norm) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor parallel plan: module '", a,
+          "': its q / k norms (qk_norm) normalise over every head, which "
+          "tensor parallelism splits; not supported"));
+    }
     const int64_t h = ac.n_heads, kv = ac.kv_heads();
     if (h % tp != 0) return NotDivisible(a, "n_heads", h, tp);
     const bool split_kv = kv % tp == 0;
