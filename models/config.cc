@@ -82,6 +82,18 @@ std::vector<TransformerConfig> AllConfigs() {
   moe_debug.moe.hidden = 96;
   moe_debug.moe.aux_loss_coef = 0.01f;
   configs.push_back(moe_debug);
+  // OLMoE's architecture at debug size (q / k norms, raw top-k scores, an
+  // untied head): what HF import and export of experts are tested on.
+  TransformerConfig olmoe_debug =
+      Llama("olmoe_debug", 2, 64, 4, 2, 96, 512, 128, 10000.0f,
+            /*tied=*/false);
+  olmoe_debug.moe.num_experts = 8;
+  olmoe_debug.moe.top_k = 2;
+  olmoe_debug.moe.hidden = 96;
+  olmoe_debug.moe.normalize_top_k = false;
+  olmoe_debug.moe.aux_loss_coef = 0.01f;
+  olmoe_debug.qk_norm = true;
+  configs.push_back(olmoe_debug);
   TransformerConfig olmoe = Llama("olmoe_1b_7b", 16, 2048, 16, 16, 1024, 50304,
                                   4096, 10000.0f, /*tied=*/false);
   olmoe.moe.num_experts = 64;

@@ -24,7 +24,7 @@ TransformerConfig Named(const std::string& name) {
 }
 
 TEST(ConfigTest, EveryNamedConfigIsValidAndKnowsItsName) {
-  ASSERT_EQ(ConfigNames().size(), 12u);
+  ASSERT_EQ(ConfigNames().size(), 13u);
   for (const std::string& name : ConfigNames()) {
     const TransformerConfig c = Named(name);
     EXPECT_EQ(c.name, name);
@@ -261,6 +261,10 @@ TEST(ConfigTest, PublishedParameterCounts) {
   // 1.28 B active (8 of 64 experts).
   EXPECT_EQ(NumParameters(Named("olmoe_1b_7b")), 6919161856);
   EXPECT_EQ(NumActiveParameters(Named("olmoe_1b_7b")), 1282017280);
+  // olmoe_debug: moe_debug with an untied head (512 x 64) and q / k norms
+  // (2 layers x (4 + 2) heads x 16).
+  EXPECT_EQ(NumParameters(Named("olmoe_debug")), 353600 + 32768 + 192);
+  EXPECT_EQ(NumActiveParameters(Named("olmoe_debug")), 132416 + 32768 + 192);
   // moe_debug: llama_debug's SwiGLU (3 x 64 x 192) becomes a router (8 x 64)
   // and 8 experts (3 x 64 x 96 each), two of them active.
   EXPECT_EQ(NumParameters(Named("moe_debug")),
@@ -303,6 +307,7 @@ TEST(ConfigTest, AnalyticCountEqualsBuiltModel) {
   ExpectBuiltCount(llama_biased);
   ExpectBuiltCount(Named("moe_debug"));
   ExpectBuiltCount(Named("olmoe_1b_7b"));
+  ExpectBuiltCount(Named("olmoe_debug"));
   TransformerConfig moe_all = Named("moe_debug");
   moe_all.n_layers = 3;
   moe_all.moe.first_layer = 1;  // one dense layer first

@@ -78,8 +78,28 @@ std::vector<HfNameEntry> LlamaMapping(const TransformerConfig& c) {
                      hf + "self_attn." + hf_part + ".bias", false, false});
       }
     }
+    if (c.qk_norm) {
+      for (const char* norm : {"q_norm", "k_norm"}) {
+        m.push_back({absl::StrCat(ours, "attention.", norm, ".weight"),
+                     absl::StrCat(hf, "self_attn.", norm, ".weight"), false,
+                     false});
+      }
+    }
     m.push_back({ours + "ffn_norm.weight",
                  hf + "post_attention_layernorm.weight", false, false});
+    if (c.UsesMoe(i)) {
+      m.push_back({ours + "feed_forward.gate.weight", hf + "mlp.gate.weight",
+                   false, false});
+      for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+        for (int64_t e = 0; e < c.moe.num_experts; ++e) {
+          m.push_back(
+              {absl::StrCat(ours, "feed_forward.experts.", proj),
+               absl::StrCat(hf, "mlp.experts.", e, ".", proj, ".weight"), false,
+               false, e});
+        }
+      }
+      continue;
+    }
     for (const auto& [our_part, hf_part] :
          std::vector<std::pair<std::string, std::string>>{
              {"gate", "gate_proj"}, {"up", "up_proj"}, {"down", "down_proj"}}) {
@@ -120,6 +140,13 @@ absl::StatusOr<Tensor> ToHost(const Tensor& t) {
                          Tensor::Empty(t.shape(), t.dtype(), Device::Cpu()));
   FSDPP_RETURN_IF_ERROR(Copy(t, &out));
   return out;
+}
+
+// Slice `e` of dim 0 of `t` [E, ...], without that dim (a view).
+absl::StatusOr<Tensor> ExpertSlice(const Tensor& t, int64_t e) {
+  FSDPP_ASSIGN_OR_RETURN(Tensor one, t.Narrow(e, 1));
+  Shape rest(t.shape().begin() + 1, t.shape().end());
+  return one.Reshape(std::move(rest));
 }
 
 std::map<std::string, Parameter*> ParameterMap(const Transformer& model) {
@@ -184,17 +211,34 @@ absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
                      ActivationName(c.activation)));
   }
   if (c.moe.enabled()) {
+    // OLMoE's architecture: q / k norms, softmax top-k (its norm_topk_prob
+    // either way), every layer sparse, no shared experts or selection bias.
+    std::vector<std::string> unlike;
+    if (!c.qk_norm) unlike.push_back("no q / k norms");
+    if (c.moe.sigmoid) unlike.push_back("sigmoid scores");
+    if (c.moe.expert_bias) unlike.push_back("an expert bias");
+    if (c.moe.shared_hidden > 0) unlike.push_back("shared experts");
+    if (c.moe.route_scale != 1.0f) unlike.push_back("a route scale");
+    if (c.moe.first_layer > 0) unlike.push_back("dense layers first");
+    if (!unlike.empty()) {
+      return absl::UnimplementedError(absl::StrCat(
+          "config '", c.name,
+          "': Hugging Face import and export of mixtures of experts use "
+          "OLMoE's layout, and this mixture differs from it: ",
+          absl::StrJoin(unlike, ", ")));
+    }
+  } else if (c.qk_norm) {
     return absl::UnimplementedError(absl::StrCat(
         "config '", c.name,
-        "' has a mixture of experts: Hugging Face import and export of MoE "
-        "weights (Qwen3-MoE / OLMoE's mlp.gate and mlp.experts.N.*) are not "
-        "supported yet"));
+        "' has q / k norms without experts: HF's Llama has none (their "
+        "Hugging Face layout here is OLMoE's)"));
   }
   return LlamaMapping(c);
 }
 
 Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab) {
   Shape shape = ours;
+  if (entry.expert >= 0 && !shape.empty()) shape.erase(shape.begin());
   if (entry.vocab_rows) shape[0] = vocab;
   if (entry.transpose) std::swap(shape[0], shape[1]);
   return shape;
@@ -229,6 +273,9 @@ absl::StatusOr<std::vector<std::pair<std::string, Tensor>>> ExportHfTensors(
     }
     if (entry.vocab_rows) {
       FSDPP_ASSIGN_OR_RETURN(t, t.Narrow(0, c.vocab_size));
+    }
+    if (entry.expert >= 0) {
+      FSDPP_ASSIGN_OR_RETURN(t, ExpertSlice(t, entry.expert));
     }
     FSDPP_ASSIGN_OR_RETURN(Tensor host, ToHost(t));
     if (entry.transpose) {
@@ -370,6 +417,9 @@ absl::Status ImportHfTensors(const HfTensorSource& source, Transformer* model) {
       FSDPP_ASSIGN_OR_RETURN(host, Transpose2D(host));
     }
     Tensor dst = p->data;
+    if (entry.expert >= 0) {
+      FSDPP_ASSIGN_OR_RETURN(dst, ExpertSlice(p->data, entry.expert));
+    }
     if (entry.vocab_rows && c.padded_vocab_size() != c.vocab_size) {
       FSDPP_ASSIGN_OR_RETURN(
           Tensor padding,

@@ -20,7 +20,14 @@
 //                                  down_proj
 //   norm.weight                    model.norm.weight
 //   output.weight / lm_head        lm_head.weight (untied models only)
-// (biases follow their weights).
+// (biases follow their weights). Mixtures of experts are OLMoE's layout
+// (model_type "olmoe": q / k norms, softmax top-k, no shared experts):
+//   layers.{i}.attention.q_norm / k_norm  model.layers.{i}.self_attn.q_norm
+//                                  / k_norm
+//   layers.{i}.feed_forward.gate.weight   model.layers.{i}.mlp.gate.weight
+//   layers.{i}.feed_forward.experts.gate_proj [E, H, C], slice e
+//                                  model.layers.{i}.mlp.experts.{e}.gate_proj
+//                                  .weight (up_proj, down_proj alike)
 //
 // Design choices:
 //  * HF GPT-2 uses Conv1D layers whose weights are stored [in, out], the
@@ -60,12 +67,18 @@ struct HfNameEntry {
   std::string hf;           // The Hugging Face tensor name.
   bool transpose = false;   // HF stores the 2-D weight transposed ([in, out]).
   bool vocab_rows = false;  // Dim 0 is the (padded) vocabulary.
+  // >= 0: the HF tensor is slice `expert` of dim 0 of our stacked
+  // parameter (an MoE's experts, one HF tensor each).
+  int64_t expert = -1;
 };
 
 // The mapping for every parameter of the model built from `config`, in our
-// parameter order. Unimplemented for layouts HF's GPT-2 / Llama cannot hold
-// (GPT-2 family without GELU, biases or with GQA; Llama family without
-// SwiGLU) and, for now, for mixtures of experts.
+// parameter order (a stacked expert parameter: one entry per expert).
+// Unimplemented for layouts HF's GPT-2 / Llama / OLMoE cannot hold (GPT-2
+// family without GELU, biases or with GQA; Llama family without SwiGLU, q /
+// k norms without experts; mixtures of experts unlike OLMoE's: without q /
+// k norms, with sigmoid scores, an expert bias, shared experts, a route
+// scale or dense layers first).
 absl::StatusOr<std::vector<HfNameEntry>> HfNameMapping(
     const TransformerConfig& config);
 
@@ -82,7 +95,8 @@ absl::StatusOr<std::string> PeftAdapterName(
 std::string PeftAdapterModule(const std::string& peft_name);
 
 // The HF shape of the parameter `entry` names, whose shape is `ours`:
-// vocabulary rows unpadded to `vocab`, Conv1D weights transposed.
+// vocabulary rows unpadded to `vocab`, Conv1D weights transposed, an
+// expert's slice without the expert dim.
 Shape HfShape(const HfNameEntry& entry, const Shape& ours, int64_t vocab);
 
 // What ExportHfTensors reads from each parameter.

@@ -136,10 +136,20 @@ TEST(HfAdapterTest, NonCanonicalLayoutsAreUnimplemented) {
   c.bias = true;
   c.activation = Activation::kGelu;
   EXPECT_EQ(HfNameMapping(c).status().code(), absl::StatusCode::kUnimplemented);
-  // Mixtures of experts: refused, naming what is missing.
-  const absl::Status moe = HfNameMapping(*ConfigByName("moe_debug")).status();
+  // Mixtures of experts unlike OLMoE's: refused, naming the differences.
+  c = Named("moe_debug");
+  c.moe.shared_hidden = 32;
+  const absl::Status moe = HfNameMapping(c).status();
   EXPECT_EQ(moe.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(moe.message().find("mixture of experts"), std::string::npos) << moe;
+  EXPECT_NE(moe.message().find("OLMoE's layout, and this mixture differs from "
+                               "it: no q / k norms, shared experts"),
+            std::string::npos)
+      << moe;
+  // q / k norms are OLMoE's: a dense model with them has no HF layout here.
+  c = Named("llama_debug");
+  c.qk_norm = true;
+  EXPECT_EQ(HfNameMapping(c).status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_TRUE(HfNameMapping(Named("olmoe_debug")).ok());
 }
 
 TEST(HfAdapterTest, ExportTransposesConv1DWeights) {

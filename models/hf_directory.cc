@@ -152,7 +152,8 @@ class ConfigChecker {
 
 // The HF architecture name of a config's family.
 const char* ModelType(const TransformerConfig& c) {
-  return c.family == ModelFamily::kGpt2 ? "gpt2" : "llama";
+  if (c.family == ModelFamily::kGpt2) return "gpt2";
+  return c.moe.enabled() ? "olmoe" : "llama";
 }
 
 }  // namespace
@@ -196,14 +197,18 @@ absl::StatusOr<std::string> HfConfigJson(const TransformerConfig& c,
                 static_cast<int64_t>(c.rope_scaling.original_context))}},
           "  ");
     }
+    const bool olmoe = c.moe.enabled();
     f = {
-        {"architectures", "[\"LlamaForCausalLM\"]"},
-        {"model_type", "\"llama\""},
+        {"architectures",
+         olmoe ? "[\"OlmoeForCausalLM\"]" : "[\"LlamaForCausalLM\"]"},
+        {"model_type", JsonQuote(ModelType(c))},
         {"hidden_act", "\"silu\""},
         {"vocab_size", absl::StrCat(c.vocab_size)},
         {"max_position_embeddings", absl::StrCat(c.context_length)},
         {"hidden_size", absl::StrCat(c.dim)},
-        {"intermediate_size", absl::StrCat(c.ffn_hidden)},
+        // OLMoE's is each expert's width.
+        {"intermediate_size",
+         absl::StrCat(olmoe ? c.moe.hidden : c.ffn_hidden)},
         {"num_hidden_layers", absl::StrCat(c.n_layers)},
         {"num_attention_heads", absl::StrCat(c.n_heads)},
         {"num_key_value_heads", absl::StrCat(c.kv_heads())},
@@ -212,10 +217,20 @@ absl::StatusOr<std::string> HfConfigJson(const TransformerConfig& c,
         {"rope_theta", JsonFloat(c.rope_theta)},
         {"rope_scaling", scaling},
         {"attention_bias", c.bias ? "true" : "false"},
-        {"mlp_bias", "false"},
         {"tie_word_embeddings", c.tied_embeddings ? "true" : "false"},
         {"torch_dtype", JsonQuote(TorchDtype(dtype))},
     };
+    if (olmoe) {
+      f.insert(f.end(),
+               {{"num_experts", absl::StrCat(c.moe.num_experts)},
+                {"num_experts_per_tok", absl::StrCat(c.moe.top_k)},
+                {"norm_topk_prob", c.moe.normalize_top_k ? "true" : "false"},
+                {"router_aux_loss_coef", JsonFloat(c.moe.aux_loss_coef)},
+                {"output_router_logits", "false"},
+                {"clip_qkv", "null"}});
+    } else {
+      f.push_back({"mlp_bias", "false"});
+    }
   }
   return JsonObject(f, "") + "\n";
 }
@@ -248,9 +263,20 @@ absl::Status CheckHfConfig(absl::string_view config_json,
                  "gelu_new", "GELU with the tanh approximation (\"gelu_new\")");
     check.Bool("tie_word_embeddings", c.tied_embeddings, true);
   } else {
+    const bool olmoe = c.moe.enabled();
     check.Int("max_position_embeddings", c.context_length);
     check.Int("hidden_size", c.dim);
-    check.Int("intermediate_size", c.ffn_hidden);
+    check.Int("intermediate_size", olmoe ? c.moe.hidden : c.ffn_hidden);
+    if (olmoe) {
+      check.Int("num_experts", c.moe.num_experts);
+      check.Int("num_experts_per_tok", c.moe.top_k);
+      check.Bool("norm_topk_prob", c.moe.normalize_top_k, false);
+      // The aux loss's weight is training's, not the weights': not checked.
+      const Json* clip = parsed->Find("clip_qkv");
+      if (clip != nullptr && !clip->is_null()) {
+        check.Problem("clip_qkv is set; fsdpp does not clip q, k and v");
+      }
+    }
     check.Int("num_hidden_layers", c.n_layers);
     check.Int("num_attention_heads", c.n_heads);
     check.Int("num_key_value_heads", c.kv_heads(), c.n_heads);
@@ -259,7 +285,7 @@ absl::Status CheckHfConfig(absl::string_view config_json,
     check.Float("rope_theta", c.rope_theta, 10000.0);
     check.String("hidden_act", {"silu"}, "silu", "SiLU (\"silu\")");
     check.Bool("attention_bias", c.bias, false);
-    check.Bool("mlp_bias", false, false);
+    if (!olmoe) check.Bool("mlp_bias", false, false);
     check.Bool("tie_word_embeddings", c.tied_embeddings, false);
     const Json* scaling = parsed->Find("rope_scaling");
     const bool has_scaling = scaling != nullptr && !scaling->is_null();
@@ -341,8 +367,24 @@ absl::StatusOr<TransformerConfig> ConfigFromHfJson(absl::string_view text,
                            boolean("tie_word_embeddings", true));
     c.bias = true;
     c.activation = Activation::kGelu;
-  } else if (type->string_value() == "llama") {
+  } else if (type->string_value() == "llama" ||
+             type->string_value() == "olmoe") {
     c.family = ModelFamily::kLlama;
+    if (type->string_value() == "olmoe") {
+      // OLMoE: q / k norms, every layer a softmax top-k mixture of
+      // experts of intermediate_size each.
+      c.qk_norm = true;
+      FSDPP_ASSIGN_OR_RETURN(c.moe.num_experts,
+                             integer("num_experts", std::nullopt));
+      FSDPP_ASSIGN_OR_RETURN(c.moe.top_k,
+                             integer("num_experts_per_tok", std::nullopt));
+      FSDPP_ASSIGN_OR_RETURN(c.moe.hidden,
+                             integer("intermediate_size", std::nullopt));
+      FSDPP_ASSIGN_OR_RETURN(c.moe.normalize_top_k,
+                             boolean("norm_topk_prob", false));
+      FSDPP_ASSIGN_OR_RETURN(c.moe.aux_loss_coef,
+                             number("router_aux_loss_coef", 0.01));
+    }
     FSDPP_ASSIGN_OR_RETURN(c.vocab_size, integer("vocab_size", std::nullopt));
     FSDPP_ASSIGN_OR_RETURN(c.context_length,
                            integer("max_position_embeddings", std::nullopt));
@@ -385,7 +427,7 @@ absl::StatusOr<TransformerConfig> ConfigFromHfJson(absl::string_view text,
     }
   } else {
     return bad(absl::StrCat("model_type \"", type->string_value(),
-                            "\" is not gpt2 or llama"));
+                            "\" is not gpt2, llama or olmoe"));
   }
   const absl::Status valid = ValidateConfig(c);
   if (!valid.ok()) return bad(valid.message());

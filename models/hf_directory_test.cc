@@ -237,8 +237,16 @@ TEST_P(HfDirectoryTest, ReadHfBoxReadsExactlyTheBox) {
   int boxes = 0;
   for (const HfImportItem& item : *items) {
     SCOPED_TRACE(item.entry.ours);
-    const Tensor& full = params.at(item.entry.ours)->data;
-    const Shape& shape = full.shape();
+    Tensor full = params.at(item.entry.ours)->data;
+    if (item.entry.expert >= 0) {  // one expert of a stacked parameter
+      absl::StatusOr<Tensor> one = full.Narrow(item.entry.expert, 1);
+      ASSERT_TRUE(one.ok());
+      const Shape rest(full.shape().begin() + 1, full.shape().end());
+      absl::StatusOr<Tensor> flat = one->Reshape(rest);
+      ASSERT_TRUE(flat.ok());
+      full = *flat;
+    }
+    const Shape shape = full.shape();
     std::vector<Box> cases;
     const int64_t third = (shape[0] + 2) / 3;
     for (int64_t r0 = 0; r0 < shape[0]; r0 += third) {
@@ -293,7 +301,8 @@ TEST_P(HfDirectoryTest, ReadHfBoxReadsExactlyTheBox) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, HfDirectoryTest,
-                         ::testing::Values("gpt2_debug", "llama_debug"));
+                         ::testing::Values("gpt2_debug", "llama_debug",
+                                           "olmoe_debug"));
 
 // A sharded GPT-2 debug export to break in the error tests: its directory
 // and its shard files (at least 3).
@@ -465,9 +474,22 @@ TEST(HfDirectoryHubTest, HubConfigsMatchTheZoo) {
                      "rope_type": "llama3"},
     "rope_theta": 500000.0, "tie_word_embeddings": true,
     "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 128256})";
+  const std::string olmoe = R"({
+    "architectures": ["OlmoeForCausalLM"], "attention_bias": false,
+    "attention_dropout": 0.0, "clip_qkv": null, "eos_token_id": 50279,
+    "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 1024, "max_position_embeddings": 4096,
+    "model_type": "olmoe", "norm_topk_prob": false,
+    "num_attention_heads": 16, "num_experts": 64, "num_experts_per_tok": 8,
+    "num_hidden_layers": 16, "num_key_value_heads": 16,
+    "output_router_logits": false, "pad_token_id": 1, "rms_norm_eps": 1e-05,
+    "rope_scaling": null, "rope_theta": 10000.0,
+    "router_aux_loss_coef": 0.01, "tie_word_embeddings": false,
+    "torch_dtype": "bfloat16", "use_cache": true, "vocab_size": 50304})";
   for (const auto& [name, json] :
        {std::pair<std::string, std::string>{"gpt2_124m", gpt2},
-        std::pair<std::string, std::string>{"llama_1b", llama}}) {
+        std::pair<std::string, std::string>{"llama_1b", llama},
+        std::pair<std::string, std::string>{"olmoe_1b_7b", olmoe}}) {
     SCOPED_TRACE(name);
     absl::StatusOr<TransformerConfig> c = ConfigByName(name);
     ASSERT_TRUE(c.ok());
@@ -482,12 +504,21 @@ TEST(HfDirectoryHubTest, HubConfigsMatchTheZoo) {
     ASSERT_TRUE(meta.ok());
     absl::StatusOr<std::vector<HfNameEntry>> mapping = HfNameMapping(*c);
     ASSERT_TRUE(mapping.ok());
-    EXPECT_EQ(mapping->size(), (*meta)->NamedParameters().size());
+    std::set<std::string> named;
+    int64_t experts = 0;
+    for (const HfNameEntry& e : *mapping) {
+      named.insert(e.ours);
+      experts += e.expert >= 0;
+    }
+    EXPECT_EQ(named.size(), (*meta)->NamedParameters().size());
+    // OLMoE: 16 layers x 3 stacks x 64 experts, one HF tensor each.
+    EXPECT_EQ(experts, name == "olmoe_1b_7b" ? 16 * 3 * 64 : 0);
   }
   // config.json alone gives back the zoo configs.
   for (const auto& [name, json] :
        {std::pair<std::string, std::string>{"gpt2_124m", gpt2},
-        std::pair<std::string, std::string>{"llama_1b", llama}}) {
+        std::pair<std::string, std::string>{"llama_1b", llama},
+        std::pair<std::string, std::string>{"olmoe_1b_7b", olmoe}}) {
     absl::StatusOr<TransformerConfig> zoo = ConfigByName(name);
     absl::StatusOr<TransformerConfig> read =
         ConfigFromHfJson(json, name, "config.json");
@@ -497,7 +528,8 @@ TEST(HfDirectoryHubTest, HubConfigsMatchTheZoo) {
   EXPECT_THAT(ConfigFromHfJson(R"({"model_type": "mistral"})", "x", "c.json")
                   .status()
                   .message(),
-              HasSubstr("model_type \"mistral\" is not gpt2 or llama"));
+              HasSubstr("model_type \"mistral\" is not gpt2, llama or "
+                        "olmoe"));
   EXPECT_THAT(
       ConfigFromHfJson(R"({"model_type": "gpt2", "n_embd": 8})", "x", "c.json")
           .status()

@@ -30,7 +30,8 @@ std::string Message(const absl::StatusOr<T>& value) {
 
 constexpr char kModels[] =
     "gpt2_debug, gpt2_124m, gpt2_350m, gpt2_774m, gpt2_1558m, llama_debug, "
-    "llama_1b, smollm3_3b, llama3_8b, llama3_70b, moe_debug, olmoe_1b_7b";
+    "llama_1b, smollm3_3b, llama3_8b, llama3_70b, moe_debug, olmoe_debug, "
+    "olmoe_1b_7b";
 
 // --- Shipped configs -------------------------------------------------------
 

@@ -895,6 +895,54 @@ TEST(TrainerTest, ExpertParallelLayoutsTrainAlikeAndResumeAcrossEpSizes) {
                          want);
 }
 
+// OLMoE's Hugging Face layout (olmoe_debug: one HF tensor per expert):
+// model.init_from starts the run on one rank, FSDP 2 and ep 2 on 2 and 4
+// ranks with the same first-step loss, not the random initialisation's.
+TEST(TrainerTest, MixtureOfExpertsInitFromHfAtAnyEp) {
+  const std::string dir = TestDir("olmoe_init_from");
+  auto config = models::ConfigByName("olmoe_debug");
+  ASSERT_TRUE(config.ok());
+  auto model = models::Transformer::Create(*config);
+  ASSERT_TRUE(model.ok());
+  ASSERT_TRUE((*model)->ToEmpty(Device::Cpu()).ok());
+  ASSERT_TRUE((*model)->InitWeights(5).ok());
+  auto tensors = models::ExportHfTensors(**model);
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  models::HfWriteOptions options;
+  options.max_shard_bytes = 100 << 10;
+  ASSERT_TRUE(
+      models::WriteHfDirectory(dir + "/hf", *config, *tensors, options).ok());
+  std::vector<double> first;
+  for (const std::pair<int, std::string>& layout :
+       std::vector<std::pair<int, std::string>>{{1, "parallelism.ep=1"},
+                                                {2, "parallelism.ep=1"},
+                                                {2, "parallelism.ep=2"},
+                                                {4, "parallelism.ep=2"},
+                                                {1, "model.init_from="}}) {
+    const std::string what =
+        absl::StrCat("W=", layout.first, " ", layout.second);
+    TrainConfig c =
+        SmallConfig(TestDir(absl::StrCat("olmoe_init_from_", first.size())));
+    CHECK_OK(ApplyOverrides(
+        {"model.name=olmoe_debug", "model.init_from=hf:" + dir + "/hf",
+         "training.steps=1", "training.warmup_steps=1",
+         "training.global_batch=4", "training.micro_batch=1",
+         "checkpoint.interval=0", "validation.interval=0", layout.second},
+        &c));
+    if (layout.second == "model.init_from=")
+      c.mutable_model()->clear_init_from();
+    std::vector<absl::StatusOr<TrainResult>> results =
+        RunRanks(c, layout.first);
+    ASSERT_TRUE(results[0].ok()) << what << ": " << results[0].status();
+    first.push_back(Losses(*results[0])[0]);
+    if (first.size() < 5) {
+      EXPECT_NEAR(first.back(), first[0], 2e-6 * first[0]) << what;
+    } else {
+      EXPECT_GT(std::fabs(first.back() - first[0]), 1e-3) << what;
+    }
+  }
+}
+
 // DeepSeek-V3's auxiliary-loss-free balancing (sigmoid router, expert bias
 // moved after every step by the loads of every data-parallel rank): the
 // same losses on one rank, FSDP 2, ep 2 and ep 2 x tp 2 (the biases move

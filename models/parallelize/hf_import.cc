@@ -49,8 +49,12 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
   FSDPP_RETURN_IF_ERROR(dir.CheckConfig(model->config()));
   FSDPP_ASSIGN_OR_RETURN(std::vector<HfImportItem> items,
                          PlanHfImport(dir, *model));
-  std::map<std::string, const HfImportItem*> by_name;
-  for (const HfImportItem& item : items) by_name[item.entry.ours] = &item;
+  // A parameter's items: one, or one per expert of a stacked parameter (in
+  // expert order).
+  std::map<std::string, std::vector<const HfImportItem*>> by_name;
+  for (const HfImportItem& item : items) {
+    by_name[item.entry.ours].push_back(&item);
+  }
   const std::vector<fsdp::ShardedParameter*> sharded =
       fsdp::ShardedParameters(model);
   // LoRA's adapters are not the base model's: they keep their
@@ -77,31 +81,55 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
   HfShardedImportStats stats;
   for (size_t i = 0; i < params.size(); ++i) {
     fsdp::ShardedParameter* sp = params[i];
-    const HfImportItem& item = *by_name.at(sp->name);
+    const std::vector<const HfImportItem*>& its = by_name.at(sp->name);
+    const HfImportItem& item = *its.front();
     const Box box = sp->master.local_box();
     Tensor* local = sp->master.mutable_local();
     const auto annotate = [&](const absl::Status& s) {
       return Annotate(s, absl::StrCat("HF import of ", sp->name, " from ",
                                       item.file->path()));
     };
-    // One box of the parameter at a time into `dst`, a [rows, ...] slice of
-    // the local master.
-    const auto read_into = [&](const Box& part, Tensor* dst) -> absl::Status {
-      FSDPP_ASSIGN_OR_RETURN(Tensor buffer, ReadHfBox(item, sp->shape, part));
+    // One box of the parameter (of `shape`, as `from` names it) at a time
+    // into `dst`, a [rows, ...] slice of the local master.
+    const auto read_into = [&](const HfImportItem& from, const Shape& shape,
+                               const Box& part, Tensor* dst) -> absl::Status {
+      FSDPP_ASSIGN_OR_RETURN(Tensor buffer, ReadHfBox(from, shape, part));
       stats.bytes_read += buffer.nbytes();
       stats.largest_buffer_bytes =
           std::max<uint64_t>(stats.largest_buffer_bytes, buffer.nbytes());
       return Copy(buffer, dst);
     };
     if (box.shape[0] == 0) {
-      ++stats.tensors;
+      stats.tensors += its.size();
       continue;  // This rank holds none of it (the rows ran out).
+    }
+    if (item.entry.expert >= 0) {
+      // A stacked parameter [E, ...]: each of this rank's experts (rows of
+      // dim 0) is its own HF tensor, read as the box of the other dims.
+      if (layouts[i] != Layout::kDirect ||
+          static_cast<int64_t>(its.size()) != sp->shape[0]) {
+        return annotate(absl::InternalError(absl::StrCat(
+            its.size(), " HF tensors for the ", sp->shape[0], " experts of a ",
+            ShapeToString(sp->master.shape()), " master")));
+      }
+      const Shape one(sp->shape.begin() + 1, sp->shape.end());
+      Box part;
+      part.offset.assign(box.offset.begin() + 1, box.offset.end());
+      part.shape.assign(box.shape.begin() + 1, box.shape.end());
+      for (int64_t k = 0; k < box.shape[0]; ++k) {
+        const HfImportItem& expert = *its[box.offset[0] + k];
+        FSDPP_ASSIGN_OR_RETURN(Tensor row, local->Narrow(k, 1));
+        FSDPP_ASSIGN_OR_RETURN(Tensor dst, row.Reshape(part.shape));
+        FSDPP_RETURN_IF_ERROR(annotate(read_into(expert, one, part, &dst)));
+      }
+      stats.tensors += its.size();
+      continue;
     }
     if (layouts[i] == Layout::kDirect) {
       // The local tensor may hold padding rows past the box (FSDP's uneven
       // last shard): they stay as they are (zeros).
       FSDPP_ASSIGN_OR_RETURN(Tensor dst, local->Narrow(0, box.shape[0]));
-      FSDPP_RETURN_IF_ERROR(annotate(read_into(box, &dst)));
+      FSDPP_RETURN_IF_ERROR(annotate(read_into(item, sp->shape, box, &dst)));
     } else {
       // [k, rows / k, ...]: one box of the parameter per block of dim 0. The
       // local tensor is [k', r', rest...] (r' may include FSDP's padding
@@ -119,7 +147,7 @@ absl::StatusOr<HfShardedImportStats> ImportHfSharded(const HfDirectory& dir,
         part.offset[0] += (box.offset[0] + k) * block_rows;
         FSDPP_ASSIGN_OR_RETURN(Tensor dst,
                                rows.Narrow(k * local_shape[1], box.shape[1]));
-        FSDPP_RETURN_IF_ERROR(annotate(read_into(part, &dst)));
+        FSDPP_RETURN_IF_ERROR(annotate(read_into(item, sp->shape, part, &dst)));
       }
     }
     ++stats.tensors;

@@ -2,7 +2,9 @@
 // every rank's masters equal its boxes of the exported model (bitwise;
 // padded vocabulary rows zero), each rank reads only its boxes (bytes
 // counted), one buffer at a time (memory accounting), and a mismatching
-// directory is refused with nothing written; a PEFT adapter lands in the
+// directory is refused with nothing written; OLMoE's per-expert tensors
+// land in the stacked experts' boxes (FSDP, HSDP, expert parallelism); a
+// PEFT adapter lands in the
 // sharded adapters' boxes (FSDP, FSDP x TP) or is refused whole.
 #include "models/parallelize/hf_import.h"
 
@@ -31,6 +33,8 @@
 #include "models/parallelize/block_plan.h"
 #include "models/parallelize/tensor_parallel_plan.h"
 #include "models/transformer.h"
+#include "nn/moe.h"
+#include "parallel/expert_parallel.h"
 #include "tensor/sharding.h"
 #include "tensor/tensor.h"
 #include "tensor/test_tensors.h"
@@ -104,8 +108,39 @@ std::unique_ptr<Transformer> Sharded(const TransformerConfig& config,
 }
 
 // Builds the sharded model on `mesh`, imports, and checks every master.
-void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp) {
-  std::unique_ptr<Transformer> sharded = Sharded(e.model->config(), mesh, tp);
+// With `ep` > 1 (a 1-D mesh, a mixture of experts) the experts are split
+// over ep ranks first and each layer's experts sharded on the expert mesh
+// [efsdp, ep], as the recipe does.
+void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp, int ep = 1) {
+  std::unique_ptr<DeviceMesh> expert_mesh;
+  std::unique_ptr<parallel::ExpertParallel> expert_parallel;
+  std::unique_ptr<Transformer> sharded;
+  if (ep > 1) {
+    absl::StatusOr<std::unique_ptr<DeviceMesh>> reshaped =
+        mesh.Reshape({{"efsdp", mesh.size() / ep}, {"ep", ep}}, "experts");
+    ASSERT_TRUE(reshaped.ok()) << reshaped.status();
+    expert_mesh = std::move(*reshaped);
+    expert_parallel = std::make_unique<parallel::ExpertParallel>(
+        *expert_mesh->Group("ep"), absl::Seconds(60));
+    auto made = Transformer::Create(e.model->config());
+    ASSERT_TRUE(made.ok());
+    sharded = std::move(*made);
+    ASSERT_TRUE(parallel::ShardExperts(*sharded, expert_parallel.get()).ok());
+    fsdp::FullyShardOptions experts;
+    experts.mesh = expert_mesh.get();
+    experts.ep_axis = "ep";
+    for (nn::MoE* moe : sharded->moe_layers()) {
+      ASSERT_TRUE(fsdp::FullyShard({moe->experts()}, experts).ok());
+    }
+    fsdp::FsdpPlanOptions options;
+    options.shard.mesh = &mesh;
+    ASSERT_TRUE(
+        ApplyBlockPlan(sharded.get(), e.model->config().family, "test", options)
+            .ok());
+    ASSERT_TRUE(fsdp::InitShardedWeights(sharded.get(), 99).ok());
+  } else {
+    sharded = Sharded(e.model->config(), mesh, tp);
+  }
   Transformer* model = sharded.get();
 
   absl::StatusOr<std::unique_ptr<HfDirectory>> dir = HfDirectory::Open(e.dir);
@@ -138,9 +173,12 @@ void ImportAndCheck(const Exported& e, DeviceMesh& mesh, bool tp) {
         BoxOf(sp->master.local(), Box{Shape(box.shape.size(), 0), box.shape});
     EXPECT_TRUE(testing_util::BitwiseEqual(got, want));
     expected_bytes += want.nbytes();
-    // A one-dim-split view is read one block at a time.
+    // A one-dim-split view is read one block at a time, stacked experts
+    // one expert at a time.
     uint64_t buffer = want.nbytes();
-    if (sp->master.shape().size() > sp->shape.size() && box.shape[0] > 0) {
+    if ((sp->master.shape().size() > sp->shape.size() ||
+         sp->name.find(".experts.") != std::string::npos) &&
+        box.shape[0] > 0) {
       buffer /= box.shape[0];
     }
     largest = std::max(largest, buffer);
@@ -175,6 +213,28 @@ TEST_P(HfImportTest, TensorParallelPiecesToo) {
 
 INSTANTIATE_TEST_SUITE_P(Models, HfImportTest,
                          ::testing::Values("gpt2_debug", "llama_debug"));
+
+// OLMoE's experts (one HF tensor each) into the stacked masters' boxes:
+// FSDP 1, 2 and 3 (uneven rows of experts), HSDP 2 x 2, and expert
+// parallelism (ep 2 on 2 ranks, ep 2 x efsdp 2 on 4).
+TEST(HfImportExpertsTest, EveryRankReadsItsExperts) {
+  const Exported e = Export("olmoe_debug");
+  for (int world : {1, 2, 3}) {
+    SCOPED_TRACE(absl::StrCat("FSDP ", world));
+    testing_util::RunOnMesh({{"dp", world}}, [&](int, DeviceMesh& mesh) {
+      ImportAndCheck(e, mesh, /*tp=*/false);
+    });
+  }
+  testing_util::RunOnMesh(
+      {{"replicate", 2}, {"shard", 2}},
+      [&](int, DeviceMesh& mesh) { ImportAndCheck(e, mesh, /*tp=*/false); });
+  for (int world : {2, 4}) {
+    SCOPED_TRACE(absl::StrCat("ep 2 on ", world));
+    testing_util::RunOnMesh({{"dp", world}}, [&](int, DeviceMesh& mesh) {
+      ImportAndCheck(e, mesh, /*tp=*/false, /*ep=*/2);
+    });
+  }
+}
 
 // One rank alone (so the process's accounting is its own): the memory the
 // import allocates at once is its one read buffer.
