@@ -166,6 +166,42 @@ absl::Status CheckCounts(const char* op, const std::vector<DTensor*>& grads,
   return absl::OkStatus();
 }
 
+// The stages' squared norms gathered over the pipeline group in double (as
+// 64-bit words) and added in pipeline-rank order on every rank, so that
+// splitting the model into stages changes only how the squares associate.
+absl::StatusOr<double> PipelineTotal(ProcessGroup* group, double total,
+                                     absl::Duration timeout) {
+  int64_t bits = 0;
+  std::memcpy(&bits, &total, sizeof(bits));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor mine,
+      group->device().is_meta()
+          ? Tensor::Zeros({1}, DType::kI64, group->device())
+          : Tensor::FromInts({1}, {bits}, DType::kI64, group->device()));
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor all, Tensor::Zeros({group->size()}, DType::kI64, group->device()));
+  CollectiveOptions blocking;
+  blocking.async_op = false;
+  FSDPP_ASSIGN_OR_RETURN(
+      std::shared_ptr<Work> work,
+      group->AllGather(
+          Buffer{mine.raw_data(), 1, DType::kI64, mine.device()},
+          Buffer{all.raw_data(), group->size(), DType::kI64, all.device()},
+          blocking));
+  FSDPP_RETURN_IF_ERROR(work->Wait(timeout));
+  std::vector<int64_t> words(group->size(), 0);
+  if (!all.is_meta()) {
+    FSDPP_ASSIGN_OR_RETURN(words, all.ToInts());
+  }
+  double sum = 0.0;
+  for (int64_t w : words) {
+    double stage_total = 0.0;
+    std::memcpy(&stage_total, &w, sizeof(stage_total));
+    sum += stage_total;
+  }
+  return sum;
+}
+
 // GradNorm, its errors naming `op`.
 absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
                             const PipelineNormOptions& pipeline,
@@ -182,11 +218,13 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
   const std::vector<const DeviceMesh*> meshes = MeshesOf(grads);
   if (meshes.size() > 1) {
     FSDPP_RETURN_IF_ERROR(CheckGrads(op, grads, /*one_mesh=*/false));
-    if (pipeline.pipeline != nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(op, ": grads on ", meshes.size(),
-                       " meshes are not supported with a pipeline"));
+    if (pipeline.pipeline != nullptr && !pipeline.stage_reduced) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": grads on ", meshes.size(),
+          " meshes with a pipeline need PipelineNormOptions::stage_reduced"));
     }
+    // This stage's share (each mesh reduced over its own axes), then the
+    // stages' shares added over the pipeline.
     double squares = 0.0;
     for (const DeviceMesh* m : meshes) {
       std::vector<DTensor*> on_mesh;
@@ -195,6 +233,10 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
       FSDPP_ASSIGN_OR_RETURN(const double norm,
                              Norm(op, on_mesh, part, timeout));
       squares += norm * norm;
+    }
+    if (pipeline.pipeline != nullptr) {
+      FSDPP_ASSIGN_OR_RETURN(
+          squares, PipelineTotal(pipeline.pipeline, squares, timeout));
     }
     return std::sqrt(squares);
   }
@@ -221,40 +263,11 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     if (counted[i]) total += local_sums[i];
   }
 
-  // Pipeline: the stages' totals gathered in double (as 64-bit words) and
-  // added in pipeline-rank order on every rank, so that splitting the model
-  // into stages changes only how the squares associate, in double.
-  if (pipeline.pipeline != nullptr) {
-    ProcessGroup* group = pipeline.pipeline;
-    int64_t bits = 0;
-    std::memcpy(&bits, &total, sizeof(bits));
-    FSDPP_ASSIGN_OR_RETURN(
-        Tensor mine,
-        group->device().is_meta()
-            ? Tensor::Zeros({1}, DType::kI64, group->device())
-            : Tensor::FromInts({1}, {bits}, DType::kI64, group->device()));
-    FSDPP_ASSIGN_OR_RETURN(
-        Tensor all,
-        Tensor::Zeros({group->size()}, DType::kI64, group->device()));
-    CollectiveOptions blocking;
-    blocking.async_op = false;
-    FSDPP_ASSIGN_OR_RETURN(
-        std::shared_ptr<Work> work,
-        group->AllGather(
-            Buffer{mine.raw_data(), 1, DType::kI64, mine.device()},
-            Buffer{all.raw_data(), group->size(), DType::kI64, all.device()},
-            blocking));
-    FSDPP_RETURN_IF_ERROR(work->Wait(timeout));
-    std::vector<int64_t> words(group->size(), 0);
-    if (!all.is_meta()) {
-      FSDPP_ASSIGN_OR_RETURN(words, all.ToInts());
-    }
-    total = 0.0;
-    for (int64_t w : words) {
-      double stage_total = 0.0;
-      std::memcpy(&stage_total, &w, sizeof(stage_total));
-      total += stage_total;
-    }
+  // Pipeline (by default): the stages' local totals added first, then
+  // reduced over the mesh's axes below.
+  if (pipeline.pipeline != nullptr && !pipeline.stage_reduced) {
+    FSDPP_ASSIGN_OR_RETURN(total,
+                           PipelineTotal(pipeline.pipeline, total, timeout));
   }
 
   // One all-reduce of one scalar per reduced axis.
@@ -286,7 +299,10 @@ absl::StatusOr<double> Norm(const char* op, const std::vector<DTensor*>& grads,
     FSDPP_ASSIGN_OR_RETURN(std::vector<float> reduced_total, scalar.ToFloats());
     total = reduced_total[0];
   }
-
+  if (pipeline.pipeline != nullptr && pipeline.stage_reduced) {
+    FSDPP_ASSIGN_OR_RETURN(total,
+                           PipelineTotal(pipeline.pipeline, total, timeout));
+  }
   return std::sqrt(total);
 }
 

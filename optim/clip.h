@@ -30,7 +30,8 @@ namespace fsdpp {
 // the same list. Grads must be float DTensors without Partial placements,
 // on one mesh or on several over the same ranks (a mixture of experts'
 // experts on their own mesh: each mesh's share is reduced over its own axes
-// and the squares added; not with a pipeline); max_norm must be > 0. A
+// and the squares added; with a pipeline, PipelineNormOptions::stage_reduced);
+// max_norm must be > 0. A
 // non-finite norm is returned and the grads are left unscaled (the caller skips
 // the step). An empty list has norm 0.
 absl::StatusOr<double> ClipGradNorm(const std::vector<DTensor*>& grads,
@@ -47,9 +48,15 @@ absl::StatusOr<double> GradNorm(const std::vector<DTensor*>& grads,
 // model's norm adds the ranks' totals over the pipeline group too.
 struct PipelineNormOptions {
   // The pipeline ranks: each rank's total (in double) is gathered over it
-  // and added up before the grads' own mesh axes are reduced over; null:
-  // none.
+  // and added up before the grads' own mesh axes are reduced over (the
+  // rounding of a one-device run's norm); null: none.
   ProcessGroup* pipeline = nullptr;
+  // Each stage's total reduced over its own meshes' axes first, and the
+  // stages' reduced totals then gathered and added (in double): needed when
+  // some stage's grads lie on several meshes (expert parallelism's experts),
+  // and then set on every pipeline rank alike. Grads on several meshes with
+  // a pipeline are refused without it.
+  bool stage_reduced = false;
   // Per grad: whether it counts in the norm (empty: all). A tied weight's
   // copy on another stage is scaled but not counted, so that the weight
   // counts once.

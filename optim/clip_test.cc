@@ -196,12 +196,56 @@ TEST(ClipGradNormManyMeshesTest, NormOfGradsOnTwoMeshes) {
     ASSERT_TRUE(GradNormSquaredOnDevice(grads, {}, &norm_sq).ok());
     EXPECT_NEAR(std::sqrt(*Item(norm_sq)), 0.5 * expected_norm,
                 1e-5 * expected_norm);
-    // A pipeline's totals travel for one mesh only.
+    // With a pipeline, several meshes need the stage-reduced order (every
+    // rank here has them, so every rank refuses).
     PipelineNormOptions pipeline;
     pipeline.pipeline = *mesh.Group("shard");
-    EXPECT_EQ(GradNorm(grads, pipeline).status().code(),
-              absl::StatusCode::kInvalidArgument);
+    const absl::Status refused = GradNorm(grads, pipeline).status();
+    EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(std::string(refused.message()).find("stage_reduced"),
+              std::string::npos)
+        << refused;
   });
+}
+
+// A pipeline whose stage 0 holds grads on two meshes (dense on {shard},
+// experts on {efsdp, ep}) and stage 1 on one (stage_reduced: each stage's
+// share reduced over its own meshes' axes, the stages' shares added over
+// pp): the norm is the whole model's on every rank, and clipping scales
+// every stage's.
+TEST(ClipGradNormManyMeshesTest, PipelineStagesWithAndWithoutExperts) {
+  const std::vector<Tensor> full = {FullGrad(0, {8, 3}), FullGrad(1, {4, 6}),
+                                    FullGrad(2, {6, 2})};
+  const double expected_norm = ReferenceNorm(full);
+  testing_util::RunOnMesh(
+      {{"pp", 2}, {"shard", 2}}, [&](int, DeviceMesh& mesh) {
+        std::unique_ptr<DeviceMesh> expert_mesh =
+            *mesh.Reshape({{"pp", 2}, {"efsdp", 1}, {"ep", 2}}, "experts");
+        DeviceMesh* stage = *mesh.SubMesh({"shard"});
+        DeviceMesh* experts = *expert_mesh->SubMesh({"efsdp", "ep"});
+        const bool first = (*mesh.Group("pp"))->rank() == 0;
+        std::vector<DTensor> owned;
+        if (first) {
+          owned.push_back(*DTensor::Distribute(full[0], stage, {P::Shard(0)}));
+          owned.push_back(*DTensor::Distribute(full[1], experts,
+                                               {P::Shard(0), P::Shard(0)}));
+        } else {
+          owned.push_back(*DTensor::Distribute(full[2], stage, {P::Shard(0)}));
+        }
+        std::vector<DTensor*> grads;
+        for (DTensor& d : owned) grads.push_back(&d);
+        PipelineNormOptions pipeline;
+        pipeline.pipeline = *mesh.Group("pp");
+        pipeline.stage_reduced = true;
+        absl::StatusOr<double> norm = GradNorm(grads, pipeline);
+        ASSERT_TRUE(norm.ok()) << norm.status();
+        EXPECT_NEAR(*norm, expected_norm, 1e-5 * expected_norm);
+        absl::StatusOr<double> clipped =
+            ClipGradNorm(grads, 0.5 * expected_norm, pipeline);
+        ASSERT_TRUE(clipped.ok()) << clipped.status();
+        EXPECT_NEAR(*GradNorm(grads, pipeline), 0.5 * expected_norm,
+                    1e-5 * expected_norm);
+      });
 }
 
 TEST(ClipTest, GradNormAndClipCoefficient) {

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <memory>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -251,6 +253,55 @@ TEST(DryRunTest, TensorParallelPlansTheRanksPieces) {
   bad.sequence_parallel = true;
   EXPECT_EQ(DryRun(*models::ConfigByName("gpt2_debug"), bad).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Expert parallelism: every rank's sharded state (fp32 masters, gradients,
+// AdamW's moments) in the dry run is exactly the real step's, rank by rank
+// (ep 2 on 2 ranks, ep 2 x efsdp 2 on 4, ep 2 x tp 2 on 4); the ranks'
+// masters hold the whole model (tp's replicated norms and router more than
+// once).
+TEST(DryRunTest, ExpertParallelStateIsTheRealStepsOnEveryRank) {
+  const models::TransformerConfig config = *models::ConfigByName("moe_debug");
+  struct Shape3 {
+    int world, ep, tp;
+  };
+  for (const Shape3 c : {Shape3{2, 2, 1}, Shape3{4, 2, 1}, Shape3{4, 2, 2}}) {
+    recipe::Layout s;
+    s.world = c.world;
+    s.ep = c.ep;
+    s.tp = c.tp;
+    s.micro_batch = 2;
+    s.seq_len = 32;
+    const std::string what = s.ToString();
+    SCOPED_TRACE(what);
+    InMemoryStore store;
+    std::vector<absl::StatusOr<DryRunResult>> real(
+        c.world, absl::UnknownError("not run"));
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < c.world; ++rank) {
+      ranks.emplace_back([&, rank] {
+        real[rank] =
+            RunStepOn(config, s, rank, GlooGroupFactory(&store), Device::Cpu());
+      });
+    }
+    for (std::thread& t : ranks) t.join();
+    int64_t total = 0, model = 0;
+    for (int rank = 0; rank < c.world; ++rank) {
+      ASSERT_TRUE(real[rank].ok()) << real[rank].status();
+      absl::StatusOr<DryRunResult> dry = DryRun(config, s, rank);
+      ASSERT_TRUE(dry.ok()) << dry.status();
+      EXPECT_EQ(dry->rank_params, real[rank]->rank_params) << rank;
+      EXPECT_EQ(dry->param_bytes, real[rank]->param_bytes) << rank;
+      EXPECT_EQ(dry->grad_bytes, real[rank]->grad_bytes) << rank;
+      EXPECT_EQ(dry->optimizer_bytes, real[rank]->optimizer_bytes) << rank;
+      total += dry->rank_params;
+      model = dry->model_params;
+    }
+    EXPECT_GE(total, model);
+    if (c.tp == 1) {
+      EXPECT_EQ(total, model);
+    }
+  }
 }
 
 // Pipeline parallelism: each pipeline rank plans its own stages; GPipe

@@ -263,10 +263,10 @@ absl::Status CheckExpertParallel(const Layout& l,
                                 "with a mixture of experts (model.moe); ",
                                 m.name, " is dense"));
   }
-  if (l.cp > 1 || l.pp > 1) {
+  if (l.cp > 1) {
     return Invalid(absl::StrCat("parallelism.ep ", l.ep,
-                                " with cp or pp > 1 is not supported yet (cp ",
-                                l.cp, ", pp ", l.pp, ")"));
+                                " with cp > 1 is not supported yet (cp ", l.cp,
+                                ")"));
   }
   if (l.dp_shard() % l.ep != 0) {
     return Invalid(absl::StrCat("parallelism.ep ", l.ep,

@@ -73,7 +73,8 @@ struct Layout {
   // dp_shard / ep ranks that hold the same experts (the expert mesh's efsdp
   // axis) and averaged over every data-parallel rank; everything else as
   // without. ep divides dp_shard and the experts; with tp, the tp plan's
-  // split of every expert's hidden is kept; not with cp, pp or hpZ yet.
+  // split of every expert's hidden is kept; with pp, each stage's experts
+  // on the expert mesh's stage axes; not with cp or hpZ yet.
   int ep = 1;
   bool sequence_parallel = false;
   bool loss_parallel = false;

@@ -112,9 +112,16 @@ TEST(LayoutTest, ExpertParallelInsideTheShardAxis) {
   Layout with_pp = l;
   with_pp.world = 16;
   with_pp.pp = 2;
-  EXPECT_EQ(refused(with_pp, moe),
-            "parallelism.ep 2 with cp or pp > 1 is not supported yet (cp 1, "
-            "pp 2)");
+  with_pp.grad_accumulation = 2;
+  EXPECT_TRUE(with_pp.Validate(moe).ok()) << with_pp.Validate(moe).message();
+  EXPECT_EQ(
+      Names(with_pp.ExpertMeshAxes()),
+      (std::vector<std::string>{"pp=2", "replicate=2", "efsdp=2", "ep=2"}));
+  Layout with_cp = l;
+  with_cp.world = 16;
+  with_cp.cp = 2;
+  EXPECT_EQ(refused(with_cp, moe),
+            "parallelism.ep 2 with cp > 1 is not supported yet (cp 2)");
   Layout zero = l;
   zero.ep = 0;
   EXPECT_EQ(refused(zero, moe), "parallelism.ep must be >= 1, got 0");

@@ -220,17 +220,20 @@ absl::Status Training::MakeContextParallel(const BuildOptions& options) {
   return absl::OkStatus();
 }
 
+absl::Status Training::MakeExpertParallel(const BuildOptions& options) {
+  FSDPP_ASSIGN_OR_RETURN(
+      expert_mesh_, mesh_->Reshape(layout_.ExpertMeshAxes(),
+                                   absl::StrCat(mesh_->name(), "-experts")));
+  FSDPP_ASSIGN_OR_RETURN(ProcessGroup * ep_group,
+                         expert_mesh_->Group(kExpertAxis));
+  expert_parallel_ =
+      std::make_unique<parallel::ExpertParallel>(ep_group, options.timeout);
+  return absl::OkStatus();
+}
+
 absl::Status Training::BuildModel(const BuildOptions& options) {
   FSDPP_RETURN_IF_ERROR(MakeContextParallel(options));
-  if (layout_.ep > 1) {
-    FSDPP_ASSIGN_OR_RETURN(
-        expert_mesh_, mesh_->Reshape(layout_.ExpertMeshAxes(),
-                                     absl::StrCat(mesh_->name(), "-experts")));
-    FSDPP_ASSIGN_OR_RETURN(ProcessGroup * ep_group,
-                           expert_mesh_->Group(kExpertAxis));
-    expert_parallel_ =
-        std::make_unique<parallel::ExpertParallel>(ep_group, options.timeout);
-  }
+  if (layout_.ep > 1) FSDPP_RETURN_IF_ERROR(MakeExpertParallel(options));
   FSDPP_ASSIGN_OR_RETURN(
       model_, models::Transformer::Create(
                   config_, ModelOptions(layout_, context_parallel_.get())));
@@ -267,6 +270,17 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
                          parallel::Simulate(schedule, 1.0, 2.0));
   schedule_bubble_ = simulated.bubble;
   FSDPP_RETURN_IF_ERROR(MakeContextParallel(options));
+  // Expert parallelism: the expert mesh [pp, replicate?, efsdp, ep, tp?],
+  // the stages' experts sharded on its axes but pp.
+  DeviceMesh* stage_expert_mesh = nullptr;
+  if (layout_.ep > 1) {
+    FSDPP_RETURN_IF_ERROR(MakeExpertParallel(options));
+    std::vector<std::string> axes;
+    for (const MeshAxis& a : layout_.ExpertMeshAxes()) {
+      if (a.name != kPipelineAxis) axes.push_back(a.name);
+    }
+    FSDPP_ASSIGN_OR_RETURN(stage_expert_mesh, expert_mesh_->SubMesh(axes));
+  }
   FSDPP_ASSIGN_OR_RETURN(
       std::vector<models::PipelineStagePart> parts,
       models::BuildPipelineParts(config_,
@@ -278,7 +292,8 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
     FSDPP_ASSIGN_OR_RETURN(
         stage.units,
         Parallelize(part.model.get(), layout_, stage_mesh, options,
-                    absl::StrCat(" of pipeline stage ", part.stage)));
+                    absl::StrCat(" of pipeline stage ", part.stage),
+                    stage_expert_mesh, expert_parallel_.get()));
     for (fsdp::ShardedParameter* sp :
          fsdp::ShardedParameters(part.model.get())) {
       params_.push_back(sp);
@@ -294,6 +309,7 @@ absl::Status Training::BuildPipeline(const BuildOptions& options,
   step_options.hidden_dtype = layout_.param_dtype;
   step_options.timeout = options.timeout;
   step_options.context_parallel = context_parallel_.get();
+  step_options.norm_stage_reduced = layout_.ep > 1;
   FSDPP_ASSIGN_OR_RETURN(step_options.host_pipeline,
                          host_mesh->Group(kPipelineAxis));
   FSDPP_ASSIGN_OR_RETURN(std::unique_ptr<PipelineStep> step,

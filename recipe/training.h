@@ -160,6 +160,9 @@ class Training {
   // Context parallelism's split over the cp ranks of this rank's shard
   // axis (cp > 1; nothing otherwise).
   absl::Status MakeContextParallel(const BuildOptions& options);
+  // Expert parallelism (ep > 1): the mesh reshaped as the expert mesh and
+  // the dispatcher over its ep axis.
+  absl::Status MakeExpertParallel(const BuildOptions& options);
   absl::Status BuildModel(const BuildOptions& options);
   absl::Status BuildPipeline(const BuildOptions& options,
                              DeviceMesh* host_mesh);
@@ -180,8 +183,9 @@ class Training {
   ProcessGroup* data_group_ = nullptr;
   // Context parallelism's split (cp > 1), before the model that uses it.
   std::unique_ptr<nn::ContextParallel> context_parallel_;
-  // Expert parallelism (layout ep > 1): the mesh reshaped as [replicate,]
-  // efsdp, ep and the MoE layers' dispatcher over its ep axis.
+  // Expert parallelism (layout ep > 1): the mesh reshaped as [pp,]
+  // [replicate,] efsdp, ep [, tp] and the MoE layers' dispatcher over its ep
+  // axis.
   std::unique_ptr<DeviceMesh> expert_mesh_;
   std::unique_ptr<parallel::ExpertParallel> expert_parallel_;
   std::unique_ptr<models::Transformer> model_;  // without pp

@@ -193,45 +193,60 @@ TEST(TrainerTest, TrainsReportsAndCheckpoints) {
 // model.init_from: a Hugging Face directory of a gpt2_debug model (written
 // here) starts the run at W = 1, 2 and 3 with the same first-step loss, which
 // is not the randomly initialised run's.
-TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
-  const std::string dir = TestDir("init_from");
-  auto config = models::ConfigByName("gpt2_debug");
+// Writes the named model, initialised with seed 5, as a Hugging Face
+// directory `hf_dir` (shards of 100 KiB).
+void WriteHfModel(const std::string& name, const std::string& hf_dir) {
+  auto config = models::ConfigByName(name);
   ASSERT_TRUE(config.ok());
   auto model = models::Transformer::Create(*config);
   ASSERT_TRUE(model.ok());
   ASSERT_TRUE((*model)->ToEmpty(Device::Cpu()).ok());
   ASSERT_TRUE((*model)->InitWeights(5).ok());
   auto tensors = models::ExportHfTensors(**model);
-  ASSERT_TRUE(tensors.ok());
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
   models::HfWriteOptions options;
   options.max_shard_bytes = 100 << 10;
   ASSERT_TRUE(
-      models::WriteHfDirectory(dir + "/hf", *config, *tensors, options).ok());
+      models::WriteHfDirectory(hf_dir, *config, *tensors, options).ok());
+}
+
+// The first-step loss of a run with `base` overrides (model.init_from among
+// them) on each of `layouts` (world size, one more override), the runs'
+// checkpoints off.
+std::vector<double> FirstLosses(
+    const std::string& name, const std::vector<std::string>& base,
+    const std::vector<std::pair<int, std::string>>& layouts) {
+  std::vector<double> first;
+  for (const auto& [world, extra] : layouts) {
+    const std::string what = absl::StrCat("W=", world, " ", extra);
+    TrainConfig c = SmallConfig(TestDir(absl::StrCat(name, "_", first.size())));
+    std::vector<std::string> o = base;
+    o.insert(o.end(), {"training.steps=1", "training.warmup_steps=1",
+                       "training.micro_batch=1", "checkpoint.interval=0",
+                       "validation.interval=0", extra});
+    CHECK_OK(ApplyOverrides(o, &c));
+    std::vector<absl::StatusOr<TrainResult>> results = RunRanks(c, world);
+    EXPECT_TRUE(results[0].ok()) << what << ": " << results[0].status();
+    first.push_back(results[0].ok() ? Losses(*results[0])[0] : 0.0);
+  }
+  return first;
+}
+
+TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
+  const std::string dir = TestDir("init_from");
+  WriteHfModel("gpt2_debug", dir + "/hf");
 
   // W = 1, 2, 3, and pipelines (each stage reads its own tensors; the tied
   // embedding's copy on the last stage too): pp 2 and pp 2 x dp 2.
-  std::vector<double> first;
-  for (const std::pair<int, std::string>& layout :
-       std::vector<std::pair<int, std::string>>{{1, "parallelism.pp=1"},
-                                                {2, "parallelism.pp=1"},
-                                                {3, "parallelism.pp=1"},
-                                                {2, "parallelism.pp=2"},
-                                                {4, "parallelism.pp=2"}}) {
-    const int world = layout.first;
-    const std::string what = absl::StrCat("W=", world, " ", layout.second);
-    TrainConfig c =
-        SmallConfig(TestDir(absl::StrCat("init_from_", first.size())));
-    CHECK_OK(
-        ApplyOverrides({"model.init_from=hf:" + dir + "/hf", "training.steps=2",
-                        "training.warmup_steps=1", "training.global_batch=6",
-                        "training.micro_batch=1", "checkpoint.interval=0",
-                        "validation.interval=0", layout.second},
-                       &c));
-    std::vector<absl::StatusOr<TrainResult>> results = RunRanks(c, world);
-    ASSERT_TRUE(results[0].ok()) << what << ": " << results[0].status();
-    first.push_back(Losses(*results[0])[0]);
-    EXPECT_NEAR(first.back(), first[0], 2e-6 * first[0]) << what;
-  }
+  const std::vector<double> first = FirstLosses(
+      "init_from",
+      {"model.init_from=hf:" + dir + "/hf", "training.global_batch=6"},
+      {{1, "parallelism.pp=1"},
+       {2, "parallelism.pp=1"},
+       {3, "parallelism.pp=1"},
+       {2, "parallelism.pp=2"},
+       {4, "parallelism.pp=2"}});
+  for (double f : first) EXPECT_NEAR(f, first[0], 2e-6 * first[0]);
 
   // LoRA on the imported base: the adapters start at B = 0, so the first
   // loss is the base's; the adapters come from the seed (no base has them).
@@ -259,6 +274,8 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
     absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
         CheckpointReader::Open(trained);
     ASSERT_TRUE(reader.ok()) << reader.status();
+    auto config = models::ConfigByName("gpt2_debug");
+    ASSERT_TRUE(config.ok());
     auto adapted = models::Transformer::Create(*config);
     ASSERT_TRUE(adapted.ok());
     models::LoraOptions lora_options;
@@ -289,6 +306,8 @@ TEST(TrainerTest, InitFromHfDirectoryAtAnyWorldSize) {
     ASSERT_TRUE(models::MergeLoraAdapters(adapted->get()).ok());
     auto tensors = models::ExportHfTensors(**adapted);
     ASSERT_TRUE(tensors.ok()) << tensors.status();
+    models::HfWriteOptions options;
+    options.max_shard_bytes = 100 << 10;
     ASSERT_TRUE(
         models::WriteHfDirectory(merged, *config, *tensors, options).ok());
   }
@@ -855,43 +874,68 @@ TEST(TrainerTest, MixtureOfExpertsTrainsAlikeOnEveryLayoutAndLogsItsExperts) {
                          {{1, {}}, {4, {"training.micro_batch=1"}}}, want);
 }
 
+// One expert-parallel layout of a run: world size, ep, tp and pp.
+struct EpLayout {
+  int world, ep, tp, pp;
+};
+
+// Runs `base` on each of `layouts` and expects the losses of `ref` within
+// 1e-5 and its last step's expert loads (without a pipeline: a stage
+// counts its own layers' loads).
+void ExpectEpLayoutsTrainAlike(const std::string& name,
+                               const std::vector<std::string>& base,
+                               const std::vector<EpLayout>& layouts,
+                               const TrainResult& ref) {
+  for (const EpLayout& c : layouts) {
+    std::vector<std::string> o = base;
+    o.push_back(absl::StrCat("parallelism.ep=", c.ep));
+    o.push_back(absl::StrCat("parallelism.tp=", c.tp));
+    o.push_back(absl::StrCat("parallelism.pp=", c.pp));
+    const std::string what =
+        absl::StrCat("W=", c.world, " ep=", c.ep, " tp=", c.tp, " pp=", c.pp);
+    auto run = RunRanks(
+        WithOverrides(
+            SmallConfig(TestDir(absl::StrCat(name, "_ep", c.ep, "_tp", c.tp,
+                                             "_pp", c.pp, "_w", c.world))),
+            o),
+        c.world);
+    for (int r = 0; r < c.world; ++r) {
+      ASSERT_TRUE(run[r].ok()) << what << ": " << run[r].status();
+    }
+    EXPECT_LE(WorstRelative(Losses(*run[0]), Losses(ref)), 1e-5) << what;
+    if (c.pp == 1) {
+      EXPECT_EQ(run[0]->steps.back().expert_tokens,
+                ref.steps.back().expert_tokens)
+          << what;
+    }
+  }
+}
+
 // Expert parallelism: moe_debug's 8 experts split over ep = 2 and 4 ranks
-// of the shard axis, alone and with tp 2 (every expert's hidden split too),
-// and tp 2 without ep, train as on one rank (the same tokens reach the same
-// experts), and checkpoints reshard across ep and tp sizes (the experts'
-// stacks are saved as boxes of the whole).
+// of the shard axis, alone, with tp 2 (every expert's hidden split too) and
+// on 2 pipeline stages, and tp 2 without ep, train as on one rank (the same
+// tokens reach the same experts), and checkpoints reshard across ep and tp
+// sizes (the experts' stacks are saved as boxes of the whole).
 TEST(TrainerTest, ExpertParallelLayoutsTrainAlikeAndResumeAcrossEpSizes) {
   const std::vector<std::string> moe = {"model.name=moe_debug"};
   const std::string one = TestDir("moe_ep_w1");
   auto ref = RunRanks(WithOverrides(SmallConfig(one), moe), 1);
   ASSERT_TRUE(ref[0].ok()) << ref[0].status();
   const std::vector<double> want = Losses(*ref[0]);
-  struct Case {
-    int world, ep, tp;
-  };
-  for (const Case& c : std::vector<Case>{
-           {2, 2, 1}, {4, 2, 1}, {4, 4, 1}, {4, 2, 2}, {2, 1, 2}}) {
-    std::vector<std::string> o = moe;
-    o.push_back(absl::StrCat("parallelism.ep=", c.ep));
-    o.push_back(absl::StrCat("parallelism.tp=", c.tp));
-    const std::string name =
-        absl::StrCat("W=", c.world, " ep=", c.ep, " tp=", c.tp);
-    const std::string dir =
-        TestDir(absl::StrCat("moe_ep", c.ep, "_tp", c.tp, "_w", c.world));
-    auto run = RunRanks(WithOverrides(SmallConfig(dir), o), c.world);
-    for (int r = 0; r < c.world; ++r) {
-      ASSERT_TRUE(run[r].ok()) << name << ": " << run[r].status();
-    }
-    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5) << name;
-    EXPECT_EQ(run[0]->steps.back().expert_tokens,
-              ref[0]->steps.back().expert_tokens)
-        << name;
-  }
+  ExpectEpLayoutsTrainAlike("moe", moe,
+                            {{2, 2, 1, 1},
+                             {4, 2, 1, 1},
+                             {4, 4, 1, 1},
+                             {4, 2, 2, 1},
+                             {2, 1, 2, 1},
+                             {4, 2, 1, 2}},
+                            *ref[0]);
   ExpectResumesOnLayouts("moe_ep_resume", moe, {"parallelism.ep=2"}, 2,
                          {{4, {"parallelism.ep=4"}},
                           {1, {}},
                           {4, {"parallelism.ep=2", "parallelism.tp=2"}},
-                          {2, {"parallelism.tp=2"}}},
+                          {2, {"parallelism.tp=2"}},
+                          {4, {"parallelism.ep=2", "parallelism.pp=2"}}},
                          want);
 }
 
@@ -900,47 +944,20 @@ TEST(TrainerTest, ExpertParallelLayoutsTrainAlikeAndResumeAcrossEpSizes) {
 // ranks with the same first-step loss, not the random initialisation's.
 TEST(TrainerTest, MixtureOfExpertsInitFromHfAtAnyEp) {
   const std::string dir = TestDir("olmoe_init_from");
-  auto config = models::ConfigByName("olmoe_debug");
-  ASSERT_TRUE(config.ok());
-  auto model = models::Transformer::Create(*config);
-  ASSERT_TRUE(model.ok());
-  ASSERT_TRUE((*model)->ToEmpty(Device::Cpu()).ok());
-  ASSERT_TRUE((*model)->InitWeights(5).ok());
-  auto tensors = models::ExportHfTensors(**model);
-  ASSERT_TRUE(tensors.ok()) << tensors.status();
-  models::HfWriteOptions options;
-  options.max_shard_bytes = 100 << 10;
-  ASSERT_TRUE(
-      models::WriteHfDirectory(dir + "/hf", *config, *tensors, options).ok());
-  std::vector<double> first;
-  for (const std::pair<int, std::string>& layout :
-       std::vector<std::pair<int, std::string>>{{1, "parallelism.ep=1"},
-                                                {2, "parallelism.ep=1"},
-                                                {2, "parallelism.ep=2"},
-                                                {4, "parallelism.ep=2"},
-                                                {1, "model.init_from="}}) {
-    const std::string what =
-        absl::StrCat("W=", layout.first, " ", layout.second);
-    TrainConfig c =
-        SmallConfig(TestDir(absl::StrCat("olmoe_init_from_", first.size())));
-    CHECK_OK(ApplyOverrides(
-        {"model.name=olmoe_debug", "model.init_from=hf:" + dir + "/hf",
-         "training.steps=1", "training.warmup_steps=1",
-         "training.global_batch=4", "training.micro_batch=1",
-         "checkpoint.interval=0", "validation.interval=0", layout.second},
-        &c));
-    if (layout.second == "model.init_from=")
-      c.mutable_model()->clear_init_from();
-    std::vector<absl::StatusOr<TrainResult>> results =
-        RunRanks(c, layout.first);
-    ASSERT_TRUE(results[0].ok()) << what << ": " << results[0].status();
-    first.push_back(Losses(*results[0])[0]);
-    if (first.size() < 5) {
-      EXPECT_NEAR(first.back(), first[0], 2e-6 * first[0]) << what;
-    } else {
-      EXPECT_GT(std::fabs(first.back() - first[0]), 1e-3) << what;
-    }
-  }
+  WriteHfModel("olmoe_debug", dir + "/hf");
+  const std::vector<std::string> base = {"model.name=olmoe_debug",
+                                         "training.global_batch=4"};
+  std::vector<std::string> from_hf = base;
+  from_hf.push_back("model.init_from=hf:" + dir + "/hf");
+  const std::vector<double> first = FirstLosses("olmoe_init_from", from_hf,
+                                                {{1, "parallelism.ep=1"},
+                                                 {2, "parallelism.ep=1"},
+                                                 {2, "parallelism.ep=2"},
+                                                 {4, "parallelism.ep=2"}});
+  for (double f : first) EXPECT_NEAR(f, first[0], 2e-6 * first[0]);
+  const std::vector<double> random =
+      FirstLosses("olmoe_random", base, {{1, "parallelism.ep=1"}});
+  EXPECT_GT(std::fabs(random[0] - first[0]), 1e-3);
 }
 
 // DeepSeek-V3's auxiliary-loss-free balancing (sigmoid router, expert bias
@@ -965,28 +982,8 @@ TEST(TrainerTest, AuxLossFreeBalancingMovesTheBiasAlikeOnEveryLayout) {
   EXPECT_NE(fixed[0]->steps.back().expert_tokens,
             ref[0]->steps.back().expert_tokens);
   EXPECT_GT(WorstRelative(Losses(*fixed[0]), want), 1e-5);
-  struct Case {
-    int world, ep, tp;
-  };
-  for (const Case& c : std::vector<Case>{{2, 1, 1}, {2, 2, 1}, {4, 2, 2}}) {
-    std::vector<std::string> o = moe;
-    o.push_back(absl::StrCat("parallelism.ep=", c.ep));
-    o.push_back(absl::StrCat("parallelism.tp=", c.tp));
-    const std::string name =
-        absl::StrCat("W=", c.world, " ep=", c.ep, " tp=", c.tp);
-    auto run = RunRanks(
-        WithOverrides(SmallConfig(TestDir(absl::StrCat("bias_ep", c.ep, "_tp",
-                                                       c.tp, "_w", c.world))),
-                      o),
-        c.world);
-    for (int r = 0; r < c.world; ++r) {
-      ASSERT_TRUE(run[r].ok()) << name << ": " << run[r].status();
-    }
-    EXPECT_LE(WorstRelative(Losses(*run[0]), want), 1e-5) << name;
-    EXPECT_EQ(run[0]->steps.back().expert_tokens,
-              ref[0]->steps.back().expert_tokens)
-        << name;
-  }
+  ExpectEpLayoutsTrainAlike(
+      "bias", moe, {{2, 1, 1, 1}, {2, 2, 1, 1}, {4, 2, 2, 1}}, *ref[0]);
   ExpectResumesOnLayouts("bias_resume", moe, {"parallelism.ep=2"}, 2,
                          {{1, {}}, {4, {"parallelism.tp=2"}}}, want);
 }

@@ -219,6 +219,7 @@ PipelineStep::PipelineStep(ProcessGroup* pipeline,
                            PipelineStepOptions options)
     : pipeline_(pipeline), schedule_(std::move(schedule)), options_(options) {
   norm_.pipeline = pipeline;
+  norm_.stage_reduced = options.norm_stage_reduced;
   for (PipelineStageTraining& stage : stages) {
     const models::Transformer& model = *stage.part.model;
     const std::string tied = models::TiedWeightName(model.config());

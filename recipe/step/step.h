@@ -283,6 +283,10 @@ struct PipelineStepOptions {
   // last stage's targets are this rank's columns, the hidden states its
   // rows.
   nn::ContextParallel* context_parallel = nullptr;
+  // The gradient norm's stages reduced over their own meshes before they
+  // are added (PipelineNormOptions::stage_reduced): expert parallelism, whose
+  // experts' grads lie on their own mesh. The same on every pipeline rank.
+  bool norm_stage_reduced = false;
 };
 
 class PipelineStep final : public Step {
