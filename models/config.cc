@@ -56,6 +56,24 @@ TransformerConfig Llama(std::string name, int64_t n_layers, int64_t dim,
   return c;
 }
 
+// OLMoE: a Llama whose every feed-forward block is `experts` SwiGLU experts
+// of width `hidden`, `top_k` of them per token with their raw softmax
+// scores, aux loss 0.01, with q / k norms and an untied head.
+TransformerConfig Olmoe(const std::string& name, int64_t layers, int64_t dim,
+                        int64_t heads, int64_t kv_heads, int64_t vocab,
+                        int64_t context, int64_t experts, int64_t top_k,
+                        int64_t hidden) {
+  TransformerConfig c = Llama(name, layers, dim, heads, kv_heads, hidden, vocab,
+                              context, 10000.0f, /*tied=*/false);
+  c.moe.num_experts = experts;
+  c.moe.top_k = top_k;
+  c.moe.hidden = hidden;
+  c.moe.normalize_top_k = false;
+  c.moe.aux_loss_coef = 0.01f;
+  c.qk_norm = true;
+  return c;
+}
+
 // The named configs, in ConfigNames() order.
 std::vector<TransformerConfig> AllConfigs() {
   std::vector<TransformerConfig> configs = {
@@ -82,27 +100,12 @@ std::vector<TransformerConfig> AllConfigs() {
   moe_debug.moe.hidden = 96;
   moe_debug.moe.aux_loss_coef = 0.01f;
   configs.push_back(moe_debug);
-  // OLMoE's architecture at debug size (q / k norms, raw top-k scores, an
-  // untied head): what HF import and export of experts are tested on.
-  TransformerConfig olmoe_debug =
-      Llama("olmoe_debug", 2, 64, 4, 2, 96, 512, 128, 10000.0f,
-            /*tied=*/false);
-  olmoe_debug.moe.num_experts = 8;
-  olmoe_debug.moe.top_k = 2;
-  olmoe_debug.moe.hidden = 96;
-  olmoe_debug.moe.normalize_top_k = false;
-  olmoe_debug.moe.aux_loss_coef = 0.01f;
-  olmoe_debug.qk_norm = true;
-  configs.push_back(olmoe_debug);
-  TransformerConfig olmoe = Llama("olmoe_1b_7b", 16, 2048, 16, 16, 1024, 50304,
-                                  4096, 10000.0f, /*tied=*/false);
-  olmoe.moe.num_experts = 64;
-  olmoe.moe.top_k = 8;
-  olmoe.moe.hidden = 1024;
-  olmoe.moe.normalize_top_k = false;
-  olmoe.moe.aux_loss_coef = 0.01f;
-  olmoe.qk_norm = true;
-  configs.push_back(olmoe);
+  // OLMoE's architecture (q / k norms, every layer a mixture of raw top-k
+  // scores, an untied head): at debug size (what HF import and export of
+  // experts are tested on) and OLMoE-1B-7B's.
+  configs.push_back(Olmoe("olmoe_debug", 2, 64, 4, 2, 512, 128, 8, 2, 96));
+  configs.push_back(
+      Olmoe("olmoe_1b_7b", 16, 2048, 16, 16, 50304, 4096, 64, 8, 1024));
   for (TransformerConfig& c : configs) {
     if (c.name == "smollm3_3b") {
       c.norm_eps = 1e-6f;

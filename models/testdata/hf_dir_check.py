@@ -101,40 +101,22 @@ def hyperparameters(config):
             "top_k": config["num_experts_per_tok"],
             "norm_topk_prob": config.get("norm_topk_prob", False),
             "tied": config.get("tie_word_embeddings", False),
+            "qk_norm": True,
+            "rope_scaling": None,
+            "rope_layers": [True] * config["num_hidden_layers"],
         }
     raise ValueError(f"unknown model_type {config['model_type']}")
 
 
 def olmoe_logits(w, ids, hp):
-    """OLMoE as transformers' modeling_olmoe computes it, in float64: q / k
-    RMSNorm over the whole projections before RoPE, then a sparse MoE block
-    (softmax over the router's logits, the top-k experts' probabilities,
-    renormalised only with norm_topk_prob, weighting SwiGLU experts)."""
-    b, t = ids.shape
-    n_heads, n_kv = hp["n_heads"], hp["n_kv_heads"]
-    eps = hp["norm_eps"]
-    embed = w["model.embed_tokens.weight"]
-    c = embed.shape[1]
-    d = c // n_heads
-    x = embed[ids]
-    for i in range(hp["n_layers"]):
-        p = "model.layers.%d." % i
-        h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = rms_norm(h @ w[p + "self_attn.q_proj.weight"].t(),
-                     w[p + "self_attn.q_norm.weight"], eps)
-        k = rms_norm(h @ w[p + "self_attn.k_proj.weight"].t(),
-                     w[p + "self_attn.k_norm.weight"], eps)
-        v = h @ w[p + "self_attn.v_proj.weight"].t()
-        q = q.view(b, t, n_heads, d).transpose(1, 2)
-        k = k.view(b, t, n_kv, d).transpose(1, 2)
-        v = v.view(b, t, n_kv, d).transpose(1, 2)
-        q = parity.apply_rope(q, hp["rope_theta"])
-        k = parity.apply_rope(k, hp["rope_theta"])
-        k = k.repeat_interleave(n_heads // n_kv, dim=1)
-        v = v.repeat_interleave(n_heads // n_kv, dim=1)
-        y = parity.causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
-        x = x + y @ w[p + "self_attn.o_proj.weight"].t()
-        h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+    """OLMoE as transformers' modeling_olmoe computes it, in float64: Llama
+    with q / k RMSNorm over the whole projections before RoPE, and a sparse
+    MoE block for the MLP (softmax over the router's logits, the top-k
+    experts' probabilities, renormalised only with norm_topk_prob, weighting
+    SwiGLU experts)."""
+
+    def experts(w, p, h):
+        c = h.shape[-1]
         rows = h.reshape(-1, c)
         probs = torch.softmax(rows @ w[p + "mlp.gate.weight"].t(), dim=-1)
         weights, chosen = torch.topk(probs, hp["top_k"], dim=-1)
@@ -151,14 +133,9 @@ def olmoe_logits(w, ids, hp):
             up = r @ w[e_p + "up_proj.weight"].t()
             y_e = (gate * up) @ w[e_p + "down_proj.weight"].t()
             out.index_add_(0, token, y_e * weights[token, slot].unsqueeze(-1))
-        x = x + out.view(b, t, c)
-    x = rms_norm(x, w["model.norm.weight"], eps)
-    head = embed if hp["tied"] else w["lm_head.weight"]
-    return x @ head.t()
+        return out.view(h.shape)
 
-
-def rms_norm(x, weight, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    return parity.llama_logits(w, ids, hp, feed_forward=experts)
 
 
 def main(directory, reference_path, batch_path, loss_text):

@@ -140,7 +140,10 @@ def apply_rope(x, theta, scaling=None):
     return x * emb.cos() + rotate_half(x) * emb.sin()
 
 
-def llama_logits(w, ids, hp):
+def llama_logits(w, ids, hp, feed_forward=None):
+    """Llama's logits; with hp["qk_norm"] (OLMoE) q and k are RMS-normalised
+    over their whole projections before RoPE; `feed_forward(w, prefix, h)`
+    replaces the SwiGLU MLP (OLMoE's experts)."""
     b, t = ids.shape
     n_heads, n_kv = hp["n_heads"], hp["n_kv_heads"]
     eps = hp["norm_eps"]
@@ -151,8 +154,13 @@ def llama_logits(w, ids, hp):
     for i in range(hp["n_layers"]):
         p = "model.layers.%d." % i
         h = rms_norm(x, w[p + "input_layernorm.weight"], eps)
-        q = (h @ w[p + "self_attn.q_proj.weight"].t()).view(b, t, n_heads, d)
-        k = (h @ w[p + "self_attn.k_proj.weight"].t()).view(b, t, n_kv, d)
+        q = h @ w[p + "self_attn.q_proj.weight"].t()
+        k = h @ w[p + "self_attn.k_proj.weight"].t()
+        if hp.get("qk_norm", False):
+            q = rms_norm(q, w[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, w[p + "self_attn.k_norm.weight"], eps)
+        q = q.view(b, t, n_heads, d)
+        k = k.view(b, t, n_kv, d)
         v = (h @ w[p + "self_attn.v_proj.weight"].t()).view(b, t, n_kv, d)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if hp["rope_layers"][i]:
@@ -164,6 +172,9 @@ def llama_logits(w, ids, hp):
         y = causal_attention(q, k, v).transpose(1, 2).reshape(b, t, c)
         x = x + y @ w[p + "self_attn.o_proj.weight"].t()
         h = rms_norm(x, w[p + "post_attention_layernorm.weight"], eps)
+        if feed_forward is not None:
+            x = x + feed_forward(w, p, h)
+            continue
         gate = F.silu(h @ w[p + "mlp.gate_proj.weight"].t())
         up = h @ w[p + "mlp.up_proj.weight"].t()
         x = x + (gate * up) @ w[p + "mlp.down_proj.weight"].t()
