@@ -144,6 +144,10 @@ class Training {
   DeviceMesh* mesh() const { return mesh_; }
   // The host mesh's flat group (the loss: host values).
   ProcessGroup* world() const { return world_; }
+  // With MoE layers: the host group of this rank's data-parallel ranks (same
+  // stage and tp coordinate), which the expert loads are summed over; null
+  // for a dense model.
+  ProcessGroup* data_group() const { return data_group_; }
   // The models this rank trains: the whole model, or its stages' parts
   // (each with the whole model's parameter names).
   const std::vector<models::Transformer*>& models() const { return models_; }

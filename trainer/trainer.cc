@@ -388,12 +388,6 @@ absl::Status Trainer::BuildData() {
   FSDPP_ASSIGN_OR_RETURN(DeviceMesh * data_mesh,
                          mesh_->SubMesh(rc_.layout.DataAxes()));
   train_options.dp_rank = rc_.layout.DataRank(data_mesh->rank());
-  if (rc_.model.moe.enabled()) {
-    FSDPP_ASSIGN_OR_RETURN(DeviceMesh * host_data,
-                           (host_mesh_ != nullptr ? host_mesh_ : mesh_)
-                               ->SubMesh(rc_.layout.DataAxes()));
-    FSDPP_ASSIGN_OR_RETURN(data_group_, host_data->FlatGroup());
-  }
   train_options.dp_world = rc_.layout.data_parallel();
   train_options.seed = tc.seed();
   train_options.shuffle = config_.data().shuffle();
@@ -431,6 +425,7 @@ absl::Status Trainer::BuildModel() {
                                                          mesh_.get(), options),
                                  "trainer: building the model"));
   result_.pipeline_bubble_schedule = training_->schedule_bubble();
+  data_group_ = training_->data_group();
   FSDPP_ASSIGN_OR_RETURN(counts_, rc_.layout.CountParameters(rc_.model));
   frozen_.names = counts_.frozen_names;
   if (!frozen_.names.empty()) frozen_.source = FrozenSource();

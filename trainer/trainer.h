@@ -333,8 +333,9 @@ class Trainer {
   std::unique_ptr<DeviceMesh> mesh_;
   std::unique_ptr<DeviceMesh> host_mesh_;  // null: mesh_
   ProcessGroup* world_ = nullptr;          // The host mesh's flat group.
-  // The data-parallel ranks' flat group of the host mesh (a MoE model's
-  // stats are summed over it); null for a dense model.
+  // The data-parallel ranks' flat group of the host mesh
+  // (Training::data_group: a MoE model's stats are summed over it); null for
+  // a dense model.
   ProcessGroup* data_group_ = nullptr;
   std::unique_ptr<TraceRecorder> trace_;
   std::optional<ScopedCurrentTrace> trace_scope_;
