@@ -23,6 +23,11 @@ namespace fsdp {
 namespace {
 
 constexpr absl::Duration kWaitTimeout = absl::Minutes(10);
+// A one-rank unit's parameters are views of the gathered buffer when each
+// starts on a boundary the allocators give whole tensors (64 bytes), so the
+// kernels see the alignment they see otherwise; else all are copied out (a
+// view would keep the whole buffer alive beside the copies).
+constexpr size_t kInPlaceAlignment = 64;
 
 std::mutex& RegistryMutex() {
   static std::mutex* mu = new std::mutex;
@@ -62,6 +67,29 @@ SplitView MakeSplitView(const Parameter& p) {
 // Elements of one rank's (padded) segment of a parameter.
 int64_t PaddedElements(const SplitView& v, int world) {
   return v.outer * ChunkSize(v.rows, world) * v.inner;
+}
+
+// Writes (overwrite: after ZeroGradOnNextReduction) or adds `scale` times
+// one parameter's reduced gradient `piece` (any float dtype) into its f32
+// shard `grad`, the cast fused into the write.
+absl::Status AddReducedGradient(Tensor piece, float scale, bool overwrite,
+                                Tensor* grad) {
+  if (overwrite) {
+    if (piece.dtype() != DType::kF32 || scale == 1.0f) {
+      FSDPP_RETURN_IF_ERROR(Copy(piece, grad));
+      if (scale != 1.0f) FSDPP_RETURN_IF_ERROR(Scale(*grad, scale, grad));
+      return absl::OkStatus();
+    }
+    return Scale(piece, scale, grad);
+  }
+  if (piece.dtype() != DType::kF32) {
+    FSDPP_ASSIGN_OR_RETURN(
+        Tensor f32, Tensor::Empty(piece.shape(), DType::kF32, piece.device(),
+                                  MemoryTag::kCommBuffers));
+    FSDPP_RETURN_IF_ERROR(Copy(piece, &f32));
+    piece = f32;
+  }
+  return Axpy(scale, piece, grad);  // Accumulate into fp32.
 }
 
 // Copies rows `range` of the split dim of `whole` (the view, flattened) to
@@ -378,6 +406,11 @@ absl::Status FsdpUnit::ShardParameters() {
     p->grad = Tensor();
   }
   segment_ = offset;
+  const size_t esize = DTypeSize(options_.mp_policy.param_dtype);
+  in_place_ = world_ == 1 &&
+              std::all_of(offsets_.begin(), offsets_.end(), [&](int64_t o) {
+                return o * esize % kInPlaceAlignment == 0;
+              });
   initialized_ = all_materialised;
   return absl::OkStatus();
 }
@@ -560,6 +593,16 @@ absl::Status FsdpUnit::FinishUnshard() {
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     const SplitView& v = views_[i];
+    if (in_place_) {
+      // One rank: the gathered segment already holds the parameter in its
+      // own layout, so the parameter is a view of it (no copy-out).
+      FSDPP_ASSIGN_OR_RETURN(
+          Tensor flat,
+          gather_out_.Narrow(offsets_[i], v.outer * v.rows * v.inner));
+      FSDPP_ASSIGN_OR_RETURN(sp.parameter->data,
+                             flat.Reshape(sp.parameter->LocalShape()));
+      continue;
+    }
     FSDPP_ASSIGN_OR_RETURN(
         Tensor full, Tensor::Empty(sp.parameter->LocalShape(), dtype,
                                    compute_device_, MemoryTag::kCommBuffers));
@@ -702,8 +745,13 @@ absl::Status FsdpUnit::ReduceGradients() {
   // backward, so normally done) and free its buffers before allocating: at
   // most one reduce-scatter's buffers are alive.
   FSDPP_RETURN_IF_ERROR(FinishReductions());
-  OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  if (world_ == 1 && replicate_group_ == nullptr && !offload_params() &&
+      (reduce_dtype == DType::kF32 ||
+       reduce_dtype == options_.mp_policy.param_dtype)) {
+    return ReduceLocally();
+  }
+  OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
   // Every element is written once: the gradient's rows (cast fused), zeros
   // for the padding and for parameters unused this step.
   FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
@@ -749,6 +797,37 @@ absl::Status FsdpUnit::ReduceGradients() {
   shared_->pending.push_back({this, std::move(work), input, output});
   ++stats_.reduce_scatters;
   stats_.reduce_scatter_elements += grad_segment_ * world_;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::ReduceLocally() {
+  // The reduce-scatter over one rank would cast each gradient into a buffer,
+  // copy that buffer and copy it back out: each gradient goes straight into
+  // its shard instead. The same bits: the reduction dtype is f32 or the
+  // gradient's own, so the cast into it that this skips is exact.
+  OpSpan span("fsdp local reduction", "fsdp");
+  FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
+  const bool average = options_.gradient_divide_factor <= 0.0f;
+  const float scale = average ? 1.0f : 1.0f / options_.gradient_divide_factor;
+  const bool overwrite = zero_on_next_reduction_;
+  zero_on_next_reduction_ = false;
+  for (ShardedParameter& sp : params_) {
+    if (!sp.requires_grad) continue;
+    Parameter* p = sp.parameter;
+    Tensor grad = sp.grad.local().Flatten();
+    if (!p->grad.defined()) {
+      // Unused this step: the reduce-scatter's zeros.
+      if (overwrite) FSDPP_RETURN_IF_ERROR(Zero(&grad));
+      continue;
+    }
+    if (grad.numel() > 0) {
+      FSDPP_RETURN_IF_ERROR(
+          AddReducedGradient(p->grad.Flatten(), scale, overwrite, &grad));
+    }
+    p->grad = Tensor();  // Free the unsharded gradient.
+  }
+  ++stats_.reduce_scatters;
+  stats_.reduce_scatter_elements += grad_segment_;
   return absl::OkStatus();
 }
 
@@ -843,24 +922,7 @@ absl::Status FsdpUnit::FinishReductions() {
       if (grad.numel() == 0) continue;
       FSDPP_ASSIGN_OR_RETURN(
           Tensor piece, reduced.Narrow(unit->grad_offsets_[i], grad.numel()));
-      if (overwrite) {
-        if (piece.dtype() != DType::kF32 || scale == 1.0f) {
-          FSDPP_RETURN_IF_ERROR(Copy(piece, &grad));  // cast fused
-          if (scale != 1.0f) FSDPP_RETURN_IF_ERROR(Scale(grad, scale, &grad));
-        } else {
-          FSDPP_RETURN_IF_ERROR(Scale(piece, scale, &grad));
-        }
-        continue;
-      }
-      if (piece.dtype() != DType::kF32) {
-        FSDPP_ASSIGN_OR_RETURN(
-            Tensor f32, Tensor::Empty(piece.shape(), DType::kF32,
-                                      piece.device(), MemoryTag::kCommBuffers));
-        FSDPP_RETURN_IF_ERROR(Copy(piece, &f32));
-        piece = f32;
-      }
-      FSDPP_RETURN_IF_ERROR(
-          Axpy(scale, piece, &grad));  // Accumulate into fp32.
+      FSDPP_RETURN_IF_ERROR(AddReducedGradient(piece, scale, overwrite, &grad));
     }
   }
   return absl::OkStatus();

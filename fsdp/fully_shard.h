@@ -175,6 +175,8 @@ struct FsdpUnitStats {
   std::map<int, int64_t> backward_all_gathers;
   // Of those, the ones issued ahead of time by a unit's prefetch.
   int64_t prefetched_all_gathers = 0;
+  // Gradient reductions: reduce-scatters, or on a one-rank shard axis
+  // without replicas the local cast of each gradient into its shard.
   int64_t reduce_scatters = 0;
   // Elements each rank put into those reduce-scatters (segment x ranks per
   // reduce-scatter: the trainable parameters' padded rows, no frozen ones).
@@ -332,6 +334,8 @@ class FsdpUnit {
   // Frees the unsharded parameters, keeping an hpZ piece.
   absl::Status FreeUnsharded();
   absl::Status ReduceGradients();
+  // ReduceGradients on one rank without replicas or offload.
+  absl::Status ReduceLocally();
   // FailedPrecondition naming a frozen parameter that has a gradient.
   absl::Status CheckFrozenGradients();
   absl::Status FinishReductions();
@@ -357,7 +361,8 @@ class FsdpUnit {
   Device compute_device_ = Device::Cpu();
   Device state_device_ = Device::Cpu();  // masters and grads
   int world_ = 1, rank_ = 0;             // on the shard axis
-  std::vector<int64_t> offsets_;         // param start in a segment
+  bool in_place_ = false;  // one rank: parameters are views of the gather
+  std::vector<int64_t> offsets_;  // param start in a segment
   int64_t segment_ = 0;
   // The reduce-scatter's segment: each trainable parameter's start (-1 for
   // frozen ones) and the padded total.

@@ -1,10 +1,12 @@
 // fully_shard, AutoWrap and the sharded state dict on small stacks of nn
 // layers (no model zoo), thread ranks over real Gloo: gradients of uneven
-// shards on W = 2 and 3 (ZeRO-3 and ZeRO-2) match the unsharded stack and the
-// shards follow chunk semantics; ZeRO-3 frees a unit's unsharded parameters
-// after its forward (allocator accounting); AutoWrap plans and groups tied
-// weights; sharded state dicts round-trip bitwise and strict loads name the
-// missing key; errors for sharding a module twice or splitting a tie.
+// shards on W = 2 and 3 (ZeRO-3 and ZeRO-2) and on W = 1 (no collective:
+// each gradient cast into its shard, the parameters views of the gathered
+// buffer) match the unsharded stack and the shards follow chunk semantics;
+// ZeRO-3 frees a unit's unsharded parameters after its forward (allocator
+// accounting); AutoWrap plans and groups tied weights; sharded state dicts
+// round-trip bitwise and strict loads name the missing key; errors for sharding
+// a module twice or splitting a tie.
 #include "fsdp/fully_shard.h"
 
 #include <algorithm>
@@ -171,7 +173,7 @@ void ExpectParity(const Result& ref, const Result& got,
 
 TEST(FullyShardTest, UnevenShardsMatchUnshardedGradients) {
   const Result ref = RunReference(/*tied=*/false);
-  for (int world : {2, 3}) {
+  for (int world : {1, 2, 3}) {
     for (bool zero3 : {true, false}) {
       const std::string what =
           absl::StrCat("W=", world, zero3 ? " ZeRO-3" : " ZeRO-2");
@@ -205,95 +207,146 @@ TEST(FullyShardTest, UnevenShardsMatchUnshardedGradients) {
 // FinishZeroGrad zeroes those of a unit that had no reduction.
 TEST(FullyShardTest, LazyZeroGradWritesOnTheFirstReduction) {
   const Result ref = RunReference(/*tied=*/false);
-  Result once, twice;
-  testing_util::RunOnMesh({{"dp", 2}}, [&](int rank, DeviceMesh& mesh) {
-    auto stack = MakeStack(false);
-    std::vector<FsdpUnit*> units = PerLayer()(stack.get(), &mesh);
-    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
-    auto fill_and_zero_lazily = [&] {
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("W=", world));
+    const int64_t rows = kBatch / world;
+    Result once, twice;
+    testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
+      auto stack = MakeStack(false);
+      std::vector<FsdpUnit*> units = PerLayer()(stack.get(), &mesh);
+      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+      auto fill_and_zero_lazily = [&] {
+        for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+          ASSERT_TRUE(Fill(sp->grad.mutable_local(), 7.0f).ok());
+        }
+        for (FsdpUnit* u : units) u->ZeroGradOnNextReduction();
+      };
+      auto step = [&] {
+        nn::CrossEntropyLoss loss;
+        ASSERT_TRUE(Forward(stack.get(), &loss, rank * rows, rows, false).ok());
+        ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+      };
+      auto full_grads = [&](Result* r) {  // rank 0 keeps them
+        for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+          absl::StatusOr<Tensor> param = sp->master.FullTensor();
+          absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
+          ASSERT_TRUE(param.ok() && grad.ok()) << sp->name;
+          if (rank != 0) continue;
+          r->params[sp->name] = testing_util::Values(*param);
+          r->grads[sp->name] = testing_util::Values(*grad);
+        }
+      };
+      fill_and_zero_lazily();
+      step();
+      for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
+      full_grads(&once);
+      step();  // no flag: accumulates
+      full_grads(&twice);
+      // No reduction after the flag: FinishZeroGrad zeroes.
+      fill_and_zero_lazily();
+      for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
       for (ShardedParameter* sp : ShardedParameters(stack.get())) {
-        ASSERT_TRUE(Fill(sp->grad.mutable_local(), 7.0f).ok());
+        for (double v : testing_util::Values(sp->grad.local())) {
+          ASSERT_EQ(v, 0.0) << sp->name;
+        }
       }
-      for (FsdpUnit* u : units) u->ZeroGradOnNextReduction();
-    };
-    auto step = [&] {
-      nn::CrossEntropyLoss loss;
-      ASSERT_TRUE(Forward(stack.get(), &loss, rank * 3, 3, false).ok());
-      ASSERT_TRUE(Backward(stack.get(), &loss).ok());
-    };
-    auto full_grads = [&](Result* r) {  // rank 0 keeps them
-      for (ShardedParameter* sp : ShardedParameters(stack.get())) {
-        absl::StatusOr<Tensor> param = sp->master.FullTensor();
-        absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
-        ASSERT_TRUE(param.ok() && grad.ok()) << sp->name;
-        if (rank != 0) continue;
-        r->params[sp->name] = testing_util::Values(*param);
-        r->grads[sp->name] = testing_util::Values(*grad);
-      }
-    };
-    fill_and_zero_lazily();
-    step();
-    for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
-    full_grads(&once);
-    step();  // no flag: accumulates
-    full_grads(&twice);
-    // No reduction after the flag: FinishZeroGrad zeroes.
-    fill_and_zero_lazily();
-    for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
-    for (ShardedParameter* sp : ShardedParameters(stack.get())) {
-      for (double v : testing_util::Values(sp->grad.local())) {
-        ASSERT_EQ(v, 0.0) << sp->name;
-      }
+    });
+    ExpectParity(ref, once, "lazy zero");
+    Result doubled = ref;
+    for (auto& [name, g] : doubled.grads) {
+      for (double& v : g) v *= 2;
     }
-  });
-  ExpectParity(ref, once, "lazy zero");
-  Result doubled = ref;
-  for (auto& [name, g] : doubled.grads) {
-    for (double& v : g) v *= 2;
+    ExpectParity(doubled, twice, "accumulated");
   }
-  ExpectParity(doubled, twice, "accumulated");
 }
 
 // A parameter of a unit that takes no part in forward gets a zero gradient
 // from every reduction (its rows of the reduce-scatter input are zeros,
 // whatever the reused buffer held before).
 TEST(FullyShardTest, UnusedParametersReduceToZero) {
-  testing_util::RunOnMesh({{"dp", 2}}, [&](int rank, DeviceMesh& mesh) {
-    auto stack = MakeStack(false);
-    nn::Linear spare(kDim, 3, /*bias=*/true, 0.5f);
-    FullyShardOptions options;
-    options.mesh = &mesh;
-    ASSERT_TRUE(FullyShard({stack->at(1), &spare}, options).ok());
-    absl::StatusOr<FsdpUnit*> root = FullyShard({stack.get()}, options);
-    ASSERT_TRUE(root.ok()) << root.status();
-    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
-    FsdpUnit* unit = UnitOf(stack->at(1));
-    ASSERT_NE(unit, nullptr);
-    for (int step = 0; step < 3; ++step) {
-      for (ShardedParameter& sp : unit->parameters()) {
-        ASSERT_TRUE(Fill(sp.grad.mutable_local(), 7.0f).ok());
-      }
-      unit->ZeroGradOnNextReduction();
-      nn::CrossEntropyLoss loss;
-      ASSERT_TRUE(Forward(stack.get(), &loss, rank * 3, 3, false).ok());
-      ASSERT_TRUE(Backward(stack.get(), &loss).ok());
-      ASSERT_TRUE(unit->FinishZeroGrad().ok());
-      for (ShardedParameter& sp : unit->parameters()) {
-        const std::vector<double> g = testing_util::Values(sp.grad.local());
-        const bool is_spare = !absl::StartsWith(sp.name, "1.");
-        double norm = 0;
-        for (double v : g) norm += v * v;
-        if (is_spare) {
-          EXPECT_EQ(norm, 0.0) << "step " << step << " " << sp.name;
-        } else if (!g.empty()) {
-          EXPECT_GT(norm, 0.0) << "step " << step << " " << sp.name;
-          EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double v) {
-            return v != 7.0;
-          })) << sp.name;
+  for (int world : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("W=", world));
+    const int64_t rows = kBatch / world;
+    testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
+      auto stack = MakeStack(false);
+      nn::Linear spare(kDim, 3, /*bias=*/true, 0.5f);
+      FullyShardOptions options;
+      options.mesh = &mesh;
+      ASSERT_TRUE(FullyShard({stack->at(1), &spare}, options).ok());
+      absl::StatusOr<FsdpUnit*> root = FullyShard({stack.get()}, options);
+      ASSERT_TRUE(root.ok()) << root.status();
+      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+      FsdpUnit* unit = UnitOf(stack->at(1));
+      ASSERT_NE(unit, nullptr);
+      for (int step = 0; step < 3; ++step) {
+        for (ShardedParameter& sp : unit->parameters()) {
+          ASSERT_TRUE(Fill(sp.grad.mutable_local(), 7.0f).ok());
+        }
+        unit->ZeroGradOnNextReduction();
+        nn::CrossEntropyLoss loss;
+        ASSERT_TRUE(Forward(stack.get(), &loss, rank * rows, rows, false).ok());
+        ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+        ASSERT_TRUE(unit->FinishZeroGrad().ok());
+        for (ShardedParameter& sp : unit->parameters()) {
+          const std::vector<double> g = testing_util::Values(sp.grad.local());
+          const bool is_spare = !absl::StartsWith(sp.name, "1.");
+          double norm = 0;
+          for (double v : g) norm += v * v;
+          if (is_spare) {
+            EXPECT_EQ(norm, 0.0) << "step " << step << " " << sp.name;
+          } else if (!g.empty()) {
+            EXPECT_GT(norm, 0.0) << "step " << step << " " << sp.name;
+            EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double v) {
+              return v != 7.0;
+            })) << sp.name;
+          }
         }
       }
-    }
-  });
+    });
+  }
+}
+
+// On one rank the gathered buffer holds each parameter in its own layout:
+// when every parameter starts 64-byte aligned in it they are all views of it
+// (no copy-out), else all are copies; either way they hold the masters'
+// values and go back to meta on reshard.
+TEST(FullyShardTest, OneRankParametersAreViewsOfTheGatheredBuffer) {
+  // f32 offsets in bytes: w 0, b 1024, w 1088, b 1408 (aligned); then w
+  // 1428 (not).
+  for (bool aligned : {true, false}) {
+    SCOPED_TRACE(aligned ? "aligned" : "one not aligned");
+    testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
+      nn::Sequential stack;
+      stack.Append(std::make_unique<nn::Linear>(16, 16, true, 0.5f));
+      stack.Append(std::make_unique<nn::Linear>(16, 5, true, 0.5f));
+      if (!aligned) {
+        stack.Append(std::make_unique<nn::Linear>(5, 16, true, 0.5f));
+      }
+      FullyShardOptions options;
+      options.mesh = &mesh;
+      absl::StatusOr<FsdpUnit*> unit = FullyShard({&stack}, options);
+      ASSERT_TRUE(unit.ok()) << unit.status();
+      ASSERT_TRUE(InitShardedWeights(&stack, kSeed).ok());
+      ASSERT_TRUE((*unit)->Unshard().ok());
+      std::vector<ShardedParameter>& params = (*unit)->parameters();
+      ASSERT_EQ(params.size(), aligned ? 4u : 6u);
+      for (size_t i = 0; i < params.size(); ++i) {
+        const Tensor& data = params[i].parameter->data;
+        if (i > 0) {
+          EXPECT_EQ(data.SharesStorageWith(params[0].parameter->data), aligned)
+              << params[i].name;
+        }
+        EXPECT_EQ(data.shape(), params[i].shape) << params[i].name;
+        EXPECT_EQ(testing_util::Values(data),
+                  testing_util::Values(params[i].master.local()))
+            << params[i].name;
+      }
+      ASSERT_TRUE((*unit)->Reshard().ok());
+      for (ShardedParameter& sp : params) {
+        EXPECT_TRUE(sp.parameter->data.is_meta()) << sp.name;
+      }
+    });
+  }
 }
 
 // Frozen parameters (requires_grad = false before FullyShard): the
@@ -387,56 +440,60 @@ int64_t UnshardedBytes(FsdpUnit* unit) {
 }
 
 TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
-  constexpr int kWorld = 2;
-  for (bool zero3 : {true, false}) {
-    SCOPED_TRACE(zero3 ? "ZeRO-3" : "ZeRO-2");
-    // Thread ranks share the allocator: comm-buffer bytes (all-gather
-    // outputs, unsharded parameters) are read between barriers as sums.
-    CpuAllocator alloc;
-    Allocator* previous = SetAllocator(&alloc);
-    testing_util::RunOnMesh({{"dp", kWorld}}, [&](int rank, DeviceMesh& mesh) {
-      auto stack = MakeStack();
-      const std::vector<FsdpUnit*> units = PerLayer(zero3)(stack.get(), &mesh);
-      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
-      FsdpUnit* root = units.back();
-      ASSERT_GT(UnshardedBytes(root), 0);  // The LayerNorm.
-      int64_t all_bytes = 0;
-      for (FsdpUnit* u : units) all_bytes += UnshardedBytes(u);
-      const int64_t rows = kBatch / kWorld;
-      // Step 2 prefetches in the recorded order; its "before" includes
-      // Gloo's reduce-scatter scratch from step 1.
-      for (int step = 0; step < 2; ++step) {
-        int64_t before = 0;
-        Barrier(mesh);
-        if (rank == 0)
-          before = alloc.Stats().current_of(MemoryTag::kCommBuffers);
-        Barrier(mesh);
-        nn::CrossEntropyLoss loss;
-        ASSERT_TRUE(Forward(stack.get(), &loss, rank * rows, rows, false).ok());
-        Barrier(mesh);
-        if (rank == 0) {
-          EXPECT_EQ(alloc.Stats().current_of(MemoryTag::kCommBuffers) - before,
-                    kWorld * (zero3 ? UnshardedBytes(root) : all_bytes))
-              << "step " << step;
-        }
-        Barrier(mesh);
-        for (FsdpUnit* u : units) {
-          for (ShardedParameter& sp : u->parameters()) {
-            EXPECT_EQ(sp.parameter->data.is_meta(), zero3 && !u->is_root())
-                << "after forward, step " << step << ": " << sp.name;
+  for (int kWorld : {1, 2})
+    for (bool zero3 : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(zero3 ? "ZeRO-3" : "ZeRO-2", " W=", kWorld));
+      // Thread ranks share the allocator: comm-buffer bytes (all-gather
+      // outputs, unsharded parameters) are read between barriers as sums.
+      CpuAllocator alloc;
+      Allocator* previous = SetAllocator(&alloc);
+      testing_util::RunOnMesh({{"dp", kWorld}}, [&](int rank,
+                                                    DeviceMesh& mesh) {
+        auto stack = MakeStack();
+        const std::vector<FsdpUnit*> units =
+            PerLayer(zero3)(stack.get(), &mesh);
+        ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+        FsdpUnit* root = units.back();
+        ASSERT_GT(UnshardedBytes(root), 0);  // The LayerNorm.
+        int64_t all_bytes = 0;
+        for (FsdpUnit* u : units) all_bytes += UnshardedBytes(u);
+        const int64_t rows = kBatch / kWorld;
+        // Step 2 prefetches in the recorded order; its "before" includes
+        // Gloo's reduce-scatter scratch from step 1.
+        for (int step = 0; step < 2; ++step) {
+          int64_t before = 0;
+          Barrier(mesh);
+          if (rank == 0)
+            before = alloc.Stats().current_of(MemoryTag::kCommBuffers);
+          Barrier(mesh);
+          nn::CrossEntropyLoss loss;
+          ASSERT_TRUE(
+              Forward(stack.get(), &loss, rank * rows, rows, false).ok());
+          Barrier(mesh);
+          if (rank == 0) {
+            EXPECT_EQ(
+                alloc.Stats().current_of(MemoryTag::kCommBuffers) - before,
+                kWorld * (zero3 ? UnshardedBytes(root) : all_bytes))
+                << "step " << step;
+          }
+          Barrier(mesh);
+          for (FsdpUnit* u : units) {
+            for (ShardedParameter& sp : u->parameters()) {
+              EXPECT_EQ(sp.parameter->data.is_meta(), zero3 && !u->is_root())
+                  << "after forward, step " << step << ": " << sp.name;
+            }
+          }
+          ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+          for (FsdpUnit* u : units) {
+            for (ShardedParameter& sp : u->parameters()) {
+              EXPECT_TRUE(sp.parameter->data.is_meta())
+                  << "after backward, step " << step << ": " << sp.name;
+            }
           }
         }
-        ASSERT_TRUE(Backward(stack.get(), &loss).ok());
-        for (FsdpUnit* u : units) {
-          for (ShardedParameter& sp : u->parameters()) {
-            EXPECT_TRUE(sp.parameter->data.is_meta())
-                << "after backward, step " << step << ": " << sp.name;
-          }
-        }
-      }
-    });
-    SetAllocator(previous);
-  }
+      });
+      SetAllocator(previous);
+    }
 }
 
 // The plan as lists of module names.
