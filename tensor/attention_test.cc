@@ -11,8 +11,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
+#include <string>
 #include <vector>
 
+#include "core/trace.h"
 #include "gtest/gtest.h"
 #include "tensor/cpu/attention.h"
 #include "tensor/kernels/rope.h"
@@ -278,6 +281,29 @@ TEST_P(BlockedAttentionTest, KvHeadGroupsGiveTheSameResults) {
         std::pair{&grouped.dk, &whole.dk}, std::pair{&grouped.dv, &whole.dv}}) {
     EXPECT_TRUE(AllClose(Values(*a), Values(*b), 2 * RelTol(DType::kBF16),
                          2 * RelTol(DType::kBF16)));
+  }
+}
+
+// The op profile splits the blocked bf16 attention into its block matmuls
+// (StridedMatmul, category matmul: per 128-row block two forward, five
+// backward) and the rest (the attention's self time).
+TEST(BlockedAttentionTest, ProfileShowsTheBlockMatmulsAsMatmul) {
+  const Dims d{1, 2, 2, 300, 16};  // three blocks of rows
+  const Inputs in = MakeInputs(d, DType::kBF16, 7);
+  OpProfile profile;
+  {
+    ScopedOpProfile scoped(&profile);
+    RunAttention(in, 0.25f);
+  }
+  std::map<std::string, OpProfile::Row> rows;
+  for (const OpProfile::Row& r : profile.Rows()) rows[r.name] = r;
+  ASSERT_TRUE(rows.count("StridedMatmul"));
+  EXPECT_EQ(rows["StridedMatmul"].category, "matmul");
+  EXPECT_EQ(rows["StridedMatmul"].calls, 3 * (2 + 5));
+  for (const char* op : {"CausalAttention", "CausalAttentionBackward"}) {
+    ASSERT_TRUE(rows.count(op)) << op;
+    EXPECT_EQ(rows[op].category, "attention") << op;
+    EXPECT_LT(rows[op].self_ns, rows[op].total_ns) << op;
   }
 }
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
 #include "core/status.h"
+#include "core/trace.h"
 #include "oneapi/dnnl/dnnl.hpp"
 
 namespace fsdpp {
@@ -190,6 +191,9 @@ absl::Status OneDnnStridedMatmul(DType ab_dtype, DType c_dtype,
                                  const StridedOperand& b, void* c,
                                  const int64_t c_strides[3], float alpha,
                                  float beta) {
+  // Its own row of the op profile, category matmul, inside its caller's
+  // span (the blocked attention's).
+  OpSpan span("StridedMatmul", "matmul");
   using dims = dnnl::memory::dims;
   const int64_t m = a.dims[1], k = a.dims[2], n = b.dims[2];
   if (b.dims[1] != k || (b.dims[0] != a.dims[0] && b.dims[0] != 1)) {

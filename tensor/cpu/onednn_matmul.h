@@ -38,7 +38,8 @@ struct StridedOperand {
 // k], b: [batch or 1, k, n], c: [batch, m, n] with strides c_strides, any
 // strides (a transpose is a swap of the last two). a and b of `ab_dtype`
 // (f32 or bf16), c of `c_dtype` (f32 or ab_dtype). Cached like OneDnnMatmul
-// (by shapes and strides).
+// (by shapes and strides). An op-profile span "StridedMatmul" (category
+// matmul).
 absl::Status OneDnnStridedMatmul(DType ab_dtype, DType c_dtype,
                                  const StridedOperand& a,
                                  const StridedOperand& b, void* c,
