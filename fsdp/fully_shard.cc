@@ -411,6 +411,8 @@ absl::Status FsdpUnit::ShardParameters() {
               std::all_of(offsets_.begin(), offsets_.end(), [&](int64_t o) {
                 return o * esize % kInPlaceAlignment == 0;
               });
+  alias_masters_ = world_ == 1 && !offload_params() &&
+                   options_.mp_policy.param_dtype == DType::kF32;
   initialized_ = all_materialised;
   return absl::OkStatus();
 }
@@ -533,6 +535,7 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
 absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
   if (unsharded_ || gather_work_ != nullptr) return absl::OkStatus();
   FSDPP_RETURN_IF_ERROR(CheckInitialized());
+  if (alias_masters_) return absl::OkStatus();  // Nothing to start.
   const DType dtype = options_.mp_policy.param_dtype;
   const bool backward = shared_->in_backward;
   FSDPP_ASSIGN_OR_RETURN(
@@ -566,6 +569,20 @@ absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
 
 absl::Status FsdpUnit::FinishUnshard() {
   if (unsharded_) return absl::OkStatus();
+  if (alias_masters_) {
+    // One rank computing in f32: the gather would copy the masters as they
+    // are, so the parameters are views of the masters themselves.
+    FSDPP_RETURN_IF_ERROR(CheckInitialized());
+    for (ShardedParameter& sp : params_) {
+      FSDPP_ASSIGN_OR_RETURN(
+          sp.parameter->data,
+          sp.master.local().Reshape(sp.parameter->LocalShape()));
+    }
+    ++(shared_->in_backward ? stats_.backward_all_gathers
+                            : stats_.forward_all_gathers)[1];
+    unsharded_ = true;
+    return absl::OkStatus();
+  }
   if (gather_work_ == nullptr) FSDPP_RETURN_IF_ERROR(BeginUnshard(false));
   {
     TraceSpan wait("wait all_gather", "comm_wait");

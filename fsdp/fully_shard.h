@@ -43,6 +43,14 @@
 // of the unit running, the all-gather output of the one prefetched unit, and
 // one reduce-scatter's buffers (plus the backend's own scratch).
 //
+// On a one-rank shard axis nothing moves between ranks, so a unit skips
+// the copies a collective would need: computing in f32 (no offload) its
+// parameters are views of the masters; in another dtype they are views of
+// the cast copy-in (when each starts 64-byte aligned in it); each gradient
+// is cast straight into its f32 shard instead of a reduce-scatter (unless
+// there are replicas, offload, or a reduce dtype other than f32 and the
+// gradient's own). The values are those of the collectives bit for bit.
+//
 // Offload (OffloadPolicy::offload_params): the fp32 masters and gradients
 // live on the host whatever the compute device (the mesh's shard group's
 // device: cpu for Gloo, cuda:N for NCCL), so an optimizer that runs where
@@ -170,7 +178,8 @@ struct ShardedParameter {
 // Collectives a unit issued since FullyShard (for tests and debugging).
 struct FsdpUnitStats {
   // All-gathers issued in forward / in backward, keyed by the number of ranks
-  // of the group they ran on (hpZ's backward ones run on the N-rank group).
+  // of the group they ran on (hpZ's backward ones run on the N-rank group;
+  // on one rank computing in f32, the unshards that view the masters).
   std::map<int, int64_t> forward_all_gathers;
   std::map<int, int64_t> backward_all_gathers;
   // Of those, the ones issued ahead of time by a unit's prefetch.
@@ -362,6 +371,9 @@ class FsdpUnit {
   Device state_device_ = Device::Cpu();  // masters and grads
   int world_ = 1, rank_ = 0;             // on the shard axis
   bool in_place_ = false;  // one rank: parameters are views of the gather
+  // One rank, f32 compute, no offload: parameters are views of the masters
+  // (nothing gathered, copied or cast).
+  bool alias_masters_ = false;
   std::vector<int64_t> offsets_;  // param start in a segment
   int64_t segment_ = 0;
   // The reduce-scatter's segment: each trainable parameter's start (-1 for

@@ -306,40 +306,53 @@ TEST(FullyShardTest, UnusedParametersReduceToZero) {
   }
 }
 
-// On one rank the gathered buffer holds each parameter in its own layout:
-// when every parameter starts 64-byte aligned in it they are all views of it
-// (no copy-out), else all are copies; either way they hold the masters'
-// values and go back to meta on reshard.
-TEST(FullyShardTest, OneRankParametersAreViewsOfTheGatheredBuffer) {
-  // f32 offsets in bytes: w 0, b 1024, w 1088, b 1408 (aligned); then w
-  // 1428 (not).
-  for (bool aligned : {true, false}) {
-    SCOPED_TRACE(aligned ? "aligned" : "one not aligned");
+// On one rank nothing moves between ranks. Computing in bf16, the gathered
+// (cast) buffer holds each parameter in its own layout: when every
+// parameter starts 64-byte aligned in it they are all views of it (no
+// copy-out), else all are copies. Computing in f32, the parameters are views
+// of the masters. Either way they hold the masters' values (cast) and go
+// back to meta on reshard.
+TEST(FullyShardTest, OneRankParametersAreViewsOfTheGatheredBufferOrMasters) {
+  enum Case { kAligned, kNotAligned, kF32 };
+  for (Case c : {kAligned, kNotAligned, kF32}) {
+    SCOPED_TRACE(c == kAligned ? "bf16 aligned"
+                 : c == kF32   ? "f32"
+                               : "bf16 one not aligned");
     testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
+      // bf16 offsets in bytes: w 0, b 1024, w 1088, b 3136 (aligned); then
+      // w 3200, b 3280 (not).
       nn::Sequential stack;
-      stack.Append(std::make_unique<nn::Linear>(16, 16, true, 0.5f));
-      stack.Append(std::make_unique<nn::Linear>(16, 5, true, 0.5f));
-      if (!aligned) {
-        stack.Append(std::make_unique<nn::Linear>(5, 16, true, 0.5f));
+      stack.Append(std::make_unique<nn::Linear>(16, 32, true, 0.5f));
+      stack.Append(std::make_unique<nn::Linear>(32, 32, true, 0.5f));
+      if (c == kNotAligned) {
+        stack.Append(std::make_unique<nn::Linear>(5, 8, true, 0.5f));
       }
       FullyShardOptions options;
       options.mesh = &mesh;
+      if (c != kF32) options.mp_policy.param_dtype = DType::kBF16;
       absl::StatusOr<FsdpUnit*> unit = FullyShard({&stack}, options);
       ASSERT_TRUE(unit.ok()) << unit.status();
       ASSERT_TRUE(InitShardedWeights(&stack, kSeed).ok());
       ASSERT_TRUE((*unit)->Unshard().ok());
       std::vector<ShardedParameter>& params = (*unit)->parameters();
-      ASSERT_EQ(params.size(), aligned ? 4u : 6u);
+      ASSERT_EQ(params.size(), c == kNotAligned ? 6u : 4u);
       for (size_t i = 0; i < params.size(); ++i) {
-        const Tensor& data = params[i].parameter->data;
-        if (i > 0) {
-          EXPECT_EQ(data.SharesStorageWith(params[0].parameter->data), aligned)
-              << params[i].name;
+        const ShardedParameter& sp = params[i];
+        const Tensor& data = sp.parameter->data;
+        if (c == kF32) {
+          EXPECT_TRUE(data.SharesStorageWith(sp.master.local())) << sp.name;
+          EXPECT_EQ(data.raw_data(), sp.master.local().raw_data()) << sp.name;
+        } else if (i > 0) {
+          EXPECT_EQ(data.SharesStorageWith(params[0].parameter->data),
+                    c == kAligned)
+              << sp.name;
         }
-        EXPECT_EQ(data.shape(), params[i].shape) << params[i].name;
-        EXPECT_EQ(testing_util::Values(data),
-                  testing_util::Values(params[i].master.local()))
-            << params[i].name;
+        EXPECT_EQ(data.shape(), sp.shape) << sp.name;
+        Tensor cast = *Tensor::Empty(sp.shape, data.dtype(), Device::Cpu());
+        Tensor master = *sp.master.local().Reshape(sp.shape);
+        ASSERT_TRUE(Copy(master, &cast).ok());
+        EXPECT_EQ(testing_util::Values(data), testing_util::Values(cast))
+            << sp.name;
       }
       ASSERT_TRUE((*unit)->Reshard().ok());
       for (ShardedParameter& sp : params) {
@@ -470,10 +483,13 @@ TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
           ASSERT_TRUE(
               Forward(stack.get(), &loss, rank * rows, rows, false).ok());
           Barrier(mesh);
+          // On one rank (f32) the parameters are views of the masters.
           if (rank == 0) {
             EXPECT_EQ(
                 alloc.Stats().current_of(MemoryTag::kCommBuffers) - before,
-                kWorld * (zero3 ? UnshardedBytes(root) : all_bytes))
+                kWorld == 1
+                    ? 0
+                    : kWorld * (zero3 ? UnshardedBytes(root) : all_bytes))
                 << "step " << step;
           }
           Barrier(mesh);

@@ -4,7 +4,9 @@
 // The allocator is process-wide and thread ranks share it, so per-rank
 // bounds are checked on 1-rank meshes, where everything is deterministic,
 // and on 2-rank meshes as sums (the peak of a sum is at most the sum of the
-// per-rank bounds; currents read between barriers are exact sums).
+// per-rank bounds; currents read between barriers are exact sums). The
+// one-rank runs compute in bf16: on one rank in f32 nothing is gathered or
+// reduce-scattered (checked: no comm buffer at all).
 //
 //   * ZeRO-3 comm-buffer peak (all-gather outputs, unsharded parameters,
 //     reduce-scatter buffers) <= the root's unsharded parameters + the
@@ -47,11 +49,19 @@ using parity::TrainResult;
 using parity::Units;
 
 constexpr int64_t kF32 = 4;
+// One-rank runs compute in bf16 (f32 masters, f32 reduction): in f32 their
+// parameters would be views of the masters, with nothing gathered.
+DType ParamDtype(int world) { return world == 1 ? DType::kBF16 : DType::kF32; }
+
+// Bytes of one element of `unit`'s unsharded parameters (its param dtype).
+int64_t ParamBytes(FsdpUnit* unit) {
+  return DTypeSize(unit->parameters().front().parameter->dtype);
+}
 
 int64_t UnshardedBytes(FsdpUnit* unit) {
   int64_t n = 0;
   for (ShardedParameter& sp : unit->parameters()) n += NumElements(sp.shape);
-  return n * kF32;
+  return n * ParamBytes(unit);
 }
 
 std::vector<FsdpUnit*> AllUnits(const Units& units) {
@@ -70,13 +80,14 @@ int64_t GlooScratchBytes(const Units& units, int world) {
   return 3 * segment * kF32;
 }
 
-// The ZeRO-3 comm-buffer bound of one rank (f32 everywhere), see the file
+// The ZeRO-3 comm-buffer bound of one rank (reduction in f32), see the file
 // comment and fully_shard.h.
 int64_t CommBound(const Units& units, int world) {
   int64_t block = 0, gathered = 0, reduce = 0;
   for (FsdpUnit* b : units.blocks) block = std::max(block, UnshardedBytes(b));
   for (FsdpUnit* u : AllUnits(units)) {
-    gathered = std::max(gathered, world * u->segment_elements() * kF32);
+    gathered =
+        std::max(gathered, world * u->segment_elements() * ParamBytes(u));
     reduce = std::max(reduce, (world + 1) * u->segment_elements() * kF32);
   }
   return UnshardedBytes(units.root) + block + gathered + reduce +
@@ -92,13 +103,14 @@ struct Peaks {
 };
 
 Peaks MeasurePeaks(const models::TransformerConfig& config, int world,
-                   bool zero3) {
+                   bool zero3, DType param_dtype) {
   CpuAllocator alloc;
   Allocator* previous = SetAllocator(&alloc);
   std::atomic<int64_t> bound{0}, at_least{0}, all_units{0};
   FsdpRun run;
   run.axes = {{"dp", world}};
   run.options.reshard_after_forward = zero3;
+  run.options.mp_policy.param_dtype = param_dtype;
   run.collect = false;  // Gathering results would allocate comm buffers.
   run.setup = [&](int rank, DeviceMesh& mesh, models::Transformer&,
                   const Units& units) {
@@ -126,18 +138,22 @@ Peaks MeasurePeaks(const models::TransformerConfig& config, int world,
 TEST(FsdpMemoryTest, Zero3CommPeakIsBoundedByTheRunningAndPrefetched) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 6);
   for (int world : {1, 2}) {
-    const Peaks p = MeasurePeaks(config, world, /*zero3=*/true);
+    const Peaks p =
+        MeasurePeaks(config, world, /*zero3=*/true, ParamDtype(world));
     EXPECT_LE(p.comm, p.bound) << "W=" << world;
     EXPECT_GE(p.comm, p.at_least) << "W=" << world;
     // Far below "everything unsharded".
     EXPECT_LT(p.comm, p.all_units) << "W=" << world;
   }
+  // One rank computing in f32: the parameters are views of the masters and
+  // the gradients go straight into their shards, so nothing is allocated.
+  EXPECT_EQ(MeasurePeaks(config, 1, /*zero3=*/true, DType::kF32).comm, 0);
 }
 
 TEST(FsdpMemoryTest, Zero3PeaksAreBelowZero2Peaks) {
   const models::TransformerConfig config = DebugConfig("gpt2_debug", 6);
-  const Peaks zero3 = MeasurePeaks(config, 1, /*zero3=*/true);
-  const Peaks zero2 = MeasurePeaks(config, 1, /*zero3=*/false);
+  const Peaks zero3 = MeasurePeaks(config, 1, /*zero3=*/true, ParamDtype(1));
+  const Peaks zero2 = MeasurePeaks(config, 1, /*zero3=*/false, ParamDtype(1));
   EXPECT_LT(zero3.comm, zero2.comm);
   EXPECT_LT(zero3.total, zero2.total);
   // ZeRO-2 holds every unit unsharded at the end of forward.
@@ -308,6 +324,7 @@ TEST(FsdpMemoryTest, PrefetchingEverythingRaisesTheCommPeak) {
     run.axes = {{"dp", 1}};
     run.steps = 2;
     run.collect = false;
+    run.options.mp_policy.param_dtype = ParamDtype(1);
     run.setup = [&](int, DeviceMesh&, models::Transformer&,
                     const Units& units) {
       plan(units);
@@ -331,7 +348,7 @@ TEST(FsdpMemoryTest, PrefetchingEverythingRaisesTheCommPeak) {
         std::vector<FsdpUnit*>(u.blocks.rbegin() + 1, u.blocks.rend()));
     root_and_three_gathers = UnshardedBytes(u.root);
     for (FsdpUnit* b : u.blocks)
-      root_and_three_gathers += b->segment_elements() * kF32;
+      root_and_three_gathers += b->segment_elements() * ParamBytes(b);
   });
   EXPECT_LE(none, implicit);
   EXPECT_GT(all_at_once, implicit);

@@ -100,9 +100,11 @@ LayoutBytes Analytic(const TransformerConfig& c, const Layout& l, int64_t rows,
   LayoutBytes b;
   const int64_t block = BlockElements(c, l.tp);
   const int64_t total = c.n_layers * block + RootElements(c, l.tp);
-  b.shard.all_gather = kF32 * (total + (c.n_layers - 1) * block);
-  // A one-rank shard axis without replicas casts the gradients into their
-  // shards locally: no reduce-scatter.
+  // On a one-rank shard axis (f32 here) the parameters are views of the
+  // masters: no all-gather; without replicas the gradients are cast into
+  // their shards locally: no reduce-scatter.
+  b.shard.all_gather =
+      l.dp == 1 ? 0 : kF32 * (total + (c.n_layers - 1) * block);
   b.shard.reduce_scatter = l.dp == 1 && l.replicate == 1 ? 0 : kF32 * total;
   // HSDP: the replicas all-reduce each rank's reduce-scattered shard.
   if (l.replicate > 1) b.replicate.all_reduce = kF32 * total / l.dp;
