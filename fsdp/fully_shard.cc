@@ -413,6 +413,11 @@ absl::Status FsdpUnit::ShardParameters() {
               });
   alias_masters_ = world_ == 1 && !offload_params() &&
                    options_.mp_policy.param_dtype == DType::kF32;
+  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  reduce_locally_ = world_ == 1 && replicate_group_ == nullptr &&
+                    !offload_params() &&
+                    (reduce_dtype == DType::kF32 ||
+                     reduce_dtype == options_.mp_policy.param_dtype);
   initialized_ = all_materialised;
   return absl::OkStatus();
 }
@@ -762,13 +767,9 @@ absl::Status FsdpUnit::ReduceGradients() {
   // backward, so normally done) and free its buffers before allocating: at
   // most one reduce-scatter's buffers are alive.
   FSDPP_RETURN_IF_ERROR(FinishReductions());
-  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
-  if (world_ == 1 && replicate_group_ == nullptr && !offload_params() &&
-      (reduce_dtype == DType::kF32 ||
-       reduce_dtype == options_.mp_policy.param_dtype)) {
-    return ReduceLocally();
-  }
+  if (reduce_locally_) return ReduceLocally();
   OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
+  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
   // Every element is written once: the gradient's rows (cast fused), zeros
   // for the padding and for parameters unused this step.
   FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());

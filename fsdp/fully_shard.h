@@ -343,7 +343,7 @@ class FsdpUnit {
   // Frees the unsharded parameters, keeping an hpZ piece.
   absl::Status FreeUnsharded();
   absl::Status ReduceGradients();
-  // ReduceGradients on one rank without replicas or offload.
+  // ReduceGradients when reduce_locally_.
   absl::Status ReduceLocally();
   // FailedPrecondition naming a frozen parameter that has a gradient.
   absl::Status CheckFrozenGradients();
@@ -374,6 +374,9 @@ class FsdpUnit {
   // One rank, f32 compute, no offload: parameters are views of the masters
   // (nothing gathered, copied or cast).
   bool alias_masters_ = false;
+  // One rank, no replicas, no offload, reduce dtype f32 or the param dtype:
+  // gradients are cast into their shards (ReduceLocally).
+  bool reduce_locally_ = false;
   std::vector<int64_t> offsets_;  // param start in a segment
   int64_t segment_ = 0;
   // The reduce-scatter's segment: each trainable parameter's start (-1 for

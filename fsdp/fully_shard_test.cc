@@ -453,15 +453,14 @@ int64_t UnshardedBytes(FsdpUnit* unit) {
 }
 
 TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
-  for (int kWorld : {1, 2})
+  for (int world : {1, 2}) {
     for (bool zero3 : {true, false}) {
-      SCOPED_TRACE(absl::StrCat(zero3 ? "ZeRO-3" : "ZeRO-2", " W=", kWorld));
+      SCOPED_TRACE(absl::StrCat(zero3 ? "ZeRO-3" : "ZeRO-2", " W=", world));
       // Thread ranks share the allocator: comm-buffer bytes (all-gather
       // outputs, unsharded parameters) are read between barriers as sums.
       CpuAllocator alloc;
       Allocator* previous = SetAllocator(&alloc);
-      testing_util::RunOnMesh({{"dp", kWorld}}, [&](int rank,
-                                                    DeviceMesh& mesh) {
+      testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
         auto stack = MakeStack();
         const std::vector<FsdpUnit*> units =
             PerLayer(zero3)(stack.get(), &mesh);
@@ -470,7 +469,7 @@ TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
         ASSERT_GT(UnshardedBytes(root), 0);  // The LayerNorm.
         int64_t all_bytes = 0;
         for (FsdpUnit* u : units) all_bytes += UnshardedBytes(u);
-        const int64_t rows = kBatch / kWorld;
+        const int64_t rows = kBatch / world;
         // Step 2 prefetches in the recorded order; its "before" includes
         // Gloo's reduce-scatter scratch from step 1.
         for (int step = 0; step < 2; ++step) {
@@ -487,9 +486,8 @@ TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
           if (rank == 0) {
             EXPECT_EQ(
                 alloc.Stats().current_of(MemoryTag::kCommBuffers) - before,
-                kWorld == 1
-                    ? 0
-                    : kWorld * (zero3 ? UnshardedBytes(root) : all_bytes))
+                world == 1 ? 0
+                           : world * (zero3 ? UnshardedBytes(root) : all_bytes))
                 << "step " << step;
           }
           Barrier(mesh);
@@ -510,6 +508,7 @@ TEST(FullyShardTest, ReshardAfterForwardFreesUnshardedParameters) {
       });
       SetAllocator(previous);
     }
+  }
 }
 
 // The plan as lists of module names.
