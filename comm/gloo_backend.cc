@@ -527,14 +527,23 @@ absl::StatusOr<std::unique_ptr<GlooProcessGroup>> GlooProcessGroup::Create(
     return absl::UnavailableError(absl::StrCat(
         "group '", name, "' connecting rank ", rank, ": ", e.what()));
   }
-  return std::unique_ptr<GlooProcessGroup>(
-      new GlooProcessGroup(store, rank, size, std::move(name),
-                           std::move(options), std::move(context)));
+  // Every rank takes part, asking for shared memory or not, so all agree.
+  absl::StatusOr<std::unique_ptr<SharedMemoryCollectives>> shm =
+      SharedMemoryCollectives::Connect(&group_store, rank, size,
+                                       options.shared_memory, options.timeout);
+  if (!shm.ok()) {
+    return Annotate(shm.status(),
+                    absl::StrCat("group '", name, "' joining shared memory"));
+  }
+  return std::unique_ptr<GlooProcessGroup>(new GlooProcessGroup(
+      store, rank, size, std::move(name), std::move(options),
+      std::move(context), *std::move(shm)));
 }
 
 GlooProcessGroup::GlooProcessGroup(Store* store, int rank, int size,
                                    std::string name, GlooOptions options,
-                                   std::shared_ptr<gloo::Context> context)
+                                   std::shared_ptr<gloo::Context> context,
+                                   std::unique_ptr<SharedMemoryCollectives> shm)
     : store_(store),
       group_store_(name, store),
       rank_(rank),
@@ -542,6 +551,7 @@ GlooProcessGroup::GlooProcessGroup(Store* store, int rank, int size,
       name_(std::move(name)),
       options_(std::move(options)),
       context_(std::move(context)),
+      shm_(std::move(shm)),
       stream_(std::make_unique<CpuStream>(absl::StrCat("comm:", name_),
                                           options_.timeout)),
       heartbeat_(&group_store_, rank_, size_, name_,
@@ -555,6 +565,10 @@ GlooProcessGroup::~GlooProcessGroup() {
 
 void GlooProcessGroup::SimulateCrash() {
   crashed_ = true;
+  if (shm_ != nullptr) {
+    shm_->Break(absl::AbortedError(
+        absl::StrCat("group '", name_, "': this rank crashed")));
+  }
   heartbeat_.Stop();
 }
 
@@ -591,18 +605,22 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::IssueP2P(
                  options, sequential_waits, std::move(body));
 }
 
+absl::StatusOr<CpuStream*> GlooProcessGroup::StreamFor(
+    const char* op, const CollectiveOptions& options) {
+  if (options.stream == nullptr) return stream_.get();
+  CpuStream* stream = dynamic_cast<CpuStream*>(options.stream);
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        op, " on group '", name_, "': Gloo ops need a CpuStream, not ",
+        options.stream->name()));
+  }
+  return stream;
+}
+
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::IssueOn(
     const char* op, uint64_t seq, bool collective, std::string description,
     const CollectiveOptions& options, int sequential_waits, OpBody body) {
-  CpuStream* stream = stream_.get();
-  if (options.stream != nullptr) {
-    stream = dynamic_cast<CpuStream*>(options.stream);
-    if (stream == nullptr) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          op, " on group '", name_, "': Gloo ops need a CpuStream, not ",
-          options.stream->name()));
-    }
-  }
+  FSDPP_ASSIGN_OR_RETURN(CpuStream * stream, StreamFor(op, options));
   const absl::Duration timeout = options.timeout > absl::ZeroDuration()
                                      ? options.timeout
                                      : options_.timeout;
@@ -669,6 +687,17 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
   const size_t bytes = input.nbytes();
   const bool in_place =
       input.data == static_cast<char*>(output.data) + rank_ * bytes;
+  if (shm_ != nullptr) {
+    // The ticket once the op cannot fail to queue: every ticket must run.
+    FSDPP_RETURN_IF_ERROR(StreamFor("all_gather", options).status());
+    return Issue(
+        "all_gather", input.ToString(), options, 1,
+        [this, input, output, bytes, ticket = shm_->Ticket()](
+            uint32_t, std::chrono::milliseconds timeout, StreamScratch&) {
+          return shm_->AllGather(ticket, input.data, output.data, bytes,
+                                 absl::FromChrono(timeout));
+        });
+  }
   return Issue(
       "all_gather", input.ToString(), options, 2 * (size_ - 1),
       [this, input, output, bytes, in_place](
@@ -692,17 +721,40 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp op,
     const CollectiveOptions& options) {
   FSDPP_RETURN_IF_ERROR(ValidateReduceScatter(*this, input, output, op));
+  uint64_t ticket = 0;
+  if (shm_ != nullptr) {
+    // The ticket once the op cannot fail to queue: every ticket must run.
+    FSDPP_RETURN_IF_ERROR(StreamFor("reduce_scatter", options).status());
+    ticket = shm_->Ticket();
+  }
   return Issue(
       "reduce_scatter", absl::StrCat(input.ToString(), ", ", ReduceOpName(op)),
       options, /*sequential_waits=*/1,
-      [this, input, output, op](uint32_t tag, std::chrono::milliseconds timeout,
-                                StreamScratch& scratch) -> absl::Status {
+      [this, input, output, op, ticket](
+          uint32_t tag, std::chrono::milliseconds timeout,
+          StreamScratch& scratch) -> absl::Status {
         const int64_t n = input.count;
         const int64_t count = output.count;
         auto run = [&](auto* result) -> absl::Status {
           using Acc = std::remove_pointer_t<decltype(result)>;
-          return RingReduceScatter<Acc>(*context_, input.data, input.dtype, n,
-                                        op, tag, timeout, scratch, result);
+          if (shm_ == nullptr) {
+            return RingReduceScatter<Acc>(*context_, input.data, input.dtype, n,
+                                          op, tag, timeout, scratch, result);
+          }
+          // Combined in the ring's order (rank + 1, rank + 2, ..., rank,
+          // as Acc), so both transports give the same bits.
+          return shm_->ReduceScatter(
+              ticket, input.data, DTypeSize(input.dtype), n,
+              absl::FromChrono(timeout),
+              [&](int64_t first, int64_t len, const void* const* sources) {
+                Acc* out = result + first;
+                LoadAs<Acc>(sources[(rank_ + 1) % size_], input.dtype, 0, len,
+                            out);
+                for (int i = 2; i <= size_; ++i) {
+                  CombineFrom<Acc>(out, out, sources[(rank_ + i) % size_],
+                                   input.dtype, 0, len, op);
+                }
+              });
         };
         switch (input.dtype) {
           case DType::kI32:
@@ -948,11 +1000,12 @@ ProcessGroupFactory GlooGroupFactory(Store* store, GlooOptions options) {
 }
 
 GlooScratch GlooReduceScatterScratch(int64_t n, DType dtype, DType out_dtype,
-                                     int64_t out_count, int size) {
+                                     int64_t out_count, int size,
+                                     bool shared_memory) {
   GlooScratch s;
   const bool floating = IsFloatingPoint(dtype);
   // Integers accumulate in their own type, floats in f32.
-  if (size > 1 && n > 0) {
+  if (size > 1 && n > 0 && !shared_memory) {
     s.held = 3 * static_cast<int64_t>(RingChunkBytes(
                      n, size, floating ? sizeof(float) : DTypeSize(dtype)));
   }

@@ -26,6 +26,7 @@
 
 #include "comm/heartbeat.h"
 #include "comm/process_group.h"
+#include "comm/shm_collectives.h"
 #include "comm/store.h"
 
 namespace gloo {
@@ -42,6 +43,12 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";
   // How often the heartbeat is published.
   absl::Duration heartbeat_interval = absl::Milliseconds(250);
+  // All-gathers and reduce-scatters through shared memory
+  // (comm/shm_collectives.h) when every rank of the group asks for it and
+  // shares this host (SharedMemoryCollectives::HostKey); otherwise, or if
+  // the segments cannot be made, over TCP as the other ops. The other ops
+  // always go over TCP.
+  bool shared_memory = false;
 };
 
 class GlooProcessGroup final : public ProcessGroup {
@@ -93,6 +100,10 @@ class GlooProcessGroup final : public ProcessGroup {
       const std::vector<P2POp>& ops,
       const CollectiveOptions& options = {}) override;
 
+  // Whether all-gathers and reduce-scatters go through shared memory
+  // (GlooOptions::shared_memory, granted).
+  bool uses_shared_memory() const { return shm_ != nullptr; }
+
   // Stops this rank's heartbeat and fails its future ops, as if the process
   // had died: the other ranks' pending ops time out and name this rank. Used
   // by fault tests.
@@ -108,7 +119,8 @@ class GlooProcessGroup final : public ProcessGroup {
 
  private:
   GlooProcessGroup(Store* store, int rank, int size, std::string name,
-                   GlooOptions options, std::shared_ptr<gloo::Context> context);
+                   GlooOptions options, std::shared_ptr<gloo::Context> context,
+                   std::unique_ptr<SharedMemoryCollectives> shm);
 
   using OpBody = std::function<absl::Status(
       uint32_t tag, std::chrono::milliseconds timeout, StreamScratch& scratch)>;
@@ -132,6 +144,10 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> IssueOn(
       const char* op, uint64_t seq, bool collective, std::string description,
       const CollectiveOptions& options, int sequential_waits, OpBody body);
+  // The stream an op runs on (options.stream or the group's), or
+  // InvalidArgument naming `op`.
+  absl::StatusOr<CpuStream*> StreamFor(const char* op,
+                                       const CollectiveOptions& options);
   // The scratch area of ops on `stream` (created on first use).
   StreamScratch* ScratchFor(const CpuStream* stream);
 
@@ -142,6 +158,7 @@ class GlooProcessGroup final : public ProcessGroup {
   const std::string name_;
   const GlooOptions options_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<SharedMemoryCollectives> shm_;  // null: TCP only
   std::unique_ptr<CpuStream> stream_;
 
   std::mutex scratch_mu_;
@@ -168,8 +185,11 @@ struct GlooScratch {
   int64_t held = 0;
   int64_t transient = 0;
 };
+// `shared_memory`: the group's reduce-scatters go through shared memory
+// (no ring buffers held).
 GlooScratch GlooReduceScatterScratch(int64_t n, DType dtype, DType out_dtype,
-                                     int64_t out_count, int size);
+                                     int64_t out_count, int size,
+                                     bool shared_memory = false);
 GlooScratch GlooAllReduceScratch(int64_t n, DType dtype, int size);
 GlooScratch GlooAllToAllScratch(int64_t bytes, bool in_place, int size);
 

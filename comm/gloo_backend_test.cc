@@ -20,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "comm/gloo_ranks.h"
 #include "comm/store.h"
+#include "core/allocator.h"
 #include "core/dtype.h"
 #include "gtest/gtest.h"
 
@@ -117,9 +118,37 @@ double Reduced(int size, int64_t i, ReduceOp op, DType dtype) {
 
 const int64_t kCounts[] = {0, 1, 7, 64, 1001};
 
-TEST(GlooBackendTest, AllGatherEveryDTypeAndSize) {
+// The all-gather and reduce-scatter tests run over both transports: TCP
+// and shared memory (GlooOptions::shared_memory; the thread ranks share a
+// host).
+class GlooTransportTest : public ::testing::TestWithParam<bool> {
+ protected:
+  GlooOptions Options() const {
+    GlooOptions o = FastOptions();
+    o.shared_memory = GetParam();
+    return o;
+  }
+  void Run(int size, const std::function<void(int, GlooProcessGroup&)>& fn,
+           const std::string& name = "g") const {
+    RunRanks(
+        size,
+        [&](int rank, GlooProcessGroup& group) {
+          ASSERT_EQ(group.uses_shared_memory(), GetParam() && size > 1);
+          fn(rank, group);
+        },
+        name, Options());
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Transports, GlooTransportTest,
+                         ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "SharedMemory" : "Tcp";
+                         });
+
+TEST_P(GlooTransportTest, AllGatherEveryDTypeAndSize) {
   for (int size = 1; size <= 5; ++size) {
-    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+    Run(size, [&](int rank, GlooProcessGroup& group) {
       for (DType dtype : {DType::kF32, DType::kBF16, DType::kI64, DType::kU8}) {
         for (int64_t count : kCounts) {
           HostBuffer in(count, dtype), out(count * size, dtype);
@@ -154,9 +183,9 @@ TEST(GlooBackendTest, AllGatherEveryDTypeAndSize) {
   }
 }
 
-TEST(GlooBackendTest, ReduceScatterUnevenChunks) {
+TEST_P(GlooTransportTest, ReduceScatterUnevenChunks) {
   for (int size = 1; size <= 5; ++size) {
-    RunRanks(size, [&](int rank, GlooProcessGroup& group) {
+    Run(size, [&](int rank, GlooProcessGroup& group) {
       for (DType dtype :
            {DType::kF32, DType::kBF16, DType::kF16, DType::kI32}) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
@@ -182,10 +211,11 @@ TEST(GlooBackendTest, ReduceScatterUnevenChunks) {
   }
 }
 
-TEST(GlooBackendTest, LargeReduceScatterInPieces) {
-  // Chunks of more than one ring message (1 MiB pieces), uneven split.
+TEST_P(GlooTransportTest, LargeReduceScatterInPieces) {
+  // Chunks of more than one ring message (1 MiB pieces) and, in f32, more
+  // pieces than shared memory has slots; uneven split.
   const int64_t n = (3 << 20) + 7;
-  RunRanks(3, [&](int rank, GlooProcessGroup& group) {
+  Run(3, [&](int rank, GlooProcessGroup& group) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       const int64_t count = ReduceScatterCount(n, 3, rank);
       const int64_t offset = ReduceScatterOffset(n, 3, rank);
@@ -202,6 +232,90 @@ TEST(GlooBackendTest, LargeReduceScatterInPieces) {
                 Reduced(3, offset + count - 1, ReduceOp::kSum, dtype));
     }
   });
+}
+
+TEST_P(GlooTransportTest, LargeAllGatherInPieces) {
+  // More pieces than shared memory has slots, the last one partial, in
+  // place and not; then ops of both kinds back to back on two streams.
+  const int64_t count = (5 << 18) + 3;  // f32: 5 MiB + 12 bytes a rank
+  Run(3, [&](int rank, GlooProcessGroup& group) {
+    HostBuffer in(count, DType::kF32), out(3 * count, DType::kF32);
+    for (int64_t i = 0; i < count; ++i) in.Set(i, std::fabs(Value(rank, i)));
+    ASSERT_TRUE((*group.AllGather(in.buffer, out.buffer))->Wait(kWait).ok());
+    for (int r = 0; r < 3; ++r) {
+      for (int64_t i = 0; i < count; i += 1009) {
+        ASSERT_EQ(out.Get(r * count + i), std::fabs(Value(r, i))) << r << i;
+      }
+      ASSERT_EQ(out.Get(r * count + count - 1), std::fabs(Value(r, count - 1)));
+    }
+    CpuStream side("side");
+    std::vector<HostBuffer> gathered, reduced;
+    std::vector<std::shared_ptr<Work>> works;
+    for (int i = 0; i < 6; ++i) {
+      CollectiveOptions o;
+      if (i % 2) o.stream = &side;
+      gathered.emplace_back(3 * 1000, DType::kF32);
+      reduced.emplace_back(ReduceScatterCount(3000, 3, rank), DType::kF32);
+    }
+    for (int i = 0; i < 6; ++i) {
+      CollectiveOptions o;
+      if (i % 2) o.stream = &side;
+      Buffer mine = gathered[i].buffer;
+      mine.data = gathered[i].bytes.data() + rank * 1000 * sizeof(float);
+      mine.count = 1000;
+      for (int64_t j = 0; j < 1000; ++j) {
+        gathered[i].Set(rank * 1000 + j, rank + i);
+      }
+      works.push_back(*group.AllGather(mine, gathered[i].buffer, o));
+      works.push_back(*group.ReduceScatter(
+          gathered[i].buffer, reduced[i].buffer, ReduceOp::kSum, o));
+    }
+    for (auto& w : works) ASSERT_TRUE(w->Wait(kWait).ok()) << w->description();
+    for (int i = 0; i < 6; ++i) {
+      for (int r = 0; r < 3; ++r) {
+        ASSERT_EQ(gathered[i].Get(r * 1000 + 999), r + i);
+      }
+      // Each rank's chunk of the gathered buffer summed over 3 ranks.
+      ASSERT_EQ(reduced[i].Get(0), 3.0 * (rank + i));
+    }
+  });
+}
+
+// Values whose sums round: the reduce-scatter's order shows in the bits,
+// and both transports must give the ring's (the same model on one host or
+// several: trainer/multinode_test.sh).
+TEST(GlooBackendTest, TransportsReduceToTheSameBits) {
+  for (int size = 3; size <= 5; ++size) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      const int64_t n = 1001;
+      std::vector<std::vector<char>> results[2];
+      for (int shm = 0; shm < 2; ++shm) {
+        results[shm].resize(size);
+        GlooOptions o = FastOptions();
+        o.shared_memory = shm == 1;
+        RunRanks(
+            size,
+            [&](int rank, GlooProcessGroup& group) {
+              ASSERT_EQ(group.uses_shared_memory(), shm == 1);
+              HostBuffer in(n, dtype),
+                  out(ReduceScatterCount(n, size, rank), dtype);
+              for (int64_t i = 0; i < n; ++i) {
+                in.Set(i, std::sin(rank * 1000.0 + i) * 1000.0 + 0.1 * rank);
+              }
+              ASSERT_TRUE(
+                  (*group.ReduceScatter(in.buffer, out.buffer, ReduceOp::kSum))
+                      ->Wait(kWait)
+                      .ok());
+              results[shm][rank] = out.bytes;
+            },
+            "g", o);
+      }
+      for (int rank = 0; rank < size; ++rank) {
+        EXPECT_EQ(results[0][rank], results[1][rank])
+            << "size " << size << " " << DTypeName(dtype) << " rank " << rank;
+      }
+    }
+  }
 }
 
 TEST(GlooBackendTest, AllReduceBroadcastAllToAllBarrier) {
@@ -652,8 +766,30 @@ TEST(GlooBackendTest, PointToPointFailuresNameThePeer) {
       << results[1];
 }
 
-TEST(GlooBackendTest, BadArgumentsAreRejectedAtIssue) {
-  RunRanks(2, [](int rank, GlooProcessGroup& group) {
+// What a reduce-scatter holds after it (Gloo's ring buffers over TCP,
+// nothing through shared memory) is what GlooReduceScatterScratch tells the
+// planner: the two ranks' share of a fresh allocator's comm buffers.
+TEST_P(GlooTransportTest, ReduceScatterHoldsWhatThePlannerCounts) {
+  CpuAllocator fresh;
+  Allocator* previous = SetAllocator(&fresh);
+  const int64_t n = 4001;
+  Run(2, [&](int rank, GlooProcessGroup& group) {
+    HostBuffer in(n, DType::kF32),
+        out(ReduceScatterCount(n, 2, rank), DType::kF32);
+    ASSERT_TRUE((*group.ReduceScatter(in.buffer, out.buffer, ReduceOp::kSum))
+                    ->Wait(kWait)
+                    .ok());
+  });
+  // The peak: both ranks' held buffers, alive until both groups are gone.
+  SetAllocator(previous);
+  EXPECT_EQ(fresh.Stats().peak_of(MemoryTag::kCommBuffers),
+            2 * GlooReduceScatterScratch(n, DType::kF32, DType::kF32, 2001, 2,
+                                         GetParam())
+                    .held);
+}
+
+TEST_P(GlooTransportTest, BadArgumentsAreRejectedAtIssue) {
+  Run(2, [](int rank, GlooProcessGroup& group) {
     HostBuffer in(4, DType::kF32), out(7, DType::kF32);
     absl::StatusOr<std::shared_ptr<Work>> w =
         group.AllGather(in.buffer, out.buffer);
@@ -683,8 +819,41 @@ TEST(GlooBackendTest, BadArgumentsAreRejectedAtIssue) {
     EXPECT_NE(
         w.status().message().find("buffer is on meta, the group works on cpu"),
         absl::string_view::npos);
-    // A valid op still matches up across ranks after the rejected ones.
+    // A stream that is not a CpuStream: rejected before the op takes its
+    // place in shared memory's order.
+    class OtherStream final : public Stream {
+     public:
+      Device device() const override { return Device::Cpu(); }
+      const std::string& name() const override { return name_; }
+      std::shared_ptr<Event> Record() override { return nullptr; }
+      void WaitEvent(std::shared_ptr<Event>) override {}
+      absl::Status Synchronize(absl::Duration) override {
+        return absl::OkStatus();
+      }
+      absl::Status status() const override { return absl::OkStatus(); }
+
+     private:
+      std::string name_ = "other";
+    } other;
+    CollectiveOptions elsewhere;
+    elsewhere.stream = &other;
+    HostBuffer gathered(8, DType::kF32);
+    w = group.AllGather(in.buffer, gathered.buffer, elsewhere);
+    ASSERT_FALSE(w.ok());
+    EXPECT_NE(w.status().message().find("need a CpuStream, not other"),
+              absl::string_view::npos)
+        << w.status();
+    HostBuffer two(4, DType::kF32);
+    w = group.ReduceScatter(gathered.buffer, two.buffer, ReduceOp::kSum,
+                            elsewhere);
+    ASSERT_FALSE(w.ok());
+    // Valid ops still match up across ranks after the rejected ones.
     ASSERT_TRUE((*group.Barrier())->Wait(kWait).ok());
+    for (int64_t i = 0; i < 4; ++i) in.Set(i, rank + 1);
+    ASSERT_TRUE(
+        (*group.AllGather(in.buffer, gathered.buffer))->Wait(kWait).ok());
+    EXPECT_EQ(gathered.Get(0), 1.0);
+    EXPECT_EQ(gathered.Get(4), 2.0);
   });
 }
 
@@ -720,8 +889,8 @@ TEST(GlooBackendTest, ConcurrentGroupsAndStreams) {
   for (auto& t : threads) t.join();
 }
 
-TEST(GlooBackendTest, OpsWaitForTheirEventAndOverlapHostWork) {
-  RunRanks(2, [](int rank, GlooProcessGroup& group) {
+TEST_P(GlooTransportTest, OpsWaitForTheirEventAndOverlapHostWork) {
+  Run(2, [](int rank, GlooProcessGroup& group) {
     const int64_t count = 8 << 20;  // 32 MiB per rank.
     HostBuffer in(count, DType::kF32), out(2 * count, DType::kF32);
     for (int64_t i = 0; i < count; i += 4096) in.Set(i, rank + 1);

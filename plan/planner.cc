@@ -388,8 +388,9 @@ absl::StatusOr<Plan> MakePlan(const models::TransformerConfig& model,
   p.device = device;
   FSDPP_ASSIGN_OR_RETURN(
       p.run, DryRun(model, layout, rank, device.separate_host,
-                    device.name == "cpu" ? SimulatedBackend::kGloo
-                                         : SimulatedBackend::kNccl));
+                    device.name != "cpu"   ? SimulatedBackend::kNccl
+                    : device.shared_memory ? SimulatedBackend::kGlooSharedMemory
+                                           : SimulatedBackend::kGloo));
   p.predicted_peak_bytes = p.run.peak_bytes + device.overhead_bytes;
   p.fits =
       device.memory_bytes <= 0 || p.predicted_peak_bytes <= device.memory_bytes;

@@ -50,6 +50,10 @@ struct DeviceSpec {
   int64_t overhead_bytes = 0;
   // A GPU: offloaded state goes to host memory, counted apart.
   bool separate_host = false;
+  // "cpu": the collectives' all-gathers and reduce-scatters go through shared
+  // memory (comm.shared_memory, every rank on one node), which holds no ring
+  // buffers.
+  bool shared_memory = false;
   std::string source;  // where the figures come from
 };
 

@@ -46,7 +46,7 @@ SimulatedProcessGroup::~SimulatedProcessGroup() {
 
 absl::Status SimulatedProcessGroup::Scratch(const CollectiveOptions& options,
                                             int64_t held, int64_t transient) {
-  if (backend_ != SimulatedBackend::kGloo) return absl::OkStatus();
+  if (backend_ == SimulatedBackend::kNccl) return absl::OkStatus();
   Allocator* accountant = GetAllocator(device());
   if (accountant == nullptr) return absl::OkStatus();  // nothing counts
   const Stream* stream = options.stream != nullptr ? options.stream : &stream_;
@@ -88,7 +88,8 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp,
     const CollectiveOptions& options) {
   const GlooScratch s = GlooReduceScatterScratch(
-      input.count, input.dtype, output.dtype, output.count, size_);
+      input.count, input.dtype, output.dtype, output.count, size_,
+      backend_ == SimulatedBackend::kGlooSharedMemory);
   FSDPP_RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
   return Done("reduce_scatter", input.nbytes(), output.nbytes());
 }

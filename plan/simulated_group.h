@@ -49,8 +49,10 @@ class SimulatedOpLog {
   std::vector<SimulatedOp> ops_;
 };
 
-// Whose memory behaviour a simulated group reproduces.
-enum class SimulatedBackend { kGloo, kNccl };
+// Whose memory behaviour a simulated group reproduces: Gloo over TCP,
+// Gloo with its all-gathers and reduce-scatters through shared memory
+// (GlooOptions::shared_memory granted: no ring buffers held), or NCCL.
+enum class SimulatedBackend { kGloo, kGlooSharedMemory, kNccl };
 
 class SimulatedProcessGroup final : public ProcessGroup {
  public:

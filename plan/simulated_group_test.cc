@@ -1,11 +1,14 @@
 // SimulatedProcessGroup records each op (kind, group, size, bytes) and
 // completes it at once; an uneven all-to-all as "all_to_all_v" with its
-// buffers' bytes, like the even one.
+// buffers' bytes, like the even one. It counts the scratch of the backend it
+// stands for: Gloo's ring buffers over TCP, none through shared memory.
 #include "plan/simulated_group.h"
 
 #include <cstdint>
 #include <vector>
 
+#include "comm/gloo_backend.h"
+#include "core/allocator.h"
 #include "gtest/gtest.h"
 
 namespace fsdpp {
@@ -31,6 +34,31 @@ TEST(SimulatedGroupTest, RecordsAllToAllVWithItsBuffersBytes) {
   EXPECT_EQ(ops[0].out_bytes, 10);
   EXPECT_EQ(ops[1].kind, "all_to_all");
   EXPECT_EQ(ops[1].in_bytes, 14);
+}
+
+TEST(SimulatedGroupTest, ReduceScatterHoldsRingBuffersOnlyOverTcp) {
+  int64_t held[2] = {0, 0};
+  const SimulatedBackend backends[2] = {SimulatedBackend::kGloo,
+                                        SimulatedBackend::kGlooSharedMemory};
+  for (int b = 0; b < 2; ++b) {
+    MetaAccountant accountant;
+    ScopedMetaAccounting scope(&accountant);
+    SimulatedProcessGroup group("g", 0, 2, nullptr, backends[b]);
+    const Buffer in{nullptr, 1001, DType::kBF16, Device::DryRun()};
+    const Buffer out{nullptr, 501, DType::kBF16, Device::DryRun()};
+    ASSERT_TRUE(group.ReduceScatter(in, out, ReduceOp::kSum).ok());
+    const GlooScratch expected =
+        GlooReduceScatterScratch(1001, DType::kBF16, DType::kBF16, 501, 2,
+                                 backends[b] != SimulatedBackend::kGloo);
+    const MemoryStats stats = accountant.Stats();
+    held[b] = stats.current_of(MemoryTag::kCommBuffers);
+    EXPECT_EQ(held[b], expected.held) << b;
+    // The f32 result of a bf16 output lives during the op on both.
+    EXPECT_EQ(stats.peak_of(MemoryTag::kCommBuffers), expected.held + 501 * 4)
+        << b;
+  }
+  EXPECT_EQ(held[0], 3 * 501 * 4);  // the ring's three f32 chunks
+  EXPECT_EQ(held[1], 0);
 }
 
 }  // namespace

@@ -4,6 +4,8 @@
 // and the size parser.
 #include "tools/plan/plan_tool.h"
 
+#include <string>
+
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
@@ -100,9 +102,32 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   o.world = 2;
   o.calibrate = false;
   o.memory_budget = int64_t{12} << 30;  // 24 GiB shared by 2 ranks
+  // By default the two ranks' reduce-scatters go through shared memory,
+  // which holds no ring buffers: the config does not fit (12.39 GiB with
+  // the 256 MiB outside the allocators), but 2 x 2048 tokens a micro-batch
+  // do.
   absl::StatusOr<std::string> out = RunPlanTool(o);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(absl::StrContains(*out, "DOES NOT FIT")) << *out;
+  EXPECT_TRUE(
+      absl::StrContains(*out, "comm                0.0 KiB       1.06 GiB"))
+      << *out;
+  const std::string first =
+      " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, document masks, "
+      "batch 2 x 2048 x 64  11.75 GiB ";
+  const size_t at = out->find(first);
+  ASSERT_NE(at, std::string::npos) << *out;
+  const std::string line = out->substr(at, out->find('\n', at) - at);
+  EXPECT_TRUE(absl::EndsWith(line, " fits")) << line;
+  // Over TCP the ring reduce-scatter's buffers (1.46 GiB more at the peak)
+  // make every strategy too large.
+  o.overrides.push_back("comm.shared_memory=false");
+  out = RunPlanTool(o);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(absl::StrContains(*out, "DOES NOT FIT")) << *out;
+  EXPECT_TRUE(
+      absl::StrContains(*out, "comm                0.0 KiB       2.52 GiB"))
+      << *out;
   // fp32 masters: 4 bytes per parameter, half the model per rank.
   EXPECT_TRUE(absl::StrContains(
       *out, "params 2.30 GiB (617907200 of 1235814400 elements)"))

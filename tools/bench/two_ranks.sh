@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# What a second rank costs on one host: GPT-2 124M, B = 4, T = 256, fwd +
+# bwd + clipping + AdamW, 1 rank x 2 threads against ZeRO-3 over 2 ranks x
+# 1 thread with FSDP's all-gathers and reduce-scatters through shared memory
+# (comm.shared_memory, the default) and over Gloo's TCP loopback, the three
+# in turn each round. Prints each run's time/step (after 3 warm-up steps)
+# and its measured and planned peak per rank.
+#
+#   bash tools/bench/two_ranks.sh [DTYPE] [ROUNDS]   (bf16, 1)
+#
+# Figures go to docs/PERFORMANCE.md ("Trainer: where a step's time goes").
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+dtype="${1:-bf16}"
+rounds="${2:-1}"
+[[ "$dtype" == bf16 || "$dtype" == f32 ]] || {
+  echo "two_ranks.sh: dtype '$dtype' is not bf16 or f32" >&2
+  exit 2
+}
+[[ "$rounds" =~ ^[0-9]+$ && "$rounds" -ge 1 ]] || {
+  echo "two_ranks.sh: rounds must be an integer >= 1" >&2
+  exit 2
+}
+bazel build -c opt //trainer:train 2>/dev/null
+train="$PWD/bazel-out/k8-opt/bin/trainer/train"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+
+for round in $(seq 1 "$rounds"); do
+  for run in "1 true" "2 true" "2 false"; do
+    read -r ranks shm <<<"$run"
+    OMP_WAIT_POLICY=PASSIVE timeout 900 "$train" \
+      --config="$PWD/trainer/configs/gpt2_124m.textproto" \
+      --nproc_per_node="$ranks" \
+      --set training.steps=8 --set training.warmup_steps=2 \
+      --set training.global_batch=4 --set training.micro_batch=$((4 / ranks)) \
+      --set training.seq_len=256 \
+      --set training.mixed_precision.param_dtype="$dtype" \
+      --set comm.shared_memory="$shm" \
+      --set checkpoint.interval=0 --set checkpoint.resume=false \
+      --set validation.interval=0 --set metrics.throughput_warmup_steps=3 \
+      --set metrics.jsonl_path= >"$log" 2>&1 || {
+      echo "two_ranks.sh: the ${ranks}-rank run (shared_memory $shm) failed:" >&2
+      tail -20 "$log" >&2
+      exit 1
+    }
+    step=$(grep -m1 'Time/step' "$log" | awk '{print $(NF-1)}')
+    peak=$(grep -m1 'Peak memory/rank' "$log" | sed -E 's/.*Peak memory\/rank: *//')
+    if [[ "$ranks" == 1 ]]; then
+      what="1 x 2"
+    elif [[ "$shm" == true ]]; then
+      what="2 x 1 shared memory"
+    else
+      what="2 x 1 TCP"
+    fi
+    printf 'round %d  %s %-20s %s s/step  peak %s\n' "$round" "$dtype" \
+      "$what" "$step" "$peak"
+  done
+done
