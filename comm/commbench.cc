@@ -1,5 +1,7 @@
 // commbench: collective bandwidth in the style of nccl-tests, with the same
 // ops called directly on Gloo in the same run to show our overhead.
+// --shared_memory puts our all-gathers and reduce-scatters on shared memory
+// (comm/shm_collectives.h) against raw Gloo's TCP.
 //
 // Ranks are threads of this process over real Gloo (loopback TCP). For each
 // size from --min_bytes to --max_bytes (doubling) it times all_gather,
@@ -46,6 +48,9 @@ ABSL_FLAG(int, rounds, 7,
           "(medians)");
 ABSL_FLAG(std::string, ops, "all_gather,reduce_scatter,all_reduce",
           "ops to run");
+ABSL_FLAG(bool, shared_memory, false,
+          "our group's all-gathers and reduce-scatters through shared memory "
+          "(GlooOptions::shared_memory); raw Gloo stays on TCP");
 
 namespace fsdpp {
 namespace {
@@ -140,8 +145,10 @@ void RunRank(int rank, int world, InMemoryStore* store,
              std::vector<Row>* rows) {
   GlooOptions options;
   options.timeout = absl::Minutes(2);
+  options.shared_memory = absl::GetFlag(FLAGS_shared_memory);
   auto created = GlooProcessGroup::Create(store, rank, world, "bench", options);
   CHECK_OK(created.status());
+  CHECK_EQ((*created)->uses_shared_memory(), options.shared_memory);
   GlooProcessGroup& group = **created;
   const auto& context = group.gloo_context();
   const std::vector<std::string> ops =
@@ -224,8 +231,13 @@ int Main() {
     threads.emplace_back([&, r] { RunRank(r, world, &store, &rows); });
   }
   for (auto& t : threads) t.join();
-  std::printf("# commbench: %d ranks (threads) over Gloo TCP loopback, f32\n",
-              world);
+  std::printf(
+      "# commbench: %d ranks (threads), ours over %s, gloo over TCP "
+      "loopback, f32\n",
+      world,
+      absl::GetFlag(FLAGS_shared_memory)
+          ? "shared memory (all_gather, reduce_scatter; all_reduce: TCP)"
+          : "Gloo TCP loopback");
   std::printf("# %-14s %10s | %9s %7s %7s | %9s | %9s %7s %7s | %8s %8s\n",
               "op", "bytes", "ours us", "algbw", "busbw", "async us", "gloo us",
               "algbw", "busbw", "overhead", "async");

@@ -76,6 +76,9 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override;
+  // A bf16 / f16 input with an f32 output too: the ring and shared memory
+  // widen it piece by piece.
+  bool ReduceScatterWidens() const override { return true; }
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(
       const Buffer& buffer, ReduceOp op,
       const CollectiveOptions& options = {}) override;

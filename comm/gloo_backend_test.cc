@@ -234,6 +234,50 @@ TEST_P(GlooTransportTest, LargeReduceScatterInPieces) {
   });
 }
 
+// A bf16 / f16 input reduced into an f32 output (ReduceScatterWidens) gives
+// the bits of an f32 input holding the same values, with sums that round.
+TEST_P(GlooTransportTest, ReduceScatterWidensHalfInputs) {
+  for (int size : {2, 3}) {
+    Run(size, [&](int rank, GlooProcessGroup& group) {
+      EXPECT_TRUE(group.ReduceScatterWidens());
+      for (DType dtype : {DType::kBF16, DType::kF16}) {
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          const int64_t n = 3001;
+          const int64_t count = ReduceScatterCount(n, size, rank);
+          HostBuffer half(n, dtype), wide(n, DType::kF32);
+          for (int64_t i = 0; i < n; ++i) {
+            half.Set(i, std::sin(rank * 1000.0 + i) * 100.0);
+            wide.Set(i, half.Get(i));
+          }
+          HostBuffer from_half(count, DType::kF32),
+              from_wide(count, DType::kF32);
+          ASSERT_TRUE((*group.ReduceScatter(half.buffer, from_half.buffer, op))
+                          ->Wait(kWait)
+                          .ok());
+          ASSERT_TRUE((*group.ReduceScatter(wide.buffer, from_wide.buffer, op))
+                          ->Wait(kWait)
+                          .ok());
+          EXPECT_EQ(from_half.bytes, from_wide.bytes)
+              << size << " " << DTypeName(dtype) << " " << ReduceOpName(op);
+        }
+      }
+      // Only bf16 / f16 into f32.
+      HostBuffer wide(8, DType::kF32), narrow(8 / size + 1, DType::kBF16);
+      narrow.buffer.count = ReduceScatterCount(8, size, rank);
+      absl::StatusOr<std::shared_ptr<Work>> w =
+          group.ReduceScatter(wide.buffer, narrow.buffer, ReduceOp::kSum);
+      ASSERT_FALSE(w.ok());
+      EXPECT_NE(w.status().message().find("input is f32, output is bf16"),
+                absl::string_view::npos)
+          << w.status();
+      HostBuffer half(8, DType::kBF16), f16(8 / size + 1, DType::kF16);
+      f16.buffer.count = ReduceScatterCount(8, size, rank);
+      EXPECT_FALSE(
+          group.ReduceScatter(half.buffer, f16.buffer, ReduceOp::kSum).ok());
+    });
+  }
+}
+
 TEST_P(GlooTransportTest, LargeAllGatherInPieces) {
   // More pieces than shared memory has slots, the last one partial, in
   // place and not; then ops of both kinds back to back on two streams.

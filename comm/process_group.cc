@@ -141,7 +141,12 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group,
                                    const Buffer& input, const Buffer& output,
                                    ReduceOp op) {
   constexpr const char* kOp = "reduce_scatter";
-  if (absl::Status s = CheckInputAndOutputDType(group, kOp, input, output);
+  const bool widens =
+      group.ReduceScatterWidens() && output.dtype == DType::kF32 &&
+      (input.dtype == DType::kBF16 || input.dtype == DType::kF16);
+  if (absl::Status s =
+          widens ? CheckInputAndOutput(group, kOp, input, output)
+                 : CheckInputAndOutputDType(group, kOp, input, output);
       !s.ok()) {
     return s;
   }

@@ -141,7 +141,8 @@ class ProcessGroup {
   // Reduces `input` (count n, any n) across ranks and leaves this rank's
   // chunk in `output`: chunk = ceil(n / size), rank r gets elements
   // [r * chunk, min(n, (r + 1) * chunk)) (possibly none), so output.count must
-  // be ReduceScatterCount(n, size, rank).
+  // be ReduceScatterCount(n, size, rank). The output's dtype is the input's,
+  // or f32 for a bf16 / f16 input where ReduceScatterWidens().
   virtual absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) = 0;
@@ -179,6 +180,14 @@ class ProcessGroup {
       const Buffer& input, const std::vector<int64_t>& input_splits,
       const Buffer& output, const std::vector<int64_t>& output_splits,
       const CollectiveOptions& options = {}) = 0;
+
+  // Whether ReduceScatter takes a bf16 / f16 input with an f32 output. The
+  // sums are f32 either way, so the result has the bits of an f32 input
+  // holding the same values; FSDP then hands over bf16 gradients as they
+  // are (half the bytes to copy and move). Gloo does (its reductions widen
+  // piece by piece); NCCL does not (its f32 reduction needs a whole f32
+  // copy of the input, more memory than FSDP's own f32 buffer).
+  virtual bool ReduceScatterWidens() const { return false; }
 
   // Completes once every rank has reached it.
   virtual absl::StatusOr<std::shared_ptr<Work>> Barrier(

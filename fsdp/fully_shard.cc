@@ -770,17 +770,18 @@ absl::Status FsdpUnit::ReduceGradients() {
   if (reduce_locally_) return ReduceLocally();
   OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
   // Every element is written once: the gradient's rows (cast fused), zeros
   // for the padding and for parameters unused this step.
-  FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
+  FSDPP_ASSIGN_OR_RETURN(const DType input_dtype, ReduceScatterInputDType());
   FSDPP_ASSIGN_OR_RETURN(
-      Tensor input, Tensor::Empty({grad_segment_ * world_}, reduce_dtype,
+      Tensor input, Tensor::Empty({grad_segment_ * world_}, input_dtype,
                                   compute_device_, MemoryTag::kCommBuffers));
   FSDPP_ASSIGN_OR_RETURN(
       Tensor output, Tensor::Empty({grad_segment_}, reduce_dtype,
                                    compute_device_, MemoryTag::kCommBuffers));
   char* input_base = static_cast<char*>(input.raw_data());
-  const size_t esize = DTypeSize(reduce_dtype);
+  const size_t esize = DTypeSize(input_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     if (!sp.requires_grad) continue;
@@ -816,6 +817,30 @@ absl::Status FsdpUnit::ReduceGradients() {
   ++stats_.reduce_scatters;
   stats_.reduce_scatter_elements += grad_segment_ * world_;
   return absl::OkStatus();
+}
+
+absl::StatusOr<DType> FsdpUnit::ReduceScatterInputDType() const {
+  // bf16 / f16 gradients reduced in f32 go as they are when the group widens
+  // them itself: the sums are the same f32 sums (the widening is exact),
+  // with half the bytes copied in and sent. Decided from the policy, so
+  // every rank hands the group the same dtype.
+  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  const DType param_dtype = options_.mp_policy.param_dtype;
+  if (reduce_dtype != DType::kF32 ||
+      (param_dtype != DType::kBF16 && param_dtype != DType::kF16) ||
+      !shard_group_->ReduceScatterWidens()) {
+    return reduce_dtype;
+  }
+  for (const ShardedParameter& sp : params_) {
+    const Tensor& grad = sp.parameter->grad;
+    if (sp.requires_grad && grad.defined() && grad.dtype() != param_dtype) {
+      return absl::InternalError(absl::StrCat(
+          "FSDP unit '", name_, "': the gradient of '", sp.name, "' is ",
+          DTypeName(grad.dtype()), ", not the unit's param dtype ",
+          DTypeName(param_dtype)));
+    }
+  }
+  return param_dtype;
 }
 
 absl::Status FsdpUnit::ReduceLocally() {

@@ -343,6 +343,10 @@ class FsdpUnit {
   // Frees the unsharded parameters, keeping an hpZ piece.
   absl::Status FreeUnsharded();
   absl::Status ReduceGradients();
+  // The dtype of the reduce-scatter's input: the gradients' own (bf16 / f16)
+  // when they are reduced in f32 by a group that widens them
+  // (ProcessGroup::ReduceScatterWidens), else the reduce dtype.
+  absl::StatusOr<DType> ReduceScatterInputDType() const;
   // ReduceGradients when reduce_locally_.
   absl::Status ReduceLocally();
   // FailedPrecondition naming a frozen parameter that has a gradient.

@@ -118,6 +118,9 @@ class CountingProcessGroup final : public ProcessGroup {
     reduce_scatter_bytes_ += static_cast<int64_t>(input.nbytes());
     return inner_->ReduceScatter(input, output, op, options);
   }
+  bool ReduceScatterWidens() const override {
+    return inner_->ReduceScatterWidens();
+  }
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(
       const Buffer& buffer, ReduceOp op,
       const CollectiveOptions& options = {}) override {

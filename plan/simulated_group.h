@@ -73,6 +73,10 @@ class SimulatedProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override;
+  // As the backend it stands for: Gloo widens, NCCL does not.
+  bool ReduceScatterWidens() const override {
+    return backend_ != SimulatedBackend::kNccl;
+  }
   absl::StatusOr<std::shared_ptr<Work>> AllReduce(
       const Buffer& buffer, ReduceOp op,
       const CollectiveOptions& options = {}) override;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Where the threads of 2 ranks x 1 thread run, measured: GPT-2 124M, B = 4,
 # T = 256, fwd + bwd + clipping + AdamW, ZeRO-3 over 2 processes (Gloo over
-# TCP loopback) on a 2-core machine, once per placement in turn:
+# TCP loopback: comm.shared_memory=false) on a 2-core machine, once per
+# placement in turn:
 #   none  the scheduler's placement;
 #   pin   each rank's threads (compute, Gloo, comm streams, heartbeat) on
 #         its own core (taskset -a, applied once the ranks are up);
@@ -13,33 +14,28 @@
 # Figures go to docs/PERFORMANCE.md ("Trainer: where a step's time goes").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/gpt2_b4_t256.sh
 dtype="${1:-bf16}"
 rounds="${2:-1}"
-[[ "$dtype" == bf16 || "$dtype" == f32 ]] || {
-  echo "thread_placement.sh: dtype '$dtype' is not bf16 or f32" >&2
-  exit 2
-}
-[[ "$rounds" =~ ^[0-9]+$ && "$rounds" -ge 1 ]] || {
-  echo "thread_placement.sh: rounds must be an integer >= 1" >&2
-  exit 2
-}
+bench_args thread_placement.sh "$dtype" "$rounds"
 command -v taskset >/dev/null || {
   echo "thread_placement.sh: taskset (util-linux) not found" >&2
   exit 1
 }
 bazel build -c opt //trainer:train 2>/dev/null
-train="$PWD/bazel-out/k8-opt/bin/trainer/train"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
-# The ranks: the 2 child processes of the launching trainer, itself the
-# child of `timeout` (waited for up to 60 s).
+# The ranks: the 2 child processes of the launching trainer (the first
+# process named train below the background job; waited for up to 60 s).
 rank_pids() {
-  local top=$1 launcher="" kids="" t
+  local p=$1 kids="" t
   for t in $(seq 1 600); do
-    launcher=$(pgrep -P "$top" || true)
-    if [[ -n "$launcher" ]]; then
-      kids=$(pgrep -P "$launcher" || true)
+    if [[ "$(ps -o comm= -p "$p" 2>/dev/null)" != train ]]; then
+      kids=$(pgrep -P "$p" || true)
+      [[ $(wc -w <<<"$kids") -eq 1 ]] && p=$kids
+    else
+      kids=$(pgrep -P "$p" || true)
       if [[ $(wc -w <<<"$kids") -ge 2 ]]; then
         echo "$kids"
         return 0
@@ -73,15 +69,7 @@ place() {
 
 for round in $(seq 1 "$rounds"); do
   for mode in none pin nice; do
-    OMP_WAIT_POLICY=PASSIVE timeout 600 "$train" \
-      --config="$PWD/trainer/configs/gpt2_124m.textproto" --nproc_per_node=2 \
-      --set training.steps=8 --set training.warmup_steps=2 \
-      --set training.global_batch=4 --set training.micro_batch=2 \
-      --set training.seq_len=256 \
-      --set training.mixed_precision.param_dtype="$dtype" \
-      --set checkpoint.interval=0 --set checkpoint.resume=false \
-      --set validation.interval=0 --set metrics.throughput_warmup_steps=3 \
-      --set metrics.jsonl_path= >"$log" 2>&1 &
+    gpt2_run 2 "$dtype" --set comm.shared_memory=false >"$log" 2>&1 &
     top=$!
     if ! place "$mode" "$top"; then
       kill "$top" 2>/dev/null || true

@@ -11,35 +11,19 @@
 # Figures go to docs/PERFORMANCE.md ("Trainer: where a step's time goes").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
+source tools/bench/gpt2_b4_t256.sh
 dtype="${1:-bf16}"
 rounds="${2:-1}"
-[[ "$dtype" == bf16 || "$dtype" == f32 ]] || {
-  echo "two_ranks.sh: dtype '$dtype' is not bf16 or f32" >&2
-  exit 2
-}
-[[ "$rounds" =~ ^[0-9]+$ && "$rounds" -ge 1 ]] || {
-  echo "two_ranks.sh: rounds must be an integer >= 1" >&2
-  exit 2
-}
+bench_args two_ranks.sh "$dtype" "$rounds"
 bazel build -c opt //trainer:train 2>/dev/null
-train="$PWD/bazel-out/k8-opt/bin/trainer/train"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 
 for round in $(seq 1 "$rounds"); do
   for run in "1 true" "2 true" "2 false"; do
     read -r ranks shm <<<"$run"
-    OMP_WAIT_POLICY=PASSIVE timeout 900 "$train" \
-      --config="$PWD/trainer/configs/gpt2_124m.textproto" \
-      --nproc_per_node="$ranks" \
-      --set training.steps=8 --set training.warmup_steps=2 \
-      --set training.global_batch=4 --set training.micro_batch=$((4 / ranks)) \
-      --set training.seq_len=256 \
-      --set training.mixed_precision.param_dtype="$dtype" \
-      --set comm.shared_memory="$shm" \
-      --set checkpoint.interval=0 --set checkpoint.resume=false \
-      --set validation.interval=0 --set metrics.throughput_warmup_steps=3 \
-      --set metrics.jsonl_path= >"$log" 2>&1 || {
+    gpt2_run "$ranks" "$dtype" --set comm.shared_memory="$shm" \
+      >"$log" 2>&1 || {
       echo "two_ranks.sh: the ${ranks}-rank run (shared_memory $shm) failed:" >&2
       tail -20 "$log" >&2
       exit 1

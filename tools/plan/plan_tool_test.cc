@@ -103,30 +103,30 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   o.calibrate = false;
   o.memory_budget = int64_t{12} << 30;  // 24 GiB shared by 2 ranks
   // By default the two ranks' reduce-scatters go through shared memory,
-  // which holds no ring buffers: the config does not fit (12.39 GiB with
-  // the 256 MiB outside the allocators), but 2 x 2048 tokens a micro-batch
-  // do.
+  // which holds no ring buffers (and take the bf16 gradients as they are):
+  // the config does not fit (12.28 GiB with the 256 MiB outside the
+  // allocators), but 2 x 2048 tokens a micro-batch do.
   absl::StatusOr<std::string> out = RunPlanTool(o);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(absl::StrContains(*out, "DOES NOT FIT")) << *out;
   EXPECT_TRUE(
-      absl::StrContains(*out, "comm                0.0 KiB       1.06 GiB"))
+      absl::StrContains(*out, "comm                0.0 KiB      965.0 MiB"))
       << *out;
   const std::string first =
       " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, document masks, "
-      "batch 2 x 2048 x 64  11.75 GiB ";
+      "batch 2 x 2048 x 64  11.63 GiB ";
   const size_t at = out->find(first);
   ASSERT_NE(at, std::string::npos) << *out;
   const std::string line = out->substr(at, out->find('\n', at) - at);
   EXPECT_TRUE(absl::EndsWith(line, " fits")) << line;
-  // Over TCP the ring reduce-scatter's buffers (1.46 GiB more at the peak)
+  // Over TCP the ring reduce-scatter's buffers (1.47 GiB more at the peak)
   // make every strategy too large.
   o.overrides.push_back("comm.shared_memory=false");
   out = RunPlanTool(o);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_TRUE(absl::StrContains(*out, "DOES NOT FIT")) << *out;
   EXPECT_TRUE(
-      absl::StrContains(*out, "comm                0.0 KiB       2.52 GiB"))
+      absl::StrContains(*out, "comm                0.0 KiB       2.41 GiB"))
       << *out;
   // fp32 masters: 4 bytes per parameter, half the model per rank.
   EXPECT_TRUE(absl::StrContains(
@@ -138,7 +138,7 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   EXPECT_TRUE(absl::StrContains(
       *out,
       " 1. W=2, ZeRO-3, bf16/f32, AC, fused attention, document masks, "
-      "batch 2 x 2048 x 64  13.21 GiB"))
+      "batch 2 x 2048 x 64  13.10 GiB"))
       << *out;
   // Unfused everywhere, 1 x 2048 needs the least.
   o.overrides.push_back("training.loss_chunk_tokens=0");
@@ -147,7 +147,7 @@ TEST(PlanToolTest, Llama1bAtTwoRanksOnTwentyFourGiBIsRefusedWithFixes) {
   EXPECT_TRUE(absl::StrContains(*out,
                                 " 1. W=2, ZeRO-3, bf16/f32, AC, fused "
                                 "attention, unfused loss head, document "
-                                "masks, batch 1 x 2048 x 128  13.38 GiB"))
+                                "masks, batch 1 x 2048 x 128  13.26 GiB"))
       << *out;
 }
 

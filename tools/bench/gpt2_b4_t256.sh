@@ -1,0 +1,35 @@
+# Sourced by the 2-core trainer benchmarks (thread_placement.sh,
+# two_ranks.sh): their arguments' checks and the GPT-2 124M run they time
+# (B = 4, T = 256, 8 steps, 3 of them warm-up, nothing saved or validated).
+
+# bench_args NAME DTYPE ROUNDS: exits 2 with a message naming NAME unless
+# DTYPE is bf16 or f32 and ROUNDS an integer >= 1.
+bench_args() {
+  [[ "$2" == bf16 || "$2" == f32 ]] || {
+    echo "$1: dtype '$2' is not bf16 or f32" >&2
+    exit 2
+  }
+  [[ "$3" =~ ^[0-9]+$ && "$3" -ge 1 ]] || {
+    echo "$1: rounds must be an integer >= 1" >&2
+    exit 2
+  }
+}
+
+# gpt2_run RANKS DTYPE [--set KEY=VALUE...]: the trainer's run over RANKS
+# ranks of one thread each (one rank: two threads) on stdout and stderr;
+# build the opt trainer first.
+gpt2_run() {
+  local ranks=$1 dtype=$2
+  shift 2
+  OMP_WAIT_POLICY=PASSIVE timeout 900 \
+    "$PWD/bazel-out/k8-opt/bin/trainer/train" \
+    --config="$PWD/trainer/configs/gpt2_124m.textproto" \
+    --nproc_per_node="$ranks" \
+    --set training.steps=8 --set training.warmup_steps=2 \
+    --set training.global_batch=4 --set training.micro_batch=$((4 / ranks)) \
+    --set training.seq_len=256 \
+    --set training.mixed_precision.param_dtype="$dtype" \
+    --set checkpoint.interval=0 --set checkpoint.resume=false \
+    --set validation.interval=0 --set metrics.throughput_warmup_steps=3 \
+    --set metrics.jsonl_path= "$@"
+}
