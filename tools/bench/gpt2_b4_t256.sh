@@ -2,14 +2,18 @@
 # two_ranks.sh): their arguments' checks and the GPT-2 124M run they time
 # (B = 4, T = 256, 8 steps, 3 of them warm-up, nothing saved or validated).
 
-# bench_args NAME DTYPE ROUNDS: exits 2 with a message naming NAME unless
+# bench_init NAME [DTYPE] [ROUNDS]: goes to the repository's root and sets
+# dtype (bf16) and rounds (1), or exits 2 with a message naming NAME unless
 # DTYPE is bf16 or f32 and ROUNDS an integer >= 1.
-bench_args() {
-  [[ "$2" == bf16 || "$2" == f32 ]] || {
-    echo "$1: dtype '$2' is not bf16 or f32" >&2
+bench_init() {
+  cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+  dtype="${2:-bf16}"
+  rounds="${3:-1}"
+  [[ "$dtype" == bf16 || "$dtype" == f32 ]] || {
+    echo "$1: dtype '$dtype' is not bf16 or f32" >&2
     exit 2
   }
-  [[ "$3" =~ ^[0-9]+$ && "$3" -ge 1 ]] || {
+  [[ "$rounds" =~ ^[0-9]+$ && "$rounds" -ge 1 ]] || {
     echo "$1: rounds must be an integer >= 1" >&2
     exit 2
   }

@@ -13,11 +13,8 @@
 #
 # Figures go to docs/PERFORMANCE.md ("Trainer: where a step's time goes").
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-source tools/bench/gpt2_b4_t256.sh
-dtype="${1:-bf16}"
-rounds="${2:-1}"
-bench_args thread_placement.sh "$dtype" "$rounds"
+source "$(dirname "$0")/gpt2_b4_t256.sh"
+bench_init thread_placement.sh "$@"
 command -v taskset >/dev/null || {
   echo "thread_placement.sh: taskset (util-linux) not found" >&2
   exit 1

@@ -10,11 +10,8 @@
 #
 # Figures go to docs/PERFORMANCE.md ("Trainer: where a step's time goes").
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-source tools/bench/gpt2_b4_t256.sh
-dtype="${1:-bf16}"
-rounds="${2:-1}"
-bench_args two_ranks.sh "$dtype" "$rounds"
+source "$(dirname "$0")/gpt2_b4_t256.sh"
+bench_init two_ranks.sh "$@"
 bazel build -c opt //trainer:train 2>/dev/null
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
