@@ -166,11 +166,14 @@ std::string SharedMemoryCollectives::HostKey() {
   return absl::StrCat(boot, " ", mnt, " ", net);
 }
 
-size_t SharedMemoryCollectives::SegmentBytes(int size) {
+size_t SharedMemoryCollectives::HeaderBytes(int size) {
   const size_t counters =
       static_cast<size_t>(size) * (1 + static_cast<size_t>(size)) * kLine;
-  const size_t header = (counters + kPage - 1) / kPage * kPage;
-  return header + static_cast<size_t>(size) * kSlots * kSlotBytes;
+  return (counters + kPage - 1) / kPage * kPage;
+}
+
+size_t SharedMemoryCollectives::SegmentBytes(int size) {
+  return HeaderBytes(size) + static_cast<size_t>(size) * kSlots * kSlotBytes;
 }
 
 absl::StatusOr<std::unique_ptr<SharedMemoryCollectives>>
@@ -291,10 +294,7 @@ std::atomic<uint32_t>* SharedMemoryCollectives::Consumed(int w, int channel,
 }
 
 char* SharedMemoryCollectives::Slot(int w, int channel, uint32_t piece) const {
-  const size_t counters =
-      static_cast<size_t>(size_) * (1 + static_cast<size_t>(size_)) * kLine;
-  const size_t header = (counters + kPage - 1) / kPage * kPage;
-  return static_cast<char*>(segments_[w].base) + header +
+  return static_cast<char*>(segments_[w].base) + HeaderBytes(size_) +
          (static_cast<size_t>(channel) * kSlots + piece % kSlots) * kSlotBytes;
 }
 

@@ -103,6 +103,8 @@ class SharedMemoryCollectives {
   };
   SharedMemoryCollectives(int rank, int size, std::vector<Mapping> segments);
 
+  // The counters' bytes (a whole number of pages), then the whole segment.
+  static size_t HeaderBytes(int size);
   static size_t SegmentBytes(int size);
   // Rank w's counters and slots.
   std::atomic<uint32_t>* Published(int w, int channel) const;

@@ -82,6 +82,15 @@ struct ResolvedTrainConfig {
 absl::StatusOr<ResolvedTrainConfig> ResolveTrainConfig(
     const TrainConfig& config, int world_size);
 
+// Whether the run's Gloo groups move their all-gathers and reduce-scatters
+// through shared memory (comm.shared_memory, when every one of the
+// `world_size` ranks is on this node): what the groups are told and what
+// the memory plan assumes.
+inline bool UsesSharedMemory(const TrainConfig& config, int ranks_per_node,
+                             int world_size) {
+  return config.comm().shared_memory() && ranks_per_node >= world_size;
+}
+
 // Whether data.dataset names a dataset compiled into the binary ("embedded",
 // "embedded_chat") rather than a file.
 inline bool IsEmbeddedDataset(absl::string_view dataset) {

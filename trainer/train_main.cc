@@ -380,10 +380,8 @@ int RunRank(const TrainConfig& config, const RendezvousInfo& info,
                info.master_addr.c_str(), info.master_port);
   GlooOptions gloo;
   gloo.timeout = absl::Seconds(config.comm().timeout_s());
-  // Only when every rank is on this node, as the memory plan assumes
-  // (Trainer::CheckMemoryPlan): a multi-node run's groups stay on TCP.
   gloo.shared_memory =
-      config.comm().shared_memory() && info.local_world_size == info.world_size;
+      UsesSharedMemory(config, info.local_world_size, info.world_size);
   absl::StatusOr<std::string> address = ListenAddress(info);
   if (!address.ok()) {
     std::fprintf(stderr, "train: %s\n", address.status().ToString().c_str());
@@ -445,7 +443,7 @@ int RunSingle(const TrainConfig& config, const char* argv0,
   TrainerEnv env;
   GlooOptions gloo;
   gloo.timeout = absl::Seconds(config.comm().timeout_s());
-  gloo.shared_memory = config.comm().shared_memory();
+  gloo.shared_memory = UsesSharedMemory(config, 1, 1);
   if (absl::Status s = SetUpDevice(config, 0, &store, gloo, &env); !s.ok()) {
     std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
     return 1;

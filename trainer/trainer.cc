@@ -293,9 +293,8 @@ absl::Status Trainer::CheckMemoryPlan() {
   FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
                          plan::DeviceByName(planned_device, ranks_per_node,
                                             /*calibrate=*/false));
-  // As the groups decide: shared memory when asked and every rank is here.
   device.shared_memory =
-      config_.comm().shared_memory() && ranks_per_node >= env_.world_size;
+      UsesSharedMemory(config_, ranks_per_node, env_.world_size);
   const TrainingConfig& tc = config_.training();
   if (tc.max_memory_gib() > 0) {
     device.memory_bytes =

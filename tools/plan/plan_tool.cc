@@ -73,7 +73,7 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
                          plan::DeviceByName(o.device, per_node, o.calibrate));
   if (o.memory_budget > 0) device.memory_bytes = o.memory_budget;
-  device.shared_memory = config.comm().shared_memory() && per_node >= o.world;
+  device.shared_memory = trainer::UsesSharedMemory(config, per_node, o.world);
   FSDPP_ASSIGN_OR_RETURN(plan::Plan p,
                          plan::MakePlan(rc.model, rc.layout, device, o.rank));
   std::string out;
