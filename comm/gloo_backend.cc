@@ -717,6 +717,32 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGather(
       });
 }
 
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGatherRuns(
+    const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
+    const CollectiveOptions& options) {
+  if (shm_ == nullptr) {
+    return ProcessGroup::AllGatherRuns(output, runs, options);
+  }
+  FSDPP_RETURN_IF_ERROR(ValidateAllGatherRuns(*this, output, runs));
+  const size_t esize = DTypeSize(output.dtype);
+  std::vector<std::vector<SharedMemoryCollectives::ByteRun>> bytes(size_);
+  for (int r = 0; r < size_; ++r) {
+    for (const BufferRun& run : runs[r]) {
+      bytes[r].push_back({static_cast<size_t>(run.offset) * esize,
+                          static_cast<size_t>(run.count) * esize});
+    }
+  }
+  // The ticket once the op cannot fail to queue: every ticket must run.
+  FSDPP_RETURN_IF_ERROR(StreamFor("all_gather", options).status());
+  return Issue(
+      "all_gather", output.ToString(), options, 1,
+      [this, output, bytes = std::move(bytes), ticket = shm_->Ticket()](
+          uint32_t, std::chrono::milliseconds timeout, StreamScratch&) {
+        return shm_->AllGatherRuns(ticket, output.data, bytes,
+                                   absl::FromChrono(timeout));
+      });
+}
+
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp op,
     const CollectiveOptions& options) {

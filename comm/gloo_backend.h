@@ -73,6 +73,12 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> AllGather(
       const Buffer& input, const Buffer& output,
       const CollectiveOptions& options = {}) override;
+  // Through shared memory only: each piece goes from the writer's runs
+  // straight into the readers' (TCP's ring needs rank order).
+  bool AllGathersRuns() const override { return shm_ != nullptr; }
+  absl::StatusOr<std::shared_ptr<Work>> AllGatherRuns(
+      const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
+      const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override;

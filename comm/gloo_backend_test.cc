@@ -22,10 +22,13 @@
 #include "comm/store.h"
 #include "core/allocator.h"
 #include "core/dtype.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace fsdpp {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr absl::Duration kWait = absl::Seconds(60);
 
@@ -181,6 +184,112 @@ TEST_P(GlooTransportTest, AllGatherEveryDTypeAndSize) {
       }
     });
   }
+}
+
+// FSDP's layout for AllGatherRuns: parameters of `rows` x `inner` elements
+// (two of them `outer` = 3 blocks of rows), each starting on a multiple of
+// 16 elements (gaps between them), rank r holding its chunk of every
+// parameter's rows (none when a parameter has fewer rows than ranks). One
+// parameter is 5 MiB of f32: more pieces than the shared memory has slots.
+std::vector<std::vector<BufferRun>> ParamRuns(int size, int64_t* elements) {
+  struct Param {
+    int64_t outer, rows, inner;
+  };
+  const Param params[] = {{1, 7, 5},  {3, 5, 2},         {1, 1, 9},
+                          {1, 64, 1}, {1, 5 << 10, 256}, {3, 2, 1}};
+  std::vector<std::vector<BufferRun>> runs(size);
+  int64_t start = 0;
+  for (const Param& p : params) {
+    const int64_t chunk = (p.rows + size - 1) / size;
+    for (int r = 0; r < size; ++r) {
+      const int64_t begin = std::min(p.rows, r * chunk);
+      const int64_t length = std::min(p.rows, begin + chunk) - begin;
+      for (int64_t o = 0; o < p.outer; ++o) {
+        if (length > 0) {
+          runs[r].push_back(
+              {start + (o * p.rows + begin) * p.inner, length * p.inner});
+        }
+      }
+    }
+    start += (p.outer * p.rows * p.inner + 3 + 15) / 16 * 16;  // a gap
+  }
+  *elements = start;
+  return runs;
+}
+
+TEST_P(GlooTransportTest, AllGatherRunsFillsEveryRanksRuns) {
+  for (int size : {1, 2, 3, 4}) {
+    Run(size, [&](int rank, GlooProcessGroup& group) {
+      int64_t elements = 0;
+      const std::vector<std::vector<BufferRun>> runs =
+          ParamRuns(size, &elements);
+      HostBuffer out(elements, DType::kF32);
+      if (!GetParam() || size == 1) {
+        // Rank order only: TCP's ring (and one rank, which shares nothing).
+        ASSERT_FALSE(group.AllGathersRuns());
+        ASSERT_EQ(group.AllGatherRuns(out.buffer, runs).status().code(),
+                  absl::StatusCode::kUnimplemented);
+        return;
+      }
+      ASSERT_TRUE(group.AllGathersRuns());
+      for (DType dtype : {DType::kF32, DType::kBF16}) {
+        HostBuffer buffer(elements, dtype);
+        // The gaps hold -1 on every rank, and other ranks' runs -2 here.
+        for (int64_t i = 0; i < elements; ++i) buffer.Set(i, -1);
+        for (int r = 0; r < size; ++r) {
+          for (const BufferRun& run : runs[r]) {
+            for (int64_t i = run.offset; i < run.offset + run.count; ++i) {
+              buffer.Set(i, r == rank ? std::fabs(Value(r, i)) : -2);
+            }
+          }
+        }
+        auto work = group.AllGatherRuns(buffer.buffer, runs);
+        ASSERT_TRUE(work.ok()) << work.status();
+        ASSERT_TRUE((*work)->Wait(kWait).ok());
+        std::vector<int> owner(elements, -1);
+        for (int r = 0; r < size; ++r) {
+          for (const BufferRun& run : runs[r]) {
+            for (int64_t i = run.offset; i < run.offset + run.count; ++i) {
+              owner[i] = r;
+            }
+          }
+        }
+        for (int64_t i = 0; i < elements; ++i) {
+          const double want =
+              owner[i] < 0 ? -1.0 : std::fabs(Value(owner[i], i));
+          ASSERT_EQ(buffer.Get(i), want)
+              << "size " << size << " " << DTypeName(dtype) << " element " << i
+              << " of rank " << owner[i];
+        }
+      }
+    });
+  }
+}
+
+TEST_P(GlooTransportTest, AllGatherRunsRejectsBadRunsAtIssue) {
+  if (!GetParam()) GTEST_SKIP() << "runs go through shared memory only";
+  Run(2, [&](int rank, GlooProcessGroup& group) {
+    HostBuffer out(100, DType::kF32);
+    auto code = [&](const std::vector<std::vector<BufferRun>>& runs) {
+      return group.AllGatherRuns(out.buffer, runs).status();
+    };
+    const absl::Status overlap = code({{{0, 10}}, {{5, 10}}});
+    EXPECT_EQ(overlap.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(overlap.message(), HasSubstr("[0, 10) and [5, 15) overlap"));
+    const absl::Status outside = code({{{0, 10}}, {{95, 10}}});
+    EXPECT_EQ(outside.code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(outside.message(),
+                HasSubstr("rank 1's run [95, 105) is not inside the output's "
+                          "100 elements"));
+    EXPECT_EQ(code({{{0, -1}}, {}}).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(code({{{0, 10}}}).code(), absl::StatusCode::kInvalidArgument);
+    // Rejected ops took no ticket: the next op runs.
+    for (int64_t i = 0; i < 100; ++i) out.Set(i, rank == i / 50 ? i : -1);
+    ASSERT_TRUE((*group.AllGatherRuns(out.buffer, {{{0, 50}}, {{50, 50}}}))
+                    ->Wait(kWait)
+                    .ok());
+    for (int64_t i = 0; i < 100; ++i) ASSERT_EQ(out.Get(i), i);
+  });
 }
 
 TEST_P(GlooTransportTest, ReduceScatterUnevenChunks) {

@@ -72,7 +72,9 @@ absl::Status CheckBuffer(const ProcessGroup& group, const char* op,
   if (b.count < 0) {
     return Invalid(group, op, absl::StrCat(name, " has a negative count"));
   }
-  if (b.count > 0 && b.data == nullptr) {
+  // Meta buffers (a dry run's) have no data.
+  if (b.count > 0 && b.data == nullptr &&
+      b.device.type() != DeviceType::kMeta) {
     return Invalid(group, op, absl::StrCat(name, " is null"));
   }
   if (b.device != group.device()) {
@@ -135,6 +137,57 @@ absl::Status ValidateAllGather(const ProcessGroup& group, const Buffer& input,
                                 " x ", group.size(), " ranks"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateAllGatherRuns(
+    const ProcessGroup& group, const Buffer& output,
+    const std::vector<std::vector<BufferRun>>& runs) {
+  constexpr const char* kOp = "all_gather (runs)";
+  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok()) {
+    return s;
+  }
+  if (static_cast<int>(runs.size()) != group.size()) {
+    return Invalid(group, kOp,
+                   absl::StrCat(runs.size(), " lists of runs for ",
+                                group.size(), " ranks"));
+  }
+  std::vector<BufferRun> all;
+  for (int r = 0; r < group.size(); ++r) {
+    for (const BufferRun& run : runs[r]) {
+      if (run.offset < 0 || run.count < 0 ||
+          run.count > output.count - run.offset) {
+        return Invalid(group, kOp,
+                       absl::StrCat("rank ", r, "'s run [", run.offset, ", ",
+                                    run.offset + run.count,
+                                    ") is not inside the output's ",
+                                    output.count, " elements"));
+      }
+      if (run.count > 0) all.push_back(run);
+    }
+  }
+  std::sort(all.begin(), all.end(), [](const BufferRun& a, const BufferRun& b) {
+    return a.offset < b.offset;
+  });
+  for (size_t i = 1; i < all.size(); ++i) {
+    if (all[i].offset < all[i - 1].offset + all[i - 1].count) {
+      return Invalid(group, kOp,
+                     absl::StrCat("runs [", all[i - 1].offset, ", ",
+                                  all[i - 1].offset + all[i - 1].count,
+                                  ") and [", all[i].offset, ", ",
+                                  all[i].offset + all[i].count, ") overlap"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::AllGatherRuns(
+    const Buffer& /*output*/,
+    const std::vector<std::vector<BufferRun>>& /*runs*/,
+    const CollectiveOptions& /*options*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("all_gather (runs) on group '", name(),
+                   "': this backend gathers in rank order only "
+                   "(AllGathersRuns() is false)"));
 }
 
 absl::Status ValidateReduceScatter(const ProcessGroup& group,

@@ -46,6 +46,12 @@ struct Buffer {
   std::string ToString() const;
 };
 
+// Elements [offset, offset + count) of a buffer.
+struct BufferRun {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 // How reductions combine values. kAvg divides the sum by the group size and
 // needs a float dtype. bf16 / f16 reduce with f32 accumulation.
 enum class ReduceOp { kSum, kAvg, kMax };
@@ -137,6 +143,20 @@ class ProcessGroup {
   virtual absl::StatusOr<std::shared_ptr<Work>> AllGather(
       const Buffer& input, const Buffer& output,
       const CollectiveOptions& options = {}) = 0;
+
+  // An all-gather whose ranks' parts lie in runs of `output` instead of in
+  // rank order: rank r's part is the elements of runs[r] (in order), which
+  // rank r's own runs of `output` hold when it issues the op; every rank
+  // passes the same runs, and the op fills each rank's runs of every other
+  // rank's output. Runs are [offset, offset + count) in elements; they lie in
+  // `output` and do not overlap; the elements outside them are not touched.
+  // FSDP gathers parameters with it straight into their own layout, where
+  // AllGather's rank order needs a copy-out. Only where AllGathersRuns();
+  // Unimplemented elsewhere.
+  virtual bool AllGathersRuns() const { return false; }
+  virtual absl::StatusOr<std::shared_ptr<Work>> AllGatherRuns(
+      const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
+      const CollectiveOptions& options = {});
 
   // Reduces `input` (count n, any n) across ranks and leaves this rank's
   // chunk in `output`: chunk = ceil(n / size), rank r gets elements
@@ -230,6 +250,11 @@ int64_t ReduceScatterOffset(int64_t n, int size, int rank);
 // Validation shared by the backends: InvalidArgument naming op and group.
 absl::Status ValidateAllGather(const ProcessGroup& group, const Buffer& input,
                                const Buffer& output);
+// Also: one list of runs per rank, each run inside `output`, none
+// overlapping another.
+absl::Status ValidateAllGatherRuns(
+    const ProcessGroup& group, const Buffer& output,
+    const std::vector<std::vector<BufferRun>>& runs);
 absl::Status ValidateReduceScatter(const ProcessGroup& group,
                                    const Buffer& input, const Buffer& output,
                                    ReduceOp op);

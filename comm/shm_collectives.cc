@@ -331,6 +331,14 @@ absl::Status SharedMemoryCollectives::Write(int channel,
                                             const std::vector<int>& readers,
                                             const void* data, size_t bytes,
                                             absl::Time deadline) {
+  return Write(channel, readers, bytes, deadline, [&](char* slot) {
+    if (bytes > 0) std::memcpy(slot, data, bytes);
+  });
+}
+
+absl::Status SharedMemoryCollectives::Write(
+    int channel, const std::vector<int>& readers, size_t bytes,
+    absl::Time deadline, const std::function<void(char*)>& fill) {
   const uint32_t piece = written_[channel];
   for (int p : readers) {
     // The slot is free once reader p has consumed the piece kSlots before.
@@ -339,7 +347,7 @@ absl::Status SharedMemoryCollectives::Write(int channel,
         [piece](uint32_t consumed) { return piece - consumed < kSlots; },
         deadline, "read this rank's data", p));
   }
-  if (bytes > 0) std::memcpy(Slot(rank_, channel, piece), data, bytes);
+  if (bytes > 0) fill(Slot(rank_, channel, piece));
   written_[channel] = piece + 1;
   Published(rank_, channel)->store(piece + 1, std::memory_order_release);
   Wake(Published(rank_, channel));
@@ -369,27 +377,115 @@ absl::Status SharedMemoryCollectives::AllGather(uint64_t ticket,
                                                 absl::Duration timeout) {
   const absl::Time deadline = absl::Now() + timeout;
   FSDPP_RETURN_IF_ERROR(AwaitTurn(ticket, deadline));
-  const absl::Status status = [&]() -> absl::Status {
-    const char* in = static_cast<const char*>(input);
-    char* out = static_cast<char*>(output);
-    if (bytes > 0 && in != out + rank_ * bytes) {
-      std::memcpy(out + rank_ * bytes, in, bytes);
-    }
-    std::vector<int> readers;
-    for (int i = 1; i < size_; ++i) readers.push_back((rank_ + i) % size_);
-    for (size_t off = 0; off < bytes; off += kSlotBytes) {
-      const size_t len = std::min(kSlotBytes, bytes - off);
-      FSDPP_RETURN_IF_ERROR(Write(rank_, readers, in + off, len, deadline));
-      for (int w : readers) {
-        FSDPP_ASSIGN_OR_RETURN(const char* piece, Peek(w, w, deadline));
-        std::memcpy(out + w * bytes + off, piece, len);
-        Release(w, w);
-      }
-    }
-    return absl::OkStatus();
-  }();
+  char* out = static_cast<char*>(output);
+  if (bytes > 0 && input != out + rank_ * bytes) {
+    std::memcpy(out + rank_ * bytes, input, bytes);
+  }
+  std::vector<std::vector<ByteRun>> runs(size_);
+  for (int r = 0; r < size_; ++r) runs[r] = {{r * bytes, bytes}};
+  const absl::Status status = GatherRuns(out, runs, deadline);
   EndTurn(status);
   return status;
+}
+
+absl::Status SharedMemoryCollectives::AllGatherRuns(
+    uint64_t ticket, void* output,
+    const std::vector<std::vector<ByteRun>>& runs, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  FSDPP_RETURN_IF_ERROR(AwaitTurn(ticket, deadline));
+  const absl::Status status =
+      static_cast<int>(runs.size()) == size_
+          ? GatherRuns(static_cast<char*>(output), runs, deadline)
+          : absl::InvalidArgumentError(
+                absl::StrCat("shared memory: ", runs.size(),
+                             " lists of runs for ", size_, " ranks"));
+  EndTurn(status);
+  return status;
+}
+
+namespace {
+
+// A rank's part of an all-gather as one stream of bytes: its runs of a
+// buffer, in order. Each call moves the stream's next `bytes`.
+class RunCursor {
+ public:
+  RunCursor(char* base,
+            const std::vector<SharedMemoryCollectives::ByteRun>* runs)
+      : base_(base), runs_(runs) {}
+
+  // Out of the runs into `to` (a slot).
+  void Gather(char* to, size_t bytes) {
+    Move(bytes, [&](char* run, size_t n) {
+      std::memcpy(to, run, n);
+      to += n;
+    });
+  }
+  // From `from` (a slot) into the runs.
+  void Scatter(const char* from, size_t bytes) {
+    Move(bytes, [&](char* run, size_t n) {
+      std::memcpy(run, from, n);
+      from += n;
+    });
+  }
+
+ private:
+  template <typename F>
+  void Move(size_t bytes, F&& f) {
+    while (bytes > 0) {
+      const SharedMemoryCollectives::ByteRun& run = (*runs_)[index_];
+      const size_t n = std::min(bytes, run.bytes - done_);
+      if (n > 0) f(base_ + run.offset + done_, n);
+      bytes -= n;
+      done_ += n;
+      if (done_ == run.bytes) {
+        ++index_;
+        done_ = 0;
+      }
+    }
+  }
+
+  char* base_;
+  const std::vector<SharedMemoryCollectives::ByteRun>* runs_;
+  size_t index_ = 0;  // the run the stream is in
+  size_t done_ = 0;   // its bytes already moved
+};
+
+}  // namespace
+
+absl::Status SharedMemoryCollectives::GatherRuns(
+    char* output, const std::vector<std::vector<ByteRun>>& runs,
+    absl::Time deadline) {
+  std::vector<size_t> total(size_, 0);
+  size_t most = 0;
+  for (int r = 0; r < size_; ++r) {
+    for (const ByteRun& run : runs[r]) total[r] += run.bytes;
+    most = std::max(most, (total[r] + kSlotBytes - 1) / kSlotBytes);
+  }
+  // Piece k of rank r: bytes [k kSlotBytes, ...) of its stream.
+  auto length = [&](int r, size_t k) {
+    return k * kSlotBytes >= total[r]
+               ? size_t{0}
+               : std::min(kSlotBytes, total[r] - k * kSlotBytes);
+  };
+  std::vector<int> readers;
+  for (int i = 1; i < size_; ++i) readers.push_back((rank_ + i) % size_);
+  std::vector<RunCursor> cursors;
+  for (int r = 0; r < size_; ++r) cursors.emplace_back(output, &runs[r]);
+  for (size_t k = 0; k < most; ++k) {
+    if (const size_t len = length(rank_, k); len > 0 && !readers.empty()) {
+      FSDPP_RETURN_IF_ERROR(
+          Write(rank_, readers, len, deadline,
+                [&](char* slot) { cursors[rank_].Gather(slot, len); }));
+    }
+    for (int w : readers) {
+      const size_t len = length(w, k);
+      if (len == 0) continue;
+      FSDPP_ASSIGN_OR_RETURN(const char* piece, Peek(w, w, deadline));
+      cursors[w].Scatter(piece, len);
+      Release(w, w);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status SharedMemoryCollectives::ReduceScatter(uint64_t ticket,

@@ -76,6 +76,19 @@ class SharedMemoryCollectives {
   absl::Status AllGather(uint64_t ticket, const void* input, void* output,
                          size_t bytes, absl::Duration timeout);
 
+  // Bytes [offset, offset + bytes) of a buffer.
+  struct ByteRun {
+    size_t offset = 0;
+    size_t bytes = 0;
+  };
+  // Rank r's bytes are its runs[r] of `output`, in order (this rank's own
+  // runs hold its bytes); each lands in the same runs of every other rank's
+  // `output`. Every rank passes the same runs (not checked here: the
+  // process group validates them).
+  absl::Status AllGatherRuns(uint64_t ticket, void* output,
+                             const std::vector<std::vector<ByteRun>>& runs,
+                             absl::Duration timeout);
+
   // Rank q's chunk of an n-element input (`elem_size` bytes each) is
   // elements [q c, min(n, (q + 1) c)) with c = ceil(n / size). Each rank
   // sends chunk q of `input` to rank q, and for each piece of its own chunk
@@ -115,8 +128,16 @@ class SharedMemoryCollectives {
   absl::Status AwaitTurn(uint64_t ticket, absl::Time deadline);
   void EndTurn(const absl::Status& status);
 
-  // Writes `bytes` (<= kSlotBytes) from `data` as the next piece of this
-  // rank's channel `channel`, read by `readers`.
+  // AllGatherRuns in this op's turn.
+  absl::Status GatherRuns(char* output,
+                          const std::vector<std::vector<ByteRun>>& runs,
+                          absl::Time deadline);
+
+  // Writes `bytes` (<= kSlotBytes) as the next piece of this rank's channel
+  // `channel`, read by `readers`: fill(slot) puts them into the slot.
+  absl::Status Write(int channel, const std::vector<int>& readers, size_t bytes,
+                     absl::Time deadline,
+                     const std::function<void(char*)>& fill);
   absl::Status Write(int channel, const std::vector<int>& readers,
                      const void* data, size_t bytes, absl::Time deadline);
   // The next piece of rank w's channel `channel` (this rank reads it); call

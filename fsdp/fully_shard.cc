@@ -407,6 +407,27 @@ absl::Status FsdpUnit::ShardParameters() {
   }
   segment_ = offset;
   const size_t esize = DTypeSize(options_.mp_policy.param_dtype);
+  gather_runs_ = world_ > 1 && hpz_group_ == nullptr && !offload_params() &&
+                 shard_group_->AllGathersRuns();
+  if (gather_runs_) {
+    const int64_t align = static_cast<int64_t>(kInPlaceAlignment / esize);
+    layout_runs_.assign(world_, {});
+    for (const SplitView& v : views_) {
+      const int64_t start = layout_elements_;
+      layout_offsets_.push_back(start);
+      layout_elements_ +=
+          (v.outer * v.rows * v.inner + align - 1) / align * align;
+      for (int r = 0; r < world_; ++r) {
+        const Range range = ChunkRange(v.rows, world_, r);
+        if (range.length == 0) continue;
+        for (int64_t o = 0; o < v.outer; ++o) {
+          layout_runs_[r].push_back(
+              {start + (o * v.rows + range.begin) * v.inner,
+               range.length * v.inner});
+        }
+      }
+    }
+  }
   in_place_ = world_ == 1 &&
               std::all_of(offsets_.begin(), offsets_.end(), [&](int64_t o) {
                 return o * esize % kInPlaceAlignment == 0;
@@ -537,6 +558,26 @@ absl::Status FsdpUnit::CopyIn(Tensor* slot) {
   return absl::OkStatus();
 }
 
+absl::Status FsdpUnit::CopyInRuns() {
+  OpSpan span("fsdp copy-in", "fsdp");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const Tensor local = params_[i].master.local().Flatten();
+    const SplitView& v = views_[i];
+    const Range range = ChunkRange(v.rows, world_, rank_);
+    const int64_t run = range.length * v.inner;
+    if (run == 0) continue;
+    for (int64_t o = 0; o < v.outer; ++o) {
+      FSDPP_ASSIGN_OR_RETURN(Tensor src, local.Narrow(o * run, run));
+      FSDPP_ASSIGN_OR_RETURN(
+          Tensor dst,
+          gather_out_.Narrow(
+              layout_offsets_[i] + (o * v.rows + range.begin) * v.inner, run));
+      FSDPP_RETURN_IF_ERROR(Copy(src, &dst));  // Cast fused into copy-in.
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
   if (unsharded_ || gather_work_ != nullptr) return absl::OkStatus();
   FSDPP_RETURN_IF_ERROR(CheckInitialized());
@@ -544,12 +585,19 @@ absl::Status FsdpUnit::BeginUnshard(bool prefetch) {
   const DType dtype = options_.mp_policy.param_dtype;
   const bool backward = shared_->in_backward;
   FSDPP_ASSIGN_OR_RETURN(
-      gather_out_, Tensor::Empty({segment_ * world_}, dtype, compute_device_,
-                                 MemoryTag::kCommBuffers));
+      gather_out_,
+      Tensor::Empty({gather_runs_ ? layout_elements_ : segment_ * world_},
+                    dtype, compute_device_, MemoryTag::kCommBuffers));
   CollectiveOptions o;
   o.stream = shared_->gather_stream.get();
   ProcessGroup* group = shard_group_;
-  if (backward && hpz_piece_.defined()) {
+  if (gather_runs_) {
+    // Each rank's rows straight into their place in the parameters' layout.
+    FSDPP_RETURN_IF_ERROR(CopyInRuns());
+    FSDPP_ASSIGN_OR_RETURN(
+        gather_work_,
+        group->AllGatherRuns(AsBuffer(gather_out_), layout_runs_, o));
+  } else if (backward && hpz_piece_.defined()) {
     // hpZ: each of the N ranks holds 1/N of the gathered buffer.
     group = hpz_group_;
     gather_in_ = std::move(hpz_piece_);
@@ -615,12 +663,14 @@ absl::Status FsdpUnit::FinishUnshard() {
   for (size_t i = 0; i < params_.size(); ++i) {
     ShardedParameter& sp = params_[i];
     const SplitView& v = views_[i];
-    if (in_place_) {
-      // One rank: the gathered segment already holds the parameter in its
-      // own layout, so the parameter is a view of it (no copy-out).
+    if (in_place_ || gather_runs_) {
+      // One rank, or a gather into runs: the gathered buffer already holds
+      // the parameter in its own layout, so the parameter is a view of it
+      // (no copy-out).
       FSDPP_ASSIGN_OR_RETURN(
           Tensor flat,
-          gather_out_.Narrow(offsets_[i], v.outer * v.rows * v.inner));
+          gather_out_.Narrow(gather_runs_ ? layout_offsets_[i] : offsets_[i],
+                             v.outer * v.rows * v.inner));
       FSDPP_ASSIGN_OR_RETURN(sp.parameter->data,
                              flat.Reshape(sp.parameter->LocalShape()));
       continue;

@@ -340,6 +340,8 @@ class FsdpUnit {
   // Writes this rank's segment (local rows in param dtype, zero padding) into
   // `slot` on the compute device.
   absl::Status CopyIn(Tensor* slot);
+  // The same into this rank's runs of gather_out_ (gather_runs_).
+  absl::Status CopyInRuns();
   // Frees the unsharded parameters, keeping an hpZ piece.
   absl::Status FreeUnsharded();
   absl::Status ReduceGradients();
@@ -383,6 +385,14 @@ class FsdpUnit {
   bool reduce_locally_ = false;
   std::vector<int64_t> offsets_;  // param start in a segment
   int64_t segment_ = 0;
+  // Where the shard group gathers into runs (ProcessGroup::AllGathersRuns;
+  // no hpZ, no offload): the parameters are gathered straight into their own
+  // layout and are views of it (no copy-out). Each parameter's start in that
+  // layout (kInPlaceAlignment-aligned), its elements, and each rank's runs.
+  bool gather_runs_ = false;
+  std::vector<int64_t> layout_offsets_;
+  int64_t layout_elements_ = 0;
+  std::vector<std::vector<BufferRun>> layout_runs_;  // by rank
   // The reduce-scatter's segment: each trainable parameter's start (-1 for
   // frozen ones) and the padded total.
   std::vector<int64_t> grad_offsets_;

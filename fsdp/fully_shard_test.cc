@@ -112,11 +112,13 @@ using Plan =
     std::function<std::vector<FsdpUnit*>(nn::Sequential*, DeviceMesh*)>;
 
 // One unit per layer (the LayerNorm is left to the root), then the root.
-Plan PerLayer(bool reshard_after_forward = true) {
+Plan PerLayer(bool reshard_after_forward = true,
+              DType param_dtype = DType::kF32) {
   return [=](nn::Sequential* stack, DeviceMesh* mesh) {
     FullyShardOptions options;
     options.mesh = mesh;
     options.reshard_after_forward = reshard_after_forward;
+    options.mp_policy.param_dtype = param_dtype;
     std::vector<FsdpUnit*> units;
     for (Module* m : {stack->at(0), stack->at(1), stack->at(3),
                       static_cast<Module*>(stack)}) {
@@ -130,27 +132,32 @@ Plan PerLayer(bool reshard_after_forward = true) {
 
 // The same step under FSDP: each rank takes its rows of the batch; the
 // full (gathered) parameters and gradients come from rank 0.
-Result RunSharded(int world, bool tied, const Plan& plan) {
+// `shared_memory`: the Gloo groups' (RanksOptions::shared_memory).
+Result RunSharded(int world, bool tied, const Plan& plan,
+                  bool shared_memory = false) {
   Result result;
-  testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
-    auto stack = MakeStack(tied);
-    plan(stack.get(), &mesh);
-    ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
-    const int64_t rows = kBatch / world;
-    nn::CrossEntropyLoss loss;
-    absl::Status s = Forward(stack.get(), &loss, rank * rows, rows, tied);
-    ASSERT_TRUE(s.ok()) << s;
-    s = Backward(stack.get(), &loss);
-    ASSERT_TRUE(s.ok()) << s;
-    for (ShardedParameter* sp : ShardedParameters(stack.get())) {
-      absl::StatusOr<Tensor> param = sp->master.FullTensor();
-      absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
-      ASSERT_TRUE(param.ok() && grad.ok()) << sp->name;
-      if (rank != 0) continue;
-      result.params[sp->name] = testing_util::Values(*param);
-      result.grads[sp->name] = testing_util::Values(*grad);
-    }
-  });
+  testing_util::RunOnMesh(
+      {{"dp", world}},
+      [&](int rank, DeviceMesh& mesh) {
+        auto stack = MakeStack(tied);
+        plan(stack.get(), &mesh);
+        ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+        const int64_t rows = kBatch / world;
+        nn::CrossEntropyLoss loss;
+        absl::Status s = Forward(stack.get(), &loss, rank * rows, rows, tied);
+        ASSERT_TRUE(s.ok()) << s;
+        s = Backward(stack.get(), &loss);
+        ASSERT_TRUE(s.ok()) << s;
+        for (ShardedParameter* sp : ShardedParameters(stack.get())) {
+          absl::StatusOr<Tensor> param = sp->master.FullTensor();
+          absl::StatusOr<Tensor> grad = sp->grad.FullTensor();
+          ASSERT_TRUE(param.ok() && grad.ok()) << sp->name;
+          if (rank != 0) continue;
+          result.params[sp->name] = testing_util::Values(*param);
+          result.grads[sp->name] = testing_util::Values(*grad);
+        }
+      },
+      absl::Seconds(60), shared_memory);
   return result;
 }
 
@@ -199,6 +206,57 @@ TEST(FullyShardTest, UnevenShardsMatchUnshardedGradients) {
       };
       ExpectParity(ref, RunSharded(world, false, checked), what);
     }
+  }
+}
+
+// Through shared memory the shard group gathers into runs
+// (ProcessGroup::AllGathersRuns): each unit's parameters are views of one
+// gathered buffer, in their own layout (no copy-out), holding the masters'
+// values (cast); a step gives the same bits as the TCP ring's rank-order
+// gather and copy-out, in f32 and bf16, with uneven and empty shards.
+TEST(FullyShardTest, GatherIntoRunsMatchesRankOrderBitwise) {
+  for (int world : {2, 3}) {
+    for (DType dtype : {DType::kF32, DType::kBF16}) {
+      for (bool zero3 : {true, false}) {
+        const std::string what = absl::StrCat(
+            "W=", world, " ", DTypeName(dtype), zero3 ? " ZeRO-3" : " ZeRO-2");
+        const Result tcp = RunSharded(world, false, PerLayer(zero3, dtype));
+        const Result shm =
+            RunSharded(world, false, PerLayer(zero3, dtype), true);
+        EXPECT_EQ(shm.params, tcp.params) << what;
+        EXPECT_EQ(shm.grads, tcp.grads) << what;
+      }
+    }
+    testing_util::RunOnMesh(
+        {{"dp", world}},
+        [&](int, DeviceMesh& mesh) {
+          ASSERT_TRUE((*mesh.FlatGroup())->AllGathersRuns());
+          auto stack = MakeStack(/*tied=*/false);
+          std::vector<FsdpUnit*> units =
+              PerLayer(true, DType::kBF16)(stack.get(), &mesh);
+          ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+          for (FsdpUnit* unit : units) {
+            ASSERT_TRUE(unit->Unshard().ok());
+            const std::vector<ShardedParameter>& params = unit->parameters();
+            for (const ShardedParameter& sp : params) {
+              const Tensor& data = sp.parameter->data;
+              EXPECT_TRUE(data.SharesStorageWith(params[0].parameter->data))
+                  << sp.name;
+              absl::StatusOr<Tensor> full = sp.master.FullTensor();
+              ASSERT_TRUE(full.ok()) << full.status();
+              absl::StatusOr<Tensor> cast =
+                  Tensor::Empty(full->shape(), DType::kBF16, Device::Cpu());
+              ASSERT_TRUE(cast.ok() && Copy(*full, &*cast).ok());
+              EXPECT_EQ(testing_util::Values(data), testing_util::Values(*cast))
+                  << sp.name;
+            }
+            ASSERT_TRUE(unit->Reshard().ok());
+            for (const ShardedParameter& sp : params) {
+              EXPECT_TRUE(sp.parameter->data.is_meta()) << sp.name;
+            }
+          }
+        },
+        absl::Seconds(60), /*shared_memory=*/true);
   }
 }
 

@@ -38,6 +38,7 @@ absl::Status RunOnThreads(const std::vector<MeshAxis>& axes,
   InMemoryStore store;
   GlooOptions gloo;
   gloo.timeout = options.timeout;
+  gloo.shared_memory = options.shared_memory;
   std::mutex mu;
   std::condition_variable cv;
   int done = 0;
@@ -86,6 +87,7 @@ absl::Status RunAsLaunchedRank(std::vector<MeshAxis> axes,
                          StoreFromRendezvous(info, options.timeout));
   GlooOptions gloo;
   gloo.timeout = options.timeout;
+  gloo.shared_memory = options.shared_memory;
   FSDPP_ASSIGN_OR_RETURN(gloo.hostname, ListenAddress(info));
   FSDPP_ASSIGN_OR_RETURN(
       std::unique_ptr<DeviceMesh> mesh,

@@ -30,6 +30,9 @@ using RankFunction = std::function<absl::Status(int rank, DeviceMesh& mesh)>;
 struct RanksOptions {
   // Bound of the collectives' waits, the store's and the final barrier's.
   absl::Duration timeout = absl::Minutes(1);
+  // Gloo groups move all-gathers and reduce-scatters through shared memory
+  // (GlooOptions::shared_memory: the ranks share this host).
+  bool shared_memory = false;
 };
 
 // Runs fn on world = product(axis sizes) thread ranks, each with its mesh

@@ -18,11 +18,14 @@ namespace testing_util {
 // fn(rank, mesh) on each; returns when all ranks finished (RunOnThreads,
 // mesh/ranks.h: every rank keeps its mesh until all are done). A mesh that
 // cannot be made, or a rank that does not finish in time, is a test failure.
+// `shared_memory`: RanksOptions::shared_memory.
 inline void RunOnMesh(const std::vector<MeshAxis>& axes,
                       const std::function<void(int, DeviceMesh&)>& fn,
-                      absl::Duration timeout = absl::Seconds(60)) {
+                      absl::Duration timeout = absl::Seconds(60),
+                      bool shared_memory = false) {
   RanksOptions options;
   options.timeout = timeout;
+  options.shared_memory = shared_memory;
   const absl::Status status = RunOnThreads(
       axes,
       [&](int rank, DeviceMesh& mesh) {

@@ -111,6 +111,20 @@ class CountingProcessGroup final : public ProcessGroup {
     all_gather_bytes_ += static_cast<int64_t>(output.nbytes());
     return inner_->AllGather(input, output, options);
   }
+  bool AllGathersRuns() const override { return inner_->AllGathersRuns(); }
+  // Counted as an all-gather of the runs' bytes.
+  absl::StatusOr<std::shared_ptr<Work>> AllGatherRuns(
+      const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
+      const CollectiveOptions& options = {}) override {
+    ++all_gather_;
+    for (const std::vector<BufferRun>& rank_runs : runs) {
+      for (const BufferRun& run : rank_runs) {
+        all_gather_bytes_ +=
+            run.count * static_cast<int64_t>(DTypeSize(output.dtype));
+      }
+    }
+    return inner_->AllGatherRuns(output, runs, options);
+  }
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override {

@@ -84,6 +84,24 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllGather(
   return Done("all_gather", input.nbytes(), output.nbytes());
 }
 
+absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllGatherRuns(
+    const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
+    const CollectiveOptions& options) {
+  if (!AllGathersRuns()) {
+    return ProcessGroup::AllGatherRuns(output, runs, options);
+  }
+  FSDPP_RETURN_IF_ERROR(ValidateAllGatherRuns(*this, output, runs));
+  int64_t mine = 0, all = 0;
+  for (int r = 0; r < size_; ++r) {
+    for (const BufferRun& run : runs[r]) {
+      (r == rank_ ? mine : all) += run.count;
+    }
+  }
+  all += mine;
+  const int64_t esize = static_cast<int64_t>(DTypeSize(output.dtype));
+  return Done("all_gather", mine * esize, all * esize);
+}
+
 absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp,
     const CollectiveOptions& options) {

@@ -70,6 +70,14 @@ class SimulatedProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> AllGather(
       const Buffer& input, const Buffer& output,
       const CollectiveOptions& options = {}) override;
+  // As the backend it stands for: Gloo through shared memory only. Recorded
+  // as "all_gather": this rank's runs in, every rank's out.
+  bool AllGathersRuns() const override {
+    return backend_ == SimulatedBackend::kGlooSharedMemory;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> AllGatherRuns(
+      const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
+      const CollectiveOptions& options = {}) override;
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override;
