@@ -743,6 +743,62 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::AllGatherRuns(
       });
 }
 
+namespace {
+
+// Shared memory's combine for a reduce-scatter into `result` (this rank's
+// chunk, as Acc): the ranks' pieces added in the TCP ring's order (rank + 1,
+// rank + 2, ..., rank), so both transports give the same bits.
+template <typename Acc>
+SharedMemoryCollectives::Combine RingOrderCombine(Acc* result, DType dtype,
+                                                  ReduceOp op, int rank,
+                                                  int size) {
+  return [=](int64_t first, int64_t len, const void* const* sources) {
+    Acc* out = result + first;
+    LoadAs<Acc>(sources[(rank + 1) % size], dtype, 0, len, out);
+    for (int i = 2; i <= size; ++i) {
+      CombineFrom<Acc>(out, out, sources[(rank + i) % size], dtype, 0, len, op);
+    }
+  };
+}
+
+// A reduce-scatter's result, n input elements of `dtype` in all, into
+// `output` (this rank's chunk): reduce(result) fills it as Acc (int32,
+// int64, u8, or f32 for float dtypes, staged when the output is bf16 or
+// f16), then the average is taken and the staging cast out.
+template <typename Reduce>
+absl::Status ReduceIntoOutput(DType dtype, int64_t n, const Buffer& output,
+                              ReduceOp op, int size, Reduce&& reduce) {
+  switch (dtype) {
+    case DType::kI32:
+      return reduce(static_cast<int32_t*>(output.data));
+    case DType::kI64:
+      return reduce(static_cast<int64_t*>(output.data));
+    case DType::kU8:
+      return reduce(static_cast<uint8_t*>(output.data));
+    default: {
+      const int64_t count = output.count;
+      float* result = static_cast<float*>(output.data);
+      Scratch staged;  // f32 result for bf16 / f16 outputs.
+      if (output.dtype != DType::kF32) {
+        FSDPP_ASSIGN_OR_RETURN(
+            staged, Scratch::Allocate(GlooReduceScatterScratch(
+                                          n, dtype, output.dtype, count, size)
+                                          .transient));
+        result = staged.as<float>();
+      }
+      FSDPP_RETURN_IF_ERROR(reduce(result));
+      if (op == ReduceOp::kAvg) {
+        const float inv = 1.0f / static_cast<float>(size);
+        for (int64_t i = 0; i < count; ++i) result[i] *= inv;
+      }
+      if (output.dtype != DType::kF32) FromF32(result, count, output);
+      return absl::OkStatus();
+    }
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
     const Buffer& input, const Buffer& output, ReduceOp op,
     const CollectiveOptions& options) {
@@ -760,55 +816,57 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatter(
           uint32_t tag, std::chrono::milliseconds timeout,
           StreamScratch& scratch) -> absl::Status {
         const int64_t n = input.count;
-        const int64_t count = output.count;
-        auto run = [&](auto* result) -> absl::Status {
-          using Acc = std::remove_pointer_t<decltype(result)>;
-          if (shm_ == nullptr) {
-            return RingReduceScatter<Acc>(*context_, input.data, input.dtype, n,
-                                          op, tag, timeout, scratch, result);
-          }
-          // Combined in the ring's order (rank + 1, rank + 2, ..., rank,
-          // as Acc), so both transports give the same bits.
-          return shm_->ReduceScatter(
-              ticket, input.data, DTypeSize(input.dtype), n,
-              absl::FromChrono(timeout),
-              [&](int64_t first, int64_t len, const void* const* sources) {
-                Acc* out = result + first;
-                LoadAs<Acc>(sources[(rank_ + 1) % size_], input.dtype, 0, len,
-                            out);
-                for (int i = 2; i <= size_; ++i) {
-                  CombineFrom<Acc>(out, out, sources[(rank_ + i) % size_],
-                                   input.dtype, 0, len, op);
-                }
-              });
-        };
-        switch (input.dtype) {
-          case DType::kI32:
-            return run(static_cast<int32_t*>(output.data));
-          case DType::kI64:
-            return run(static_cast<int64_t*>(output.data));
-          case DType::kU8:
-            return run(static_cast<uint8_t*>(output.data));
-          default: {
-            float* result = static_cast<float*>(output.data);
-            Scratch staged;  // f32 result for bf16 / f16 outputs.
-            if (output.dtype != DType::kF32) {
-              FSDPP_ASSIGN_OR_RETURN(
-                  staged, Scratch::Allocate(
-                              GlooReduceScatterScratch(
-                                  n, input.dtype, output.dtype, count, size_)
-                                  .transient));
-              result = staged.as<float>();
-            }
-            FSDPP_RETURN_IF_ERROR(run(result));
-            if (op == ReduceOp::kAvg) {
-              const float inv = 1.0f / static_cast<float>(size_);
-              for (int64_t i = 0; i < count; ++i) result[i] *= inv;
-            }
-            if (output.dtype != DType::kF32) FromF32(result, count, output);
-            return absl::OkStatus();
-          }
-        }
+        return ReduceIntoOutput(
+            input.dtype, n, output, op, size_,
+            [&](auto* result) -> absl::Status {
+              using Acc = std::remove_pointer_t<decltype(result)>;
+              if (shm_ == nullptr) {
+                return RingReduceScatter<Acc>(*context_, input.data,
+                                              input.dtype, n, op, tag, timeout,
+                                              scratch, result);
+              }
+              return shm_->ReduceScatter(
+                  ticket, input.data, DTypeSize(input.dtype), n,
+                  absl::FromChrono(timeout),
+                  RingOrderCombine<Acc>(result, input.dtype, op, rank_, size_));
+            });
+      });
+}
+
+absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatterSpans(
+    DType dtype, const std::vector<std::vector<BufferSpan>>& spans,
+    const Buffer& output, ReduceOp op, const CollectiveOptions& options) {
+  if (shm_ == nullptr) {
+    return ProcessGroup::ReduceScatterSpans(dtype, spans, output, op, options);
+  }
+  FSDPP_RETURN_IF_ERROR(
+      ValidateReduceScatterSpans(*this, dtype, spans, output, op));
+  const size_t esize = DTypeSize(dtype);
+  std::vector<std::vector<SharedMemoryCollectives::ByteSpan>> bytes(size_);
+  int64_t n = 0;
+  for (int q = 0; q < size_; ++q) {
+    for (const BufferSpan& span : spans[q]) {
+      bytes[q].push_back({static_cast<const char*>(span.data),
+                          static_cast<size_t>(span.count) * esize});
+      n += span.count;
+    }
+  }
+  // The ticket once the op cannot fail to queue: every ticket must run.
+  FSDPP_RETURN_IF_ERROR(StreamFor("reduce_scatter", options).status());
+  return Issue(
+      "reduce_scatter",
+      absl::StrCat(n, " x ", DTypeName(dtype), " in spans, ", ReduceOpName(op)),
+      options, /*sequential_waits=*/1,
+      [this, dtype, bytes = std::move(bytes), n, output, op,
+       ticket = shm_->Ticket()](uint32_t, std::chrono::milliseconds timeout,
+                                StreamScratch&) -> absl::Status {
+        return ReduceIntoOutput(
+            dtype, n, output, op, size_, [&](auto* result) -> absl::Status {
+              using Acc = std::remove_pointer_t<decltype(result)>;
+              return shm_->ReduceScatterSpans(
+                  ticket, DTypeSize(dtype), bytes, absl::FromChrono(timeout),
+                  RingOrderCombine<Acc>(result, dtype, op, rank_, size_));
+            });
       });
 }
 

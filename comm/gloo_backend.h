@@ -82,6 +82,13 @@ class GlooProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override;
+  // Through shared memory only: each piece goes from the spans straight into
+  // a slot (TCP's ring sends one buffer).
+  bool ReduceScattersSpans() const override { return shm_ != nullptr; }
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatterSpans(
+      DType dtype, const std::vector<std::vector<BufferSpan>>& spans,
+      const Buffer& output, ReduceOp op,
+      const CollectiveOptions& options = {}) override;
   // A bf16 / f16 input with an f32 output too: the ring and shared memory
   // widen it piece by piece.
   bool ReduceScatterWidens() const override { return true; }

@@ -292,6 +292,124 @@ TEST_P(GlooTransportTest, AllGatherRunsRejectsBadRunsAtIssue) {
   });
 }
 
+// ReduceScatterSpans over ParamRuns' layout: rank q's chunk is every
+// parameter's rows of rank q, as spans of this rank's gradient buffer, and
+// some parameters are unused on some ranks (spans of zeros). Each element
+// reduces the ranks' values at its place in the buffer, in f32, into an f32
+// (widened from bf16) or a bf16 output.
+TEST_P(GlooTransportTest, ReduceScatterSpansReducesEachRanksChunk) {
+  for (int size : {1, 2, 3}) {
+    Run(size, [&](int rank, GlooProcessGroup& group) {
+      int64_t elements = 0;
+      const std::vector<std::vector<BufferRun>> runs =
+          ParamRuns(size, &elements);
+      // Run j of every rank's chunk is unused on rank w when (j + w) % 3 == 0.
+      auto unused = [](size_t j, int w) { return (j + w) % 3 == 0; };
+      int64_t count = 0;
+      for (const BufferRun& run : runs[rank]) count += run.count;
+      if (!GetParam() || size == 1) {
+        HostBuffer out(count, DType::kF32);
+        ASSERT_FALSE(group.ReduceScattersSpans());
+        ASSERT_EQ(
+            group
+                .ReduceScatterSpans(DType::kF32, {}, out.buffer, ReduceOp::kSum)
+                .status()
+                .code(),
+            absl::StatusCode::kUnimplemented);
+        return;
+      }
+      ASSERT_TRUE(group.ReduceScattersSpans());
+      for (auto [dtype, out_dtype] : {std::pair{DType::kF32, DType::kF32},
+                                      std::pair{DType::kBF16, DType::kF32},
+                                      std::pair{DType::kBF16, DType::kBF16}}) {
+        HostBuffer grads(elements, dtype);
+        for (int64_t i = 0; i < elements; ++i) grads.Set(i, Value(rank, i));
+        std::vector<std::vector<BufferSpan>> spans(size);
+        for (int q = 0; q < size; ++q) {
+          for (size_t j = 0; j < runs[q].size(); ++j) {
+            const BufferRun& run = runs[q][j];
+            spans[q].push_back(
+                {unused(j, rank)
+                     ? nullptr
+                     : grads.bytes.data() + run.offset * DTypeSize(dtype),
+                 run.count});
+          }
+        }
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+          HostBuffer out(count, out_dtype);
+          auto work = group.ReduceScatterSpans(dtype, spans, out.buffer, op);
+          ASSERT_TRUE(work.ok()) << work.status();
+          ASSERT_TRUE((*work)->Wait(kWait).ok());
+          int64_t k = 0;
+          for (size_t j = 0; j < runs[rank].size(); ++j) {
+            const BufferRun& run = runs[rank][j];
+            for (int64_t i = run.offset; i < run.offset + run.count; ++i) {
+              float acc = op == ReduceOp::kMax ? -1e30f : 0.0f;
+              for (int w = 0; w < size; ++w) {
+                const float v = unused(j, w) ? 0.0f : Value(w, i);
+                acc = op == ReduceOp::kMax ? std::max(acc, v) : acc + v;
+              }
+              if (op == ReduceOp::kAvg) acc *= 1.0f / static_cast<float>(size);
+              if (out_dtype == DType::kBF16) {
+                acc = BFloat16ToFloat(FloatToBFloat16(acc));
+              }
+              ASSERT_EQ(out.Get(k++), acc)
+                  << "size " << size << " " << DTypeName(dtype) << " into "
+                  << DTypeName(out_dtype) << " " << ReduceOpName(op)
+                  << " element " << i;
+            }
+          }
+        }
+      }
+      // Bad spans are rejected before the op takes its turn.
+      HostBuffer out(count, DType::kF32);
+      std::vector<std::vector<BufferSpan>> spans(size);
+      for (int q = 0; q < size; ++q) {
+        for (const BufferRun& run : runs[q]) {
+          spans[q].push_back({nullptr, run.count});
+        }
+      }
+      auto wrong = spans;
+      wrong[rank].push_back({nullptr, 1});
+      const absl::Status total =
+          group
+              .ReduceScatterSpans(DType::kF32, wrong, out.buffer,
+                                  ReduceOp::kSum)
+              .status();
+      EXPECT_EQ(total.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(total.message(),
+                  HasSubstr(absl::StrCat("this rank's spans hold ", count + 1,
+                                         " elements, its output ", count)));
+      wrong = spans;
+      wrong[(rank + 1) % size].push_back({nullptr, -1});
+      EXPECT_EQ(group
+                    .ReduceScatterSpans(DType::kF32, wrong, out.buffer,
+                                        ReduceOp::kSum)
+                    .status()
+                    .code(),
+                absl::StatusCode::kInvalidArgument);
+      EXPECT_EQ(
+          group.ReduceScatterSpans(DType::kF32, {}, out.buffer, ReduceOp::kSum)
+              .status()
+              .code(),
+          absl::StatusCode::kInvalidArgument);
+      HostBuffer half(count, DType::kBF16);
+      EXPECT_THAT(group
+                      .ReduceScatterSpans(DType::kF32, spans, half.buffer,
+                                          ReduceOp::kSum)
+                      .status()
+                      .message(),
+                  HasSubstr("input is f32, output is bf16"));
+      // Zeros from every rank after the rejected ops: they took no turn.
+      ASSERT_TRUE((*group.ReduceScatterSpans(DType::kF32, spans, out.buffer,
+                                             ReduceOp::kSum))
+                      ->Wait(kWait)
+                      .ok());
+      for (int64_t i = 0; i < count; ++i) ASSERT_EQ(out.Get(i), 0.0);
+    });
+  }
+}
+
 TEST_P(GlooTransportTest, ReduceScatterUnevenChunks) {
   for (int size = 1; size <= 5; ++size) {
     Run(size, [&](int rank, GlooProcessGroup& group) {

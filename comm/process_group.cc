@@ -214,6 +214,56 @@ absl::Status ValidateReduceScatter(const ProcessGroup& group,
   return CheckReduceOp(group, kOp, input.dtype, op);
 }
 
+absl::Status ValidateReduceScatterSpans(
+    const ProcessGroup& group, DType dtype,
+    const std::vector<std::vector<BufferSpan>>& spans, const Buffer& output,
+    ReduceOp op) {
+  constexpr const char* kOp = "reduce_scatter (spans)";
+  if (absl::Status s = CheckBuffer(group, kOp, "output", output); !s.ok()) {
+    return s;
+  }
+  const bool widens = group.ReduceScatterWidens() &&
+                      output.dtype == DType::kF32 &&
+                      (dtype == DType::kBF16 || dtype == DType::kF16);
+  if (dtype != output.dtype && !widens) {
+    return Invalid(group, kOp,
+                   absl::StrCat("input is ", DTypeName(dtype), ", output is ",
+                                DTypeName(output.dtype)));
+  }
+  if (static_cast<int>(spans.size()) != group.size()) {
+    return Invalid(group, kOp,
+                   absl::StrCat(spans.size(), " lists of spans for ",
+                                group.size(), " ranks"));
+  }
+  for (int q = 0; q < group.size(); ++q) {
+    int64_t total = 0;
+    for (const BufferSpan& span : spans[q]) {
+      if (span.count < 0) {
+        return Invalid(group, kOp,
+                       absl::StrCat("a span of rank ", q,
+                                    "'s chunk has a negative count"));
+      }
+      total += span.count;
+    }
+    if (q == group.rank() && total != output.count) {
+      return Invalid(group, kOp,
+                     absl::StrCat("this rank's spans hold ", total,
+                                  " elements, its output ", output.count));
+    }
+  }
+  return CheckReduceOp(group, kOp, dtype, op);
+}
+
+absl::StatusOr<std::shared_ptr<Work>> ProcessGroup::ReduceScatterSpans(
+    DType /*dtype*/, const std::vector<std::vector<BufferSpan>>& /*spans*/,
+    const Buffer& /*output*/, ReduceOp /*op*/,
+    const CollectiveOptions& /*options*/) {
+  return absl::UnimplementedError(
+      absl::StrCat("reduce_scatter (spans) on group '", name(),
+                   "': this backend reduces one input buffer only "
+                   "(ReduceScattersSpans() is false)"));
+}
+
 absl::Status ValidateAllReduce(const ProcessGroup& group, const Buffer& buffer,
                                ReduceOp op) {
   constexpr const char* kOp = "all_reduce";

@@ -52,6 +52,13 @@ struct BufferRun {
   int64_t count = 0;
 };
 
+// `count` elements at `data` in this rank's memory; null data stands for
+// zeros.
+struct BufferSpan {
+  const void* data = nullptr;
+  int64_t count = 0;
+};
+
 // How reductions combine values. kAvg divides the sum by the group size and
 // needs a float dtype. bf16 / f16 reduce with f32 accumulation.
 enum class ReduceOp { kSum, kAvg, kMax };
@@ -167,6 +174,19 @@ class ProcessGroup {
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) = 0;
 
+  // A reduce-scatter whose input is spans of this rank's memory (on the
+  // group's device) instead of one buffer: the chunk that rank q reduces into
+  // its `output` is the concatenation of spans[q], elements of `dtype`. Every
+  // rank's spans[q] add up to rank q's output count; the spans must stay
+  // valid until the op completes. Dtypes, reduction and result as
+  // ReduceScatter. FSDP hands over its gradients with it as they are, where
+  // ReduceScatter needs them copied into one buffer first. Only where
+  // ReduceScattersSpans(); Unimplemented elsewhere.
+  virtual bool ReduceScattersSpans() const { return false; }
+  virtual absl::StatusOr<std::shared_ptr<Work>> ReduceScatterSpans(
+      DType dtype, const std::vector<std::vector<BufferSpan>>& spans,
+      const Buffer& output, ReduceOp op, const CollectiveOptions& options = {});
+
   // Reduces `buffer` across ranks, in place.
   virtual absl::StatusOr<std::shared_ptr<Work>> AllReduce(
       const Buffer& buffer, ReduceOp op,
@@ -258,6 +278,12 @@ absl::Status ValidateAllGatherRuns(
 absl::Status ValidateReduceScatter(const ProcessGroup& group,
                                    const Buffer& input, const Buffer& output,
                                    ReduceOp op);
+// Also: one list of spans per rank, no negative count, this rank's adding up
+// to the output's count.
+absl::Status ValidateReduceScatterSpans(
+    const ProcessGroup& group, DType dtype,
+    const std::vector<std::vector<BufferSpan>>& spans, const Buffer& output,
+    ReduceOp op);
 absl::Status ValidateAllReduce(const ProcessGroup& group, const Buffer& buffer,
                                ReduceOp op);
 absl::Status ValidateBroadcast(const ProcessGroup& group, const Buffer& buffer,

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -371,6 +372,82 @@ void SharedMemoryCollectives::Release(int w, int channel) {
   Wake(Consumed(w, channel, rank_));
 }
 
+namespace {
+
+// Spans of memory read or written as one stream of bytes, in order: each
+// call moves the stream's next bytes. Char is char (written: an all-gather's
+// runs) or const char (read: a reduce-scatter's chunks; null data reads as
+// zeros).
+template <typename Char>
+class SpanCursor {
+ public:
+  struct Span {
+    Char* data;
+    size_t bytes;
+  };
+  explicit SpanCursor(std::vector<Span> spans) : spans_(std::move(spans)) {}
+
+  // The stream's next stretch within one span, at most `most` bytes (> 0):
+  // its address (null in a span of zeros) and length. Callers never ask
+  // past the stream's end.
+  std::pair<Char*, size_t> Next(size_t most) {
+    while (index_ < spans_.size() && done_ == spans_[index_].bytes) {
+      ++index_;
+      done_ = 0;
+    }
+    if (index_ == spans_.size()) return {nullptr, 0};
+    const Span& span = spans_[index_];
+    const size_t n = std::min(most, span.bytes - done_);
+    Char* at = span.data == nullptr ? nullptr : span.data + done_;
+    done_ += n;
+    return {at, n};
+  }
+
+  // Out of the spans into `to` (a slot).
+  void Gather(char* to, size_t bytes) {
+    while (bytes > 0) {
+      const auto [from, n] = Next(bytes);
+      if (n == 0) return;
+      if (from == nullptr) {
+        std::memset(to, 0, n);
+      } else {
+        std::memcpy(to, from, n);
+      }
+      to += n;
+      bytes -= n;
+    }
+  }
+  // From `from` (a slot) into the spans.
+  void Scatter(const char* from, size_t bytes) {
+    while (bytes > 0) {
+      const auto [to, n] = Next(bytes);
+      if (n == 0) return;
+      std::memcpy(to, from, n);
+      from += n;
+      bytes -= n;
+    }
+  }
+
+ private:
+  std::vector<Span> spans_;
+  size_t index_ = 0;  // the span the stream is in
+  size_t done_ = 0;   // its bytes already moved
+};
+
+// kSlotBytes of zeros, read only (the zero page: no memory of its own).
+const char* Zeros() {
+  static const char* zeros = [] {
+    void* p = mmap(nullptr, SharedMemoryCollectives::kSlotBytes, PROT_READ,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    return p == MAP_FAILED ? static_cast<const char*>(
+                                 calloc(SharedMemoryCollectives::kSlotBytes, 1))
+                           : static_cast<const char*>(p);
+  }();
+  return zeros;
+}
+
+}  // namespace
+
 absl::Status SharedMemoryCollectives::AllGather(uint64_t ticket,
                                                 const void* input, void* output,
                                                 size_t bytes,
@@ -403,62 +480,19 @@ absl::Status SharedMemoryCollectives::AllGatherRuns(
   return status;
 }
 
-namespace {
-
-// A rank's part of an all-gather as one stream of bytes: its runs of a
-// buffer, in order. Each call moves the stream's next `bytes`.
-class RunCursor {
- public:
-  RunCursor(char* base,
-            const std::vector<SharedMemoryCollectives::ByteRun>* runs)
-      : base_(base), runs_(runs) {}
-
-  // Out of the runs into `to` (a slot).
-  void Gather(char* to, size_t bytes) {
-    Move(bytes, [&](char* run, size_t n) {
-      std::memcpy(to, run, n);
-      to += n;
-    });
-  }
-  // From `from` (a slot) into the runs.
-  void Scatter(const char* from, size_t bytes) {
-    Move(bytes, [&](char* run, size_t n) {
-      std::memcpy(run, from, n);
-      from += n;
-    });
-  }
-
- private:
-  template <typename F>
-  void Move(size_t bytes, F&& f) {
-    while (bytes > 0) {
-      const SharedMemoryCollectives::ByteRun& run = (*runs_)[index_];
-      const size_t n = std::min(bytes, run.bytes - done_);
-      if (n > 0) f(base_ + run.offset + done_, n);
-      bytes -= n;
-      done_ += n;
-      if (done_ == run.bytes) {
-        ++index_;
-        done_ = 0;
-      }
-    }
-  }
-
-  char* base_;
-  const std::vector<SharedMemoryCollectives::ByteRun>* runs_;
-  size_t index_ = 0;  // the run the stream is in
-  size_t done_ = 0;   // its bytes already moved
-};
-
-}  // namespace
-
 absl::Status SharedMemoryCollectives::GatherRuns(
     char* output, const std::vector<std::vector<ByteRun>>& runs,
     absl::Time deadline) {
   std::vector<size_t> total(size_, 0);
   size_t most = 0;
+  std::vector<SpanCursor<char>> cursors;
   for (int r = 0; r < size_; ++r) {
-    for (const ByteRun& run : runs[r]) total[r] += run.bytes;
+    std::vector<SpanCursor<char>::Span> spans;
+    for (const ByteRun& run : runs[r]) {
+      total[r] += run.bytes;
+      spans.push_back({output + run.offset, run.bytes});
+    }
+    cursors.emplace_back(std::move(spans));
     most = std::max(most, (total[r] + kSlotBytes - 1) / kSlotBytes);
   }
   // Piece k of rank r: bytes [k kSlotBytes, ...) of its stream.
@@ -469,8 +503,6 @@ absl::Status SharedMemoryCollectives::GatherRuns(
   };
   std::vector<int> readers;
   for (int i = 1; i < size_; ++i) readers.push_back((rank_ + i) % size_);
-  std::vector<RunCursor> cursors;
-  for (int r = 0; r < size_; ++r) cursors.emplace_back(output, &runs[r]);
   for (size_t k = 0; k < most; ++k) {
     if (const size_t len = length(rank_, k); len > 0 && !readers.empty()) {
       FSDPP_RETURN_IF_ERROR(
@@ -493,41 +525,77 @@ absl::Status SharedMemoryCollectives::ReduceScatter(uint64_t ticket,
                                                     size_t elem_size, int64_t n,
                                                     absl::Duration timeout,
                                                     const Combine& combine) {
+  const char* in = static_cast<const char*>(input);
+  const int64_t chunk = (n + size_ - 1) / size_;
+  std::vector<std::vector<ByteSpan>> spans(size_);
+  for (int q = 0; q < size_; ++q) {
+    const int64_t count = std::clamp<int64_t>(n - q * chunk, 0, chunk);
+    spans[q] = {
+        {in + q * chunk * elem_size, static_cast<size_t>(count) * elem_size}};
+  }
+  return ReduceScatterSpans(ticket, elem_size, spans, timeout, combine);
+}
+
+absl::Status SharedMemoryCollectives::ReduceScatterSpans(
+    uint64_t ticket, size_t elem_size,
+    const std::vector<std::vector<ByteSpan>>& spans, absl::Duration timeout,
+    const Combine& combine) {
   const absl::Time deadline = absl::Now() + timeout;
   FSDPP_RETURN_IF_ERROR(AwaitTurn(ticket, deadline));
   const absl::Status status = [&]() -> absl::Status {
-    const char* in = static_cast<const char*>(input);
-    const int64_t chunk = (n + size_ - 1) / size_;
+    if (static_cast<int>(spans.size()) != size_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("shared memory: ", spans.size(), " lists of spans for ",
+                       size_, " ranks"));
+    }
     const int64_t per_piece = static_cast<int64_t>(kSlotBytes / elem_size);
-    auto count = [&](int q) {
-      return std::clamp<int64_t>(n - q * chunk, 0, chunk);
-    };
-    auto pieces = [&](int q) { return (count(q) + per_piece - 1) / per_piece; };
+    std::vector<int64_t> count(size_, 0);
+    std::vector<SpanCursor<const char>> cursors;
     int64_t most = 0;
-    for (int q = 0; q < size_; ++q) most = std::max(most, pieces(q));
+    for (int q = 0; q < size_; ++q) {
+      std::vector<SpanCursor<const char>::Span> chunk;
+      for (const ByteSpan& span : spans[q]) {
+        count[q] += static_cast<int64_t>(span.bytes / elem_size);
+        chunk.push_back({span.data, span.bytes});
+      }
+      cursors.emplace_back(std::move(chunk));
+      most = std::max(most, (count[q] + per_piece - 1) / per_piece);
+    }
+    auto length = [&](int q, int64_t k) {
+      return std::clamp<int64_t>(count[q] - k * per_piece, 0, per_piece);
+    };
+    std::vector<const char*> pieces(size_);
     std::vector<const void*> sources(size_);
     for (int64_t k = 0; k < most; ++k) {
       // Piece k of chunk q to rank q, for every other q.
       for (int i = 1; i < size_; ++i) {
         const int q = (rank_ + i) % size_;
-        if (k >= pieces(q)) continue;
-        const int64_t first = q * chunk + k * per_piece;
-        const int64_t len = std::min(per_piece, count(q) - k * per_piece);
-        FSDPP_RETURN_IF_ERROR(Write(q, {q}, in + first * elem_size,
-                                    static_cast<size_t>(len) * elem_size,
-                                    deadline));
+        const size_t bytes = static_cast<size_t>(length(q, k)) * elem_size;
+        if (bytes == 0) continue;
+        FSDPP_RETURN_IF_ERROR(Write(q, {q}, bytes, deadline, [&](char* slot) {
+          cursors[q].Gather(slot, bytes);
+        }));
       }
-      if (k >= pieces(rank_)) continue;
-      // Piece k of this rank's chunk from every rank.
+      const int64_t len = length(rank_, k);
+      if (len == 0) continue;
+      // Piece k of this rank's chunk from every rank, combined a stretch of
+      // this rank's own spans at a time.
       for (int w = 0; w < size_; ++w) {
-        if (w == rank_) {
-          sources[w] = in + (rank_ * chunk + k * per_piece) * elem_size;
-        } else {
-          FSDPP_ASSIGN_OR_RETURN(sources[w], Peek(w, rank_, deadline));
-        }
+        if (w == rank_) continue;
+        FSDPP_ASSIGN_OR_RETURN(pieces[w], Peek(w, rank_, deadline));
       }
-      combine(k * per_piece, std::min(per_piece, count(rank_) - k * per_piece),
-              sources.data());
+      for (int64_t done = 0; done < len;) {
+        const auto [mine, bytes] =
+            cursors[rank_].Next(static_cast<size_t>(len - done) * elem_size);
+        const int64_t n = static_cast<int64_t>(bytes / elem_size);
+        if (n == 0) break;
+        for (int w = 0; w < size_; ++w) {
+          sources[w] = w == rank_ ? (mine == nullptr ? Zeros() : mine)
+                                  : pieces[w] + done * elem_size;
+        }
+        combine(k * per_piece + done, n, sources.data());
+        done += n;
+      }
       for (int w = 0; w < size_; ++w) {
         if (w != rank_) Release(w, rank_);
       }

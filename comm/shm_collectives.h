@@ -102,6 +102,20 @@ class SharedMemoryCollectives {
                              size_t elem_size, int64_t n,
                              absl::Duration timeout, const Combine& combine);
 
+  // `bytes` at `data` in this rank's memory; null data reads as zeros.
+  struct ByteSpan {
+    const char* data = nullptr;
+    size_t bytes = 0;
+  };
+  // ReduceScatter with rank q's chunk given as spans[q] (bytes a multiple of
+  // elem_size), sent as they are: combine is called for each stretch of a
+  // piece that lies in one of this rank's own spans (a span of zeros points
+  // at zeros). Every rank's spans[q] add up to the same count.
+  absl::Status ReduceScatterSpans(
+      uint64_t ticket, size_t elem_size,
+      const std::vector<std::vector<ByteSpan>>& spans, absl::Duration timeout,
+      const Combine& combine);
+
   // Fails the op waiting for its turn and every later one with `status`
   // (a crashed rank).
   void Break(absl::Status status);

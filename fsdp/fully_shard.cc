@@ -148,7 +148,8 @@ struct FsdpUnit::Shared {
   struct PendingReduce {
     FsdpUnit* unit;
     std::shared_ptr<Work> work;
-    Tensor input, output;  // held until the work completes
+    Tensor input, output;           // held until the work completes
+    std::vector<Tensor> gradients;  // a reduce-scatter's spans: likewise
   };
   std::vector<PendingReduce> pending;
 
@@ -409,6 +410,24 @@ absl::Status FsdpUnit::ShardParameters() {
   const size_t esize = DTypeSize(options_.mp_policy.param_dtype);
   gather_runs_ = world_ > 1 && hpz_group_ == nullptr && !offload_params() &&
                  shard_group_->AllGathersRuns();
+  const DType param_dtype = options_.mp_policy.param_dtype;
+  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
+  reduce_spans_ =
+      world_ > 1 && replicate_group_ == nullptr && !offload_params() &&
+      shard_group_->ReduceScattersSpans() &&
+      (param_dtype == reduce_dtype ||
+       (reduce_dtype == DType::kF32 && shard_group_->ReduceScatterWidens() &&
+        (param_dtype == DType::kBF16 || param_dtype == DType::kF16)));
+  if (reduce_spans_) {
+    for (size_t i = 0; i < params_.size(); ++i) {
+      if (!params_[i].requires_grad) {
+        reduced_offsets_.push_back(-1);
+        continue;
+      }
+      reduced_offsets_.push_back(reduced_elements_);
+      reduced_elements_ += params_[i].grad.local().numel();
+    }
+  }
   if (gather_runs_) {
     const int64_t align = static_cast<int64_t>(kInPlaceAlignment / esize);
     layout_runs_.assign(world_, {});
@@ -434,7 +453,6 @@ absl::Status FsdpUnit::ShardParameters() {
               });
   alias_masters_ = world_ == 1 && !offload_params() &&
                    options_.mp_policy.param_dtype == DType::kF32;
-  const DType reduce_dtype = options_.mp_policy.reduce_dtype;
   reduce_locally_ = world_ == 1 && replicate_group_ == nullptr &&
                     !offload_params() &&
                     (reduce_dtype == DType::kF32 ||
@@ -818,12 +836,13 @@ absl::Status FsdpUnit::ReduceGradients() {
   // most one reduce-scatter's buffers are alive.
   FSDPP_RETURN_IF_ERROR(FinishReductions());
   if (reduce_locally_) return ReduceLocally();
+  FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
+  FSDPP_ASSIGN_OR_RETURN(const DType input_dtype, ReduceScatterInputDType());
+  if (reduce_spans_) return ReduceGradientSpans(input_dtype);
   OpSpan span("fsdp reduce-scatter copy-in", "fsdp");
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
-  FSDPP_RETURN_IF_ERROR(CheckFrozenGradients());
   // Every element is written once: the gradient's rows (cast fused), zeros
   // for the padding and for parameters unused this step.
-  FSDPP_ASSIGN_OR_RETURN(const DType input_dtype, ReduceScatterInputDType());
   FSDPP_ASSIGN_OR_RETURN(
       Tensor input, Tensor::Empty({grad_segment_ * world_}, input_dtype,
                                   compute_device_, MemoryTag::kCommBuffers));
@@ -863,7 +882,62 @@ absl::Status FsdpUnit::ReduceGradients() {
                          shard_group_->ReduceScatter(
                              AsBuffer(input), AsBuffer(output),
                              average ? ReduceOp::kAvg : ReduceOp::kSum, o));
-  shared_->pending.push_back({this, std::move(work), input, output});
+  shared_->pending.push_back({this, std::move(work), input, output, {}});
+  ++stats_.reduce_scatters;
+  stats_.reduce_scatter_elements += grad_segment_ * world_;
+  return absl::OkStatus();
+}
+
+absl::Status FsdpUnit::ReduceGradientSpans(DType input_dtype) {
+  // Rank q's chunk: each trainable parameter's rows of rank q, straight
+  // from its gradient (zeros for a parameter unused this step).
+  OpSpan span("fsdp reduce-scatter spans", "fsdp");
+  std::vector<std::vector<BufferSpan>> spans(world_);
+  std::vector<Tensor> held;
+  const size_t esize = DTypeSize(input_dtype);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    ShardedParameter& sp = params_[i];
+    if (!sp.requires_grad) continue;
+    Parameter* p = sp.parameter;
+    const SplitView& v = views_[i];
+    const char* grad = nullptr;
+    if (p->grad.defined()) {
+      if (p->grad.dtype() != input_dtype) {
+        return absl::InternalError(
+            absl::StrCat("FSDP unit '", name_, "': the gradient of '", sp.name,
+                         "' is ", DTypeName(p->grad.dtype()),
+                         ", not the reduce-scatter's input "
+                         "dtype ",
+                         DTypeName(input_dtype)));
+      }
+      grad = static_cast<const char*>(p->grad.raw_data());
+      held.push_back(std::move(p->grad));
+      p->grad = Tensor();  // The op holds it until it completes.
+    }
+    for (int q = 0; q < world_; ++q) {
+      const Range range = ChunkRange(v.rows, world_, q);
+      const int64_t run = range.length * v.inner;
+      if (run == 0) continue;
+      for (int64_t o = 0; o < v.outer; ++o) {
+        const int64_t first = (o * v.rows + range.begin) * v.inner;
+        spans[q].push_back(
+            {grad == nullptr ? nullptr : grad + first * esize, run});
+      }
+    }
+  }
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor output,
+      Tensor::Empty({reduced_elements_}, options_.mp_policy.reduce_dtype,
+                    compute_device_, MemoryTag::kCommBuffers));
+  const bool average = options_.gradient_divide_factor <= 0.0f;
+  CollectiveOptions o;
+  o.stream = shared_->reduce_stream.get();
+  FSDPP_ASSIGN_OR_RETURN(std::shared_ptr<Work> work,
+                         shard_group_->ReduceScatterSpans(
+                             input_dtype, spans, AsBuffer(output),
+                             average ? ReduceOp::kAvg : ReduceOp::kSum, o));
+  shared_->pending.push_back(
+      {this, std::move(work), Tensor(), output, std::move(held)});
   ++stats_.reduce_scatters;
   stats_.reduce_scatter_elements += grad_segment_ * world_;
   return absl::OkStatus();
@@ -947,6 +1021,7 @@ absl::Status FsdpUnit::FinishReductions() {
           r.work->WaitForCompute(r.output.device(), kWaitTimeout));
     }
     r.input = Tensor();
+    r.gradients.clear();
     FsdpUnit* unit = r.unit;
     const bool average = unit->options_.gradient_divide_factor <= 0.0f;
     if (unit->replicate_group_ != nullptr) {
@@ -1014,7 +1089,10 @@ absl::Status FsdpUnit::FinishReductions() {
       Tensor grad = unit->params_[i].grad.local().Flatten();
       if (grad.numel() == 0) continue;
       FSDPP_ASSIGN_OR_RETURN(
-          Tensor piece, reduced.Narrow(unit->grad_offsets_[i], grad.numel()));
+          Tensor piece,
+          reduced.Narrow(unit->reduce_spans_ ? unit->reduced_offsets_[i]
+                                             : unit->grad_offsets_[i],
+                         grad.numel()));
       FSDPP_RETURN_IF_ERROR(AddReducedGradient(piece, scale, overwrite, &grad));
     }
   }

@@ -337,6 +337,9 @@ class FsdpUnit {
   // Copy-in + issue the all-gather (`prefetch`: on another unit's behalf).
   absl::Status BeginUnshard(bool prefetch);
   absl::Status FinishUnshard();  // wait + copy-out (+ keep an hpZ piece)
+  // ReduceGradients' reduce-scatter over spans of the gradients
+  // (reduce_spans_).
+  absl::Status ReduceGradientSpans(DType input_dtype);
   // Writes this rank's segment (local rows in param dtype, zero padding) into
   // `slot` on the compute device.
   absl::Status CopyIn(Tensor* slot);
@@ -397,6 +400,14 @@ class FsdpUnit {
   // frozen ones) and the padded total.
   std::vector<int64_t> grad_offsets_;
   int64_t grad_segment_ = 0;
+  // Where the shard group takes a reduce-scatter's input as spans
+  // (ProcessGroup::ReduceScattersSpans; no replicas, no offload, gradients
+  // in the input dtype): the gradients go to it as they are, held until it
+  // completes (no copy-in). Each trainable parameter's start in this rank's
+  // reduced chunk (no padding; -1 for frozen ones) and the chunk's size.
+  bool reduce_spans_ = false;
+  std::vector<int64_t> reduced_offsets_;
+  int64_t reduced_elements_ = 0;
   bool initialized_ = false;
   bool is_root_ = false;
   bool requires_gradient_sync_ = true;

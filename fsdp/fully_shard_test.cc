@@ -210,11 +210,14 @@ TEST(FullyShardTest, UnevenShardsMatchUnshardedGradients) {
 }
 
 // Through shared memory the shard group gathers into runs
-// (ProcessGroup::AllGathersRuns): each unit's parameters are views of one
-// gathered buffer, in their own layout (no copy-out), holding the masters'
-// values (cast); a step gives the same bits as the TCP ring's rank-order
-// gather and copy-out, in f32 and bf16, with uneven and empty shards.
-TEST(FullyShardTest, GatherIntoRunsMatchesRankOrderBitwise) {
+// (ProcessGroup::AllGathersRuns) and reduce-scatters spans of the gradients
+// (ReduceScattersSpans): each unit's parameters are views of one gathered
+// buffer, in their own layout (no copy-out), holding the masters' values
+// (cast), and the gradients go to the reduce-scatter as they are (no
+// copy-in). A step gives the same bits as the TCP ring's rank-order gather,
+// copy-out and copy-in, in f32 and bf16 (widened into f32), with uneven and
+// empty shards.
+TEST(FullyShardTest, SharedMemoryStepMatchesTcpBitwise) {
   for (int world : {2, 3}) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (bool zero3 : {true, false}) {
@@ -322,45 +325,52 @@ TEST(FullyShardTest, LazyZeroGradWritesOnTheFirstReduction) {
 // from every reduction (its rows of the reduce-scatter input are zeros,
 // whatever the reused buffer held before).
 TEST(FullyShardTest, UnusedParametersReduceToZero) {
-  for (int world : {1, 2}) {
-    SCOPED_TRACE(absl::StrCat("W=", world));
+  // Over shared memory the reduce-scatter reads spans of zeros for them.
+  for (auto [world, shm] :
+       {std::pair{1, false}, std::pair{2, false}, std::pair{2, true}}) {
+    SCOPED_TRACE(absl::StrCat("W=", world, shm ? " shared memory" : ""));
     const int64_t rows = kBatch / world;
-    testing_util::RunOnMesh({{"dp", world}}, [&](int rank, DeviceMesh& mesh) {
-      auto stack = MakeStack(false);
-      nn::Linear spare(kDim, 3, /*bias=*/true, 0.5f);
-      FullyShardOptions options;
-      options.mesh = &mesh;
-      ASSERT_TRUE(FullyShard({stack->at(1), &spare}, options).ok());
-      absl::StatusOr<FsdpUnit*> root = FullyShard({stack.get()}, options);
-      ASSERT_TRUE(root.ok()) << root.status();
-      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
-      FsdpUnit* unit = UnitOf(stack->at(1));
-      ASSERT_NE(unit, nullptr);
-      for (int step = 0; step < 3; ++step) {
-        for (ShardedParameter& sp : unit->parameters()) {
-          ASSERT_TRUE(Fill(sp.grad.mutable_local(), 7.0f).ok());
-        }
-        unit->ZeroGradOnNextReduction();
-        nn::CrossEntropyLoss loss;
-        ASSERT_TRUE(Forward(stack.get(), &loss, rank * rows, rows, false).ok());
-        ASSERT_TRUE(Backward(stack.get(), &loss).ok());
-        ASSERT_TRUE(unit->FinishZeroGrad().ok());
-        for (ShardedParameter& sp : unit->parameters()) {
-          const std::vector<double> g = testing_util::Values(sp.grad.local());
-          const bool is_spare = !absl::StartsWith(sp.name, "1.");
-          double norm = 0;
-          for (double v : g) norm += v * v;
-          if (is_spare) {
-            EXPECT_EQ(norm, 0.0) << "step " << step << " " << sp.name;
-          } else if (!g.empty()) {
-            EXPECT_GT(norm, 0.0) << "step " << step << " " << sp.name;
-            EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double v) {
-              return v != 7.0;
-            })) << sp.name;
+    testing_util::RunOnMesh(
+        {{"dp", world}},
+        [&, world = world](int rank, DeviceMesh& mesh) {
+          auto stack = MakeStack(false);
+          nn::Linear spare(kDim, 3, /*bias=*/true, 0.5f);
+          FullyShardOptions options;
+          options.mesh = &mesh;
+          ASSERT_TRUE(FullyShard({stack->at(1), &spare}, options).ok());
+          absl::StatusOr<FsdpUnit*> root = FullyShard({stack.get()}, options);
+          ASSERT_TRUE(root.ok()) << root.status();
+          ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+          FsdpUnit* unit = UnitOf(stack->at(1));
+          ASSERT_NE(unit, nullptr);
+          for (int step = 0; step < 3; ++step) {
+            for (ShardedParameter& sp : unit->parameters()) {
+              ASSERT_TRUE(Fill(sp.grad.mutable_local(), 7.0f).ok());
+            }
+            unit->ZeroGradOnNextReduction();
+            nn::CrossEntropyLoss loss;
+            ASSERT_TRUE(
+                Forward(stack.get(), &loss, rank * rows, rows, false).ok());
+            ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+            ASSERT_TRUE(unit->FinishZeroGrad().ok());
+            for (ShardedParameter& sp : unit->parameters()) {
+              const std::vector<double> g =
+                  testing_util::Values(sp.grad.local());
+              const bool is_spare = !absl::StartsWith(sp.name, "1.");
+              double norm = 0;
+              for (double v : g) norm += v * v;
+              if (is_spare) {
+                EXPECT_EQ(norm, 0.0) << "step " << step << " " << sp.name;
+              } else if (!g.empty()) {
+                EXPECT_GT(norm, 0.0) << "step " << step << " " << sp.name;
+                EXPECT_TRUE(std::all_of(g.begin(), g.end(), [](double v) {
+                  return v != 7.0;
+                })) << sp.name;
+              }
+            }
           }
-        }
-      }
-    });
+        },
+        absl::Seconds(60), shm);
   }
 }
 

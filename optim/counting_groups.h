@@ -132,6 +132,23 @@ class CountingProcessGroup final : public ProcessGroup {
     reduce_scatter_bytes_ += static_cast<int64_t>(input.nbytes());
     return inner_->ReduceScatter(input, output, op, options);
   }
+  bool ReduceScattersSpans() const override {
+    return inner_->ReduceScattersSpans();
+  }
+  // Counted as a reduce-scatter of the spans' bytes.
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatterSpans(
+      DType dtype, const std::vector<std::vector<BufferSpan>>& spans,
+      const Buffer& output, ReduceOp op,
+      const CollectiveOptions& options = {}) override {
+    ++reduce_scatter_;
+    for (const std::vector<BufferSpan>& chunk : spans) {
+      for (const BufferSpan& span : chunk) {
+        reduce_scatter_bytes_ +=
+            span.count * static_cast<int64_t>(DTypeSize(dtype));
+      }
+    }
+    return inner_->ReduceScatterSpans(dtype, spans, output, op, options);
+  }
   bool ReduceScatterWidens() const override {
     return inner_->ReduceScatterWidens();
   }

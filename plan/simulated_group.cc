@@ -112,6 +112,25 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatter(
   return Done("reduce_scatter", input.nbytes(), output.nbytes());
 }
 
+absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatterSpans(
+    DType dtype, const std::vector<std::vector<BufferSpan>>& spans,
+    const Buffer& output, ReduceOp op, const CollectiveOptions& options) {
+  if (!ReduceScattersSpans()) {
+    return ProcessGroup::ReduceScatterSpans(dtype, spans, output, op, options);
+  }
+  FSDPP_RETURN_IF_ERROR(
+      ValidateReduceScatterSpans(*this, dtype, spans, output, op));
+  int64_t n = 0;
+  for (const std::vector<BufferSpan>& chunk : spans) {
+    for (const BufferSpan& span : chunk) n += span.count;
+  }
+  const GlooScratch s = GlooReduceScatterScratch(
+      n, dtype, output.dtype, output.count, size_, /*shared_memory=*/true);
+  FSDPP_RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
+  return Done("reduce_scatter", n * static_cast<int64_t>(DTypeSize(dtype)),
+              output.nbytes());
+}
+
 absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllReduce(
     const Buffer& buffer, ReduceOp, const CollectiveOptions& options) {
   const GlooScratch s = GlooAllReduceScratch(buffer.count, buffer.dtype, size_);

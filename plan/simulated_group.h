@@ -81,6 +81,15 @@ class SimulatedProcessGroup final : public ProcessGroup {
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
       const Buffer& input, const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override;
+  // As the backend it stands for: Gloo through shared memory only. Recorded
+  // as "reduce_scatter", with the scratch of a one-buffer input.
+  bool ReduceScattersSpans() const override {
+    return backend_ == SimulatedBackend::kGlooSharedMemory;
+  }
+  absl::StatusOr<std::shared_ptr<Work>> ReduceScatterSpans(
+      DType dtype, const std::vector<std::vector<BufferSpan>>& spans,
+      const Buffer& output, ReduceOp op,
+      const CollectiveOptions& options = {}) override;
   // As the backend it stands for: Gloo widens, NCCL does not.
   bool ReduceScatterWidens() const override {
     return backend_ != SimulatedBackend::kNccl;

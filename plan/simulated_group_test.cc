@@ -1,7 +1,8 @@
 // SimulatedProcessGroup records each op (kind, group, size, bytes) and
 // completes it at once; an uneven all-to-all as "all_to_all_v" with its
 // buffers' bytes, like the even one. It counts the scratch of the backend it
-// stands for: Gloo's ring buffers over TCP, none through shared memory.
+// stands for: Gloo's ring buffers over TCP, none through shared memory,
+// and the all-gathers into runs and reduce-scatters of spans only there.
 #include "plan/simulated_group.h"
 
 #include <cstdint>
@@ -34,6 +35,60 @@ TEST(SimulatedGroupTest, RecordsAllToAllVWithItsBuffersBytes) {
   EXPECT_EQ(ops[0].out_bytes, 10);
   EXPECT_EQ(ops[1].kind, "all_to_all");
   EXPECT_EQ(ops[1].in_bytes, 14);
+}
+
+// Runs and spans as the backend stands: through shared memory only (TCP and
+// NCCL say Unimplemented), recorded as the all-gather and reduce-scatter of
+// their payload, the spans' reduce-scatter with a one-buffer input's scratch.
+TEST(SimulatedGroupTest, RunsAndSpansOnlyThroughSharedMemory) {
+  const Buffer gathered{nullptr, 40, DType::kBF16, Device::DryRun()};
+  const std::vector<std::vector<BufferRun>> runs = {{{0, 10}, {20, 5}},
+                                                    {{10, 10}, {25, 7}}};
+  const Buffer reduced{nullptr, 17, DType::kF32, Device::DryRun()};
+  const std::vector<std::vector<BufferSpan>> spans = {{{nullptr, 15}},
+                                                      {{nullptr, 17}}};
+  for (SimulatedBackend backend :
+       {SimulatedBackend::kGloo, SimulatedBackend::kNccl}) {
+    SimulatedProcessGroup group("g", 1, 2, nullptr, backend);
+    EXPECT_FALSE(group.AllGathersRuns());
+    EXPECT_FALSE(group.ReduceScattersSpans());
+    EXPECT_EQ(group.AllGatherRuns(gathered, runs).status().code(),
+              absl::StatusCode::kUnimplemented);
+    EXPECT_EQ(
+        group.ReduceScatterSpans(DType::kBF16, spans, reduced, ReduceOp::kSum)
+            .status()
+            .code(),
+        absl::StatusCode::kUnimplemented);
+  }
+  SimulatedOpLog log;
+  MetaAccountant accountant;
+  ScopedMetaAccounting scope(&accountant);
+  SimulatedProcessGroup group("g", 1, 2, &log,
+                              SimulatedBackend::kGlooSharedMemory);
+  ASSERT_TRUE(group.AllGathersRuns() && group.ReduceScattersSpans());
+  ASSERT_TRUE(group.AllGatherRuns(gathered, runs).ok());
+  ASSERT_TRUE(
+      group.ReduceScatterSpans(DType::kBF16, spans, reduced, ReduceOp::kAvg)
+          .ok());
+  const std::vector<SimulatedOp> ops = log.ops();
+  ASSERT_EQ(ops.size(), 2u);
+  EXPECT_EQ(ops[0].kind, "all_gather");
+  EXPECT_EQ(ops[0].in_bytes, 17 * 2);  // this rank's runs
+  EXPECT_EQ(ops[0].out_bytes, 32 * 2);
+  EXPECT_EQ(ops[1].kind, "reduce_scatter");
+  EXPECT_EQ(ops[1].in_bytes, 32 * 2);
+  EXPECT_EQ(ops[1].out_bytes, 17 * 4);
+  const GlooScratch expected = GlooReduceScatterScratch(
+      32, DType::kBF16, DType::kF32, 17, 2, /*shared_memory=*/true);
+  EXPECT_EQ(accountant.Stats().current_of(MemoryTag::kCommBuffers),
+            expected.held);
+  // Checked as the real backend checks: this rank's spans fill its output.
+  EXPECT_EQ(group
+                .ReduceScatterSpans(DType::kBF16, {{{nullptr, 15}}, {}},
+                                    reduced, ReduceOp::kSum)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 TEST(SimulatedGroupTest, ReduceScatterHoldsRingBuffersOnlyOverTcp) {
