@@ -210,13 +210,14 @@ double MeasureOpOverhead(const std::string& model, DType dtype,
 
 // A collective's cost inside a training step here (the comm thread waking,
 // sharing the cores with compute): the same tiny step (gpt2_debug, 2 x 32
-// tokens per rank) on two thread ranks over Gloo against one rank, the
+// tokens per rank) on two thread ranks over Gloo (TCP or, with
+// `shared_memory`, shared memory) against one rank, the
 // difference over the collectives the step issues; with `tensor_parallel`
 // the two ranks are one tp group (each computes half of every layer) and the
 // difference is charged to tensor parallelism's collectives alone: what a
 // blocking collective in the middle of the compute costs, the ranks'
 // arrival skew included. 0 if it cannot run.
-double MeasureStepCollectiveCost(bool tensor_parallel) {
+double MeasureStepCollectiveCost(bool tensor_parallel, bool shared_memory) {
   absl::StatusOr<models::TransformerConfig> config =
       models::ConfigByName("gpt2_debug");
   if (!config.ok()) return 0;
@@ -246,13 +247,15 @@ double MeasureStepCollectiveCost(bool tensor_parallel) {
     if (!r.ok()) return 0;
     t1.push_back(r->step_seconds);
     InMemoryStore store2;
+    GlooOptions gloo;
+    gloo.shared_memory = shared_memory;
     std::vector<absl::StatusOr<DryRunResult>> r2(2,
                                                  absl::UnknownError("not run"));
     std::vector<std::thread> ranks;
     for (int rank = 0; rank < 2; ++rank) {
       ranks.emplace_back([&, rank] {
-        r2[rank] = RunStepOn(*config, two, rank, GlooGroupFactory(&store2),
-                             Device::Cpu());
+        r2[rank] = RunStepOn(*config, two, rank,
+                             GlooGroupFactory(&store2, gloo), Device::Cpu());
       });
     }
     for (std::thread& t : ranks) t.join();
@@ -264,20 +267,23 @@ double MeasureStepCollectiveCost(bool tensor_parallel) {
 
 }  // namespace
 
-CpuRates MeasureCpuRates() {
+CpuRates MeasureCpuRates(bool shared_memory) {
   CpuRates r;
   constexpr int64_t kN = 1024;
   const absl::Duration budget = absl::Milliseconds(300);
   r.f32_flops = MeasureMatmulFlops(DType::kF32, kN, budget).value_or(0);
   r.bf16_flops = MeasureMatmulFlops(DType::kBF16, kN, budget).value_or(0);
   r.gloo_bus_bytes_per_s =
-      MeasureGlooBusBandwidth(int64_t{8} << 20, 3).value_or(0);
+      MeasureGlooBusBandwidth(int64_t{8} << 20, 3, shared_memory).value_or(0);
   // A small all-gather's time is its latency: bytes / busbw x (n - 1) / n.
   constexpr int64_t kSmall = 8 << 10;
-  const double small_bw = MeasureGlooBusBandwidth(kSmall, 20).value_or(0);
+  const double small_bw =
+      MeasureGlooBusBandwidth(kSmall, 20, shared_memory).value_or(0);
   r.gloo_latency_s = small_bw > 0 ? kSmall / 2.0 / small_bw : 0;
-  r.step_collective_s = MeasureStepCollectiveCost(/*tensor_parallel=*/false);
-  r.step_tp_collective_s = MeasureStepCollectiveCost(/*tensor_parallel=*/true);
+  r.step_collective_s =
+      MeasureStepCollectiveCost(/*tensor_parallel=*/false, shared_memory);
+  r.step_tp_collective_s =
+      MeasureStepCollectiveCost(/*tensor_parallel=*/true, shared_memory);
   for (int llama : {0, 1}) {
     for (int half : {0, 1}) {
       r.op_s[llama][half] = MeasureOpOverhead(
@@ -290,13 +296,15 @@ CpuRates MeasureCpuRates() {
 }
 
 absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
-                                        int ranks_per_node, bool calibrate) {
+                                        int ranks_per_node, bool calibrate,
+                                        bool shared_memory) {
   if (ranks_per_node < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "plan: ranks per node must be >= 1, got ", ranks_per_node));
   }
   DeviceSpec d;
   d.name = name;
+  d.shared_memory = shared_memory;
   if (name == "h100" || name == "h200") {
     // Memory as nvidia-smi reports it on the SXM parts (MiB).
     d.memory_bytes = (name == "h100" ? int64_t{81559} : int64_t{143771}) << 20;
@@ -318,7 +326,7 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
     d.memory_bytes = HostMemoryBytes() / ranks_per_node;
     d.overhead_bytes = int64_t{256} << 20;  // code, libraries, pools, data
     if (calibrate) {
-      const CpuRates r = MeasureCpuRates();
+      const CpuRates r = MeasureCpuRates(shared_memory);
       // Ranks of a node share its cores.
       d.f32_peak = r.f32_flops / ranks_per_node;
       d.bf16_peak = r.bf16_flops / ranks_per_node;
@@ -341,10 +349,11 @@ absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
       }
       d.source = absl::StrFormat(
           "measured here: %.0f / %.0f GFLOP/s f32 / bf16 matmul (1024^3), "
-          "Gloo all-gather busbw %.2f GB/s and latency %.0f us (%.0f us per "
-          "collective inside a step, %.0f us per tensor-parallel one), %.1f "
-          "us per op (gpt2, f32)",
-          r.f32_flops / 1e9, r.bf16_flops / 1e9, r.gloo_bus_bytes_per_s / 1e9,
+          "Gloo all-gather (%s) busbw %.2f GB/s and latency %.0f us (%.0f us "
+          "per collective inside a step, %.0f us per tensor-parallel one), "
+          "%.1f us per op (gpt2, f32)",
+          r.f32_flops / 1e9, r.bf16_flops / 1e9,
+          shared_memory ? "shared memory" : "TCP", r.gloo_bus_bytes_per_s / 1e9,
           r.gloo_latency_s * 1e6, r.step_collective_s * 1e6,
           r.step_tp_collective_s * 1e6, r.op_s[0][0] * 1e6);
     } else {

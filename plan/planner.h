@@ -64,13 +64,17 @@ struct DeviceSpec {
 // with rates measured here (MeasureCpuRates) unless `calibrate` is false,
 // in which case it is a fixed conservative estimate. InvalidArgument for an
 // unknown name.
+// `shared_memory`: DeviceSpec::shared_memory, and the rates measured
+// through shared memory.
 absl::StatusOr<DeviceSpec> DeviceByName(const std::string& name,
                                         int ranks_per_node = 1,
-                                        bool calibrate = true);
+                                        bool calibrate = true,
+                                        bool shared_memory = false);
 
 // Measures this machine's CPU rates: a 1024^3 matmul per dtype on this
 // thread's OpenMP threads, and the bus bandwidth of an 8 MiB all-gather
-// between two ranks over Gloo (the collectives between ranks of one node).
+// between two ranks over Gloo (the collectives between ranks of one node),
+// over TCP or through shared memory; the collectives' costs likewise.
 struct CpuRates {
   double bf16_flops = 0, f32_flops = 0, gloo_bus_bytes_per_s = 0;
   // The fixed cost of a tensor op: a real step of a tiny model (gpt2_debug
@@ -85,7 +89,7 @@ struct CpuRates {
   double step_collective_s = 0;
   double step_tp_collective_s = 0;
 };
-CpuRates MeasureCpuRates();
+CpuRates MeasureCpuRates(bool shared_memory = false);
 
 // The fraction of the matmul rate a CPU training step's FLOPs run at (the
 // ops that are not matmuls, the optimizer), from the trainer's default run

@@ -71,7 +71,8 @@ double GpuPeakFlops(const std::string& device_name, DType dtype) {
   return 0;
 }
 
-absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps) {
+absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps,
+                                               bool shared_memory) {
   if (bytes < 2 * 4 || reps < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
         "MeasureGlooBusBandwidth: need bytes >= 8 and reps >= 1, got ", bytes,
@@ -82,6 +83,7 @@ absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps) {
   InMemoryStore store;
   GlooOptions options;
   options.timeout = absl::Minutes(1);
+  options.shared_memory = shared_memory;
   std::vector<double> best(kRanks, 0.0);
   std::vector<absl::Status> status(kRanks);
   std::vector<std::thread> threads;

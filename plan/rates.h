@@ -24,10 +24,12 @@ absl::StatusOr<double> MeasureMatmulFlops(DType dtype, int64_t n,
 double GpuPeakFlops(const std::string& device_name, DType dtype);
 
 // Bus bandwidth (bytes/s, nccl-tests' busbw) of an all-gather of `bytes`
-// between two thread ranks over Gloo on this host (TCP loopback): the rate
-// of the collectives between ranks of one node here. The best of `reps`
-// after one warm-up.
-absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps = 3);
+// between two thread ranks over Gloo on this host, over TCP loopback or
+// through shared memory (GlooOptions::shared_memory): the rate of the
+// collectives between ranks of one node here. The best of `reps` after one
+// warm-up.
+absl::StatusOr<double> MeasureGlooBusBandwidth(int64_t bytes, int reps = 3,
+                                               bool shared_memory = false);
 
 }  // namespace plan
 }  // namespace fsdpp

@@ -30,9 +30,12 @@ TEST(RatesTest, GpuPeaksFromTheTable) {
 }
 
 TEST(RatesTest, GlooBandwidthIsPositiveAndBadInputFails) {
-  absl::StatusOr<double> bw = MeasureGlooBusBandwidth(1 << 20, 2);
-  ASSERT_TRUE(bw.ok()) << bw.status();
-  EXPECT_GT(*bw, 1e6);  // Loopback moves more than 1 MB/s.
+  for (bool shared_memory : {false, true}) {
+    absl::StatusOr<double> bw =
+        MeasureGlooBusBandwidth(1 << 20, 2, shared_memory);
+    ASSERT_TRUE(bw.ok()) << bw.status();
+    EXPECT_GT(*bw, 1e6) << shared_memory;  // Either moves more than 1 MB/s.
+  }
   EXPECT_FALSE(MeasureGlooBusBandwidth(4).ok());
   EXPECT_FALSE(MeasureGlooBusBandwidth(1 << 20, 0).ok());
 }

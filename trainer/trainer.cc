@@ -290,11 +290,11 @@ absl::Status Trainer::CheckMemoryPlan() {
       return absl::OkStatus();
     }
   }
-  FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
-                         plan::DeviceByName(planned_device, ranks_per_node,
-                                            /*calibrate=*/false));
-  device.shared_memory =
-      UsesSharedMemory(config_, ranks_per_node, env_.world_size);
+  FSDPP_ASSIGN_OR_RETURN(
+      plan::DeviceSpec device,
+      plan::DeviceByName(
+          planned_device, ranks_per_node, /*calibrate=*/false,
+          UsesSharedMemory(config_, ranks_per_node, env_.world_size)));
   const TrainingConfig& tc = config_.training();
   if (tc.max_memory_gib() > 0) {
     device.memory_bytes =

@@ -70,10 +70,11 @@ absl::StatusOr<std::string> RunPlanTool(const PlanToolOptions& o) {
   FSDPP_ASSIGN_OR_RETURN(trainer::ResolvedTrainConfig rc,
                          trainer::ResolveTrainConfig(config, o.world));
   const int per_node = o.ranks_per_node > 0 ? o.ranks_per_node : o.world;
-  FSDPP_ASSIGN_OR_RETURN(plan::DeviceSpec device,
-                         plan::DeviceByName(o.device, per_node, o.calibrate));
+  FSDPP_ASSIGN_OR_RETURN(
+      plan::DeviceSpec device,
+      plan::DeviceByName(o.device, per_node, o.calibrate,
+                         trainer::UsesSharedMemory(config, per_node, o.world)));
   if (o.memory_budget > 0) device.memory_bytes = o.memory_budget;
-  device.shared_memory = trainer::UsesSharedMemory(config, per_node, o.world);
   FSDPP_ASSIGN_OR_RETURN(plan::Plan p,
                          plan::MakePlan(rc.model, rc.layout, device, o.rank));
   std::string out;
