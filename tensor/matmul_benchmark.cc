@@ -1,7 +1,8 @@
 // Matmul throughput: our Matmul (validation + primitive cache + oneDNN) next
 // to a direct oneDNN call with a prebuilt primitive, in the same binary, at
 // 2048^3 and the GPT-2 124M shapes (M = 1024 tokens, K, N in {768, 3072,
-// 50304}), f32 and bf16. Reports GFLOP/s as the "FLOPS" counter.
+// 50304}), f32 and bf16; then a Linear's three calls at those shapes as the
+// model makes them (LinearCall). Reports GFLOP/s as the "FLOPS" counter.
 //
 //   bazel run -c opt //tensor:matmul_benchmark
 #include <vector>
