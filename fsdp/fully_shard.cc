@@ -892,28 +892,23 @@ absl::Status FsdpUnit::ReduceGradientSpans(DType input_dtype) {
   // Rank q's chunk: each trainable parameter's rows of rank q, straight
   // from its gradient (zeros for a parameter unused this step).
   OpSpan span("fsdp reduce-scatter spans", "fsdp");
+  for (const ShardedParameter& sp : params_) {
+    const Tensor& grad = sp.parameter->grad;
+    if (sp.requires_grad && grad.defined() && grad.dtype() != input_dtype) {
+      return absl::InternalError(absl::StrCat(
+          "FSDP unit '", name_, "': the gradient of '", sp.name, "' is ",
+          DTypeName(grad.dtype()), ", not the reduce-scatter's input dtype ",
+          DTypeName(input_dtype)));
+    }
+  }
   std::vector<std::vector<BufferSpan>> spans(world_);
-  std::vector<Tensor> held;
   const size_t esize = DTypeSize(input_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
-    ShardedParameter& sp = params_[i];
-    if (!sp.requires_grad) continue;
-    Parameter* p = sp.parameter;
+    if (!params_[i].requires_grad) continue;
+    const Tensor& grad = params_[i].parameter->grad;
+    const char* data =
+        grad.defined() ? static_cast<const char*>(grad.raw_data()) : nullptr;
     const SplitView& v = views_[i];
-    const char* grad = nullptr;
-    if (p->grad.defined()) {
-      if (p->grad.dtype() != input_dtype) {
-        return absl::InternalError(
-            absl::StrCat("FSDP unit '", name_, "': the gradient of '", sp.name,
-                         "' is ", DTypeName(p->grad.dtype()),
-                         ", not the reduce-scatter's input "
-                         "dtype ",
-                         DTypeName(input_dtype)));
-      }
-      grad = static_cast<const char*>(p->grad.raw_data());
-      held.push_back(std::move(p->grad));
-      p->grad = Tensor();  // The op holds it until it completes.
-    }
     for (int q = 0; q < world_; ++q) {
       const Range range = ChunkRange(v.rows, world_, q);
       const int64_t run = range.length * v.inner;
@@ -921,7 +916,7 @@ absl::Status FsdpUnit::ReduceGradientSpans(DType input_dtype) {
       for (int64_t o = 0; o < v.outer; ++o) {
         const int64_t first = (o * v.rows + range.begin) * v.inner;
         spans[q].push_back(
-            {grad == nullptr ? nullptr : grad + first * esize, run});
+            {data == nullptr ? nullptr : data + first * esize, run});
       }
     }
   }
@@ -936,6 +931,13 @@ absl::Status FsdpUnit::ReduceGradientSpans(DType input_dtype) {
                          shard_group_->ReduceScatterSpans(
                              input_dtype, spans, AsBuffer(output),
                              average ? ReduceOp::kAvg : ReduceOp::kSum, o));
+  // Issued: the op holds the gradients until it completes.
+  std::vector<Tensor> held;
+  for (ShardedParameter& sp : params_) {
+    if (!sp.requires_grad || !sp.parameter->grad.defined()) continue;
+    held.push_back(std::move(sp.parameter->grad));
+    sp.parameter->grad = Tensor();
+  }
   shared_->pending.push_back(
       {this, std::move(work), Tensor(), output, std::move(held)});
   ++stats_.reduce_scatters;
