@@ -891,16 +891,8 @@ absl::Status FsdpUnit::ReduceGradients() {
 absl::Status FsdpUnit::ReduceGradientSpans(DType input_dtype) {
   // Rank q's chunk: each trainable parameter's rows of rank q, straight
   // from its gradient (zeros for a parameter unused this step).
+  // (ReduceScatterInputDType checked that every gradient is input_dtype.)
   OpSpan span("fsdp reduce-scatter spans", "fsdp");
-  for (const ShardedParameter& sp : params_) {
-    const Tensor& grad = sp.parameter->grad;
-    if (sp.requires_grad && grad.defined() && grad.dtype() != input_dtype) {
-      return absl::InternalError(absl::StrCat(
-          "FSDP unit '", name_, "': the gradient of '", sp.name, "' is ",
-          DTypeName(grad.dtype()), ", not the reduce-scatter's input dtype ",
-          DTypeName(input_dtype)));
-    }
-  }
   std::vector<std::vector<BufferSpan>> spans(world_);
   const size_t esize = DTypeSize(input_dtype);
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -952,21 +944,25 @@ absl::StatusOr<DType> FsdpUnit::ReduceScatterInputDType() const {
   // every rank hands the group the same dtype.
   const DType reduce_dtype = options_.mp_policy.reduce_dtype;
   const DType param_dtype = options_.mp_policy.param_dtype;
-  if (reduce_dtype != DType::kF32 ||
-      (param_dtype != DType::kBF16 && param_dtype != DType::kF16) ||
-      !shard_group_->ReduceScatterWidens()) {
-    return reduce_dtype;
-  }
-  for (const ShardedParameter& sp : params_) {
-    const Tensor& grad = sp.parameter->grad;
-    if (sp.requires_grad && grad.defined() && grad.dtype() != param_dtype) {
-      return absl::InternalError(absl::StrCat(
-          "FSDP unit '", name_, "': the gradient of '", sp.name, "' is ",
-          DTypeName(grad.dtype()), ", not the unit's param dtype ",
-          DTypeName(param_dtype)));
+  const bool widened =
+      reduce_dtype == DType::kF32 &&
+      (param_dtype == DType::kBF16 || param_dtype == DType::kF16) &&
+      shard_group_->ReduceScatterWidens();
+  const DType dtype = widened ? param_dtype : reduce_dtype;
+  // Handed over as they are (widened, or read in place as spans): every
+  // gradient must already be in that dtype.
+  if (widened || reduce_spans_) {
+    for (const ShardedParameter& sp : params_) {
+      const Tensor& grad = sp.parameter->grad;
+      if (sp.requires_grad && grad.defined() && grad.dtype() != dtype) {
+        return absl::InternalError(absl::StrCat(
+            "FSDP unit '", name_, "': the gradient of '", sp.name, "' is ",
+            DTypeName(grad.dtype()), ", not the reduce-scatter's input dtype ",
+            DTypeName(dtype)));
+      }
     }
   }
-  return param_dtype;
+  return dtype;
 }
 
 absl::Status FsdpUnit::ReduceLocally() {

@@ -350,7 +350,9 @@ class FsdpUnit {
   absl::Status ReduceGradients();
   // The dtype of the reduce-scatter's input: the gradients' own (bf16 / f16)
   // when they are reduced in f32 by a group that widens them
-  // (ProcessGroup::ReduceScatterWidens), else the reduce dtype.
+  // (ProcessGroup::ReduceScatterWidens), else the reduce dtype. Internal
+  // error if the gradients go as they are (widened, or as spans) and one is
+  // in another dtype.
   absl::StatusOr<DType> ReduceScatterInputDType() const;
   // ReduceGradients when reduce_locally_.
   absl::Status ReduceLocally();
