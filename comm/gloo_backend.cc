@@ -843,14 +843,13 @@ absl::StatusOr<std::shared_ptr<Work>> GlooProcessGroup::ReduceScatterSpans(
       ValidateReduceScatterSpans(*this, dtype, spans, output, op));
   const size_t esize = DTypeSize(dtype);
   std::vector<std::vector<SharedMemoryCollectives::ByteSpan>> bytes(size_);
-  int64_t n = 0;
   for (int q = 0; q < size_; ++q) {
     for (const BufferSpan& span : spans[q]) {
       bytes[q].push_back({static_cast<const char*>(span.data),
                           static_cast<size_t>(span.count) * esize});
-      n += span.count;
     }
   }
+  const int64_t n = ElementsIn(spans);
   // The ticket once the op cannot fail to queue: every ticket must run.
   FSDPP_RETURN_IF_ERROR(StreamFor("reduce_scatter", options).status());
   return Issue(

@@ -236,20 +236,19 @@ absl::Status ValidateReduceScatterSpans(
                                 group.size(), " ranks"));
   }
   for (int q = 0; q < group.size(); ++q) {
-    int64_t total = 0;
     for (const BufferSpan& span : spans[q]) {
       if (span.count < 0) {
         return Invalid(group, kOp,
                        absl::StrCat("a span of rank ", q,
                                     "'s chunk has a negative count"));
       }
-      total += span.count;
     }
-    if (q == group.rank() && total != output.count) {
-      return Invalid(group, kOp,
-                     absl::StrCat("this rank's spans hold ", total,
-                                  " elements, its output ", output.count));
-    }
+  }
+  if (const int64_t mine = ElementsIn(spans[group.rank()]);
+      mine != output.count) {
+    return Invalid(group, kOp,
+                   absl::StrCat("this rank's spans hold ", mine,
+                                " elements, its output ", output.count));
   }
   return CheckReduceOp(group, kOp, dtype, op);
 }

@@ -59,6 +59,20 @@ struct BufferSpan {
   int64_t count = 0;
 };
 
+// The elements of a list of runs or spans, and of lists of them.
+template <typename Part>
+int64_t ElementsIn(const std::vector<Part>& parts) {
+  int64_t n = 0;
+  for (const Part& part : parts) n += part.count;
+  return n;
+}
+template <typename Part>
+int64_t ElementsIn(const std::vector<std::vector<Part>>& lists) {
+  int64_t n = 0;
+  for (const std::vector<Part>& parts : lists) n += ElementsIn(parts);
+  return n;
+}
+
 // How reductions combine values. kAvg divides the sum by the group size and
 // needs a float dtype. bf16 / f16 reduce with f32 accumulation.
 enum class ReduceOp { kSum, kAvg, kMax };

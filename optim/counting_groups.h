@@ -117,12 +117,8 @@ class CountingProcessGroup final : public ProcessGroup {
       const Buffer& output, const std::vector<std::vector<BufferRun>>& runs,
       const CollectiveOptions& options = {}) override {
     ++all_gather_;
-    for (const std::vector<BufferRun>& rank_runs : runs) {
-      for (const BufferRun& run : rank_runs) {
-        all_gather_bytes_ +=
-            run.count * static_cast<int64_t>(DTypeSize(output.dtype));
-      }
-    }
+    all_gather_bytes_ +=
+        ElementsIn(runs) * static_cast<int64_t>(DTypeSize(output.dtype));
     return inner_->AllGatherRuns(output, runs, options);
   }
   absl::StatusOr<std::shared_ptr<Work>> ReduceScatter(
@@ -141,12 +137,8 @@ class CountingProcessGroup final : public ProcessGroup {
       const Buffer& output, ReduceOp op,
       const CollectiveOptions& options = {}) override {
     ++reduce_scatter_;
-    for (const std::vector<BufferSpan>& chunk : spans) {
-      for (const BufferSpan& span : chunk) {
-        reduce_scatter_bytes_ +=
-            span.count * static_cast<int64_t>(DTypeSize(dtype));
-      }
-    }
+    reduce_scatter_bytes_ +=
+        ElementsIn(spans) * static_cast<int64_t>(DTypeSize(dtype));
     return inner_->ReduceScatterSpans(dtype, spans, output, op, options);
   }
   bool ReduceScatterWidens() const override {

@@ -91,15 +91,9 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::AllGatherRuns(
     return ProcessGroup::AllGatherRuns(output, runs, options);
   }
   FSDPP_RETURN_IF_ERROR(ValidateAllGatherRuns(*this, output, runs));
-  int64_t mine = 0, all = 0;
-  for (int r = 0; r < size_; ++r) {
-    for (const BufferRun& run : runs[r]) {
-      (r == rank_ ? mine : all) += run.count;
-    }
-  }
-  all += mine;
   const int64_t esize = static_cast<int64_t>(DTypeSize(output.dtype));
-  return Done("all_gather", mine * esize, all * esize);
+  return Done("all_gather", ElementsIn(runs[rank_]) * esize,
+              ElementsIn(runs) * esize);
 }
 
 absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatter(
@@ -120,10 +114,7 @@ absl::StatusOr<std::shared_ptr<Work>> SimulatedProcessGroup::ReduceScatterSpans(
   }
   FSDPP_RETURN_IF_ERROR(
       ValidateReduceScatterSpans(*this, dtype, spans, output, op));
-  int64_t n = 0;
-  for (const std::vector<BufferSpan>& chunk : spans) {
-    for (const BufferSpan& span : chunk) n += span.count;
-  }
+  const int64_t n = ElementsIn(spans);
   const GlooScratch s = GlooReduceScatterScratch(
       n, dtype, output.dtype, output.count, size_, /*shared_memory=*/true);
   FSDPP_RETURN_IF_ERROR(Scratch(options, s.held, s.transient));
