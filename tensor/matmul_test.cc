@@ -95,6 +95,52 @@ TEST(MatmulTest, MatchesReference) {
   }
 }
 
+TEST(MatmulTest, LongInnerDimensionGoesInChunks) {
+  // k >= 16384 and >= 8 max(m, n): the inner dim in chunks (an LM head's
+  // dx), summed in f32 into c or into a buffer rounded into c once. An odd k
+  // leaves a shorter last chunk.
+  const Case cases[] = {{1, 5, 7, 16411, false}, {2, 3, 4, 20000, true}};
+  for (const Case& cs : cases) {
+    ASSERT_GT(cpu::OneDnnMatmulKChunk(cs.m, cs.n, cs.k), 0);
+    ASSERT_LT(cpu::OneDnnMatmulKChunk(cs.m, cs.n, cs.k), cs.k);
+  }
+  EXPECT_EQ(cpu::OneDnnMatmulKChunk(1024, 768, 3072), 0);
+  EXPECT_EQ(cpu::OneDnnMatmulKChunk(4096, 768, 16384), 0);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (DType out_dtype : {DType::kF32, dtype}) {
+      for (const Case& cs : cases) {
+        for (int t = 0; t < 4; ++t) {
+          const bool ta = t & 1, tb = t & 2;
+          for (auto [alpha, beta] :
+               {std::pair<float, float>{1.0f, 0.0f}, {-2.0f, 0.25f}}) {
+            SCOPED_TRACE(testing::Message()
+                         << DTypeName(dtype) << "->" << DTypeName(out_dtype)
+                         << " batch=" << cs.batch << " k=" << cs.k
+                         << " ta=" << ta << " tb=" << tb << " alpha=" << alpha
+                         << " beta=" << beta);
+            Shape a_shape =
+                ta ? Shape{cs.batch, cs.k, cs.m} : Shape{cs.batch, cs.m, cs.k};
+            Shape b_shape = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
+            if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
+            Tensor a = RandomTensor(a_shape, dtype, 11);
+            Tensor b = RandomTensor(b_shape, dtype, 12);
+            Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 13);
+            Vec c0 = Values(c);
+            ASSERT_TRUE(Matmul(a, b, &c, {ta, tb, alpha, beta}).ok());
+            Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
+                                cs.k, ta, tb, cs.bcast, alpha, beta);
+            // Sums of k products of magnitude <= 1 that mostly cancel: f32's
+            // error grows like sqrt(k); bf16 c adds one rounding.
+            const double atol = 2e-3;
+            const double rtol = out_dtype == DType::kBF16 ? 1.0 / 128 : 1e-5;
+            EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, TwoDimensionalAndGpt2Shapes) {
   // A Linear layer at GPT-2 width, [B*T, C] @ W^T with W [4C, C], odd B*T.
   const int64_t rows = 67, c = 768, h = 3072;

@@ -1,6 +1,7 @@
 // oneDNN matmul with a primitive cache; see onednn_matmul.h.
 #include "tensor/cpu/onednn_matmul.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@
 #include "core/status.h"
 #include "core/trace.h"
 #include "oneapi/dnnl/dnnl.hpp"
+#include "tensor/cpu/simd.h"
 
 namespace fsdpp {
 namespace cpu {
@@ -24,6 +26,9 @@ namespace {
 // beta as bits, bias or not); OneDnnMatmul's and OneDnnStridedMatmul's keys
 // differ in length. Inline: the lookup every matmul makes allocates nothing.
 using Key = absl::InlinedVector<int64_t, 24>;
+
+// The inner dim's chunk length of a K-chunked matmul is about this.
+constexpr int64_t kKChunk = 4096;
 
 dnnl::engine& Engine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -46,25 +51,32 @@ absl::flat_hash_map<Key, Cached>& Cache() {
   return *cache;
 }
 
-// Per-thread scratchpad: primitives use a user-managed scratchpad so that
-// several threads (e.g. ranks as threads) can run them concurrently; oneDNN's
-// library-managed scratchpad is shared between primitives and is not safe
-// for that.
-char* ThreadScratchpad(size_t bytes) {
-  // Page-aligned, like oneDNN's own scratchpad (AMX / AVX-512 kernels want
-  // aligned workspaces).
+// Per-thread work buffers, page-aligned like oneDNN's own scratchpad (AMX /
+// AVX-512 kernels want aligned workspaces).
+enum class ThreadBuffer {
+  // Primitives use a user-managed scratchpad so that several threads (e.g.
+  // ranks as threads) can run them concurrently; oneDNN's library-managed
+  // scratchpad is shared between primitives and is not safe for that.
+  kScratchpad,
+  // The f32 sums of a K-chunked matmul whose c is not f32.
+  kAccumulator,
+};
+
+char* ThreadBufferOf(ThreadBuffer which, size_t bytes) {
   struct Buffer {
     ~Buffer() { std::free(data); }
     char* data = nullptr;
     size_t size = 0;
   };
-  thread_local Buffer buffer;
+  thread_local Buffer buffers[2];
+  Buffer& buffer = buffers[static_cast<int>(which)];
   if (buffer.size < bytes) {
     std::free(buffer.data);
     const size_t rounded = (bytes + 4095) / 4096 * 4096;
     buffer.data = static_cast<char*>(std::aligned_alloc(4096, rounded));
     CHECK(buffer.data != nullptr)
-        << "oneDNN scratchpad: out of memory for " << rounded << " bytes";
+        << "oneDNN matmul work buffer: out of memory for " << rounded
+        << " bytes";
     buffer.size = rounded;
   }
   return buffer.data;
@@ -136,8 +148,9 @@ absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
     const dnnl::memory::desc scratch_md(
         {static_cast<dnnl::memory::dim>(cached.scratchpad_bytes)},
         dnnl::memory::data_type::u8, dnnl::memory::format_tag::a);
-    dnnl::memory scratch_mem(scratch_md, Engine(),
-                             ThreadScratchpad(cached.scratchpad_bytes));
+    dnnl::memory scratch_mem(
+        scratch_md, Engine(),
+        ThreadBufferOf(ThreadBuffer::kScratchpad, cached.scratchpad_bytes));
     std::unordered_map<int, dnnl::memory> exec_args = {
         {DNNL_ARG_SRC, a_mem},
         {DNNL_ARG_WEIGHTS, b_mem},
@@ -156,13 +169,84 @@ absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
   return absl::OkStatus();
 }
 
+// One chunk [k0, k0 + len) of the inner dim of a K-chunked matmul into f32
+// `acc` (c itself when c is f32): its rows of b and columns of a, in place,
+// with the whole matrices' strides.
+absl::Status MatmulKChunk(const void* a, const void* b, float* acc,
+                          DType ab_dtype, int64_t batch, int64_t m, int64_t n,
+                          int64_t k, int64_t k0, int64_t len, bool transpose_a,
+                          bool transpose_b, bool broadcast_b, float alpha,
+                          float beta) {
+  using dims = dnnl::memory::dims;
+  const dnnl::memory::data_type ab = DnnlType(ab_dtype);
+  Descs d;
+  d.a = dnnl::memory::desc(dims{batch, m, len}, ab,
+                           transpose_a ? dims{m * k, 1, m} : dims{m * k, k, 1});
+  d.b = dnnl::memory::desc(dims{broadcast_b ? 1 : batch, len, n}, ab,
+                           transpose_b ? dims{k * n, 1, k} : dims{k * n, n, 1});
+  d.c = dnnl::memory::desc(dims{batch, m, n}, dnnl::memory::data_type::f32,
+                           dims{m * n, n, 1});
+  const Key key = {static_cast<int64_t>(ab_dtype),
+                   batch,
+                   m,
+                   n,
+                   k,
+                   len,
+                   transpose_a,
+                   transpose_b,
+                   broadcast_b,
+                   absl::bit_cast<int32_t>(alpha),
+                   absl::bit_cast<int32_t>(beta),
+                   -2};  // -2: a chunk's key (its own length)
+  FSDPP_ASSIGN_OR_RETURN(
+      const Cached cached,
+      GetOrBuild(key, d, /*with_bias=*/false, alpha, beta,
+                 absl::StrCat("chunk of ", len, " of [", batch, " x ", m, " x ",
+                              k, "] @ [", k, " x ", n, "] ",
+                              DTypeName(ab_dtype), " -> f32")));
+  const int64_t size = static_cast<int64_t>(DTypeSize(ab_dtype));
+  const char* a_chunk =
+      static_cast<const char*>(a) + (transpose_a ? k0 * m : k0) * size;
+  const char* b_chunk =
+      static_cast<const char*>(b) + (transpose_b ? k0 : k0 * n) * size;
+  return Execute(cached, d, a_chunk, b_chunk, acc, nullptr);
+}
+
 }  // namespace
+
+int64_t OneDnnMatmulKChunk(int64_t m, int64_t n, int64_t k) {
+  if (k < 4 * kKChunk || k < 8 * std::max(m, n)) return 0;
+  const int64_t chunks = (k + kKChunk - 1) / kKChunk;
+  const int64_t len = (k + chunks - 1) / chunks;
+  return len + len % 2;  // even: bf16 operands pair along k
+}
 
 absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                           DType c_dtype, int64_t batch, int64_t m, int64_t n,
                           int64_t k, bool transpose_a, bool transpose_b,
                           bool broadcast_b, float alpha, float beta,
                           const void* bias) {
+  // A long inner dim over a small c: oneDNN reads b again for every block
+  // of c's rows, from memory once b outgrows the caches (the LM head's dx:
+  // 1.5x slower in f32). Chunks of k keep each chunk's b in cache; their
+  // products add up in f32 (c, or a buffer rounded into c once at the end),
+  // as oneDNN's own accumulation does.
+  const int64_t chunk = OneDnnMatmulKChunk(m, n, k);
+  const bool f32_c = c_dtype == DType::kF32;
+  if (chunk > 0 && (f32_c || beta == 0.0f) && bias == nullptr) {
+    float* acc = f32_c
+                     ? static_cast<float*>(c)
+                     : reinterpret_cast<float*>(ThreadBufferOf(
+                           ThreadBuffer::kAccumulator,
+                           static_cast<size_t>(batch * m * n) * sizeof(float)));
+    for (int64_t k0 = 0; k0 < k; k0 += chunk) {
+      FSDPP_RETURN_IF_ERROR(MatmulKChunk(
+          a, b, acc, ab_dtype, batch, m, n, k, k0, std::min(chunk, k - k0),
+          transpose_a, transpose_b, broadcast_b, alpha, k0 == 0 ? beta : 1.0f));
+    }
+    if (!f32_c) simd::Cast(DType::kF32, acc, c_dtype, c, batch * m * n);
+    return absl::OkStatus();
+  }
   const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,
                                 transpose_b, broadcast_b);
   const Key key = {static_cast<int64_t>(ab_dtype),

@@ -26,6 +26,12 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                           bool broadcast_b, float alpha, float beta,
                           const void* bias = nullptr);
 
+// The inner dim's chunk length OneDnnMatmul takes for [m x k] @ [k x n]
+// (0: the whole k at once). A k of at least 16384 and 8 times m and n goes
+// in chunks of about 4096 that add up in f32 (unless c is not f32 and beta
+// != 0, or with a bias: then at once).
+int64_t OneDnnMatmulKChunk(int64_t m, int64_t n, int64_t k);
+
 // One operand of OneDnnStridedMatmul: a batch of matrices, dims [batch,
 // rows, cols] with element strides (a batch of 1 broadcasts).
 struct StridedOperand {
