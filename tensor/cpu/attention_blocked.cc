@@ -1,4 +1,4 @@
-// bf16 causal attention through oneDNN's bf16 matmuls on blocks of query
+// bf16 and f32 causal attention through oneDNN's matmuls on blocks of query
 // rows (see attention.h), compiled once per SIMD target by
 // hwy/foreach_target.h (this file includes itself through it) for its
 // row-wise parts.
@@ -8,9 +8,11 @@
 // (batch, head) pairs at once, every one [rows, hd] x [hd, r1] or [rows, r1]
 // x [r1, hd]: oneDNN runs them on its bf16 dot-product kernels and spreads
 // the batch over the OpenMP pool. Between them the rows are exact softmaxes
-// (a block sees all of its keys, so no online rescaling): scores in f32,
-// probabilities rounded to bf16 for the next matmul, as the unfused path
-// rounds them. Work memory is O(b h kBlockRows T): scores of one block.
+// (a block sees all of its keys, so no online rescaling): scores in f32;
+// for bf16 the probabilities are rounded to bf16 for the next matmul, as
+// the unfused path rounds them, while f32 keeps them (and dS) in place in
+// the f32 score buffers. Work memory is O(b h kBlockRows T): scores of one
+// block.
 //
 // Forward per block: S = scale Q K^T; P = softmax(S) (masked), lse; O = P V.
 // Backward per block: S again, P = exp(S - lse); dP = dO V^T; dS = P (dP -
@@ -29,8 +31,10 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <type_traits>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "tensor/cpu/attention.h"
@@ -74,10 +78,11 @@ using simd_convert::HWY_NAMESPACE::StoreF;
 using simd_math::HWY_NAMESPACE::Exp;
 
 // row[j] = exp(row[j] - shift) for first <= j < valid, 0 for the other j <
-// ld (a multiple of the vector width), also into `copy` (bf16) unless null;
-// returns the sum.
+// ld (a multiple of the vector width), also into `copy` unless null; returns
+// the sum.
+template <typename T>
 HWY_INLINE float MaskedExpRow(float* row, int64_t first, int64_t valid,
-                              int64_t ld, float shift, BFloat16* copy) {
+                              int64_t ld, float shift, T* copy) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
   const VF sh = hn::Set(d, shift);
@@ -109,18 +114,20 @@ HWY_INLINE RowEntries Entries(int64_t r, int64_t rows_per_head,
 }
 
 // Softmax of each of `rows` score rows (f32, stride ld) over its entries
-// (Entries): p (bf16, stride ld) gets the probabilities and zeros up to ld;
-// lse[r] = max + log(sum of exp) (a row with no entry: p 0, lse -inf).
-void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
-                 int64_t first_valid, int64_t cols, int64_t ld,
-                 const int32_t* row_lo, const int32_t* row_hi, BFloat16* p,
-                 float* lse) {
+// (Entries): p (stride ld; may be s itself) gets the probabilities and
+// zeros up to ld; lse[r] = max + log(sum of exp) (a row with no entry: p 0,
+// lse -inf).
+template <typename T>
+HWY_INLINE void SoftmaxRowsOf(float* s, int64_t rows, int64_t rows_per_head,
+                              int64_t first_valid, int64_t cols, int64_t ld,
+                              const int32_t* row_lo, const int32_t* row_hi,
+                              T* p, float* lse) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < rows; ++r) {
     float* row = s + r * ld;
-    BFloat16* out = p + r * ld;
+    T* out = p + r * ld;
     const auto [first, valid] =
         Entries(r, rows_per_head, first_valid, cols, row_lo, row_hi);
     VF m = hn::Set(d, -INFINITY);
@@ -133,8 +140,9 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
     }
     const float max = hn::GetLane(hn::MaxOfLanes(d, m));
     // The exponentials once, kept in the score row (0 where masked).
-    const float total =
-        first < valid ? MaskedExpRow(row, first, valid, ld, max, nullptr) : 0;
+    const float total = first < valid ? MaskedExpRow(row, first, valid, ld, max,
+                                                     static_cast<T*>(nullptr))
+                                      : 0;
     const VF inv = hn::Set(d, total > 0.0f ? 1.0f / total : 0.0f);
     for (int64_t j = 0; j < ld; j += n) {
       StoreF(d,
@@ -147,8 +155,24 @@ void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
   }
 }
 
+void SoftmaxRowsBF16(float* s, int64_t rows, int64_t rows_per_head,
+                     int64_t first_valid, int64_t cols, int64_t ld,
+                     const int32_t* row_lo, const int32_t* row_hi, BFloat16* p,
+                     float* lse) {
+  SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
+                p, lse);
+}
+void SoftmaxRowsF32(float* s, int64_t rows, int64_t rows_per_head,
+                    int64_t first_valid, int64_t cols, int64_t ld,
+                    const int32_t* row_lo, const int32_t* row_hi, float* p,
+                    float* lse) {
+  SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
+                p, lse);
+}
+
 // Backward's probabilities: s[r][j] = exp(s[r][j] - lse[r]) over the valid
 // entries (as SoftmaxRows counts them), 0 elsewhere; p = the same in bf16.
+// (f32 reads them from s.)
 void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
                      int64_t first_valid, int64_t cols, int64_t ld,
                      const int32_t* row_lo, const int32_t* row_hi,
@@ -157,13 +181,16 @@ void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
   for (int64_t r = 0; r < rows; ++r) {
     const auto [first, valid] =
         Entries(r, rows_per_head, first_valid, cols, row_lo, row_hi);
-    MaskedExpRow(s + r * ld, first, valid, ld, lse[r], p + r * ld);
+    MaskedExpRow(s + r * ld, first, valid, ld, lse[r],
+                 p == nullptr ? nullptr : p + r * ld);
   }
 }
 
-// ds[r][j] = p[r][j] (dp[r][j] - delta[r]) in bf16, over the whole stride.
-void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
-                   const float* delta, BFloat16* ds) {
+// ds[r][j] = p[r][j] (dp[r][j] - delta[r]), over the whole stride (ds may be
+// dp itself).
+template <typename T>
+HWY_INLINE void ScoreGradRowsOf(const float* p, const float* dp, int64_t rows,
+                                int64_t ld, const float* delta, T* ds) {
   const DF d;
   const int64_t n = static_cast<int64_t>(hn::Lanes(d));
 #pragma omp parallel for schedule(static)
@@ -177,6 +204,15 @@ void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
   }
 }
 
+void ScoreGradRowsBF16(const float* p, const float* dp, int64_t rows,
+                       int64_t ld, const float* delta, BFloat16* ds) {
+  ScoreGradRowsOf(p, dp, rows, ld, delta, ds);
+}
+void ScoreGradRowsF32(const float* p, const float* dp, int64_t rows, int64_t ld,
+                      const float* delta, float* ds) {
+  ScoreGradRowsOf(p, dp, rows, ld, delta, ds);
+}
+
 }  // namespace HWY_NAMESPACE
 }  // namespace blocked_internal
 }  // namespace cpu
@@ -187,9 +223,40 @@ HWY_AFTER_NAMESPACE();
 namespace fsdpp {
 namespace cpu {
 namespace blocked_internal {
-HWY_EXPORT(SoftmaxRows);
+HWY_EXPORT(SoftmaxRowsBF16);
+HWY_EXPORT(SoftmaxRowsF32);
 HWY_EXPORT(ProbabilityRows);
-HWY_EXPORT(ScoreGradRows);
+HWY_EXPORT(ScoreGradRowsBF16);
+HWY_EXPORT(ScoreGradRowsF32);
+
+// The row passes for each element type.
+void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
+                 int64_t first_valid, int64_t cols, int64_t ld,
+                 const int32_t* row_lo, const int32_t* row_hi, BFloat16* p,
+                 float* lse) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRowsBF16)
+  (s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi, p, lse);
+}
+void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
+                 int64_t first_valid, int64_t cols, int64_t ld,
+                 const int32_t* row_lo, const int32_t* row_hi, float* p,
+                 float* lse) {
+  HWY_DYNAMIC_DISPATCH(SoftmaxRowsF32)
+  (s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi, p, lse);
+}
+void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
+                   const float* delta, BFloat16* ds) {
+  HWY_DYNAMIC_DISPATCH(ScoreGradRowsBF16)(p, dp, rows, ld, delta, ds);
+}
+void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
+                   const float* delta, float* ds) {
+  HWY_DYNAMIC_DISPATCH(ScoreGradRowsF32)(p, dp, rows, ld, delta, ds);
+}
+
+// The probabilities and score gradients as the next matmuls read them: bf16
+// copies, or for f32 the score buffers themselves.
+template <typename T>
+constexpr bool kInPlace = std::is_same_v<T, float>;
 
 // The matmuls see a batch of b * kv matrices: per kv head, the rows of its
 // rep query heads stacked ([rep * rows, ...]; gathered into a contiguous
@@ -201,24 +268,26 @@ struct Dims {
 
 // Keys [k0, k0 + keys) of a [b, kv, t, hd] tensor (k, v) as [b * kv, keys,
 // hd], or transposed as [b * kv, hd, keys].
+template <typename T>
 StridedOperand KvRows(const void* data, const Dims& d, int64_t k0, int64_t keys,
                       bool transpose) {
-  const BFloat16* at = static_cast<const BFloat16*>(data) + k0 * d.hd;
+  const T* at = static_cast<const T*>(data) + k0 * d.hd;
   if (transpose) return {at, {d.batch(), d.hd, keys}, {d.t * d.hd, 1, d.hd}};
   return {at, {d.batch(), keys, d.hd}, {d.t * d.hd, d.hd, 1}};
 }
 
 // A block's query-side rows (q, dout, out's or dq's block) as [b * kv, rep
-// * rows, hd]: in place for rep == 1, else in `gathered` (bf16, contiguous).
+// * rows, hd]: in place for rep == 1, else in `gathered` (contiguous).
 struct BlockRowsView {
   StridedOperand op;
   int64_t c_strides[3];
 };
 
+template <typename T>
 BlockRowsView QueryRows(const void* data, const Dims& d, int64_t r0,
-                        int64_t rows, const BFloat16* gathered) {
+                        int64_t rows, const T* gathered) {
   if (d.rep == 1) {
-    const BFloat16* base = static_cast<const BFloat16*>(data) + r0 * d.hd;
+    const T* base = static_cast<const T*>(data) + r0 * d.hd;
     return {{base, {d.batch(), rows, d.hd}, {d.t * d.hd, d.hd, 1}},
             {d.t * d.hd, d.hd, 1}};
   }
@@ -230,13 +299,14 @@ BlockRowsView QueryRows(const void* data, const Dims& d, int64_t r0,
 // Rows [r0, r0 + rows) of every head of `src` ([b, h, t, hd]) into dst
 // ([b * h, rows, hd]: per kv head its rep heads' rows, one after another),
 // or back (`scatter`).
-void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter,
-              BFloat16* wide, BFloat16* narrow) {
+template <typename T>
+void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter, T* wide,
+              T* narrow) {
   const int64_t heads = d.b * d.h;
 #pragma omp parallel for schedule(static)
   for (int64_t bh = 0; bh < heads; ++bh) {
-    BFloat16* w = wide + (bh * d.t + r0) * d.hd;
-    BFloat16* n = narrow + bh * rows * d.hd;
+    T* w = wide + (bh * d.t + r0) * d.hd;
+    T* n = narrow + bh * rows * d.hd;
     if (scatter) {
       std::copy(n, n + rows * d.hd, w);
     } else {
@@ -253,8 +323,8 @@ void MoveRows(const Dims& d, int64_t r0, int64_t rows, bool scatter,
 enum WorkSlot {
   kScores,      // f32 scores, then probabilities
   kScoreGrads,  // f32 dP
-  kProbs,       // bf16 P
-  kProbGrads,   // bf16 dS
+  kProbs,       // bf16 P (f32: in kScores)
+  kProbGrads,   // bf16 dS (f32: in kScoreGrads)
   kBlockLse,
   kBlockDelta,
   kDelta,
@@ -301,12 +371,12 @@ class Buffer {
   int64_t size_;
 };
 
-const BFloat16* Gather(const void* src, const Dims& d, int64_t r0, int64_t rows,
-                       Buffer<BFloat16>* buffer) {
+template <typename T>
+const T* Gather(const void* src, const Dims& d, int64_t r0, int64_t rows,
+                Buffer<T>* buffer) {
   if (d.rep == 1) return nullptr;
   MoveRows(d, r0, rows, /*scatter=*/false,
-           const_cast<BFloat16*>(static_cast<const BFloat16*>(src)),
-           buffer->data());
+           const_cast<T*>(static_cast<const T*>(src)), buffer->data());
   return buffer->data();
 }
 
@@ -321,11 +391,12 @@ StridedOperand ScoreOperand(const void* data, const Dims& d, int64_t rows,
 
 // A block's scores s = scale q k^T (keys [k0, k0 + keys)), f32 with
 // strides s_strides.
+template <typename T>
 absl::Status Scores(const Dims& d, const BlockRowsView& q, const void* k,
                     int64_t k0, int64_t keys, const int64_t s_strides[3],
                     float scale, float* s) {
-  return OneDnnStridedMatmul(DType::kBF16, DType::kF32, q.op,
-                             KvRows(k, d, k0, keys, /*transpose=*/true), s,
+  return OneDnnStridedMatmul(DTypeOf<T>::value, DType::kF32, q.op,
+                             KvRows<T>(k, d, k0, keys, /*transpose=*/true), s,
                              s_strides, scale, 0.0f);
 }
 
@@ -387,6 +458,7 @@ BlockKeys KeysOfBlock(const Dims& d, const GroupKeys& gk, int64_t r0,
   return {k0, k1, lo, hi};
 }
 
+template <typename T>
 absl::Status ForwardGroup(const void* q, const void* k, const void* v,
                           int64_t b, int64_t h, int64_t kv, int64_t t,
                           int64_t hd, float scale, const GroupKeys& gk,
@@ -397,8 +469,10 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
   Buffer<float> s(kScores, scores), block_lse(kBlockLse, heads * block);
-  Buffer<BFloat16> p(kProbs, scores), q_rows(kQRows, gathered),
-      out_rows(kOutRows, gathered);
+  Buffer<T> q_rows(kQRows, gathered), out_rows(kOutRows, gathered);
+  Buffer<BFloat16> p_copy(kProbs, kInPlace<T> ? 0 : scores);
+  T* p = kInPlace<T> ? reinterpret_cast<T*>(s.data())
+                     : reinterpret_cast<T*>(p_copy.data());
   Buffer<int32_t> bounds(kRowBounds, gk.causal() ? 0 : 2 * heads * block);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0);
@@ -407,31 +481,31 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
     const int64_t ld = RoundUp(keys, kRowAlign);
     const int64_t s_strides[3] = {d.rep * rows * ld, ld, 1};
     const BlockRowsView qv =
-        QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
+        QueryRows<T>(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
     FSDPP_RETURN_IF_ERROR(
-        Scores(d, qv, k, k0, keys, s_strides, scale, s.data()));
-    HWY_DYNAMIC_DISPATCH(SoftmaxRows)
-    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi, p.data(),
-     block_lse.data());
+        Scores<T>(d, qv, k, k0, keys, s_strides, scale, s.data()));
+    SoftmaxRows(s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
+                p, block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(block_lse.begin() + bh * rows,
                 block_lse.begin() + (bh + 1) * rows, lse + bh * t + r0);
     }
     // out = P v.
-    const BlockRowsView ov = QueryRows(out, d, r0, rows, out_rows.data());
+    const BlockRowsView ov = QueryRows<T>(out, d, r0, rows, out_rows.data());
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kBF16,
-        ScoreOperand(p.data(), d, rows, keys, ld, false),
-        KvRows(v, d, k0, keys, false), const_cast<void*>(ov.op.data),
+        DTypeOf<T>::value, DTypeOf<T>::value,
+        ScoreOperand(p, d, rows, keys, ld, false),
+        KvRows<T>(v, d, k0, keys, false), const_cast<void*>(ov.op.data),
         ov.c_strides, 1.0f, 0.0f));
     if (d.rep > 1) {
-      MoveRows(d, r0, rows, /*scatter=*/true, static_cast<BFloat16*>(out),
+      MoveRows(d, r0, rows, /*scatter=*/true, static_cast<T*>(out),
                out_rows.data());
     }
   }
   return absl::OkStatus();
 }
 
+template <typename T>
 absl::Status BackwardGroup(const void* q, const void* k, const void* v,
                            const void* out, const float* lse, const void* dout,
                            int64_t b, int64_t h, int64_t kv, int64_t t,
@@ -443,13 +517,13 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   // D = rowsum(dout * out), per (batch, head, row).
   Buffer<float> delta(kDelta, heads * t);
   {
-    const BFloat16* o = static_cast<const BFloat16*>(out);
-    const BFloat16* g = static_cast<const BFloat16*>(dout);
+    const T* o = static_cast<const T*>(out);
+    const T* g = static_cast<const T*>(dout);
 #pragma omp parallel for schedule(static)
     for (int64_t r = 0; r < heads * t; ++r) {
       float acc = 0.0f;
       for (int64_t e = 0; e < hd; ++e) {
-        acc += BFloat16ToFloat(o[r * hd + e]) * BFloat16ToFloat(g[r * hd + e]);
+        acc += ToFloat(o[r * hd + e]) * ToFloat(g[r * hd + e]);
       }
       delta[r] = acc;
     }
@@ -459,15 +533,23 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
   Buffer<float> s(kScores, scores), dp(kScoreGrads, scores);
-  Buffer<BFloat16> p(kProbs, scores), ds(kProbGrads, scores);
+  Buffer<BFloat16> p_copy(kProbs, kInPlace<T> ? 0 : scores),
+      ds_copy(kProbGrads, kInPlace<T> ? 0 : scores);
+  T* p = kInPlace<T> ? reinterpret_cast<T*>(s.data())
+                     : reinterpret_cast<T*>(p_copy.data());
+  T* ds = kInPlace<T> ? reinterpret_cast<T*>(dp.data())
+                      : reinterpret_cast<T*>(ds_copy.data());
   Buffer<float> block_lse(kBlockLse, heads * block),
       block_delta(kBlockDelta, heads * block);
-  // f32 accumulators of dk and dv over the blocks.
-  Buffer<float> dk_acc(kDkSum, b * kv * t * hd),
-      dv_acc(kDvSum, b * kv * t * hd);
-  std::fill(dk_acc.begin(), dk_acc.end(), 0.0f);
-  std::fill(dv_acc.begin(), dv_acc.end(), 0.0f);
-  Buffer<BFloat16> q_rows(kQRows, gathered), dout_rows(kDoutRows, gathered),
+  // f32 accumulators of dk and dv over the blocks (f32: dk and dv).
+  const int64_t kv_elements = b * kv * t * hd;
+  Buffer<float> dk_sum(kDkSum, kInPlace<T> ? 0 : kv_elements),
+      dv_sum(kDvSum, kInPlace<T> ? 0 : kv_elements);
+  float* dk_acc = kInPlace<T> ? static_cast<float*>(dk) : dk_sum.data();
+  float* dv_acc = kInPlace<T> ? static_cast<float*>(dv) : dv_sum.data();
+  std::fill(dk_acc, dk_acc + kv_elements, 0.0f);
+  std::fill(dv_acc, dv_acc + kv_elements, 0.0f);
+  Buffer<T> q_rows(kQRows, gathered), dout_rows(kDoutRows, gathered),
       dq_rows(kOutRows, gathered);
   Buffer<int32_t> bounds(kRowBounds, gk.causal() ? 0 : 2 * heads * block);
   const int64_t acc_strides[3] = {t * hd, hd, 1};
@@ -484,60 +566,60 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
                 block_delta.begin() + bh * rows);
     }
     const BlockRowsView qv =
-        QueryRows(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
+        QueryRows<T>(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
     const BlockRowsView gv =
-        QueryRows(dout, d, r0, rows, Gather(dout, d, r0, rows, &dout_rows));
+        QueryRows<T>(dout, d, r0, rows, Gather(dout, d, r0, rows, &dout_rows));
+    constexpr DType kT = DTypeOf<T>::value;
     // P = exp(scale q k^T - lse).
     FSDPP_RETURN_IF_ERROR(
-        Scores(d, qv, k, k0, keys, s_strides, scale, s.data()));
+        Scores<T>(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(ProbabilityRows)
     (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
-     block_lse.data(), p.data());
+     block_lse.data(), kInPlace<T> ? nullptr : p_copy.data());
     // dP = dout v^T; dS = P (dP - D).
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kF32, gv.op, KvRows(v, d, k0, keys, true),
-        dp.data(), s_strides, 1.0f, 0.0f));
-    HWY_DYNAMIC_DISPATCH(ScoreGradRows)
-    (s.data(), dp.data(), heads * rows, ld, block_delta.data(), ds.data());
+        kT, DType::kF32, gv.op, KvRows<T>(v, d, k0, keys, true), dp.data(),
+        s_strides, 1.0f, 0.0f));
+    ScoreGradRows(s.data(), dp.data(), heads * rows, ld, block_delta.data(),
+                  ds);
     // dq = scale dS k: these rows' final values.
-    const BlockRowsView dqv = QueryRows(dq, d, r0, rows, dq_rows.data());
+    const BlockRowsView dqv = QueryRows<T>(dq, d, r0, rows, dq_rows.data());
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kBF16,
-        ScoreOperand(ds.data(), d, rows, keys, ld, false),
-        KvRows(k, d, k0, keys, false), const_cast<void*>(dqv.op.data),
+        kT, kT, ScoreOperand(ds, d, rows, keys, ld, false),
+        KvRows<T>(k, d, k0, keys, false), const_cast<void*>(dqv.op.data),
         dqv.c_strides, scale, 0.0f));
     if (d.rep > 1) {
-      MoveRows(d, r0, rows, /*scatter=*/true, static_cast<BFloat16*>(dq),
+      MoveRows(d, r0, rows, /*scatter=*/true, static_cast<T*>(dq),
                dq_rows.data());
     }
     // dv += P^T dout, dk += scale dS^T q (keys [k0, k0 + keys)).
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kF32,
-        ScoreOperand(p.data(), d, rows, keys, ld, true), gv.op,
-        dv_acc.data() + k0 * hd, acc_strides, 1.0f, 1.0f));
+        kT, DType::kF32, ScoreOperand(p, d, rows, keys, ld, true), gv.op,
+        dv_acc + k0 * hd, acc_strides, 1.0f, 1.0f));
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
-        DType::kBF16, DType::kF32,
-        ScoreOperand(ds.data(), d, rows, keys, ld, true), qv.op,
-        dk_acc.data() + k0 * hd, acc_strides, scale, 1.0f));
+        kT, DType::kF32, ScoreOperand(ds, d, rows, keys, ld, true), qv.op,
+        dk_acc + k0 * hd, acc_strides, scale, 1.0f));
   }
-  BFloat16* dk_out = static_cast<BFloat16*>(dk);
-  BFloat16* dv_out = static_cast<BFloat16*>(dv);
-  const int64_t total = static_cast<int64_t>(dk_acc.size());
+  if constexpr (!kInPlace<T>) {
+    T* dk_out = static_cast<T*>(dk);
+    T* dv_out = static_cast<T*>(dv);
 #pragma omp parallel for schedule(static)
-  for (int64_t i = 0; i < total; ++i) {
-    dk_out[i] = FloatToBFloat16(dk_acc[i]);
-    dv_out[i] = FloatToBFloat16(dv_acc[i]);
+    for (int64_t i = 0; i < kv_elements; ++i) {
+      dk_out[i] = FromFloat<T>(dk_acc[i]);
+      dv_out[i] = FromFloat<T>(dv_acc[i]);
+    }
   }
   return absl::OkStatus();
 }
 
 // Kv heads (with their rep query heads) per ForwardGroup / BackwardGroup
-// call: as many as keep the score-shaped work buffers (12 bytes a score)
-// within work_bytes, at least one. [b, h, t, hd] is [b * kv, rep, t, hd],
-// so a run of kv heads is a contiguous slice of every tensor.
-int64_t KvHeadsPerGroup(int64_t rep, int64_t t, int64_t work_bytes) {
-  const int64_t per_kv_head =
-      rep * BlockRows(t) * RoundUp(t, kRowAlign) * int64_t{12};
+// call: as many as keep the score-shaped work buffers (bf16: 12 bytes a
+// score, f32: 8) within work_bytes, at least one. [b, h, t, hd] is [b * kv,
+// rep, t, hd], so a run of kv heads is a contiguous slice of every tensor.
+int64_t KvHeadsPerGroup(DType dtype, int64_t rep, int64_t t,
+                        int64_t work_bytes) {
+  const int64_t per_kv_head = rep * BlockRows(t) * RoundUp(t, kRowAlign) *
+                              (dtype == DType::kF32 ? 8 : 12);
   return std::max<int64_t>(1, work_bytes / per_kv_head);
 }
 
@@ -545,12 +627,12 @@ int64_t KvHeadsPerGroup(int64_t rep, int64_t t, int64_t work_bytes) {
 // heads (KvHeadsPerGroup) of a [b, h | kv, t, hd] call: the offsets, in
 // elements, of the group's first query head, kv head and lse row.
 template <typename Fn>
-absl::Status ForEachKvGroup(int64_t b, int64_t h, int64_t kv, int64_t t,
-                            int64_t hd, int64_t work_bytes,
+absl::Status ForEachKvGroup(DType dtype, int64_t b, int64_t h, int64_t kv,
+                            int64_t t, int64_t hd, int64_t work_bytes,
                             const int32_t* key_lo, const int32_t* key_hi,
                             Fn&& fn) {
   const int64_t rep = h / kv, units = b * kv;
-  const int64_t group = KvHeadsPerGroup(rep, t, work_bytes);
+  const int64_t group = KvHeadsPerGroup(dtype, rep, t, work_bytes);
   for (int64_t u = 0; u < units; u += group) {
     FSDPP_RETURN_IF_ERROR(fn(std::min(group, units - u), u * rep * t * hd,
                              u * t * hd, u * rep * t,
@@ -559,46 +641,93 @@ absl::Status ForEachKvGroup(int64_t b, int64_t h, int64_t kv, int64_t t,
   return absl::OkStatus();
 }
 
-// bf16 element `offset` of a raw buffer.
-inline const BFloat16* Bf16At(const void* p, int64_t offset) {
-  return static_cast<const BFloat16*>(p) + offset;
+// Element `offset` of a raw buffer of T.
+template <typename T>
+const T* At(const void* p, int64_t offset) {
+  return static_cast<const T*>(p) + offset;
 }
-inline BFloat16* Bf16At(void* p, int64_t offset) {
-  return static_cast<BFloat16*>(p) + offset;
+template <typename T>
+T* At(void* p, int64_t offset) {
+  return static_cast<T*>(p) + offset;
+}
+
+absl::Status NotBlocked(const char* what, DType dtype) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": dtype ", DTypeName(dtype),
+                   " is not one of the blocked path's (bf16, f32)"));
+}
+
+template <typename T>
+absl::Status Forward(const void* q, const void* k, const void* v, int64_t b,
+                     int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
+                     void* out, float* lse, const int32_t* key_lo,
+                     const int32_t* key_hi, int64_t work_bytes) {
+  return ForEachKvGroup(
+      DTypeOf<T>::value, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
+      [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
+          const GroupKeys& keys) {
+        return ForwardGroup<T>(At<T>(q, qo), At<T>(k, ko), At<T>(v, ko), n,
+                               h / kv, 1, t, hd, scale, keys, At<T>(out, qo),
+                               lse + lo);
+      });
+}
+
+template <typename T>
+absl::Status Backward(const void* q, const void* k, const void* v,
+                      const void* out, const float* lse, const void* dout,
+                      int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
+                      float scale, void* dq, void* dk, void* dv,
+                      const int32_t* key_lo, const int32_t* key_hi,
+                      int64_t work_bytes) {
+  return ForEachKvGroup(
+      DTypeOf<T>::value, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
+      [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
+          const GroupKeys& keys) {
+        return BackwardGroup<T>(At<T>(q, qo), At<T>(k, ko), At<T>(v, ko),
+                                At<T>(out, qo), lse + lo, At<T>(dout, qo), n,
+                                h / kv, 1, t, hd, scale, keys, At<T>(dq, qo),
+                                At<T>(dk, ko), At<T>(dv, ko));
+      });
 }
 
 }  // namespace blocked_internal
 
-absl::Status BlockedAttentionForward(
-    const void* q, const void* k, const void* v, int64_t b, int64_t h,
-    int64_t kv, int64_t t, int64_t hd, float scale, void* out, float* lse,
-    const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
+absl::Status BlockedAttentionForward(DType dtype, const void* q, const void* k,
+                                     const void* v, int64_t b, int64_t h,
+                                     int64_t kv, int64_t t, int64_t hd,
+                                     float scale, void* out, float* lse,
+                                     const int32_t* key_lo,
+                                     const int32_t* key_hi,
+                                     int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
-  return ForEachKvGroup(b, h, kv, t, hd, work_bytes, key_lo, key_hi,
-                        [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
-                            const GroupKeys& keys) {
-                          return ForwardGroup(Bf16At(q, qo), Bf16At(k, ko),
-                                              Bf16At(v, ko), n, h / kv, 1, t,
-                                              hd, scale, keys, Bf16At(out, qo),
-                                              lse + lo);
-                        });
+  switch (dtype) {
+    case DType::kBF16:
+      return Forward<BFloat16>(q, k, v, b, h, kv, t, hd, scale, out, lse,
+                               key_lo, key_hi, work_bytes);
+    case DType::kF32:
+      return Forward<float>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_lo,
+                            key_hi, work_bytes);
+    default:
+      return NotBlocked("BlockedAttentionForward", dtype);
+  }
 }
 
 absl::Status BlockedAttentionBackward(
-    const void* q, const void* k, const void* v, const void* out,
+    DType dtype, const void* q, const void* k, const void* v, const void* out,
     const float* lse, const void* dout, int64_t b, int64_t h, int64_t kv,
     int64_t t, int64_t hd, float scale, void* dq, void* dk, void* dv,
     const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
-  return ForEachKvGroup(b, h, kv, t, hd, work_bytes, key_lo, key_hi,
-                        [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
-                            const GroupKeys& keys) {
-                          return BackwardGroup(
-                              Bf16At(q, qo), Bf16At(k, ko), Bf16At(v, ko),
-                              Bf16At(out, qo), lse + lo, Bf16At(dout, qo), n,
-                              h / kv, 1, t, hd, scale, keys, Bf16At(dq, qo),
-                              Bf16At(dk, ko), Bf16At(dv, ko));
-                        });
+  switch (dtype) {
+    case DType::kBF16:
+      return Backward<BFloat16>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale,
+                                dq, dk, dv, key_lo, key_hi, work_bytes);
+    case DType::kF32:
+      return Backward<float>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale,
+                             dq, dk, dv, key_lo, key_hi, work_bytes);
+    default:
+      return NotBlocked("BlockedAttentionBackward", dtype);
+  }
 }
 
 }  // namespace cpu

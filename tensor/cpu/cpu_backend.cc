@@ -248,10 +248,10 @@ class CpuBackendImpl final : public Backend {
                                Tensor* lse) override {
     const int32_t* lo = Bound(keys.lo);
     const int32_t* hi = Bound(keys.hi);
-    if (q.dtype() == DType::kBF16) {
+    if (q.dtype() == DType::kBF16 || q.dtype() == DType::kF32) {
       return cpu::BlockedAttentionForward(
-          q.raw_data(), k.raw_data(), v.raw_data(), b, h, kv, t, hd, scale,
-          out->raw_data(), lse->data<float>(), lo, hi);
+          q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), b, h, kv, t, hd,
+          scale, out->raw_data(), lse->data<float>(), lo, hi);
     }
     cpu::CausalAttentionForward(q.dtype(), q.raw_data(), k.raw_data(),
                                 v.raw_data(), b, h, kv, t, hd, scale,
@@ -268,9 +268,9 @@ class CpuBackendImpl final : public Backend {
                                        Tensor* dk, Tensor* dv) override {
     const int32_t* lo = Bound(keys.lo);
     const int32_t* hi = Bound(keys.hi);
-    if (q.dtype() == DType::kBF16) {
+    if (q.dtype() == DType::kBF16 || q.dtype() == DType::kF32) {
       return cpu::BlockedAttentionBackward(
-          q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
+          q.dtype(), q.raw_data(), k.raw_data(), v.raw_data(), out.raw_data(),
           lse.data<float>(), dout.raw_data(), b, h, kv, t, hd, scale,
           dq->raw_data(), dk->raw_data(), dv->raw_data(), lo, hi);
     }
