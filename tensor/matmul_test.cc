@@ -141,6 +141,54 @@ TEST(MatmulTest, LongInnerDimensionGoesInChunks) {
   }
 }
 
+TEST(MatmulTest, ManyRowsOfATransposedBf16AGoInChunks) {
+  // A transposed bf16 a with m >= 24576 and >= 8 max(n, k) (an LM head's
+  // weight gradient): c's rows in chunks, each computed as at once; an odd
+  // m leaves a shorter last chunk. With a bias too.
+  const Case cases[] = {{1, 24593, 3, 5, false}, {2, 30001, 4, 7, true}};
+  for (const Case& cs : cases) {
+    ASSERT_GT(cpu::OneDnnMatmulMChunk(DType::kBF16, true, cs.m, cs.n, cs.k), 0);
+    ASSERT_LT(cpu::OneDnnMatmulMChunk(DType::kBF16, true, cs.m, cs.n, cs.k),
+              cs.m);
+  }
+  EXPECT_EQ(cpu::OneDnnMatmulMChunk(DType::kBF16, false, 50304, 768, 1024), 0);
+  EXPECT_EQ(cpu::OneDnnMatmulMChunk(DType::kF32, true, 50304, 768, 1024), 0);
+  EXPECT_EQ(cpu::OneDnnMatmulMChunk(DType::kBF16, true, 3072, 768, 1024), 0);
+  for (DType out_dtype : {DType::kF32, DType::kBF16}) {
+    for (const Case& cs : cases) {
+      for (bool tb : {false, true}) {
+        for (int variant = 0; variant < 3; ++variant) {
+          const float alpha = variant == 1 ? -2.0f : 1.0f;
+          const float beta = variant == 1 ? 0.25f : 0.0f;
+          const bool with_bias = variant == 2;
+          SCOPED_TRACE(testing::Message()
+                       << "->" << DTypeName(out_dtype) << " m=" << cs.m
+                       << " tb=" << tb << " variant=" << variant);
+          Tensor a = RandomTensor({cs.batch, cs.k, cs.m}, DType::kBF16, 21);
+          Shape b_shape = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
+          if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
+          Tensor b = RandomTensor(b_shape, DType::kBF16, 22);
+          Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 23);
+          Tensor bias = RandomTensor({cs.n}, out_dtype, 24);
+          Vec c0 = Values(c);
+          MatmulOptions options{true, tb, alpha, beta};
+          if (with_bias) options.bias = &bias;
+          ASSERT_TRUE(Matmul(a, b, &c, options).ok());
+          Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
+                              cs.k, true, tb, cs.bcast, alpha, beta);
+          if (with_bias) {
+            const Vec bv = Values(bias);
+            for (size_t i = 0; i < ref.size(); ++i) ref[i] += bv[i % cs.n];
+          }
+          const double atol = out_dtype == DType::kBF16 ? 1e-2 : 1e-4;
+          const double rtol = out_dtype == DType::kBF16 ? 1.0 / 128 : 1e-5;
+          EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+        }
+      }
+    }
+  }
+}
+
 TEST(MatmulTest, TwoDimensionalAndGpt2Shapes) {
   // A Linear layer at GPT-2 width, [B*T, C] @ W^T with W [4C, C], odd B*T.
   const int64_t rows = 67, c = 768, h = 3072;

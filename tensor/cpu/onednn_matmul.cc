@@ -27,8 +27,10 @@ namespace {
 // differ in length. Inline: the lookup every matmul makes allocates nothing.
 using Key = absl::InlinedVector<int64_t, 24>;
 
-// The inner dim's chunk length of a K-chunked matmul is about this.
+// The inner dim's chunk length of a K-chunked matmul is about this, and
+// the rows of an M-chunked one.
 constexpr int64_t kKChunk = 4096;
+constexpr int64_t kMChunk = 12288;
 
 dnnl::engine& Engine() {
   static dnnl::engine* engine = new dnnl::engine(dnnl::engine::kind::cpu, 0);
@@ -169,47 +171,55 @@ absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
   return absl::OkStatus();
 }
 
-// One chunk [k0, k0 + len) of the inner dim of a K-chunked matmul into f32
-// `acc` (c itself when c is f32): its rows of b and columns of a, in place,
-// with the whole matrices' strides.
-absl::Status MatmulKChunk(const void* a, const void* b, float* acc,
-                          DType ab_dtype, int64_t batch, int64_t m, int64_t n,
-                          int64_t k, int64_t k0, int64_t len, bool transpose_a,
-                          bool transpose_b, bool broadcast_b, float alpha,
-                          float beta) {
+// Rows [i0, i0 + rows) of c and the inner dim's [k0, k0 + len) of c =
+// alpha op(a) op(b) (+ beta c, + bias), read and written in place with the
+// whole matrices' strides.
+absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
+                        DType c_dtype, int64_t batch, int64_t m, int64_t n,
+                        int64_t k, int64_t i0, int64_t rows, int64_t k0,
+                        int64_t len, bool transpose_a, bool transpose_b,
+                        bool broadcast_b, float alpha, float beta,
+                        const void* bias) {
   using dims = dnnl::memory::dims;
   const dnnl::memory::data_type ab = DnnlType(ab_dtype);
   Descs d;
-  d.a = dnnl::memory::desc(dims{batch, m, len}, ab,
+  d.a = dnnl::memory::desc(dims{batch, rows, len}, ab,
                            transpose_a ? dims{m * k, 1, m} : dims{m * k, k, 1});
   d.b = dnnl::memory::desc(dims{broadcast_b ? 1 : batch, len, n}, ab,
                            transpose_b ? dims{k * n, 1, k} : dims{k * n, n, 1});
-  d.c = dnnl::memory::desc(dims{batch, m, n}, dnnl::memory::data_type::f32,
+  d.c = dnnl::memory::desc(dims{batch, rows, n}, DnnlType(c_dtype),
                            dims{m * n, n, 1});
+  d.bias = dnnl::memory::desc(dims{1, 1, n}, DnnlType(c_dtype), dims{n, n, 1});
   const Key key = {static_cast<int64_t>(ab_dtype),
+                   static_cast<int64_t>(c_dtype),
                    batch,
                    m,
                    n,
                    k,
+                   rows,
                    len,
                    transpose_a,
                    transpose_b,
                    broadcast_b,
                    absl::bit_cast<int32_t>(alpha),
                    absl::bit_cast<int32_t>(beta),
-                   -2};  // -2: a chunk's key (its own length)
+                   bias != nullptr,
+                   -2};  // -2: a part's key
   FSDPP_ASSIGN_OR_RETURN(
       const Cached cached,
-      GetOrBuild(key, d, /*with_bias=*/false, alpha, beta,
-                 absl::StrCat("chunk of ", len, " of [", batch, " x ", m, " x ",
-                              k, "] @ [", k, " x ", n, "] ",
-                              DTypeName(ab_dtype), " -> f32")));
-  const int64_t size = static_cast<int64_t>(DTypeSize(ab_dtype));
-  const char* a_chunk =
-      static_cast<const char*>(a) + (transpose_a ? k0 * m : k0) * size;
-  const char* b_chunk =
-      static_cast<const char*>(b) + (transpose_b ? k0 : k0 * n) * size;
-  return Execute(cached, d, a_chunk, b_chunk, acc, nullptr);
+      GetOrBuild(
+          key, d, bias != nullptr, alpha, beta,
+          absl::StrCat("part [", rows, " x ", len, "] of [", batch, " x ", m,
+                       " x ", k, "] @ [", k, " x ", n, "] ",
+                       DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
+  const int64_t ab_size = static_cast<int64_t>(DTypeSize(ab_dtype));
+  const char* a_part = static_cast<const char*>(a) +
+                       (transpose_a ? k0 * m + i0 : i0 * k + k0) * ab_size;
+  const char* b_part =
+      static_cast<const char*>(b) + (transpose_b ? k0 : k0 * n) * ab_size;
+  char* c_part =
+      static_cast<char*>(c) + i0 * n * static_cast<int64_t>(DTypeSize(c_dtype));
+  return Execute(cached, d, a_part, b_part, c_part, bias);
 }
 
 }  // namespace
@@ -219,6 +229,16 @@ int64_t OneDnnMatmulKChunk(int64_t m, int64_t n, int64_t k) {
   const int64_t chunks = (k + kKChunk - 1) / kKChunk;
   const int64_t len = (k + chunks - 1) / chunks;
   return len + len % 2;  // even: bf16 operands pair along k
+}
+
+int64_t OneDnnMatmulMChunk(DType ab_dtype, bool transpose_a, int64_t m,
+                           int64_t n, int64_t k) {
+  if (ab_dtype != DType::kBF16 || !transpose_a || m < 2 * kMChunk ||
+      m < 8 * std::max(n, k)) {
+    return 0;
+  }
+  const int64_t chunks = (m + kMChunk - 1) / kMChunk;
+  return (m + chunks - 1) / chunks;
 }
 
 absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
@@ -240,11 +260,26 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                            ThreadBuffer::kAccumulator,
                            static_cast<size_t>(batch * m * n) * sizeof(float)));
     for (int64_t k0 = 0; k0 < k; k0 += chunk) {
-      FSDPP_RETURN_IF_ERROR(MatmulKChunk(
-          a, b, acc, ab_dtype, batch, m, n, k, k0, std::min(chunk, k - k0),
-          transpose_a, transpose_b, broadcast_b, alpha, k0 == 0 ? beta : 1.0f));
+      FSDPP_RETURN_IF_ERROR(
+          MatmulPart(a, b, acc, ab_dtype, DType::kF32, batch, m, n, k, 0, m, k0,
+                     std::min(chunk, k - k0), transpose_a, transpose_b,
+                     broadcast_b, alpha, k0 == 0 ? beta : 1.0f, nullptr));
     }
     if (!f32_c) simd::Cast(DType::kF32, acc, c_dtype, c, batch * m * n);
+    return absl::OkStatus();
+  }
+  // Many rows of a transposed bf16 a (the LM head's weight gradient, [V,
+  // tokens]^T): oneDNN copies all of op(a) into its own layout first;
+  // chunks of c's rows keep that copy in cache (1.1x here). Each row of c is
+  // computed as it would be at once.
+  if (const int64_t rows = OneDnnMatmulMChunk(ab_dtype, transpose_a, m, n, k);
+      rows > 0) {
+    for (int64_t i0 = 0; i0 < m; i0 += rows) {
+      FSDPP_RETURN_IF_ERROR(MatmulPart(a, b, c, ab_dtype, c_dtype, batch, m, n,
+                                       k, i0, std::min(rows, m - i0), 0, k,
+                                       transpose_a, transpose_b, broadcast_b,
+                                       alpha, beta, bias));
+    }
     return absl::OkStatus();
   }
   const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,

@@ -31,6 +31,11 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
 // in chunks of about 4096 that add up in f32 (unless c is not f32 and beta
 // != 0, or with a bias: then at once).
 int64_t OneDnnMatmulKChunk(int64_t m, int64_t n, int64_t k);
+// The rows of c OneDnnMatmul computes per call otherwise (0: all at once):
+// a transposed bf16 a of at least 24576 rows and 8 times n and k goes in
+// chunks of about 12288 rows.
+int64_t OneDnnMatmulMChunk(DType ab_dtype, bool transpose_a, int64_t m,
+                           int64_t n, int64_t k);
 
 // One operand of OneDnnStridedMatmul: a batch of matrices, dims [batch,
 // rows, cols] with element strides (a batch of 1 broadcasts).
