@@ -114,21 +114,25 @@ absl::StatusOr<Tensor> LinearCrossEntropy::FusedForward(
   const int64_t chunk = std::min(chunk_rows, rows);
   FSDPP_ASSIGN_OR_RETURN(Tensor logits_buffer,
                          EmptyTemporary({chunk, vocab}, dtype, device));
+  FSDPP_ASSIGN_OR_RETURN(Tensor lse_buffer,
+                         EmptyTemporary({chunk}, DType::kF32, device));
   for (int64_t start = 0; start < rows; start += chunk) {
     const int64_t n = std::min(chunk, rows - start);
     FSDPP_ASSIGN_OR_RETURN(Tensor x_c, x_rows.Narrow(start, n));
     FSDPP_ASSIGN_OR_RETURN(Tensor t_c, targets.Narrow(start, n));
     FSDPP_ASSIGN_OR_RETURN(Tensor logits, logits_buffer.Narrow(0, n));
+    FSDPP_ASSIGN_OR_RETURN(Tensor lse, lse_buffer.Narrow(0, n));
     FSDPP_ASSIGN_OR_RETURN(Tensor losses_c, losses.Narrow(start, n));
     FSDPP_ASSIGN_OR_RETURN(Tensor dlosses_c, dlosses.Narrow(start, n));
     FSDPP_ASSIGN_OR_RETURN(Tensor dx_c, dx_rows.Narrow(start, n));
     MatmulOptions head;
     head.transpose_b = true;
     FSDPP_RETURN_IF_ERROR(Matmul(x_c, w, &logits, head));
-    FSDPP_RETURN_IF_ERROR(CrossEntropy(logits, t_c, ignore_index_, &losses_c));
-    // In place: each row is read before it is written.
     FSDPP_RETURN_IF_ERROR(
-        CrossEntropyBackward(logits, t_c, ignore_index_, dlosses_c, &logits));
+        CrossEntropy(logits, t_c, ignore_index_, &losses_c, &lse));
+    // In place: each row is read before it is written.
+    FSDPP_RETURN_IF_ERROR(CrossEntropyBackward(logits, t_c, ignore_index_,
+                                               dlosses_c, &logits, &lse));
     FSDPP_RETURN_IF_ERROR(Matmul(logits, w, &dx_c));
     if (dw.defined()) {
       MatmulOptions grad;

@@ -92,6 +92,7 @@ absl::Status CrossEntropyLoss::RowLosses(const Tensor& logits,
                                          Tensor* losses) {
   saved_logits_ = Tensor();
   saved_targets_ = Tensor();
+  saved_lse_ = Tensor();
   count_ = 0;
   if (!targets.defined()) {
     return absl::InvalidArgumentError("CrossEntropyLoss: undefined targets");
@@ -99,14 +100,20 @@ absl::Status CrossEntropyLoss::RowLosses(const Tensor& logits,
   FSDPP_ASSIGN_OR_RETURN(
       Tensor rows,
       EmptyTemporary({targets.numel()}, DType::kF32, logits.device()));
-  FSDPP_RETURN_IF_ERROR(Annotate(
-      CrossEntropy(logits, targets, ignore_index_, &rows), "CrossEntropyLoss"));
+  // The rows' log-sum-exp, saved for the backward's one pass.
+  FSDPP_ASSIGN_OR_RETURN(
+      Tensor lse,
+      EmptyActivation({targets.numel()}, DType::kF32, logits.device()));
+  FSDPP_RETURN_IF_ERROR(
+      Annotate(CrossEntropy(logits, targets, ignore_index_, &rows, &lse),
+               "CrossEntropyLoss"));
   if (!logits.is_meta()) {
     FSDPP_ASSIGN_OR_RETURN(count_, CountTargets(targets, ignore_index_));
   }
   *losses = std::move(rows);
   saved_logits_ = logits;
   saved_targets_ = targets;
+  saved_lse_ = std::move(lse);
   return absl::OkStatus();
 }
 
@@ -158,10 +165,11 @@ absl::StatusOr<Tensor> CrossEntropyLoss::Backward(float scale) {
   }
   FSDPP_RETURN_IF_ERROR(
       Annotate(CrossEntropyBackward(logits, saved_targets_, ignore_index_,
-                                    dlosses, &dlogits),
+                                    dlosses, &dlogits, &saved_lse_),
                "CrossEntropyLoss backward"));
   saved_logits_ = Tensor();
   saved_targets_ = Tensor();
+  saved_lse_ = Tensor();
   return dlogits;
 }
 

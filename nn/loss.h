@@ -150,6 +150,7 @@ class CrossEntropyLoss : public LossFunction {
   int64_t count_ = 0;
   Tensor saved_logits_;
   Tensor saved_targets_;
+  Tensor saved_lse_;  // [N] f32: each row's log-sum-exp
 };
 
 }  // namespace nn

@@ -128,13 +128,15 @@ class Backend {
                                          int64_t n, int64_t v, int64_t c,
                                          int64_t row_offset, int64_t vocab,
                                          Tensor* dtable) = 0;
+  // lse: null, or [n] f32 (ops.h).
   virtual absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                                     int64_t n, int64_t v, int64_t ignore_index,
-                                    Tensor* losses) = 0;
+                                    Tensor* losses, Tensor* lse) = 0;
   virtual absl::Status CrossEntropyBackward(const Tensor& logits,
                                             const Tensor& targets,
                                             const Tensor& dlosses, int64_t n,
                                             int64_t v, int64_t ignore_index,
+                                            const Tensor* lse,
                                             Tensor* dlogits) = 0;
   // Loss parallel (ops.h): logits [n, v] are the columns [vocab_offset,
   // vocab_offset + v) of a vocabulary of vocab_size (targets are checked

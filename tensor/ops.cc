@@ -878,18 +878,32 @@ absl::Status CrossEntropyDims(const char* op, const Tensor& logits,
 
 }  // namespace
 
+// The optional per-row log-sum-exp of a cross-entropy: null, or f32 with
+// one element per row on the logits' device.
+absl::Status CheckRowLse(const char* op, const Tensor* lse,
+                         const Tensor& logits, int64_t rows) {
+  if (lse == nullptr) return absl::OkStatus();
+  if (!lse->defined()) return Invalid(op, "lse is undefined", {{"lse", lse}});
+  if (lse->device() != logits.device()) {
+    return Invalid(op, "tensors are on different devices",
+                   {{"logits", &logits}, {"lse", lse}});
+  }
+  return F32WithNumel(op, {"lse", lse}, rows);
+}
+
 absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
-                          int64_t ignore_index, Tensor* losses) {
+                          int64_t ignore_index, Tensor* losses, Tensor* lse) {
   constexpr const char* kOp = "CrossEntropy";
   FSDPP_BACKEND_OR_RETURN(
       backend, kOp,
       {{"logits", &logits}, {"targets", &targets}, {"losses", losses}});
   FSDPP_RETURN_IF_ERROR(CrossEntropyDims(kOp, logits, targets));
   FSDPP_RETURN_IF_ERROR(F32WithNumel(kOp, {"losses", losses}, targets.numel()));
+  FSDPP_RETURN_IF_ERROR(CheckRowLse(kOp, lse, logits, targets.numel()));
   return backend == nullptr
              ? absl::OkStatus()
              : backend->CrossEntropy(logits, targets, targets.numel(),
-                                     logits.dim(-1), ignore_index, losses);
+                                     logits.dim(-1), ignore_index, losses, lse);
 }
 
 namespace {
@@ -966,7 +980,7 @@ absl::Status CrossEntropyShardBackward(const Tensor& logits,
 
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   int64_t ignore_index, const Tensor& dlosses,
-                                  Tensor* dlogits) {
+                                  Tensor* dlogits, const Tensor* lse) {
   constexpr const char* kOp = "CrossEntropyBackward";
   FSDPP_BACKEND_OR_RETURN(backend, kOp,
                           {{"logits", &logits},
@@ -980,10 +994,11 @@ absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
       SameDType(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
   FSDPP_RETURN_IF_ERROR(
       SameShape(kOp, {{"logits", &logits}, {"dlogits", dlogits}}));
+  FSDPP_RETURN_IF_ERROR(CheckRowLse(kOp, lse, logits, targets.numel()));
   return backend == nullptr ? absl::OkStatus()
                             : backend->CrossEntropyBackward(
                                   logits, targets, dlosses, targets.numel(),
-                                  logits.dim(-1), ignore_index, dlogits);
+                                  logits.dim(-1), ignore_index, lse, dlogits);
 }
 
 }  // namespace fsdpp

@@ -209,13 +209,18 @@ absl::Status EmbeddingBackward(const Tensor& ids, const Tensor& dout,
 
 // losses[i] (f32) = -log softmax(logits[i])[targets[i]], 0 where the target
 // is `ignore_index`. logits [.., V] with N rows; targets i32/i64, N elements.
+// With `lse` (f32, N elements): also each row's log-sum-exp (0 where
+// ignored), for the backward over the same logits.
 absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
-                          int64_t ignore_index, Tensor* losses);
+                          int64_t ignore_index, Tensor* losses,
+                          Tensor* lse = nullptr);
 // dlogits[i] = dlosses[i] * (softmax(logits[i]) - onehot(targets[i])), zero
-// rows where ignored. dlosses: f32, N elements.
+// rows where ignored. dlosses: f32, N elements. With `lse` from the forward
+// over these logits, softmax = exp(x - lse) in one pass over each row
+// (otherwise its max and sum are found again: two more).
 absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                   int64_t ignore_index, const Tensor& dlosses,
-                                  Tensor* dlogits);
+                                  Tensor* dlogits, const Tensor* lse = nullptr);
 
 // Loss parallel: cross-entropy over a vocabulary of `vocab_size` split across
 // ranks, this rank holding logits [N, Vl] = columns [vocab_offset,

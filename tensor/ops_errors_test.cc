@@ -91,6 +91,18 @@ TEST(OpsErrorsTest, NormsEmbeddingCrossEntropy) {
       absl::StatusCode::kInvalidArgument,
       "CrossEntropy: logits must be [.., V] with one row per target (logits "
       "f32[3, 8] cpu, targets i32[2] cpu)");
+  Tensor good_targets = *Tensor::FromInts({3}, {1, -100, 7});
+  Tensor lse2 = T({2});
+  ExpectError(CrossEntropy(x, good_targets, -100, &losses, &lse2),
+              absl::StatusCode::kInvalidArgument,
+              "CrossEntropy: lse must be f32 with 3 elements (lse f32[2] cpu)");
+  Tensor dlosses = T({3}), dx = T({3, 8});
+  Tensor lse_bf16 = *Tensor::Empty({3}, DType::kBF16, Device::Cpu());
+  ExpectError(
+      CrossEntropyBackward(x, good_targets, -100, dlosses, &dx, &lse_bf16),
+      absl::StatusCode::kInvalidArgument,
+      "CrossEntropyBackward: lse must be f32 with 3 elements (lse "
+      "bf16[3] cpu)");
   Tensor y = T({3, 8});
   Tensor sq = T({2, 3, 2});
   Tensor sq_out = T({2, 3, 2});

@@ -731,6 +731,37 @@ TEST(OpsTest, CrossEntropyForwardAndBackward) {
           vl, n, v);
       EXPECT_TRUE(AllClose(Values(dlogits), g, BackwardRtol(dtype),
                            BackwardAtol(dtype, g)));
+
+      // With the rows' log-sum-exp from the forward (0 where ignored): the
+      // same losses, and the backward's one pass gives the same gradient, in
+      // place too.
+      Tensor lse = F32({n});
+      Tensor losses2 = F32({n});
+      ASSERT_TRUE(CrossEntropy(logits, targets, kIgnore, &losses2, &lse).ok());
+      EXPECT_EQ(Values(losses2), Values(losses));
+      const Vec vlse = Values(lse);
+      for (int64_t i = 0; i < n; ++i) {
+        double want = 0;
+        if (tv[i] != kIgnore) {
+          double max = vl[i * v];
+          for (int64_t j = 0; j < v; ++j) max = std::max(max, vl[i * v + j]);
+          double sum = 0;
+          for (int64_t j = 0; j < v; ++j) sum += std::exp(vl[i * v + j] - max);
+          want = max + std::log(sum);
+        }
+        EXPECT_NEAR(vlse[i], want, 1e-5 * (1 + std::fabs(want))) << i;
+      }
+      Tensor dlogits_lse = EmptyLike(logits);
+      ASSERT_TRUE(Copy(logits, &dlogits_lse).ok());
+      ASSERT_TRUE(CrossEntropyBackward(dlogits_lse, targets, kIgnore, dlosses,
+                                       &dlogits_lse, &lse)
+                      .ok());
+      EXPECT_TRUE(AllClose(Values(dlogits_lse), g, BackwardRtol(dtype),
+                           BackwardAtol(dtype, g)));
+      // One rounding of the dtype apart from the two-pass form.
+      EXPECT_TRUE(AllClose(Values(dlogits_lse), Values(dlogits),
+                           dtype == DType::kF32 ? 1e-5 : 2 * RelTol(dtype),
+                           1e-6));
     }
   }
 }

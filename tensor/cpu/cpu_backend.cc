@@ -457,27 +457,29 @@ class CpuBackendImpl final : public Backend {
 
   absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                             int64_t n, int64_t v, int64_t ignore_index,
-                            Tensor* losses) override {
+                            Tensor* losses, Tensor* lse) override {
     FSDPP_ASSIGN_OR_RETURN(
         const std::vector<int64_t> ids,
         CheckedIds(targets, n, v, true, ignore_index, "CrossEntropy"));
     FSDPP_RETURN_IF_ERROR(CheckFloat(logits.dtype()));
     rowwise::CrossEntropyForward(logits.dtype(), logits.raw_data(), ids.data(),
-                                 n, v, ignore_index, losses->data<float>());
+                                 n, v, ignore_index, losses->data<float>(),
+                                 lse == nullptr ? nullptr : lse->data<float>());
     return absl::OkStatus();
   }
 
   absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                     const Tensor& dlosses, int64_t n, int64_t v,
-                                    int64_t ignore_index,
+                                    int64_t ignore_index, const Tensor* lse,
                                     Tensor* dlogits) override {
     FSDPP_ASSIGN_OR_RETURN(
         const std::vector<int64_t> ids,
         CheckedIds(targets, n, v, true, ignore_index, "CrossEntropyBackward"));
     FSDPP_RETURN_IF_ERROR(CheckFloat(logits.dtype()));
     rowwise::CrossEntropyBackward(logits.dtype(), logits.raw_data(), ids.data(),
-                                  dlosses.data<float>(), n, v, ignore_index,
-                                  dlogits->raw_data());
+                                  dlosses.data<float>(),
+                                  lse == nullptr ? nullptr : lse->data<float>(),
+                                  n, v, ignore_index, dlogits->raw_data());
     return absl::OkStatus();
   }
 

@@ -465,7 +465,7 @@ void RmsNormBackwardAll(DType dtype, const void* dy_raw, const void* x_raw,
 
 void CrossEntropyForwardAll(DType dtype, const void* logits_raw,
                             const int64_t* targets, int64_t n, int64_t v,
-                            int64_t ignore_index, float* losses) {
+                            int64_t ignore_index, float* losses, float* lse) {
   ByDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* logits = static_cast<const T*>(logits_raw);
@@ -473,11 +473,14 @@ void CrossEntropyForwardAll(DType dtype, const void* logits_raw,
     for (int64_t i = 0; i < n; ++i) {
       if (targets[i] == ignore_index) {
         losses[i] = 0.0f;
+        if (lse != nullptr) lse[i] = 0.0f;
         continue;
       }
       const T* row = logits + i * v;
       const float max = RowMax(row, v);
-      losses[i] = logf(RowSumExp(row, v, max)) + max - ToFloat(row[targets[i]]);
+      const float row_lse = logf(RowSumExp(row, v, max)) + max;
+      losses[i] = row_lse - ToFloat(row[targets[i]]);
+      if (lse != nullptr) lse[i] = row_lse;
     }
   });
 }
@@ -512,8 +515,8 @@ HWY_INLINE void SoftmaxGradRow(const T* row, int64_t v, float max, float inv,
 
 void CrossEntropyBackwardAll(DType dtype, const void* logits_raw,
                              const int64_t* targets, const float* dlosses,
-                             int64_t n, int64_t v, int64_t ignore_index,
-                             void* dlogits_raw) {
+                             const float* lse, int64_t n, int64_t v,
+                             int64_t ignore_index, void* dlogits_raw) {
   ByDType(dtype, [&](auto tag) {
     using T = typename decltype(tag)::type;
     const T* logits = static_cast<const T*>(logits_raw);
@@ -524,6 +527,10 @@ void CrossEntropyBackwardAll(DType dtype, const void* logits_raw,
       T* out = dlogits + i * v;
       if (targets[i] == ignore_index) {
         std::memset(static_cast<void*>(out), 0, v * sizeof(T));
+        continue;
+      }
+      if (lse != nullptr) {  // exp(x - lse): one pass
+        SoftmaxGradRow(row, v, lse[i], 1.0f, dlosses[i], targets[i], out);
         continue;
       }
       const float max = RowMax(row, v);
@@ -775,17 +782,17 @@ void RmsNormBackward(DType dtype, const void* dy, const void* x,
 
 void CrossEntropyForward(DType dtype, const void* logits,
                          const int64_t* targets, int64_t n, int64_t v,
-                         int64_t ignore_index, float* losses) {
+                         int64_t ignore_index, float* losses, float* lse) {
   HWY_DYNAMIC_DISPATCH(rowwise_internal::CrossEntropyForwardAll)
-  (dtype, logits, targets, n, v, ignore_index, losses);
+  (dtype, logits, targets, n, v, ignore_index, losses, lse);
 }
 
 void CrossEntropyBackward(DType dtype, const void* logits,
                           const int64_t* targets, const float* dlosses,
-                          int64_t n, int64_t v, int64_t ignore_index,
-                          void* dlogits) {
+                          const float* lse, int64_t n, int64_t v,
+                          int64_t ignore_index, void* dlogits) {
   HWY_DYNAMIC_DISPATCH(rowwise_internal::CrossEntropyBackwardAll)
-  (dtype, logits, targets, dlosses, n, v, ignore_index, dlogits);
+  (dtype, logits, targets, dlosses, lse, n, v, ignore_index, dlogits);
 }
 
 void CrossEntropyShardStats(DType dtype, const void* logits,

@@ -63,16 +63,18 @@ void RmsNormBackward(DType dtype, const void* dy, const void* x,
                      const void* weight, const float* rstd, int64_t rows,
                      int64_t c, void* dx, void* dweight);
 
-// losses[i] = -log softmax(logits row i)[targets[i]], 0 where ignored.
-// Targets are in [0, v) or ignore_index (the caller checked).
+// losses[i] = -log softmax(logits row i)[targets[i]], 0 where ignored;
+// lse[i] (unless null) = the row's log-sum-exp, 0 where ignored. Targets
+// are in [0, v) or ignore_index (the caller checked).
 void CrossEntropyForward(DType dtype, const void* logits,
                          const int64_t* targets, int64_t n, int64_t v,
-                         int64_t ignore_index, float* losses);
-// dlogits row i = dlosses[i] * (softmax - onehot(target)), zero if ignored.
+                         int64_t ignore_index, float* losses, float* lse);
+// dlogits row i = dlosses[i] * (softmax - onehot(target)), zero if ignored;
+// softmax = exp(x - lse[i]) when lse is not null.
 void CrossEntropyBackward(DType dtype, const void* logits,
                           const int64_t* targets, const float* dlosses,
-                          int64_t n, int64_t v, int64_t ignore_index,
-                          void* dlogits);
+                          const float* lse, int64_t n, int64_t v,
+                          int64_t ignore_index, void* dlogits);
 
 // Rotary embedding in place on rows of head_dim (row r at position
 // r % seq_len, or with `positions` ([batch, seq_len]) at positions[r /

@@ -277,13 +277,19 @@ TEST(RowwiseTest, CrossEntropyMatchesTheReferenceWithIgnoredRows) {
         }
         targets[0] = v - 1;  // The last class, in the scalar tail.
         std::vector<float> dlosses = Random(n, 10 + v, 0.1f, 2.0f);
-        std::vector<float> losses(n, -1.0f);
+        std::vector<float> losses(n, -1.0f), lse(n, -1.0f);
         CrossEntropyForward(dtype, logits.data(), targets.data(), n, v, kIgnore,
-                            losses.data());
+                            losses.data(), lse.data());
         Buffer dlogits(dtype, std::vector<float>(n * v, 5.0f), 1);
+        Buffer dlogits_lse(dtype, std::vector<float>(n * v, 5.0f), 1);
         Buffer want(dtype, std::vector<float>(n * v), 0);
         CrossEntropyBackward(dtype, logits.data(), targets.data(),
-                             dlosses.data(), n, v, kIgnore, dlogits.data());
+                             dlosses.data(), nullptr, n, v, kIgnore,
+                             dlogits.data());
+        // With the forward's log-sum-exp: one pass, the same gradient.
+        CrossEntropyBackward(dtype, logits.data(), targets.data(),
+                             dlosses.data(), lse.data(), n, v, kIgnore,
+                             dlogits_lse.data());
         WithType(dtype, [&](auto t) {
           using T = decltype(t);
           for (int64_t i = 0; i < n; ++i) {
@@ -295,6 +301,18 @@ TEST(RowwiseTest, CrossEntropyMatchesTheReferenceWithIgnoredRows) {
                 << where << " row " << i;
             if (targets[i] == kIgnore) {
               ASSERT_EQ(losses[i], 0.0f) << where;
+              ASSERT_EQ(lse[i], 0.0f) << where;
+            } else {
+              double max = ToFloat(row[0]), sum = 0;
+              for (int64_t j = 0; j < v; ++j) {
+                max = std::max<double>(max, ToFloat(row[j]));
+              }
+              for (int64_t j = 0; j < v; ++j) {
+                sum += std::exp(ToFloat(row[j]) - max);
+              }
+              const double want_lse = max + std::log(sum);
+              ASSERT_NEAR(lse[i], want_lse, 4e-6 * (1.0 + std::fabs(want_lse)))
+                  << where << " row " << i;
             }
             kernels::CrossEntropyRowBackward(row, v, targets[i], kIgnore,
                                              dlosses[i],
@@ -303,9 +321,12 @@ TEST(RowwiseTest, CrossEntropyMatchesTheReferenceWithIgnoredRows) {
         });
         // dlogits are probabilities times dloss <= 2.
         ExpectClose(dlogits, want, n * v, 2.0, where + " backward");
+        ExpectClose(dlogits_lse, want, n * v, 2.0, where + " backward (lse)");
         for (int64_t i = 3; i < n; i += 4) {
           for (int64_t j = 0; j < v; ++j) {
             ASSERT_EQ(Bits(dlogits, i * v + j), 0u) << where << " ignored row";
+            ASSERT_EQ(Bits(dlogits_lse, i * v + j), 0u)
+                << where << " ignored row (lse)";
           }
         }
       }
@@ -378,15 +399,19 @@ TEST(RowwiseTest, CrossEntropyOfANanLogitIsNan) {
   for (int64_t v : {3}) {
     const int64_t target = 0;
     float loss = 0.0f;
-    CrossEntropyForward(DType::kF32, row.data(), &target, 1, v, -100, &loss);
+    CrossEntropyForward(DType::kF32, row.data(), &target, 1, v, -100, &loss,
+                        nullptr);
     EXPECT_TRUE(std::isnan(loss));
   }
   std::vector<float> wide(40, 0.5f);
   wide[21] = std::numeric_limits<float>::quiet_NaN();
   const int64_t target = 2;
   float loss = 0.0f;
-  CrossEntropyForward(DType::kF32, wide.data(), &target, 1, 40, -100, &loss);
+  float lse = 0.0f;
+  CrossEntropyForward(DType::kF32, wide.data(), &target, 1, 40, -100, &loss,
+                      &lse);
   EXPECT_TRUE(std::isnan(loss));
+  EXPECT_TRUE(std::isnan(lse));
 }
 
 TEST(RowwiseTest, SumRowsAccumulateMatchesTheScalarLoopBitForBit) {

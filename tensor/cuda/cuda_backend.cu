@@ -811,26 +811,32 @@ __device__ __forceinline__ void ZeroRow(T* drow, int64_t v) {
 template <typename T, typename I>
 __global__ void CrossEntropyKernel(const T* logits, const I* targets, int64_t n,
                                    int64_t v, int64_t ignore_index,
-                                   float* losses) {
+                                   float* losses, float* lse) {
   __shared__ float sh[kWarpSize];
   for (int64_t i = blockIdx.x; i < n; i += gridDim.x) {
     const int64_t t = static_cast<int64_t>(targets[i]);
     if (t == ignore_index) {
-      if (threadIdx.x == 0) losses[i] = 0.0f;
+      if (threadIdx.x == 0) {
+        losses[i] = 0.0f;
+        if (lse != nullptr) lse[i] = 0.0f;
+      }
       continue;
     }
     const T* row = logits + i * v;
     const MaxSum m = RowMaxSum(row, v, sh);
     if (threadIdx.x == 0) {
+      const float row_lse = logf(m.sum) + m.max;
       // t is range-checked before the launch; never read outside the row.
-      losses[i] = t >= 0 && t < v ? logf(m.sum) + m.max - ToFloat(row[t]) : NAN;
+      losses[i] = t >= 0 && t < v ? row_lse - ToFloat(row[t]) : NAN;
+      if (lse != nullptr) lse[i] = row_lse;
     }
   }
 }
 
 template <typename T, typename I>
 __global__ void CrossEntropyBackwardKernel(const T* logits, const I* targets,
-                                           const float* dlosses, int64_t n,
+                                           const float* dlosses,
+                                           const float* lse, int64_t n,
                                            int64_t v, int64_t ignore_index,
                                            T* dlogits) {
   __shared__ float sh[kWarpSize];
@@ -842,6 +848,10 @@ __global__ void CrossEntropyBackwardKernel(const T* logits, const I* targets,
       continue;
     }
     const T* row = logits + i * v;
+    if (lse != nullptr) {  // exp(x - lse): one pass
+      RowSoftmaxGrad(row, v, t, lse[i], 1.0f, dlosses[i], drow);
+      continue;
+    }
     const MaxSum m = RowMaxSum(row, v, sh);
     RowSoftmaxGrad(row, v, t, m.max, m.sum, dlosses[i], drow);
   }
@@ -1477,7 +1487,7 @@ class CudaBackendImpl final : public Backend {
 
   absl::Status CrossEntropy(const Tensor& logits, const Tensor& targets,
                             int64_t n, int64_t v, int64_t ignore_index,
-                            Tensor* losses) override {
+                            Tensor* losses, Tensor* lse) override {
     FSDPP_RETURN_IF_ERROR(Prepare());
     FSDPP_RETURN_IF_ERROR(
         CheckIds(targets, n, v, true, ignore_index, "CrossEntropy"));
@@ -1489,14 +1499,15 @@ class CudaBackendImpl final : public Backend {
                       CrossEntropyKernel<T, I>,
                       static_cast<const T*>(logits.raw_data()),
                       static_cast<const I*>(targets.raw_data()), n, v,
-                      ignore_index, losses->data<float>());
+                      ignore_index, losses->data<float>(),
+                      lse == nullptr ? nullptr : lse->data<float>());
       });
     });
   }
 
   absl::Status CrossEntropyBackward(const Tensor& logits, const Tensor& targets,
                                     const Tensor& dlosses, int64_t n, int64_t v,
-                                    int64_t ignore_index,
+                                    int64_t ignore_index, const Tensor* lse,
                                     Tensor* dlogits) override {
     FSDPP_RETURN_IF_ERROR(Prepare());
     FSDPP_RETURN_IF_ERROR(
@@ -1509,8 +1520,9 @@ class CudaBackendImpl final : public Backend {
                       CrossEntropyBackwardKernel<T, I>,
                       static_cast<const T*>(logits.raw_data()),
                       static_cast<const I*>(targets.raw_data()),
-                      dlosses.data<float>(), n, v, ignore_index,
-                      static_cast<T*>(dlogits->raw_data()));
+                      dlosses.data<float>(),
+                      lse == nullptr ? nullptr : lse->data<float>(), n, v,
+                      ignore_index, static_cast<T*>(dlogits->raw_data()));
       });
     });
   }
