@@ -48,6 +48,37 @@ struct Case {
   bool bcast;
 };
 
+// One Matmul of random operands (seeds seed, + 1, + 2, + 3) against the
+// double reference: a of `dtype`, c of `out_dtype`, with a bias of c's
+// dtype ([n]) when `with_bias`.
+::testing::AssertionResult MatchesReference(const Case& cs, DType dtype,
+                                            DType out_dtype, bool ta, bool tb,
+                                            float alpha, float beta,
+                                            bool with_bias, double rtol,
+                                            double atol, uint64_t seed) {
+  Shape a_shape =
+      ta ? Shape{cs.batch, cs.k, cs.m} : Shape{cs.batch, cs.m, cs.k};
+  Shape b_shape = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
+  if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
+  Tensor a = RandomTensor(a_shape, dtype, seed);
+  Tensor b = RandomTensor(b_shape, dtype, seed + 1);
+  Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, seed + 2);
+  Tensor bias = RandomTensor({cs.n}, out_dtype, seed + 3);
+  const Vec c0 = Values(c);
+  MatmulOptions options{ta, tb, alpha, beta};
+  if (with_bias) options.bias = &bias;
+  if (absl::Status s = Matmul(a, b, &c, options); !s.ok()) {
+    return ::testing::AssertionFailure() << s;
+  }
+  Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n, cs.k, ta,
+                      tb, cs.bcast, alpha, beta);
+  if (with_bias) {
+    const Vec bv = Values(bias);
+    for (size_t i = 0; i < ref.size(); ++i) ref[i] += bv[i % cs.n];
+  }
+  return AllClose(Values(c), ref, rtol, atol);
+}
+
 TEST(MatmulTest, MatchesReference) {
   const Case cases[] = {{1, 1, 1, 1, false},      {1, 2, 3, 5, false},
                         {1, 7, 31, 13, false},    {1, 64, 64, 64, false},
@@ -67,18 +98,6 @@ TEST(MatmulTest, MatchesReference) {
                          << " n=" << cs.n << " k=" << cs.k << " ta=" << ta
                          << " tb=" << tb << " bcast=" << cs.bcast
                          << " alpha=" << alpha << " beta=" << beta);
-            Shape a_shape =
-                ta ? Shape{cs.batch, cs.k, cs.m} : Shape{cs.batch, cs.m, cs.k};
-            Shape b_inner = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
-            Shape b_shape = b_inner;
-            if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
-            Tensor a = RandomTensor(a_shape, dtype, 1);
-            Tensor b = RandomTensor(b_shape, dtype, 2);
-            Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 3);
-            Vec c0 = Values(c);
-            ASSERT_TRUE(Matmul(a, b, &c, {ta, tb, alpha, beta}).ok());
-            Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
-                                cs.k, ta, tb, cs.bcast, alpha, beta);
             // f32 accumulation over k terms of magnitude <= 1; a bf16 or
             // f16 output adds one rounding (2^-8, 2^-11 relative).
             const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 1e-2
@@ -87,7 +106,8 @@ TEST(MatmulTest, MatchesReference) {
             const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
                                 : out_dtype == DType::kF16 ? 1.0 / 1024
                                                            : 1e-5;
-            EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+            EXPECT_TRUE(MatchesReference(cs, dtype, out_dtype, ta, tb, alpha,
+                                         beta, false, rtol, atol, 1));
           }
         }
       }
@@ -118,22 +138,11 @@ TEST(MatmulTest, LongInnerDimensionGoesInChunks) {
                          << " batch=" << cs.batch << " k=" << cs.k
                          << " ta=" << ta << " tb=" << tb << " alpha=" << alpha
                          << " beta=" << beta);
-            Shape a_shape =
-                ta ? Shape{cs.batch, cs.k, cs.m} : Shape{cs.batch, cs.m, cs.k};
-            Shape b_shape = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
-            if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
-            Tensor a = RandomTensor(a_shape, dtype, 11);
-            Tensor b = RandomTensor(b_shape, dtype, 12);
-            Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 13);
-            Vec c0 = Values(c);
-            ASSERT_TRUE(Matmul(a, b, &c, {ta, tb, alpha, beta}).ok());
-            Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
-                                cs.k, ta, tb, cs.bcast, alpha, beta);
             // Sums of k products of magnitude <= 1 that mostly cancel: f32's
             // error grows like sqrt(k); bf16 c adds one rounding.
-            const double atol = 2e-3;
             const double rtol = out_dtype == DType::kBF16 ? 1.0 / 128 : 1e-5;
-            EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+            EXPECT_TRUE(MatchesReference(cs, dtype, out_dtype, ta, tb, alpha,
+                                         beta, false, rtol, 2e-3, 11));
           }
         }
       }
@@ -160,29 +169,14 @@ TEST(MatmulTest, ManyRowsOfATransposedBf16AGoInChunks) {
         for (int variant = 0; variant < 3; ++variant) {
           const float alpha = variant == 1 ? -2.0f : 1.0f;
           const float beta = variant == 1 ? 0.25f : 0.0f;
-          const bool with_bias = variant == 2;
           SCOPED_TRACE(testing::Message()
                        << "->" << DTypeName(out_dtype) << " m=" << cs.m
                        << " tb=" << tb << " variant=" << variant);
-          Tensor a = RandomTensor({cs.batch, cs.k, cs.m}, DType::kBF16, 21);
-          Shape b_shape = tb ? Shape{cs.n, cs.k} : Shape{cs.k, cs.n};
-          if (!cs.bcast) b_shape.insert(b_shape.begin(), cs.batch);
-          Tensor b = RandomTensor(b_shape, DType::kBF16, 22);
-          Tensor c = RandomTensor({cs.batch, cs.m, cs.n}, out_dtype, 23);
-          Tensor bias = RandomTensor({cs.n}, out_dtype, 24);
-          Vec c0 = Values(c);
-          MatmulOptions options{true, tb, alpha, beta};
-          if (with_bias) options.bias = &bias;
-          ASSERT_TRUE(Matmul(a, b, &c, options).ok());
-          Vec ref = MatmulRef(Values(a), Values(b), c0, cs.batch, cs.m, cs.n,
-                              cs.k, true, tb, cs.bcast, alpha, beta);
-          if (with_bias) {
-            const Vec bv = Values(bias);
-            for (size_t i = 0; i < ref.size(); ++i) ref[i] += bv[i % cs.n];
-          }
           const double atol = out_dtype == DType::kBF16 ? 1e-2 : 1e-4;
           const double rtol = out_dtype == DType::kBF16 ? 1.0 / 128 : 1e-5;
-          EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+          EXPECT_TRUE(MatchesReference(cs, DType::kBF16, out_dtype, true, tb,
+                                       alpha, beta, variant == 2, rtol, atol,
+                                       21));
         }
       }
     }

@@ -155,19 +155,18 @@ HWY_INLINE void SoftmaxRowsOf(float* s, int64_t rows, int64_t rows_per_head,
   }
 }
 
-void SoftmaxRowsBF16(float* s, int64_t rows, int64_t rows_per_head,
-                     int64_t first_valid, int64_t cols, int64_t ld,
-                     const int32_t* row_lo, const int32_t* row_hi, BFloat16* p,
-                     float* lse) {
-  SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
-                p, lse);
-}
-void SoftmaxRowsF32(float* s, int64_t rows, int64_t rows_per_head,
-                    int64_t first_valid, int64_t cols, int64_t ld,
-                    const int32_t* row_lo, const int32_t* row_hi, float* p,
-                    float* lse) {
-  SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
-                p, lse);
+// SoftmaxRowsOf for p of `p_dtype` (bf16, or f32).
+void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
+                 int64_t first_valid, int64_t cols, int64_t ld,
+                 const int32_t* row_lo, const int32_t* row_hi, DType p_dtype,
+                 void* p, float* lse) {
+  if (p_dtype == DType::kF32) {
+    SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
+                  static_cast<float*>(p), lse);
+  } else {
+    SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
+                  static_cast<BFloat16*>(p), lse);
+  }
 }
 
 // Backward's probabilities: s[r][j] = exp(s[r][j] - lse[r]) over the valid
@@ -204,13 +203,14 @@ HWY_INLINE void ScoreGradRowsOf(const float* p, const float* dp, int64_t rows,
   }
 }
 
-void ScoreGradRowsBF16(const float* p, const float* dp, int64_t rows,
-                       int64_t ld, const float* delta, BFloat16* ds) {
-  ScoreGradRowsOf(p, dp, rows, ld, delta, ds);
-}
-void ScoreGradRowsF32(const float* p, const float* dp, int64_t rows, int64_t ld,
-                      const float* delta, float* ds) {
-  ScoreGradRowsOf(p, dp, rows, ld, delta, ds);
+// ScoreGradRowsOf for ds of `ds_dtype` (bf16, or f32).
+void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
+                   const float* delta, DType ds_dtype, void* ds) {
+  if (ds_dtype == DType::kF32) {
+    ScoreGradRowsOf(p, dp, rows, ld, delta, static_cast<float*>(ds));
+  } else {
+    ScoreGradRowsOf(p, dp, rows, ld, delta, static_cast<BFloat16*>(ds));
+  }
 }
 
 }  // namespace HWY_NAMESPACE
@@ -223,35 +223,9 @@ HWY_AFTER_NAMESPACE();
 namespace fsdpp {
 namespace cpu {
 namespace blocked_internal {
-HWY_EXPORT(SoftmaxRowsBF16);
-HWY_EXPORT(SoftmaxRowsF32);
+HWY_EXPORT(SoftmaxRows);
 HWY_EXPORT(ProbabilityRows);
-HWY_EXPORT(ScoreGradRowsBF16);
-HWY_EXPORT(ScoreGradRowsF32);
-
-// The row passes for each element type.
-void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
-                 int64_t first_valid, int64_t cols, int64_t ld,
-                 const int32_t* row_lo, const int32_t* row_hi, BFloat16* p,
-                 float* lse) {
-  HWY_DYNAMIC_DISPATCH(SoftmaxRowsBF16)
-  (s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi, p, lse);
-}
-void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
-                 int64_t first_valid, int64_t cols, int64_t ld,
-                 const int32_t* row_lo, const int32_t* row_hi, float* p,
-                 float* lse) {
-  HWY_DYNAMIC_DISPATCH(SoftmaxRowsF32)
-  (s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi, p, lse);
-}
-void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
-                   const float* delta, BFloat16* ds) {
-  HWY_DYNAMIC_DISPATCH(ScoreGradRowsBF16)(p, dp, rows, ld, delta, ds);
-}
-void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
-                   const float* delta, float* ds) {
-  HWY_DYNAMIC_DISPATCH(ScoreGradRowsF32)(p, dp, rows, ld, delta, ds);
-}
+HWY_EXPORT(ScoreGradRows);
 
 // The probabilities and score gradients as the next matmuls read them: bf16
 // copies, or for f32 the score buffers themselves.
@@ -484,8 +458,9 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
         QueryRows<T>(q, d, r0, rows, Gather(q, d, r0, rows, &q_rows));
     FSDPP_RETURN_IF_ERROR(
         Scores<T>(d, qv, k, k0, keys, s_strides, scale, s.data()));
-    SoftmaxRows(s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
-                p, block_lse.data());
+    HWY_DYNAMIC_DISPATCH(SoftmaxRows)
+    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
+     DTypeOf<T>::value, p, block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(block_lse.begin() + bh * rows,
                 block_lse.begin() + (bh + 1) * rows, lse + bh * t + r0);
@@ -580,8 +555,9 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
         kT, DType::kF32, gv.op, KvRows<T>(v, d, k0, keys, true), dp.data(),
         s_strides, 1.0f, 0.0f));
-    ScoreGradRows(s.data(), dp.data(), heads * rows, ld, block_delta.data(),
-                  ds);
+    HWY_DYNAMIC_DISPATCH(ScoreGradRows)
+    (s.data(), dp.data(), heads * rows, ld, block_delta.data(),
+     DTypeOf<T>::value, ds);
     // dq = scale dS k: these rows' final values.
     const BlockRowsView dqv = QueryRows<T>(dq, d, r0, rows, dq_rows.data());
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(

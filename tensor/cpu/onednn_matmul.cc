@@ -93,22 +93,6 @@ struct Descs {
   dnnl::memory::desc a, b, c, bias;
 };
 
-Descs MakeDescs(DType ab_dtype, DType c_dtype, int64_t batch, int64_t m,
-                int64_t n, int64_t k, bool transpose_a, bool transpose_b,
-                bool broadcast_b) {
-  using dims = dnnl::memory::dims;
-  const dnnl::memory::data_type ab = DnnlType(ab_dtype);
-  Descs d;
-  d.a = dnnl::memory::desc(dims{batch, m, k}, ab,
-                           transpose_a ? dims{m * k, 1, m} : dims{m * k, k, 1});
-  d.b = dnnl::memory::desc(dims{broadcast_b ? 1 : batch, k, n}, ab,
-                           transpose_b ? dims{k * n, 1, k} : dims{k * n, n, 1});
-  d.c = dnnl::memory::desc(dims{batch, m, n}, DnnlType(c_dtype),
-                           dims{m * n, n, 1});
-  d.bias = dnnl::memory::desc(dims{1, 1, n}, DnnlType(c_dtype), dims{n, n, 1});
-  return d;
-}
-
 // The cached primitive for `key` (built from the descriptors on a miss).
 absl::StatusOr<Cached> GetOrBuild(const Key& key, const Descs& descs,
                                   bool with_bias, float alpha, float beta,
@@ -173,7 +157,7 @@ absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
 
 // Rows [i0, i0 + rows) of c and the inner dim's [k0, k0 + len) of c =
 // alpha op(a) op(b) (+ beta c, + bias), read and written in place with the
-// whole matrices' strides.
+// whole matrices' strides (all of them: the plain matmul).
 absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
                         DType c_dtype, int64_t batch, int64_t m, int64_t n,
                         int64_t k, int64_t i0, int64_t rows, int64_t k0,
@@ -203,15 +187,16 @@ absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
                    broadcast_b,
                    absl::bit_cast<int32_t>(alpha),
                    absl::bit_cast<int32_t>(beta),
-                   bias != nullptr,
-                   -2};  // -2: a part's key
+                   bias != nullptr};
   FSDPP_ASSIGN_OR_RETURN(
       const Cached cached,
       GetOrBuild(
           key, d, bias != nullptr, alpha, beta,
-          absl::StrCat("part [", rows, " x ", len, "] of [", batch, " x ", m,
-                       " x ", k, "] @ [", k, " x ", n, "] ",
-                       DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
+          absl::StrCat(rows == m && len == k
+                           ? ""
+                           : absl::StrCat("part [", rows, " x ", len, "] of "),
+                       "[", batch, " x ", m, " x ", k, "] @ [", k, " x ", n,
+                       "] ", DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
   const int64_t ab_size = static_cast<int64_t>(DTypeSize(ab_dtype));
   const char* a_part = static_cast<const char*>(a) +
                        (transpose_a ? k0 * m + i0 : i0 * k + k0) * ab_size;
@@ -282,27 +267,8 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
     }
     return absl::OkStatus();
   }
-  const Descs descs = MakeDescs(ab_dtype, c_dtype, batch, m, n, k, transpose_a,
-                                transpose_b, broadcast_b);
-  const Key key = {static_cast<int64_t>(ab_dtype),
-                   static_cast<int64_t>(c_dtype),
-                   batch,
-                   m,
-                   n,
-                   k,
-                   transpose_a,
-                   transpose_b,
-                   broadcast_b,
-                   absl::bit_cast<int32_t>(alpha),
-                   absl::bit_cast<int32_t>(beta),
-                   bias != nullptr};
-  FSDPP_ASSIGN_OR_RETURN(
-      const Cached cached,
-      GetOrBuild(
-          key, descs, bias != nullptr, alpha, beta,
-          absl::StrCat("[", batch, " x ", m, " x ", k, "] @ [", k, " x ", n,
-                       "] ", DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
-  return Execute(cached, descs, a, b, c, bias);
+  return MatmulPart(a, b, c, ab_dtype, c_dtype, batch, m, n, k, 0, m, 0, k,
+                    transpose_a, transpose_b, broadcast_b, alpha, beta, bias);
 }
 
 absl::Status OneDnnStridedMatmul(DType ab_dtype, DType c_dtype,
