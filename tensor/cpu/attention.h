@@ -35,8 +35,9 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 
 // bf16 and f32 (`dtype`), the same contract through oneDNN's matmuls on
 // blocks of kBlockedAttentionRows query rows (attention_blocked.cc): the CPU
-// backend's path for those dtypes, faster than the kernels above (bf16 on
-// CPUs with bf16 dot products: 2.2x at T = 256; f32: ...). Work memory
+// backend's path for those dtypes, faster than the kernels above (GPT-2's
+// heads, fwd + bwd: f32 1.5x at T = 256 and 1.8x at T = 1024; bf16 most on
+// CPUs with bf16 dot products; docs/PERFORMANCE.md). Work memory
 // O(b h kBlockedAttentionRows T) plus, for bf16, f32 accumulators of dk and
 // dv: linear in T, no [T, T] matrix. InvalidArgument for another dtype;
 // other errors only from oneDNN.
