@@ -41,4 +41,6 @@ int AvailableCpus() {
   return online > 0 ? static_cast<int>(online) : 1;
 }
 
+int ParallelThreads() { return omp_get_max_threads(); }
+
 }  // namespace fsdpp

@@ -35,6 +35,9 @@ void ThreadChunk(int64_t n, int t, int nt, int64_t* begin, int64_t* end);
 // what the launcher divides among local ranks and the planner measures on.
 int AvailableCpus();
 
+// The OpenMP pool's size for the next parallel region (omp_get_max_threads).
+int ParallelThreads();
+
 }  // namespace fsdpp
 
 #endif  // FSDPP_CORE_PARALLEL_H_

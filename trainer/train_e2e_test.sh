@@ -43,15 +43,18 @@ source "$cd_back/trainer/drill_helpers.sh"  # losses, rank_pid
 
 cd "$work"
 
-# 1. Straight through on 2 processes.
+# 1. Straight through on 2 processes (no wait policy set: the binary sets
+# PASSIVE for the ranks it launches).
 mkdir -p straight
-run "$work/straight"
+(unset OMP_WAIT_POLICY && run "$work/straight")
 log=$(cat "$work/straight.log")
 grep -q "train: starting 2 local ranks" <<<"$log" || fail "no launch line"
 grep -q "\[rank 0\] fsdpp trainer: gpt2_debug" <<<"$log" || fail "no header"
 grep -q "\[rank 0\] step 6/6 | loss" <<<"$log" || fail "no step 6 line"
 grep -q "\[rank 0\] Memory per rank at the end:" <<<"$log" || fail "no memory table"
 grep -q "\[rank 0\]   MFU: " <<<"$log" || fail "no MFU"
+grep -q "\[rank 0\]   CPU: [0-9]* OpenMP thread(s) per rank, OMP_WAIT_POLICY PASSIVE" \
+  <<<"$log" || fail "launched ranks' OpenMP workers do not sleep"
 grep -q "checkpoint: $work/straight/ckpt/step-6" <<<"$log" || fail "no checkpoint path"
 grep -q "plot:       $work/straight/metrics.png" <<<"$log" || fail "no plot"
 [[ -f "$work/straight/ckpt/step-6/metadata.pb" ]] || fail "checkpoint missing"
@@ -80,10 +83,13 @@ diff <(losses "$work/straight/metrics.jsonl") \
   <(losses "$work/resumed/metrics.jsonl") ||
   fail "resumed losses differ from the uninterrupted run"
 
-# 3. The step-3 checkpoint of the 2-process run resumed on 1 process.
+# 3. The step-3 checkpoint of the 2-process run resumed on 1 process,
+# which (no wait policy set) runs itself again with spinning OpenMP workers.
 mkdir -p single/ckpt
 cp -r "$work/straight/ckpt/step-3" "$work/single/ckpt/"
-run "$work/single" --nproc_per_node=1
+(unset OMP_WAIT_POLICY && run "$work/single" --nproc_per_node=1)
+grep -q "  CPU: [0-9]* OpenMP thread(s) per rank, OMP_WAIT_POLICY ACTIVE" \
+  "$work/single.log" || fail "the 1-process run kept OpenMP's default"
 grep -q "resumed from $work/single/ckpt/step-3" "$work/single.log" ||
   fail "1-process run did not resume"
 grep -q "step 6/6" "$work/single.log" || fail "1-process run did not finish"

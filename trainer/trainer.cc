@@ -28,6 +28,7 @@
 #include "core/gpus.h"
 #include "core/logging.h"
 #include "core/memcpy.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "core/trace.h"
 #include "formats/file_util.h"
@@ -870,6 +871,13 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
       rc_.tokens_per_step, rc_.layout.micro_batch, rc_.layout.grad_accumulation,
       result_.unigram_loss, result_.peak_tflops_per_rank, peak_source,
       flops_per_token_));
+  if (env_.device.is_cpu()) {
+    const char* policy = std::getenv("OMP_WAIT_POLICY");
+    print_->Line(absl::StrFormat(
+        "  CPU: %d OpenMP thread(s) per rank, OMP_WAIT_POLICY %s",
+        ParallelThreads(),
+        policy != nullptr ? policy : "unset (OpenMP's default)"));
+  }
   const models::LoraOptions& lora = rc_.layout.lora;
   if (lora.enabled()) {
     print_->Line(absl::StrFormat(

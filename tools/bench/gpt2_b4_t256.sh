@@ -20,12 +20,13 @@ bench_init() {
 }
 
 # gpt2_run RANKS DTYPE [--set KEY=VALUE...]: the trainer's run over RANKS
-# ranks of one thread each (one rank: two threads) on stdout and stderr;
-# build the opt trainer first.
+# ranks of one thread each (one rank: two threads) on stdout and stderr,
+# under the trainer's own OpenMP wait policies (ACTIVE in-process, PASSIVE
+# for launched ranks); build the opt trainer first.
 gpt2_run() {
   local ranks=$1 dtype=$2
   shift 2
-  OMP_WAIT_POLICY=PASSIVE timeout 900 \
+  env -u OMP_WAIT_POLICY timeout 900 \
     "$PWD/bazel-out/k8-opt/bin/trainer/train" \
     --config="$PWD/trainer/configs/gpt2_124m.textproto" \
     --nproc_per_node="$ranks" \

@@ -13,6 +13,9 @@
 # drift hits every contender alike. Each reports the median of its measured
 # steps (after `warmup` steps); the table gives, per dtype, the median over
 # rounds and the ratios fsdpp / PyTorch (lower is faster) and 2x1 / 1x2.
+# The 1 x 2 trainer runs itself under OMP_WAIT_POLICY=ACTIVE (spinning
+# OpenMP workers) and the ranks it launches under PASSIVE; PyTorch's
+# process gets ACTIVE too, so that both single processes wait alike.
 #
 # PyTorch is Debian's python3-torch 1.13 run by /usr/bin/python3; its f32
 # matmuls use the system BLAS, which must be OpenBLAS (libopenblas0-openmp,
@@ -85,7 +88,7 @@ EOF
 run_fsdpp() {
   local dir="$work/fsdpp_$1_$2_$round"
   mkdir -p "$dir"
-  (cd "$dir" && "$train" --config="$config" --nproc_per_node="$2" \
+  (cd "$dir" && env -u OMP_WAIT_POLICY "$train" --config="$config" --nproc_per_node="$2" \
     --set training.steps=$((warmup + steps)) \
     --set training.global_batch=4 \
     --set training.micro_batch=$((4 / $2)) \
@@ -105,7 +108,7 @@ run_fsdpp() {
 }
 
 run_pytorch() {
-  /usr/bin/python3 tools/bench/pytorch_gpt2_step.py --dtype="$1" \
+  OMP_WAIT_POLICY=ACTIVE /usr/bin/python3 tools/bench/pytorch_gpt2_step.py --dtype="$1" \
     --threads=2 --steps="$steps" --warmup="$warmup" |
     /usr/bin/python3 -c 'import json,sys; print(json.load(sys.stdin)["median_step_s"])'
 }
