@@ -470,8 +470,8 @@ int RunSingle(const TrainConfig& config, const char* argv0,
 
 // The OpenMP wait policy of a rank that trains in this process. On the CPU
 // its pool has the cores to itself, and workers that spin between parallel
-// regions (ACTIVE) take 5-10% off GPT-2's bf16 step on 2 cores against
-// libgomp's default of a short spin then sleep (docs/PERFORMANCE.md); on a
+// regions (ACTIVE) took 6-11% off GPT-2's step on 2 cores against libgomp's
+// default of a short spin then sleep (medians, docs/PERFORMANCE.md); on a
 // GPU the host pool is idle most of the time and sleeps (PASSIVE).
 const char* InProcessWaitPolicy(const TrainConfig& config) {
   return config.training().device() == "cuda" ? "PASSIVE" : "ACTIVE";

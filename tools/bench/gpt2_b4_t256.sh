@@ -1,5 +1,5 @@
 # Sourced by the 2-core trainer benchmarks (thread_placement.sh,
-# two_ranks.sh): their arguments' checks and the GPT-2 124M run they time
+# two_ranks.sh, wait_policy.sh): their arguments' checks and the GPT-2 124M run they time
 # (B = 4, T = 256, 8 steps, 3 of them warm-up, nothing saved or validated).
 
 # bench_init NAME [DTYPE] [ROUNDS]: goes to the repository's root and sets
@@ -22,11 +22,14 @@ bench_init() {
 # gpt2_run RANKS DTYPE [--set KEY=VALUE...]: the trainer's run over RANKS
 # ranks of one thread each (one rank: two threads) on stdout and stderr,
 # under the trainer's own OpenMP wait policies (ACTIVE in-process, PASSIVE
-# for launched ranks); build the opt trainer first.
+# for launched ranks) unless GPT2_WAIT_POLICY names one; build the opt
+# trainer first.
 gpt2_run() {
   local ranks=$1 dtype=$2
   shift 2
-  env -u OMP_WAIT_POLICY timeout 900 \
+  local policy=(-u OMP_WAIT_POLICY)
+  [[ -n "${GPT2_WAIT_POLICY:-}" ]] && policy=("OMP_WAIT_POLICY=$GPT2_WAIT_POLICY")
+  env "${policy[@]}" timeout 900 \
     "$PWD/bazel-out/k8-opt/bin/trainer/train" \
     --config="$PWD/trainer/configs/gpt2_124m.textproto" \
     --nproc_per_node="$ranks" \
