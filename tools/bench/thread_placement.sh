@@ -19,9 +19,6 @@ command -v taskset >/dev/null || {
   echo "thread_placement.sh: taskset (util-linux) not found" >&2
   exit 1
 }
-bazel build -c opt //trainer:train 2>/dev/null
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
 
 # The ranks: the 2 child processes of the launching trainer (the first
 # process named train below the background job; waited for up to 60 s).

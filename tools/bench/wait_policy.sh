@@ -12,9 +12,6 @@
 set -euo pipefail
 source "$(dirname "$0")/gpt2_b4_t256.sh"
 bench_init wait_policy.sh "$@"
-bazel build -c opt //trainer:train 2>/dev/null
-log="$(mktemp)"
-trap 'rm -f "$log"' EXIT
 
 for round in $(seq 1 "$rounds"); do
   for policy in PASSIVE ACTIVE; do
