@@ -11,9 +11,9 @@
 // (tools/plot) and prints where the checkpoint, metrics and plot are. With
 // --nproc_per_node=1 it trains in this process instead (and draws a live
 // progress line on a terminal), run again under OMP_WAIT_POLICY=ACTIVE on
-// the CPU unless a policy is set. Under a launcher (tools/launch, torchrun,
-// mpirun, srun) it is one rank: rendezvous from the environment, TCP store,
-// Gloo groups.
+// the CPU (PASSIVE on a GPU) unless a policy is set. Under a launcher
+// (tools/launch, torchrun, mpirun, srun) it is one rank: rendezvous from the
+// environment, TCP store, Gloo groups.
 //
 // Flags (absl flags through core/cli.h: "--name=value" or "--name value";
 // --help lists them with their defaults):
@@ -517,6 +517,9 @@ int Main(int argc, char** argv) {
   // Not launched: validate for the local job, then start it.
   const int nproc = flags->nproc_per_node;
   const int world = nproc * flags->nnodes;
+  const bool in_process = world == 1 && flags->min_nodes == 0;
+  // Before the checks, so that they (and CheckGpus' probe) run once.
+  if (in_process) RerunWithWaitPolicy(InProcessWaitPolicy(*config), argv);
   // Elastic: every world size the job may run at.
   for (int nodes = flags->min_nodes > 0 ? flags->min_nodes : flags->nnodes;
        nodes <= flags->nnodes; ++nodes) {
@@ -532,8 +535,7 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "train: %s\n", s.ToString().c_str());
     return 2;
   }
-  if (world == 1 && flags->min_nodes == 0) {
-    RerunWithWaitPolicy(InProcessWaitPolicy(*config), argv);
+  if (in_process) {
     return RunSingle(*config, argv[0], flags->stop_after_steps);
   }
   // Launched ranks share the host's cores with each other's comm threads:
