@@ -2,9 +2,9 @@
 # What the in-process run's OpenMP wait policy costs: GPT-2 124M, B = 4,
 # T = 256, fwd + bwd + clipping + AdamW, 1 rank x 2 threads, under
 # OMP_WAIT_POLICY=PASSIVE (workers sleep between parallel regions, as
-# libgomp's default soon does) and ACTIVE (they spin: what the trainer runs
-# itself under on the CPU), in turn each round. Prints each run's
-# time/step (after 3 warm-up steps).
+# libgomp's default does after a short spin) and ACTIVE (they spin: what
+# the trainer runs itself under on the CPU), in turn each round. Prints
+# each run's time/step (after 3 warm-up steps).
 #
 #   bash tools/bench/wait_policy.sh [DTYPE] [ROUNDS]   (bf16, 1)
 #
