@@ -1,9 +1,9 @@
 // Vectorised host kernels for the memory-bound elementwise ops: casts
 // between f32, bf16 and f16, add / mul / axpy / scale and the GELU / SiLU
 // activations forward and backward in each of them. Google Highway compiles
-// each kernel for every x86 target (SSSE3, SSE4, AVX2, AVX-512, AVX-512 with
-// VNNI/BF16 ...) and dispatches at run time to the best one the CPU has, so one
-// binary runs on any x86-64.
+// each kernel for AVX2, AVX-512 and an emulated 128-bit target
+// (third_party/hwy.BUILD) and dispatches at run time to the best one the CPU
+// has, so one binary runs on any x86-64.
 //
 // Bit-exact with the scalar reference (tensor/kernels/, core/dtype.h): each
 // element is widened to f32, computed with the same IEEE operations in the

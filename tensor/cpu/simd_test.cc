@@ -1,6 +1,6 @@
 // The vectorised kernels against the scalar reference, bit for bit, on every
-// Highway target this CPU supports (AVX-512, AVX2, SSE4, ... down to the
-// emulated 128-bit one): odd lengths, unaligned starts, in-place use, and
+// Highway target this CPU supports (AVX-512, AVX2 and the emulated 128-bit
+// one): odd lengths, unaligned starts, in-place use, and
 // values that exercise rounding ties, subnormals, overflow, infinities and
 // NaNs.
 #include "tensor/cpu/simd.h"
