@@ -2,10 +2,13 @@
 # The test suite under the sanitizers (CI runs this; so can anyone):
 #   asan: every test under AddressSanitizer + UndefinedBehaviorSanitizer
 #         (--config=asan: leaks and undefined behaviour fail the test),
-#         except those tagged no_asan: trainer:multinode_test, whose trainer
-#         runs over network namespaces took 6 minutes under ASan on a 2-core
-#         machine (the launcher, the rendezvous and the trainer it runs are
-#         under ASan in their own tests and train_e2e_test); with --cuda
+#         except those tagged no_asan, for CI's time on a 2-core machine:
+#         trainer:multinode_test and trainer_test, tests:training_parity_test
+#         and pipeline_parity_test (each 4-6 minutes of test time under ASan;
+#         the launcher, the rendezvous, the trainer binary and the parts the
+#         parity tests compose run under ASan in their own tests and in
+#         train_e2e_test) and trainer:oom_test (under ASan the trainer's own
+#         footprint reaches the test's cgroup limit); with --cuda
 #         (CI, where the CUDA toolkit is present) built with --config=cuda,
 #         so that one build both checks the CUDA configuration and runs the
 #         suite (CUDA tests skip visibly without a GPU);
