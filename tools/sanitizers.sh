@@ -2,14 +2,8 @@
 # The test suite under the sanitizers (CI runs this; so can anyone):
 #   asan: every test under AddressSanitizer + UndefinedBehaviorSanitizer
 #         (--config=asan: leaks and undefined behaviour fail the test),
-#         except those tagged no_asan, for CI's time on a 2-core machine:
-#         trainer:multinode_test, trainer_test and train_e2e_test,
-#         tests:training_parity_test and pipeline_parity_test, the GPT-2 and
-#         Llama parallelize_test (1.5-6 minutes of test time each under ASan;
-#         the launcher, the rendezvous and the parts these compose run under
-#         ASan in their own tests, the trainer binary in slurm_test) and
-#         trainer:oom_test (under ASan the trainer's own footprint reaches
-#         the test's cgroup limit); with --cuda
+#         except those tagged no_asan (each says why in its BUILD file;
+#         docs/TESTING.md lists them); with --cuda
 #         (CI, where the CUDA toolkit is present) built with --config=cuda,
 #         so that one build both checks the CUDA configuration and runs the
 #         suite (CUDA tests skip visibly without a GPU);
