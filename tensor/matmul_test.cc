@@ -2,6 +2,7 @@
 // batched and broadcast weights, alpha/beta accumulation, odd sizes (1,
 // primes), f32 and bf16 (f32 or bf16 output).
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
@@ -379,6 +380,102 @@ TEST(MatmulTest, EmptyInnerDimensionScalesC) {
   EXPECT_EQ(Values(c), (Vec{0.5, 1, 1.5, 2, 2.5, 3}));
   ASSERT_TRUE(Matmul(a, b, &c).ok());
   EXPECT_EQ(Values(c), Vec(6, 0.0));
+}
+
+// The bf16 mode's choice: the variable first, then the CPU.
+TEST(MatmulTest, Bf16ModeFollowsTheVariableThenTheCpu) {
+  std::string why;
+  using Mode = cpu::Bf16MatmulMode;
+  EXPECT_EQ(*cpu::Bf16MatmulModeFor("native", false, false, true, &why),
+            Mode::kNative);
+  EXPECT_NE(why.find("FSDPP_CPU_BF16_MATMUL=native"), std::string::npos);
+  EXPECT_EQ(*cpu::Bf16MatmulModeFor("widen", true, true, false, &why),
+            Mode::kWidened);
+  EXPECT_EQ(*cpu::Bf16MatmulModeFor("", true, true, true, &why), Mode::kNative);
+  EXPECT_NE(why.find("AMX"), std::string::npos) << why;
+  EXPECT_EQ(*cpu::Bf16MatmulModeFor("auto", false, true, false, &why),
+            Mode::kNative);
+  EXPECT_EQ(*cpu::Bf16MatmulModeFor("", false, true, true, &why),
+            Mode::kWidened);
+  EXPECT_NE(why.find("Intel CPU without AMX"), std::string::npos) << why;
+  EXPECT_EQ(*cpu::Bf16MatmulModeFor("", false, false, false, &why),
+            Mode::kWidened);
+  const auto bad = cpu::Bf16MatmulModeFor("fast", false, true, false, &why);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("FSDPP_CPU_BF16_MATMUL='fast'"),
+            std::string::npos)
+      << bad.status();
+  // This process's own: matmul_test runs under each setting
+  // (matmul_native_test, matmul_widened_test).
+  const char* env = std::getenv("FSDPP_CPU_BF16_MATMUL");
+  if (env != nullptr && std::string(env) == "widen") {
+    EXPECT_EQ(*cpu::OneDnnBf16MatmulMode(), Mode::kWidened);
+  } else if (env != nullptr && std::string(env) == "native") {
+    EXPECT_EQ(*cpu::OneDnnBf16MatmulMode(), Mode::kNative);
+  }
+  EXPECT_FALSE(cpu::OneDnnBf16MatmulModeDescription().empty());
+  ::testing::Test::RecordProperty("bf16_matmul",
+                                  cpu::OneDnnBf16MatmulModeDescription());
+}
+
+// Widened operands in blocks: a 4 KiB budget splits c into several blocks
+// of rows and of columns (and b's columns are widened again per block of
+// rows); every transpose, batched and broadcast b, alpha and beta, a bias,
+// bf16 and f16 operands with an f32 or own-dtype c, against the reference.
+TEST(MatmulTest, WidenedBlocksMatchReference) {
+  const cpu::Bf16MatmulMode widened = cpu::Bf16MatmulMode::kWidened;
+  cpu::SetBf16MatmulModeForTesting(&widened);
+  cpu::SetWidenedBlockBytesForTesting(4096);
+  const Case cases[] = {{1, 37, 200, 50, false},
+                        {3, 9, 70, 31, false},
+                        {2, 23, 130, 64, true},
+                        {1, 1, 1, 1, false}};
+  for (DType dtype : {DType::kBF16, DType::kF16}) {
+    for (DType out_dtype : {DType::kF32, dtype}) {
+      for (const Case& cs : cases) {
+        for (int t = 0; t < 4; ++t) {
+          const bool ta = t & 1, tb = t & 2;
+          for (int variant = 0; variant < 3; ++variant) {
+            const float alpha = variant == 1 ? -2.0f : 1.0f;
+            const float beta = variant == 1 ? 0.25f : 0.0f;
+            SCOPED_TRACE(testing::Message()
+                         << DTypeName(dtype) << "->" << DTypeName(out_dtype)
+                         << " batch=" << cs.batch << " m=" << cs.m
+                         << " n=" << cs.n << " k=" << cs.k << " ta=" << ta
+                         << " tb=" << tb << " variant=" << variant);
+            const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 3e-2
+                                               : out_dtype == DType::kF16 ? 4e-3
+                                                                          : 0);
+            const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
+                                : out_dtype == DType::kF16 ? 1.0 / 1024
+                                                           : 1e-5;
+            EXPECT_TRUE(MatchesReference(cs, dtype, out_dtype, ta, tb, alpha,
+                                         beta, variant == 2, rtol, atol, 31));
+          }
+        }
+      }
+    }
+  }
+  cpu::SetWidenedBlockBytesForTesting(0);
+  cpu::SetBf16MatmulModeForTesting(nullptr);
+}
+
+// Native and widened bf16 agree to f32 rounding (both sum exact products
+// in f32, in different orders).
+TEST(MatmulTest, NativeAndWidenedBf16Agree) {
+  const Tensor a = RandomTensor({64, 96}, DType::kBF16, 41);
+  const Tensor b = RandomTensor({80, 96}, DType::kBF16, 42);
+  Tensor c[2];
+  const cpu::Bf16MatmulMode modes[2] = {cpu::Bf16MatmulMode::kNative,
+                                        cpu::Bf16MatmulMode::kWidened};
+  for (int i = 0; i < 2; ++i) {
+    cpu::SetBf16MatmulModeForTesting(&modes[i]);
+    c[i] = *Tensor::Empty({64, 80}, DType::kF32, Device::Cpu());
+    ASSERT_TRUE(Matmul(a, b, &c[i], {false, true}).ok());
+  }
+  cpu::SetBf16MatmulModeForTesting(nullptr);
+  EXPECT_TRUE(AllClose(Values(c[0]), Values(c[1]), 1e-5, 1e-5));
 }
 
 }  // namespace

@@ -48,6 +48,7 @@
 #include "recipe/step/step.h"
 #include "recipe/training.h"
 #include "runtime/launch.h"
+#include "tensor/cpu/onednn_matmul.h"
 #include "tensor/ops.h"
 #include "tensor/tensor.h"
 #include "trainer/config.h"
@@ -874,9 +875,10 @@ absl::Status Trainer::PrintHeader(const std::string& peak_source) {
   if (env_.device.is_cpu()) {
     const char* policy = std::getenv("OMP_WAIT_POLICY");
     print_->Line(absl::StrFormat(
-        "  CPU: %d OpenMP thread(s) per rank, OMP_WAIT_POLICY %s",
+        "  CPU: %d OpenMP thread(s) per rank, OMP_WAIT_POLICY %s; %s",
         ParallelThreads(),
-        policy != nullptr ? policy : "unset (OpenMP's default)"));
+        policy != nullptr ? policy : "unset (OpenMP's default)",
+        cpu::OneDnnBf16MatmulModeDescription()));
   }
   const models::LoraOptions& lora = rc_.layout.lora;
   if (lora.enabled()) {

@@ -1,8 +1,12 @@
 // oneDNN matmul with a primitive cache; see onednn_matmul.h.
 #include "tensor/cpu/onednn_matmul.h"
 
+#include <cpuid.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -13,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "core/trace.h"
 #include "oneapi/dnnl/dnnl.hpp"
@@ -62,6 +67,11 @@ enum class ThreadBuffer {
   kScratchpad,
   // The f32 sums of a K-chunked matmul whose c is not f32.
   kAccumulator,
+  // A widened matmul's f32 blocks of a, b, c (when c is not f32) and bias.
+  kWidenedA,
+  kWidenedB,
+  kWidenedC,
+  kWidenedBias,
 };
 
 char* ThreadBufferOf(ThreadBuffer which, size_t bytes) {
@@ -70,7 +80,7 @@ char* ThreadBufferOf(ThreadBuffer which, size_t bytes) {
     char* data = nullptr;
     size_t size = 0;
   };
-  thread_local Buffer buffers[2];
+  thread_local Buffer buffers[6];
   Buffer& buffer = buffers[static_cast<int>(which)];
   if (buffer.size < bytes) {
     std::free(buffer.data);
@@ -155,6 +165,207 @@ absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
   return absl::OkStatus();
 }
 
+// ---- bf16 (and f16) operands widened to f32 ----
+
+constexpr int64_t kWidenedBlockBytes = int64_t{8} << 20;
+std::atomic<int64_t> widened_block_bytes_for_testing{0};
+std::atomic<int> mode_for_testing{-1};
+
+int64_t WidenedBlockBytes() {
+  const int64_t forced = widened_block_bytes_for_testing.load();
+  return forced > 0 ? forced : kWidenedBlockBytes;
+}
+
+bool IsIntelCpu() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid(0, &eax, &ebx, &ecx, &edx) == 0) return false;
+  char vendor[13] = {};
+  std::memcpy(vendor, &ebx, 4);
+  std::memcpy(vendor + 4, &edx, 4);
+  std::memcpy(vendor + 8, &ecx, 4);
+  return std::string(vendor) == "GenuineIntel";
+}
+
+struct ModeChoice {
+  absl::StatusOr<Bf16MatmulMode> mode;
+  std::string description;
+};
+
+ModeChoice ChooseMode() {
+  const char* env = std::getenv(kBf16MatmulVariable);
+  const dnnl::cpu_isa isa = dnnl::get_effective_cpu_isa();
+  ModeChoice choice;
+  choice.mode = Bf16MatmulModeFor(env != nullptr ? env : "",
+                                  isa == dnnl::cpu_isa::avx512_core_amx,
+                                  isa == dnnl::cpu_isa::avx512_core_bf16 ||
+                                      isa == dnnl::cpu_isa::avx512_core_amx,
+                                  IsIntelCpu(), &choice.description);
+  return choice;
+}
+
+const ModeChoice& ProcessMode() {
+  static const ModeChoice* choice = new ModeChoice(ChooseMode());
+  return *choice;
+}
+
+// Whether a matmul of `ab_dtype` operands runs widened (f16 always).
+absl::StatusOr<bool> Widened(DType ab_dtype) {
+  if (ab_dtype == DType::kF32) return false;
+  if (ab_dtype == DType::kF16) return true;
+  FSDPP_ASSIGN_OR_RETURN(const Bf16MatmulMode mode, OneDnnBf16MatmulMode());
+  return mode == Bf16MatmulMode::kWidened;
+}
+
+// dst[r * run + i] = src[(r / inner) * outer_stride + (r % inner) *
+// inner_stride + i] widened to f32, for r < outer * inner and i < run
+// (element strides), split across the pool.
+void WidenRuns(DType dtype, const void* src, int64_t outer,
+               int64_t outer_stride, int64_t inner, int64_t inner_stride,
+               int64_t run, float* dst) {
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+  const char* base = static_cast<const char*>(src);
+  ParallelChunks(
+      outer * inner, outer * inner * run, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t at =
+              (r / inner) * outer_stride + (r % inner) * inner_stride;
+          simd::Cast(dtype, base + at * size, DType::kF32, dst + r * run, run);
+        }
+      });
+}
+
+// The inverse: f32 runs rounded into `dtype` at the same places.
+void NarrowRuns(const float* src, DType dtype, void* dst, int64_t outer,
+                int64_t outer_stride, int64_t inner, int64_t inner_stride,
+                int64_t run) {
+  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
+  char* base = static_cast<char*>(dst);
+  ParallelChunks(
+      outer * inner, outer * inner * run, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+          const int64_t at =
+              (r / inner) * outer_stride + (r % inner) * inner_stride;
+          simd::Cast(DType::kF32, src + r * run, dtype, base + at * size, run);
+        }
+      });
+}
+
+float* WidenedBuffer(ThreadBuffer which, int64_t floats) {
+  return reinterpret_cast<float*>(
+      ThreadBufferOf(which, static_cast<size_t>(floats) * sizeof(float)));
+}
+
+// MatmulPart's rows [i0, i0 + rows) and inner dim [k0, k0 + len) with a and
+// b widened to f32, in blocks of rows and of c's columns whose widened a
+// and b take at most WidenedBlockBytes() each; a c that is not f32 is
+// computed in an f32 block and rounded into place.
+absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
+                         DType c_dtype, int64_t batch, int64_t m, int64_t n,
+                         int64_t k, int64_t i0, int64_t rows, int64_t k0,
+                         int64_t len, bool transpose_a, bool transpose_b,
+                         bool broadcast_b, float alpha, float beta,
+                         const void* bias) {
+  using dims = dnnl::memory::dims;
+  const int64_t budget =
+      WidenedBlockBytes() / static_cast<int64_t>(sizeof(float));
+  const int64_t b_batch = broadcast_b ? 1 : batch;
+  const int64_t len1 = std::max<int64_t>(len, 1);
+  const int64_t block_rows =
+      std::clamp<int64_t>(budget / (batch * len1), 1, rows);
+  int64_t block_cols = std::clamp<int64_t>(budget / (b_batch * len1), 1, n);
+  if (block_cols < n && block_cols >= 64) block_cols -= block_cols % 64;
+  const bool f32_c = c_dtype == DType::kF32;
+  const int64_t ab_size = static_cast<int64_t>(DTypeSize(ab_dtype));
+  const int64_t c_size = static_cast<int64_t>(DTypeSize(c_dtype));
+  float* wb = nullptr;
+  int64_t widened_j0 = -1;  // the column block wb holds
+  for (int64_t r0 = i0; r0 < i0 + rows; r0 += block_rows) {
+    const int64_t mb = std::min(block_rows, i0 + rows - r0);
+    // op(a)'s rows [r0, r0 + mb) and columns [k0, k0 + len), kept in a's
+    // orientation: [batch, mb, len], or [batch, len, mb] transposed.
+    float* wa = WidenedBuffer(ThreadBuffer::kWidenedA, batch * mb * len1);
+    if (transpose_a) {
+      WidenRuns(ab_dtype, static_cast<const char*>(a) + (k0 * m + r0) * ab_size,
+                batch, m * k, len, m, mb, wa);
+    } else {
+      WidenRuns(ab_dtype, static_cast<const char*>(a) + (r0 * k + k0) * ab_size,
+                batch, m * k, mb, k, len, wa);
+    }
+    for (int64_t j0 = 0; j0 < n; j0 += block_cols) {
+      const int64_t nb = std::min(block_cols, n - j0);
+      // op(b)'s rows [k0, k0 + len) and columns [j0, j0 + nb):
+      // [b_batch, len, nb], or [b_batch, nb, len] transposed; widened once
+      // when one block holds all of c's columns.
+      if (widened_j0 != j0) {
+        wb = WidenedBuffer(ThreadBuffer::kWidenedB, b_batch * len1 * nb);
+        if (transpose_b) {
+          WidenRuns(ab_dtype,
+                    static_cast<const char*>(b) + (j0 * k + k0) * ab_size,
+                    b_batch, k * n, nb, k, len, wb);
+        } else {
+          WidenRuns(ab_dtype,
+                    static_cast<const char*>(b) + (k0 * n + j0) * ab_size,
+                    b_batch, k * n, len, n, nb, wb);
+        }
+        widened_j0 = j0;
+      }
+      char* c_at = static_cast<char*>(c) + (r0 * n + j0) * c_size;
+      float* wc = f32_c
+                      ? reinterpret_cast<float*>(c_at)
+                      : WidenedBuffer(ThreadBuffer::kWidenedC, batch * mb * nb);
+      if (!f32_c && beta != 0.0f) {
+        WidenRuns(c_dtype, c_at, batch, m * n, mb, n, nb, wc);
+      }
+      const void* wbias = nullptr;
+      if (bias != nullptr) {
+        const char* bias_at = static_cast<const char*>(bias) + j0 * c_size;
+        if (f32_c) {
+          wbias = bias_at;
+        } else {
+          float* widened = WidenedBuffer(ThreadBuffer::kWidenedBias, nb);
+          simd::Cast(c_dtype, bias_at, DType::kF32, widened, nb);
+          wbias = widened;
+        }
+      }
+      const auto f32 = dnnl::memory::data_type::f32;
+      Descs d;
+      d.a = dnnl::memory::desc(
+          dims{batch, mb, len}, f32,
+          transpose_a ? dims{mb * len, 1, mb} : dims{mb * len, len, 1});
+      d.b = dnnl::memory::desc(
+          dims{b_batch, len, nb}, f32,
+          transpose_b ? dims{len * nb, 1, len} : dims{len * nb, nb, 1});
+      d.c =
+          dnnl::memory::desc(dims{batch, mb, nb}, f32,
+                             f32_c ? dims{m * n, n, 1} : dims{mb * nb, nb, 1});
+      d.bias = dnnl::memory::desc(dims{1, 1, nb}, f32, dims{nb, nb, 1});
+      const Key key = {-2,  // not an OneDnnMatmul or strided key
+                       batch,
+                       mb,
+                       nb,
+                       len,
+                       b_batch,
+                       transpose_a,
+                       transpose_b,
+                       f32_c ? m * n : 0,
+                       f32_c ? n : 0,
+                       absl::bit_cast<int32_t>(alpha),
+                       absl::bit_cast<int32_t>(beta),
+                       bias != nullptr};
+      FSDPP_ASSIGN_OR_RETURN(
+          const Cached cached,
+          GetOrBuild(
+              key, d, bias != nullptr, alpha, beta,
+              absl::StrCat("widened block [", batch, " x ", mb, " x ", len,
+                           "] @ [", len, " x ", nb, "] of ",
+                           DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
+      FSDPP_RETURN_IF_ERROR(Execute(cached, d, wa, wb, wc, wbias));
+      if (!f32_c) NarrowRuns(wc, c_dtype, c_at, batch, m * n, mb, n, nb);
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Rows [i0, i0 + rows) of c and the inner dim's [k0, k0 + len) of c =
 // alpha op(a) op(b) (+ beta c, + bias), read and written in place with the
 // whole matrices' strides (all of them: the plain matmul).
@@ -164,6 +375,12 @@ absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
                         int64_t len, bool transpose_a, bool transpose_b,
                         bool broadcast_b, float alpha, float beta,
                         const void* bias) {
+  FSDPP_ASSIGN_OR_RETURN(const bool widened, Widened(ab_dtype));
+  if (widened) {
+    return WidenedPart(a, b, c, ab_dtype, c_dtype, batch, m, n, k, i0, rows, k0,
+                       len, transpose_a, transpose_b, broadcast_b, alpha, beta,
+                       bias);
+  }
   using dims = dnnl::memory::dims;
   const dnnl::memory::data_type ab = DnnlType(ab_dtype);
   Descs d;
@@ -207,7 +424,194 @@ absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
   return Execute(cached, d, a_part, b_part, c_part, bias);
 }
 
+// An operand of OneDnnStridedMatmul widened into `dst` ([batch, rows,
+// cols] in the order of its unit stride: row-major when the columns are
+// contiguous, column-major when the rows are, element by element
+// otherwise); the returned operand describes dst.
+StridedOperand WidenStrided(DType dtype, const StridedOperand& op, float* dst) {
+  const int64_t batch = op.dims[0], rows = op.dims[1], cols = op.dims[2];
+  StridedOperand out{dst, {batch, rows, cols}, {rows * cols, cols, 1}};
+  if (op.strides[2] == 1 || rows == 1) {
+    WidenRuns(dtype, op.data, batch, op.strides[0], rows, op.strides[1], cols,
+              dst);
+  } else if (op.strides[1] == 1 || cols == 1) {
+    WidenRuns(dtype, op.data, batch, op.strides[0], cols, op.strides[2], rows,
+              dst);
+    out.strides[1] = 1;
+    out.strides[2] = rows;
+  } else {
+    for (int64_t bt = 0; bt < batch; ++bt) {
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          simd::Cast(
+              dtype,
+              static_cast<const char*>(op.data) +
+                  (bt * op.strides[0] + i * op.strides[1] + j * op.strides[2]) *
+                      static_cast<int64_t>(DTypeSize(dtype)),
+              DType::kF32, dst + (bt * rows + i) * cols + j, 1);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// OneDnnStridedMatmul without its span.
+absl::Status StridedMatmul(DType ab_dtype, DType c_dtype,
+                           const StridedOperand& a, const StridedOperand& b,
+                           void* c, const int64_t c_strides[3], float alpha,
+                           float beta);
+
+// OneDnnStridedMatmul with a and b widened to f32 (the blocked attention's
+// blocks are small: no blocking), c computed in place when it is f32 and
+// in an f32 copy rounded back otherwise.
+absl::Status WidenedStridedMatmul(DType ab_dtype, DType c_dtype,
+                                  const StridedOperand& a,
+                                  const StridedOperand& b, void* c,
+                                  const int64_t c_strides[3], float alpha,
+                                  float beta) {
+  const StridedOperand wa =
+      WidenStrided(ab_dtype, a,
+                   WidenedBuffer(ThreadBuffer::kWidenedA,
+                                 a.dims[0] * a.dims[1] * a.dims[2]));
+  const StridedOperand wb =
+      WidenStrided(ab_dtype, b,
+                   WidenedBuffer(ThreadBuffer::kWidenedB,
+                                 b.dims[0] * b.dims[1] * b.dims[2]));
+  if (c_dtype == DType::kF32) {
+    return StridedMatmul(DType::kF32, DType::kF32, wa, wb, c, c_strides, alpha,
+                         beta);
+  }
+  const int64_t batch = a.dims[0], m = a.dims[1], n = b.dims[2];
+  const int64_t c_size = static_cast<int64_t>(DTypeSize(c_dtype));
+  float* wc = WidenedBuffer(ThreadBuffer::kWidenedC, batch * m * n);
+  char* base = static_cast<char*>(c);
+  auto element = [&](int64_t bt, int64_t i, int64_t j) {
+    return base +
+           (bt * c_strides[0] + i * c_strides[1] + j * c_strides[2]) * c_size;
+  };
+  for (int64_t bt = 0; beta != 0.0f && bt < batch; ++bt) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        simd::Cast(c_dtype, element(bt, i, j), DType::kF32,
+                   wc + (bt * m + i) * n + j, 1);
+      }
+    }
+  }
+  const int64_t wc_strides[3] = {m * n, n, 1};
+  FSDPP_RETURN_IF_ERROR(StridedMatmul(DType::kF32, DType::kF32, wa, wb, wc,
+                                      wc_strides, alpha, beta));
+  for (int64_t bt = 0; bt < batch; ++bt) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        simd::Cast(DType::kF32, wc + (bt * m + i) * n + j, c_dtype,
+                   element(bt, i, j), 1);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StridedMatmul(DType ab_dtype, DType c_dtype,
+                           const StridedOperand& a, const StridedOperand& b,
+                           void* c, const int64_t c_strides[3], float alpha,
+                           float beta) {
+  using dims = dnnl::memory::dims;
+  const int64_t m = a.dims[1], k = a.dims[2], n = b.dims[2];
+  if (b.dims[1] != k || (b.dims[0] != a.dims[0] && b.dims[0] != 1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "OneDnnStridedMatmul: [", a.dims[0], " x ", m, " x ", k, "] @ [",
+        b.dims[0], " x ", b.dims[1], " x ", n, "] do not multiply"));
+  }
+  FSDPP_ASSIGN_OR_RETURN(const bool widened, Widened(ab_dtype));
+  if (widened)
+    return WidenedStridedMatmul(ab_dtype, c_dtype, a, b, c, c_strides, alpha,
+                                beta);
+  Descs descs;
+  descs.a = dnnl::memory::desc(dims(a.dims, a.dims + 3), DnnlType(ab_dtype),
+                               dims(a.strides, a.strides + 3));
+  descs.b = dnnl::memory::desc(dims(b.dims, b.dims + 3), DnnlType(ab_dtype),
+                               dims(b.strides, b.strides + 3));
+  descs.c = dnnl::memory::desc(dims{a.dims[0], m, n}, DnnlType(c_dtype),
+                               dims(c_strides, c_strides + 3));
+  Key key = {static_cast<int64_t>(ab_dtype), static_cast<int64_t>(c_dtype),
+             absl::bit_cast<int32_t>(alpha), absl::bit_cast<int32_t>(beta),
+             -1};  // -1: not an OneDnnMatmul key
+  key.insert(key.end(), a.dims, a.dims + 3);
+  key.insert(key.end(), a.strides, a.strides + 3);
+  key.insert(key.end(), b.dims, b.dims + 3);
+  key.insert(key.end(), b.strides, b.strides + 3);
+  key.insert(key.end(), c_strides, c_strides + 3);
+  FSDPP_ASSIGN_OR_RETURN(
+      const Cached cached,
+      GetOrBuild(
+          key, descs, /*with_bias=*/false, alpha, beta,
+          absl::StrCat("strided [", a.dims[0], " x ", m, " x ", k, "] @ [",
+                       b.dims[0], " x ", k, " x ", n, "] ", DTypeName(ab_dtype),
+                       " -> ", DTypeName(c_dtype))));
+  return Execute(cached, descs, a.data, b.data, c, nullptr);
+}
+
 }  // namespace
+
+absl::StatusOr<Bf16MatmulMode> Bf16MatmulModeFor(const std::string& setting,
+                                                 bool amx, bool avx512_bf16,
+                                                 bool intel,
+                                                 std::string* description) {
+  if (setting == "native" || setting == "widen") {
+    *description =
+        absl::StrCat(setting == "native" ? "bf16 matmul native"
+                                         : "bf16 matmul widened to f32",
+                     " (", kBf16MatmulVariable, "=", setting, ")");
+    return setting == "native" ? Bf16MatmulMode::kNative
+                               : Bf16MatmulMode::kWidened;
+  }
+  if (!setting.empty() && setting != "auto") {
+    const absl::Status error = absl::InvalidArgumentError(
+        absl::StrCat(kBf16MatmulVariable, "='", setting,
+                     "': expected native, widen or auto (or unset)"));
+    *description = std::string(error.message());
+    return error;
+  }
+  if (amx) {
+    *description = "bf16 matmul native (AMX)";
+    return Bf16MatmulMode::kNative;
+  }
+  if (avx512_bf16 && !intel) {
+    *description = "bf16 matmul native (AVX-512-BF16, not an Intel CPU)";
+    return Bf16MatmulMode::kNative;
+  }
+  *description =
+      avx512_bf16
+          ? "bf16 matmul widened to f32 (an Intel CPU without AMX: its bf16 "
+            "dot products run at half the rate of its f32 FMAs)"
+          : "bf16 matmul widened to f32 (no AVX-512-BF16 or AMX)";
+  return Bf16MatmulMode::kWidened;
+}
+
+absl::StatusOr<Bf16MatmulMode> OneDnnBf16MatmulMode() {
+  const int forced = mode_for_testing.load();
+  if (forced >= 0) return static_cast<Bf16MatmulMode>(forced);
+  return ProcessMode().mode;
+}
+
+std::string OneDnnBf16MatmulModeDescription() {
+  const int forced = mode_for_testing.load();
+  if (forced >= 0) {
+    return static_cast<Bf16MatmulMode>(forced) == Bf16MatmulMode::kNative
+               ? "bf16 matmul native (forced by a test)"
+               : "bf16 matmul widened to f32 (forced by a test)";
+  }
+  return ProcessMode().description;
+}
+
+void SetBf16MatmulModeForTesting(const Bf16MatmulMode* mode) {
+  mode_for_testing.store(mode == nullptr ? -1 : static_cast<int>(*mode));
+}
+
+void SetWidenedBlockBytesForTesting(int64_t bytes) {
+  widened_block_bytes_for_testing.store(bytes);
+}
 
 int64_t OneDnnMatmulKChunk(int64_t m, int64_t n, int64_t k) {
   if (k < 4 * kKChunk || k < 8 * std::max(m, n)) return 0;
@@ -279,36 +683,7 @@ absl::Status OneDnnStridedMatmul(DType ab_dtype, DType c_dtype,
   // Its own row of the op profile, category matmul, inside its caller's
   // span (the blocked attention's).
   OpSpan span("StridedMatmul", "matmul");
-  using dims = dnnl::memory::dims;
-  const int64_t m = a.dims[1], k = a.dims[2], n = b.dims[2];
-  if (b.dims[1] != k || (b.dims[0] != a.dims[0] && b.dims[0] != 1)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "OneDnnStridedMatmul: [", a.dims[0], " x ", m, " x ", k, "] @ [",
-        b.dims[0], " x ", b.dims[1], " x ", n, "] do not multiply"));
-  }
-  Descs descs;
-  descs.a = dnnl::memory::desc(dims(a.dims, a.dims + 3), DnnlType(ab_dtype),
-                               dims(a.strides, a.strides + 3));
-  descs.b = dnnl::memory::desc(dims(b.dims, b.dims + 3), DnnlType(ab_dtype),
-                               dims(b.strides, b.strides + 3));
-  descs.c = dnnl::memory::desc(dims{a.dims[0], m, n}, DnnlType(c_dtype),
-                               dims(c_strides, c_strides + 3));
-  Key key = {static_cast<int64_t>(ab_dtype), static_cast<int64_t>(c_dtype),
-             absl::bit_cast<int32_t>(alpha), absl::bit_cast<int32_t>(beta),
-             -1};  // -1: not an OneDnnMatmul key
-  key.insert(key.end(), a.dims, a.dims + 3);
-  key.insert(key.end(), a.strides, a.strides + 3);
-  key.insert(key.end(), b.dims, b.dims + 3);
-  key.insert(key.end(), b.strides, b.strides + 3);
-  key.insert(key.end(), c_strides, c_strides + 3);
-  FSDPP_ASSIGN_OR_RETURN(
-      const Cached cached,
-      GetOrBuild(
-          key, descs, /*with_bias=*/false, alpha, beta,
-          absl::StrCat("strided [", a.dims[0], " x ", m, " x ", k, "] @ [",
-                       b.dims[0], " x ", k, " x ", n, "] ", DTypeName(ab_dtype),
-                       " -> ", DTypeName(c_dtype))));
-  return Execute(cached, descs, a.data, b.data, c, nullptr);
+  return StridedMatmul(ab_dtype, c_dtype, a, b, c, c_strides, alpha, beta);
 }
 
 int64_t OneDnnMatmulCacheSize() {

@@ -63,6 +63,25 @@ if [[ "$blas" != *openblas* ]]; then
   exit 1
 fi
 
+# OpenBLAS 0.3.21 falls back to its generic SSE3 kernels ("Prescott") on a
+# CPU model it does not know (seen: an Intel Xeon of family 6, model 207,
+# 47 GFLOP/s on 2 threads where its Cooperlake kernels give ~230), which
+# would make PyTorch's f32 a straw man: then this script names the kernels
+# for the CPU's ISA itself (OPENBLAS_CORETYPE; one the user set is kept).
+if [[ -z "${OPENBLAS_CORETYPE:-}" ]]; then
+  core=$(OPENBLAS_VERBOSE=2 /usr/bin/python3 -c 'import torch; torch.ones(2, 2) @ torch.ones(2, 2)' 2>&1 |
+    sed -n 's/^Core: //p' | head -1)
+  if [[ "$core" == Prescott ]]; then
+    flags=$(grep -m1 '^flags' /proc/cpuinfo)
+    case "$flags" in
+      *avx512_bf16*) export OPENBLAS_CORETYPE=Cooperlake ;;
+      *avx512f*) export OPENBLAS_CORETYPE=SkylakeX ;;
+      *avx2*) export OPENBLAS_CORETYPE=Haswell ;;
+    esac
+  fi
+fi
+echo "vs_pytorch.sh: PyTorch's OpenBLAS kernels:"   "${OPENBLAS_CORETYPE:-its own choice${core:+ ($core)}}"   "${OPENBLAS_CORETYPE:+(OPENBLAS_CORETYPE)}" >&2
+
 bazel build -c opt //trainer:train >/dev/null 2>&1 || {
   echo "vs_pytorch.sh: bazel build -c opt //trainer:train failed" >&2
   exit 1
