@@ -322,15 +322,20 @@ TEST(MatmulTest, BiasRejectsWrongShapesDtypesAndAccumulation) {
 
 // OneDnnStridedMatmul (the blocked attention's matmuls): a broadcast b, a
 // transposed a read through swapped strides, padded row strides, alpha and
-// beta, against plain loops in double.
+// beta, f32, bf16 and f16 (widened) operands with an f32 or own-dtype c,
+// against plain loops in double.
 TEST(MatmulTest, StridedMatmulMatchesLoops) {
   const int64_t batch = 3, m = 5, k = 7, n = 6, lda = 9, ldc = 8;
-  for (DType dtype : {DType::kF32, DType::kBF16}) {
+  for (auto [dtype, c_dtype] : {std::pair{DType::kF32, DType::kF32},
+                                {DType::kBF16, DType::kF32},
+                                {DType::kBF16, DType::kBF16},
+                                {DType::kF16, DType::kF32},
+                                {DType::kF16, DType::kF16}}) {
     // a stored transposed: a[bt][i][p] at bt * k * lda + p * lda + i.
     const Tensor a_store =
         testing_util::RandomTensor({batch * k * lda}, dtype, 1);
     const Tensor b = testing_util::RandomTensor({k * n}, dtype, 2);
-    Tensor c = testing_util::RandomTensor({batch * m * ldc}, DType::kF32, 3);
+    Tensor c = testing_util::RandomTensor({batch * m * ldc}, c_dtype, 3);
     const std::vector<double> av = testing_util::Values(a_store),
                               bv = testing_util::Values(b),
                               c0 = testing_util::Values(c);
@@ -339,7 +344,7 @@ TEST(MatmulTest, StridedMatmulMatchesLoops) {
         a_store.raw_data(), {batch, m, k}, {k * lda, 1, lda}};
     const cpu::StridedOperand b_op{b.raw_data(), {1, k, n}, {0, n, 1}};
     const int64_t c_strides[3] = {m * ldc, ldc, 1};
-    ASSERT_TRUE(cpu::OneDnnStridedMatmul(dtype, DType::kF32, a_op, b_op,
+    ASSERT_TRUE(cpu::OneDnnStridedMatmul(dtype, c_dtype, a_op, b_op,
                                          c.raw_data(), c_strides, alpha, beta)
                     .ok());
     const std::vector<double> got = testing_util::Values(c);
@@ -357,8 +362,13 @@ TEST(MatmulTest, StridedMatmulMatchesLoops) {
                     static_cast<double>(av[bt * k * lda + p * lda + i]) *
                     bv[p * n + j];
           }
-          EXPECT_NEAR(got[at], want, 1e-4 * (1 + std::abs(want)))
-              << DTypeName(dtype) << " " << bt << "," << i << "," << j;
+          // A c of 16 bits adds one rounding.
+          const double tol = c_dtype == DType::kBF16  ? 1.0 / 128
+                             : c_dtype == DType::kF16 ? 1.0 / 1024
+                                                      : 1e-4;
+          EXPECT_NEAR(got[at], want, tol * (1 + std::abs(want)))
+              << DTypeName(dtype) << "->" << DTypeName(c_dtype) << " " << bt
+              << "," << i << "," << j;
         }
       }
     }

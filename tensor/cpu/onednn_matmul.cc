@@ -462,9 +462,8 @@ absl::Status StridedMatmul(DType ab_dtype, DType c_dtype,
                            void* c, const int64_t c_strides[3], float alpha,
                            float beta);
 
-// OneDnnStridedMatmul with a and b widened to f32 (the blocked attention's
-// blocks are small: no blocking), c computed in place when it is f32 and
-// in an f32 copy rounded back otherwise.
+// OneDnnStridedMatmul with f16 a and b widened to f32 (no blocking), c computed
+// in place when it is f32 and in an f32 copy rounded back otherwise.
 absl::Status WidenedStridedMatmul(DType ab_dtype, DType c_dtype,
                                   const StridedOperand& a,
                                   const StridedOperand& b, void* c,
@@ -523,10 +522,13 @@ absl::Status StridedMatmul(DType ab_dtype, DType c_dtype,
         "OneDnnStridedMatmul: [", a.dims[0], " x ", m, " x ", k, "] @ [",
         b.dims[0], " x ", b.dims[1], " x ", n, "] do not multiply"));
   }
-  FSDPP_ASSIGN_OR_RETURN(const bool widened, Widened(ab_dtype));
-  if (widened)
+  // bf16 stays native here whatever the mode: the blocked attention's
+  // blocks are small (an inner dim of 64 to 128), and widening them cost
+  // more than the f32 kernels saved (onednn_matmul.h).
+  if (ab_dtype == DType::kF16) {
     return WidenedStridedMatmul(ab_dtype, c_dtype, a, b, c, c_strides, alpha,
                                 beta);
+  }
   Descs descs;
   descs.a = dnnl::memory::desc(dims(a.dims, a.dims + 3), DnnlType(ab_dtype),
                                dims(a.strides, a.strides + 3));

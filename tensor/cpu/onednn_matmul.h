@@ -11,9 +11,11 @@
 // f32 (a bf16 product is exact in f32), so they differ only in the order
 // of the sums. Widened is the default where the CPU's bf16 dot products
 // are slower than its f32 FMAs: an Intel CPU without AMX (VDPBF16PS at half
-// the FMAs' FLOP rate; oneDNN's bf16 matmul ran at 0.42-0.6x its f32 one on
-// such a machine, docs/PERFORMANCE.md) or one without AVX-512-BF16. f16
-// operands (no f16 matmul in oneDNN 2.6 on CPUs) are always widened.
+// the FMAs' FLOP rate; on such a machine oneDNN's bf16 kernels ran GPT-2's
+// Linear calls at 80-164 GFLOP/s, widened 178-257, docs/PERFORMANCE.md) or one
+// without AVX-512-BF16. f16 operands (no f16 matmul in oneDNN 2.6 on CPUs) are
+// always widened. OneDnnStridedMatmul keeps bf16 native in either mode: on that
+// machine the blocked attention's small blocks ran 1.5x slower widened.
 #ifndef FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_
 #define FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_
 
