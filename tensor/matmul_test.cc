@@ -431,15 +431,19 @@ TEST(MatmulTest, Bf16ModeFollowsTheVariableThenTheCpu) {
 
 // Widened operands in blocks: a 4 KiB budget splits c into several blocks
 // of rows and of columns (and b's columns are widened again per block of
-// rows); every transpose, batched and broadcast b, alpha and beta, a bias,
-// bf16 and f16 operands with an f32 or own-dtype c, against the reference.
+// rows; a 16-bit c's f32 block may take 16 KiB); every transpose, batched and
+// broadcast b, alpha and beta, a bias, bf16 and f16 operands with an f32 or
+// own-dtype c, against the reference.
 TEST(MatmulTest, WidenedBlocksMatchReference) {
   const cpu::Bf16MatmulMode widened = cpu::Bf16MatmulMode::kWidened;
   cpu::SetBf16MatmulModeForTesting(&widened);
   cpu::SetWidenedBlockBytesForTesting(4096);
+  // (The last but one: a short inner dim, so a 16-bit c's f32 block,
+  // bounded by 4 times the budget, is what splits the rows.)
   const Case cases[] = {{1, 37, 200, 50, false},
                         {3, 9, 70, 31, false},
                         {2, 23, 130, 64, true},
+                        {1, 40, 300, 2, false},
                         {1, 1, 1, 1, false}};
   for (DType dtype : {DType::kBF16, DType::kF16}) {
     for (DType out_dtype : {DType::kF32, dtype}) {

@@ -257,8 +257,9 @@ float* WidenedBuffer(ThreadBuffer which, int64_t floats) {
 
 // MatmulPart's rows [i0, i0 + rows) and inner dim [k0, k0 + len) with a and
 // b widened to f32, in blocks of rows and of c's columns whose widened a
-// and b take at most WidenedBlockBytes() each; a c that is not f32 is
-// computed in an f32 block and rounded into place.
+// and b take at most WidenedBlockBytes() each, and the f32 block of a c
+// that is not f32 (computed there and rounded into place) 4 times that
+// (unless one row or column alone takes more).
 absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
                          DType c_dtype, int64_t batch, int64_t m, int64_t n,
                          int64_t k, int64_t i0, int64_t rows, int64_t k0,
@@ -270,11 +271,15 @@ absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
       WidenedBlockBytes() / static_cast<int64_t>(sizeof(float));
   const int64_t b_batch = broadcast_b ? 1 : batch;
   const int64_t len1 = std::max<int64_t>(len, 1);
-  const int64_t block_rows =
-      std::clamp<int64_t>(budget / (batch * len1), 1, rows);
+  const bool f32_c = c_dtype == DType::kF32;
   int64_t block_cols = std::clamp<int64_t>(budget / (b_batch * len1), 1, n);
   if (block_cols < n && block_cols >= 64) block_cols -= block_cols % 64;
-  const bool f32_c = c_dtype == DType::kF32;
+  // The f32 block of a c that is not f32 stays within 4 times the budget
+  // (a Linear's bf16 output of 1024 tokens x 3072 at once).
+  const int64_t block_rows = std::clamp<int64_t>(
+      std::min(budget / (batch * len1),
+               f32_c ? rows : 4 * budget / (batch * block_cols)),
+      1, rows);
   const int64_t ab_size = static_cast<int64_t>(DTypeSize(ab_dtype));
   const int64_t c_size = static_cast<int64_t>(DTypeSize(c_dtype));
   float* wb = nullptr;

@@ -7,7 +7,9 @@
 //
 // bf16 operands are multiplied either natively (oneDNN's bf16 kernels: AMX
 // tiles, or AVX-512-BF16 dot products) or widened: converted to f32 in
-// blocks of a few MiB and multiplied by the f32 kernels. Both accumulate in
+// blocks of at most 8 MiB for a and for b (32 MiB for c when c is not
+// f32; per-thread buffers the thread keeps, like oneDNN's scratchpad) and
+// multiplied by the f32 kernels. Both accumulate in
 // f32 (a bf16 product is exact in f32), so they differ only in the order
 // of the sums. Widened is the default where the CPU's bf16 dot products
 // are slower than its f32 FMAs: an Intel CPU without AMX (VDPBF16PS at half
