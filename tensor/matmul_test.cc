@@ -80,6 +80,24 @@ struct Case {
   return AllClose(Values(c), ref, rtol, atol);
 }
 
+// Tolerances against the double reference: f32 accumulation over k terms
+// of magnitude <= 1; a bf16 or f16 c adds one rounding (2^-8, 2^-11
+// relative), and a bias one more (`with_bias`).
+struct Tolerance {
+  double rtol, atol;
+};
+Tolerance TolFor(DType out_dtype, int64_t k, bool with_bias) {
+  const double bias = with_bias ? 1 : 0;
+  switch (out_dtype) {
+    case DType::kBF16:
+      return {1.0 / 128, 1e-5 * k + 1e-2 + 2e-2 * bias};
+    case DType::kF16:
+      return {1.0 / 1024, 1e-5 * k + 2e-3 + 2e-3 * bias};
+    default:
+      return {1e-5, 1e-5 * k + 1e-6 * bias};
+  }
+}
+
 TEST(MatmulTest, MatchesReference) {
   const Case cases[] = {{1, 1, 1, 1, false},      {1, 2, 3, 5, false},
                         {1, 7, 31, 13, false},    {1, 64, 64, 64, false},
@@ -99,16 +117,9 @@ TEST(MatmulTest, MatchesReference) {
                          << " n=" << cs.n << " k=" << cs.k << " ta=" << ta
                          << " tb=" << tb << " bcast=" << cs.bcast
                          << " alpha=" << alpha << " beta=" << beta);
-            // f32 accumulation over k terms of magnitude <= 1; a bf16 or
-            // f16 output adds one rounding (2^-8, 2^-11 relative).
-            const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 1e-2
-                                               : out_dtype == DType::kF16 ? 2e-3
-                                                                          : 0);
-            const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
-                                : out_dtype == DType::kF16 ? 1.0 / 1024
-                                                           : 1e-5;
+            const Tolerance tol = TolFor(out_dtype, cs.k, false);
             EXPECT_TRUE(MatchesReference(cs, dtype, out_dtype, ta, tb, alpha,
-                                         beta, false, rtol, atol, 1));
+                                         beta, false, tol.rtol, tol.atol, 1));
           }
         }
       }
@@ -275,13 +286,8 @@ TEST(MatmulTest, BiasIsAddedToEveryRow) {
                               cs.k, false, tb, cs.bcast, 1, 0);
           const Vec vb = Values(bias);
           for (size_t i = 0; i < ref.size(); ++i) ref[i] += vb[i % cs.n];
-          const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 3e-2
-                                             : out_dtype == DType::kF16 ? 4e-3
-                                                                        : 1e-6);
-          const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
-                              : out_dtype == DType::kF16 ? 1.0 / 1024
-                                                         : 1e-5;
-          EXPECT_TRUE(AllClose(Values(c), ref, rtol, atol));
+          const Tolerance tol = TolFor(out_dtype, cs.k, true);
+          EXPECT_TRUE(AllClose(Values(c), ref, tol.rtol, tol.atol));
         }
       }
     }
@@ -458,14 +464,10 @@ TEST(MatmulTest, WidenedBlocksMatchReference) {
                          << " batch=" << cs.batch << " m=" << cs.m
                          << " n=" << cs.n << " k=" << cs.k << " ta=" << ta
                          << " tb=" << tb << " variant=" << variant);
-            const double atol = 1e-5 * cs.k + (out_dtype == DType::kBF16  ? 3e-2
-                                               : out_dtype == DType::kF16 ? 4e-3
-                                                                          : 0);
-            const double rtol = out_dtype == DType::kBF16  ? 1.0 / 128
-                                : out_dtype == DType::kF16 ? 1.0 / 1024
-                                                           : 1e-5;
+            const Tolerance tol = TolFor(out_dtype, cs.k, variant == 2);
             EXPECT_TRUE(MatchesReference(cs, dtype, out_dtype, ta, tb, alpha,
-                                         beta, variant == 2, rtol, atol, 31));
+                                         beta, variant == 2, tol.rtol, tol.atol,
+                                         31));
           }
         }
       }
