@@ -14,6 +14,7 @@
 #include "absl/base/casts.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "core/logging.h"
@@ -104,9 +105,10 @@ struct Descs {
 };
 
 // The cached primitive for `key` (built from the descriptors on a miss).
+// `what` names the matmul in the error of a failed build.
 absl::StatusOr<Cached> GetOrBuild(const Key& key, const Descs& descs,
                                   bool with_bias, float alpha, float beta,
-                                  const std::string& what) {
+                                  absl::FunctionRef<std::string()> what) {
   std::lock_guard<std::mutex> lock(CacheMutex());
   auto it = Cache().find(key);
   if (it != Cache().end()) return it->second;
@@ -128,7 +130,7 @@ absl::StatusOr<Cached> GetOrBuild(const Key& key, const Descs& descs,
     cached.scratchpad_bytes = pd.scratchpad_desc().get_size();
   } catch (const dnnl::error& e) {
     return absl::InternalError(
-        absl::StrCat("oneDNN matmul ", what, ": ", e.what()));
+        absl::StrCat("oneDNN matmul ", what(), ": ", e.what()));
   }
   Cache().emplace(key, cached);
   return cached;
@@ -163,6 +165,21 @@ absl::Status Execute(const Cached& cached, const Descs& descs, const void* a,
         absl::StrCat("oneDNN matmul execute: ", e.what()));
   }
   return absl::OkStatus();
+}
+
+// Runs the cached primitive for `key` with alpha, beta and whether there
+// is a bias appended to it (built from `descs` on a miss) on a, b, c and
+// bias.
+absl::Status RunCached(Key key, const Descs& descs, float alpha, float beta,
+                       const void* a, const void* b, void* c, const void* bias,
+                       absl::FunctionRef<std::string()> what) {
+  key.push_back(absl::bit_cast<int32_t>(alpha));
+  key.push_back(absl::bit_cast<int32_t>(beta));
+  key.push_back(bias != nullptr);
+  FSDPP_ASSIGN_OR_RETURN(
+      const Cached cached,
+      GetOrBuild(key, descs, bias != nullptr, alpha, beta, what));
+  return Execute(cached, descs, a, b, c, bias);
 }
 
 // ---- bf16 (and f16) operands widened to f32 ----
@@ -344,27 +361,18 @@ absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
           dnnl::memory::desc(dims{batch, mb, nb}, f32,
                              f32_c ? dims{m * n, n, 1} : dims{mb * nb, nb, 1});
       d.bias = dnnl::memory::desc(dims{1, 1, nb}, f32, dims{nb, nb, 1});
-      const Key key = {-2,  // not an OneDnnMatmul or strided key
-                       batch,
-                       mb,
-                       nb,
-                       len,
-                       b_batch,
-                       transpose_a,
-                       transpose_b,
-                       f32_c ? m * n : 0,
-                       f32_c ? n : 0,
-                       absl::bit_cast<int32_t>(alpha),
-                       absl::bit_cast<int32_t>(beta),
-                       bias != nullptr};
-      FSDPP_ASSIGN_OR_RETURN(
-          const Cached cached,
-          GetOrBuild(
-              key, d, bias != nullptr, alpha, beta,
-              absl::StrCat("widened block [", batch, " x ", mb, " x ", len,
-                           "] @ [", len, " x ", nb, "] of ",
-                           DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
-      FSDPP_RETURN_IF_ERROR(Execute(cached, d, wa, wb, wc, wbias));
+      const Key key = {
+          -2,  // not an OneDnnMatmul or strided key
+          batch,        mb,          nb,          len,
+          b_batch,      transpose_a, transpose_b, f32_c ? m * n : 0,
+          f32_c ? n : 0};
+      FSDPP_RETURN_IF_ERROR(
+          RunCached(key, d, alpha, beta, wa, wb, wc, wbias, [&] {
+            return absl::StrCat("widened block [", batch, " x ", mb, " x ", len,
+                                "] @ [", len, " x ", nb, "] of ",
+                                DTypeName(ab_dtype), " -> ",
+                                DTypeName(c_dtype));
+          }));
       if (!f32_c) NarrowRuns(wc, c_dtype, c_at, batch, m * n, mb, n, nb);
     }
   }
@@ -406,19 +414,7 @@ absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
                    len,
                    transpose_a,
                    transpose_b,
-                   broadcast_b,
-                   absl::bit_cast<int32_t>(alpha),
-                   absl::bit_cast<int32_t>(beta),
-                   bias != nullptr};
-  FSDPP_ASSIGN_OR_RETURN(
-      const Cached cached,
-      GetOrBuild(
-          key, d, bias != nullptr, alpha, beta,
-          absl::StrCat(rows == m && len == k
-                           ? ""
-                           : absl::StrCat("part [", rows, " x ", len, "] of "),
-                       "[", batch, " x ", m, " x ", k, "] @ [", k, " x ", n,
-                       "] ", DTypeName(ab_dtype), " -> ", DTypeName(c_dtype))));
+                   broadcast_b};
   const int64_t ab_size = static_cast<int64_t>(DTypeSize(ab_dtype));
   const char* a_part = static_cast<const char*>(a) +
                        (transpose_a ? k0 * m + i0 : i0 * k + k0) * ab_size;
@@ -426,7 +422,13 @@ absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
       static_cast<const char*>(b) + (transpose_b ? k0 : k0 * n) * ab_size;
   char* c_part =
       static_cast<char*>(c) + i0 * n * static_cast<int64_t>(DTypeSize(c_dtype));
-  return Execute(cached, d, a_part, b_part, c_part, bias);
+  return RunCached(key, d, alpha, beta, a_part, b_part, c_part, bias, [&] {
+    return absl::StrCat(rows == m && len == k
+                            ? ""
+                            : absl::StrCat("part [", rows, " x ", len, "] of "),
+                        "[", batch, " x ", m, " x ", k, "] @ [", k, " x ", n,
+                        "] ", DTypeName(ab_dtype), " -> ", DTypeName(c_dtype));
+  });
 }
 
 // An operand of OneDnnStridedMatmul widened into `dst` ([batch, rows,
@@ -542,21 +544,17 @@ absl::Status StridedMatmul(DType ab_dtype, DType c_dtype,
   descs.c = dnnl::memory::desc(dims{a.dims[0], m, n}, DnnlType(c_dtype),
                                dims(c_strides, c_strides + 3));
   Key key = {static_cast<int64_t>(ab_dtype), static_cast<int64_t>(c_dtype),
-             absl::bit_cast<int32_t>(alpha), absl::bit_cast<int32_t>(beta),
              -1};  // -1: not an OneDnnMatmul key
   key.insert(key.end(), a.dims, a.dims + 3);
   key.insert(key.end(), a.strides, a.strides + 3);
   key.insert(key.end(), b.dims, b.dims + 3);
   key.insert(key.end(), b.strides, b.strides + 3);
   key.insert(key.end(), c_strides, c_strides + 3);
-  FSDPP_ASSIGN_OR_RETURN(
-      const Cached cached,
-      GetOrBuild(
-          key, descs, /*with_bias=*/false, alpha, beta,
-          absl::StrCat("strided [", a.dims[0], " x ", m, " x ", k, "] @ [",
-                       b.dims[0], " x ", k, " x ", n, "] ", DTypeName(ab_dtype),
-                       " -> ", DTypeName(c_dtype))));
-  return Execute(cached, descs, a.data, b.data, c, nullptr);
+  return RunCached(key, descs, alpha, beta, a.data, b.data, c, nullptr, [&] {
+    return absl::StrCat("strided [", a.dims[0], " x ", m, " x ", k, "] @ [",
+                        b.dims[0], " x ", k, " x ", n, "] ",
+                        DTypeName(ab_dtype), " -> ", DTypeName(c_dtype));
+  });
 }
 
 }  // namespace
