@@ -233,38 +233,35 @@ absl::StatusOr<bool> Widened(DType ab_dtype) {
   return mode == Bf16MatmulMode::kWidened;
 }
 
-// dst[r * run + i] = src[(r / inner) * outer_stride + (r % inner) *
-// inner_stride + i] widened to f32, for r < outer * inner and i < run
-// (element strides), split across the pool.
-void WidenRuns(DType dtype, const void* src, int64_t outer,
-               int64_t outer_stride, int64_t inner, int64_t inner_stride,
-               int64_t run, float* dst) {
+// Runs r < outer * inner of `run` elements, each at element offset
+// (r / inner) * outer_stride + (r % inner) * inner_stride on the strided
+// side and r * run on the packed f32 side, cast from f32 to `dtype`
+// (`narrow`) or back, split across the pool.
+void CastRuns(bool narrow, DType dtype, const void* strided, float* packed,
+              int64_t outer, int64_t outer_stride, int64_t inner,
+              int64_t inner_stride, int64_t run) {
   const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
-  const char* base = static_cast<const char*>(src);
   ParallelChunks(
       outer * inner, outer * inner * run, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; ++r) {
-          const int64_t at =
-              (r / inner) * outer_stride + (r % inner) * inner_stride;
-          simd::Cast(dtype, base + at * size, DType::kF32, dst + r * run, run);
+          char* at =
+              static_cast<char*>(const_cast<void*>(strided)) +
+              ((r / inner) * outer_stride + (r % inner) * inner_stride) * size;
+          if (narrow) {
+            simd::Cast(DType::kF32, packed + r * run, dtype, at, run);
+          } else {
+            simd::Cast(dtype, at, DType::kF32, packed + r * run, run);
+          }
         }
       });
 }
 
-// The inverse: f32 runs rounded into `dtype` at the same places.
-void NarrowRuns(const float* src, DType dtype, void* dst, int64_t outer,
-                int64_t outer_stride, int64_t inner, int64_t inner_stride,
-                int64_t run) {
-  const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
-  char* base = static_cast<char*>(dst);
-  ParallelChunks(
-      outer * inner, outer * inner * run, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) {
-          const int64_t at =
-              (r / inner) * outer_stride + (r % inner) * inner_stride;
-          simd::Cast(DType::kF32, src + r * run, dtype, base + at * size, run);
-        }
-      });
+// Widens the runs of src into the packed dst.
+void WidenRuns(DType dtype, const void* src, int64_t outer,
+               int64_t outer_stride, int64_t inner, int64_t inner_stride,
+               int64_t run, float* dst) {
+  CastRuns(false, dtype, src, dst, outer, outer_stride, inner, inner_stride,
+           run);
 }
 
 float* WidenedBuffer(ThreadBuffer which, int64_t floats) {
@@ -373,7 +370,7 @@ absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
                                 DTypeName(ab_dtype), " -> ",
                                 DTypeName(c_dtype));
           }));
-      if (!f32_c) NarrowRuns(wc, c_dtype, c_at, batch, m * n, mb, n, nb);
+      if (!f32_c) CastRuns(true, c_dtype, c_at, wc, batch, m * n, mb, n, nb);
     }
   }
   return absl::OkStatus();
