@@ -477,6 +477,49 @@ TEST(MatmulTest, WidenedBlocksMatchReference) {
   cpu::SetBf16MatmulModeForTesting(nullptr);
 }
 
+TEST(MatmulTest, F32RowMajorBWithRowsOf4KiBIsStaged) {
+  // b's rows 1024 or 2048 floats long, >= 512 rows of c, k >= 256: b is
+  // copied at a wider leading dimension, in column blocks; at a 1 MiB
+  // budget the second case's b goes in two blocks of 1024 columns, each
+  // padded, the first's in two of 512. A transposed b, other widths and
+  // small problems are not staged.
+  EXPECT_TRUE(cpu::OneDnnMatmulStagesB(DType::kF32, false, 1024, 3072, 768));
+  EXPECT_FALSE(cpu::OneDnnMatmulStagesB(DType::kF32, true, 1024, 3072, 768));
+  EXPECT_FALSE(cpu::OneDnnMatmulStagesB(DType::kF32, false, 1024, 768, 3072));
+  EXPECT_FALSE(cpu::OneDnnMatmulStagesB(DType::kF32, false, 511, 3072, 768));
+  EXPECT_FALSE(cpu::OneDnnMatmulStagesB(DType::kF32, false, 1024, 3072, 255));
+  EXPECT_FALSE(cpu::OneDnnMatmulStagesB(DType::kBF16, false, 1024, 3072, 768));
+  // (budget, case, transpose_a, variant: 0 plain, 1 alpha and beta, 2 bias)
+  struct Run {
+    int64_t budget;
+    Case cs;
+    bool ta;
+    int variant;
+  };
+  const Case one = {1, 512, 1024, 300, false}, two = {2, 256, 2048, 256, true};
+  const Run runs[] = {{0, one, false, 0},      {0, one, false, 1},
+                      {0, one, false, 2},      {0, one, true, 0},
+                      {0, one, true, 1},       {0, one, true, 2},
+                      {1 << 20, one, true, 1}, {1 << 20, two, false, 2},
+                      {1 << 20, two, true, 1}};
+  for (const Run& run : runs) {
+    const Case& cs = run.cs;
+    ASSERT_TRUE(cpu::OneDnnMatmulStagesB(DType::kF32, false, cs.batch * cs.m,
+                                         cs.n, cs.k));
+    cpu::SetWidenedBlockBytesForTesting(run.budget);
+    const float alpha = run.variant == 1 ? -2.0f : 1.0f;
+    const float beta = run.variant == 1 ? 0.25f : 0.0f;
+    SCOPED_TRACE(testing::Message()
+                 << "budget=" << run.budget << " batch=" << cs.batch << " n="
+                 << cs.n << " ta=" << run.ta << " variant=" << run.variant);
+    const Tolerance tol = TolFor(DType::kF32, cs.k, run.variant == 2);
+    EXPECT_TRUE(MatchesReference(cs, DType::kF32, DType::kF32, run.ta, false,
+                                 alpha, beta, run.variant == 2, tol.rtol,
+                                 tol.atol, 51));
+  }
+  cpu::SetWidenedBlockBytesForTesting(0);
+}
+
 // Native and widened bf16 agree to f32 rounding (both sum exact products
 // in f32, in different orders).
 TEST(MatmulTest, NativeAndWidenedBf16Agree) {

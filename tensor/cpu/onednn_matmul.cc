@@ -182,7 +182,7 @@ absl::Status RunCached(Key key, const Descs& descs, float alpha, float beta,
   return Execute(cached, descs, a, b, c, bias);
 }
 
-// ---- bf16 (and f16) operands widened to f32 ----
+// ---- bf16 (and f16) operands widened to f32; f32 b staged ----
 
 constexpr int64_t kWidenedBlockBytes = int64_t{8} << 20;
 std::atomic<int64_t> widened_block_bytes_for_testing{0};
@@ -235,11 +235,12 @@ absl::StatusOr<bool> Widened(DType ab_dtype) {
 
 // Runs r < outer * inner of `run` elements, each at element offset
 // (r / inner) * outer_stride + (r % inner) * inner_stride on the strided
-// side and r * run on the packed f32 side, cast from f32 to `dtype`
-// (`narrow`) or back, split across the pool.
+// side and r * packed_stride (run unless given) on the packed f32 side,
+// cast from f32 to `dtype` (`narrow`) or back, split across the pool.
 void CastRuns(bool narrow, DType dtype, const void* strided, float* packed,
               int64_t outer, int64_t outer_stride, int64_t inner,
-              int64_t inner_stride, int64_t run) {
+              int64_t inner_stride, int64_t run, int64_t packed_stride = 0) {
+  if (packed_stride == 0) packed_stride = run;
   const int64_t size = static_cast<int64_t>(DTypeSize(dtype));
   ParallelChunks(
       outer * inner, outer * inner * run, [&](int64_t begin, int64_t end) {
@@ -248,92 +249,115 @@ void CastRuns(bool narrow, DType dtype, const void* strided, float* packed,
               static_cast<char*>(const_cast<void*>(strided)) +
               ((r / inner) * outer_stride + (r % inner) * inner_stride) * size;
           if (narrow) {
-            simd::Cast(DType::kF32, packed + r * run, dtype, at, run);
+            simd::Cast(DType::kF32, packed + r * packed_stride, dtype, at, run);
           } else {
-            simd::Cast(dtype, at, DType::kF32, packed + r * run, run);
+            simd::Cast(dtype, at, DType::kF32, packed + r * packed_stride, run);
           }
         }
       });
 }
 
-// Widens the runs of src into the packed dst.
+// Widens the runs of src into the packed dst (runs dst_stride apart, run
+// unless given).
 void WidenRuns(DType dtype, const void* src, int64_t outer,
                int64_t outer_stride, int64_t inner, int64_t inner_stride,
-               int64_t run, float* dst) {
+               int64_t run, float* dst, int64_t dst_stride = 0) {
   CastRuns(false, dtype, src, dst, outer, outer_stride, inner, inner_stride,
-           run);
+           run, dst_stride);
 }
+
+// The leading dimension a staged f32 block of `cols` columns is laid out
+// at: cols, or 16 more when cols * 4 bytes is a multiple of 4 KiB (see
+// OneDnnMatmulStagesB).
+int64_t StagedLd(int64_t cols) { return cols % 1024 == 0 ? cols + 16 : cols; }
 
 float* WidenedBuffer(ThreadBuffer which, int64_t floats) {
   return reinterpret_cast<float*>(
       ThreadBufferOf(which, static_cast<size_t>(floats) * sizeof(float)));
 }
 
-// MatmulPart's rows [i0, i0 + rows) and inner dim [k0, k0 + len) with a and
-// b widened to f32, in blocks of rows and of c's columns whose widened a
-// and b take at most WidenedBlockBytes() each, and the f32 block of a c
+// MatmulPart's rows [i0, i0 + rows) and inner dim [k0, k0 + len) with b
+// staged in f32 blocks laid at StagedLd, and a 16-bit a widened to f32 (an
+// f32 a is read in place): in blocks of rows and of c's columns whose staged
+// a and b take at most WidenedBlockBytes() each, and the f32 block of a c
 // that is not f32 (computed there and rounded into place) 4 times that
 // (unless one row or column alone takes more).
-absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
-                         DType c_dtype, int64_t batch, int64_t m, int64_t n,
-                         int64_t k, int64_t i0, int64_t rows, int64_t k0,
-                         int64_t len, bool transpose_a, bool transpose_b,
-                         bool broadcast_b, float alpha, float beta,
-                         const void* bias) {
+absl::Status StagedPart(const void* a, const void* b, void* c, DType ab_dtype,
+                        DType c_dtype, int64_t batch, int64_t m, int64_t n,
+                        int64_t k, int64_t i0, int64_t rows, int64_t k0,
+                        int64_t len, bool transpose_a, bool transpose_b,
+                        bool broadcast_b, float alpha, float beta,
+                        const void* bias) {
   using dims = dnnl::memory::dims;
   const int64_t budget =
       WidenedBlockBytes() / static_cast<int64_t>(sizeof(float));
   const int64_t b_batch = broadcast_b ? 1 : batch;
   const int64_t len1 = std::max<int64_t>(len, 1);
   const bool f32_c = c_dtype == DType::kF32;
-  int64_t block_cols = std::clamp<int64_t>(budget / (b_batch * len1), 1, n);
-  if (block_cols < n && block_cols >= 64) block_cols -= block_cols % 64;
+  const bool stage_a = ab_dtype != DType::kF32;
+  // Column blocks of about equal width (a multiple of 64 where that fits).
+  const int64_t max_cols = std::clamp<int64_t>(budget / (b_batch * len1), 1, n);
+  const int64_t col_blocks = (n + max_cols - 1) / max_cols;
+  int64_t block_cols = (n + col_blocks - 1) / col_blocks;
+  if (col_blocks > 1 && (block_cols + 63) / 64 * 64 <= max_cols) {
+    block_cols = (block_cols + 63) / 64 * 64;
+  }
   // The f32 block of a c that is not f32 stays within 4 times the budget
   // (a Linear's bf16 output of 1024 tokens x 3072 at once).
   const int64_t block_rows = std::clamp<int64_t>(
-      std::min(budget / (batch * len1),
+      std::min(stage_a ? budget / (batch * len1) : rows,
                f32_c ? rows : 4 * budget / (batch * block_cols)),
       1, rows);
   const int64_t ab_size = static_cast<int64_t>(DTypeSize(ab_dtype));
   const int64_t c_size = static_cast<int64_t>(DTypeSize(c_dtype));
   float* wb = nullptr;
-  int64_t widened_j0 = -1;  // the column block wb holds
+  int64_t staged_j0 = -1;  // the column block wb holds
   for (int64_t r0 = i0; r0 < i0 + rows; r0 += block_rows) {
     const int64_t mb = std::min(block_rows, i0 + rows - r0);
     // op(a)'s rows [r0, r0 + mb) and columns [k0, k0 + len), kept in a's
-    // orientation: [batch, mb, len], or [batch, len, mb] transposed.
-    float* wa = WidenedBuffer(ThreadBuffer::kWidenedA, batch * mb * len1);
-    if (transpose_a) {
-      WidenRuns(ab_dtype, static_cast<const char*>(a) + (k0 * m + r0) * ab_size,
-                batch, m * k, len, m, mb, wa);
-    } else {
-      WidenRuns(ab_dtype, static_cast<const char*>(a) + (r0 * k + k0) * ab_size,
-                batch, m * k, mb, k, len, wa);
+    // orientation: [batch, mb, len], or [batch, len, mb] transposed; an f32
+    // a in place, with its own strides.
+    const int64_t a_offset = transpose_a ? k0 * m + r0 : r0 * k + k0;
+    const char* a_at = static_cast<const char*>(a) + a_offset * ab_size;
+    const float* wa = reinterpret_cast<const float*>(a_at);
+    if (stage_a) {
+      float* widened =
+          WidenedBuffer(ThreadBuffer::kWidenedA, batch * mb * len1);
+      if (transpose_a) {
+        WidenRuns(ab_dtype, a_at, batch, m * k, len, m, mb, widened);
+      } else {
+        WidenRuns(ab_dtype, a_at, batch, m * k, mb, k, len, widened);
+      }
+      wa = widened;
     }
     for (int64_t j0 = 0; j0 < n; j0 += block_cols) {
       const int64_t nb = std::min(block_cols, n - j0);
+      const int64_t ldb = transpose_b ? len1 : StagedLd(nb);
+      const int64_t ldc = StagedLd(nb);
       // op(b)'s rows [k0, k0 + len) and columns [j0, j0 + nb):
-      // [b_batch, len, nb], or [b_batch, nb, len] transposed; widened once
+      // [b_batch, len, nb], or [b_batch, nb, len] transposed; staged once
       // when one block holds all of c's columns.
-      if (widened_j0 != j0) {
-        wb = WidenedBuffer(ThreadBuffer::kWidenedB, b_batch * len1 * nb);
+      if (staged_j0 != j0) {
+        const int64_t rows_b = transpose_b ? nb : len1;
+        wb = WidenedBuffer(ThreadBuffer::kWidenedB, b_batch * rows_b * ldb);
         if (transpose_b) {
           WidenRuns(ab_dtype,
                     static_cast<const char*>(b) + (j0 * k + k0) * ab_size,
                     b_batch, k * n, nb, k, len, wb);
         } else {
+          // One run per row of each batch: the padding sits between rows.
           WidenRuns(ab_dtype,
                     static_cast<const char*>(b) + (k0 * n + j0) * ab_size,
-                    b_batch, k * n, len, n, nb, wb);
+                    b_batch, k * n, len, n, nb, wb, ldb);
         }
-        widened_j0 = j0;
+        staged_j0 = j0;
       }
       char* c_at = static_cast<char*>(c) + (r0 * n + j0) * c_size;
-      float* wc = f32_c
-                      ? reinterpret_cast<float*>(c_at)
-                      : WidenedBuffer(ThreadBuffer::kWidenedC, batch * mb * nb);
+      float* wc =
+          f32_c ? reinterpret_cast<float*>(c_at)
+                : WidenedBuffer(ThreadBuffer::kWidenedC, batch * mb * ldc);
       if (!f32_c && beta != 0.0f) {
-        WidenRuns(c_dtype, c_at, batch, m * n, mb, n, nb, wc);
+        WidenRuns(c_dtype, c_at, batch, m * n, mb, n, nb, wc, ldc);
       }
       const void* wbias = nullptr;
       if (bias != nullptr) {
@@ -347,30 +371,43 @@ absl::Status WidenedPart(const void* a, const void* b, void* c, DType ab_dtype,
         }
       }
       const auto f32 = dnnl::memory::data_type::f32;
+      // A staged a's strides, or an f32 a's own.
+      const int64_t a_batch_stride = stage_a ? mb * len : m * k;
+      const int64_t lda =
+          stage_a ? (transpose_a ? mb : len) : (transpose_a ? m : k);
       Descs d;
-      d.a = dnnl::memory::desc(
-          dims{batch, mb, len}, f32,
-          transpose_a ? dims{mb * len, 1, mb} : dims{mb * len, len, 1});
+      d.a = dnnl::memory::desc(dims{batch, mb, len}, f32,
+                               transpose_a ? dims{a_batch_stride, 1, lda}
+                                           : dims{a_batch_stride, lda, 1});
       d.b = dnnl::memory::desc(
           dims{b_batch, len, nb}, f32,
-          transpose_b ? dims{len * nb, 1, len} : dims{len * nb, nb, 1});
-      d.c =
-          dnnl::memory::desc(dims{batch, mb, nb}, f32,
-                             f32_c ? dims{m * n, n, 1} : dims{mb * nb, nb, 1});
+          transpose_b ? dims{len * nb, 1, len} : dims{len * ldb, ldb, 1});
+      d.c = dnnl::memory::desc(
+          dims{batch, mb, nb}, f32,
+          f32_c ? dims{m * n, n, 1} : dims{mb * ldc, ldc, 1});
       d.bias = dnnl::memory::desc(dims{1, 1, nb}, f32, dims{nb, nb, 1});
-      const Key key = {
-          -2,  // not an OneDnnMatmul or strided key
-          batch,        mb,          nb,          len,
-          b_batch,      transpose_a, transpose_b, f32_c ? m * n : 0,
-          f32_c ? n : 0};
+      const Key key = {-2,  // not an OneDnnMatmul or strided key
+                       batch,
+                       mb,
+                       nb,
+                       len,
+                       b_batch,
+                       transpose_a,
+                       transpose_b,
+                       f32_c ? m * n : 0,
+                       f32_c ? n : 0,
+                       a_batch_stride,
+                       lda};
       FSDPP_RETURN_IF_ERROR(
           RunCached(key, d, alpha, beta, wa, wb, wc, wbias, [&] {
-            return absl::StrCat("widened block [", batch, " x ", mb, " x ", len,
-                                "] @ [", len, " x ", nb, "] of ",
-                                DTypeName(ab_dtype), " -> ",
+            return absl::StrCat(stage_a ? "widened" : "staged", " block [",
+                                batch, " x ", mb, " x ", len, "] @ [", len,
+                                " x ", nb, "] of ", DTypeName(ab_dtype), " -> ",
                                 DTypeName(c_dtype));
           }));
-      if (!f32_c) CastRuns(true, c_dtype, c_at, wc, batch, m * n, mb, n, nb);
+      if (!f32_c) {
+        CastRuns(true, c_dtype, c_at, wc, batch, m * n, mb, n, nb, ldc);
+      }
     }
   }
   return absl::OkStatus();
@@ -386,10 +423,11 @@ absl::Status MatmulPart(const void* a, const void* b, void* c, DType ab_dtype,
                         bool broadcast_b, float alpha, float beta,
                         const void* bias) {
   FSDPP_ASSIGN_OR_RETURN(const bool widened, Widened(ab_dtype));
-  if (widened) {
-    return WidenedPart(a, b, c, ab_dtype, c_dtype, batch, m, n, k, i0, rows, k0,
-                       len, transpose_a, transpose_b, broadcast_b, alpha, beta,
-                       bias);
+  if (widened ||
+      OneDnnMatmulStagesB(ab_dtype, transpose_b, batch * rows, n, len)) {
+    return StagedPart(a, b, c, ab_dtype, c_dtype, batch, m, n, k, i0, rows, k0,
+                      len, transpose_a, transpose_b, broadcast_b, alpha, beta,
+                      bias);
   }
   using dims = dnnl::memory::dims;
   const dnnl::memory::data_type ab = DnnlType(ab_dtype);
@@ -613,6 +651,12 @@ void SetBf16MatmulModeForTesting(const Bf16MatmulMode* mode) {
 
 void SetWidenedBlockBytesForTesting(int64_t bytes) {
   widened_block_bytes_for_testing.store(bytes);
+}
+
+bool OneDnnMatmulStagesB(DType ab_dtype, bool transpose_b, int64_t rows,
+                         int64_t n, int64_t k) {
+  return ab_dtype == DType::kF32 && !transpose_b && n % 1024 == 0 &&
+         rows >= 512 && k >= 256;
 }
 
 int64_t OneDnnMatmulKChunk(int64_t m, int64_t n, int64_t k) {

@@ -74,6 +74,16 @@ absl::Status OneDnnMatmul(const void* a, const void* b, void* c, DType ab_dtype,
                           bool broadcast_b, float alpha, float beta,
                           const void* bias = nullptr);
 
+// Whether OneDnnMatmul stages b for [rows x k] @ [k x n] (rows: all of c's
+// batches' rows): an f32, row-major b whose rows are a multiple of 4 KiB
+// long, with at least 512 rows of c and k >= 256 to pay for the copy, is
+// copied in column blocks laid a little wider than n. oneDNN 2.6's f32
+// matmul of a row-major b and c with rows of 3072 or 6144 floats ran at
+// half its rate (an MLP's down-projection's dx and dW); the copy costs
+// about 1/M of the matmul.
+bool OneDnnMatmulStagesB(DType ab_dtype, bool transpose_b, int64_t rows,
+                         int64_t n, int64_t k);
+
 // The inner dim's chunk length OneDnnMatmul takes for [m x k] @ [k x n]
 // (0: the whole k at once). A k of at least 16384 and 8 times m and n goes
 // in chunks of about 4096 that add up in f32 (unless c is not f32 and beta
