@@ -502,10 +502,12 @@ TEST(MatmulTest, F32RowMajorBWithRowsOf4KiBIsStaged) {
                       {0, one, true, 1},       {0, one, true, 2},
                       {1 << 20, one, true, 1}, {1 << 20, two, false, 2},
                       {1 << 20, two, true, 1}};
-  for (const Run& run : runs) {
-    const Case& cs = run.cs;
+  for (const Case& cs : {one, two}) {
     ASSERT_TRUE(cpu::OneDnnMatmulStagesB(DType::kF32, false, cs.batch * cs.m,
                                          cs.n, cs.k));
+  }
+  for (const Run& run : runs) {
+    const Case& cs = run.cs;
     cpu::SetWidenedBlockBytesForTesting(run.budget);
     const float alpha = run.variant == 1 ? -2.0f : 1.0f;
     const float beta = run.variant == 1 ? 0.25f : 0.0f;
