@@ -266,10 +266,13 @@ void WidenRuns(DType dtype, const void* src, int64_t outer,
            run, dst_stride);
 }
 
+// Whether rows of `cols` floats are a multiple of 4 KiB long: the rows
+// oneDNN's f32 kernels run slowly over (OneDnnMatmulStagesB).
+bool RowsOf4KiB(int64_t cols) { return cols % 1024 == 0; }
+
 // The leading dimension a staged f32 block of `cols` columns is laid out
-// at: cols, or 16 more when cols * 4 bytes is a multiple of 4 KiB (see
-// OneDnnMatmulStagesB).
-int64_t StagedLd(int64_t cols) { return cols % 1024 == 0 ? cols + 16 : cols; }
+// at: cols, or 16 more when its rows would be a multiple of 4 KiB long.
+int64_t StagedLd(int64_t cols) { return RowsOf4KiB(cols) ? cols + 16 : cols; }
 
 float* WidenedBuffer(ThreadBuffer which, int64_t floats) {
   return reinterpret_cast<float*>(
@@ -655,7 +658,7 @@ void SetWidenedBlockBytesForTesting(int64_t bytes) {
 
 bool OneDnnMatmulStagesB(DType ab_dtype, bool transpose_b, int64_t rows,
                          int64_t n, int64_t k) {
-  return ab_dtype == DType::kF32 && !transpose_b && n % 1024 == 0 &&
+  return ab_dtype == DType::kF32 && !transpose_b && RowsOf4KiB(n) &&
          rows >= 512 && k >= 256;
 }
 
