@@ -65,23 +65,66 @@ absl::StatusOr<NormBackwardStart> StartNormBackward(const std::string& kind,
 
 absl::StatusOr<GradSink> GradSink::For(Parameter* p, DType compute_dtype,
                                        bool accepts_f32) {
+  return Make(p, compute_dtype, accepts_f32, false);
+}
+
+absl::StatusOr<GradSink> GradSink::ForWrite(Parameter* p, DType compute_dtype,
+                                            bool accepts_f32) {
+  return Make(p, compute_dtype, accepts_f32, true);
+}
+
+absl::StatusOr<GradSink> GradSink::Make(Parameter* p, DType compute_dtype,
+                                        bool accepts_f32, bool write) {
   GradSink sink;
   sink.parameter_ = p;
   if (p->requires_grad) {
-    FSDPP_RETURN_IF_ERROR(p->EnsureGrad());
-    const DType g = p->grad.dtype();
+    const bool had_grad = p->grad.defined();
+    const DType g = had_grad ? p->grad.dtype() : p->dtype;
     if (g == compute_dtype || (accepts_f32 && g == DType::kF32)) {
+      const bool fresh = write && !had_grad;
+      FSDPP_RETURN_IF_ERROR(p->EnsureGrad(!fresh));
       sink.direct_ = true;
+      sink.accumulate_ = !fresh;
+      sink.fresh_ = fresh;
       return sink;
     }
+    FSDPP_RETURN_IF_ERROR(p->EnsureGrad());
   }
+  const Device device = p->data.device();
   FSDPP_ASSIGN_OR_RETURN(sink.temporary_,
-                         Tensor::Zeros(p->LocalShape(), compute_dtype,
-                                       p->data.device(), MemoryTag::kOther));
+                         write ? Tensor::Empty(p->LocalShape(), compute_dtype,
+                                               device, MemoryTag::kOther)
+                               : Tensor::Zeros(p->LocalShape(), compute_dtype,
+                                               device, MemoryTag::kOther));
+  sink.accumulate_ = !write;
   return sink;
 }
 
+GradSink::GradSink(GradSink&& other) noexcept
+    : parameter_(std::exchange(other.parameter_, nullptr)),
+      direct_(other.direct_),
+      accumulate_(other.accumulate_),
+      fresh_(std::exchange(other.fresh_, false)),
+      temporary_(std::move(other.temporary_)) {}
+
+GradSink& GradSink::operator=(GradSink&& other) noexcept {
+  if (this != &other) {
+    if (fresh_) parameter_->grad = Tensor();
+    parameter_ = std::exchange(other.parameter_, nullptr);
+    direct_ = other.direct_;
+    accumulate_ = other.accumulate_;
+    fresh_ = std::exchange(other.fresh_, false);
+    temporary_ = std::move(other.temporary_);
+  }
+  return *this;
+}
+
+GradSink::~GradSink() {
+  if (fresh_) parameter_->grad = Tensor();
+}
+
 absl::Status GradSink::Commit() {
+  fresh_ = false;
   if (direct_ || !parameter_->requires_grad) return absl::OkStatus();
   FSDPP_ASSIGN_OR_RETURN(Tensor converted,
                          CastTo(temporary_, parameter_->grad.dtype()));

@@ -7,9 +7,11 @@
 // matching dtypes (a Matmul accumulator may also be f32). GradSink hides the
 // difference: it hands the op p->grad itself when the op can accumulate into
 // it directly, or a zeroed temporary in the compute dtype that Commit adds
-// into p->grad. Memory tags: forward outputs and tensors saved for backward
-// are kActivations (what activation checkpointing frees); transient buffers
-// (casts, gradients w.r.t. activations) are kOther.
+// into p->grad (ForWrite: an op that can write instead of accumulating
+// skips the zeros where nothing is accumulated yet). Memory tags: forward
+// outputs and tensors saved for backward are kActivations (what activation
+// checkpointing frees); transient buffers (casts, gradients w.r.t. activations)
+// are kOther.
 #ifndef FSDPP_NN_LAYER_UTIL_H_
 #define FSDPP_NN_LAYER_UTIL_H_
 
@@ -72,17 +74,41 @@ class GradSink {
   // is a scratch tensor and Commit does nothing.
   static absl::StatusOr<GradSink> For(Parameter* p, DType compute_dtype,
                                       bool accepts_f32);
+  // The same for an op that can write its result in place of adding it (a
+  // matmul's beta = 0): where p has no gradient yet, or the target is a
+  // temporary, the target is left uninitialised and accumulate() is false;
+  // the op then writes every element of it before Commit. Saves zeroing the
+  // gradient and reading the zeros back (each step's first backward under
+  // FSDP, whose gradients are freed once reduced). An uninitialised p->grad
+  // the sink made is dropped again (p->grad undefined) unless committed, so
+  // a failed op leaves no garbage to accumulate into.
+  static absl::StatusOr<GradSink> ForWrite(Parameter* p, DType compute_dtype,
+                                           bool accepts_f32);
 
-  // The tensor the op accumulates into (p->grad or a zeroed temporary).
+  GradSink(GradSink&& other) noexcept;
+  GradSink& operator=(GradSink&& other) noexcept;
+  GradSink(const GradSink&) = delete;
+  GradSink& operator=(const GradSink&) = delete;
+  ~GradSink();
+
+  // The tensor the op accumulates into (p->grad or a temporary: zeroed, or
+  // uninitialised when !accumulate()).
   Tensor* target() { return direct_ ? &parameter_->grad : &temporary_; }
+  // Whether the op adds into target() (else it writes it whole).
+  bool accumulate() const { return accumulate_; }
   // Adds the temporary into p->grad (converting its dtype); no-op otherwise.
   absl::Status Commit();
 
  private:
   GradSink() = default;
+  static absl::StatusOr<GradSink> Make(Parameter* p, DType compute_dtype,
+                                       bool accepts_f32, bool write);
 
   Parameter* parameter_ = nullptr;
   bool direct_ = false;
+  bool accumulate_ = true;
+  // p->grad was made uninitialised by this sink and is not committed yet.
+  bool fresh_ = false;
   Tensor temporary_;
 };
 

@@ -172,10 +172,11 @@ absl::StatusOr<Tensor> Linear::BackwardImpl(const Tensor& dy_in) {
 
   // dW += dy^T x.
   if (weight_->requires_grad) {
-    FSDPP_ASSIGN_OR_RETURN(GradSink dw, GradSink::For(weight_, dtype, true));
+    FSDPP_ASSIGN_OR_RETURN(GradSink dw,
+                           GradSink::ForWrite(weight_, dtype, true));
     MatmulOptions options;
     options.transpose_a = true;
-    options.beta = 1.0f;
+    options.beta = dw.accumulate() ? 1.0f : 0.0f;
     FSDPP_RETURN_IF_ERROR(Matmul(dy_rows, x_rows, dw.target(), options));
     FSDPP_RETURN_IF_ERROR(dw.Commit());
   }

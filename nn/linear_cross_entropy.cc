@@ -167,11 +167,15 @@ absl::StatusOr<Tensor> LinearCrossEntropy::FusedBackward() {
   Tensor dx = saved_dx_;
   if (scale != 1.0f) FSDPP_RETURN_IF_ERROR(Scale(dx, scale, &dx));
   if (saved_dw_.defined() && weight()->requires_grad) {
-    FSDPP_ASSIGN_OR_RETURN(GradSink sink,
-                           GradSink::For(weight(), saved_dw_.dtype(), true));
+    FSDPP_ASSIGN_OR_RETURN(
+        GradSink sink, GradSink::ForWrite(weight(), saved_dw_.dtype(), true));
     FSDPP_ASSIGN_OR_RETURN(Tensor dw,
                            CastTo(saved_dw_, sink.target()->dtype()));
-    FSDPP_RETURN_IF_ERROR(Axpy(scale, dw, sink.target()));
+    if (sink.accumulate()) {
+      FSDPP_RETURN_IF_ERROR(Axpy(scale, dw, sink.target()));
+    } else {
+      FSDPP_RETURN_IF_ERROR(Scale(dw, scale, sink.target()));
+    }
     FSDPP_RETURN_IF_ERROR(sink.Commit());
   }
   return dx;

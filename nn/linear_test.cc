@@ -13,6 +13,7 @@
 #include "nn/dropout.h"
 #include "nn/embedding.h"
 #include "nn/gradcheck.h"
+#include "nn/layer_util.h"
 #include "nn/sequential.h"
 #include "tensor/ops.h"
 #include "tensor/test_tensors.h"
@@ -140,6 +141,111 @@ TEST(LinearTest, TiedToEmbeddingTable) {
   testing_util::GradCheckOptions options;
   options.check_input = false;
   EXPECT_TRUE(CheckGradients(model, ids, options));
+}
+
+// dW = dy^T x as doubles, [out, in] from x [rows, in] and dy [rows, out].
+std::vector<double> ReferenceDw(const std::vector<double>& x,
+                                const std::vector<double>& dy, int64_t rows,
+                                int64_t in, int64_t out) {
+  std::vector<double> dw(out * in, 0.0);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t i = 0; i < in; ++i) {
+        dw[o * in + i] += dy[r * out + o] * x[r * in + i];
+      }
+    }
+  }
+  return dw;
+}
+
+// The first backward writes a gradient that does not exist yet (no zeros,
+// beta = 0: GradSink::ForWrite); the next one adds to it. The freed NaN
+// buffer of the gradient's size is what the allocator hands out next, so a
+// first matmul that added to the uninitialised gradient would give NaN.
+TEST(LinearTest, FirstBackwardWritesTheGradientLaterOnesAdd) {
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    Linear linear(5, 7, true, 0.5f, dtype);
+    ASSERT_OK(Materialize(linear, 19));
+    const Tensor x = RandomTensor({3, 5}, dtype, 20);
+    const Tensor dy = RandomTensor({3, 7}, dtype, 21);
+    const std::vector<double> once =
+        ReferenceDw(Values(x), Values(dy), 3, 5, 7);
+    std::vector<double> twice = once;
+    for (double& v : twice) v *= 2.0;
+    const double tol = dtype == DType::kF32 ? 1e-5 : 3e-2;
+    for (int pass = 0; pass < 2; ++pass) {
+      ASSERT_OK(linear.ZeroGrad(true));
+      {
+        ASSERT_OK_AND_ASSIGN(
+            Tensor poison,
+            Tensor::Empty({7, 5}, dtype, Device::Cpu(), MemoryTag::kGrads));
+        ASSERT_OK(Fill(&poison, std::nanf("")));
+      }
+      ASSERT_OK(linear.Forward(x));
+      ASSERT_OK(linear.Backward(dy));
+      EXPECT_TRUE(AllClose(Values(linear.weight()->grad), once, tol, tol));
+      ASSERT_OK(linear.Forward(x));
+      ASSERT_OK(linear.Backward(dy));
+      EXPECT_TRUE(AllClose(Values(linear.weight()->grad), twice, tol, tol));
+    }
+  }
+}
+
+TEST(GradSinkTest, WriteSinksLeaveNewGradientsUninitialised) {
+  Parameter p;
+  p.shape = {2, 3};
+  ASSERT_OK_AND_ASSIGN(p.data,
+                       Tensor::Zeros({2, 3}, DType::kF32, Device::Cpu()));
+  {
+    // No gradient yet: p->grad is the target, to be written whole.
+    ASSERT_OK_AND_ASSIGN(GradSink sink,
+                         GradSink::ForWrite(&p, DType::kF32, true));
+    EXPECT_FALSE(sink.accumulate());
+    EXPECT_EQ(sink.target(), &p.grad);
+    EXPECT_TRUE(p.grad.defined());
+    // Moved, it is still one sink: only the last owner drops the gradient.
+    GradSink moved = std::move(sink);
+    EXPECT_TRUE(p.grad.defined());
+  }
+  // Not committed (the op failed): the uninitialised gradient is dropped.
+  EXPECT_FALSE(p.grad.defined());
+  {
+    ASSERT_OK_AND_ASSIGN(GradSink sink,
+                         GradSink::ForWrite(&p, DType::kF32, true));
+    ASSERT_OK(Fill(sink.target(), 2.0f));
+    ASSERT_OK(sink.Commit());
+  }
+  EXPECT_EQ(Values(p.grad), std::vector<double>(6, 2.0));
+  {
+    // A gradient exists: the op adds to it.
+    ASSERT_OK_AND_ASSIGN(GradSink sink,
+                         GradSink::ForWrite(&p, DType::kF32, true));
+    EXPECT_TRUE(sink.accumulate());
+    ASSERT_OK(Axpy(1.0f, *sink.target(), sink.target()));
+  }
+  // Dropping a sink never drops a gradient it did not make.
+  EXPECT_EQ(Values(p.grad), std::vector<double>(6, 4.0));
+  {
+    // bf16 ops into this f32 gradient go through a temporary, written whole
+    // and added in by Commit.
+    ASSERT_OK_AND_ASSIGN(GradSink sink,
+                         GradSink::ForWrite(&p, DType::kBF16, false));
+    EXPECT_FALSE(sink.accumulate());
+    EXPECT_NE(sink.target(), &p.grad);
+    EXPECT_EQ(sink.target()->dtype(), DType::kBF16);
+    ASSERT_OK(Fill(sink.target(), 1.0f));
+    ASSERT_OK(sink.Commit());
+  }
+  EXPECT_EQ(Values(p.grad), std::vector<double>(6, 5.0));
+  // For (accumulating ops) always hands out zeros or the gradient.
+  p.grad = Tensor();
+  {
+    ASSERT_OK_AND_ASSIGN(GradSink sink, GradSink::For(&p, DType::kF32, true));
+    EXPECT_TRUE(sink.accumulate());
+    EXPECT_EQ(Values(*sink.target()), std::vector<double>(6, 0.0));
+  }
+  EXPECT_TRUE(p.grad.defined());
 }
 
 TEST(LinearTest, FrozenParametersGetNoGradient) {

@@ -64,10 +64,13 @@ absl::Status InitSlice(const InitSpec& spec, uint64_t seed, uint64_t stream,
                    Device::Cpu(), host.nbytes());
 }
 
-absl::Status Parameter::EnsureGrad() {
+absl::Status Parameter::EnsureGrad(bool zeroed) {
   if (grad.defined()) return absl::OkStatus();
-  FSDPP_ASSIGN_OR_RETURN(grad, Tensor::Zeros(LocalShape(), dtype, data.device(),
-                                             MemoryTag::kGrads));
+  FSDPP_ASSIGN_OR_RETURN(
+      grad, zeroed ? Tensor::Zeros(LocalShape(), dtype, data.device(),
+                                   MemoryTag::kGrads)
+                   : Tensor::Empty(LocalShape(), dtype, data.device(),
+                                   MemoryTag::kGrads));
   return absl::OkStatus();
 }
 

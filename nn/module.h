@@ -126,8 +126,9 @@ struct Parameter {
   }
   // The global tensor the piece is a box of: piece.layout, or `shape`.
   const Shape& Layout() const { return has_piece() ? piece.layout : shape; }
-  // Makes `grad` (zeros, tagged kGrads, on data's device) if undefined.
-  absl::Status EnsureGrad();
+  // Makes `grad` (tagged kGrads, on data's device) if undefined: zeros, or
+  // uninitialised with `zeroed` false (the caller writes every element).
+  absl::Status EnsureGrad(bool zeroed = true);
   // Keeps only `piece` of the parameter. Checks that the layout has the
   // parameter's elements, that the box lies inside it and that local_shape
   // has the box's elements; a parameter is cut before it has a gradient.

@@ -64,7 +64,9 @@ void BM_DirectOneDnn(benchmark::State& state) {
 
 // A Linear's three calls as the model makes them, with the weight stored
 // [N, K]. Args: M, K, N, dtype (0 = f32, 1 = bf16), call (0: y = x W^T,
-// 1: dx = dy W, 2: dW += dy^T x into an f32 gradient).
+// 1: dx = dy W, 2: dW += dy^T x into an f32 gradient; a step's first dW
+// into a new gradient of x's dtype, 3: zeroed and added to (beta = 1, as
+// before nn::GradSink::ForWrite), 4: written (beta = 0, as now)).
 void BM_LinearCall(benchmark::State& state) {
   const int64_t m = state.range(0), k = state.range(1), n = state.range(2);
   const DType dtype = state.range(3) ? DType::kBF16 : DType::kF32;
@@ -72,17 +74,18 @@ void BM_LinearCall(benchmark::State& state) {
   Tensor x = Filled({m, k}, dtype), w = Filled({n, k}, dtype);
   Tensor dy = Filled({m, n}, dtype);
   Tensor y = Filled({m, n}, dtype), dx = Filled({m, k}, dtype);
-  Tensor dw = Filled({n, k}, DType::kF32);
+  Tensor dw = Filled({n, k}, call >= 3 ? dtype : DType::kF32);
   MatmulOptions options;
   if (call == 0) options.transpose_b = true;
-  if (call == 2) {
+  if (call >= 2) {
     options.transpose_a = true;
-    options.beta = 1.0f;
+    options.beta = call == 4 ? 0.0f : 1.0f;
   }
   for (auto _ : state) {
     if (call == 0) CHECK_OK(Matmul(x, w, &y, options));
     if (call == 1) CHECK_OK(Matmul(dy, w, &dx, options));
-    if (call == 2) CHECK_OK(Matmul(dy, x, &dw, options));
+    if (call == 3) CHECK_OK(Fill(&dw, 0.0f));
+    if (call >= 2) CHECK_OK(Matmul(dy, x, &dw, options));
   }
   SetFlops(state, m, n, k);
 }
@@ -111,7 +114,7 @@ void RegisterPairs() {
   for (int64_t dtype : {0, 1}) {
     for (const auto& s : shapes) {
       if (s[0] != 1024) continue;
-      for (int64_t call : {0, 1, 2}) {
+      for (int64_t call : {0, 1, 2, 3, 4}) {
         benchmark::RegisterBenchmark("LinearCall", &BM_LinearCall)
             ->Args({s[0], s[1], s[2], dtype, call})
             ->ArgNames({"M", "K", "N", "bf16", "call"})
