@@ -207,11 +207,21 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   FSDPP_ASSIGN_OR_RETURN(Tensor wg, CastTo(gate_proj_->data, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor wu, CastTo(up_proj_->data, dtype));
   FSDPP_ASSIGN_OR_RETURN(Tensor wd, CastTo(down_proj_->data, dtype));
+  // Each expert's gradient matrices are written once, by its group's dW
+  // (an empty group's zeroed below): a new gradient need not be zeroed first.
   FSDPP_ASSIGN_OR_RETURN(GradSink g_gate,
-                         GradSink::For(gate_proj_, dtype, true));
-  FSDPP_ASSIGN_OR_RETURN(GradSink g_up, GradSink::For(up_proj_, dtype, true));
+                         GradSink::ForWrite(gate_proj_, dtype, true));
+  FSDPP_ASSIGN_OR_RETURN(GradSink g_up,
+                         GradSink::ForWrite(up_proj_, dtype, true));
   FSDPP_ASSIGN_OR_RETURN(GradSink g_down,
-                         GradSink::For(down_proj_, dtype, true));
+                         GradSink::ForWrite(down_proj_, dtype, true));
+  // dW (+)= dY^T X into a sink.
+  const auto dw_options = [](const GradSink& sink) {
+    MatmulOptions options;
+    options.transpose_a = true;
+    options.beta = sink.accumulate() ? 1.0f : 0.0f;
+    return options;
+  };
   // p = silu(a) * b again (down's input), dp = dy W_down per group.
   FSDPP_ASSIGN_OR_RETURN(Tensor p,
                          EmptyTemporary({m, hidden}, dtype, x.device()));
@@ -219,9 +229,6 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
   FSDPP_RETURN_IF_ERROR(Mul(p, b, &p));
   FSDPP_ASSIGN_OR_RETURN(Tensor dp,
                          EmptyTemporary({m, hidden}, dtype, x.device()));
-  MatmulOptions accumulate_tn;  // dW += dY^T X
-  accumulate_tn.transpose_a = true;
-  accumulate_tn.beta = 1.0f;
   FSDPP_RETURN_IF_ERROR(ForEachGroup(
       sizes, groups, [&](int64_t e, int64_t first, int64_t n) -> absl::Status {
         FSDPP_ASSIGN_OR_RETURN(Tensor dye, dy_rows.Narrow(first, n));
@@ -230,7 +237,7 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
         FSDPP_ASSIGN_OR_RETURN(Tensor wde, ExpertMatrix(wd, e));
         FSDPP_ASSIGN_OR_RETURN(Tensor gde, ExpertMatrix(*g_down.target(), e));
         FSDPP_RETURN_IF_ERROR(Matmul(dye, wde, &dpe));
-        FSDPP_RETURN_IF_ERROR(Matmul(dye, pe, &gde, accumulate_tn));
+        FSDPP_RETURN_IF_ERROR(Matmul(dye, pe, &gde, dw_options(g_down)));
         return absl::OkStatus();
       }));
   // d up = dp * silu(a); d gate = SiluBackward(a, dp * b) (as SwiGlu).
@@ -254,12 +261,20 @@ absl::StatusOr<Tensor> GroupedExperts::BackwardImpl(const Tensor& dy) {
         FSDPP_ASSIGN_OR_RETURN(Tensor wue, ExpertMatrix(wu, e));
         FSDPP_ASSIGN_OR_RETURN(Tensor gge, ExpertMatrix(*g_gate.target(), e));
         FSDPP_ASSIGN_OR_RETURN(Tensor gue, ExpertMatrix(*g_up.target(), e));
-        FSDPP_RETURN_IF_ERROR(Matmul(dae, xe, &gge, accumulate_tn));
-        FSDPP_RETURN_IF_ERROR(Matmul(dbe, xe, &gue, accumulate_tn));
+        FSDPP_RETURN_IF_ERROR(Matmul(dae, xe, &gge, dw_options(g_gate)));
+        FSDPP_RETURN_IF_ERROR(Matmul(dbe, xe, &gue, dw_options(g_up)));
         FSDPP_RETURN_IF_ERROR(Matmul(dae, wge, &dxe));
         FSDPP_RETURN_IF_ERROR(Matmul(dbe, wue, &dxe, accumulate));
         return absl::OkStatus();
       }));
+  for (int64_t e = 0; e < groups; ++e) {
+    if (sizes[e] > 0) continue;
+    for (GradSink* g : {&g_gate, &g_up, &g_down}) {
+      if (g->accumulate()) continue;
+      FSDPP_ASSIGN_OR_RETURN(Tensor empty, ExpertMatrix(*g->target(), e));
+      FSDPP_RETURN_IF_ERROR(Zero(&empty));
+    }
+  }
   FSDPP_RETURN_IF_ERROR(g_gate.Commit());
   FSDPP_RETURN_IF_ERROR(g_up.Commit());
   FSDPP_RETURN_IF_ERROR(g_down.Commit());

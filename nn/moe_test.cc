@@ -305,6 +305,55 @@ TEST(MoeTest, GroupedExpertsWithEmptyGroupsGradients) {
   EXPECT_TRUE(CheckGradients(experts, RandomTensor({7, 5}, DType::kF32, 19)));
 }
 
+// A backward writes the experts' new gradients whole: the groups' dW and
+// zeros for the empty ones, never the uninitialised memory (the freed NaN
+// buffers of the gradients' sizes are what the allocator hands out next);
+// the next backward adds to them.
+TEST(MoeTest, GroupedExpertsWriteNewGradientsWhole) {
+  GroupedExperts experts(4, 5, 3);
+  ASSERT_OK(Materialize(experts, 21));
+  const Tensor x = RandomTensor({7, 5}, DType::kF32, 22);
+  const Tensor dy = RandomTensor({7, 5}, DType::kF32, 23);
+  std::vector<std::vector<double>> once;
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass < 2) {
+      ASSERT_OK(experts.ZeroGrad(/*set_to_none=*/true));
+      std::vector<Tensor> poison;
+      for (const auto& [name, p] : experts.LocalParameters()) {
+        ASSERT_OK_AND_ASSIGN(
+            Tensor t, Tensor::Empty(p->LocalShape(), p->dtype, Device::Cpu(),
+                                    MemoryTag::kGrads));
+        ASSERT_OK(Fill(&t, std::nanf("")));
+        poison.push_back(t);
+      }
+    }
+    experts.SetGroupSizes({3, 0, 4, 0});
+    ASSERT_OK(experts.Forward(x));
+    ASSERT_OK(experts.Backward(dy));
+    const auto params = experts.LocalParameters();
+    for (size_t i = 0; i < params.size(); ++i) {
+      const std::vector<double> g = Values(params[i].second->grad);
+      // Experts 1 and 3 got no rows: their matrices are zeros.
+      const int64_t per_expert = static_cast<int64_t>(g.size()) / 4;
+      for (int64_t e : {1, 3}) {
+        for (int64_t j = 0; j < per_expert; ++j) {
+          EXPECT_EQ(g[e * per_expert + j], 0.0) << "param " << i;
+        }
+      }
+      for (double v : g) ASSERT_TRUE(std::isfinite(v)) << "param " << i;
+      if (pass == 0) {
+        once.push_back(g);
+      } else if (pass == 1) {
+        EXPECT_EQ(g, once[i]) << "param " << i;
+      } else {
+        for (size_t j = 0; j < g.size(); ++j) {
+          EXPECT_NEAR(g[j], 2.0 * once[i][j], 1e-6) << "param " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST(MoeTest, GroupSizesMustCoverTheRows) {
   GroupedExperts experts(2, 5, 3);
   ASSERT_OK(Materialize(experts, 20));
