@@ -37,11 +37,17 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 // blocks of kBlockedAttentionRows query rows (attention_blocked.cc): the CPU
 // backend's path for those dtypes, faster than the kernels above (GPT-2's
 // heads, fwd + bwd: f32 1.5x at T = 256 and 1.8x at T = 1024; bf16 most on
-// CPUs with bf16 dot products; docs/PERFORMANCE.md). Work memory
-// O(b h kBlockedAttentionRows T) plus, for bf16, f32 accumulators of dk and
-// dv: linear in T, no [T, T] matrix. InvalidArgument for another dtype;
-// other errors only from oneDNN.
-// The kv heads (with their query heads) are taken in groups whose score
+// CPUs with bf16 dot products; docs/PERFORMANCE.md). bf16 where bf16
+// matmuls are widened (OneDnnBf16MatmulMode): a group's tensors are widened
+// to f32 once and its block matmuls run on the f32 kernels, P and dS
+// rounded to bf16 values as the native path rounds them (GPT-2's heads on
+// an Intel CPU without AMX, fwd + bwd: 0.76-0.90x the native path's time
+// at T = 256). Work memory O(b h kBlockedAttentionRows T) plus, for bf16,
+// f32 accumulators of dk and dv (widened: f32 copies of the group's
+// tensors): linear in T, no [T, T] matrix. InvalidArgument for another
+// dtype (or a bad FSDPP_CPU_BF16_MATMUL for bf16); other errors only from
+// oneDNN.
+// The kv heads (with their query heads) are taken in groups whose work
 // buffers fit `work_bytes` (at least one kv head a group); the buffers are
 // kept per thread for its next call.
 inline constexpr int64_t kBlockedAttentionRows = 128;

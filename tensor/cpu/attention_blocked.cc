@@ -20,6 +20,14 @@
 // P^T dO and dK += scale dS^T Q into f32 accumulators over the blocks (the
 // heads sharing a kv head contract together: their rows are one matrix).
 //
+// bf16 where bf16 matmuls are widened (onednn_matmul.h: a CPU whose bf16
+// dot products are slower than its f32 FMAs): each group of kv heads'
+// q, k, v (and out, dout) are widened to f32 once and the block matmuls run
+// on the f32 kernels, with P and dS rounded to bf16 values in f32 storage
+// (Bf16InF32) as the native path rounds them, and out, dq, dk, dv rounded
+// to bf16 at the end: the native path's products and roundings, summed in
+// another order.
+//
 // Key ranges (key_lo, key_hi: document masks, context parallelism's
 // blocks): each row's softmax masks the keys outside its [lo, hi) (a row
 // with none gets probabilities 0 and lse -inf), and a block's matmuls run
@@ -39,6 +47,7 @@
 #include "core/status.h"
 #include "tensor/cpu/attention.h"
 #include "tensor/cpu/onednn_matmul.h"
+#include "tensor/cpu/simd.h"
 #include "tensor/kernels/attention.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -60,6 +69,16 @@ constexpr int64_t kRowAlign = 16;
 
 inline int64_t RoundUp(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
+// An f32 holding a bf16 value: the widened path's P and dS, which its f32
+// matmuls read. StoreF rounds to nearest even as the bf16 store does.
+struct Bf16InF32 {
+  float value;
+};
+
+// The storage of the probabilities and score gradients the next matmuls
+// read (SoftmaxRows, ProbabilityRows, ScoreGradRows).
+enum class PKind { kF32, kBF16, kBf16InF32 };
+
 }  // namespace blocked_internal
 }  // namespace cpu
 }  // namespace fsdpp
@@ -76,6 +95,22 @@ using DF = hn::ScalableTag<float>;
 using VF = hn::Vec<DF>;
 using simd_convert::HWY_NAMESPACE::StoreF;
 using simd_math::HWY_NAMESPACE::Exp;
+
+// f32 lanes rounded to bf16 values (nearest even; a NaN stays a quiet NaN,
+// its low 16 bits cleared), stored as f32: bit for bit the f32 of what
+// StoreF writes to bf16.
+HWY_INLINE void StoreF(DF d, VF v, Bf16InF32* p) {
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto high = hn::Set(du, 0xffff0000u);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded =
+      hn::And(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))), high);
+  const auto quiet_nan = hn::And(hn::Or(bits, hn::Set(du, 0x400000u)), high);
+  const auto out =
+      hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
+  hn::StoreU(hn::BitCast(d, out), d, reinterpret_cast<float*>(p));
+}
 
 // row[j] = exp(row[j] - shift) for first <= j < valid, 0 for the other j <
 // ld (a multiple of the vector width), also into `copy` unless null; returns
@@ -155,34 +190,46 @@ HWY_INLINE void SoftmaxRowsOf(float* s, int64_t rows, int64_t rows_per_head,
   }
 }
 
-// SoftmaxRowsOf for p of `p_dtype` (bf16, or f32).
-void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
-                 int64_t first_valid, int64_t cols, int64_t ld,
-                 const int32_t* row_lo, const int32_t* row_hi, DType p_dtype,
-                 void* p, float* lse) {
-  if (p_dtype == DType::kF32) {
-    SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
-                  static_cast<float*>(p), lse);
-  } else {
-    SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
-                  static_cast<BFloat16*>(p), lse);
+// fn(typed p) for p of `kind`.
+template <typename Fn>
+HWY_INLINE void WithP(PKind kind, void* p, Fn&& fn) {
+  switch (kind) {
+    case PKind::kF32:
+      return fn(static_cast<float*>(p));
+    case PKind::kBF16:
+      return fn(static_cast<BFloat16*>(p));
+    case PKind::kBf16InF32:
+      return fn(static_cast<Bf16InF32*>(p));
   }
 }
 
+// SoftmaxRowsOf for p of `p_kind`.
+void SoftmaxRows(float* s, int64_t rows, int64_t rows_per_head,
+                 int64_t first_valid, int64_t cols, int64_t ld,
+                 const int32_t* row_lo, const int32_t* row_hi, PKind p_kind,
+                 void* p, float* lse) {
+  WithP(p_kind, p, [&](auto* typed) {
+    SoftmaxRowsOf(s, rows, rows_per_head, first_valid, cols, ld, row_lo, row_hi,
+                  typed, lse);
+  });
+}
+
 // Backward's probabilities: s[r][j] = exp(s[r][j] - lse[r]) over the valid
-// entries (as SoftmaxRows counts them), 0 elsewhere; p = the same in bf16.
-// (f32 reads them from s.)
+// entries (as SoftmaxRows counts them), 0 elsewhere; p (of `p_kind`) = the
+// same rounded, unless null (f32 reads them from s).
 void ProbabilityRows(float* s, int64_t rows, int64_t rows_per_head,
                      int64_t first_valid, int64_t cols, int64_t ld,
                      const int32_t* row_lo, const int32_t* row_hi,
-                     const float* lse, BFloat16* p) {
+                     const float* lse, PKind p_kind, void* p) {
+  WithP(p_kind, p, [&](auto* typed) {
 #pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < rows; ++r) {
-    const auto [first, valid] =
-        Entries(r, rows_per_head, first_valid, cols, row_lo, row_hi);
-    MaskedExpRow(s + r * ld, first, valid, ld, lse[r],
-                 p == nullptr ? nullptr : p + r * ld);
-  }
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto [first, valid] =
+          Entries(r, rows_per_head, first_valid, cols, row_lo, row_hi);
+      MaskedExpRow(s + r * ld, first, valid, ld, lse[r],
+                   typed == nullptr ? nullptr : typed + r * ld);
+    }
+  });
 }
 
 // ds[r][j] = p[r][j] (dp[r][j] - delta[r]), over the whole stride (ds may be
@@ -203,14 +250,11 @@ HWY_INLINE void ScoreGradRowsOf(const float* p, const float* dp, int64_t rows,
   }
 }
 
-// ScoreGradRowsOf for ds of `ds_dtype` (bf16, or f32).
+// ScoreGradRowsOf for ds of `ds_kind`.
 void ScoreGradRows(const float* p, const float* dp, int64_t rows, int64_t ld,
-                   const float* delta, DType ds_dtype, void* ds) {
-  if (ds_dtype == DType::kF32) {
-    ScoreGradRowsOf(p, dp, rows, ld, delta, static_cast<float*>(ds));
-  } else {
-    ScoreGradRowsOf(p, dp, rows, ld, delta, static_cast<BFloat16*>(ds));
-  }
+                   const float* delta, PKind ds_kind, void* ds) {
+  WithP(ds_kind, ds,
+        [&](auto* typed) { ScoreGradRowsOf(p, dp, rows, ld, delta, typed); });
 }
 
 }  // namespace HWY_NAMESPACE
@@ -227,10 +271,20 @@ HWY_EXPORT(SoftmaxRows);
 HWY_EXPORT(ProbabilityRows);
 HWY_EXPORT(ScoreGradRows);
 
-// The probabilities and score gradients as the next matmuls read them: bf16
-// copies, or for f32 the score buffers themselves.
+// The probabilities and score gradients as the next matmuls read them (P):
+// bf16 copies for bf16 operands (T); for f32 operands the score buffers
+// themselves (P = float), or, widened, f32 copies rounded to bf16 values
+// (P = Bf16InF32).
+template <typename P>
+constexpr bool kInPlace = std::is_same_v<P, float>;
+template <typename P>
+constexpr PKind kPKind = std::is_same_v<P, float>      ? PKind::kF32
+                         : std::is_same_v<P, BFloat16> ? PKind::kBF16
+                                                       : PKind::kBf16InF32;
+// dk and dv sum over the blocks in f32: in place for f32 operands (T), in
+// accumulators for bf16 ones.
 template <typename T>
-constexpr bool kInPlace = std::is_same_v<T, float>;
+constexpr bool kAccInPlace = std::is_same_v<T, float>;
 
 // The matmuls see a batch of b * kv matrices: per kv head, the rows of its
 // rep query heads stacked ([rep * rows, ...]; gathered into a contiguous
@@ -308,6 +362,15 @@ enum WorkSlot {
   kDoutRows,
   kOutRows,    // out's or dq's rows before the scatter
   kRowBounds,  // the block rows' key ranges (key_lo, key_hi)
+  // The widened path's f32 copies of a group's tensors.
+  kWideQ,
+  kWideK,
+  kWideV,
+  kWideOut,
+  kWideDout,
+  kWideDq,
+  kWideDk,
+  kWideDv,
   kWorkSlots
 };
 
@@ -432,7 +495,8 @@ BlockKeys KeysOfBlock(const Dims& d, const GroupKeys& gk, int64_t r0,
   return {k0, k1, lo, hi};
 }
 
-template <typename T>
+// T: the operands' type; P: the probabilities' (kInPlace).
+template <typename T, typename P>
 absl::Status ForwardGroup(const void* q, const void* k, const void* v,
                           int64_t b, int64_t h, int64_t kv, int64_t t,
                           int64_t hd, float scale, const GroupKeys& gk,
@@ -444,9 +508,8 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
   Buffer<float> s(kScores, scores), block_lse(kBlockLse, heads * block);
   Buffer<T> q_rows(kQRows, gathered), out_rows(kOutRows, gathered);
-  Buffer<BFloat16> p_copy(kProbs, kInPlace<T> ? 0 : scores);
-  T* p = kInPlace<T> ? reinterpret_cast<T*>(s.data())
-                     : reinterpret_cast<T*>(p_copy.data());
+  Buffer<P> p_copy(kProbs, kInPlace<P> ? 0 : scores);
+  P* p = kInPlace<P> ? reinterpret_cast<P*>(s.data()) : p_copy.data();
   Buffer<int32_t> bounds(kRowBounds, gk.causal() ? 0 : 2 * heads * block);
   for (int64_t r0 = 0; r0 < t; r0 += block) {
     const int64_t rows = std::min(block, t - r0);
@@ -459,8 +522,8 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
     FSDPP_RETURN_IF_ERROR(
         Scores<T>(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(SoftmaxRows)
-    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
-     DTypeOf<T>::value, p, block_lse.data());
+    (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi, kPKind<P>,
+     p, block_lse.data());
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(block_lse.begin() + bh * rows,
                 block_lse.begin() + (bh + 1) * rows, lse + bh * t + r0);
@@ -480,7 +543,7 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   return absl::OkStatus();
 }
 
-template <typename T>
+template <typename T, typename P>
 absl::Status BackwardGroup(const void* q, const void* k, const void* v,
                            const void* out, const float* lse, const void* dout,
                            int64_t b, int64_t h, int64_t kv, int64_t t,
@@ -508,20 +571,18 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   const int64_t scores = heads * block * ld_max;
   const int64_t gathered = d.rep > 1 ? heads * block * hd : 0;
   Buffer<float> s(kScores, scores), dp(kScoreGrads, scores);
-  Buffer<BFloat16> p_copy(kProbs, kInPlace<T> ? 0 : scores),
-      ds_copy(kProbGrads, kInPlace<T> ? 0 : scores);
-  T* p = kInPlace<T> ? reinterpret_cast<T*>(s.data())
-                     : reinterpret_cast<T*>(p_copy.data());
-  T* ds = kInPlace<T> ? reinterpret_cast<T*>(dp.data())
-                      : reinterpret_cast<T*>(ds_copy.data());
+  Buffer<P> p_copy(kProbs, kInPlace<P> ? 0 : scores),
+      ds_copy(kProbGrads, kInPlace<P> ? 0 : scores);
+  P* p = kInPlace<P> ? reinterpret_cast<P*>(s.data()) : p_copy.data();
+  P* ds = kInPlace<P> ? reinterpret_cast<P*>(dp.data()) : ds_copy.data();
   Buffer<float> block_lse(kBlockLse, heads * block),
       block_delta(kBlockDelta, heads * block);
   // f32 accumulators of dk and dv over the blocks (f32: dk and dv).
   const int64_t kv_elements = b * kv * t * hd;
-  Buffer<float> dk_sum(kDkSum, kInPlace<T> ? 0 : kv_elements),
-      dv_sum(kDvSum, kInPlace<T> ? 0 : kv_elements);
-  float* dk_acc = kInPlace<T> ? static_cast<float*>(dk) : dk_sum.data();
-  float* dv_acc = kInPlace<T> ? static_cast<float*>(dv) : dv_sum.data();
+  Buffer<float> dk_sum(kDkSum, kAccInPlace<T> ? 0 : kv_elements),
+      dv_sum(kDvSum, kAccInPlace<T> ? 0 : kv_elements);
+  float* dk_acc = kAccInPlace<T> ? static_cast<float*>(dk) : dk_sum.data();
+  float* dv_acc = kAccInPlace<T> ? static_cast<float*>(dv) : dv_sum.data();
   std::fill(dk_acc, dk_acc + kv_elements, 0.0f);
   std::fill(dv_acc, dv_acc + kv_elements, 0.0f);
   Buffer<T> q_rows(kQRows, gathered), dout_rows(kDoutRows, gathered),
@@ -550,14 +611,13 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
         Scores<T>(d, qv, k, k0, keys, s_strides, scale, s.data()));
     HWY_DYNAMIC_DISPATCH(ProbabilityRows)
     (s.data(), heads * rows, rows, r0 - k0, keys, ld, bk.lo, bk.hi,
-     block_lse.data(), kInPlace<T> ? nullptr : p_copy.data());
+     block_lse.data(), kPKind<P>, kInPlace<P> ? nullptr : p_copy.data());
     // dP = dout v^T; dS = P (dP - D).
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
         kT, DType::kF32, gv.op, KvRows<T>(v, d, k0, keys, true), dp.data(),
         s_strides, 1.0f, 0.0f));
     HWY_DYNAMIC_DISPATCH(ScoreGradRows)
-    (s.data(), dp.data(), heads * rows, ld, block_delta.data(),
-     DTypeOf<T>::value, ds);
+    (s.data(), dp.data(), heads * rows, ld, block_delta.data(), kPKind<P>, ds);
     // dq = scale dS k: these rows' final values.
     const BlockRowsView dqv = QueryRows<T>(dq, d, r0, rows, dq_rows.data());
     FSDPP_RETURN_IF_ERROR(OneDnnStridedMatmul(
@@ -576,7 +636,7 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
         kT, DType::kF32, ScoreOperand(ds, d, rows, keys, ld, true), qv.op,
         dk_acc + k0 * hd, acc_strides, scale, 1.0f));
   }
-  if constexpr (!kInPlace<T>) {
+  if constexpr (!kAccInPlace<T>) {
     T* dk_out = static_cast<T*>(dk);
     T* dv_out = static_cast<T*>(dv);
 #pragma omp parallel for schedule(static)
@@ -588,27 +648,46 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
   return absl::OkStatus();
 }
 
-// Kv heads (with their rep query heads) per ForwardGroup / BackwardGroup
-// call: as many as keep the score-shaped work buffers (bf16: 12 bytes a
-// score, f32: 8) within work_bytes, at least one. [b, h, t, hd] is [b * kv,
-// rep, t, hd], so a run of kv heads is a contiguous slice of every tensor.
-int64_t KvHeadsPerGroup(DType dtype, int64_t rep, int64_t t,
+// How a call runs: on f32 operands, on bf16 ones, or on bf16 ones widened
+// to f32 (Widened* below).
+enum class Path { kF32, kBF16, kWidened };
+
+// Work bytes per kv head (with its rep query heads) of a ForwardGroup /
+// BackwardGroup call: its score-shaped buffers (f32: s and dP, 8 bytes a
+// score; bf16: and the bf16 P and dS, 12; widened: f32 P and dS, 16) and,
+// widened, the f32 copies of its q, out, dout, dq, k, v, dk and dv.
+int64_t WorkBytesPerKvHead(Path path, int64_t rep, int64_t t, int64_t hd) {
+  const int64_t scores = rep * BlockRows(t) * RoundUp(t, kRowAlign);
+  switch (path) {
+    case Path::kF32:
+      return scores * 8;
+    case Path::kBF16:
+      return scores * 12;
+    case Path::kWidened:
+      return scores * 16 + (4 * rep + 4) * t * hd * 4;
+  }
+  return scores * 16;
+}
+
+// Kv heads per group: as many as keep the work buffers within work_bytes,
+// at least one. [b, h, t, hd] is [b * kv, rep, t, hd], so a run of kv heads
+// is a contiguous slice of every tensor.
+int64_t KvHeadsPerGroup(Path path, int64_t rep, int64_t t, int64_t hd,
                         int64_t work_bytes) {
-  const int64_t per_kv_head = rep * BlockRows(t) * RoundUp(t, kRowAlign) *
-                              (dtype == DType::kF32 ? 8 : 12);
-  return std::max<int64_t>(1, work_bytes / per_kv_head);
+  return std::max<int64_t>(1,
+                           work_bytes / WorkBytesPerKvHead(path, rep, t, hd));
 }
 
 // Runs fn(n, q_offset, kv_offset, lse_offset, keys) for each group of n kv
 // heads (KvHeadsPerGroup) of a [b, h | kv, t, hd] call: the offsets, in
 // elements, of the group's first query head, kv head and lse row.
 template <typename Fn>
-absl::Status ForEachKvGroup(DType dtype, int64_t b, int64_t h, int64_t kv,
+absl::Status ForEachKvGroup(Path path, int64_t b, int64_t h, int64_t kv,
                             int64_t t, int64_t hd, int64_t work_bytes,
                             const int32_t* key_lo, const int32_t* key_hi,
                             Fn&& fn) {
   const int64_t rep = h / kv, units = b * kv;
-  const int64_t group = KvHeadsPerGroup(dtype, rep, t, work_bytes);
+  const int64_t group = KvHeadsPerGroup(path, rep, t, hd, work_bytes);
   for (int64_t u = 0; u < units; u += group) {
     FSDPP_RETURN_IF_ERROR(fn(std::min(group, units - u), u * rep * t * hd,
                              u * t * hd, u * rep * t,
@@ -627,6 +706,32 @@ T* At(void* p, int64_t offset) {
   return static_cast<T*>(p) + offset;
 }
 
+// n elements from `from` to `to` (bf16 <-> f32), split across the pool.
+void CastOnPool(DType from, const void* src, DType to, void* dst, int64_t n) {
+  constexpr int64_t kChunk = 16384;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  const size_t from_size = DTypeSize(from), to_size = DTypeSize(to);
+#pragma omp parallel for schedule(static)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t i = c * kChunk;
+    simd::Cast(from, static_cast<const char*>(src) + i * from_size, to,
+               static_cast<char*>(dst) + i * to_size, std::min(kChunk, n - i));
+  }
+}
+
+// A group's bf16 tensor of n elements widened into work slot `slot`.
+const float* Widen(WorkSlot slot, const void* src, int64_t n) {
+  Buffer<float> wide(slot, n);
+  CastOnPool(DType::kBF16, src, DType::kF32, wide.data(), n);
+  return wide.data();
+}
+
+// Whether a bf16 call takes the widened path: where bf16 matmuls do.
+absl::StatusOr<Path> Bf16Path() {
+  FSDPP_ASSIGN_OR_RETURN(const Bf16MatmulMode mode, OneDnnBf16MatmulMode());
+  return mode == Bf16MatmulMode::kWidened ? Path::kWidened : Path::kBF16;
+}
+
 absl::Status NotBlocked(const char* what, DType dtype) {
   return absl::InvalidArgumentError(
       absl::StrCat(what, ": dtype ", DTypeName(dtype),
@@ -634,35 +739,61 @@ absl::Status NotBlocked(const char* what, DType dtype) {
 }
 
 template <typename T>
-absl::Status Forward(const void* q, const void* k, const void* v, int64_t b,
-                     int64_t h, int64_t kv, int64_t t, int64_t hd, float scale,
-                     void* out, float* lse, const int32_t* key_lo,
+absl::Status Forward(Path path, const void* q, const void* k, const void* v,
+                     int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
+                     float scale, void* out, float* lse, const int32_t* key_lo,
                      const int32_t* key_hi, int64_t work_bytes) {
+  const int64_t rep = h / kv;
   return ForEachKvGroup(
-      DTypeOf<T>::value, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
+      path, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
       [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
-          const GroupKeys& keys) {
-        return ForwardGroup<T>(At<T>(q, qo), At<T>(k, ko), At<T>(v, ko), n,
-                               h / kv, 1, t, hd, scale, keys, At<T>(out, qo),
-                               lse + lo);
+          const GroupKeys& keys) -> absl::Status {
+        if (path != Path::kWidened) {
+          return ForwardGroup<T, T>(At<T>(q, qo), At<T>(k, ko), At<T>(v, ko), n,
+                                    rep, 1, t, hd, scale, keys, At<T>(out, qo),
+                                    lse + lo);
+        }
+        const int64_t nq = n * rep * t * hd, nk = n * t * hd;
+        Buffer<float> out32(kWideOut, nq);
+        FSDPP_RETURN_IF_ERROR((ForwardGroup<float, Bf16InF32>(
+            Widen(kWideQ, At<T>(q, qo), nq), Widen(kWideK, At<T>(k, ko), nk),
+            Widen(kWideV, At<T>(v, ko), nk), n, rep, 1, t, hd, scale, keys,
+            out32.data(), lse + lo)));
+        CastOnPool(DType::kF32, out32.data(), DType::kBF16, At<T>(out, qo), nq);
+        return absl::OkStatus();
       });
 }
 
 template <typename T>
-absl::Status Backward(const void* q, const void* k, const void* v,
+absl::Status Backward(Path path, const void* q, const void* k, const void* v,
                       const void* out, const float* lse, const void* dout,
                       int64_t b, int64_t h, int64_t kv, int64_t t, int64_t hd,
                       float scale, void* dq, void* dk, void* dv,
                       const int32_t* key_lo, const int32_t* key_hi,
                       int64_t work_bytes) {
+  const int64_t rep = h / kv;
   return ForEachKvGroup(
-      DTypeOf<T>::value, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
+      path, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
       [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
-          const GroupKeys& keys) {
-        return BackwardGroup<T>(At<T>(q, qo), At<T>(k, ko), At<T>(v, ko),
-                                At<T>(out, qo), lse + lo, At<T>(dout, qo), n,
-                                h / kv, 1, t, hd, scale, keys, At<T>(dq, qo),
-                                At<T>(dk, ko), At<T>(dv, ko));
+          const GroupKeys& keys) -> absl::Status {
+        if (path != Path::kWidened) {
+          return BackwardGroup<T, T>(
+              At<T>(q, qo), At<T>(k, ko), At<T>(v, ko), At<T>(out, qo),
+              lse + lo, At<T>(dout, qo), n, rep, 1, t, hd, scale, keys,
+              At<T>(dq, qo), At<T>(dk, ko), At<T>(dv, ko));
+        }
+        const int64_t nq = n * rep * t * hd, nk = n * t * hd;
+        Buffer<float> dq32(kWideDq, nq), dk32(kWideDk, nk), dv32(kWideDv, nk);
+        FSDPP_RETURN_IF_ERROR((BackwardGroup<float, Bf16InF32>(
+            Widen(kWideQ, At<T>(q, qo), nq), Widen(kWideK, At<T>(k, ko), nk),
+            Widen(kWideV, At<T>(v, ko), nk),
+            Widen(kWideOut, At<T>(out, qo), nq), lse + lo,
+            Widen(kWideDout, At<T>(dout, qo), nq), n, rep, 1, t, hd, scale,
+            keys, dq32.data(), dk32.data(), dv32.data())));
+        CastOnPool(DType::kF32, dq32.data(), DType::kBF16, At<T>(dq, qo), nq);
+        CastOnPool(DType::kF32, dk32.data(), DType::kBF16, At<T>(dk, ko), nk);
+        CastOnPool(DType::kF32, dv32.data(), DType::kBF16, At<T>(dv, ko), nk);
+        return absl::OkStatus();
       });
 }
 
@@ -677,12 +808,14 @@ absl::Status BlockedAttentionForward(DType dtype, const void* q, const void* k,
                                      int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
   switch (dtype) {
-    case DType::kBF16:
-      return Forward<BFloat16>(q, k, v, b, h, kv, t, hd, scale, out, lse,
+    case DType::kBF16: {
+      FSDPP_ASSIGN_OR_RETURN(const Path path, Bf16Path());
+      return Forward<BFloat16>(path, q, k, v, b, h, kv, t, hd, scale, out, lse,
                                key_lo, key_hi, work_bytes);
+    }
     case DType::kF32:
-      return Forward<float>(q, k, v, b, h, kv, t, hd, scale, out, lse, key_lo,
-                            key_hi, work_bytes);
+      return Forward<float>(Path::kF32, q, k, v, b, h, kv, t, hd, scale, out,
+                            lse, key_lo, key_hi, work_bytes);
     default:
       return NotBlocked("BlockedAttentionForward", dtype);
   }
@@ -695,12 +828,14 @@ absl::Status BlockedAttentionBackward(
     const int32_t* key_lo, const int32_t* key_hi, int64_t work_bytes) {
   using namespace blocked_internal;  // NOLINT
   switch (dtype) {
-    case DType::kBF16:
-      return Backward<BFloat16>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale,
-                                dq, dk, dv, key_lo, key_hi, work_bytes);
+    case DType::kBF16: {
+      FSDPP_ASSIGN_OR_RETURN(const Path path, Bf16Path());
+      return Backward<BFloat16>(path, q, k, v, out, lse, dout, b, h, kv, t, hd,
+                                scale, dq, dk, dv, key_lo, key_hi, work_bytes);
+    }
     case DType::kF32:
-      return Backward<float>(q, k, v, out, lse, dout, b, h, kv, t, hd, scale,
-                             dq, dk, dv, key_lo, key_hi, work_bytes);
+      return Backward<float>(Path::kF32, q, k, v, out, lse, dout, b, h, kv, t,
+                             hd, scale, dq, dk, dv, key_lo, key_hi, work_bytes);
     default:
       return NotBlocked("BlockedAttentionBackward", dtype);
   }

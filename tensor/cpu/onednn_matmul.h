@@ -16,8 +16,10 @@
 // the FMAs' FLOP rate; on such a machine oneDNN's bf16 kernels ran GPT-2's
 // Linear calls at 80-164 GFLOP/s, widened 178-257, docs/PERFORMANCE.md) or one
 // without AVX-512-BF16. f16 operands (no f16 matmul in oneDNN 2.6 on CPUs) are
-// always widened. OneDnnStridedMatmul keeps bf16 native in either mode: on that
-// machine the blocked attention's small blocks ran 1.5x slower widened.
+// always widened. OneDnnStridedMatmul widens nothing (on that machine the
+// blocked attention's small blocks ran 1.5x slower widened one by one); the
+// blocked attention itself widens a group's tensors once where bf16
+// matmuls are widened (cpu/attention.h).
 #ifndef FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_
 #define FSDPP_TENSOR_CPU_ONEDNN_MATMUL_H_
 
