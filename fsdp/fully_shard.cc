@@ -92,6 +92,19 @@ absl::Status AddReducedGradient(Tensor piece, float scale, bool overwrite,
   return Axpy(scale, piece, grad);  // Accumulate into fp32.
 }
 
+// Whether a local reduction may make the unsharded gradient `grad` the
+// shard itself instead of copying it into `shard` (flat, f32): an f32
+// gradient of the shard's size on its device that alone holds its whole
+// storage (no view of a larger buffer, nothing else referring to it). The
+// same answer on a dry run's meta tensors (they have storages of their
+// sizes), so the plan follows.
+bool TakesGradientWhole(const Tensor& grad, const Tensor& shard) {
+  return grad.dtype() == DType::kF32 && grad.device() == shard.device() &&
+         grad.numel() == shard.numel() && grad.numel() > 0 &&
+         grad.storage() != nullptr && grad.storage().use_count() == 1 &&
+         grad.storage_offset() == 0 && grad.storage()->bytes() == grad.nbytes();
+}
+
 // Copies rows `range` of the split dim of `whole` (the view, flattened) to
 // `compact` ([outer, range.length, inner] flattened), casting between
 // dtypes.
@@ -983,6 +996,18 @@ absl::Status FsdpUnit::ReduceLocally() {
     if (!p->grad.defined()) {
       // Unused this step: the reduce-scatter's zeros.
       if (overwrite) FSDPP_RETURN_IF_ERROR(Zero(&grad));
+      continue;
+    }
+    if (overwrite && TakesGradientWhole(p->grad, grad)) {
+      // The shard becomes the gradient's own storage: no copy; the old
+      // shard is freed.
+      FSDPP_ASSIGN_OR_RETURN(*sp.grad.mutable_local(),
+                             p->grad.Reshape(sp.grad.local().shape()));
+      p->grad = Tensor();
+      if (scale != 1.0f) {
+        FSDPP_RETURN_IF_ERROR(
+            Scale(sp.grad.local(), scale, sp.grad.mutable_local()));
+      }
       continue;
     }
     if (grad.numel() > 0) {

@@ -49,7 +49,9 @@
 // the cast copy-in (when each starts 64-byte aligned in it); each gradient
 // is cast straight into its f32 shard instead of a reduce-scatter (unless
 // there are replicas, offload, or a reduce dtype other than f32 and the
-// gradient's own). The values are those of the collectives bit for bit.
+// gradient's own), and an f32 gradient the backward wrote whole (the first
+// of a step; alone in its storage) becomes the shard itself, the old shard
+// freed. The values are those of the collectives bit for bit.
 //
 // Offload (OffloadPolicy::offload_params): the fp32 masters and gradients
 // live on the host whatever the compute device (the mesh's shard group's

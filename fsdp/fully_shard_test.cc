@@ -430,6 +430,64 @@ TEST(FullyShardTest, OneRankParametersAreViewsOfTheGatheredBufferOrMasters) {
   }
 }
 
+// On one rank an f32 gradient that the backward wrote whole becomes its
+// shard: no copy into the old shard, which is freed, so the shard is a new
+// storage after every step, equal to the unsharded model's gradient; a
+// second backward before the next zeroing (accumulation) adds into it in
+// place. bf16 gradients are cast into the same shard every step.
+TEST(FullyShardTest, OneRankF32GradientsBecomeTheirShards) {
+  const Result ref = RunReference(false);
+  for (DType param_dtype : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(DTypeName(param_dtype));
+    testing_util::RunOnMesh({{"dp", 1}}, [&](int, DeviceMesh& mesh) {
+      auto stack = MakeStack(false);
+      const std::vector<FsdpUnit*> units =
+          PerLayer(true, param_dtype)(stack.get(), &mesh);
+      ASSERT_TRUE(InitShardedWeights(stack.get(), kSeed).ok());
+      const std::vector<ShardedParameter*> params =
+          ShardedParameters(stack.get());
+      std::map<std::string, const void*> held;
+      const auto step = [&](bool zero) {
+        for (ShardedParameter* sp : params) {
+          held[sp->name] = sp->grad.local().raw_data();
+        }
+        if (zero) {
+          for (FsdpUnit* u : units) u->ZeroGradOnNextReduction();
+        }
+        nn::CrossEntropyLoss loss;
+        ASSERT_TRUE(Forward(stack.get(), &loss, 0, kBatch, false).ok());
+        ASSERT_TRUE(Backward(stack.get(), &loss).ok());
+        for (FsdpUnit* u : units) ASSERT_TRUE(u->FinishZeroGrad().ok());
+      };
+      for (int s = 0; s < 2; ++s) {
+        step(/*zero=*/true);
+        for (ShardedParameter* sp : params) {
+          EXPECT_EQ(sp->grad.local().raw_data() == held[sp->name],
+                    param_dtype != DType::kF32)
+              << "step " << s << " " << sp->name;
+          EXPECT_EQ(sp->grad.local().storage().use_count(), 1) << sp->name;
+          if (param_dtype == DType::kF32) {
+            EXPECT_EQ(testing_util::Values(sp->grad.local()),
+                      ref.grads.at(sp->name))
+                << sp->name;
+          }
+        }
+      }
+      std::map<std::string, std::vector<double>> once;
+      for (ShardedParameter* sp : params) {
+        once[sp->name] = testing_util::Values(sp->grad.local());
+      }
+      step(/*zero=*/false);
+      for (ShardedParameter* sp : params) {
+        EXPECT_EQ(sp->grad.local().raw_data(), held[sp->name]) << sp->name;
+        std::vector<double> twice = once[sp->name];
+        for (double& v : twice) v *= 2;
+        EXPECT_EQ(testing_util::Values(sp->grad.local()), twice) << sp->name;
+      }
+    });
+  }
+}
+
 // Frozen parameters (requires_grad = false before FullyShard): the
 // embedding's unit is all frozen and issues no reduce-scatter; the MLP's
 // unit has a frozen fc.weight beside trainable ones and reduces only those
