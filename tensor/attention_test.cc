@@ -428,6 +428,39 @@ TEST_P(WidenedBf16AttentionTest, IsTheNativePathSummedInAnotherOrder) {
   }
 }
 
+// One kv head's widened work grows with T hd (f32 copies of its tensors
+// beside the score buffers): past kBlockedAttentionWorkBytes the call runs
+// native, as a forced widened mode then shows (the same bits as native).
+TEST(WidenedBf16AttentionLimitTest, LongSequencesRunNative) {
+  const cpu::Bf16MatmulMode widened = cpu::Bf16MatmulMode::kWidened;
+  const cpu::Bf16MatmulMode native = cpu::Bf16MatmulMode::kNative;
+  cpu::SetBf16MatmulModeForTesting(&widened);
+  // hd 256, one head: 2048 bytes of scores per key (16 a score, 128 rows)
+  // and 8 f32 tensors of T x 256: 10240 T bytes, over 64 MiB past T = 6553.
+  EXPECT_TRUE(*cpu::BlockedAttentionWidensBf16(12, 12, 1024, 64));
+  EXPECT_TRUE(*cpu::BlockedAttentionWidensBf16(1, 1, 6544, 256));
+  EXPECT_FALSE(*cpu::BlockedAttentionWidensBf16(1, 1, 6576, 256));
+  EXPECT_FALSE(*cpu::BlockedAttentionWidensBf16(4, 1, 6544, 256));
+  EXPECT_EQ(cpu::BlockedAttentionWidensBf16(3, 2, 16, 16).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  cpu::SetBf16MatmulModeForTesting(&native);
+  EXPECT_FALSE(*cpu::BlockedAttentionWidensBf16(12, 12, 1024, 64));
+
+  const Dims d{1, 1, 1, 6576, 256};
+  const Inputs in = MakeInputs(d, DType::kBF16, 21);
+  Tensor out[2], lse[2];
+  for (int i = 0; i < 2; ++i) {
+    cpu::SetBf16MatmulModeForTesting(i == 0 ? &native : &widened);
+    out[i] = Empty(in.q.shape(), DType::kBF16);
+    lse[i] = Empty({1, 1, d.t}, DType::kF32);
+    ASSERT_TRUE(
+        CausalAttention(in.q, in.k, in.v, 0.0625f, &out[i], &lse[i]).ok());
+  }
+  cpu::SetBf16MatmulModeForTesting(nullptr);
+  EXPECT_EQ(DifferingShare(out[0], out[1]), 0.0);
+  EXPECT_EQ(Values(lse[0]), Values(lse[1]));
+}
+
 INSTANTIATE_TEST_SUITE_P(Masks, WidenedBf16AttentionTest,
                          ::testing::Values(MaskKind::kCausal,
                                            MaskKind::kDocuments,

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 
 namespace fsdpp {
@@ -52,6 +53,14 @@ void CausalAttentionBackward(DType dtype, const void* q, const void* k,
 // kept per thread for its next call.
 inline constexpr int64_t kBlockedAttentionRows = 128;
 inline constexpr int64_t kBlockedAttentionWorkBytes = int64_t{64} << 20;
+// Whether a bf16 call of these dims takes the widened path: where bf16
+// matmuls are widened and one kv head's widened work (its score buffers
+// and f32 copies of its tensors) fits kBlockedAttentionWorkBytes; a longer
+// sequence runs native, whose work per kv head is the smaller.
+// InvalidArgument for dims that are not all positive with h a multiple of
+// kv, or a bad FSDPP_CPU_BF16_MATMUL.
+absl::StatusOr<bool> BlockedAttentionWidensBf16(int64_t h, int64_t kv,
+                                                int64_t t, int64_t hd);
 // key_lo, key_hi as above (masked scores; a block's matmuls run over the
 // keys from its rows' smallest lo to their largest hi, over all heads).
 absl::Status BlockedAttentionForward(

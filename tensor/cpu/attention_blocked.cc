@@ -726,10 +726,17 @@ const float* Widen(WorkSlot slot, const void* src, int64_t n) {
   return wide.data();
 }
 
-// Whether a bf16 call takes the widened path: where bf16 matmuls do.
-absl::StatusOr<Path> Bf16Path() {
+// The path of a bf16 call: widened where bf16 matmuls are, as long as one
+// kv head's widened work (its f32 tensor copies grow with T hd) fits the
+// default budget; beyond that (long sequences) native, whose work per kv
+// head is the smaller.
+absl::StatusOr<Path> Bf16Path(int64_t h, int64_t kv, int64_t t, int64_t hd) {
   FSDPP_ASSIGN_OR_RETURN(const Bf16MatmulMode mode, OneDnnBf16MatmulMode());
-  return mode == Bf16MatmulMode::kWidened ? Path::kWidened : Path::kBF16;
+  return mode == Bf16MatmulMode::kWidened &&
+                 WorkBytesPerKvHead(Path::kWidened, h / kv, t, hd) <=
+                     kBlockedAttentionWorkBytes
+             ? Path::kWidened
+             : Path::kBF16;
 }
 
 absl::Status NotBlocked(const char* what, DType dtype) {
@@ -799,6 +806,18 @@ absl::Status Backward(Path path, const void* q, const void* k, const void* v,
 
 }  // namespace blocked_internal
 
+absl::StatusOr<bool> BlockedAttentionWidensBf16(int64_t h, int64_t kv,
+                                                int64_t t, int64_t hd) {
+  if (h <= 0 || kv <= 0 || h % kv != 0 || t <= 0 || hd <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BlockedAttentionWidensBf16: h ", h, ", kv ", kv, ", t ",
+                     t, ", hd ", hd, " (all > 0, h a multiple of kv)"));
+  }
+  FSDPP_ASSIGN_OR_RETURN(const blocked_internal::Path path,
+                         blocked_internal::Bf16Path(h, kv, t, hd));
+  return path == blocked_internal::Path::kWidened;
+}
+
 absl::Status BlockedAttentionForward(DType dtype, const void* q, const void* k,
                                      const void* v, int64_t b, int64_t h,
                                      int64_t kv, int64_t t, int64_t hd,
@@ -809,7 +828,7 @@ absl::Status BlockedAttentionForward(DType dtype, const void* q, const void* k,
   using namespace blocked_internal;  // NOLINT
   switch (dtype) {
     case DType::kBF16: {
-      FSDPP_ASSIGN_OR_RETURN(const Path path, Bf16Path());
+      FSDPP_ASSIGN_OR_RETURN(const Path path, Bf16Path(h, kv, t, hd));
       return Forward<BFloat16>(path, q, k, v, b, h, kv, t, hd, scale, out, lse,
                                key_lo, key_hi, work_bytes);
     }
@@ -829,7 +848,7 @@ absl::Status BlockedAttentionBackward(
   using namespace blocked_internal;  // NOLINT
   switch (dtype) {
     case DType::kBF16: {
-      FSDPP_ASSIGN_OR_RETURN(const Path path, Bf16Path());
+      FSDPP_ASSIGN_OR_RETURN(const Path path, Bf16Path(h, kv, t, hd));
       return Backward<BFloat16>(path, q, k, v, out, lse, dout, b, h, kv, t, hd,
                                 scale, dq, dk, dv, key_lo, key_hi, work_bytes);
     }
