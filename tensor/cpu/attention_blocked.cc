@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
+#include "core/parallel.h"
 #include "core/status.h"
 #include "tensor/cpu/attention.h"
 #include "tensor/cpu/onednn_matmul.h"
@@ -96,20 +97,11 @@ using VF = hn::Vec<DF>;
 using simd_convert::HWY_NAMESPACE::StoreF;
 using simd_math::HWY_NAMESPACE::Exp;
 
-// f32 lanes rounded to bf16 values (nearest even; a NaN stays a quiet NaN,
-// its low 16 bits cleared), stored as f32: bit for bit the f32 of what
-// StoreF writes to bf16.
+// f32 lanes rounded to bf16 values, stored as f32: bit for bit the f32 of
+// what StoreF writes to bf16.
 HWY_INLINE void StoreF(DF d, VF v, Bf16InF32* p) {
-  const hn::RebindToUnsigned<DF> du;
-  const auto bits = hn::BitCast(du, v);
-  const auto high = hn::Set(du, 0xffff0000u);
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded =
-      hn::And(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))), high);
-  const auto quiet_nan = hn::And(hn::Or(bits, hn::Set(du, 0x400000u)), high);
-  const auto out =
-      hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
-  hn::StoreU(hn::BitCast(d, out), d, reinterpret_cast<float*>(p));
+  hn::StoreU(hn::BitCast(d, simd_convert::HWY_NAMESPACE::Bf16HighBits(d, v)), d,
+             reinterpret_cast<float*>(p));
 }
 
 // row[j] = exp(row[j] - shift) for first <= j < valid, 0 for the other j <
@@ -708,15 +700,11 @@ T* At(void* p, int64_t offset) {
 
 // n elements from `from` to `to` (bf16 <-> f32), split across the pool.
 void CastOnPool(DType from, const void* src, DType to, void* dst, int64_t n) {
-  constexpr int64_t kChunk = 16384;
-  const int64_t chunks = (n + kChunk - 1) / kChunk;
   const size_t from_size = DTypeSize(from), to_size = DTypeSize(to);
-#pragma omp parallel for schedule(static)
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t i = c * kChunk;
-    simd::Cast(from, static_cast<const char*>(src) + i * from_size, to,
-               static_cast<char*>(dst) + i * to_size, std::min(kChunk, n - i));
-  }
+  ParallelChunks(n, [&](int64_t begin, int64_t end) {
+    simd::Cast(from, static_cast<const char*>(src) + begin * from_size, to,
+               static_cast<char*>(dst) + begin * to_size, end - begin);
+  });
 }
 
 // A group's bf16 tensor of n elements widened into work slot `slot`.

@@ -58,22 +58,28 @@ HWY_INLINE VF LoadF(DF d, const Float16* p) {
 #endif
 }
 
+// f32 lanes rounded to bf16, as the bits of an f32 whose low half is zero:
+// (bits + 0x7fff + lsb) with the low half cleared, as FloatToBFloat16; a NaN
+// keeps its top half, made quiet.
+HWY_INLINE hn::Vec<hn::RebindToUnsigned<DF>> Bf16HighBits(DF d, VF v) {
+  (void)d;
+  const hn::RebindToUnsigned<DF> du;
+  const auto bits = hn::BitCast(du, v);
+  const auto high = hn::Set(du, 0xffff0000u);
+  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
+  const auto rounded =
+      hn::And(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))), high);
+  const auto quiet_nan = hn::And(hn::Or(bits, hn::Set(du, 0x400000u)), high);
+  return hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
+}
+
 // Stores f32 lanes as the storage type, rounding to nearest even.
 HWY_INLINE void StoreF(DF d, VF v, float* p) { hn::StoreU(v, d, p); }
 
 HWY_INLINE void StoreF(DF d, VF v, BFloat16* p) {
-  (void)d;
   const hn::Rebind<uint16_t, DF> d16;
-  const hn::RebindToUnsigned<DF> du;
   const hn::RebindToSigned<DF> di;
-  const auto bits = hn::BitCast(du, v);
-  // (bits + 0x7fff + lsb) >> 16, as FloatToBFloat16; NaN: top half | quiet.
-  const auto lsb = hn::And(hn::ShiftRight<16>(bits), hn::Set(du, 1u));
-  const auto rounded =
-      hn::ShiftRight<16>(hn::Add(bits, hn::Add(lsb, hn::Set(du, 0x7fffu))));
-  const auto quiet_nan = hn::Or(hn::ShiftRight<16>(bits), hn::Set(du, 0x40u));
-  const auto half =
-      hn::IfThenElse(hn::RebindMask(du, hn::IsNaN(v)), quiet_nan, rounded);
+  const auto half = hn::ShiftRight<16>(Bf16HighBits(d, v));
   hn::StoreU(hn::DemoteTo(d16, hn::BitCast(di, half)), d16,
              reinterpret_cast<uint16_t*>(p));
 }
