@@ -22,8 +22,8 @@
 //
 // bf16 where bf16 matmuls are widened (onednn_matmul.h: a CPU whose bf16
 // dot products are slower than its f32 FMAs): each group of kv heads'
-// q, k, v (and out, dout) are widened to f32 once and the block matmuls run
-// on the f32 kernels, with P and dS rounded to bf16 values in f32 storage
+// q, k, v (and, backward, dout) are widened to f32 once and the block matmuls
+// run on the f32 kernels, with P and dS rounded to bf16 values in f32 storage
 // (Bf16InF32) as the native path rounds them, and out, dq, dk, dv rounded
 // to bf16 at the end: the native path's products and roundings, summed in
 // another order.
@@ -535,29 +535,35 @@ absl::Status ForwardGroup(const void* q, const void* k, const void* v,
   return absl::OkStatus();
 }
 
+// D = rowsum(dout * out) of `rows` rows of hd (of U) into the work memory,
+// per (batch, head, row): the backward's `delta`.
+template <typename U>
+const float* RowDots(const void* out, const void* dout, int64_t rows,
+                     int64_t hd) {
+  Buffer<float> delta(kDelta, rows);
+  const U* o = static_cast<const U*>(out);
+  const U* g = static_cast<const U*>(dout);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < rows; ++r) {
+    float acc = 0.0f;
+    for (int64_t e = 0; e < hd; ++e) {
+      acc += ToFloat(o[r * hd + e]) * ToFloat(g[r * hd + e]);
+    }
+    delta[r] = acc;
+  }
+  return delta.data();
+}
+
+// delta: RowDots of the group's out and dout.
 template <typename T, typename P>
 absl::Status BackwardGroup(const void* q, const void* k, const void* v,
-                           const void* out, const float* lse, const void* dout,
-                           int64_t b, int64_t h, int64_t kv, int64_t t,
-                           int64_t hd, float scale, const GroupKeys& gk,
-                           void* dq, void* dk, void* dv) {
+                           const float* delta, const float* lse,
+                           const void* dout, int64_t b, int64_t h, int64_t kv,
+                           int64_t t, int64_t hd, float scale,
+                           const GroupKeys& gk, void* dq, void* dk, void* dv) {
   const Dims d{b, h, kv, h / kv, t, hd};
   const int64_t block = BlockRows(t), heads = b * h;
   const int64_t ld_max = RoundUp(t, kRowAlign);
-  // D = rowsum(dout * out), per (batch, head, row).
-  Buffer<float> delta(kDelta, heads * t);
-  {
-    const T* o = static_cast<const T*>(out);
-    const T* g = static_cast<const T*>(dout);
-#pragma omp parallel for schedule(static)
-    for (int64_t r = 0; r < heads * t; ++r) {
-      float acc = 0.0f;
-      for (int64_t e = 0; e < hd; ++e) {
-        acc += ToFloat(o[r * hd + e]) * ToFloat(g[r * hd + e]);
-      }
-      delta[r] = acc;
-    }
-  }
   // Not initialised: every element read is written first (the score
   // rows' padding up to ld is masked, never read by a matmul).
   const int64_t scores = heads * block * ld_max;
@@ -590,7 +596,7 @@ absl::Status BackwardGroup(const void* q, const void* k, const void* v,
     for (int64_t bh = 0; bh < heads; ++bh) {
       std::copy(lse + bh * t + r0, lse + bh * t + r0 + rows,
                 block_lse.begin() + bh * rows);
-      std::copy(delta.begin() + bh * t + r0, delta.begin() + bh * t + r0 + rows,
+      std::copy(delta + bh * t + r0, delta + bh * t + r0 + rows,
                 block_delta.begin() + bh * rows);
     }
     const BlockRowsView qv =
@@ -771,18 +777,20 @@ absl::Status Backward(Path path, const void* q, const void* k, const void* v,
       path, b, h, kv, t, hd, work_bytes, key_lo, key_hi,
       [&](int64_t n, int64_t qo, int64_t ko, int64_t lo,
           const GroupKeys& keys) -> absl::Status {
-        if (path != Path::kWidened) {
-          return BackwardGroup<T, T>(
-              At<T>(q, qo), At<T>(k, ko), At<T>(v, ko), At<T>(out, qo),
-              lse + lo, At<T>(dout, qo), n, rep, 1, t, hd, scale, keys,
-              At<T>(dq, qo), At<T>(dk, ko), At<T>(dv, ko));
-        }
         const int64_t nq = n * rep * t * hd, nk = n * t * hd;
+        // From out and dout as they are (widened, the same values).
+        const float* delta =
+            RowDots<T>(At<T>(out, qo), At<T>(dout, qo), n * rep * t, hd);
+        if (path != Path::kWidened) {
+          return BackwardGroup<T, T>(At<T>(q, qo), At<T>(k, ko), At<T>(v, ko),
+                                     delta, lse + lo, At<T>(dout, qo), n, rep,
+                                     1, t, hd, scale, keys, At<T>(dq, qo),
+                                     At<T>(dk, ko), At<T>(dv, ko));
+        }
         Buffer<float> dq32(kWideDq, nq), dk32(kWideDk, nk), dv32(kWideDv, nk);
         FSDPP_RETURN_IF_ERROR((BackwardGroup<float, Bf16InF32>(
             Widen(kWideQ, At<T>(q, qo), nq), Widen(kWideK, At<T>(k, ko), nk),
-            Widen(kWideV, At<T>(v, ko), nk),
-            Widen(kWideOut, At<T>(out, qo), nq), lse + lo,
+            Widen(kWideV, At<T>(v, ko), nk), delta, lse + lo,
             Widen(kWideDout, At<T>(dout, qo), nq), n, rep, 1, t, hd, scale,
             keys, dq32.data(), dk32.data(), dv32.data())));
         CastOnPool(DType::kF32, dq32.data(), DType::kBF16, At<T>(dq, qo), nq);
